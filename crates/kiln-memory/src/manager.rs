@@ -1,0 +1,535 @@
+//! The memory manager: what a linker talks to. Allocate a request of segments, write them,
+//! finalize, and keep an owning handle.
+
+use crate::allocation::{FinalizedBackend, InFlightBackend, WorkingSegment};
+use crate::slab::{Placed, Slab, SlabLayout, SlabTuning};
+use crate::stats::{MemoryStats, PoolStats};
+use crate::{
+    default_mapper, InFlightAllocation, Mapper, MemoryError, Permission, Placement, SegmentRange,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+/// One segment of an [`AllocationRequest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentRequest {
+    /// Bytes needed.
+    pub size: u64,
+    /// Alignment of the first byte (a power of two).
+    pub align: u64,
+    /// Final permission.
+    pub permission: Permission,
+    /// Whether the working memory must start zeroed (`.bss`).
+    pub zero_fill: bool,
+}
+
+impl SegmentRequest {
+    /// A segment of `size` bytes aligned to `align`, with final `permission`.
+    pub fn new(permission: Permission, size: u64, align: u64) -> Self {
+        SegmentRequest {
+            size,
+            align,
+            permission,
+            zero_fill: false,
+        }
+    }
+
+    /// Asks for zeroed working memory.
+    pub fn zero_filled(mut self) -> Self {
+        self.zero_fill = true;
+        self
+    }
+}
+
+/// What a linker asks for: segments that will be finalized together.
+///
+/// ```
+/// use kiln_memory::{AllocationRequest, Permission, SegmentRequest};
+/// let request = AllocationRequest::new()
+///     .segment(SegmentRequest::new(Permission::ReadExecute, 4096, 16))
+///     .segment(SegmentRequest::new(Permission::ReadWrite, 64, 8).zero_filled());
+/// assert_eq!(request.segments().len(), 2);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AllocationRequest {
+    segments: Vec<SegmentRequest>,
+    allow_out_of_range: bool,
+}
+
+impl AllocationRequest {
+    /// An empty request.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a segment.
+    pub fn segment(mut self, segment: SegmentRequest) -> Self {
+        self.segments.push(segment);
+        self
+    }
+
+    /// Lets the manager reserve a new slab that may lie beyond ±2 GiB of the earlier ones
+    /// (and of the placement) when they are full. The segments of one request always stay
+    /// within one slab.
+    pub fn allow_out_of_range(mut self, allow: bool) -> Self {
+        self.allow_out_of_range = allow;
+        self
+    }
+
+    /// The segments.
+    pub fn segments(&self) -> &[SegmentRequest] {
+        &self.segments
+    }
+
+    /// Whether a new, possibly distant, slab may be reserved.
+    pub fn allows_out_of_range(&self) -> bool {
+        self.allow_out_of_range
+    }
+}
+
+/// What a linker talks to. [`SlabMemoryManager`] is the default; clients may supply their
+/// own (the tests show one).
+pub trait MemoryManager: Send + Sync {
+    /// Allocates the segments of `request`, all within one slab.
+    fn allocate(&self, request: &AllocationRequest) -> Result<InFlightAllocation, MemoryError>;
+
+    /// Current figures.
+    fn stats(&self) -> MemoryStats {
+        MemoryStats::default()
+    }
+}
+
+/// Trap bytes that freed code is filled with: `int3` on x86-64, `brk #0` on AArch64.
+#[cfg(target_arch = "aarch64")]
+pub const TRAP_PATTERN: [u8; 4] = [0x00, 0x00, 0x20, 0xd4];
+/// Trap bytes that freed code is filled with: `int3` on x86-64, `brk #0` on AArch64.
+#[cfg(not(target_arch = "aarch64"))]
+pub const TRAP_PATTERN: [u8; 4] = [0xcc; 4];
+
+/// Live counters shared by a manager and its allocations.
+#[derive(Debug, Default)]
+struct Counters {
+    live: AtomicU64,
+    requested: AtomicU64,
+    allocated: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Shared {
+    mapper: Arc<dyn Mapper>,
+    layout: SlabLayout,
+    tuning: SlabTuning,
+    placement: Placement,
+    slabs: RwLock<Vec<Arc<Slab>>>,
+    counters: Counters,
+}
+
+/// The default memory manager: a slab allocator over a [`Mapper`].
+///
+/// Sections of many modules with the same permission share pages; all slabs of a manager
+/// are placed as its [`Placement`] asks, and one request always lies in one slab, so its
+/// segments are within ±2 GiB of each other.
+///
+/// ```
+/// use kiln_memory::{AllocationRequest, MemoryManager, Permission, SegmentRequest, SlabMemoryManager};
+/// let manager = SlabMemoryManager::new()?;
+/// let mut in_flight = manager.allocate(
+///     &AllocationRequest::new().segment(SegmentRequest::new(Permission::ReadExecute, 16, 16)),
+/// )?;
+/// # #[cfg(target_arch = "x86_64")]
+/// in_flight.working_memory(0).unwrap()[..6].copy_from_slice(&[0xb8, 42, 0, 0, 0, 0xc3]); // mov eax, 42; ret
+/// let code = in_flight.finalize()?;
+/// # #[cfg(target_arch = "x86_64")]
+/// # {
+/// // SAFETY: the segment holds a complete function with the C ABI.
+/// let f: extern "C" fn() -> u32 = unsafe { std::mem::transmute(code.target(0).unwrap() as usize) };
+/// assert_eq!(f(), 42);
+/// # }
+/// drop(code); // freed: the range is poisoned with trap bytes and can be reused
+/// # Ok::<(), kiln_memory::MemoryError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct SlabMemoryManager {
+    shared: Arc<Shared>,
+}
+
+/// Builder for [`SlabMemoryManager`].
+#[derive(Debug, Clone)]
+pub struct SlabMemoryManagerBuilder {
+    mapper: Option<Arc<dyn Mapper>>,
+    layout: SlabLayout,
+    placement: Placement,
+    prepare_chunk: u64,
+    release_threshold: u64,
+}
+
+impl Default for SlabMemoryManagerBuilder {
+    fn default() -> Self {
+        SlabMemoryManagerBuilder {
+            mapper: None,
+            layout: SlabLayout::DEFAULT,
+            placement: Placement::HostLibraries,
+            prepare_chunk: 1 << 20,
+            release_threshold: 64 << 10,
+        }
+    }
+}
+
+impl SlabMemoryManagerBuilder {
+    /// The mapper (default: [`default_mapper`]).
+    pub fn mapper(mut self, mapper: Arc<dyn Mapper>) -> Self {
+        self.mapper = Some(mapper);
+        self
+    }
+
+    /// Pool sizes of each slab (default: [`SlabLayout::DEFAULT`]).
+    pub fn layout(mut self, layout: SlabLayout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// Where slabs go (default: [`Placement::HostLibraries`]).
+    pub fn placement(mut self, placement: Placement) -> Self {
+        self.placement = placement;
+        self
+    }
+
+    /// Pages of shared pools are prepared at least this many bytes at a time
+    /// (default 1 MiB), so that preparing costs well under one system call per module.
+    pub fn prepare_chunk(mut self, bytes: u64) -> Self {
+        self.prepare_chunk = bytes;
+        self
+    }
+
+    /// A run of whole free pages at least this long goes back to the system (default
+    /// 64 KiB); shorter runs stay, filled with trap bytes if they held code.
+    pub fn release_threshold(mut self, bytes: u64) -> Self {
+        self.release_threshold = bytes;
+        self
+    }
+
+    /// Reserves the first slab and returns the manager.
+    pub fn build(self) -> Result<SlabMemoryManager, MemoryError> {
+        let mapper = self.mapper.unwrap_or_else(default_mapper);
+        let page = mapper.page_size();
+        let round = |v: u64| {
+            v.checked_next_multiple_of(page)
+                .unwrap_or(u64::MAX & !(page - 1))
+        };
+        let layout = SlabLayout {
+            read_execute: round(self.layout.read_execute),
+            read: round(self.layout.read),
+            read_write: round(self.layout.read_write),
+        };
+        let tuning = SlabTuning {
+            page,
+            prepare_chunk: round(self.prepare_chunk.max(page)),
+            release_threshold: round(self.release_threshold.max(page)),
+            granule: 16,
+        };
+        let first = Slab::reserve(mapper.clone(), layout, tuning, &self.placement)?;
+        Ok(SlabMemoryManager {
+            shared: Arc::new(Shared {
+                mapper,
+                layout,
+                tuning,
+                placement: self.placement,
+                slabs: RwLock::new(vec![Arc::new(first)]),
+                counters: Counters::default(),
+            }),
+        })
+    }
+}
+
+impl SlabMemoryManager {
+    /// A manager with the default mapper, layout and placement.
+    pub fn new() -> Result<Self, MemoryError> {
+        Self::builder().build()
+    }
+
+    /// A builder.
+    pub fn builder() -> SlabMemoryManagerBuilder {
+        SlabMemoryManagerBuilder::default()
+    }
+
+    /// The mapper in use.
+    pub fn mapper(&self) -> &Arc<dyn Mapper> {
+        &self.shared.mapper
+    }
+
+    /// The target address ranges of the slabs, `(start, end)`.
+    pub fn slab_ranges(&self) -> Vec<(u64, u64)> {
+        self.slabs()
+            .iter()
+            .map(|s| (s.reservation.target, s.reservation.target_end()))
+            .collect()
+    }
+
+    fn slabs(&self) -> Vec<Arc<Slab>> {
+        self.shared
+            .slabs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn validate(&self, request: &AllocationRequest) -> Result<(), MemoryError> {
+        if request.segments.is_empty() {
+            return Err(MemoryError::EmptyRequest);
+        }
+        for (segment, s) in request.segments.iter().enumerate() {
+            if !s.align.is_power_of_two() {
+                return Err(MemoryError::InvalidAlignment {
+                    segment,
+                    align: s.align,
+                });
+            }
+            let max = self.shared.layout.pool_len(s.permission);
+            if s.align > max {
+                return Err(MemoryError::AlignmentTooLarge {
+                    segment,
+                    align: s.align,
+                    max,
+                });
+            }
+            if s.size.checked_add(s.align).is_none() || usize::try_from(s.size).is_err() {
+                return Err(MemoryError::SizeOverflow {
+                    segment,
+                    size: s.size,
+                    align: s.align,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Tries to place every segment in `slab`; `Ok(None)` if one does not fit (nothing is
+    /// kept), with the index of that segment.
+    fn place_in(
+        slab: &Slab,
+        request: &AllocationRequest,
+    ) -> Result<Result<Vec<Placed>, usize>, MemoryError> {
+        let mut placed = Vec::with_capacity(request.segments.len());
+        for (index, s) in request.segments.iter().enumerate() {
+            let outcome = slab.allocate(s.permission, s.size, s.align);
+            match outcome {
+                Ok(Some(p)) => placed.push(p),
+                Ok(None) | Err(_) => {
+                    for p in placed {
+                        // Nothing was written: no trap fill needed.
+                        let _ = slab.free(p);
+                    }
+                    return match outcome {
+                        Err(e) => Err(e),
+                        _ => Ok(Err(index)),
+                    };
+                }
+            }
+        }
+        Ok(Ok(placed))
+    }
+
+    fn out_of_reservation(&self, request: &AllocationRequest, index: usize) -> MemoryError {
+        let s = request.segments[index];
+        let largest_free = self
+            .slabs()
+            .iter()
+            .map(|slab| slab.pool(s.permission).free.largest_free())
+            .max()
+            .unwrap_or(0);
+        MemoryError::OutOfReservation {
+            segment: index,
+            size: s.size,
+            align: s.align,
+            permission: s.permission,
+            largest_free,
+            hint: if request.allow_out_of_range {
+                "; the segment is larger than a slab's pool"
+            } else {
+                "; allow out-of-range slabs or reserve a larger layout"
+            },
+        }
+    }
+
+    fn in_flight(
+        &self,
+        slab: Arc<Slab>,
+        request: &AllocationRequest,
+        placed: Vec<Placed>,
+    ) -> InFlightAllocation {
+        let mut segments = Vec::with_capacity(placed.len());
+        let mut requested = 0;
+        let mut taken = 0;
+        for (p, s) in placed.iter().zip(&request.segments) {
+            let working = slab.working(p.target);
+            if s.zero_fill {
+                // SAFETY: the pool just gave us `[target, target + taken)`, prepared, so its
+                // working view is writable and ours alone; `size <= taken`.
+                unsafe { std::ptr::write_bytes(working, 0, s.size as usize) };
+            }
+            segments.push(WorkingSegment::new(p.target, s.size, s.permission, working));
+            requested += s.size;
+            taken += p.taken;
+        }
+        let counters = &self.shared.counters;
+        counters.live.fetch_add(1, Ordering::Relaxed);
+        counters.requested.fetch_add(requested, Ordering::Relaxed);
+        counters.allocated.fetch_add(taken, Ordering::Relaxed);
+        let backend = SlabBackend {
+            slab,
+            placed,
+            requested,
+            shared: self.shared.clone(),
+        };
+        // SAFETY: the ranges come from the slab's free lists, so they are disjoint and ours
+        // alone; their pages are prepared, so the working view is writable; they stay ours
+        // until the backend frees them.
+        unsafe { InFlightAllocation::from_parts(segments, Box::new(backend)) }
+    }
+}
+
+impl MemoryManager for SlabMemoryManager {
+    fn allocate(&self, request: &AllocationRequest) -> Result<InFlightAllocation, MemoryError> {
+        self.validate(request)?;
+        let mut last_miss = 0;
+        for slab in self.slabs() {
+            match Self::place_in(&slab, request)? {
+                Ok(placed) => return Ok(self.in_flight(slab, request, placed)),
+                Err(index) => last_miss = index,
+            }
+        }
+        if !request.allow_out_of_range {
+            return Err(self.out_of_reservation(request, last_miss));
+        }
+        let shared = &self.shared;
+        let slab = match Slab::reserve(
+            shared.mapper.clone(),
+            shared.layout,
+            shared.tuning,
+            &shared.placement,
+        ) {
+            Ok(slab) => slab,
+            Err(_) => Slab::reserve(
+                shared.mapper.clone(),
+                shared.layout,
+                shared.tuning,
+                &Placement::Anywhere,
+            )?,
+        };
+        let slab = Arc::new(slab);
+        match Self::place_in(&slab, request)? {
+            Ok(placed) => {
+                shared
+                    .slabs
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(slab.clone());
+                Ok(self.in_flight(slab, request, placed))
+            }
+            Err(index) => Err(self.out_of_reservation(request, index)),
+        }
+    }
+
+    fn stats(&self) -> MemoryStats {
+        let counters = &self.shared.counters;
+        let mut stats = MemoryStats {
+            live_allocations: counters.live.load(Ordering::Relaxed),
+            bytes_requested: counters.requested.load(Ordering::Relaxed),
+            bytes_allocated: counters.allocated.load(Ordering::Relaxed),
+            ..MemoryStats::default()
+        };
+        let mut resident = Some(0);
+        for slab in self.slabs() {
+            stats.slabs += 1;
+            stats.bytes_reserved += slab.reservation.len;
+            resident = resident
+                .zip(self.shared.mapper.resident_bytes(&slab.reservation))
+                .map(|(a, b)| a + b);
+            for (permission, len, free, largest, prepared, ranges) in slab.pool_figures() {
+                let pool: &mut PoolStats = &mut stats.pools[permission.index()];
+                pool.reserved += len;
+                pool.prepared += prepared;
+                pool.free += free;
+                pool.largest_free = pool.largest_free.max(largest);
+                pool.free_ranges += ranges as u64;
+                stats.bytes_mapped += prepared;
+                stats.bytes_free += free;
+                stats.largest_free_range = stats.largest_free_range.max(largest);
+            }
+        }
+        stats.bytes_resident = resident;
+        stats
+    }
+}
+
+/// The backend of the slab manager's allocations: frees into the slab, keeps it alive.
+struct SlabBackend {
+    slab: Arc<Slab>,
+    placed: Vec<Placed>,
+    requested: u64,
+    shared: Arc<Shared>,
+}
+
+impl SlabBackend {
+    fn release(self, poison: bool) -> Result<(), MemoryError> {
+        let mut result = Ok(());
+        let mut taken = 0;
+        for p in &self.placed {
+            taken += p.taken;
+            if poison && p.permission.is_executable() && self.slab.pool(p.permission).shared {
+                // A shared page stays mapped executable: fill the freed bytes with traps so
+                // a stale call traps instead of running whatever comes next.
+                let working = self.slab.working(p.target);
+                // SAFETY: the range is still ours (not yet returned to the pool) and its
+                // working view is writable (shared pools keep it so).
+                let bytes = unsafe { std::slice::from_raw_parts_mut(working, p.taken as usize) };
+                for chunk in bytes.chunks_mut(TRAP_PATTERN.len()) {
+                    chunk.copy_from_slice(&TRAP_PATTERN[..chunk.len()]);
+                }
+            }
+            if let Err(e) = self.slab.free(*p) {
+                result = Err(e);
+            }
+        }
+        let counters = &self.shared.counters;
+        counters.live.fetch_sub(1, Ordering::Relaxed);
+        counters
+            .requested
+            .fetch_sub(self.requested, Ordering::Relaxed);
+        counters.allocated.fetch_sub(taken, Ordering::Relaxed);
+        result
+    }
+}
+
+impl InFlightBackend for SlabBackend {
+    fn finalize(
+        self: Box<Self>,
+        segments: &[SegmentRange],
+    ) -> Result<Box<dyn FinalizedBackend>, MemoryError> {
+        match self
+            .slab
+            .mapper
+            .initialize(&self.slab.reservation, segments)
+        {
+            Ok(()) => Ok(self),
+            Err(source) => {
+                let mapper = self.slab.mapper.name();
+                // Whatever the mapper did, the code never ran: free without poisoning.
+                let _ = self.release(false);
+                Err(MemoryError::Mapper { mapper, source })
+            }
+        }
+    }
+
+    fn abandon(self: Box<Self>, _segments: &[SegmentRange]) {
+        if let Err(error) = self.release(true) {
+            tracing::warn!(%error, "freeing an abandoned allocation failed");
+        }
+    }
+}
+
+impl FinalizedBackend for SlabBackend {
+    fn free(self: Box<Self>, _segments: &[SegmentRange]) -> Result<(), MemoryError> {
+        self.release(true)
+    }
+}

@@ -1,0 +1,231 @@
+//! The dual-mapped mapper: each reservation is a memfd mapped twice, a read-write working
+//! view and a target view whose pages have their final permission. No page is ever
+//! writable and executable in one mapping, and adding code next to running code needs no
+//! permission change.
+
+use super::{placement, sys, Mapper, Placement, Reservation, SegmentRange};
+use crate::{icache, MapperError, Permission};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Mutex;
+
+/// The default mapper. See the [module documentation](self).
+///
+/// The memfd is created with `MFD_EXEC` where the kernel knows it (Linux 6.3+), so the
+/// kernel does not warn about an executable memfd created without saying so, and with
+/// `MFD_CLOEXEC`; it has no name in any file system, so no other process can open it.
+#[derive(Debug)]
+pub struct DualMappedMapper {
+    page: u64,
+    memfd_flags: libc::c_uint,
+    files: Mutex<HashMap<u64, OwnedFd>>,
+}
+
+fn os(
+    operation: &'static str,
+    address: u64,
+    len: u64,
+) -> impl FnOnce(std::io::Error) -> MapperError {
+    move |source| MapperError::Os {
+        operation,
+        address,
+        len,
+        source,
+    }
+}
+
+impl DualMappedMapper {
+    /// A dual-mapped mapper, after checking that this kernel lets an executable memfd be
+    /// mapped read-execute (it may not: `vm.memfd_noexec = 2`, SELinux `execmem`, a
+    /// seccomp filter). The error says why it cannot be used.
+    pub fn new() -> Result<Self, MapperError> {
+        let page = sys::page_size();
+        let memfd_flags = Self::probe_flags()?;
+        let mapper = DualMappedMapper {
+            page,
+            memfd_flags,
+            files: Mutex::new(HashMap::new()),
+        };
+        // Probe: a one-page reservation made executable.
+        let probe = mapper.reserve(page, &Placement::Anywhere)?;
+        let result = mapper.prepare(
+            &probe,
+            probe.target,
+            probe.target + page,
+            Permission::ReadExecute,
+        );
+        mapper.release(&probe)?;
+        result?;
+        Ok(mapper)
+    }
+
+    /// Finds memfd flags this kernel accepts for executable memory.
+    fn probe_flags() -> Result<libc::c_uint, MapperError> {
+        let base = libc::MFD_CLOEXEC;
+        match sys::memfd_create(c"kiln-probe", base | sys::MFD_EXEC) {
+            Ok(_) => Ok(base | sys::MFD_EXEC),
+            // Kernels before 6.3 reject the unknown flag; they do not warn either.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                sys::memfd_create(c"kiln-probe", base)
+                    .map(|_| base)
+                    .map_err(os("memfd_create", 0, 0))
+            }
+            Err(e) => Err(MapperError::Os {
+                operation: "memfd_create(MFD_EXEC)",
+                address: 0,
+                len: 0,
+                source: e,
+            }),
+        }
+    }
+
+    fn with_file<T>(
+        &self,
+        reservation: &Reservation,
+        f: impl FnOnce(&OwnedFd) -> T,
+    ) -> Result<T, MapperError> {
+        let files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        match files.get(&reservation.handle) {
+            Some(fd) => Ok(f(fd)),
+            None => Err(MapperError::Refused {
+                operation: "dual-mapped lookup",
+                reason: format!(
+                    "reservation at {:#x} is not this mapper's",
+                    reservation.target
+                ),
+            }),
+        }
+    }
+}
+
+// SAFETY: the working view is a read-write shared mapping of the reservation's memfd,
+// created in reserve and unmapped only in release; nothing but the allocator's owner of a
+// range writes through it.
+unsafe impl Mapper for DualMappedMapper {
+    fn name(&self) -> &'static str {
+        "dual-mapped"
+    }
+
+    fn page_size(&self) -> u64 {
+        self.page
+    }
+
+    fn shares_pages(&self) -> bool {
+        true
+    }
+
+    fn reserve(&self, len: u64, placement: &Placement) -> Result<Reservation, MapperError> {
+        let fd = sys::memfd_create(c"kiln-code", self.memfd_flags).map_err(os(
+            "memfd_create",
+            0,
+            len,
+        ))?;
+        sys::ftruncate(&fd, len).map_err(os("ftruncate", 0, len))?;
+        let flags = libc::MAP_SHARED | libc::MAP_NORESERVE;
+        let target = placement::reserve_placed(len, self.page, placement, |fixed| {
+            sys::mmap(fixed, None, len, libc::PROT_NONE, flags, Some(&fd))
+        })?;
+        // The working view goes far (64 GiB) below the target view, so that it does not use
+        // up the address space near the host's libraries that the placement needs.
+        let hint = target.saturating_sub(1 << 36) & !(self.page - 1);
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let working = match sys::mmap(None, Some(hint), len, rw, flags, Some(&fd)) {
+            Ok(addr) => addr,
+            Err(source) => {
+                // SAFETY: we just mapped the target view; nobody else knows it.
+                let _ = unsafe { sys::munmap(target, len) };
+                return Err(MapperError::Os {
+                    operation: "mmap (working view)",
+                    address: 0,
+                    len,
+                    source,
+                });
+            }
+        };
+        let handle = fd.as_raw_fd() as u64;
+        self.files
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(handle, fd);
+        Ok(Reservation {
+            target,
+            len,
+            working: working as *mut u8,
+            handle,
+        })
+    }
+
+    fn prepare(
+        &self,
+        reservation: &Reservation,
+        start: u64,
+        end: u64,
+        permission: Permission,
+    ) -> Result<(), MapperError> {
+        debug_assert!(reservation.contains(start, end - start));
+        // SAFETY: the pages are inside our reservation and unused; giving the target view
+        // its final permission affects no live code.
+        unsafe { sys::mprotect(start, end - start, sys::prot_of(permission)) }.map_err(os(
+            "mprotect",
+            start,
+            end - start,
+        ))
+    }
+
+    fn initialize(
+        &self,
+        reservation: &Reservation,
+        segments: &[SegmentRange],
+    ) -> Result<(), MapperError> {
+        let mut executable = false;
+        for segment in segments.iter().filter(|s| s.permission.is_executable()) {
+            debug_assert!(reservation.contains(segment.target, segment.len));
+            icache::make_coherent(segment.target, segment.len);
+            executable = true;
+        }
+        if executable {
+            icache::synchronize_cores();
+        }
+        Ok(())
+    }
+
+    fn deinitialize(
+        &self,
+        reservation: &Reservation,
+        start: u64,
+        end: u64,
+        _permission: Permission,
+    ) -> Result<(), MapperError> {
+        let len = end - start;
+        let offset = start - reservation.target;
+        // SAFETY: the allocator hands us only pages no allocation owns; making them
+        // inaccessible makes a stale call fault instead of running zeros.
+        unsafe { sys::mprotect(start, len, libc::PROT_NONE) }
+            .map_err(os("mprotect", start, len))?;
+        self.with_file(reservation, |fd| sys::punch_hole(fd, offset, len))?
+            .map_err(os("fallocate(PUNCH_HOLE)", start, len))
+    }
+
+    fn release(&self, reservation: &Reservation) -> Result<(), MapperError> {
+        let fd = self
+            .files
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&reservation.handle);
+        // SAFETY: the caller gives the whole reservation back; no allocation lives in it.
+        let target = unsafe { sys::munmap(reservation.target, reservation.len) };
+        // SAFETY: as above, for the working view.
+        let working = unsafe { sys::munmap(reservation.working as u64, reservation.len) };
+        drop(fd);
+        target.map_err(os("munmap", reservation.target, reservation.len))?;
+        working.map_err(os(
+            "munmap (working view)",
+            reservation.working as u64,
+            reservation.len,
+        ))
+    }
+
+    fn resident_bytes(&self, reservation: &Reservation) -> Option<u64> {
+        self.with_file(reservation, sys::allocated_bytes).ok()?.ok()
+    }
+}

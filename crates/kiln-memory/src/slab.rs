@@ -1,0 +1,268 @@
+//! A slab: one reservation split into three pools, one per permission. Each pool hands out
+//! sub-page ranges (or whole pages when the mapper cannot share pages), prepares pages in
+//! chunks as they are first needed and gives whole free pages back.
+
+use crate::free_list::FreeList;
+use crate::page_runs::PageRuns;
+use crate::{Mapper, MapperError, MemoryError, Permission, Reservation};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Sizes of the three pools of every slab (multiples of the page size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlabLayout {
+    /// Bytes of read-execute pool.
+    pub read_execute: u64,
+    /// Bytes of read-only pool.
+    pub read: u64,
+    /// Bytes of read-write pool.
+    pub read_write: u64,
+}
+
+impl SlabLayout {
+    /// The default: 128 MiB of code, 64 MiB of constants, 64 MiB of data; 256 MiB of
+    /// address space in all (only what is used is backed by memory). That holds programs
+    /// far larger than CPython, and leaves room for many managers within the ±2 GiB window
+    /// around the host's libraries.
+    pub const DEFAULT: SlabLayout = SlabLayout {
+        read_execute: 128 << 20,
+        read: 64 << 20,
+        read_write: 64 << 20,
+    };
+
+    /// Total size.
+    pub fn total(&self) -> u64 {
+        self.read_execute + self.read + self.read_write
+    }
+
+    /// Size of the pool for `permission`.
+    pub fn pool_len(&self, permission: Permission) -> u64 {
+        match permission {
+            Permission::ReadExecute => self.read_execute,
+            Permission::Read => self.read,
+            Permission::ReadWrite => self.read_write,
+        }
+    }
+}
+
+impl Default for SlabLayout {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// Tuning shared by all slabs of a manager.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SlabTuning {
+    pub(crate) page: u64,
+    /// Pages are prepared at least this many bytes at a time in shared pools.
+    pub(crate) prepare_chunk: u64,
+    /// A run of whole free pages at least this long is given back to the system.
+    pub(crate) release_threshold: u64,
+    /// Smallest unit (and alignment) of shared-pool allocations.
+    pub(crate) granule: u64,
+}
+
+/// One pool: the free ranges and the pages not prepared.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    pub(crate) shared: bool,
+    pub(crate) free: FreeList,
+    pub(crate) unprepared: PageRuns,
+}
+
+impl Pool {
+    fn rounded(&self, size: u64, align: u64, tuning: &SlabTuning) -> Option<(u64, u64)> {
+        let unit = if self.shared {
+            tuning.granule
+        } else {
+            tuning.page
+        };
+        Some((size.max(1).checked_next_multiple_of(unit)?, align.max(unit)))
+    }
+}
+
+/// A reservation and its three pools.
+#[derive(Debug)]
+pub(crate) struct Slab {
+    pub(crate) reservation: Reservation,
+    pub(crate) mapper: Arc<dyn Mapper>,
+    pub(crate) tuning: SlabTuning,
+    pools: [Mutex<Pool>; 3],
+}
+
+/// A range handed out by a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Placed {
+    pub(crate) target: u64,
+    /// Bytes taken from the pool (the request rounded up).
+    pub(crate) taken: u64,
+    pub(crate) permission: Permission,
+}
+
+fn mapper_error(mapper: &dyn Mapper, source: MapperError) -> MemoryError {
+    MemoryError::Mapper {
+        mapper: mapper.name(),
+        source,
+    }
+}
+
+impl Slab {
+    /// Reserves a slab through `mapper`.
+    pub(crate) fn reserve(
+        mapper: Arc<dyn Mapper>,
+        layout: SlabLayout,
+        tuning: SlabTuning,
+        placement: &crate::Placement,
+    ) -> Result<Slab, MemoryError> {
+        let reservation = mapper
+            .reserve(layout.total(), placement)
+            .map_err(|e| mapper_error(&*mapper, e))?;
+        let shares = mapper.shares_pages();
+        let mut start = reservation.target;
+        let pools = Permission::ALL.map(|permission| {
+            let len = layout.pool_len(permission);
+            let pool = Pool {
+                shared: shares || permission == Permission::ReadWrite,
+                free: FreeList::new(start, len),
+                unprepared: PageRuns::new(start, start + len),
+            };
+            start += len;
+            Mutex::new(pool)
+        });
+        Ok(Slab {
+            reservation,
+            mapper,
+            tuning,
+            pools,
+        })
+    }
+
+    pub(crate) fn pool(&self, permission: Permission) -> MutexGuard<'_, Pool> {
+        // A panic while holding a pool lock cannot leave the free list half-updated in a
+        // way that matters more than losing the allocator; keep going with the data.
+        self.pools[permission.index()]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes `size` bytes aligned to `align` from the pool of `permission`, preparing the
+    /// pages it needs. `Ok(None)` when the pool has no room.
+    pub(crate) fn allocate(
+        &self,
+        permission: Permission,
+        size: u64,
+        align: u64,
+    ) -> Result<Option<Placed>, MemoryError> {
+        let tuning = &self.tuning;
+        let mut pool = self.pool(permission);
+        let Some((taken, align)) = pool.rounded(size, align, tuning) else {
+            return Ok(None);
+        };
+        let Some(target) = pool.free.allocate(taken, align) else {
+            return Ok(None);
+        };
+        let page_start = target & !(tuning.page - 1);
+        let page_end = (target + taken).next_multiple_of(tuning.page);
+        if !pool.unprepared.is_disjoint(page_start, page_end) {
+            let end = if pool.shared {
+                page_end
+                    .max(page_start + tuning.prepare_chunk)
+                    .min(pool.free.end())
+            } else {
+                page_end
+            };
+            let parts = pool.unprepared.remove(page_start, end);
+            for (i, &(start, end)) in parts.iter().enumerate() {
+                if let Err(e) = self
+                    .mapper
+                    .prepare(&self.reservation, start, end, permission)
+                {
+                    // Undo: the parts not prepared go back; the range goes back.
+                    for &(s, e) in &parts[i..] {
+                        pool.unprepared.insert(s, e);
+                    }
+                    let _ = pool.free.free(target, taken);
+                    return Err(mapper_error(&*self.mapper, e));
+                }
+            }
+        }
+        Ok(Some(Placed {
+            target,
+            taken,
+            permission,
+        }))
+    }
+
+    /// Returns a range to its pool; whole free pages go back to the system (at once for
+    /// private pools, in runs of at least the release threshold for shared ones).
+    pub(crate) fn free(&self, placed: Placed) -> Result<(), MemoryError> {
+        let tuning = &self.tuning;
+        let mut pool = self.pool(placed.permission);
+        let (run_start, run_end) =
+            pool.free
+                .free(placed.target, placed.taken)
+                .map_err(|e| MemoryError::Mapper {
+                    mapper: self.mapper.name(),
+                    source: MapperError::Refused {
+                        operation: "free",
+                        reason: e.to_string(),
+                    },
+                })?;
+        let (start, end) = if pool.shared {
+            let start = run_start.next_multiple_of(tuning.page);
+            let end = run_end & !(tuning.page - 1);
+            if end <= start || end - start < tuning.release_threshold {
+                return Ok(());
+            }
+            (start, end)
+        } else {
+            (placed.target, placed.target + placed.taken)
+        };
+        // Even when deinitialize fails the pages count as unprepared: whatever state the
+        // mapper left them in, the next use prepares them again, which restores access.
+        // Only their memory is not returned meanwhile.
+        let parts = pool.unprepared.insert(start, end);
+        let mut result = Ok(());
+        for (s, e) in parts {
+            if let Err(error) = self
+                .mapper
+                .deinitialize(&self.reservation, s, e, placed.permission)
+            {
+                result = Err(mapper_error(&*self.mapper, error));
+            }
+        }
+        result
+    }
+
+    /// Working-view pointer of `target`, which must lie inside the reservation.
+    pub(crate) fn working(&self, target: u64) -> *mut u8 {
+        self.reservation
+            .working_address(target)
+            .unwrap_or(std::ptr::null_mut())
+    }
+
+    /// Per-pool figures: (permission, pool bytes, free bytes, largest free, prepared bytes,
+    /// free ranges).
+    pub(crate) fn pool_figures(&self) -> [(Permission, u64, u64, u64, u64, usize); 3] {
+        Permission::ALL.map(|permission| {
+            let pool = self.pool(permission);
+            let len = pool.free.end() - pool.free.start();
+            (
+                permission,
+                len,
+                pool.free.free_bytes(),
+                pool.free.largest_free(),
+                len - pool.unprepared.total(),
+                pool.free.range_count(),
+            )
+        })
+    }
+}
+
+impl Drop for Slab {
+    fn drop(&mut self) {
+        if let Err(error) = self.mapper.release(&self.reservation) {
+            tracing::warn!(%error, target = self.reservation.target, "releasing a slab failed");
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! Real machine code written through the manager and called, with both mappers; freed code
+//! traps; W^X holds throughout.
+
+mod common;
+
+use common::*;
+use kiln_memory::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+fn managers() -> Vec<(&'static str, SlabMemoryManager)> {
+    vec![
+        (
+            "dual-mapped",
+            SlabMemoryManager::builder()
+                .mapper(Arc::new(DualMappedMapper::new().expect("memfd mapper")))
+                .build()
+                .unwrap(),
+        ),
+        (
+            "in-process",
+            SlabMemoryManager::builder()
+                .mapper(Arc::new(InProcessMapper::new()))
+                .build()
+                .unwrap(),
+        ),
+    ]
+}
+
+fn code_request(len: usize) -> AllocationRequest {
+    AllocationRequest::new()
+        .segment(SegmentRequest::new(Permission::ReadExecute, len as u64, 16))
+        .segment(SegmentRequest::new(Permission::Read, 8, 8))
+        .segment(SegmentRequest::new(Permission::ReadWrite, 64, 8).zero_filled())
+}
+
+#[test]
+fn code_written_through_the_manager_runs_in_both_mappers() {
+    for (name, manager) in managers() {
+        let mut modules = Vec::new();
+        for i in 0..200u32 {
+            let code = return_const(i * 7 + 1);
+            let mut in_flight = manager.allocate(&code_request(code.len())).unwrap();
+            in_flight.working_memory(0).unwrap().copy_from_slice(&code);
+            in_flight
+                .working_memory(1)
+                .unwrap()
+                .copy_from_slice(&(i as u64).to_le_bytes());
+            assert!(
+                in_flight.working_memory(2).unwrap().iter().all(|&b| b == 0),
+                "{name}: zero fill"
+            );
+            let finalized = in_flight.finalize().unwrap();
+            modules.push((i, finalized));
+        }
+        for (i, m) in &modules {
+            // SAFETY: segment 0 holds the function written above.
+            assert_eq!(unsafe { call(m.target(0).unwrap()) }, i * 7 + 1, "{name}");
+            // SAFETY: the read-only segment is mapped readable.
+            assert_eq!(unsafe { *(m.target(1).unwrap() as *const u64) }, *i as u64);
+        }
+        let stats = manager.stats();
+        assert_eq!(stats.live_allocations, 200, "{name}");
+        assert!(wx_mappings().is_empty(), "{name}: {:?}", wx_mappings());
+        drop(modules);
+        let stats = manager.stats();
+        assert_eq!(stats.live_allocations, 0);
+        assert_eq!(stats.bytes_allocated, 0);
+        for p in Permission::ALL {
+            assert_eq!(
+                stats.pool(p).free_ranges,
+                1,
+                "{name} {p}: one free range after freeing all"
+            );
+            assert_eq!(stats.pool(p).free, stats.pool(p).reserved);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn code_reads_its_constants_across_segments() {
+    for (name, manager) in managers() {
+        let mut in_flight = manager.allocate(&code_request(32)).unwrap();
+        let data = in_flight.target(1).unwrap();
+        let code = add_constant_at(data);
+        {
+            let mut segments = in_flight.segments_mut();
+            segments[0].bytes[..code.len()].copy_from_slice(&code);
+            segments[1].bytes.copy_from_slice(&1000u64.to_le_bytes());
+        }
+        let finalized = in_flight.finalize().unwrap();
+        // SAFETY: the function takes and returns u64 with the C ABI.
+        let f: extern "C" fn(u64) -> u64 =
+            unsafe { std::mem::transmute(finalized.target(0).unwrap() as usize) };
+        assert_eq!(f(234), 1234, "{name}");
+    }
+}
+
+#[test]
+fn sections_of_many_modules_share_pages_with_the_dual_mapper() {
+    let manager = SlabMemoryManager::builder()
+        .mapper(Arc::new(DualMappedMapper::new().unwrap()))
+        .build()
+        .unwrap();
+    let a = manager
+        .allocate(&code_request(100))
+        .unwrap()
+        .finalize()
+        .unwrap();
+    let b = manager
+        .allocate(&code_request(100))
+        .unwrap()
+        .finalize()
+        .unwrap();
+    let page = manager.mapper().page_size();
+    assert_eq!(a.target(0).unwrap() / page, b.target(0).unwrap() / page);
+    assert_eq!(a.target(2).unwrap() / page, b.target(2).unwrap() / page);
+}
+
+#[test]
+fn finalized_code_outlives_the_manager() {
+    for (name, manager) in managers() {
+        let code = return_const(99);
+        let mut in_flight = manager.allocate(&code_request(code.len())).unwrap();
+        in_flight.working_memory(0).unwrap().copy_from_slice(&code);
+        let finalized = in_flight.finalize().unwrap();
+        drop(manager);
+        // SAFETY: the allocation keeps its slab alive.
+        assert_eq!(unsafe { call(finalized.target(0).unwrap()) }, 99, "{name}");
+        // The handle is Send: call from another thread, free there.
+        std::thread::spawn(move || {
+            // SAFETY: as above.
+            assert_eq!(unsafe { call(finalized.target(0).unwrap()) }, 99);
+            drop(finalized);
+        })
+        .join()
+        .unwrap();
+    }
+}
+
+#[test]
+fn no_mapping_is_ever_writable_and_executable() {
+    for (name, manager) in managers() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let watcher = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut checks = 0u64;
+                while !stop.load(Ordering::Relaxed) || checks == 0 {
+                    let wx = wx_mappings();
+                    assert!(wx.is_empty(), "writable+executable mapping: {wx:?}");
+                    checks += 1;
+                }
+                checks
+            })
+        };
+        let mut live = Vec::new();
+        for i in 0..2000u32 {
+            let code = return_const(i);
+            let mut in_flight = manager
+                .allocate(&code_request(code.len() + (i as usize % 5000)))
+                .unwrap();
+            in_flight.working_memory(0).unwrap()[..code.len()].copy_from_slice(&code);
+            let finalized = in_flight.finalize().unwrap();
+            // SAFETY: the function written above.
+            assert_eq!(unsafe { call(finalized.target(0).unwrap()) }, i);
+            live.push(finalized);
+            if i % 3 == 0 {
+                live.swap_remove((i as usize * 7) % live.len());
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let checks = watcher.join().unwrap();
+        assert!(checks > 0, "{name}");
+        assert!(wx_mappings().is_empty());
+    }
+}
+
+#[test]
+fn two_threads_allocate_finalize_call_and_free_at_once() {
+    for (name, manager) in managers() {
+        let threads: Vec<_> = (0..2u32)
+            .map(|t| {
+                let manager = manager.clone();
+                std::thread::spawn(move || {
+                    let mut live: Vec<(u32, FinalizedAllocation)> = Vec::new();
+                    for i in 0..3000u32 {
+                        let value = t * 1_000_000 + i;
+                        let code = return_const(value);
+                        let mut in_flight = manager
+                            .allocate(&code_request(code.len() + (i as usize * 37) % 3000))
+                            .unwrap();
+                        in_flight.working_memory(0).unwrap()[..code.len()].copy_from_slice(&code);
+                        let f = in_flight.finalize().unwrap();
+                        live.push((value, f));
+                        if live.len() > 64 {
+                            let (v, f) = live.swap_remove((i as usize * 31) % live.len());
+                            // SAFETY: the function written above, still live.
+                            assert_eq!(unsafe { call(f.target(0).unwrap()) }, v);
+                        }
+                    }
+                    for (v, f) in &live {
+                        // SAFETY: as above.
+                        assert_eq!(unsafe { call(f.target(0).unwrap()) }, *v);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let stats = manager.stats();
+        assert_eq!(stats.live_allocations, 0, "{name}");
+        for p in Permission::ALL {
+            assert_eq!(stats.pool(p).free_ranges, 1, "{name} {p}");
+        }
+    }
+}
+
+/// Runs in a child process: calls code after freeing it, which must trap.
+#[test]
+fn stale_call_child() {
+    let Ok(mapper) = std::env::var("KILN_STALE_CALL_MAPPER") else {
+        return; // only meaningful in the child started below
+    };
+    let mapper: Arc<dyn Mapper> = match mapper.as_str() {
+        "dual-mapped" => Arc::new(DualMappedMapper::new().unwrap()),
+        _ => Arc::new(InProcessMapper::new()),
+    };
+    let manager = SlabMemoryManager::builder().mapper(mapper).build().unwrap();
+    // A neighbour keeps the page in use, so the freed range is poisoned, not unmapped.
+    let keep = manager
+        .allocate(&code_request(16))
+        .unwrap()
+        .finalize()
+        .unwrap();
+    let code = return_const(5);
+    let mut in_flight = manager.allocate(&code_request(code.len())).unwrap();
+    in_flight.working_memory(0).unwrap().copy_from_slice(&code);
+    let f = in_flight.finalize().unwrap();
+    let addr = f.target(0).unwrap();
+    // SAFETY: live code.
+    assert_eq!(unsafe { call(addr) }, 5);
+    drop(f);
+    eprintln!("calling freed code");
+    // SAFETY: deliberately unsound in the child: freed code must trap, killing it.
+    let v = unsafe { call(addr) };
+    eprintln!("freed code returned {v}");
+    drop(keep);
+    std::process::exit(0);
+}
+
+#[test]
+fn a_stale_call_into_freed_code_traps() {
+    use std::os::unix::process::ExitStatusExt;
+    for mapper in ["dual-mapped", "in-process"] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "stale_call_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("KILN_STALE_CALL_MAPPER", mapper)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("calling freed code"), "{mapper}: {stderr}");
+        let signal = out.status.signal();
+        assert!(
+            matches!(signal, Some(libc_sig) if libc_sig == 5 || libc_sig == 11 || libc_sig == 4),
+            "{mapper}: expected SIGTRAP/SIGSEGV/SIGILL, got {:?}; stderr: {stderr}",
+            out.status
+        );
+    }
+}
