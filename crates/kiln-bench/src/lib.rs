@@ -1,1 +1,174 @@
-//! Benchmarks.
+//! Shared pieces of Kiln's benchmarks: tiny functions in machine code, process memory
+//! figures from /proc, a small deterministic random generator, and running one contender
+//! per child process so their memory figures do not mix.
+//!
+//! Figures are always printed side by side with ratios; see docs/BENCHMARKS.md.
+
+use std::process::Command;
+
+/// Machine code of `extern "C" fn() -> u32 { value }`.
+pub fn return_const(value: u32) -> [u8; 12] {
+    let mut code = [0xccu8; 12];
+    #[cfg(target_arch = "x86_64")]
+    {
+        code[0] = 0xb8; // mov eax, imm32
+        code[1..5].copy_from_slice(&value.to_le_bytes());
+        code[5] = 0xc3; // ret
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let lo = 0x5280_0000u32 | ((value & 0xffff) << 5);
+        let hi = 0x72a0_0000u32 | ((value >> 16) << 5);
+        code[0..4].copy_from_slice(&lo.to_le_bytes());
+        code[4..8].copy_from_slice(&hi.to_le_bytes());
+        code[8..12].copy_from_slice(&0xd65f_03c0u32.to_le_bytes());
+    }
+    code
+}
+
+/// Writes a function returning `value` at the start of `bytes` and fills the rest with a
+/// pattern, the way a linker writes every byte of a section.
+pub fn write_function(bytes: &mut [u8], value: u32) {
+    bytes.fill(0xcc);
+    let code = return_const(value);
+    let n = code.len().min(bytes.len());
+    bytes[..n].copy_from_slice(&code[..n]);
+}
+
+/// Calls the function at `addr`.
+///
+/// # Safety
+/// `addr` must hold a finalized `extern "C" fn() -> u32`.
+pub unsafe fn call(addr: usize) -> u32 {
+    // SAFETY: the caller's contract.
+    let f: extern "C" fn() -> u32 = unsafe { std::mem::transmute(addr) };
+    f()
+}
+
+/// Memory figures of this process.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessMemory {
+    /// Resident set size (a page mapped twice counts twice).
+    pub rss: u64,
+    /// Proportional set size (a page mapped twice in this process counts once).
+    pub pss: u64,
+    /// Address space.
+    pub vsz: u64,
+    /// Lines in /proc/self/maps.
+    pub mappings: u64,
+}
+
+fn kib_field(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+impl ProcessMemory {
+    /// Reads the figures now.
+    pub fn now() -> Self {
+        let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        ProcessMemory {
+            rss: kib_field(&rollup, "Rss:"),
+            pss: kib_field(&rollup, "Pss:"),
+            vsz: kib_field(&status, "VmSize:"),
+            mappings: maps.lines().count() as u64,
+        }
+    }
+}
+
+/// xorshift64*: deterministic, dependency-free randomness for workloads.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a non-zero seed.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed | 1)
+    }
+
+    /// The next value.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A value in `[lo, hi]`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+}
+
+/// Runs this executable again with `args`, returning its `RESULT` lines as key/value maps,
+/// or the reason it failed (a crash is reported, not propagated).
+pub fn run_child(args: &[String]) -> Result<Vec<Vec<(String, String)>>, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let out = Command::new(exe).args(args).output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
+        return Err(format!("{} ({})", out.status, tail.into_iter().rev().collect::<Vec<_>>().join(" | ")));
+    }
+    Ok(parse_results(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Parses `RESULT key=value ...` lines.
+pub fn parse_results(text: &str) -> Vec<Vec<(String, String)>> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("RESULT "))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// The value of `key` in a parsed result, as a float.
+pub fn field(result: &[(String, String)], key: &str) -> f64 {
+    result
+        .iter()
+        .find(|(k, _)| k == key)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// Whether `strace` can be run here.
+pub fn have_strace() -> bool {
+    Command::new("strace").arg("-V").output().is_ok_and(|o| o.status.success())
+}
+
+/// Total system calls made by this executable run with `args`, counted by `strace -f -c`.
+pub fn count_syscalls(args: &[String]) -> Result<u64, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let out_file = std::env::temp_dir().join(format!("kiln-strace-{}.txt", std::process::id()));
+    let status = Command::new("strace")
+        .arg("-f")
+        .arg("-c")
+        .arg("-o")
+        .arg(&out_file)
+        .arg(exe)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| e.to_string())?;
+    let text = std::fs::read_to_string(&out_file).map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&out_file);
+    if !status.success() {
+        return Err(format!("strace run failed: {status}"));
+    }
+    // The "total" line: "100.00  0.001  1  1234  5  total" -> calls is the 4th column.
+    text.lines()
+        .find(|l| l.trim_end().ends_with("total"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("no total in strace output: {text}"))
+}

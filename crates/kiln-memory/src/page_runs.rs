@@ -33,6 +33,24 @@ impl PageRuns {
         self.runs.range(start..end).next().is_none()
     }
 
+    /// Bytes of `[start, end)` that are in the set.
+    pub fn covered(&self, start: u64, end: u64) -> u64 {
+        if start >= end {
+            return 0;
+        }
+        let first = self
+            .runs
+            .range(..=start)
+            .next_back()
+            .filter(|&(_, &e)| e > start)
+            .map(|(&s, _)| s)
+            .unwrap_or(start);
+        self.runs
+            .range(first..end)
+            .map(|(&s, &e)| e.min(end) - s.max(start))
+            .sum()
+    }
+
     /// Adds `[start, end)`; returns the parts that were not in the set before.
     pub fn insert(&mut self, start: u64, end: u64) -> Vec<(u64, u64)> {
         if start >= end {
@@ -136,6 +154,8 @@ mod tests {
         );
         assert_eq!(runs.total(), 0x10000 - 0x3000);
         assert!(runs.is_disjoint(0x1000, 0x4000));
+        assert_eq!(runs.covered(0, 0x5000), 0x2000);
+        assert_eq!(runs.covered(0x1000, 0x4000), 0);
         assert!(!runs.is_disjoint(0x1000, 0x4001));
     }
 }

@@ -209,9 +209,22 @@ impl Slab {
                     },
                 })?;
         let (start, end) = if pool.shared {
-            let start = run_start.next_multiple_of(tuning.page);
+            let whole_pool = run_start == pool.free.start() && run_end == pool.free.end();
+            // A free run keeps its first `prepare_chunk` bytes prepared, as a cushion: without
+            // it, freeing next to the prepared-but-unused end of a pool would return those
+            // pages and the next allocation would prepare them again, two system calls and
+            // fresh page faults per operation.
+            let cushion = if whole_pool { 0 } else { tuning.prepare_chunk };
+            let start = run_start.saturating_add(cushion).next_multiple_of(tuning.page);
             let end = run_end & !(tuning.page - 1);
-            if end <= start || end - start < tuning.release_threshold {
+            if end <= start {
+                return Ok(());
+            }
+            // Give pages back when that returns at least the threshold at once (so freeing
+            // modules one after another costs a system call per threshold's worth, not per
+            // module), and always when the pool is entirely free.
+            let returnable = (end - start) - pool.unprepared.covered(start, end);
+            if returnable == 0 || (returnable < tuning.release_threshold && !whole_pool) {
                 return Ok(());
             }
             (start, end)
