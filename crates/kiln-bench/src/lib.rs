@@ -110,11 +110,18 @@ impl Rng {
 /// or the reason it failed (a crash is reported, not propagated).
 pub fn run_child(args: &[String]) -> Result<Vec<Vec<(String, String)>>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let out = Command::new(exe).args(args).output().map_err(|e| e.to_string())?;
+    let out = Command::new(exe)
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
-        return Err(format!("{} ({})", out.status, tail.into_iter().rev().collect::<Vec<_>>().join(" | ")));
+        return Err(format!(
+            "{} ({})",
+            out.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        ));
     }
     Ok(parse_results(&String::from_utf8_lossy(&out.stdout)))
 }
@@ -143,7 +150,10 @@ pub fn field(result: &[(String, String)], key: &str) -> f64 {
 
 /// Whether `strace` can be run here.
 pub fn have_strace() -> bool {
-    Command::new("strace").arg("-V").output().is_ok_and(|o| o.status.success())
+    Command::new("strace")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// Total system calls made by this executable run with `args`, counted by `strace -f -c`.

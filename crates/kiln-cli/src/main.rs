@@ -1,1 +1,157 @@
-fn main() {}
+//! `kiln`: the command-line front end of Kiln.
+//!
+//! Until the linker lands, `kiln demo` shows the memory layer at work: it writes many
+//! small functions in machine code into executable memory, calls them, frees some, and
+//! prints the memory figures and a W^X check of the process's mappings.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use kiln_memory::{
+    AllocationRequest, DualMappedMapper, FinalizedAllocation, InProcessMapper, Mapper,
+    MemoryManager, Permission, SegmentRequest, SlabMemoryManager,
+};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kiln",
+    version,
+    about = "Kiln: a JIT linker and executable-memory manager"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Writes N small functions into executable memory, calls each, frees half, and prints
+    /// memory figures.
+    Demo {
+        /// How many functions (one module each).
+        #[arg(long, default_value_t = 1000)]
+        modules: u32,
+        /// Which mapper to use.
+        #[arg(long, value_enum, default_value_t = MapperKind::Default)]
+        mapper: MapperKind,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum MapperKind {
+    /// Dual-mapped where the kernel allows it, else in-process.
+    Default,
+    /// Dual-mapped memfd (fails if the kernel refuses).
+    Dual,
+    /// mmap + mprotect in this process.
+    InProcess,
+}
+
+/// Machine code of `extern "C" fn(x: u32) -> u32 { x * k + 1 }`.
+fn times_plus_one(k: u32) -> Vec<u8> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut code = vec![0x69, 0xc7]; // imul eax, edi, imm32
+        code.extend_from_slice(&k.to_le_bytes());
+        code.extend_from_slice(&[0x83, 0xc0, 0x01, 0xc3]); // add eax, 1; ret
+        code
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let movz = 0x5280_0001u32 | ((k & 0xffff) << 5); // movz w1, #lo
+        let movk = 0x72a0_0001u32 | ((k >> 16) << 5); // movk w1, #hi, lsl 16
+        let madd = 0x1b01_0000u32; // mul w0, w0, w1
+        let add = 0x1100_0400u32; // add w0, w0, #1
+        let ret = 0xd65f_03c0u32;
+        [movz, movk, madd, add, ret]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect()
+    }
+}
+
+fn wx_mappings() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|p| p.get(1..3) == Some("wx"))
+        })
+        .count()
+}
+
+fn demo(modules: u32, kind: MapperKind) -> Result<(), String> {
+    let mut builder = SlabMemoryManager::builder();
+    match kind {
+        MapperKind::Default => {}
+        MapperKind::Dual => {
+            let mapper = DualMappedMapper::new().map_err(|e| format!("dual-mapped mapper: {e}"))?;
+            builder = builder.mapper(Arc::new(mapper) as Arc<dyn Mapper>);
+        }
+        MapperKind::InProcess => builder = builder.mapper(Arc::new(InProcessMapper::new())),
+    }
+    let manager = builder.build().map_err(|e| e.to_string())?;
+    println!("mapper: {}", manager.mapper().name());
+    let mut live: Vec<(u32, FinalizedAllocation)> = Vec::new();
+    for k in 0..modules {
+        let code = times_plus_one(k);
+        let request = AllocationRequest::new().segment(SegmentRequest::new(
+            Permission::ReadExecute,
+            code.len() as u64,
+            16,
+        ));
+        let mut in_flight = manager.allocate(&request).map_err(|e| e.to_string())?;
+        in_flight
+            .working_memory(0)
+            .ok_or("allocation has no segment")?
+            .copy_from_slice(&code);
+        let finalized = in_flight.finalize().map_err(|e| e.to_string())?;
+        live.push((k, finalized));
+    }
+    let mut checked = 0u64;
+    for (k, f) in &live {
+        let addr = f.target(0).ok_or("allocation has no segment")?;
+        // SAFETY: the segment holds the complete function written above, finalized.
+        let function: extern "C" fn(u32) -> u32 = unsafe { std::mem::transmute(addr as usize) };
+        let got = function(3);
+        if got != k.wrapping_mul(3).wrapping_add(1) {
+            return Err(format!("function {k} returned {got}"));
+        }
+        checked += 1;
+    }
+    println!("called {checked} JIT functions, all returned x*k+1");
+    let first = live.first().and_then(|(_, f)| f.target(0)).unwrap_or(0);
+    let last = live.last().and_then(|(_, f)| f.target(0)).unwrap_or(0);
+    println!(
+        "code spans {first:#x}..{last:#x} ({} bytes for {modules} functions)",
+        last.saturating_sub(first)
+    );
+    println!("\n-- after linking --\n{}", manager.stats());
+    live.retain(|(k, _)| k % 2 == 0);
+    println!("\n-- after freeing half --\n{}", manager.stats());
+    println!(
+        "\nwritable+executable mappings in this process: {}",
+        wx_mappings()
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo { modules, mapper } => demo(modules, mapper),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kiln: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

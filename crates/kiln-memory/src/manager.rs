@@ -233,10 +233,7 @@ impl SlabMemoryManagerBuilder {
     pub fn build(self) -> Result<SlabMemoryManager, MemoryError> {
         let mapper = self.mapper.unwrap_or_else(default_mapper);
         let page = mapper.page_size();
-        let round = |v: u64| {
-            v.checked_next_multiple_of(page)
-                .unwrap_or(u64::MAX & !(page - 1))
-        };
+        let round = |v: u64| v.checked_next_multiple_of(page).unwrap_or(!(page - 1));
         let layout = SlabLayout {
             read_execute: round(self.layout.read_execute),
             read: round(self.layout.read),

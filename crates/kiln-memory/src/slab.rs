@@ -215,7 +215,9 @@ impl Slab {
             // pages and the next allocation would prepare them again, two system calls and
             // fresh page faults per operation.
             let cushion = if whole_pool { 0 } else { tuning.prepare_chunk };
-            let start = run_start.saturating_add(cushion).next_multiple_of(tuning.page);
+            let start = run_start
+                .saturating_add(cushion)
+                .next_multiple_of(tuning.page);
             let end = run_end & !(tuning.page - 1);
             if end <= start {
                 return Ok(());

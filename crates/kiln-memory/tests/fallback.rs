@@ -11,19 +11,27 @@ fn fallback_child() {
     if std::env::var_os("KILN_FALLBACK_CHILD").is_none() {
         return; // only meaningful in the child started below
     }
-    tracing_subscriber::fmt().with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .init();
     let error = DualMappedMapper::new().unwrap_err();
     eprintln!("dual-mapped refused: {error}");
     let manager = SlabMemoryManager::new().unwrap();
     eprintln!("mapper in use: {}", manager.mapper().name());
     let code = common::return_const(3);
     let mut in_flight = manager
-        .allocate(&AllocationRequest::new().segment(SegmentRequest::new(Permission::ReadExecute, 16, 16)))
+        .allocate(&AllocationRequest::new().segment(SegmentRequest::new(
+            Permission::ReadExecute,
+            16,
+            16,
+        )))
         .unwrap();
     in_flight.working_memory(0).unwrap()[..code.len()].copy_from_slice(&code);
     let f = in_flight.finalize().unwrap();
     // SAFETY: the function written above.
-    eprintln!("code returned {}", unsafe { common::call(f.target(0).unwrap()) });
+    eprintln!("code returned {}", unsafe {
+        common::call(f.target(0).unwrap())
+    });
 }
 
 #[test]
@@ -44,8 +52,14 @@ fn default_mapper_falls_back_where_memfd_exec_is_refused() {
         return;
     }
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("dual-mapped refused: memfd_create(MFD_EXEC)"), "{stderr}");
-    assert!(stderr.contains("falling back to the in-process mapper"), "{stderr}");
+    assert!(
+        stderr.contains("dual-mapped refused: memfd_create(MFD_EXEC)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("falling back to the in-process mapper"),
+        "{stderr}"
+    );
     assert!(stderr.contains("mapper in use: in-process"), "{stderr}");
     assert!(stderr.contains("code returned 3"), "{stderr}");
 }

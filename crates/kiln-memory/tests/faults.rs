@@ -288,8 +288,7 @@ fn placement_low_2gib_and_near_host_libraries() {
         extern "C" {
             static stdout: *mut libc::FILE;
         }
-        // SAFETY: only the address of the extern static is taken.
-        let stdout_addr = unsafe { std::ptr::addr_of!(stdout) } as u64;
+        let stdout_addr = std::ptr::addr_of!(stdout) as u64;
         for (start, end) in near.slab_ranges() {
             assert!(stdout_addr.abs_diff(start) < 1 << 31 && stdout_addr.abs_diff(end) < 1 << 31);
         }

@@ -49,7 +49,11 @@ struct KilnWorker {
 
 impl Worker for KilnWorker {
     fn make(&mut self, size: u64, value: u32) -> usize {
-        let request = AllocationRequest::new().segment(SegmentRequest::new(Permission::ReadExecute, size, 16));
+        let request = AllocationRequest::new().segment(SegmentRequest::new(
+            Permission::ReadExecute,
+            size,
+            16,
+        ));
         let mut in_flight = self.manager.allocate(&request).expect("allocate");
         write_function(in_flight.working_memory(0).expect("segment"), value);
         let f = in_flight.finalize().expect("finalize");
@@ -72,47 +76,43 @@ impl Worker for KilnWorker {
     }
 }
 
-struct MmapWorker;
+/// Plain mmap + mprotect + munmap per block.
+#[derive(Default)]
+struct MmapWorker {
+    sizes: std::collections::HashMap<usize, usize>,
+}
 
 impl Worker for MmapWorker {
     fn make(&mut self, size: u64, value: u32) -> usize {
         let len = (size as usize).next_multiple_of(4096);
         // SAFETY: a fresh private mapping.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
         assert_ne!(p, libc::MAP_FAILED);
         // SAFETY: our fresh read-write mapping of at least `size` bytes.
-        write_function(unsafe { std::slice::from_raw_parts_mut(p as *mut u8, size as usize) }, value);
+        write_function(
+            unsafe { std::slice::from_raw_parts_mut(p as *mut u8, size as usize) },
+            value,
+        );
         // SAFETY: our mapping, no longer written.
-        assert_eq!(unsafe { libc::mprotect(p, len, libc::PROT_READ | libc::PROT_EXEC) }, 0);
+        let protected = unsafe { libc::mprotect(p, len, libc::PROT_READ | libc::PROT_EXEC) };
+        assert_eq!(protected, 0);
         // SAFETY: the function just written.
         assert_eq!(unsafe { call(p as usize) }, value);
-        (p as usize) | (len.trailing_zeros() as usize).min(0) // handle = address
+        self.sizes.insert(p as usize, len);
+        p as usize
     }
     fn free(&mut self, handle: usize) {
-        // Sizes are recovered from /proc? No: keep it simple, unmap the largest size; munmap
-        // of pages beyond the mapping inside our own free space is avoided by storing size.
-        let _ = handle;
-        unreachable!("MmapWorker frees through MmapBlocks")
-    }
-}
-
-/// mmap contender with sizes remembered.
-struct MmapBlocks {
-    inner: MmapWorker,
-    sizes: std::collections::HashMap<usize, usize>,
-}
-
-impl Worker for MmapBlocks {
-    fn make(&mut self, size: u64, value: u32) -> usize {
-        let h = self.inner.make(size, value);
-        self.sizes.insert(h, (size as usize).next_multiple_of(4096));
-        h
-    }
-    fn free(&mut self, handle: usize) {
-        let len = self.sizes.remove(&handle).unwrap_or(4096);
-        // SAFETY: our mapping, with its length.
+        let len = self.sizes.remove(&handle).expect("live block");
+        // SAFETY: our mapping, with its length; nothing refers to it any more.
         unsafe { libc::munmap(handle as *mut _, len) };
     }
 }
@@ -123,9 +123,15 @@ struct JitAllocatorWorker {
 
 impl Worker for JitAllocatorWorker {
     fn make(&mut self, size: u64, value: u32) -> usize {
-        let (rx, rw) = self.allocator.alloc(size as usize).expect("jit-allocator alloc");
+        let (rx, rw) = self
+            .allocator
+            .alloc(size as usize)
+            .expect("jit-allocator alloc");
         // SAFETY: jit-allocator's writable view of at least `size` bytes.
-        write_function(unsafe { std::slice::from_raw_parts_mut(rw, size as usize) }, value);
+        write_function(
+            unsafe { std::slice::from_raw_parts_mut(rw, size as usize) },
+            value,
+        );
         jit_allocator::flush_instruction_cache(rx, size as usize);
         // SAFETY: the function just written, in the executable view.
         assert_eq!(unsafe { call(rx as usize) }, value);
@@ -144,10 +150,7 @@ fn worker(name: &str, manager: &Option<SlabMemoryManager>) -> Box<dyn Worker> {
             blocks: Vec::new(),
             free_slots: Vec::new(),
         }),
-        "mmap" => Box::new(MmapBlocks {
-            inner: MmapWorker,
-            sizes: Default::default(),
-        }),
+        "mmap" => Box::<MmapWorker>::default(),
         "jit-allocator" => Box::new(JitAllocatorWorker {
             allocator: jit_allocator::JitAllocator::new(Default::default()),
         }),
@@ -158,7 +161,9 @@ fn worker(name: &str, manager: &Option<SlabMemoryManager>) -> Box<dyn Worker> {
 fn run_thread(name: &str, manager: &Option<SlabMemoryManager>, ops: usize, seed: u64) -> f64 {
     let mut w = worker(name, manager);
     let mut rng = Rng::new(seed);
-    let mut live: Vec<usize> = (0..LIVE).map(|i| w.make(rng.range(MIN, MAX), i as u32)).collect();
+    let mut live: Vec<usize> = (0..LIVE)
+        .map(|i| w.make(rng.range(MIN, MAX), i as u32))
+        .collect();
     let start = Instant::now();
     for i in 0..ops {
         let victim = (rng.next_u64() % LIVE as u64) as usize;
@@ -174,11 +179,25 @@ fn run_thread(name: &str, manager: &Option<SlabMemoryManager>, ops: usize, seed:
 
 fn run_one(name: &str, threads: usize, ops: usize) {
     let manager = match name {
-        "kiln" => Some(SlabMemoryManager::builder().mapper(Arc::new(DualMappedMapper::new().expect("memfd"))).build().expect("manager")),
-        "kiln-in-process" => Some(SlabMemoryManager::builder().mapper(Arc::new(InProcessMapper::new())).build().expect("manager")),
+        "kiln" => Some(
+            SlabMemoryManager::builder()
+                .mapper(Arc::new(DualMappedMapper::new().expect("memfd")))
+                .build()
+                .expect("manager"),
+        ),
+        "kiln-in-process" => Some(
+            SlabMemoryManager::builder()
+                .mapper(Arc::new(InProcessMapper::new()))
+                .build()
+                .expect("manager"),
+        ),
         _ => None,
     };
-    let ops = if name == "mmap" || name == "kiln-in-process" { ops / 10 } else { ops };
+    let ops = if name == "mmap" || name == "kiln-in-process" {
+        ops / 10
+    } else {
+        ops
+    };
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let manager = manager.clone();
@@ -186,7 +205,10 @@ fn run_one(name: &str, threads: usize, ops: usize) {
             std::thread::spawn(move || run_thread(&name, &manager, ops, 0x9e37_79b9 + t as u64))
         })
         .collect();
-    let per_thread: Vec<f64> = handles.into_iter().map(|h| h.join().expect("thread")).collect();
+    let per_thread: Vec<f64> = handles
+        .into_iter()
+        .map(|h| h.join().expect("thread"))
+        .collect();
     let mean = per_thread.iter().sum::<f64>() / per_thread.len() as f64;
     println!("RESULT name={name} threads={threads} ops_per_thread={ops} ns_per_op={mean:.0}");
 }
@@ -198,11 +220,21 @@ fn main() {
         return;
     }
     println!("allocate/free throughput: op = free random live block + allocate {MIN} B..{MAX} B + write + make executable + call; {LIVE} live blocks per thread\n");
-    println!("{:<18} {:>8} {:>12} {:>14}", "contender", "threads", "ns/op", "vs kiln");
+    println!(
+        "{:<18} {:>8} {:>12} {:>14}",
+        "contender", "threads", "ns/op", "vs kiln"
+    );
     for threads in [1usize, 2] {
         let mut kiln = f64::NAN;
         for name in CONTENDERS {
-            let args = vec!["--only".to_string(), name.into(), "--threads".into(), threads.to_string(), "--ops".into(), args.ops.to_string()];
+            let args = vec![
+                "--only".to_string(),
+                name.into(),
+                "--threads".into(),
+                threads.to_string(),
+                "--ops".into(),
+                args.ops.to_string(),
+            ];
             match run_child(&args) {
                 Ok(r) => {
                     let ns = field(&r[0], "ns_per_op");

@@ -53,10 +53,17 @@ struct Kiln {
 impl Kiln {
     fn new(mapper: Arc<dyn Mapper>) -> Self {
         Kiln {
-            manager: SlabMemoryManager::builder().mapper(mapper).build().expect("manager"),
+            manager: SlabMemoryManager::builder()
+                .mapper(mapper)
+                .build()
+                .expect("manager"),
             modules: Vec::new(),
             request: AllocationRequest::new()
-                .segment(SegmentRequest::new(Permission::ReadExecute, CODE as u64, 16))
+                .segment(SegmentRequest::new(
+                    Permission::ReadExecute,
+                    CODE as u64,
+                    16,
+                ))
                 .segment(SegmentRequest::new(Permission::Read, CONSTANTS as u64, 16))
                 .segment(SegmentRequest::new(Permission::ReadWrite, DATA as u64, 8)),
         }
@@ -186,18 +193,36 @@ fn main() {
     println!("raw bytes per module: {} B\n", CODE + CONSTANTS + DATA);
     println!(
         "{:<18} {:>12} {:>12} {:>14} {:>12} {:>10} {:>14}",
-        "contender", "PSS KB/mod", "RSS KB/mod", "addr KB/mod", "ns/mod", "mappings", "syscalls/mod"
+        "contender",
+        "PSS KB/mod",
+        "RSS KB/mod",
+        "addr KB/mod",
+        "ns/mod",
+        "mappings",
+        "syscalls/mod"
     );
     let mut kiln_pss = f64::NAN;
     let mut rows = Vec::new();
     for name in CONTENDERS {
-        let result = run_child(&["--only".into(), name.into(), "--modules".into(), args.modules.to_string()]);
+        let result = run_child(&[
+            "--only".into(),
+            name.into(),
+            "--modules".into(),
+            args.modules.to_string(),
+        ]);
         let syscalls = if args.no_syscalls || !have_strace() {
             None
         } else {
             // Steady state: the difference between N and N/10 modules, per extra module.
             let small = (args.modules / 10).max(1);
-            let count = |m: usize| count_syscalls(&["--only".into(), name.into(), "--modules".into(), m.to_string()]);
+            let count = |m: usize| {
+                count_syscalls(&[
+                    "--only".into(),
+                    name.into(),
+                    "--modules".into(),
+                    m.to_string(),
+                ])
+            };
             match (count(small), count(args.modules)) {
                 (Ok(a), Ok(b)) => Some((b as f64 - a as f64) / (args.modules - small) as f64),
                 _ => None,
@@ -232,7 +257,9 @@ fn main() {
         } else {
             let extra: Vec<String> = r
                 .iter()
-                .filter(|(k, _)| ["mapped", "resident_counted_once", "reserved"].contains(&k.as_str()))
+                .filter(|(k, _)| {
+                    ["mapped", "resident_counted_once", "reserved"].contains(&k.as_str())
+                })
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect();
             println!("kiln manager stats: {}", extra.join(" "));
