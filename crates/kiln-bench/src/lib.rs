@@ -116,12 +116,20 @@ pub fn run_child(args: &[String]) -> Result<Vec<Vec<(String, String)>>, String> 
         .map_err(|e| e.to_string())?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
-        return Err(format!(
-            "{} ({})",
-            out.status,
-            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-        ));
+        // The panic message if there is one, else the last lines.
+        let lines: Vec<&str> = stderr.lines().collect();
+        let detail = match lines.iter().position(|l| l.contains("panicked at")) {
+            Some(i) => lines[i..(i + 2).min(lines.len())].join(" "),
+            None => lines
+                .iter()
+                .rev()
+                .take(3)
+                .rev()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(" | "),
+        };
+        return Err(format!("{} ({detail})", out.status));
     }
     Ok(parse_results(&String::from_utf8_lossy(&out.stdout)))
 }

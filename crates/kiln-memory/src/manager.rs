@@ -7,8 +7,8 @@ use crate::stats::{MemoryStats, PoolStats};
 use crate::{
     default_mapper, InFlightAllocation, Mapper, MemoryError, Permission, Placement, SegmentRange,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use parking_lot::RwLock;
+use std::sync::Arc;
 
 /// One segment of an [`AllocationRequest`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,14 +127,6 @@ unsafe fn fill_trap(ptr: *mut u8, len: usize) {
     }
 }
 
-/// Live counters shared by a manager and its allocations.
-#[derive(Debug, Default)]
-struct Counters {
-    live: AtomicU64,
-    requested: AtomicU64,
-    allocated: AtomicU64,
-}
-
 #[derive(Debug)]
 struct Shared {
     mapper: Arc<dyn Mapper>,
@@ -142,7 +134,6 @@ struct Shared {
     tuning: SlabTuning,
     placement: Placement,
     slabs: RwLock<Vec<Arc<Slab>>>,
-    counters: Counters,
 }
 
 /// The default memory manager: a slab allocator over a [`Mapper`].
@@ -182,6 +173,7 @@ pub struct SlabMemoryManagerBuilder {
     placement: Placement,
     prepare_chunk: u64,
     release_threshold: u64,
+    poison: bool,
 }
 
 impl Default for SlabMemoryManagerBuilder {
@@ -192,6 +184,7 @@ impl Default for SlabMemoryManagerBuilder {
             placement: Placement::HostLibraries,
             prepare_chunk: 1 << 20,
             release_threshold: 64 << 10,
+            poison: true,
         }
     }
 }
@@ -229,6 +222,15 @@ impl SlabMemoryManagerBuilder {
         self
     }
 
+    /// Whether freed code is filled with trap bytes (default `true`), so that a stale call
+    /// traps instead of running whatever is allocated there next. Turning it off saves a
+    /// `memset` of the freed bytes per free; pages given back to the system become
+    /// inaccessible either way.
+    pub fn poison_freed_code(mut self, poison: bool) -> Self {
+        self.poison = poison;
+        self
+    }
+
     /// Reserves the first slab and returns the manager.
     pub fn build(self) -> Result<SlabMemoryManager, MemoryError> {
         let mapper = self.mapper.unwrap_or_else(default_mapper);
@@ -244,6 +246,7 @@ impl SlabMemoryManagerBuilder {
             prepare_chunk: round(self.prepare_chunk.max(page)),
             release_threshold: round(self.release_threshold.max(page)),
             granule: 16,
+            poison: self.poison,
         };
         let first = Slab::reserve(mapper.clone(), layout, tuning, &self.placement)?;
         Ok(SlabMemoryManager {
@@ -253,7 +256,6 @@ impl SlabMemoryManagerBuilder {
                 tuning,
                 placement: self.placement,
                 slabs: RwLock::new(vec![Arc::new(first)]),
-                counters: Counters::default(),
             }),
         })
     }
@@ -284,11 +286,7 @@ impl SlabMemoryManager {
     }
 
     fn slabs(&self) -> Vec<Arc<Slab>> {
-        self.shared
-            .slabs
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.shared.slabs.read().clone()
     }
 
     fn validate(&self, request: &AllocationRequest) -> Result<(), MemoryError> {
@@ -329,7 +327,7 @@ impl SlabMemoryManager {
     ) -> Result<Result<Vec<Placed>, usize>, MemoryError> {
         let mut placed = Vec::with_capacity(request.segments.len());
         for (index, s) in request.segments.iter().enumerate() {
-            let outcome = slab.allocate(s.permission, s.size, s.align);
+            let outcome = slab.allocate(s.permission, s.size, s.align, index == 0);
             match outcome {
                 Ok(Some(p)) => placed.push(p),
                 Ok(None) | Err(_) => {
@@ -376,8 +374,6 @@ impl SlabMemoryManager {
         placed: Vec<Placed>,
     ) -> InFlightAllocation {
         let mut segments = Vec::with_capacity(placed.len());
-        let mut requested = 0;
-        let mut taken = 0;
         for (p, s) in placed.iter().zip(&request.segments) {
             let working = slab.working(p.target);
             if s.zero_fill {
@@ -386,19 +382,8 @@ impl SlabMemoryManager {
                 unsafe { std::ptr::write_bytes(working, 0, s.size as usize) };
             }
             segments.push(WorkingSegment::new(p.target, s.size, s.permission, working));
-            requested += s.size;
-            taken += p.taken;
         }
-        let counters = &self.shared.counters;
-        counters.live.fetch_add(1, Ordering::Relaxed);
-        counters.requested.fetch_add(requested, Ordering::Relaxed);
-        counters.allocated.fetch_add(taken, Ordering::Relaxed);
-        let backend = SlabBackend {
-            slab,
-            placed,
-            requested,
-            shared: self.shared.clone(),
-        };
+        let backend = SlabBackend { slab, placed };
         // SAFETY: the ranges come from the slab's free lists, so they are disjoint and ours
         // alone; their pages are prepared, so the working view is writable; they stay ours
         // until the backend frees them.
@@ -410,10 +395,13 @@ impl MemoryManager for SlabMemoryManager {
     fn allocate(&self, request: &AllocationRequest) -> Result<InFlightAllocation, MemoryError> {
         self.validate(request)?;
         let mut last_miss = 0;
-        for slab in self.slabs() {
-            match Self::place_in(&slab, request)? {
-                Ok(placed) => return Ok(self.in_flight(slab, request, placed)),
-                Err(index) => last_miss = index,
+        {
+            let slabs = self.shared.slabs.read();
+            for slab in slabs.iter() {
+                match Self::place_in(slab, request)? {
+                    Ok(placed) => return Ok(self.in_flight(slab.clone(), request, placed)),
+                    Err(index) => last_miss = index,
+                }
             }
         }
         if !request.allow_out_of_range {
@@ -437,11 +425,7 @@ impl MemoryManager for SlabMemoryManager {
         let slab = Arc::new(slab);
         match Self::place_in(&slab, request)? {
             Ok(placed) => {
-                shared
-                    .slabs
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(slab.clone());
+                shared.slabs.write().push(slab.clone());
                 Ok(self.in_flight(slab, request, placed))
             }
             Err(index) => Err(self.out_of_reservation(request, index)),
@@ -449,13 +433,7 @@ impl MemoryManager for SlabMemoryManager {
     }
 
     fn stats(&self) -> MemoryStats {
-        let counters = &self.shared.counters;
-        let mut stats = MemoryStats {
-            live_allocations: counters.live.load(Ordering::Relaxed),
-            bytes_requested: counters.requested.load(Ordering::Relaxed),
-            bytes_allocated: counters.allocated.load(Ordering::Relaxed),
-            ..MemoryStats::default()
-        };
+        let mut stats = MemoryStats::default();
         let mut resident = Some(0);
         for slab in self.slabs() {
             stats.slabs += 1;
@@ -463,16 +441,19 @@ impl MemoryManager for SlabMemoryManager {
             resident = resident
                 .zip(self.shared.mapper.resident_bytes(&slab.reservation))
                 .map(|(a, b)| a + b);
-            for (permission, len, free, largest, prepared, ranges) in slab.pool_figures() {
-                let pool: &mut PoolStats = &mut stats.pools[permission.index()];
-                pool.reserved += len;
-                pool.prepared += prepared;
-                pool.free += free;
-                pool.largest_free = pool.largest_free.max(largest);
-                pool.free_ranges += ranges as u64;
-                stats.bytes_mapped += prepared;
-                stats.bytes_free += free;
-                stats.largest_free_range = stats.largest_free_range.max(largest);
+            for f in slab.pool_figures() {
+                let pool: &mut PoolStats = &mut stats.pools[f.permission.index()];
+                pool.reserved += f.len;
+                pool.prepared += f.prepared;
+                pool.free += f.free;
+                pool.largest_free = pool.largest_free.max(f.largest_free);
+                pool.free_ranges += f.free_ranges;
+                stats.live_allocations += f.allocations;
+                stats.bytes_requested += f.requested;
+                stats.bytes_allocated += f.len - f.free;
+                stats.bytes_mapped += f.prepared;
+                stats.bytes_free += f.free;
+                stats.largest_free_range = stats.largest_free_range.max(f.largest_free);
             }
         }
         stats.bytes_resident = resident;
@@ -484,17 +465,17 @@ impl MemoryManager for SlabMemoryManager {
 struct SlabBackend {
     slab: Arc<Slab>,
     placed: Vec<Placed>,
-    requested: u64,
-    shared: Arc<Shared>,
 }
 
 impl SlabBackend {
     fn release(self, poison: bool) -> Result<(), MemoryError> {
         let mut result = Ok(());
-        let mut taken = 0;
         for p in &self.placed {
-            taken += p.taken;
-            if poison && p.permission.is_executable() && self.slab.pool(p.permission).shared {
+            if poison
+                && self.slab.tuning.poison
+                && p.permission.is_executable()
+                && self.slab.is_shared(p.permission)
+            {
                 // A shared page stays mapped executable: fill the freed bytes with traps so
                 // a stale call traps instead of running whatever comes next.
                 let working = self.slab.working(p.target);
@@ -506,12 +487,6 @@ impl SlabBackend {
                 result = Err(e);
             }
         }
-        let counters = &self.shared.counters;
-        counters.live.fetch_sub(1, Ordering::Relaxed);
-        counters
-            .requested
-            .fetch_sub(self.requested, Ordering::Relaxed);
-        counters.allocated.fetch_sub(taken, Ordering::Relaxed);
         result
     }
 }

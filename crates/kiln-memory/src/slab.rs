@@ -5,7 +5,8 @@
 use crate::free_list::FreeList;
 use crate::page_runs::PageRuns;
 use crate::{Mapper, MapperError, MemoryError, Permission, Reservation};
-use std::sync::{Arc, Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::Arc;
 
 /// Sizes of the three pools of every slab (multiples of the page size).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +61,8 @@ pub(crate) struct SlabTuning {
     pub(crate) release_threshold: u64,
     /// Smallest unit (and alignment) of shared-pool allocations.
     pub(crate) granule: u64,
+    /// Whether freed code on shared pages is filled with trap bytes.
+    pub(crate) poison: bool,
 }
 
 /// One pool: the free ranges and the pages not prepared.
@@ -68,6 +71,10 @@ pub(crate) struct Pool {
     pub(crate) shared: bool,
     pub(crate) free: FreeList,
     pub(crate) unprepared: PageRuns,
+    /// Bytes the live ranges of this pool were asked for.
+    pub(crate) requested: u64,
+    /// Live allocations whose first segment lies in this pool.
+    pub(crate) allocations: u64,
 }
 
 impl Pool {
@@ -81,12 +88,26 @@ impl Pool {
     }
 }
 
+/// Figures of one pool of one slab.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PoolFigures {
+    pub(crate) permission: Permission,
+    pub(crate) len: u64,
+    pub(crate) free: u64,
+    pub(crate) largest_free: u64,
+    pub(crate) prepared: u64,
+    pub(crate) free_ranges: u64,
+    pub(crate) requested: u64,
+    pub(crate) allocations: u64,
+}
+
 /// A reservation and its three pools.
 #[derive(Debug)]
 pub(crate) struct Slab {
     pub(crate) reservation: Reservation,
     pub(crate) mapper: Arc<dyn Mapper>,
     pub(crate) tuning: SlabTuning,
+    shared: [bool; 3],
     pools: [Mutex<Pool>; 3],
 }
 
@@ -94,9 +115,13 @@ pub(crate) struct Slab {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Placed {
     pub(crate) target: u64,
+    /// Bytes asked for.
+    pub(crate) requested: u64,
     /// Bytes taken from the pool (the request rounded up).
     pub(crate) taken: u64,
     pub(crate) permission: Permission,
+    /// Whether this is the first segment of its allocation (counts the allocation).
+    pub(crate) first: bool,
 }
 
 fn mapper_error(mapper: &dyn Mapper, source: MapperError) -> MemoryError {
@@ -125,24 +150,29 @@ impl Slab {
                 shared: shares || permission == Permission::ReadWrite,
                 free: FreeList::new(start, len),
                 unprepared: PageRuns::new(start, start + len),
+                requested: 0,
+                allocations: 0,
             };
             start += len;
             Mutex::new(pool)
         });
+        let shared = Permission::ALL.map(|p| shares || p == Permission::ReadWrite);
         Ok(Slab {
             reservation,
             mapper,
             tuning,
+            shared,
             pools,
         })
     }
 
     pub(crate) fn pool(&self, permission: Permission) -> MutexGuard<'_, Pool> {
-        // A panic while holding a pool lock cannot leave the free list half-updated in a
-        // way that matters more than losing the allocator; keep going with the data.
-        self.pools[permission.index()]
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.pools[permission.index()].lock()
+    }
+
+    /// Whether the pool of `permission` shares pages among allocations.
+    pub(crate) fn is_shared(&self, permission: Permission) -> bool {
+        self.shared[permission.index()]
     }
 
     /// Takes `size` bytes aligned to `align` from the pool of `permission`, preparing the
@@ -152,6 +182,7 @@ impl Slab {
         permission: Permission,
         size: u64,
         align: u64,
+        first: bool,
     ) -> Result<Option<Placed>, MemoryError> {
         let tuning = &self.tuning;
         let mut pool = self.pool(permission);
@@ -186,10 +217,14 @@ impl Slab {
                 }
             }
         }
+        pool.requested += size;
+        pool.allocations += u64::from(first);
         Ok(Some(Placed {
             target,
+            requested: size,
             taken,
             permission,
+            first,
         }))
     }
 
@@ -208,6 +243,8 @@ impl Slab {
                         reason: e.to_string(),
                     },
                 })?;
+        pool.requested -= placed.requested;
+        pool.allocations -= u64::from(placed.first);
         let (start, end) = if pool.shared {
             let whole_pool = run_start == pool.free.start() && run_end == pool.free.end();
             // A free run keeps its first `prepare_chunk` bytes prepared, as a cushion: without
@@ -256,20 +293,21 @@ impl Slab {
             .unwrap_or(std::ptr::null_mut())
     }
 
-    /// Per-pool figures: (permission, pool bytes, free bytes, largest free, prepared bytes,
-    /// free ranges).
-    pub(crate) fn pool_figures(&self) -> [(Permission, u64, u64, u64, u64, usize); 3] {
+    /// Figures of each pool.
+    pub(crate) fn pool_figures(&self) -> [PoolFigures; 3] {
         Permission::ALL.map(|permission| {
             let pool = self.pool(permission);
             let len = pool.free.end() - pool.free.start();
-            (
+            PoolFigures {
                 permission,
                 len,
-                pool.free.free_bytes(),
-                pool.free.largest_free(),
-                len - pool.unprepared.total(),
-                pool.free.range_count(),
-            )
+                free: pool.free.free_bytes(),
+                largest_free: pool.free.largest_free(),
+                prepared: len - pool.unprepared.total(),
+                free_ranges: pool.free.range_count() as u64,
+                requested: pool.requested,
+                allocations: pool.allocations,
+            }
         })
     }
 }

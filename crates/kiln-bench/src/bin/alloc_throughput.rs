@@ -3,7 +3,11 @@
 //! One op = free a random live block + allocate 64 B–16 KB + write every byte + make it
 //! executable + call it; 1,024 live blocks per thread; 1 and 2 threads. Contenders, each
 //! in a child process of its own (so a crash is reported, not fatal to the run):
+//! - `floor`: no allocator at all: fixed 16 KB slots of one dual-mapped memfd, with the
+//!   same writes (the function, the trap fill of the freed block) and call; the memory
+//!   traffic of the op alone on this machine;
 //! - `kiln`: Kiln's default manager (dual-mapped), one manager shared by the threads;
+//! - `kiln-no-poison`: the same, with freed code not filled with trap bytes;
 //! - `kiln-in-process`: Kiln with the in-process mapper;
 //! - `mmap`: plain mmap + mprotect + munmap per block;
 //! - `jit-allocator`: the `jit-allocator` crate 0.2.8 as published, one allocator per thread
@@ -18,7 +22,14 @@ use std::time::Instant;
 const LIVE: usize = 1024;
 const MIN: u64 = 64;
 const MAX: u64 = 16 * 1024;
-const CONTENDERS: [&str; 4] = ["kiln", "kiln-in-process", "mmap", "jit-allocator"];
+const CONTENDERS: [&str; 6] = [
+    "floor",
+    "kiln",
+    "kiln-no-poison",
+    "kiln-in-process",
+    "mmap",
+    "jit-allocator",
+];
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -117,6 +128,77 @@ impl Worker for MmapWorker {
     }
 }
 
+/// Fixed slots in one dual-mapped region: the op without any allocator.
+struct FloorWorker {
+    rw: *mut u8,
+    rx: *const u8,
+    next: usize,
+    sizes: Vec<usize>,
+    free_slots: Vec<usize>,
+}
+
+const SLOT: usize = 16 * 1024;
+
+impl FloorWorker {
+    fn new() -> Self {
+        let len = SLOT * (LIVE + 1);
+        // SAFETY: plain syscalls creating fresh mappings owned by this worker (leaked at
+        // exit, like the benchmark's other contenders' last blocks).
+        unsafe {
+            let fd = libc::memfd_create(c"kiln-floor".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0);
+            assert_eq!(libc::ftruncate(fd, len as libc::off_t), 0);
+            let rw = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            let rx = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            assert!(rw != libc::MAP_FAILED && rx != libc::MAP_FAILED);
+            FloorWorker {
+                rw: rw.cast(),
+                rx: rx.cast(),
+                next: 0,
+                sizes: vec![0; LIVE + 1],
+                free_slots: Vec::new(),
+            }
+        }
+    }
+}
+
+impl Worker for FloorWorker {
+    fn make(&mut self, size: u64, value: u32) -> usize {
+        let slot = self.free_slots.pop().unwrap_or_else(|| {
+            self.next += 1;
+            self.next - 1
+        });
+        self.sizes[slot] = size as usize;
+        // SAFETY: slot `slot` of our read-write view, `size <= SLOT` bytes.
+        write_function(
+            unsafe { std::slice::from_raw_parts_mut(self.rw.add(slot * SLOT), size as usize) },
+            value,
+        );
+        // SAFETY: the function just written, seen through the executable view.
+        assert_eq!(unsafe { call(self.rx.add(slot * SLOT) as usize) }, value);
+        slot
+    }
+    fn free(&mut self, handle: usize) {
+        // SAFETY: slot `handle` of our read-write view.
+        unsafe { std::ptr::write_bytes(self.rw.add(handle * SLOT), 0xcc, self.sizes[handle]) };
+        self.free_slots.push(handle);
+    }
+}
+
 struct JitAllocatorWorker {
     allocator: Box<jit_allocator::JitAllocator>,
 }
@@ -145,12 +227,13 @@ impl Worker for JitAllocatorWorker {
 
 fn worker(name: &str, manager: &Option<SlabMemoryManager>) -> Box<dyn Worker> {
     match name {
-        "kiln" | "kiln-in-process" => Box::new(KilnWorker {
+        "kiln" | "kiln-no-poison" | "kiln-in-process" => Box::new(KilnWorker {
             manager: manager.clone().expect("manager"),
             blocks: Vec::new(),
             free_slots: Vec::new(),
         }),
         "mmap" => Box::<MmapWorker>::default(),
+        "floor" => Box::new(FloorWorker::new()),
         "jit-allocator" => Box::new(JitAllocatorWorker {
             allocator: jit_allocator::JitAllocator::new(Default::default()),
         }),
@@ -182,6 +265,13 @@ fn run_one(name: &str, threads: usize, ops: usize) {
         "kiln" => Some(
             SlabMemoryManager::builder()
                 .mapper(Arc::new(DualMappedMapper::new().expect("memfd")))
+                .build()
+                .expect("manager"),
+        ),
+        "kiln-no-poison" => Some(
+            SlabMemoryManager::builder()
+                .mapper(Arc::new(DualMappedMapper::new().expect("memfd")))
+                .poison_freed_code(false)
                 .build()
                 .expect("manager"),
         ),
@@ -225,7 +315,7 @@ fn main() {
         "contender", "threads", "ns/op", "vs kiln"
     );
     for threads in [1usize, 2] {
-        let mut kiln = f64::NAN;
+        let mut rows = Vec::new();
         for name in CONTENDERS {
             let args = vec![
                 "--only".to_string(),
@@ -235,14 +325,16 @@ fn main() {
                 "--ops".into(),
                 args.ops.to_string(),
             ];
-            match run_child(&args) {
-                Ok(r) => {
-                    let ns = field(&r[0], "ns_per_op");
-                    if name == "kiln" {
-                        kiln = ns;
-                    }
-                    println!("{name:<18} {threads:>8} {ns:>12.0} {:>13.2}x", ns / kiln);
-                }
+            rows.push((name, run_child(&args).map(|r| field(&r[0], "ns_per_op"))));
+        }
+        let kiln = rows
+            .iter()
+            .find(|(n, _)| *n == "kiln")
+            .and_then(|(_, r)| r.as_ref().ok().copied())
+            .unwrap_or(f64::NAN);
+        for (name, result) in rows {
+            match result {
+                Ok(ns) => println!("{name:<18} {threads:>8} {ns:>12.0} {:>13.2}x", ns / kiln),
                 Err(e) => println!("{name:<18} {threads:>8}  crashed or failed: {e}"),
             }
         }
