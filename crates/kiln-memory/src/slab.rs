@@ -6,6 +6,7 @@ use crate::free_list::FreeList;
 use crate::page_runs::PageRuns;
 use crate::{Mapper, MapperError, MemoryError, Permission, Reservation};
 use parking_lot::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Sizes of the three pools of every slab (multiples of the page size).
@@ -51,6 +52,9 @@ impl Default for SlabLayout {
     }
 }
 
+/// Smallest arena: pools smaller than twice this have one arena.
+pub(crate) const MIN_ARENA: u64 = 32 << 20;
+
 /// Tuning shared by all slabs of a manager.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SlabTuning {
@@ -63,6 +67,9 @@ pub(crate) struct SlabTuning {
     pub(crate) granule: u64,
     /// Whether freed code on shared pages is filled with trap bytes.
     pub(crate) poison: bool,
+    /// Arenas per pool: each has its own lock and address range, and a thread keeps to
+    /// one, so threads neither wait for each other nor write into each other's pages.
+    pub(crate) arenas: usize,
 }
 
 /// One pool: the free ranges and the pages not prepared.
@@ -108,7 +115,7 @@ pub(crate) struct Slab {
     pub(crate) mapper: Arc<dyn Mapper>,
     pub(crate) tuning: SlabTuning,
     shared: [bool; 3],
-    pools: [Mutex<Pool>; 3],
+    pools: [Box<[Mutex<Pool>]>; 3],
 }
 
 /// A range handed out by a pool.
@@ -120,8 +127,18 @@ pub(crate) struct Placed {
     /// Bytes taken from the pool (the request rounded up).
     pub(crate) taken: u64,
     pub(crate) permission: Permission,
+    /// Index of the arena within the pool.
+    pub(crate) arena: usize,
     /// Whether this is the first segment of its allocation (counts the allocation).
     pub(crate) first: bool,
+}
+
+thread_local! {
+    /// This thread's preferred arena (modulo the arena count), handed out round-robin.
+    static PREFERRED_ARENA: usize = {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    };
 }
 
 fn mapper_error(mapper: &dyn Mapper, source: MapperError) -> MemoryError {
@@ -146,15 +163,31 @@ impl Slab {
         let mut start = reservation.target;
         let pools = Permission::ALL.map(|permission| {
             let len = layout.pool_len(permission);
-            let pool = Pool {
-                shared: shares || permission == Permission::ReadWrite,
-                free: FreeList::new(start, len),
-                unprepared: PageRuns::new(start, start + len),
-                requested: 0,
-                allocations: 0,
-            };
+            let shared = shares || permission == Permission::ReadWrite;
+            // Arenas never smaller than MIN_ARENA, so one segment of up to that size
+            // always fits an empty arena.
+            let arenas = (tuning.arenas.max(1) as u64).min((len / MIN_ARENA).max(1));
+            let arena_len = (len / arenas) & !(tuning.page - 1);
+            let pool_start = start;
             start += len;
-            Mutex::new(pool)
+            (0..arenas)
+                .map(|k| {
+                    let a_start = pool_start + k * arena_len;
+                    let a_end = if k + 1 == arenas {
+                        pool_start + len
+                    } else {
+                        a_start + arena_len
+                    };
+                    Mutex::new(Pool {
+                        shared,
+                        free: FreeList::new(a_start, a_end - a_start),
+                        unprepared: PageRuns::new(a_start, a_end),
+                        requested: 0,
+                        allocations: 0,
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_boxed_slice()
         });
         let shared = Permission::ALL.map(|p| shares || p == Permission::ReadWrite);
         Ok(Slab {
@@ -166,8 +199,17 @@ impl Slab {
         })
     }
 
-    pub(crate) fn pool(&self, permission: Permission) -> MutexGuard<'_, Pool> {
-        self.pools[permission.index()].lock()
+    pub(crate) fn arena(&self, permission: Permission, arena: usize) -> MutexGuard<'_, Pool> {
+        self.pools[permission.index()][arena].lock()
+    }
+
+    /// Largest free range of any arena of `permission`.
+    pub(crate) fn largest_free(&self, permission: Permission) -> u64 {
+        self.pools[permission.index()]
+            .iter()
+            .map(|a| a.lock().free.largest_free())
+            .max()
+            .unwrap_or(0)
     }
 
     /// Whether the pool of `permission` shares pages among allocations.
@@ -176,7 +218,8 @@ impl Slab {
     }
 
     /// Takes `size` bytes aligned to `align` from the pool of `permission`, preparing the
-    /// pages it needs. `Ok(None)` when the pool has no room.
+    /// pages it needs: from this thread's arena, else from any other. `Ok(None)` when no
+    /// arena has room.
     pub(crate) fn allocate(
         &self,
         permission: Permission,
@@ -184,8 +227,26 @@ impl Slab {
         align: u64,
         first: bool,
     ) -> Result<Option<Placed>, MemoryError> {
+        let arenas = self.pools[permission.index()].len();
+        let preferred = PREFERRED_ARENA.with(|p| *p) % arenas;
+        for k in (0..arenas).map(|i| (preferred + i) % arenas) {
+            if let Some(placed) = self.allocate_in(permission, k, size, align, first)? {
+                return Ok(Some(placed));
+            }
+        }
+        Ok(None)
+    }
+
+    fn allocate_in(
+        &self,
+        permission: Permission,
+        arena: usize,
+        size: u64,
+        align: u64,
+        first: bool,
+    ) -> Result<Option<Placed>, MemoryError> {
         let tuning = &self.tuning;
-        let mut pool = self.pool(permission);
+        let mut pool = self.arena(permission, arena);
         let Some((taken, align)) = pool.rounded(size, align, tuning) else {
             return Ok(None);
         };
@@ -224,6 +285,7 @@ impl Slab {
             requested: size,
             taken,
             permission,
+            arena,
             first,
         }))
     }
@@ -232,7 +294,7 @@ impl Slab {
     /// private pools, in runs of at least the release threshold for shared ones).
     pub(crate) fn free(&self, placed: Placed) -> Result<(), MemoryError> {
         let tuning = &self.tuning;
-        let mut pool = self.pool(placed.permission);
+        let mut pool = self.arena(placed.permission, placed.arena);
         let (run_start, run_end) =
             pool.free
                 .free(placed.target, placed.taken)
@@ -293,22 +355,26 @@ impl Slab {
             .unwrap_or(std::ptr::null_mut())
     }
 
-    /// Figures of each pool.
-    pub(crate) fn pool_figures(&self) -> [PoolFigures; 3] {
-        Permission::ALL.map(|permission| {
-            let pool = self.pool(permission);
-            let len = pool.free.end() - pool.free.start();
-            PoolFigures {
-                permission,
-                len,
-                free: pool.free.free_bytes(),
-                largest_free: pool.free.largest_free(),
-                prepared: len - pool.unprepared.total(),
-                free_ranges: pool.free.range_count() as u64,
-                requested: pool.requested,
-                allocations: pool.allocations,
+    /// Figures of each arena of each pool.
+    pub(crate) fn pool_figures(&self) -> Vec<PoolFigures> {
+        let mut figures = Vec::new();
+        for permission in Permission::ALL {
+            for arena in self.pools[permission.index()].iter() {
+                let pool = arena.lock();
+                let len = pool.free.end() - pool.free.start();
+                figures.push(PoolFigures {
+                    permission,
+                    len,
+                    free: pool.free.free_bytes(),
+                    largest_free: pool.free.largest_free(),
+                    prepared: len - pool.unprepared.total(),
+                    free_ranges: pool.free.range_count() as u64,
+                    requested: pool.requested,
+                    allocations: pool.allocations,
+                });
             }
-        })
+        }
+        figures
     }
 }
 

@@ -16,6 +16,9 @@ pub struct PoolStats {
     pub largest_free: u64,
     /// Number of free ranges (a measure of fragmentation).
     pub free_ranges: u64,
+    /// Number of arenas (over all slabs); when nothing is allocated each arena is one
+    /// free range.
+    pub arenas: u64,
 }
 
 /// Figures of a memory manager, from [`MemoryManager::stats`](crate::MemoryManager::stats).

@@ -60,8 +60,8 @@ fn assert_clean(manager: &SlabMemoryManager, live: u64) {
             );
             assert_eq!(
                 stats.pool(p).free_ranges,
-                stats.slabs,
-                "{p}: one free range per slab"
+                stats.pool(p).arenas,
+                "{p}: one free range per arena"
             );
         }
     }

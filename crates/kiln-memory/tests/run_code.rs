@@ -69,8 +69,8 @@ fn code_written_through_the_manager_runs_in_both_mappers() {
         for p in Permission::ALL {
             assert_eq!(
                 stats.pool(p).free_ranges,
-                1,
-                "{name} {p}: one free range after freeing all"
+                stats.pool(p).arenas,
+                "{name} {p}: one free range per arena after freeing all"
             );
             assert_eq!(stats.pool(p).free, stats.pool(p).reserved);
         }
@@ -213,7 +213,11 @@ fn two_threads_allocate_finalize_call_and_free_at_once() {
         let stats = manager.stats();
         assert_eq!(stats.live_allocations, 0, "{name}");
         for p in Permission::ALL {
-            assert_eq!(stats.pool(p).free_ranges, 1, "{name} {p}");
+            assert_eq!(
+                stats.pool(p).free_ranges,
+                stats.pool(p).arenas,
+                "{name} {p}"
+            );
         }
     }
 }
@@ -274,4 +278,44 @@ fn a_stale_call_into_freed_code_traps() {
             out.status
         );
     }
+}
+
+#[test]
+fn a_full_arena_falls_back_to_another_and_one_segment_must_fit_an_arena() {
+    let layout = SlabLayout {
+        read_execute: 128 << 20,
+        read: 4 << 20,
+        read_write: 4 << 20,
+    };
+    let code = |mib: u64| {
+        AllocationRequest::new().segment(SegmentRequest::new(
+            Permission::ReadExecute,
+            mib << 20,
+            16,
+        ))
+    };
+    let two = SlabMemoryManager::builder()
+        .layout(layout)
+        .arenas(2)
+        .build()
+        .unwrap();
+    assert_eq!(two.stats().pool(Permission::ReadExecute).arenas, 2);
+    let a = two.allocate(&code(40)).unwrap();
+    let b = two.allocate(&code(40)).unwrap();
+    let half = two.slab_ranges()[0].0 + (64 << 20);
+    assert!(
+        (a.target(0).unwrap() < half) != (b.target(0).unwrap() < half),
+        "the second 40 MiB segment must go to the other arena"
+    );
+    drop((a, b));
+    assert!(matches!(
+        two.allocate(&code(70)),
+        Err(MemoryError::OutOfReservation { .. })
+    ));
+    let one = SlabMemoryManager::builder()
+        .layout(layout)
+        .arenas(1)
+        .build()
+        .unwrap();
+    assert!(one.allocate(&code(70)).is_ok());
 }

@@ -169,7 +169,13 @@ unsafe impl Mapper for DualMappedMapper {
             "mprotect",
             start,
             end - start,
-        ))
+        ))?;
+        // Back the pages and map them in both views now, in two calls, rather than in one
+        // page fault per page per view later (Linux 5.14+; older kernels just fault).
+        let working = reservation.working as u64 + (start - reservation.target);
+        sys::populate(working, end - start, true);
+        sys::populate(start, end - start, false);
+        Ok(())
     }
 
     fn initialize(

@@ -145,3 +145,15 @@ pub(crate) fn prot_of(permission: crate::Permission) -> libc::c_int {
         crate::Permission::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
     }
 }
+
+/// Populates the page tables of `[addr, addr + len)` (`MADV_POPULATE_WRITE` or `_READ`),
+/// backing the pages. Best effort: kernels before 5.14 refuse, and then the pages are
+/// faulted in on first touch as usual.
+pub(crate) fn populate(addr: u64, len: u64, write: bool) {
+    const MADV_POPULATE_READ: libc::c_int = 22;
+    const MADV_POPULATE_WRITE: libc::c_int = 23;
+    let advice = if write { MADV_POPULATE_WRITE } else { MADV_POPULATE_READ };
+    // SAFETY: populating changes no contents and no permissions of the range, which the
+    // caller owns.
+    unsafe { libc::madvise(addr as *mut libc::c_void, len as usize, advice) };
+}
