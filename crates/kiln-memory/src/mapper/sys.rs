@@ -152,7 +152,11 @@ pub(crate) fn prot_of(permission: crate::Permission) -> libc::c_int {
 pub(crate) fn populate(addr: u64, len: u64, write: bool) {
     const MADV_POPULATE_READ: libc::c_int = 22;
     const MADV_POPULATE_WRITE: libc::c_int = 23;
-    let advice = if write { MADV_POPULATE_WRITE } else { MADV_POPULATE_READ };
+    let advice = if write {
+        MADV_POPULATE_WRITE
+    } else {
+        MADV_POPULATE_READ
+    };
     // SAFETY: populating changes no contents and no permissions of the range, which the
     // caller owns.
     unsafe { libc::madvise(addr as *mut libc::c_void, len as usize, advice) };
