@@ -9,8 +9,10 @@ use kiln_memory::{
     AllocationRequest, DualMappedMapper, FinalizedAllocation, InProcessMapper, Mapper,
     MemoryManager, Permission, SegmentRequest, SlabMemoryManager,
 };
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Instant;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -25,6 +27,34 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Links objects and archives in memory and runs their `main`, with main's exit code
+    /// as this command's.
+    Run {
+        /// Object files (`cc -c` output) and static archives.
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        /// Link against library NAME (`libNAME.so`, an ld script, or `libNAME.a`).
+        #[arg(short = 'l', value_name = "NAME")]
+        libraries: Vec<String>,
+        /// Search DIR for `-l` libraries first.
+        #[arg(short = 'L', value_name = "DIR")]
+        library_dirs: Vec<PathBuf>,
+        /// Call SYM instead of `main` (same signature).
+        #[arg(long, value_name = "SYM", default_value = "main")]
+        entry: String,
+        /// Link only; do not run.
+        #[arg(long)]
+        noexec: bool,
+        /// Print the time of each link phase to stderr.
+        #[arg(long)]
+        show_times: bool,
+        /// Print memory figures to stderr.
+        #[arg(long)]
+        stats: bool,
+        /// Arguments for the program (after `--`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
     /// Writes N small functions into executable memory, calls each, frees half, and prints
     /// memory figures.
     Demo {
@@ -138,6 +168,89 @@ fn demo(modules: u32, kind: MapperKind) -> Result<(), String> {
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
+fn run(
+    inputs: &[PathBuf],
+    libraries: &[String],
+    library_dirs: &[PathBuf],
+    entry: &str,
+    noexec: bool,
+    show_times: bool,
+    stats: bool,
+    args: &[String],
+) -> Result<i32, String> {
+    let start = Instant::now();
+    let jit = kiln::Jit::new().map_err(|e| e.to_string())?;
+    let lib = jit.main_library();
+    for input in inputs {
+        jit.add_file(lib, input).map_err(|e| e.to_string())?;
+    }
+    for name in libraries {
+        jit.add_library_by_name(lib, name, library_dirs)
+            .map_err(|e| e.to_string())?;
+    }
+    jit.add_process_symbols(lib);
+    let load = start.elapsed();
+    let linked = jit.link_pending(lib).map_err(|e| e.to_string())?;
+    if show_times {
+        eprintln!("kiln: load inputs  {:>9.3} ms", load.as_secs_f64() * 1e3);
+        if let Some((_, report)) = &linked {
+            let t = report.times;
+            for (name, d) in [
+                ("parse", t.parse),
+                ("resolve", t.resolve),
+                ("layout", t.layout),
+                ("fixup", t.fixup),
+                ("finalize", t.finalize),
+            ] {
+                eprintln!("kiln: {name:<12} {:>9.3} ms", d.as_secs_f64() * 1e3);
+            }
+            let c = report.counts;
+            eprintln!(
+                "kiln: {} objects, {} sections, {} relocations, {} GOT entries, {} PLT stubs",
+                c.objects, c.sections, c.relocations, c.got_entries, c.plt_stubs
+            );
+        }
+        eprintln!(
+            "kiln: total        {:>9.3} ms",
+            start.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    if stats {
+        eprintln!("{}", jit.memory_stats());
+    }
+    if noexec {
+        return Ok(0);
+    }
+    let mut argv = vec![inputs
+        .first()
+        .and_then(|p| p.file_stem())
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "a.out".into())];
+    argv.extend(args.iter().cloned());
+    let address = jit.lookup(lib, entry).map_err(|e| e.to_string())?;
+    // SAFETY: `address` is the entry function of the module just linked, with main's
+    // signature (the user's contract for --entry).
+    let f: extern "C" fn(
+        i32,
+        *const *const std::ffi::c_char,
+        *const *const std::ffi::c_char,
+    ) -> i32 = unsafe { std::mem::transmute(address as usize) };
+    let c_args: Vec<std::ffi::CString> = argv
+        .iter()
+        .map(|a| std::ffi::CString::new(a.as_str()).unwrap_or_default())
+        .collect();
+    let mut ptrs: Vec<*const std::ffi::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    extern "C" {
+        static environ: *const *const std::ffi::c_char;
+    }
+    // SAFETY: reading the process's environment pointer.
+    let status = f(c_args.len() as i32, ptrs.as_ptr(), unsafe { environ });
+    jit.shutdown();
+    Ok(status)
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -145,10 +258,32 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo { modules, mapper } => demo(modules, mapper),
+        Command::Demo { modules, mapper } => demo(modules, mapper).map(|()| 0),
+        Command::Run {
+            inputs,
+            libraries,
+            library_dirs,
+            entry,
+            noexec,
+            show_times,
+            stats,
+            args,
+        } => run(
+            &inputs,
+            &libraries,
+            &library_dirs,
+            &entry,
+            noexec,
+            show_times,
+            stats,
+            &args,
+        ),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(status) => {
+            // main's status is the process's, as `exit(status)` would make it.
+            std::process::exit(status);
+        }
         Err(e) => {
             eprintln!("kiln: error: {e}");
             ExitCode::FAILURE

@@ -1,0 +1,166 @@
+//! Typed link errors, each naming the object, section, offset and symbol involved.
+
+use kiln_memory::MemoryError;
+use std::fmt;
+
+/// One undefined symbol and the object that wanted it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingSymbol {
+    /// The symbol.
+    pub symbol: String,
+    /// The first object that referenced it.
+    pub wanted_by: String,
+}
+
+/// A list of missing symbols, printed one per line like a linker does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingSymbols(pub Vec<MissingSymbol>);
+
+impl fmt::Display for MissingSymbols {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, m) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(
+                f,
+                "  undefined symbol: {} (referenced by {})",
+                m.symbol, m.wanted_by
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a link failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// The bytes are not a valid ELF file, or a table in it is out of bounds.
+    #[error("{object}: malformed object: {what}")]
+    Malformed {
+        /// The object.
+        object: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// An ELF file of the wrong type (an executable or shared object, not `ET_REL`).
+    #[error("{object}: not a relocatable object (ELF type {e_type}); Kiln links `cc -c` output and archives of it")]
+    NotRelocatable {
+        /// The object.
+        object: String,
+        /// Its `e_type`.
+        e_type: u16,
+    },
+    /// An object for another architecture or class.
+    #[error("{object}: wrong architecture: {found}; this linker handles ELF64 x86-64")]
+    WrongArchitecture {
+        /// The object.
+        object: String,
+        /// What it is.
+        found: String,
+    },
+    /// A malformed archive.
+    #[error("{archive}: malformed archive: {what}")]
+    Archive {
+        /// The archive.
+        archive: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// A symbol refers to a section that does not exist.
+    #[error("{object}: symbol '{symbol}' refers to section index {index}, but the object has {count} sections")]
+    SectionIndexOutOfRange {
+        /// The object.
+        object: String,
+        /// The symbol.
+        symbol: String,
+        /// Its section index.
+        index: u32,
+        /// Number of sections.
+        count: usize,
+    },
+    /// A relocation type the linker does not implement.
+    #[error("{object}: section {section} offset {offset:#x}: unknown or unsupported relocation type {r_type} ({name}) against '{symbol}'")]
+    UnknownRelocation {
+        /// The object.
+        object: String,
+        /// The section being relocated.
+        section: String,
+        /// Offset in the section.
+        offset: u64,
+        /// The `r_type`.
+        r_type: u32,
+        /// Its name if known.
+        name: &'static str,
+        /// The target symbol.
+        symbol: String,
+    },
+    /// A relocation outside its section, or a relocation symbol index out of range.
+    #[error("{object}: section {section}: relocation at offset {offset:#x}: {what}")]
+    BadRelocation {
+        /// The object.
+        object: String,
+        /// The section.
+        section: String,
+        /// Offset.
+        offset: u64,
+        /// What is wrong.
+        what: String,
+    },
+    /// A relocated value does not fit its field.
+    #[error("{object}: section {section} offset {offset:#x}: relocation {kind} against '{symbol}' out of range: value {value:#x} does not fit {bits} bits{hint}")]
+    Overflow {
+        /// The object.
+        object: String,
+        /// The section.
+        section: String,
+        /// Offset.
+        offset: u64,
+        /// The relocation type name.
+        kind: &'static str,
+        /// The target symbol.
+        symbol: String,
+        /// The computed value.
+        value: i128,
+        /// Field width.
+        bits: u32,
+        /// A hint.
+        hint: &'static str,
+    },
+    /// Two strong definitions of one symbol.
+    #[error("duplicate symbol '{symbol}': defined in {first} and in {second}")]
+    DuplicateSymbol {
+        /// The symbol.
+        symbol: String,
+        /// The first definer.
+        first: String,
+        /// The second definer.
+        second: String,
+    },
+    /// Symbols nobody defines.
+    #[error("{} undefined symbol{}:\n{symbols}", .symbols.0.len(), if .symbols.0.len() == 1 { "" } else { "s" })]
+    UndefinedSymbols {
+        /// The missing symbols.
+        symbols: MissingSymbols,
+    },
+    /// A thread-local access model Kiln cannot support for JIT code.
+    #[error("{object}: section {section} offset {offset:#x}: thread-local variable '{symbol}' uses the {model} model, which needs static TLS space that JIT code cannot get; compile with -fPIC (general/local dynamic)")]
+    UnsupportedTls {
+        /// The object.
+        object: String,
+        /// The section.
+        section: String,
+        /// Offset.
+        offset: u64,
+        /// The symbol.
+        symbol: String,
+        /// The TLS model.
+        model: &'static str,
+    },
+    /// The memory manager failed.
+    #[error("allocating memory for the link: {0}")]
+    Memory(#[from] MemoryError),
+    /// A symbol lookup by name found nothing.
+    #[error("symbol '{0}' not found")]
+    SymbolNotFound(String),
+}

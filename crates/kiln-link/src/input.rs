@@ -1,0 +1,132 @@
+//! Link inputs: relocatable objects and static archives, as byte buffers.
+
+use crate::LinkError;
+use object::read::archive::ArchiveFile;
+use rustc_hash::FxHashMap;
+use std::sync::Arc;
+
+/// A relocatable object: a name for messages and its bytes.
+#[derive(Debug, Clone)]
+pub struct ObjectInput {
+    /// Name used in messages (a path, or `archive.a(member.o)`).
+    pub name: String,
+    /// The ELF bytes.
+    pub data: Arc<[u8]>,
+}
+
+impl ObjectInput {
+    /// An object from bytes.
+    pub fn new(name: impl Into<String>, data: impl Into<Arc<[u8]>>) -> Self {
+        ObjectInput {
+            name: name.into(),
+            data: data.into(),
+        }
+    }
+}
+
+/// A static archive with its symbol index: a member is loaded only when it defines a
+/// symbol the link needs, as a static linker does.
+#[derive(Debug, Clone)]
+pub struct ArchiveInput {
+    /// Name used in messages.
+    pub name: String,
+    data: Arc<[u8]>,
+    /// Symbol → offsets of the members' headers that define it.
+    index: FxHashMap<Box<[u8]>, Vec<u64>>,
+    /// Member header offset → (member name, data range).
+    members: FxHashMap<u64, (String, usize, usize)>,
+}
+
+impl ArchiveInput {
+    /// Parses an archive (GNU or BSD symbol table; an archive without one is indexed by
+    /// scanning its members' symbol tables).
+    pub fn parse(name: impl Into<String>, data: impl Into<Arc<[u8]>>) -> Result<Self, LinkError> {
+        let name = name.into();
+        let data: Arc<[u8]> = data.into();
+        let err = |what: String| LinkError::Archive {
+            archive: name.clone(),
+            what,
+        };
+        let archive = ArchiveFile::parse(&*data).map_err(|e| err(e.to_string()))?;
+        if archive.is_thin() {
+            return Err(err("thin archives are not supported".into()));
+        }
+        let mut members: FxHashMap<u64, (String, usize, usize)> = FxHashMap::default();
+        let mut add_member = |offset: u64,
+                              member: &object::read::archive::ArchiveMember<'_>|
+         -> Result<(), LinkError> {
+            let (start, len) = member.file_range();
+            let member_name = String::from_utf8_lossy(member.name()).into_owned();
+            let end = start.saturating_add(len);
+            if end > data.len() as u64 {
+                return Err(err(format!("member {member_name} extends past the end")));
+            }
+            members.insert(offset, (member_name, start as usize, end as usize));
+            Ok(())
+        };
+        let mut index: FxHashMap<Box<[u8]>, Vec<u64>> = FxHashMap::default();
+        match archive.symbols().map_err(|e| err(e.to_string()))? {
+            Some(symbols) => {
+                let mut seen = rustc_hash::FxHashSet::default();
+                for symbol in symbols {
+                    let symbol = symbol.map_err(|e| err(e.to_string()))?;
+                    let offset = symbol.offset();
+                    if seen.insert(offset.0) {
+                        let member = archive
+                            .member(offset)
+                            .map_err(|e| err(format!("symbol table entry: {e}")))?;
+                        add_member(offset.0, &member)?;
+                    }
+                    index
+                        .entry(symbol.name().into())
+                        .or_default()
+                        .push(offset.0);
+                }
+            }
+            None => {
+                for member in archive.members() {
+                    let member = member.map_err(|e| err(e.to_string()))?;
+                    // The member's header lies inside `data`; its distance from the start
+                    // is the member's offset, the key the symbol table would use.
+                    let offset = member.header().map_or(0, |h| {
+                        (h as *const _ as usize).wrapping_sub(data.as_ptr() as usize)
+                    }) as u64;
+                    add_member(offset, &member)?;
+                }
+                for (&offset, (_, start, end)) in &members {
+                    for symbol in crate::object_file::defined_globals(&data[*start..*end]) {
+                        index.entry(symbol.into()).or_default().push(offset);
+                    }
+                }
+            }
+        }
+        Ok(ArchiveInput {
+            name,
+            data,
+            index,
+            members,
+        })
+    }
+
+    /// Header offsets of the members that define `symbol`.
+    pub(crate) fn definers(&self, symbol: &[u8]) -> &[u64] {
+        self.index.get(symbol).map_or(&[], |v| v.as_slice())
+    }
+
+    /// The member at header offset `offset`, as an object input.
+    pub(crate) fn member(&self, offset: u64) -> Result<(String, &[u8]), LinkError> {
+        let (name, start, end) = self
+            .members
+            .get(&offset)
+            .ok_or_else(|| LinkError::Archive {
+                archive: self.name.clone(),
+                what: format!("symbol table points at offset {offset:#x}, which is not a member"),
+            })?;
+        Ok((format!("{}({})", self.name, name), &self.data[*start..*end]))
+    }
+
+    /// Number of members.
+    pub fn member_count(&self) -> usize {
+        self.members.len()
+    }
+}

@@ -1,0 +1,34 @@
+//! # kiln-link
+//!
+//! Kiln's JIT linker for ELF x86-64 relocatable objects (`cc -c` output) and static
+//! archives. It parses objects with the `object` crate, loads archive members only when
+//! they define a needed symbol, resolves symbols with a static linker's rules (strong over
+//! weak, duplicate strong definitions are an error, commons merged, COMDAT groups kept
+//! once, undefined weak is 0), asks its [`LinkContext`] for what the inputs do not define
+//! (other modules, host functions, shared libraries), lays sections out in four segments
+//! (code, constants, data, zero-filled data) with a GOT and PLT stubs, allocates them from
+//! a [`kiln_memory::MemoryManager`], applies every x86-64 relocation gcc and clang emit
+//! (overflow is an error naming object, section, offset and symbol) and finalizes.
+//!
+//! The result, a [`LinkedModule`], owns its memory and lists its exported symbols,
+//! initializers, finalizers, `.eh_frame` and TLS template; running those is the
+//! executor's job (see the `kiln` crate).
+
+// Link errors carry the object, section, offset and symbol as owned strings, so they are
+// large; they are returned once per failed link, never on a hot path.
+#![allow(clippy::result_large_err)]
+
+mod error;
+mod input;
+mod link;
+mod object_file;
+mod x86_64;
+
+pub use error::{LinkError, MissingSymbol, MissingSymbols};
+pub use input::{ArchiveInput, ObjectInput};
+pub use link::{link, LinkContext, LinkCounts, LinkOptions, LinkTimes, LinkedModule, TlsTemplate};
+
+/// Checks that `data` is an ELF x86-64 relocatable object, without linking it.
+pub fn check_object(name: &str, data: &[u8]) -> Result<(), LinkError> {
+    object_file::ObjectFile::parse(name.to_string(), data).map(|_| ())
+}

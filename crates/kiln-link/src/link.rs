@@ -1,0 +1,1140 @@
+//! The link driver: load objects (and the archive members they need), resolve symbols,
+//! lay sections out in segments with a GOT and PLT stubs, allocate memory, copy and
+//! relocate, finalize.
+
+use crate::object_file::{
+    Binding, ObjSym, ObjectFile, SymSection, SHF_ALLOC, SHF_EXCLUDE, SHF_EXECINSTR, SHF_TLS,
+    SHF_WRITE, SHT_FINI_ARRAY, SHT_GROUP, SHT_INIT_ARRAY, SHT_NOBITS, SHT_NOTE, SHT_PREINIT_ARRAY,
+};
+use crate::x86_64::{self, RelocKind};
+use crate::{ArchiveInput, LinkError, MissingSymbol, MissingSymbols, ObjectInput};
+use kiln_memory::{
+    AllocationRequest, FinalizedAllocation, MemoryManager, Permission, SegmentRequest,
+};
+use object::LittleEndian as LE;
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::time::{Duration, Instant};
+
+/// What the linker asks of its environment (the session or the executor).
+pub trait LinkContext {
+    /// Address of a symbol the link's own inputs do not define: another module's, a host
+    /// function's or a shared library's. `None` if nobody defines it.
+    fn resolve(&mut self, name: &str) -> Option<u64>;
+
+    /// A fresh thread-local-storage module id for this link's TLS block, passed to
+    /// `__tls_get_addr` by general- and local-dynamic code.
+    fn tls_module_id(&mut self) -> u64;
+
+    /// Whether the symbol `name`, which [`LinkContext::resolve`] found at `address`, is a
+    /// function (so that a far reference may go through a stub) rather than data. `None`
+    /// if unknown; such symbols get stubs only for calls.
+    fn is_function(&mut self, name: &str, address: u64) -> Option<bool> {
+        let _ = (name, address);
+        None
+    }
+}
+
+/// Options of one link.
+pub struct LinkOptions<'m> {
+    /// Where code and data go: must lie within ±2 GiB of the host's libraries for code
+    /// compiled as PIE.
+    pub memory: &'m dyn MemoryManager,
+    /// Memory in the low 2 GiB, for objects with absolute 32-bit relocations (non-PIC
+    /// code); without it such objects fail to link if their addresses do not fit.
+    pub low_memory: Option<&'m dyn MemoryManager>,
+}
+
+/// The TLS initialization image of a module.
+#[derive(Debug, Clone, Default)]
+pub struct TlsTemplate {
+    /// Module id passed to `__tls_get_addr`.
+    pub module_id: u64,
+    /// Initialized part (`.tdata`), relocated.
+    pub image: Vec<u8>,
+    /// Total block size (`.tdata` + `.tbss`).
+    pub size: u64,
+    /// Block alignment.
+    pub align: u64,
+}
+
+/// Time spent in each phase of a link.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinkTimes {
+    /// Parsing objects and archive members.
+    pub parse: Duration,
+    /// Resolving symbols (including archive member loading).
+    pub resolve: Duration,
+    /// Laying out sections, GOT and stubs.
+    pub layout: Duration,
+    /// Copying contents and applying relocations.
+    pub fixup: Duration,
+    /// Finalizing memory (permissions, icache).
+    pub finalize: Duration,
+}
+
+/// Counts of one link.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinkCounts {
+    /// Objects linked (including archive members).
+    pub objects: usize,
+    /// Sections placed in memory.
+    pub sections: usize,
+    /// Relocations applied.
+    pub relocations: usize,
+    /// GOT entries.
+    pub got_entries: usize,
+    /// PLT stubs.
+    pub plt_stubs: usize,
+    /// Bytes of code, constants, data and zero-filled data.
+    pub segment_bytes: [u64; 4],
+}
+
+/// A linked module: its memory, its exported symbols, what to run at start and end.
+#[derive(Debug)]
+pub struct LinkedModule {
+    /// The memory, finalized.
+    pub allocation: FinalizedAllocation,
+    /// Global symbols defined by the module (default or protected visibility), with
+    /// their addresses.
+    pub symbols: FxHashMap<String, u64>,
+    /// Initializers in the order to call them (`.preinit_array`, `.init_array` by
+    /// priority, `.ctors`).
+    pub init: Vec<u64>,
+    /// Finalizers in the order to call them (`.fini_array` reversed, `.dtors`).
+    pub fini: Vec<u64>,
+    /// Address of the module's `.eh_frame` data (terminated), to register with the
+    /// unwinder.
+    pub eh_frame: Option<u64>,
+    /// The address used for `__dso_handle` (for `__cxa_atexit` / `__cxa_finalize`).
+    pub dso_handle: u64,
+    /// TLS template, if the module has thread-locals.
+    pub tls: Option<TlsTemplate>,
+    /// Phase times.
+    pub times: LinkTimes,
+    /// Counts.
+    pub counts: LinkCounts,
+}
+
+const SEG_RX: usize = 0;
+const SEG_R: usize = 1;
+const SEG_RW: usize = 2;
+const SEG_BSS: usize = 3;
+const SEG_TLS: u8 = 4;
+const SEG_NONE: u8 = 255;
+const PLT_STUB: u64 = 16;
+
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    seg: u8,
+    offset: u64,
+}
+
+const NOWHERE: Place = Place {
+    seg: SEG_NONE,
+    offset: 0,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Def {
+    None,
+    Defined { obj: u32, sym: u32, weak: bool },
+    Common { size: u64, align: u64 },
+    External(u64),
+    Zero,
+    GotBase,
+    DsoHandle,
+}
+
+#[derive(Debug)]
+struct Global<'a> {
+    name: &'a [u8],
+    def: Def,
+    /// For externals: whether the host symbol is a function.
+    external_function: Option<bool>,
+    first_ref: Option<u32>,
+    strong_ref: bool,
+    tls: bool,
+    func: bool,
+    common_place: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Key {
+    Global(u32),
+    Local(u32, u32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Slot {
+    Address(Key),
+    TlsGd(Key),
+    TlsLd,
+}
+
+struct Linker<'a, 'c> {
+    objs: Vec<ObjectFile<'a>>,
+    places: Vec<Vec<Place>>,
+    /// Per object, per symbol: the global it binds to (u32::MAX for locals).
+    sym_globals: Vec<Vec<u32>>,
+    globals: Vec<Global<'a>>,
+    global_index: FxHashMap<&'a [u8], u32>,
+    comdats: FxHashSet<&'a [u8]>,
+    pending: Vec<u32>,
+    archives: &'a [ArchiveInput],
+    loaded_members: FxHashSet<(usize, u64)>,
+    ctx: &'c mut dyn LinkContext,
+}
+
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+impl<'a, 'c> Linker<'a, 'c> {
+    fn add_object(&mut self, obj: ObjectFile<'a>) -> Result<(), LinkError> {
+        let obj_index = self.objs.len() as u32;
+        let mut places = vec![NOWHERE; obj.sections.len()];
+        let mut discarded = vec![false; obj.sections.len()];
+        for (signature, members) in &obj.groups {
+            if !self.comdats.insert(signature) {
+                for &m in members {
+                    discarded[m as usize] = true;
+                }
+            }
+        }
+        // Sections stay NOWHERE until layout; discarded ones are marked now.
+        for (i, d) in discarded.iter().enumerate() {
+            if *d {
+                places[i] = Place {
+                    seg: SEG_NONE,
+                    offset: u64::MAX,
+                };
+            }
+        }
+        let mut sym_globals = vec![u32::MAX; obj.symbols.len()];
+        for (i, sym) in obj.symbols.iter().enumerate().skip(1) {
+            if sym.binding == Binding::Local {
+                continue;
+            }
+            let id = match self.global_index.get(sym.name) {
+                Some(&id) => id,
+                None => {
+                    let id = self.globals.len() as u32;
+                    self.globals.push(Global {
+                        name: sym.name,
+                        def: Def::None,
+                        external_function: None,
+                        first_ref: None,
+                        strong_ref: false,
+                        tls: false,
+                        func: false,
+                        common_place: 0,
+                    });
+                    self.global_index.insert(sym.name, id);
+                    id
+                }
+            };
+            sym_globals[i] = id;
+            let in_discarded =
+                matches!(sym.section, SymSection::Section(s) if discarded[s as usize]);
+            let g = &mut self.globals[id as usize];
+            g.tls |= sym.is_tls();
+            g.func |= sym.is_func();
+            match sym.section {
+                SymSection::Undefined => {
+                    if g.first_ref.is_none() {
+                        g.first_ref = Some(obj_index);
+                    }
+                    if sym.binding == Binding::Global && !g.strong_ref {
+                        g.strong_ref = true;
+                        if g.def == Def::None {
+                            self.pending.push(id);
+                        }
+                    }
+                }
+                _ if in_discarded => {
+                    // Defined in a COMDAT copy that is not kept: the kept copy defines it.
+                    if g.first_ref.is_none() {
+                        g.first_ref = Some(obj_index);
+                    }
+                }
+                SymSection::Common => match g.def {
+                    Def::None | Def::Zero => {
+                        g.def = Def::Common {
+                            size: sym.size,
+                            align: sym.value.max(1),
+                        }
+                    }
+                    Def::Common { size, align } => {
+                        g.def = Def::Common {
+                            size: size.max(sym.size),
+                            align: align.max(sym.value.max(1)),
+                        }
+                    }
+                    _ => {}
+                },
+                SymSection::Absolute | SymSection::Section(_) => {
+                    let weak = sym.binding == Binding::Weak;
+                    match g.def {
+                        Def::Defined {
+                            obj: other,
+                            weak: false,
+                            ..
+                        } if !weak => {
+                            return Err(LinkError::DuplicateSymbol {
+                                symbol: lossy(sym.name),
+                                first: self.objs[other as usize].name.clone(),
+                                second: obj.name.clone(),
+                            });
+                        }
+                        Def::Defined { weak: false, .. } => {}
+                        Def::Defined { weak: true, .. } if weak => {}
+                        _ => {
+                            g.def = Def::Defined {
+                                obj: obj_index,
+                                sym: i as u32,
+                                weak,
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.objs.push(obj);
+        self.places.push(places);
+        self.sym_globals.push(sym_globals);
+        Ok(())
+    }
+
+    /// Loads archive members for undefined symbols until none can be found.
+    fn load_archive_members(&mut self) -> Result<(), LinkError> {
+        while let Some(id) = self.pending.pop() {
+            if self.globals[id as usize].def != Def::None {
+                continue;
+            }
+            let name = self.globals[id as usize].name;
+            let archives = self.archives;
+            'archives: for (ai, archive) in archives.iter().enumerate() {
+                for &offset in archive.definers(name) {
+                    if self.loaded_members.insert((ai, offset)) {
+                        let (member_name, data) = archive.member(offset)?;
+                        let obj = ObjectFile::parse(member_name, data)?;
+                        self.add_object(obj)?;
+                    }
+                    if self.globals[id as usize].def != Def::None {
+                        break 'archives;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves what the inputs do not define through the context; lists what nobody
+    /// defines.
+    fn resolve_externals(&mut self) -> Result<(), LinkError> {
+        let mut missing = Vec::new();
+        for g in &mut self.globals {
+            if g.def != Def::None {
+                continue;
+            }
+            let name = std::str::from_utf8(g.name).unwrap_or("");
+            g.def = match name {
+                "_GLOBAL_OFFSET_TABLE_" => Def::GotBase,
+                "__dso_handle" => Def::DsoHandle,
+                _ => match self.ctx.resolve(name) {
+                    Some(addr) => {
+                        g.external_function = self.ctx.is_function(name, addr);
+                        Def::External(addr)
+                    }
+                    None if !g.strong_ref => Def::Zero,
+                    None => {
+                        if let Some(obj) = g.first_ref {
+                            missing.push(MissingSymbol {
+                                symbol: lossy(g.name),
+                                wanted_by: self.objs[obj as usize].name.clone(),
+                            });
+                        }
+                        Def::Zero
+                    }
+                },
+            };
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            missing.sort_by(|a, b| a.symbol.cmp(&b.symbol));
+            Err(LinkError::UndefinedSymbols {
+                symbols: MissingSymbols(missing),
+            })
+        }
+    }
+
+    fn key(&self, obj: u32, sym: u32) -> Key {
+        match self.sym_globals[obj as usize].get(sym as usize) {
+            Some(&g) if g != u32::MAX => Key::Global(g),
+            _ => Key::Local(obj, sym),
+        }
+    }
+}
+
+/// The segment a section goes to, or `None` if it is not loaded.
+fn segment_of(sec: &crate::object_file::ObjSection<'_>) -> Option<u8> {
+    if sec.flags & SHF_ALLOC == 0 || sec.flags & SHF_EXCLUDE != 0 {
+        return None;
+    }
+    if sec.sh_type == SHT_NOTE || sec.sh_type == SHT_GROUP {
+        return None;
+    }
+    if sec.flags & SHF_TLS != 0 {
+        return Some(SEG_TLS);
+    }
+    if is_init_section(sec) {
+        return Some(SEG_R as u8);
+    }
+    if sec.flags & SHF_EXECINSTR != 0 {
+        return Some(SEG_RX as u8);
+    }
+    if sec.flags & SHF_WRITE != 0 {
+        return Some(if sec.sh_type == SHT_NOBITS {
+            SEG_BSS as u8
+        } else {
+            SEG_RW as u8
+        });
+    }
+    Some(if sec.sh_type == SHT_NOBITS {
+        SEG_BSS as u8
+    } else {
+        SEG_R as u8
+    })
+}
+
+fn is_init_section(sec: &crate::object_file::ObjSection<'_>) -> bool {
+    matches!(
+        sec.sh_type,
+        SHT_INIT_ARRAY | SHT_FINI_ARRAY | SHT_PREINIT_ARRAY
+    ) || sec.name.starts_with(b".ctors")
+        || sec.name.starts_with(b".dtors")
+}
+
+fn is_eh_frame(sec: &crate::object_file::ObjSection<'_>) -> bool {
+    sec.name == b".eh_frame"
+}
+
+/// Init-array priority from a section name: `.init_array.00100` → 100; plain → 65536.
+fn priority(name: &[u8], prefix: &[u8]) -> u32 {
+    name.strip_prefix(prefix)
+        .and_then(|rest| rest.strip_prefix(b"."))
+        .and_then(|digits| std::str::from_utf8(digits).ok())
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(65536)
+}
+
+/// Links `objects` (and the members of `archives` they need) into one module.
+pub fn link(
+    objects: &[ObjectInput],
+    archives: &[ArchiveInput],
+    ctx: &mut dyn LinkContext,
+    options: &LinkOptions<'_>,
+) -> Result<LinkedModule, LinkError> {
+    let mut times = LinkTimes::default();
+    let t = Instant::now();
+    let mut parsed = Vec::with_capacity(objects.len());
+    for input in objects {
+        parsed.push(ObjectFile::parse(input.name.clone(), &input.data)?);
+    }
+    times.parse = t.elapsed();
+    let t = Instant::now();
+    let mut linker = Linker {
+        objs: Vec::new(),
+        places: Vec::new(),
+        sym_globals: Vec::new(),
+        globals: Vec::new(),
+        global_index: FxHashMap::default(),
+        comdats: FxHashSet::default(),
+        pending: Vec::new(),
+        archives,
+        loaded_members: FxHashSet::default(),
+        ctx,
+    };
+    for obj in parsed {
+        linker.add_object(obj)?;
+    }
+    // Archive members are parsed while resolving; their parse time counts as resolve.
+    linker.pending.reverse();
+    linker.load_archive_members()?;
+    linker.resolve_externals()?;
+    times.resolve = t.elapsed();
+    linker.finish(options, times)
+}
+
+impl Linker<'_, '_> {
+    fn finish(
+        mut self,
+        options: &LinkOptions<'_>,
+        mut times: LinkTimes,
+    ) -> Result<LinkedModule, LinkError> {
+        let t = Instant::now();
+        let mut counts = LinkCounts {
+            objects: self.objs.len(),
+            ..LinkCounts::default()
+        };
+        // --- layout of sections -------------------------------------------------------
+        let mut seg_size = [0u64; 4];
+        let mut seg_align = [16u64; 4];
+        let mut tls_size = 0u64;
+        let mut tls_align = 1u64;
+        let mut eh_frames: Vec<(u32, u32)> = Vec::new();
+        let mut init_sections: Vec<(u32, u32)> = Vec::new();
+        let place = |size: &mut u64, align: &mut u64, sec_size: u64, sec_align: u64| -> u64 {
+            let offset = size.next_multiple_of(sec_align);
+            *size = offset + sec_size;
+            *align = (*align).max(sec_align);
+            offset
+        };
+        for oi in 0..self.objs.len() {
+            for si in 0..self.objs[oi].sections.len() {
+                if self.places[oi][si].offset == u64::MAX {
+                    continue; // discarded COMDAT member
+                }
+                let sec = self.objs[oi].sections[si];
+                let Some(seg) = segment_of(&sec) else {
+                    continue;
+                };
+                if is_eh_frame(&sec) {
+                    eh_frames.push((oi as u32, si as u32));
+                    continue;
+                }
+                if is_init_section(&sec) {
+                    init_sections.push((oi as u32, si as u32));
+                }
+                counts.sections += 1;
+                let offset = if seg == SEG_TLS {
+                    place(&mut tls_size, &mut tls_align, sec.size, sec.align)
+                } else {
+                    let s = seg as usize;
+                    place(&mut seg_size[s], &mut seg_align[s], sec.size, sec.align)
+                };
+                self.places[oi][si] = Place { seg, offset };
+            }
+        }
+        // Commons go to the zero-filled segment.
+        for g in &mut self.globals {
+            if let Def::Common { size, align } = g.def {
+                g.common_place =
+                    place(&mut seg_size[SEG_BSS], &mut seg_align[SEG_BSS], size, align);
+            }
+        }
+        // __dso_handle, if used: 8 bytes of data.
+        let dso_offset = place(&mut seg_size[SEG_RW], &mut seg_align[SEG_RW], 8, 8);
+
+        // --- GOT and PLT ---------------------------------------------------------------
+        let mut slots: FxHashMap<Slot, u64> = FxHashMap::default();
+        let mut slot_list: Vec<Slot> = Vec::new();
+        let mut stubs: FxHashMap<Key, u64> = FxHashMap::default();
+        let mut stub_list: Vec<Key> = Vec::new();
+        let mut needs_low = false;
+        for oi in 0..self.objs.len() {
+            for ri in 0..self.objs[oi].relocations.len() {
+                let (target, relas) = self.objs[oi].relocations[ri];
+                let tp = self.places[oi][target as usize];
+                if tp.seg == SEG_NONE || tp.offset == u64::MAX {
+                    // Not loaded (debug info, notes, discarded COMDAT): its relocations are
+                    // not applied, and an eh_frame's are handled with the section.
+                    let sec = self.objs[oi].sections[target as usize];
+                    if !is_eh_frame(&sec) || tp.offset == u64::MAX {
+                        continue;
+                    }
+                }
+                for rela in relas {
+                    let r_type = rela.r_type(LE, false).0;
+                    let sym = rela.r_sym(LE, false);
+                    let kind = x86_64::kind(r_type);
+                    let key = self.key(oi as u32, sym);
+                    let mut add_slot = |slot: Slot| {
+                        if let std::collections::hash_map::Entry::Vacant(e) = slots.entry(slot) {
+                            let words = if matches!(slot, Slot::Address(_)) {
+                                1
+                            } else {
+                                2
+                            };
+                            e.insert(slot_list.len() as u64);
+                            for _ in 0..words {
+                                slot_list.push(slot);
+                            }
+                        }
+                    };
+                    match kind {
+                        RelocKind::Got => add_slot(Slot::Address(key)),
+                        RelocKind::TlsGd => add_slot(Slot::TlsGd(key)),
+                        RelocKind::TlsLd => add_slot(Slot::TlsLd),
+                        RelocKind::Branch
+                        | RelocKind::PcRel32
+                        | RelocKind::PltOff
+                        | RelocKind::Abs32
+                        | RelocKind::Abs32S => {
+                            if matches!(kind, RelocKind::Abs32 | RelocKind::Abs32S) {
+                                needs_low = true;
+                            }
+                            // Calls to (and, in non-PIC code, addresses of) functions that
+                            // may be out of reach go through a stub next to the code; an
+                            // undefined weak function gets one too, jumping to 0 as a
+                            // static link's would.
+                            if let Key::Global(g) = key {
+                                let global = &self.globals[g as usize];
+                                let def = global.def;
+                                // Data is never reached through a stub: a call is assumed
+                                // to target a function, other references must know.
+                                let function = kind == RelocKind::Branch
+                                    || kind == RelocKind::PltOff
+                                    || global.external_function == Some(true);
+                                let far = function
+                                    && (matches!(def, Def::External(_))
+                                        || (def == Def::Zero && kind == RelocKind::Branch));
+                                if far && !stubs.contains_key(&key) {
+                                    add_slot(Slot::Address(key));
+                                    stubs.insert(key, stub_list.len() as u64);
+                                    stub_list.push(key);
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        let plt_offset = place(
+            &mut seg_size[SEG_RX],
+            &mut seg_align[SEG_RX],
+            stub_list.len() as u64 * PLT_STUB,
+            16,
+        );
+        let got_offset = place(
+            &mut seg_size[SEG_R],
+            &mut seg_align[SEG_R],
+            (slot_list.len() as u64).max(1) * 8,
+            8,
+        );
+        // eh_frame last in R, contiguous, plus a zero terminator.
+        let mut eh_offset = None;
+        for &(oi, si) in &eh_frames {
+            let sec = self.objs[oi as usize].sections[si as usize];
+            let offset = place(
+                &mut seg_size[SEG_R],
+                &mut seg_align[SEG_R],
+                sec.size,
+                sec.align.max(4),
+            );
+            eh_offset.get_or_insert(offset);
+            self.places[oi as usize][si as usize] = Place {
+                seg: SEG_R as u8,
+                offset,
+            };
+            counts.sections += 1;
+        }
+        let eh_terminator =
+            eh_offset.map(|_| place(&mut seg_size[SEG_R], &mut seg_align[SEG_R], 4, 4));
+        counts.got_entries = slot_list.len();
+        counts.plt_stubs = stub_list.len();
+        counts.segment_bytes = seg_size;
+
+        // --- allocation --------------------------------------------------------------------
+        let memory = match (needs_low, options.low_memory) {
+            (true, Some(low)) => low,
+            _ => options.memory,
+        };
+        let perms = [
+            Permission::ReadExecute,
+            Permission::Read,
+            Permission::ReadWrite,
+            Permission::ReadWrite,
+        ];
+        let mut request = AllocationRequest::new();
+        for s in 0..4 {
+            let mut seg = SegmentRequest::new(perms[s], seg_size[s], seg_align[s]);
+            if s == SEG_BSS {
+                seg = seg.zero_filled();
+            }
+            request = request.segment(seg);
+        }
+        let mut in_flight = memory.allocate(&request)?;
+        let bases: [u64; 4] = std::array::from_fn(|s| in_flight.target(s).unwrap_or(0));
+        let got_base = bases[SEG_R] + got_offset;
+        let plt_base = bases[SEG_RX] + plt_offset;
+        let dso_handle = bases[SEG_RW] + dso_offset;
+        let tls_module = if tls_size > 0 {
+            self.ctx.tls_module_id()
+        } else {
+            0
+        };
+        times.layout = t.elapsed();
+
+        // --- copy and relocate --------------------------------------------------------
+        let t = Instant::now();
+        let mut tls_image = vec![0u8; tls_size as usize];
+        {
+            let mut segs = in_flight.segments_mut();
+            segs[SEG_RX].bytes.fill(0xcc);
+            segs[SEG_R].bytes.fill(0);
+            segs[SEG_RW].bytes.fill(0);
+            for oi in 0..self.objs.len() {
+                for (si, sec) in self.objs[oi].sections.iter().enumerate() {
+                    let p = self.places[oi][si];
+                    if p.seg == SEG_NONE || p.offset == u64::MAX || sec.sh_type == SHT_NOBITS {
+                        continue;
+                    }
+                    let dest: &mut [u8] = if p.seg == SEG_TLS {
+                        &mut tls_image
+                    } else {
+                        segs[p.seg as usize].bytes
+                    };
+                    let start = p.offset as usize;
+                    dest[start..start + sec.data.len()].copy_from_slice(sec.data);
+                }
+            }
+            let resolver = Resolver {
+                linker: &self,
+                bases,
+                got_base,
+                plt_base,
+                dso_handle,
+                stubs: &stubs,
+            };
+            // GOT contents.
+            let got = &mut segs[SEG_R].bytes[got_offset as usize..];
+            let mut i = 0;
+            while i < slot_list.len() {
+                match slot_list[i] {
+                    Slot::Address(key) => {
+                        let (addr, _) = resolver.address(key);
+                        got[i * 8..i * 8 + 8].copy_from_slice(&addr.to_le_bytes());
+                        i += 1;
+                    }
+                    Slot::TlsGd(key) => {
+                        let (offset, _) = resolver.address(key);
+                        got[i * 8..i * 8 + 8].copy_from_slice(&tls_module.to_le_bytes());
+                        got[i * 8 + 8..i * 8 + 16].copy_from_slice(&offset.to_le_bytes());
+                        i += 2;
+                    }
+                    Slot::TlsLd => {
+                        got[i * 8..i * 8 + 8].copy_from_slice(&tls_module.to_le_bytes());
+                        got[i * 8 + 8..i * 8 + 16].copy_from_slice(&0u64.to_le_bytes());
+                        i += 2;
+                    }
+                }
+            }
+            // PLT stubs: jmp *slot(%rip).
+            for (n, key) in stub_list.iter().enumerate() {
+                let slot = slots[&Slot::Address(*key)];
+                let stub_addr = plt_base + n as u64 * PLT_STUB;
+                let disp = (got_base + slot * 8) as i64 - (stub_addr + 6) as i64;
+                let disp = i32::try_from(disp).map_err(|_| LinkError::Overflow {
+                    object: "<plt>".into(),
+                    section: ".plt".into(),
+                    offset: n as u64 * PLT_STUB,
+                    kind: "PLT stub",
+                    symbol: lossy(resolver.name(*key)),
+                    value: disp as i128,
+                    bits: 32,
+                    hint: "",
+                })?;
+                let at = (plt_offset + n as u64 * PLT_STUB) as usize;
+                let code = &mut segs[SEG_RX].bytes[at..at + PLT_STUB as usize];
+                code[..2].copy_from_slice(&[0xff, 0x25]);
+                code[2..6].copy_from_slice(&disp.to_le_bytes());
+            }
+            if let Some(end) = eh_terminator {
+                segs[SEG_R].bytes[end as usize..end as usize + 4].fill(0);
+            }
+            // Relocations.
+            for oi in 0..self.objs.len() {
+                let obj = &self.objs[oi];
+                for &(target, relas) in &obj.relocations {
+                    let p = self.places[oi][target as usize];
+                    if p.seg == SEG_NONE || p.offset == u64::MAX {
+                        continue;
+                    }
+                    let sec = obj.sections[target as usize];
+                    let (section_bytes, section_addr): (&mut [u8], u64) = if p.seg == SEG_TLS {
+                        (
+                            &mut tls_image[p.offset as usize..(p.offset + sec.size) as usize],
+                            p.offset,
+                        )
+                    } else {
+                        let s = p.seg as usize;
+                        (
+                            &mut segs[s].bytes[p.offset as usize..(p.offset + sec.size) as usize],
+                            bases[s] + p.offset,
+                        )
+                    };
+                    for rela in relas {
+                        counts.relocations += 1;
+                        resolver.apply(
+                            oi as u32,
+                            &sec,
+                            section_bytes,
+                            section_addr,
+                            rela,
+                            &slots,
+                            tls_module,
+                        )?;
+                    }
+                }
+            }
+        }
+        // Initializers and finalizers, read back from the relocated arrays.
+        let mut init = Vec::new();
+        let mut fini = Vec::new();
+        {
+            let segs = in_flight.segments_mut();
+            let read_array = |oi: u32, si: u32| -> Vec<u64> {
+                let p = self.places[oi as usize][si as usize];
+                let sec = self.objs[oi as usize].sections[si as usize];
+                segs[p.seg as usize].bytes[p.offset as usize..(p.offset + sec.size) as usize]
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                    .filter(|&f| f != 0 && f != u64::MAX)
+                    .collect()
+            };
+            let mut pre = Vec::new();
+            let mut inits: Vec<(u32, usize, Vec<u64>)> = Vec::new();
+            let mut ctors = Vec::new();
+            let mut finis: Vec<(u32, usize, Vec<u64>)> = Vec::new();
+            let mut dtors = Vec::new();
+            for (n, &(oi, si)) in init_sections.iter().enumerate() {
+                let sec = self.objs[oi as usize].sections[si as usize];
+                let entries = read_array(oi, si);
+                match sec.sh_type {
+                    SHT_PREINIT_ARRAY => pre.extend(entries),
+                    SHT_INIT_ARRAY => inits.push((priority(sec.name, b".init_array"), n, entries)),
+                    SHT_FINI_ARRAY => finis.push((priority(sec.name, b".fini_array"), n, entries)),
+                    _ if sec.name.starts_with(b".ctors") => ctors.extend(entries),
+                    _ => dtors.extend(entries),
+                }
+            }
+            inits.sort_by_key(|&(prio, n, _)| (prio, n));
+            finis.sort_by_key(|&(prio, n, _)| (prio, n));
+            init.extend(pre);
+            for (_, _, e) in inits {
+                init.extend(e);
+            }
+            init.extend(ctors.into_iter().rev());
+            let mut fini_forward = Vec::new();
+            for (_, _, e) in finis {
+                fini_forward.extend(e);
+            }
+            fini.extend(fini_forward.into_iter().rev());
+            fini.extend(dtors);
+        }
+        times.fixup = t.elapsed();
+
+        // Exported symbols.
+        let mut symbols = FxHashMap::default();
+        {
+            let resolver = Resolver {
+                linker: &self,
+                bases,
+                got_base,
+                plt_base,
+                dso_handle,
+                stubs: &stubs,
+            };
+            for (id, g) in self.globals.iter().enumerate() {
+                let exported = match g.def {
+                    Def::Defined { obj, sym, .. } => {
+                        let s = &self.objs[obj as usize].symbols[sym as usize];
+                        s.visibility == object::elf::STV_DEFAULT.0
+                            || s.visibility == object::elf::STV_PROTECTED.0
+                    }
+                    Def::Common { .. } => true,
+                    _ => false,
+                };
+                if exported && !g.tls {
+                    let (addr, _) = resolver.address(Key::Global(id as u32));
+                    symbols.insert(lossy(g.name), addr);
+                }
+            }
+        }
+
+        let t = Instant::now();
+        let allocation = in_flight.finalize()?;
+        times.finalize = t.elapsed();
+        let tls = (tls_size > 0).then_some(TlsTemplate {
+            module_id: tls_module,
+            image: tls_image,
+            size: tls_size,
+            align: tls_align,
+        });
+        Ok(LinkedModule {
+            allocation,
+            symbols,
+            init,
+            fini,
+            eh_frame: eh_offset.map(|o| bases[SEG_R] + o),
+            dso_handle,
+            tls,
+            times,
+            counts,
+        })
+    }
+}
+
+/// Computes addresses once the segments have their target addresses.
+struct Resolver<'l, 'a, 'c> {
+    linker: &'l Linker<'a, 'c>,
+    bases: [u64; 4],
+    got_base: u64,
+    plt_base: u64,
+    dso_handle: u64,
+    stubs: &'l FxHashMap<Key, u64>,
+}
+
+impl Resolver<'_, '_, '_> {
+    fn name(&self, key: Key) -> &[u8] {
+        match key {
+            Key::Global(g) => self.linker.globals[g as usize].name,
+            Key::Local(o, s) => {
+                let sym = &self.linker.objs[o as usize].symbols[s as usize];
+                if sym.is_section() {
+                    if let SymSection::Section(i) = sym.section {
+                        return self.linker.objs[o as usize].sections[i as usize].name;
+                    }
+                }
+                sym.name
+            }
+        }
+    }
+
+    /// Address of an object's symbol (a TLS offset for thread-locals), and whether its
+    /// section was discarded.
+    fn sym_address(&self, obj: u32, sym: &ObjSym<'_>) -> (u64, bool) {
+        match sym.section {
+            SymSection::Section(i) => {
+                let p = self.linker.places[obj as usize][i as usize];
+                if p.offset == u64::MAX || p.seg == SEG_NONE {
+                    (0, true)
+                } else if p.seg == SEG_TLS {
+                    (p.offset + sym.value, false)
+                } else {
+                    (self.bases[p.seg as usize] + p.offset + sym.value, false)
+                }
+            }
+            SymSection::Absolute => (sym.value, false),
+            _ => (0, false),
+        }
+    }
+
+    /// Address of a relocation target, and whether it lies in a discarded section.
+    fn address(&self, key: Key) -> (u64, bool) {
+        match key {
+            Key::Local(o, s) => {
+                let sym = &self.linker.objs[o as usize].symbols[s as usize];
+                self.sym_address(o, sym)
+            }
+            Key::Global(g) => match self.linker.globals[g as usize].def {
+                Def::Defined { obj, sym, .. } => {
+                    let s = &self.linker.objs[obj as usize].symbols[sym as usize];
+                    self.sym_address(obj, s)
+                }
+                Def::Common { .. } => (
+                    self.bases[SEG_BSS] + self.linker.globals[g as usize].common_place,
+                    false,
+                ),
+                Def::External(a) => (a, false),
+                Def::None | Def::Zero => (0, false),
+                Def::GotBase => (self.got_base, false),
+                Def::DsoHandle => (self.dso_handle, false),
+            },
+        }
+    }
+
+    fn size(&self, key: Key) -> u64 {
+        match key {
+            Key::Local(o, s) => self.linker.objs[o as usize].symbols[s as usize].size,
+            Key::Global(g) => match self.linker.globals[g as usize].def {
+                Def::Defined { obj, sym, .. } => {
+                    self.linker.objs[obj as usize].symbols[sym as usize].size
+                }
+                Def::Common { size, .. } => size,
+                _ => 0,
+            },
+        }
+    }
+
+    fn is_tls(&self, key: Key) -> bool {
+        match key {
+            Key::Local(o, s) => self.linker.objs[o as usize].symbols[s as usize].is_tls(),
+            Key::Global(g) => self.linker.globals[g as usize].tls,
+        }
+    }
+
+    fn is_external(&self, key: Key) -> bool {
+        matches!(key, Key::Global(g) if matches!(self.linker.globals[g as usize].def, Def::External(_)))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn apply(
+        &self,
+        obj: u32,
+        sec: &crate::object_file::ObjSection<'_>,
+        bytes: &mut [u8],
+        section_addr: u64,
+        rela: &crate::object_file::Rela,
+        slots: &FxHashMap<Slot, u64>,
+        tls_module: u64,
+    ) -> Result<(), LinkError> {
+        let o = &self.linker.objs[obj as usize];
+        let r_type = rela.r_type(LE, false).0;
+        let sym_index = rela.r_sym(LE, false);
+        let offset = rela.r_offset.get(LE);
+        let addend = rela.r_addend.get(LE);
+        let err_bad = |what: String| LinkError::BadRelocation {
+            object: o.name.clone(),
+            section: lossy(sec.name),
+            offset,
+            what,
+        };
+        if sym_index as usize >= o.symbols.len().max(1) {
+            return Err(err_bad(format!(
+                "symbol index {sym_index} of {}",
+                o.symbols.len()
+            )));
+        }
+        let kind = x86_64::kind(r_type);
+        if kind == RelocKind::None {
+            return Ok(());
+        }
+        let width = x86_64::width(r_type);
+        if offset
+            .checked_add(width)
+            .is_none_or(|end| end > bytes.len() as u64)
+        {
+            return Err(err_bad(format!(
+                "{} of {width} bytes does not fit the section ({} bytes)",
+                x86_64::name(r_type),
+                bytes.len()
+            )));
+        }
+        let key = self.linker.key(obj, sym_index);
+        let (s, discarded) = self.address(key);
+        let p = section_addr + offset;
+        let a = addend as i128;
+        let slot_addr =
+            |slot: Slot| -> u64 { self.got_base + slots.get(&slot).copied().unwrap_or(0) * 8 };
+        let symbol_name = || lossy(self.name(key));
+        let unsupported_tls = |model: &'static str| LinkError::UnsupportedTls {
+            object: o.name.clone(),
+            section: lossy(sec.name),
+            offset,
+            symbol: symbol_name(),
+            model,
+        };
+        let value: i128 = match kind {
+            RelocKind::None => return Ok(()),
+            RelocKind::Abs64 | RelocKind::Abs16 | RelocKind::Abs8 => s as i128 + a,
+            RelocKind::Abs32 | RelocKind::Abs32S => {
+                let direct = s as i128 + a;
+                let fits = if kind == RelocKind::Abs32 {
+                    u32::try_from(direct).is_ok()
+                } else {
+                    i32::try_from(direct).is_ok()
+                };
+                match self.stubs.get(&key) {
+                    // Non-PIC code taking a far function's address gets its stub's.
+                    Some(&n) if !fits => (self.plt_base + n * PLT_STUB) as i128 + a,
+                    _ => direct,
+                }
+            }
+            RelocKind::PcRel64 => s as i128 + a - p as i128,
+            RelocKind::PcRel32 | RelocKind::Branch | RelocKind::PcRel16 | RelocKind::PcRel8 => {
+                let direct = s as i128 + a - p as i128;
+                let fits = i32::try_from(direct).is_ok();
+                match self.stubs.get(&key) {
+                    Some(&n) if !fits => (self.plt_base + n * PLT_STUB) as i128 + a - p as i128,
+                    _ => direct,
+                }
+            }
+            RelocKind::Got => {
+                let g = slot_addr(Slot::Address(key));
+                match r_type {
+                    x86_64::R_GOT32 | x86_64::R_GOT64 | x86_64::R_GOTPLT64 => {
+                        (g - self.got_base) as i128 + a
+                    }
+                    _ => g as i128 + a - p as i128,
+                }
+            }
+            RelocKind::GotOff64 => s as i128 + a - self.got_base as i128,
+            RelocKind::GotPc => self.got_base as i128 + a - p as i128,
+            RelocKind::PltOff => {
+                let l = match self.stubs.get(&key) {
+                    Some(&n) => self.plt_base + n * PLT_STUB,
+                    None => s,
+                };
+                l as i128 - self.got_base as i128 + a
+            }
+            RelocKind::Size => self.size(key) as i128 + a,
+            RelocKind::TlsGd => {
+                if !self.is_tls(key) || self.is_external(key) {
+                    return Err(unsupported_tls(
+                        "general-dynamic access to a host (not JIT) thread-local",
+                    ));
+                }
+                slot_addr(Slot::TlsGd(key)) as i128 + a - p as i128
+            }
+            RelocKind::TlsLd => slot_addr(Slot::TlsLd) as i128 + a - p as i128,
+            RelocKind::DtpOff => s as i128 + a,
+            RelocKind::DtpMod64 => tls_module as i128,
+            RelocKind::GotTpOff => return Err(unsupported_tls("initial-exec")),
+            RelocKind::TpOff => return Err(unsupported_tls("local-exec")),
+            RelocKind::TlsDesc => return Err(unsupported_tls("TLS-descriptor (gnu2)")),
+            RelocKind::Unknown => {
+                return Err(LinkError::UnknownRelocation {
+                    object: o.name.clone(),
+                    section: lossy(sec.name),
+                    offset,
+                    r_type,
+                    name: x86_64::name(r_type),
+                    symbol: symbol_name(),
+                })
+            }
+        };
+        let at = offset as usize;
+        let field = &mut bytes[at..at + width as usize];
+        let (min, max): (i128, i128) = match (width, kind) {
+            (8, _) => (i128::from(i64::MIN), i128::from(u64::MAX)),
+            (4, RelocKind::Abs32) | (4, RelocKind::Size) => (0, i128::from(u32::MAX)),
+            (4, _) => (i128::from(i32::MIN), i128::from(i32::MAX)),
+            (2, RelocKind::Abs16) => (0, i128::from(u16::MAX)),
+            (2, _) => (i128::from(i16::MIN), i128::from(i16::MAX)),
+            (1, RelocKind::Abs8) => (0, i128::from(u8::MAX)),
+            _ => (i128::from(i8::MIN), i128::from(i8::MAX)),
+        };
+        if (value < min || value > max) && !discarded {
+            return Err(LinkError::Overflow {
+                object: o.name.clone(),
+                section: lossy(sec.name),
+                offset,
+                kind: x86_64::name(r_type),
+                symbol: symbol_name(),
+                value,
+                bits: width as u32 * 8,
+                hint: match kind {
+                    RelocKind::Abs32 | RelocKind::Abs32S => {
+                        "; non-PIC code needs memory in the low 2 GiB (give the linker low_memory)"
+                    }
+                    RelocKind::PcRel32 if self.is_external(key) => {
+                        "; the host symbol is more than 2 GiB away. Non-PIC code (in the low 2 GiB) cannot reach a shared library's data: that needs a copy relocation, which a JIT cannot make. Compile with -fPIE or -fPIC"
+                    }
+                    _ => "",
+                },
+            });
+        }
+        let v = value as u64;
+        match width {
+            8 => field.copy_from_slice(&v.to_le_bytes()),
+            4 => field.copy_from_slice(&(v as u32).to_le_bytes()),
+            2 => field.copy_from_slice(&(v as u16).to_le_bytes()),
+            _ => field[0] = v as u8,
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,338 @@
+//! One parsed relocatable object: its sections, symbols and relocation sections, checked
+//! against the file's bounds. Parsing uses the `object` crate's low-level ELF API.
+
+use crate::LinkError;
+use object::elf;
+use object::read::elf::{FileHeader, SectionHeader, Sym as _};
+use object::LittleEndian as LE;
+
+type Header = elf::FileHeader64<LE>;
+pub(crate) type Rela = elf::Rela64<LE>;
+
+/// Where a symbol is defined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SymSection {
+    Undefined,
+    Absolute,
+    Common,
+    Section(u32),
+}
+
+/// Symbol binding as the linker sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Binding {
+    Local,
+    Global,
+    Weak,
+}
+
+/// One symbol of an object.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ObjSym<'a> {
+    pub(crate) name: &'a [u8],
+    pub(crate) value: u64,
+    pub(crate) size: u64,
+    pub(crate) section: SymSection,
+    pub(crate) binding: Binding,
+    pub(crate) kind: u8,
+    pub(crate) visibility: u8,
+}
+
+impl ObjSym<'_> {
+    pub(crate) fn is_tls(&self) -> bool {
+        self.kind == elf::STT_TLS.0
+    }
+    pub(crate) fn is_section(&self) -> bool {
+        self.kind == elf::STT_SECTION.0
+    }
+    pub(crate) fn is_func(&self) -> bool {
+        self.kind == elf::STT_FUNC.0 || self.kind == elf::STT_GNU_IFUNC.0
+    }
+}
+
+/// One section of an object.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ObjSection<'a> {
+    pub(crate) name: &'a [u8],
+    pub(crate) sh_type: u32,
+    pub(crate) flags: u64,
+    pub(crate) size: u64,
+    pub(crate) align: u64,
+    pub(crate) info: u32,
+    /// File contents (empty for NOBITS).
+    pub(crate) data: &'a [u8],
+}
+
+pub(crate) const SHF_WRITE: u64 = elf::SHF_WRITE.0;
+pub(crate) const SHF_ALLOC: u64 = elf::SHF_ALLOC.0;
+pub(crate) const SHF_EXECINSTR: u64 = elf::SHF_EXECINSTR.0;
+pub(crate) const SHF_TLS: u64 = elf::SHF_TLS.0;
+pub(crate) const SHF_EXCLUDE: u64 = elf::SHF_EXCLUDE.0;
+pub(crate) const SHT_NOBITS: u32 = elf::SHT_NOBITS.0;
+pub(crate) const SHT_RELA: u32 = elf::SHT_RELA.0;
+pub(crate) const SHT_REL: u32 = elf::SHT_REL.0;
+pub(crate) const SHT_GROUP: u32 = elf::SHT_GROUP.0;
+pub(crate) const SHT_INIT_ARRAY: u32 = elf::SHT_INIT_ARRAY.0;
+pub(crate) const SHT_FINI_ARRAY: u32 = elf::SHT_FINI_ARRAY.0;
+pub(crate) const SHT_PREINIT_ARRAY: u32 = elf::SHT_PREINIT_ARRAY.0;
+pub(crate) const SHT_NOTE: u32 = elf::SHT_NOTE.0;
+
+/// A parsed object.
+#[derive(Debug)]
+pub(crate) struct ObjectFile<'a> {
+    pub(crate) name: String,
+    pub(crate) sections: Vec<ObjSection<'a>>,
+    pub(crate) symbols: Vec<ObjSym<'a>>,
+    /// (relocated section index, relocations).
+    pub(crate) relocations: Vec<(u32, &'a [Rela])>,
+    /// COMDAT groups: (signature, member section indices).
+    pub(crate) groups: Vec<(&'a [u8], Vec<u32>)>,
+}
+
+fn malformed(object: &str, what: impl std::fmt::Display) -> LinkError {
+    LinkError::Malformed {
+        object: object.to_string(),
+        what: what.to_string(),
+    }
+}
+
+/// Checks the ELF header: ELF64, little-endian, x86-64, `ET_REL`.
+pub(crate) fn check_header(name: &str, data: &[u8]) -> Result<(), LinkError> {
+    if data.len() < 4 || &data[..4] != b"\x7fELF" {
+        return Err(malformed(name, "not an ELF file (bad magic)"));
+    }
+    if data.len() < 20 {
+        return Err(malformed(name, "truncated ELF header"));
+    }
+    let class = data[4];
+    let endian = data[5];
+    let machine = u16::from_le_bytes([data[18], data[19]]);
+    if class != 2 || endian != 1 || machine != elf::EM_X86_64.0 {
+        let arch = match machine {
+            0x28 => "ARM".to_string(),
+            0xb7 => "AArch64".to_string(),
+            0x03 => "i386".to_string(),
+            0xf3 => "RISC-V".to_string(),
+            other => format!("machine {other}"),
+        };
+        return Err(LinkError::WrongArchitecture {
+            object: name.to_string(),
+            found: format!(
+                "{}-bit {}-endian {arch}",
+                if class == 2 { 64 } else { 32 },
+                if endian == 1 { "little" } else { "big" }
+            ),
+        });
+    }
+    let e_type = u16::from_le_bytes([data[16], data[17]]);
+    if e_type != elf::ET_REL.0 {
+        return Err(LinkError::NotRelocatable {
+            object: name.to_string(),
+            e_type,
+        });
+    }
+    Ok(())
+}
+
+impl<'a> ObjectFile<'a> {
+    /// Parses and checks an object.
+    pub(crate) fn parse(name: String, data: &'a [u8]) -> Result<Self, LinkError> {
+        check_header(&name, data)?;
+        let header = Header::parse(data).map_err(|e| malformed(&name, e))?;
+        let endian = header.endian().map_err(|e| malformed(&name, e))?;
+        let table = header
+            .sections(endian, data)
+            .map_err(|e| malformed(&name, e))?;
+        let mut sections = Vec::with_capacity(table.len());
+        let mut relocations = Vec::new();
+        let mut groups = Vec::new();
+        let mut symtab_index = None;
+        for (index, sh) in table.iter().enumerate() {
+            let sh_type = sh.sh_type(endian).0;
+            let sec_name = table.section_name(endian, sh).unwrap_or(b"");
+            let contents = if sh_type == SHT_NOBITS {
+                &[][..]
+            } else {
+                sh.data(endian, data).map_err(|_| {
+                    malformed(
+                        &name,
+                        format!(
+                            "section {} ({index}) lies outside the file",
+                            String::from_utf8_lossy(sec_name)
+                        ),
+                    )
+                })?
+            };
+            let align = sh.sh_addralign(endian).max(1);
+            if !align.is_power_of_two() {
+                return Err(malformed(
+                    &name,
+                    format!(
+                        "section {} has alignment {align}, not a power of two",
+                        String::from_utf8_lossy(sec_name)
+                    ),
+                ));
+            }
+            sections.push(ObjSection {
+                name: sec_name,
+                sh_type,
+                flags: sh.sh_flags(endian).0,
+                size: sh.sh_size(endian),
+                align,
+                info: sh.sh_info(endian),
+                data: contents,
+            });
+            if sh_type == elf::SHT_SYMTAB.0 {
+                symtab_index = Some(index);
+            }
+        }
+        let count = sections.len();
+        for (index, sh) in table.iter().enumerate() {
+            let s = sections[index];
+            if s.sh_type == SHT_RELA {
+                let Some((relas, _)) = sh.rela(endian, data).map_err(|e| malformed(&name, e))?
+                else {
+                    continue;
+                };
+                if s.info as usize >= count {
+                    return Err(malformed(
+                        &name,
+                        format!(
+                            "relocation section {} applies to section {} of {count}",
+                            String::from_utf8_lossy(s.name),
+                            s.info
+                        ),
+                    ));
+                }
+                relocations.push((s.info, relas));
+            } else if s.sh_type == SHT_REL {
+                return Err(malformed(
+                    &name,
+                    "SHT_REL relocations (without addends) are not used on x86-64",
+                ));
+            }
+        }
+        let mut symbols = Vec::new();
+        if let Some(symtab_index) = symtab_index {
+            let symtab = table
+                .symbols(endian, data, elf::SHT_SYMTAB)
+                .map_err(|e| malformed(&name, e))?;
+            let _ = symtab_index;
+            symbols.reserve(symtab.len());
+            for sym in symtab.iter() {
+                let sym_name = symtab
+                    .symbol_name(endian, sym)
+                    .map_err(|e| malformed(&name, e))?;
+                let shndx = sym.st_shndx(endian);
+                let section = if shndx == elf::SHN_UNDEF {
+                    SymSection::Undefined
+                } else if shndx == elf::SHN_ABS {
+                    SymSection::Absolute
+                } else if shndx == elf::SHN_COMMON {
+                    SymSection::Common
+                } else if shndx == elf::SHN_XINDEX {
+                    let index = symtab
+                        .symbol_section(endian, sym, object::SymbolIndex(symbols.len()))
+                        .map_err(|e| malformed(&name, e))?;
+                    match index {
+                        Some(i) => SymSection::Section(i.0 as u32),
+                        None => SymSection::Undefined,
+                    }
+                } else if shndx.is_reserved() {
+                    SymSection::Absolute
+                } else {
+                    SymSection::Section(u32::from(shndx.0))
+                };
+                if let SymSection::Section(i) = section {
+                    if i as usize >= count {
+                        return Err(LinkError::SectionIndexOutOfRange {
+                            object: name.clone(),
+                            symbol: String::from_utf8_lossy(sym_name).into_owned(),
+                            index: i,
+                            count,
+                        });
+                    }
+                }
+                let binding = match sym.st_bind().0 {
+                    b if b == elf::STB_LOCAL.0 => Binding::Local,
+                    b if b == elf::STB_WEAK.0 => Binding::Weak,
+                    _ => Binding::Global,
+                };
+                symbols.push(ObjSym {
+                    name: sym_name,
+                    value: sym.st_value(endian),
+                    size: sym.st_size(endian),
+                    section,
+                    binding,
+                    kind: sym.st_type().0,
+                    visibility: sym.st_visibility().0,
+                });
+            }
+        }
+        for (index, s) in sections.iter().enumerate() {
+            if s.sh_type != SHT_GROUP {
+                continue;
+            }
+            let words: Vec<u32> = s
+                .data
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            if words.first().is_none_or(|w| w & elf::GRP_COMDAT.0 == 0) {
+                continue;
+            }
+            let signature = symbols
+                .get(s.info as usize)
+                .map(|sym| {
+                    if sym.is_section() {
+                        // A group named by a section symbol uses the section's name.
+                        match sym.section {
+                            SymSection::Section(i) => sections[i as usize].name,
+                            _ => sym.name,
+                        }
+                    } else {
+                        sym.name
+                    }
+                })
+                .ok_or_else(|| {
+                    malformed(
+                        &name,
+                        format!(
+                            "group section {index} names symbol {} of {}",
+                            s.info,
+                            symbols.len()
+                        ),
+                    )
+                })?;
+            let members: Vec<u32> = words[1..].to_vec();
+            if let Some(&bad) = members.iter().find(|&&m| m as usize >= count) {
+                return Err(malformed(
+                    &name,
+                    format!("group section {index} lists section {bad} of {count}"),
+                ));
+            }
+            groups.push((signature, members));
+        }
+        Ok(ObjectFile {
+            name,
+            sections,
+            symbols,
+            relocations,
+            groups,
+        })
+    }
+}
+
+/// Names of the global symbols an object defines (for archives without a symbol index).
+/// Malformed members define nothing.
+pub(crate) fn defined_globals(data: &[u8]) -> Vec<Vec<u8>> {
+    match ObjectFile::parse(String::new(), data) {
+        Ok(obj) => obj
+            .symbols
+            .iter()
+            .filter(|s| s.binding != Binding::Local && s.section != SymSection::Undefined)
+            .map(|s| s.name.to_vec())
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}

@@ -1,0 +1,58 @@
+//! Errors of the session API.
+
+use kiln_link::LinkError;
+use kiln_memory::MemoryError;
+use std::path::PathBuf;
+
+/// Why a session operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Linking failed.
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    /// The memory manager failed.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `-l NAME` found nothing.
+    #[error("cannot find library -l{name} (searched: {searched})")]
+    LibraryNotFound {
+        /// The name.
+        name: String,
+        /// The directories searched.
+        searched: String,
+    },
+    /// A shared library could not be opened.
+    #[error("cannot open shared library {name}: {reason}")]
+    SharedLibrary {
+        /// The library.
+        name: String,
+        /// `dlerror()`'s words.
+        reason: String,
+    },
+    /// A GNU ld script could not be understood.
+    #[error("{path}: unsupported linker script: {what}")]
+    LinkerScript {
+        /// The script.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// A lookup found nothing.
+    #[error("symbol '{0}' not found")]
+    SymbolNotFound(String),
+    /// A file is neither an ELF object nor an archive.
+    #[error("{path}: not an ELF object or archive")]
+    UnknownInput {
+        /// The file.
+        path: PathBuf,
+    },
+}

@@ -1,0 +1,75 @@
+//! Symbol generators: where a library finds definitions its modules do not have.
+
+use crate::executor;
+use crate::Error;
+use std::ffi::c_void;
+
+/// Supplies addresses for names nobody in a library defines.
+///
+/// Called during linking, once per undefined name, in the library's generator order.
+pub trait SymbolGenerator: Send {
+    /// A short description for messages.
+    fn name(&self) -> String;
+    /// The address of `symbol`, or `None`.
+    fn generate(&mut self, symbol: &str) -> Option<u64>;
+}
+
+/// The symbols of this process: its executable and every shared library it has loaded
+/// (`dlsym(RTLD_DEFAULT)`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProcessSymbols;
+
+impl SymbolGenerator for ProcessSymbols {
+    fn name(&self) -> String {
+        "process symbols".into()
+    }
+    fn generate(&mut self, symbol: &str) -> Option<u64> {
+        executor::dlsym(std::ptr::null_mut(), symbol)
+    }
+}
+
+/// A shared library opened with `dlopen` (kept open for the life of the process: code
+/// linked against it may still run).
+#[derive(Debug)]
+pub struct SharedLibrary {
+    path: String,
+    handle: *mut c_void,
+}
+
+// SAFETY: a dlopen handle may be used from any thread; dlsym is thread-safe.
+unsafe impl Send for SharedLibrary {}
+
+impl SharedLibrary {
+    /// Opens `path` (a path, or a name the dynamic loader finds such as `libm.so.6`).
+    pub fn open(path: &str) -> Result<Self, Error> {
+        let handle = executor::dlopen(path).map_err(|reason| Error::SharedLibrary {
+            name: path.to_string(),
+            reason,
+        })?;
+        Ok(SharedLibrary {
+            path: path.to_string(),
+            handle,
+        })
+    }
+}
+
+impl SymbolGenerator for SharedLibrary {
+    fn name(&self) -> String {
+        self.path.clone()
+    }
+    fn generate(&mut self, symbol: &str) -> Option<u64> {
+        executor::dlsym(self.handle, symbol)
+    }
+}
+
+/// A generator from a closure.
+pub struct FnGenerator<F>(pub F);
+
+impl<F: FnMut(&str) -> Option<u64> + Send> SymbolGenerator for FnGenerator<F> {
+    fn name(&self) -> String {
+        "callback".into()
+    }
+    fn generate(&mut self, symbol: &str) -> Option<u64> {
+        (self.0)(symbol)
+    }
+}

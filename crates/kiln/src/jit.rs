@@ -1,0 +1,503 @@
+//! The session: a [`Jit`] with libraries (namespaces of definitions with a search order),
+//! symbol generators, and module handles.
+
+use crate::executor::{self, EhFrameRegistration};
+use crate::generator::{ProcessSymbols, SharedLibrary, SymbolGenerator};
+use crate::library_search::{default_search_dirs, find_library, LibraryFile};
+use crate::Error;
+use kiln_link::{link, ArchiveInput, LinkContext, LinkCounts, LinkOptions, LinkTimes, ObjectInput};
+use kiln_memory::{
+    FinalizedAllocation, MemoryManager, MemoryStats, Placement, SlabLayout, SlabMemoryManager,
+};
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A library of a [`Jit`]: a namespace of definitions with a search order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LibraryId(usize);
+
+struct Library {
+    name: String,
+    objects: Vec<ObjectInput>,
+    archives: Vec<ArchiveInput>,
+    definitions: FxHashMap<String, u64>,
+    generators: Vec<Box<dyn SymbolGenerator>>,
+    modules: Vec<Module>,
+    search_order: Vec<LibraryId>,
+}
+
+struct State {
+    libraries: Vec<Library>,
+}
+
+struct Inner {
+    memory: SlabMemoryManager,
+    low_memory: Option<SlabMemoryManager>,
+    state: Mutex<State>,
+}
+
+/// A JIT session: load objects and archives into libraries, link, look symbols up, run.
+///
+/// ```no_run
+/// let jit = kiln::Jit::new()?;
+/// let lib = jit.main_library();
+/// jit.add_object_file(lib, "hello.o")?;
+/// jit.add_process_symbols(lib);
+/// let status = jit.run_main(lib, &["hello".to_string()])?;
+/// # Ok::<(), kiln::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Jit {
+    inner: Arc<Inner>,
+}
+
+/// Builder for a [`Jit`].
+#[derive(Default)]
+pub struct JitBuilder {
+    memory: Option<SlabMemoryManager>,
+    low_memory: Option<Option<SlabMemoryManager>>,
+}
+
+impl JitBuilder {
+    /// The memory manager for code (default: Kiln's slab manager near the host's
+    /// libraries).
+    pub fn memory(mut self, memory: SlabMemoryManager) -> Self {
+        self.memory = Some(memory);
+        self
+    }
+
+    /// The memory manager for non-PIC code with absolute 32-bit relocations (default: a
+    /// slab manager in the low 2 GiB; `None` to refuse such code).
+    pub fn low_memory(mut self, memory: Option<SlabMemoryManager>) -> Self {
+        self.low_memory = Some(memory);
+        self
+    }
+
+    /// Builds the session.
+    pub fn build(self) -> Result<Jit, Error> {
+        let memory = match self.memory {
+            Some(m) => m,
+            None => SlabMemoryManager::new()?,
+        };
+        let low_memory = match self.low_memory {
+            Some(m) => m,
+            None => SlabMemoryManager::builder()
+                .placement(Placement::Low2GiB)
+                .layout(SlabLayout {
+                    read_execute: 64 << 20,
+                    read: 32 << 20,
+                    read_write: 32 << 20,
+                })
+                .build()
+                .map_err(|e| tracing::debug!(%e, "no low-2GiB memory: non-PIC code will not link"))
+                .ok(),
+        };
+        let main = Library {
+            name: "main".into(),
+            objects: Vec::new(),
+            archives: Vec::new(),
+            definitions: FxHashMap::default(),
+            generators: Vec::new(),
+            modules: Vec::new(),
+            search_order: Vec::new(),
+        };
+        Ok(Jit {
+            inner: Arc::new(Inner {
+                memory,
+                low_memory,
+                state: Mutex::new(State {
+                    libraries: vec![main],
+                }),
+            }),
+        })
+    }
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Figures of one link.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinkReport {
+    /// Phase times.
+    pub times: LinkTimes,
+    /// Counts.
+    pub counts: LinkCounts,
+}
+
+impl Jit {
+    /// A session with default memory managers.
+    pub fn new() -> Result<Self, Error> {
+        JitBuilder::default().build()
+    }
+
+    /// A builder.
+    pub fn builder() -> JitBuilder {
+        JitBuilder::default()
+    }
+
+    /// The library every session starts with.
+    pub fn main_library(&self) -> LibraryId {
+        LibraryId(0)
+    }
+
+    /// Creates a library.
+    pub fn create_library(&self, name: &str) -> LibraryId {
+        let mut state = self.inner.state.lock();
+        state.libraries.push(Library {
+            name: name.to_string(),
+            objects: Vec::new(),
+            archives: Vec::new(),
+            definitions: FxHashMap::default(),
+            generators: Vec::new(),
+            modules: Vec::new(),
+            search_order: Vec::new(),
+        });
+        LibraryId(state.libraries.len() - 1)
+    }
+
+    /// Libraries searched, in order, for what `lib` does not define.
+    pub fn set_search_order(&self, lib: LibraryId, order: &[LibraryId]) {
+        self.inner.state.lock().libraries[lib.0].search_order = order.to_vec();
+    }
+
+    /// Adds a relocatable object from bytes.
+    pub fn add_object(&self, lib: LibraryId, name: &str, bytes: Vec<u8>) -> Result<(), Error> {
+        kiln_link::check_object(name, &bytes)?;
+        self.inner.state.lock().libraries[lib.0]
+            .objects
+            .push(ObjectInput::new(name, bytes));
+        Ok(())
+    }
+
+    /// Adds a relocatable object file.
+    pub fn add_object_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
+        let path = path.as_ref();
+        self.add_object(lib, &path.display().to_string(), read_file(path)?)
+    }
+
+    /// Adds a static archive from bytes: its members are linked when they define a symbol
+    /// the link needs.
+    pub fn add_archive(&self, lib: LibraryId, name: &str, bytes: Vec<u8>) -> Result<(), Error> {
+        let archive = ArchiveInput::parse(name, bytes)?;
+        self.inner.state.lock().libraries[lib.0]
+            .archives
+            .push(archive);
+        Ok(())
+    }
+
+    /// Adds a static archive file.
+    pub fn add_archive_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
+        let path = path.as_ref();
+        self.add_archive(lib, &path.display().to_string(), read_file(path)?)
+    }
+
+    /// Adds an object or an archive, by its contents.
+    pub fn add_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
+        let path = path.as_ref();
+        let bytes = read_file(path)?;
+        if bytes.starts_with(b"!<arch>\n") {
+            self.add_archive(lib, &path.display().to_string(), bytes)
+        } else if bytes.starts_with(b"\x7fELF") {
+            self.add_object(lib, &path.display().to_string(), bytes)
+        } else {
+            Err(Error::UnknownInput {
+                path: path.to_path_buf(),
+            })
+        }
+    }
+
+    /// Defines `name` in `lib` at `address` (a host function or data).
+    pub fn define_symbol(&self, lib: LibraryId, name: &str, address: u64) {
+        self.inner.state.lock().libraries[lib.0]
+            .definitions
+            .insert(name.to_string(), address);
+    }
+
+    /// Adds a generator for names `lib` does not define.
+    pub fn add_generator(&self, lib: LibraryId, generator: Box<dyn SymbolGenerator>) {
+        self.inner.state.lock().libraries[lib.0]
+            .generators
+            .push(generator);
+    }
+
+    /// Resolves what `lib` does not define from this process's symbols.
+    pub fn add_process_symbols(&self, lib: LibraryId) {
+        self.add_generator(lib, Box::new(ProcessSymbols));
+    }
+
+    /// `-l name`: finds the library in `dirs` and then the system directories; adds an
+    /// archive, or opens a shared library (following GNU ld scripts) as a generator.
+    pub fn add_library_by_name(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        dirs: &[PathBuf],
+    ) -> Result<(), Error> {
+        let mut all = dirs.to_vec();
+        all.extend(default_search_dirs());
+        for file in find_library(name, &all)? {
+            match file {
+                LibraryFile::Archive(path) => self.add_archive_file(lib, path)?,
+                LibraryFile::Shared(path) => {
+                    let shared = SharedLibrary::open(&path.display().to_string())?;
+                    self.add_generator(lib, Box::new(shared));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Links the objects added to `lib` since its last link (and the archive members they
+    /// need) into a module, registers its unwind information and runs its initializers.
+    /// Returns `None` if there was nothing to link.
+    pub fn link_pending(&self, lib: LibraryId) -> Result<Option<(Module, LinkReport)>, Error> {
+        let mut state = self.inner.state.lock();
+        let objects = std::mem::take(&mut state.libraries[lib.0].objects);
+        if objects.is_empty() {
+            return Ok(None);
+        }
+        let archives = state.libraries[lib.0].archives.clone();
+        let options = LinkOptions {
+            memory: &self.inner.memory,
+            low_memory: self
+                .inner
+                .low_memory
+                .as_ref()
+                .map(|m| m as &dyn MemoryManager),
+        };
+        let mut ctx = SessionContext {
+            state: &mut state,
+            lib,
+        };
+        let linked = match link(&objects, &archives, &mut ctx, &options) {
+            Ok(linked) => linked,
+            Err(e) => {
+                // Nothing was linked: the objects stay pending so the caller can add what
+                // is missing and try again.
+                state.libraries[lib.0].objects = objects;
+                return Err(e.into());
+            }
+        };
+        let report = LinkReport {
+            times: linked.times,
+            counts: linked.counts,
+        };
+        let tls_module = linked.tls.as_ref().map(|t| t.module_id);
+        if let Some(template) = linked.tls {
+            executor::tls_install(template);
+        }
+        let eh = linked.eh_frame.and_then(EhFrameRegistration::register);
+        let module = Module {
+            inner: Arc::new(ModuleInner {
+                name: objects.first().map(|o| o.name.clone()).unwrap_or_default(),
+                symbols: linked.symbols,
+                fini: linked.fini,
+                dso_handle: linked.dso_handle,
+                tls_module,
+                eh: Mutex::new(eh),
+                finalized: Mutex::new(false),
+                allocation: linked.allocation,
+            }),
+        };
+        state.libraries[lib.0].modules.push(module.clone());
+        drop(state);
+        // SAFETY: the initializers are functions of the module just linked and finalized,
+        // which `module` keeps alive.
+        unsafe { executor::run_initializers(&linked.init) };
+        Ok(Some((module, report)))
+    }
+
+    /// The address of `name` as `lib` sees it: its modules (linking what is pending
+    /// first), its definitions, the libraries in its search order, its generators.
+    pub fn lookup(&self, lib: LibraryId, name: &str) -> Result<u64, Error> {
+        self.link_pending(lib)?;
+        let mut state = self.inner.state.lock();
+        let mut ctx = SessionContext {
+            state: &mut state,
+            lib,
+        };
+        ctx.resolve(name)
+            .ok_or_else(|| Error::SymbolNotFound(name.to_string()))
+    }
+
+    /// Links what is pending and calls `main(argc, argv, envp)` with `args` (argv[0]
+    /// first); returns its status. The C library's buffered output is flushed after.
+    pub fn run_main(&self, lib: LibraryId, args: &[String]) -> Result<i32, Error> {
+        let main = self.lookup(lib, "main")?;
+        // SAFETY: `main` comes from a linked module that the library keeps alive.
+        let status = unsafe { executor::call_main(main, args) };
+        executor::flush_stdio();
+        Ok(status)
+    }
+
+    /// Removes `module` from its library: its finalizers run now and its memory is freed
+    /// when the last handle to it is dropped.
+    pub fn remove_module(&self, module: &Module) {
+        let mut state = self.inner.state.lock();
+        for library in &mut state.libraries {
+            library
+                .modules
+                .retain(|m| !Arc::ptr_eq(&m.inner, &module.inner));
+        }
+        drop(state);
+        module.inner.finalize();
+    }
+
+    /// Runs the finalizers of every module (newest first) and forgets them, as a program's
+    /// exit would.
+    pub fn shutdown(&self) {
+        let modules: Vec<Module> = {
+            let mut state = self.inner.state.lock();
+            state
+                .libraries
+                .iter_mut()
+                .flat_map(|l| std::mem::take(&mut l.modules))
+                .collect()
+        };
+        for m in modules.iter().rev() {
+            m.inner.finalize();
+        }
+        executor::flush_stdio();
+    }
+
+    /// Memory figures of the default memory manager.
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.inner.memory.stats()
+    }
+
+    /// Names of the libraries.
+    pub fn library_name(&self, lib: LibraryId) -> String {
+        self.inner.state.lock().libraries[lib.0].name.clone()
+    }
+}
+
+struct SessionContext<'s> {
+    state: &'s mut State,
+    lib: LibraryId,
+}
+
+impl SessionContext<'_> {
+    fn defined(&self, lib: LibraryId, name: &str) -> Option<u64> {
+        let library = &self.state.libraries[lib.0];
+        if let Some(&a) = library.definitions.get(name) {
+            return Some(a);
+        }
+        library
+            .modules
+            .iter()
+            .rev()
+            .find_map(|m| m.inner.symbols.get(name).copied())
+    }
+}
+
+impl LinkContext for SessionContext<'_> {
+    fn resolve(&mut self, name: &str) -> Option<u64> {
+        if name == "__tls_get_addr" {
+            return Some(executor::tls_get_addr_address());
+        }
+        let mut order = vec![self.lib];
+        order.extend(
+            self.state.libraries[self.lib.0]
+                .search_order
+                .iter()
+                .copied(),
+        );
+        for &lib in &order {
+            if let Some(a) = self.defined(lib, name) {
+                return Some(a);
+            }
+        }
+        for &lib in &order {
+            for generator in &mut self.state.libraries[lib.0].generators {
+                if let Some(a) = generator.generate(name) {
+                    return Some(a);
+                }
+            }
+        }
+        None
+    }
+
+    fn tls_module_id(&mut self) -> u64 {
+        executor::tls_reserve_module()
+    }
+
+    fn is_function(&mut self, _name: &str, address: u64) -> Option<bool> {
+        executor::host_symbol_is_function(address)
+    }
+}
+
+struct ModuleInner {
+    name: String,
+    symbols: FxHashMap<String, u64>,
+    fini: Vec<u64>,
+    dso_handle: u64,
+    tls_module: Option<u64>,
+    eh: Mutex<Option<EhFrameRegistration>>,
+    finalized: Mutex<bool>,
+    allocation: FinalizedAllocation,
+}
+
+impl ModuleInner {
+    /// Runs finalizers once and unregisters unwind information; the memory stays until
+    /// the last handle goes.
+    fn finalize(&self) {
+        let mut done = self.finalized.lock();
+        if *done {
+            return;
+        }
+        *done = true;
+        // SAFETY: the finalizers belong to this module, whose memory `self` owns.
+        unsafe { executor::run_finalizers(self.dso_handle, &self.fini) };
+        self.eh.lock().take();
+        if let Some(id) = self.tls_module {
+            executor::tls_remove(id);
+        }
+    }
+}
+
+impl Drop for ModuleInner {
+    fn drop(&mut self) {
+        self.finalize();
+    }
+}
+
+/// A linked module. Clones share it; it keeps its code and data alive (even after the
+/// [`Jit`] is dropped), and when the last handle goes its finalizers run and its memory is
+/// freed.
+#[derive(Clone)]
+pub struct Module {
+    inner: Arc<ModuleInner>,
+}
+
+impl std::fmt::Debug for Module {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Module")
+            .field("name", &self.inner.name)
+            .field("symbols", &self.inner.symbols.len())
+            .finish()
+    }
+}
+
+impl Module {
+    /// The address of a global symbol the module defines.
+    pub fn symbol(&self, name: &str) -> Option<u64> {
+        self.inner.symbols.get(name).copied()
+    }
+
+    /// The module's memory segments.
+    pub fn allocation(&self) -> &FinalizedAllocation {
+        &self.inner.allocation
+    }
+
+    /// A name for messages (its first object's).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+}

@@ -1,0 +1,27 @@
+//! # kiln
+//!
+//! Kiln's session API: a [`Jit`] holds libraries (namespaces of definitions with a search
+//! order); objects and archives are added to a library, linked by `kiln-link` into memory
+//! from `kiln-memory`, and run by the in-process executor: `.eh_frame` registered with
+//! the system unwinder (C++ exceptions and Rust panics unwind through JIT frames),
+//! initializers run after the link and finalizers at removal, thread-locals served by
+//! Kiln's own `__tls_get_addr`.
+//!
+//! Names the link's inputs do not define come from the library's definitions, other
+//! modules, the libraries in its search order, and then its [`SymbolGenerator`]s (this
+//! process's symbols, shared libraries opened by name, callbacks). What the link's own
+//! objects and archives define always wins, as with a static linker.
+
+// Errors wrap link errors, which are large by design (see kiln-link).
+#![allow(clippy::result_large_err)]
+
+mod error;
+mod executor;
+mod generator;
+mod jit;
+pub mod library_search;
+
+pub use error::Error;
+pub use generator::{FnGenerator, ProcessSymbols, SharedLibrary, SymbolGenerator};
+pub use jit::{Jit, JitBuilder, LibraryId, LinkReport, Module};
+pub use kiln_link::{LinkCounts, LinkError, LinkTimes};
