@@ -1,0 +1,279 @@
+//! Real programs linked and run by `kiln run`, compared with the same objects linked
+//! natively by gcc: SQLite, Lua and zlib from Debian's static libraries, C++ with
+//! exceptions and static constructors, COMDAT, thread-locals from two threads, and a
+//! relocation program in five code models / optimization levels.
+//!
+//! The objects and the native programs' outputs come from tests/programs/build_native.sh,
+//! run once per test process.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn programs_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kiln-programs");
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/build_native.sh");
+        let status = Command::new("bash")
+            .arg(&script)
+            .arg(&out)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("bash runs build_native.sh");
+        assert!(
+            status.success(),
+            "build_native.sh failed: the native programs must build"
+        );
+        out
+    })
+}
+
+struct Program {
+    driver: String,
+    objects: Vec<String>,
+    libs: Vec<String>,
+    args: Vec<String>,
+    expected: String,
+}
+
+fn program(name: &str) -> Program {
+    let dir = programs_dir();
+    let manifest = std::fs::read_to_string(dir.join("manifest.tsv")).unwrap();
+    let line = manifest
+        .lines()
+        .find(|l| l.split('\t').next() == Some(name))
+        .unwrap_or_else(|| panic!("{name} not in manifest"));
+    let f: Vec<&str> = line.split('\t').collect();
+    let words = |s: &str| -> Vec<String> {
+        s.split_whitespace()
+            .map(|w| w.replace("@OUT@", &dir.display().to_string()))
+            .collect()
+    };
+    Program {
+        driver: f[1].to_string(),
+        objects: words(f[3]),
+        libs: words(f[5]),
+        args: words(f[6]),
+        expected: std::fs::read_to_string(dir.join(f[7])).unwrap(),
+    }
+}
+
+fn kiln_run(p: &Program) -> std::process::Output {
+    let dir = programs_dir();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    cmd.arg("run");
+    for o in &p.objects {
+        cmd.arg(dir.join(o));
+    }
+    cmd.args(&p.libs);
+    if p.driver == "c++" {
+        cmd.arg("-lstdc++");
+    }
+    cmd.arg("--").args(&p.args);
+    cmd.output().expect("kiln runs")
+}
+
+fn assert_same_as_native(name: &str) {
+    let p = program(name);
+    let out = kiln_run(&p);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{name}: status {:?}\nstderr: {stderr}",
+        out.status
+    );
+    assert_eq!(
+        stdout, p.expected,
+        "{name}: output differs from the native program's\nstderr: {stderr}"
+    );
+}
+
+#[test]
+fn sqlite_from_debian_libsqlite3_a() {
+    assert_same_as_native("sqlite_driver");
+}
+
+#[test]
+fn lua_from_debian_liblua5_4_a() {
+    assert_same_as_native("lua_driver");
+}
+
+#[test]
+fn zlib_from_debian_libz_a() {
+    assert_same_as_native("zlib_driver");
+}
+
+#[test]
+fn cxx_exceptions_across_jit_frames_and_static_constructors() {
+    assert_same_as_native("cxx_exceptions");
+}
+
+#[test]
+fn cxx_comdat_groups_are_kept_once() {
+    assert_same_as_native("cxx_comdat");
+}
+
+#[test]
+fn thread_locals_from_two_threads() {
+    assert_same_as_native("tls");
+}
+
+#[test]
+fn relocations_o0_pie() {
+    assert_same_as_native("relocs-O0-pie");
+}
+
+#[test]
+fn relocations_o2_pie() {
+    assert_same_as_native("relocs-O2-pie");
+}
+
+#[test]
+fn relocations_o3_pic() {
+    assert_same_as_native("relocs-O3-pic");
+}
+
+#[test]
+fn relocations_o2_large_model_pic() {
+    assert_same_as_native("relocs-O2-large-pic");
+}
+
+#[test]
+fn non_pic_code_reaching_libc_data_is_a_clear_error() {
+    // relocs.c reads `environ` and `stdout` with PC-relative references; non-PIC code
+    // lives in the low 2 GiB and libc far above: a static link would make a copy
+    // relocation, which a JIT cannot. Kiln must say so, not crash or truncate.
+    let p = program("relocs-O2-nopic");
+    let out = kiln_run(&p);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("R_X86_64_PC32 against 'environ'")
+            || stderr.contains("R_X86_64_PC32 against 'stdout'")
+            || stderr.contains("R_X86_64_PC32 against 'stderr'"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("copy relocation"), "{stderr}");
+    assert!(stderr.contains("relocs-O2-nopic.o: section"), "{stderr}");
+}
+
+fn compile(source: &Path, flags: &[&str], out: &Path) {
+    let status = Command::new("cc")
+        .args(flags)
+        .arg("-c")
+        .arg(source)
+        .arg("-o")
+        .arg(out)
+        .status()
+        .expect("cc runs");
+    assert!(status.success());
+}
+
+#[test]
+fn non_pic_code_in_the_low_2gib() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/nopic.c");
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let obj = tmp.join("nopic.o");
+    compile(&src, &["-O2", "-fno-pic", "-mcmodel=small"], &obj);
+    let exe = tmp.join("nopic.native");
+    assert!(Command::new("cc")
+        .arg("-no-pie")
+        .arg(&obj)
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .unwrap()
+        .success());
+    let native = Command::new(&exe).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("run")
+        .arg(&obj)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, native.stdout);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("table_addr_low=1"));
+}
+
+#[test]
+fn twenty_thousand_sections() {
+    // 20,000 functions, each in its own section (-ffunction-sections), called through a
+    // table, plus their .eh_frame entries.
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("many");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let n = 20_000;
+    let mut src = String::from("#include <stdio.h>\n");
+    for i in 0..n {
+        src.push_str(&format!(
+            "int f{i}(int x) {{ return x * {} + {i}; }}\n",
+            i % 7 + 1
+        ));
+    }
+    src.push_str("typedef int (*fn)(int);\nstatic fn table[] = {");
+    for i in 0..n {
+        src.push_str(&format!("f{i},"));
+    }
+    src.push_str("};\nint main(void) { long s = 0; for (int i = 0; i < sizeof table / sizeof *table; i++) s += table[i](i); printf(\"%ld\\n\", s); return 0; }\n");
+    let c = tmp.join("many.c");
+    std::fs::write(&c, src).unwrap();
+    let obj = tmp.join("many.o");
+    compile(&c, &["-O1", "-ffunction-sections"], &obj);
+    let exe = tmp.join("many.native");
+    assert!(Command::new("cc")
+        .arg(&obj)
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .unwrap()
+        .success());
+    let native = Command::new(&exe).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["run", "--show-times"])
+        .arg(&obj)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(out.stdout, native.stdout);
+    let sections: usize = stderr
+        .lines()
+        .find_map(|l| {
+            l.split(" sections")
+                .next()?
+                .rsplit(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
+    assert!(
+        sections >= 20_000,
+        "only {sections} sections linked: {stderr}"
+    );
+}
+
+#[test]
+fn main_exit_status_is_kilns() {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let c = tmp.join("status.c");
+    std::fs::write(&c, "#include <stdio.h>\nint main(int argc, char **argv) { printf(\"%d %s\\n\", argc, argv[1]); return 42; }\n").unwrap();
+    let obj = tmp.join("status.o");
+    compile(&c, &["-O2"], &obj);
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("run")
+        .arg(&obj)
+        .args(["--", "hello"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(42));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "2 hello\n");
+}
