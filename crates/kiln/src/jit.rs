@@ -314,9 +314,22 @@ impl Jit {
         Ok(Some((module, report)))
     }
 
-    /// The address of `name` as `lib` sees it: its modules (linking what is pending
-    /// first), its definitions, the libraries in its search order, its generators.
+    /// The address of `name` as `lib` sees it: its modules and definitions; else, after
+    /// linking what is pending, those again, the libraries in its search order, and its
+    /// generators.
     pub fn lookup(&self, lib: LibraryId, name: &str) -> Result<u64, Error> {
+        // What is linked already answers without linking what is pending (which may not
+        // link yet).
+        {
+            let mut state = self.inner.state.lock();
+            let ctx = SessionContext {
+                state: &mut state,
+                lib,
+            };
+            if let Some(address) = ctx.defined(lib, name) {
+                return Ok(address);
+            }
+        }
         self.link_pending(lib)?;
         let mut state = self.inner.state.lock();
         let mut ctx = SessionContext {

@@ -1,0 +1,221 @@
+//! The session API: libraries and search order, host symbols and generators, module
+//! handles that outlive the session, removal running finalizers, a failed link leaving
+//! earlier modules alone, archives winning over host symbols, and unwinding (a Rust panic)
+//! through JIT frames.
+
+use kiln::{FnGenerator, Jit};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+fn compile(name: &str, source: &str) -> Vec<u8> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("session");
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = dir.join(format!("{name}.c"));
+    let o = dir.join(format!("{name}.o"));
+    std::fs::write(&c, source).unwrap();
+    let status = Command::new("cc")
+        .args(["-O1", "-c"])
+        .arg(&c)
+        .arg("-o")
+        .arg(&o)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::read(&o).unwrap()
+}
+
+fn call0(addr: u64) -> i32 {
+    // SAFETY: the tests look up functions `int f(void)` they compiled.
+    let f: extern "C" fn() -> i32 = unsafe { std::mem::transmute(addr as usize) };
+    f()
+}
+
+#[test]
+fn module_outlives_the_session_and_host_symbols_resolve() {
+    extern "C" fn host_seven() -> i32 {
+        7
+    }
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    jit.define_symbol(lib, "host_seven", host_seven as *const () as u64);
+    jit.add_object(
+        lib,
+        "a.o",
+        compile(
+            "a",
+            "int host_seven(void); int f(void) { return host_seven() * 6; }",
+        ),
+    )
+    .unwrap();
+    let (module, _) = jit.link_pending(lib).unwrap().unwrap();
+    drop(jit);
+    assert_eq!(call0(module.symbol("f").unwrap()), 42);
+}
+
+#[test]
+fn a_failed_link_leaves_earlier_modules_alone() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    jit.add_object(lib, "ok.o", compile("ok", "int ok(void) { return 5; }"))
+        .unwrap();
+    assert_eq!(call0(jit.lookup(lib, "ok").unwrap()), 5);
+    jit.add_object(
+        lib,
+        "bad.o",
+        compile(
+            "bad",
+            "int nowhere(void); int bad(void) { return nowhere(); }",
+        ),
+    )
+    .unwrap();
+    let err = jit.lookup(lib, "bad").unwrap_err();
+    assert!(
+        err.to_string().contains("nowhere (referenced by bad.o)"),
+        "{err}"
+    );
+    assert_eq!(call0(jit.lookup(lib, "ok").unwrap()), 5);
+    // Supplying the missing symbol lets the pending object link.
+    jit.add_generator(
+        lib,
+        Box::new(FnGenerator(|name: &str| {
+            (name == "nowhere").then_some(ok_address())
+        })),
+    );
+    assert_eq!(call0(jit.lookup(lib, "bad").unwrap()), 9);
+}
+
+extern "C" fn nine() -> i32 {
+    9
+}
+fn ok_address() -> u64 {
+    nine as *const () as u64
+}
+
+static EVENTS: AtomicU32 = AtomicU32::new(0);
+extern "C" fn record(x: u32) {
+    EVENTS.fetch_add(x, Ordering::SeqCst);
+}
+
+#[test]
+fn initializers_run_after_link_and_finalizers_at_removal() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    jit.define_symbol(lib, "record", record as *const () as u64);
+    jit.add_object(
+        lib,
+        "ctor.o",
+        compile(
+            "ctor",
+            "void record(unsigned);\n__attribute__((constructor)) static void hello(void) { record(1); }\n__attribute__((destructor)) static void bye(void) { record(100); }\nint alive(void) { return 1; }\n",
+        ),
+    )
+    .unwrap();
+    let (module, _) = jit.link_pending(lib).unwrap().unwrap();
+    assert_eq!(EVENTS.load(Ordering::SeqCst), 1);
+    jit.remove_module(&module);
+    assert_eq!(EVENTS.load(Ordering::SeqCst), 101);
+    drop(module);
+    assert_eq!(EVENTS.load(Ordering::SeqCst), 101, "finalizers run once");
+}
+
+#[test]
+fn search_order_across_libraries() {
+    let jit = Jit::new().unwrap();
+    let base = jit.create_library("base");
+    let app = jit.create_library("app");
+    jit.add_object(
+        base,
+        "base.o",
+        compile("base", "int base_value(void) { return 11; }"),
+    )
+    .unwrap();
+    jit.link_pending(base).unwrap();
+    jit.set_search_order(app, &[base]);
+    jit.add_object(
+        app,
+        "app.o",
+        compile(
+            "app",
+            "int base_value(void); int app_value(void) { return base_value() + 1; }",
+        ),
+    )
+    .unwrap();
+    assert_eq!(call0(jit.lookup(app, "app_value").unwrap()), 12);
+    assert!(jit.lookup(base, "app_value").is_err());
+}
+
+#[test]
+fn the_links_own_archive_wins_over_the_host() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("session");
+    compile("myabs", "int rand(void) { return 4242; }");
+    let archive = dir.join("libmyabs.a");
+    let _ = std::fs::remove_file(&archive);
+    assert!(Command::new("ar")
+        .arg("rcs")
+        .arg(&archive)
+        .arg(dir.join("myabs.o"))
+        .status()
+        .unwrap()
+        .success());
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    jit.add_object(
+        lib,
+        "use.o",
+        compile(
+            "use",
+            "#include <stdlib.h>\nint use(int x) { return rand() + x; }",
+        ),
+    )
+    .unwrap();
+    jit.add_archive_file(lib, &archive).unwrap();
+    jit.add_process_symbols(lib);
+    let f: extern "C" fn(i32) -> i32 =
+        // SAFETY: `use` is `int use(int)`.
+        unsafe { std::mem::transmute(jit.lookup(lib, "use").unwrap() as usize) };
+    assert_eq!(f(-3), 4239, "libmyabs.a's rand, not libc's");
+}
+
+extern "C-unwind" fn host_panics(x: i32) -> i32 {
+    if x > 0 {
+        panic!("thrown from the host through JIT frames");
+    }
+    x
+}
+
+#[test]
+fn a_rust_panic_unwinds_through_jit_frames() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    jit.define_symbol(lib, "host_panics", host_panics as *const () as u64);
+    // Two JIT frames between the catch and the panic; -fexceptions gives them full
+    // unwind tables (x86-64 emits .eh_frame for C anyway).
+    let obj = {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("session");
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = dir.join("unwind.c");
+        std::fs::write(&c, "int host_panics(int);\n__attribute__((noinline)) int inner(int x) { return host_panics(x) + 1; }\nint outer(int x) { return inner(x) * 2; }\n").unwrap();
+        let o = dir.join("unwind.o");
+        assert!(Command::new("cc")
+            .args(["-O1", "-fexceptions", "-c"])
+            .arg(&c)
+            .arg("-o")
+            .arg(&o)
+            .status()
+            .unwrap()
+            .success());
+        std::fs::read(&o).unwrap()
+    };
+    jit.add_object(lib, "unwind.o", obj).unwrap();
+    let outer: extern "C-unwind" fn(i32) -> i32 =
+        // SAFETY: `outer` is `int outer(int)`, compiled with unwind tables.
+        unsafe { std::mem::transmute(jit.lookup(lib, "outer").unwrap() as usize) };
+    assert_eq!(outer(0), 2);
+    let caught = std::panic::catch_unwind(|| outer(1));
+    let message = caught.unwrap_err();
+    assert_eq!(
+        message.downcast_ref::<&str>(),
+        Some(&"thrown from the host through JIT frames")
+    );
+}
