@@ -104,6 +104,27 @@ pub enum MemoryError {
         /// A hint on what to change.
         hint: &'static str,
     },
+    /// A segment larger than any arena of its pool can ever hold.
+    #[error(
+        "segment {segment}: {size:#x} bytes {permission} (aligned {align:#x}) can never fit: \
+         the largest arena holds {max:#x} bytes (use a larger layout or fewer arenas)"
+    )]
+    SegmentTooLarge {
+        /// Index of the segment in the request.
+        segment: usize,
+        /// Its size.
+        size: u64,
+        /// Its alignment.
+        align: u64,
+        /// Its permission.
+        permission: Permission,
+        /// Bytes of the smallest arena of that pool.
+        max: u64,
+    },
+    /// The manager's configuration is impossible (a layout whose size overflows, a pool
+    /// smaller than a page).
+    #[error("invalid memory manager configuration: {0}")]
+    InvalidConfiguration(String),
     /// A request with no segments.
     #[error("allocation request has no segments")]
     EmptyRequest,

@@ -80,6 +80,7 @@ fn class_at_least(len: u64) -> Option<(usize, usize)> {
 impl FreeList {
     /// A free list over `[start, start + len)`, all free.
     pub fn new(start: u64, len: u64) -> Self {
+        let len = len.min(u64::MAX - start);
         let mut list = FreeList {
             start,
             end: start + len,
@@ -152,7 +153,9 @@ impl FreeList {
     /// Allocates `size` bytes aligned to `align` (a power of two); returns the start
     /// address. Takes a range from the first size class that is large enough.
     pub fn allocate(&mut self, size: u64, align: u64) -> Option<u64> {
-        debug_assert!(align.is_power_of_two());
+        if !align.is_power_of_two() {
+            return None;
+        }
         let size = size.max(1);
         // First: a range from the class that fits `size`, if its start happens to be
         // aligned (always, when the caller uses one granule for sizes and alignment).
@@ -164,14 +167,37 @@ impl FreeList {
         }
         // Then: a class large enough for any alignment padding.
         let padded = size.checked_add(align - 1)?;
-        let (fl, sl) = class_at_least(padded)?;
-        let found = self.find(fl, sl)?;
-        let addr = self.fits(found, size, align)?;
-        Some(self.take(found, addr, size))
+        if let Some((fl, sl)) = class_at_least(padded) {
+            if let Some(found) = self.find(fl, sl) {
+                if let Some(addr) = self.fits(found, size, align) {
+                    return Some(self.take(found, addr, size));
+                }
+            }
+        }
+        // Last: the classes in between hold ranges that may fit, or not; look at each
+        // (rare: only near-full pools and large alignments get here).
+        let (lo_fl, lo_sl) = class_of(size);
+        let (hi_fl, hi_sl) = class_at_least(padded).unwrap_or((FL_COUNT - 1, SL_COUNT - 1));
+        for class in
+            lo_fl * SL_COUNT + lo_sl..=(hi_fl * SL_COUNT + hi_sl).min(FL_COUNT * SL_COUNT - 1)
+        {
+            let mut i = self.heads[class];
+            while i != NIL {
+                if let Some(addr) = self.fits(i, size, align) {
+                    return Some(self.take(i, addr, size));
+                }
+                i = self.nodes[i as usize].next;
+            }
+        }
+        None
     }
 
     /// Returns `[start, start + len)` to the list, merging it with free neighbours.
     /// Returns the merged free range that now contains it.
+    ///
+    /// Freeing a range whose start or end coincides with a free range's is detected in
+    /// every build; other overlaps with free ranges (a partial double free) only in debug
+    /// builds: the list is bookkeeping for a caller that frees only what it allocated.
     pub fn free(&mut self, start: u64, len: u64) -> Result<(u64, u64), NotAllocated> {
         let len = len.max(1);
         let err = NotAllocated { start, len };

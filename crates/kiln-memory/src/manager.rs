@@ -134,6 +134,10 @@ struct Shared {
     tuning: SlabTuning,
     placement: Placement,
     slabs: RwLock<Vec<Arc<Slab>>>,
+    /// Smallest arena length per permission (what one segment can be at most).
+    arena_len: [u64; 3],
+    /// Serializes growth, so that threads that miss at once reserve one slab, not many.
+    grow: parking_lot::Mutex<()>,
 }
 
 /// The default memory manager: a slab allocator over a [`Mapper`].
@@ -247,16 +251,24 @@ impl SlabMemoryManagerBuilder {
     pub fn build(self) -> Result<SlabMemoryManager, MemoryError> {
         let mapper = self.mapper.unwrap_or_else(default_mapper);
         let page = mapper.page_size();
-        let round = |v: u64| v.checked_next_multiple_of(page).unwrap_or(!(page - 1));
-        let layout = SlabLayout {
-            read_execute: round(self.layout.read_execute),
-            read: round(self.layout.read),
-            read_write: round(self.layout.read_write),
+        let invalid = |what: String| MemoryError::InvalidConfiguration(what);
+        let round = |v: u64| {
+            v.checked_next_multiple_of(page)
+                .filter(|&r| r >= page && r <= 1 << 46)
+                .ok_or_else(|| {
+                    invalid(format!("pool size {v:#x} is not between a page and 64 TiB"))
+                })
         };
+        let layout = SlabLayout {
+            read_execute: round(self.layout.read_execute)?,
+            read: round(self.layout.read)?,
+            read_write: round(self.layout.read_write)?,
+        };
+        let largest = layout.read_execute.max(layout.read).max(layout.read_write);
         let tuning = SlabTuning {
             page,
-            prepare_chunk: round(self.prepare_chunk.max(page)),
-            release_threshold: round(self.release_threshold.max(page)),
+            prepare_chunk: round(self.prepare_chunk.clamp(page, largest))?,
+            release_threshold: round(self.release_threshold.clamp(page, largest))?,
             granule: 16,
             poison: self.poison,
             arenas: self.arenas.unwrap_or_else(|| {
@@ -264,6 +276,7 @@ impl SlabMemoryManagerBuilder {
             }),
         };
         let first = Slab::reserve(mapper.clone(), layout, tuning, &self.placement)?;
+        let arena_len = Permission::ALL.map(|p| first.arena_len(p));
         Ok(SlabMemoryManager {
             shared: Arc::new(Shared {
                 mapper,
@@ -271,6 +284,8 @@ impl SlabMemoryManagerBuilder {
                 tuning,
                 placement: self.placement,
                 slabs: RwLock::new(vec![Arc::new(first)]),
+                arena_len,
+                grow: parking_lot::Mutex::new(()),
             }),
         })
     }
@@ -315,7 +330,7 @@ impl SlabMemoryManager {
                     align: s.align,
                 });
             }
-            let max = self.shared.layout.pool_len(s.permission);
+            let max = self.shared.arena_len[s.permission.index()];
             if s.align > max {
                 return Err(MemoryError::AlignmentTooLarge {
                     segment,
@@ -328,6 +343,25 @@ impl SlabMemoryManager {
                     segment,
                     size: s.size,
                     align: s.align,
+                });
+            }
+            // The worst case a fresh arena must hold: the size rounded to the pool's unit
+            // plus alignment padding.
+            let unit = if self.shared.mapper.shares_pages() || s.permission == Permission::ReadWrite
+            {
+                self.shared.tuning.granule
+            } else {
+                self.shared.tuning.page
+            };
+            let worst =
+                s.size.max(1).next_multiple_of(unit) + s.align.saturating_sub(unit.min(s.align));
+            if worst > max {
+                return Err(MemoryError::SegmentTooLarge {
+                    segment,
+                    size: s.size,
+                    align: s.align,
+                    permission: s.permission,
+                    max,
                 });
             }
         }
@@ -410,6 +444,7 @@ impl MemoryManager for SlabMemoryManager {
     fn allocate(&self, request: &AllocationRequest) -> Result<InFlightAllocation, MemoryError> {
         self.validate(request)?;
         let mut last_miss = 0;
+        let mut seen = 0;
         {
             let slabs = self.shared.slabs.read();
             for slab in slabs.iter() {
@@ -418,11 +453,20 @@ impl MemoryManager for SlabMemoryManager {
                     Err(index) => last_miss = index,
                 }
             }
+            seen = seen.max(slabs.len());
         }
         if !request.allow_out_of_range {
             return Err(self.out_of_reservation(request, last_miss));
         }
         let shared = &self.shared;
+        let _grow = shared.grow.lock();
+        // Slabs another thread added while this one waited.
+        let newer: Vec<Arc<Slab>> = shared.slabs.read()[seen..].to_vec();
+        for slab in newer {
+            if let Ok(placed) = Self::place_in(&slab, request)? {
+                return Ok(self.in_flight(slab, request, placed));
+            }
+        }
         let slab = match Slab::reserve(
             shared.mapper.clone(),
             shared.layout,
@@ -486,6 +530,7 @@ struct SlabBackend {
 impl SlabBackend {
     fn release(self, poison: bool) -> Result<(), MemoryError> {
         let mut result = Ok(());
+        let mut poisoned = false;
         for p in &self.placed {
             if poison
                 && self.slab.tuning.poison
@@ -498,10 +543,16 @@ impl SlabBackend {
                 // SAFETY: the range is still ours (not yet returned to the pool) and its
                 // working view is writable (shared pools keep it so).
                 unsafe { fill_trap(working, p.taken as usize) };
+                // The trap bytes must be what a core fetches (AArch64 keeps stale lines).
+                crate::icache::make_coherent(p.target, p.taken);
+                poisoned = true;
             }
             if let Err(e) = self.slab.free(*p) {
                 result = Err(e);
             }
+        }
+        if poisoned {
+            crate::icache::synchronize_cores();
         }
         result
     }
@@ -512,11 +563,13 @@ impl InFlightBackend for SlabBackend {
         self: Box<Self>,
         segments: &[SegmentRange],
     ) -> Result<Box<dyn FinalizedBackend>, MemoryError> {
-        match self
-            .slab
-            .mapper
-            .initialize(&self.slab.reservation, segments)
-        {
+        // SAFETY: the segments were allocated from this slab (prepared pages, ours), and
+        // `InFlightAllocation::finalize` consumed the working-memory borrows.
+        match unsafe {
+            self.slab
+                .mapper
+                .initialize(&self.slab.reservation, segments)
+        } {
             Ok(()) => Ok(self),
             Err(source) => {
                 let mapper = self.slab.mapper.name();

@@ -126,7 +126,12 @@ pub unsafe trait Mapper: Send + Sync + fmt::Debug {
     /// Makes the page range `[start, end)` of `reservation` writable in the working view.
     /// `permission` is the final permission of every segment that will live there; a
     /// page-sharing mapper applies it to the target view now.
-    fn prepare(
+    ///
+    /// # Safety
+    /// `reservation` must come from this mapper's [`Mapper::reserve`] and not be released;
+    /// `[start, end)` must be page-aligned, inside it, and owned by the caller (no live
+    /// allocation may use it under another permission).
+    unsafe fn prepare(
         &self,
         reservation: &Reservation,
         start: u64,
@@ -137,7 +142,11 @@ pub unsafe trait Mapper: Send + Sync + fmt::Debug {
     /// Applies the final permissions of `segments` (all inside `reservation`, on prepared
     /// pages) and makes the instruction cache coherent for executable ones, so that any
     /// thread of the target may run them once this returns.
-    fn initialize(
+    ///
+    /// # Safety
+    /// `reservation` as for [`Mapper::prepare`]; the segments must lie on prepared pages of
+    /// it, be owned by the caller, and no longer be borrowed as working memory.
+    unsafe fn initialize(
         &self,
         reservation: &Reservation,
         segments: &[SegmentRange],
@@ -145,7 +154,11 @@ pub unsafe trait Mapper: Send + Sync + fmt::Debug {
 
     /// Returns the page range `[start, end)` to the system: its contents are discarded,
     /// it becomes inaccessible in the target view and must be prepared again before use.
-    fn deinitialize(
+    ///
+    /// # Safety
+    /// `reservation` as for [`Mapper::prepare`]; no allocation may live in `[start, end)`
+    /// and nothing may refer to it.
+    unsafe fn deinitialize(
         &self,
         reservation: &Reservation,
         start: u64,
@@ -154,7 +167,11 @@ pub unsafe trait Mapper: Send + Sync + fmt::Debug {
     ) -> Result<(), MapperError>;
 
     /// Gives the whole reservation back.
-    fn release(&self, reservation: &Reservation) -> Result<(), MapperError>;
+    ///
+    /// # Safety
+    /// `reservation` must come from this mapper's [`Mapper::reserve`], be released only
+    /// once, and hold no live allocation or reference.
+    unsafe fn release(&self, reservation: &Reservation) -> Result<(), MapperError>;
 
     /// Bytes of `reservation` that are resident in physical memory, counted once even when
     /// two views map them; `None` if the mapper cannot tell.

@@ -25,6 +25,9 @@ impl PageRuns {
 
     /// Whether no part of `[start, end)` is in the set.
     pub fn is_disjoint(&self, start: u64, end: u64) -> bool {
+        if start >= end {
+            return true;
+        }
         if let Some((_, &e)) = self.runs.range(..=start).next_back() {
             if e > start {
                 return false;

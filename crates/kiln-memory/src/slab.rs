@@ -212,6 +212,18 @@ impl Slab {
             .unwrap_or(0)
     }
 
+    /// Length of the smallest arena of `permission`: the largest segment that always fits.
+    pub(crate) fn arena_len(&self, permission: Permission) -> u64 {
+        self.pools[permission.index()]
+            .iter()
+            .map(|a| {
+                let a = a.lock();
+                a.free.end() - a.free.start()
+            })
+            .min()
+            .unwrap_or(0)
+    }
+
     /// Whether the pool of `permission` shares pages among allocations.
     pub(crate) fn is_shared(&self, permission: Permission) -> bool {
         self.shared[permission.index()]
@@ -256,25 +268,42 @@ impl Slab {
         let page_start = target & !(tuning.page - 1);
         let page_end = (target + taken).next_multiple_of(tuning.page);
         if !pool.unprepared.is_disjoint(page_start, page_end) {
-            let end = if pool.shared {
-                page_end
-                    .max(page_start + tuning.prepare_chunk)
-                    .min(pool.free.end())
-            } else {
-                page_end
-            };
-            let parts = pool.unprepared.remove(page_start, end);
+            // The pages the range needs first; then, for shared pools, the rest of a chunk
+            // ahead, best effort.
+            let parts = pool.unprepared.remove(page_start, page_end);
             for (i, &(start, end)) in parts.iter().enumerate() {
-                if let Err(e) = self
-                    .mapper
-                    .prepare(&self.reservation, start, end, permission)
-                {
+                // SAFETY: the reservation is this slab's, alive while the slab is; the
+                // pages lie in this pool's arena, were unprepared (no allocation on them)
+                // and are now ours under the pool lock.
+                let prepared = unsafe {
+                    self.mapper
+                        .prepare(&self.reservation, start, end, permission)
+                };
+                if let Err(e) = prepared {
                     // Undo: the parts not prepared go back; the range goes back.
                     for &(s, e) in &parts[i..] {
                         pool.unprepared.insert(s, e);
                     }
                     let _ = pool.free.free(target, taken);
                     return Err(mapper_error(&*self.mapper, e));
+                }
+            }
+            if pool.shared {
+                let ahead_end = page_start
+                    .saturating_add(tuning.prepare_chunk)
+                    .min(pool.free.end());
+                if ahead_end > page_end {
+                    for (start, end) in pool.unprepared.remove(page_end, ahead_end) {
+                        // SAFETY: as above: unprepared pages of this arena, under its lock.
+                        let prepared = unsafe {
+                            self.mapper
+                                .prepare(&self.reservation, start, end, permission)
+                        };
+                        if prepared.is_err() {
+                            // Only the read-ahead failed: leave those pages for later.
+                            pool.unprepared.insert(start, end);
+                        }
+                    }
                 }
             }
         }
@@ -314,9 +343,13 @@ impl Slab {
             // pages and the next allocation would prepare them again, two system calls and
             // fresh page faults per operation.
             let cushion = if whole_pool { 0 } else { tuning.prepare_chunk };
-            let start = run_start
+            let Some(start) = run_start
                 .saturating_add(cushion)
-                .next_multiple_of(tuning.page);
+                .min(run_end)
+                .checked_next_multiple_of(tuning.page)
+            else {
+                return Ok(());
+            };
             let end = run_end & !(tuning.page - 1);
             if end <= start {
                 return Ok(());
@@ -338,10 +371,13 @@ impl Slab {
         let parts = pool.unprepared.insert(start, end);
         let mut result = Ok(());
         for (s, e) in parts {
-            if let Err(error) = self
-                .mapper
-                .deinitialize(&self.reservation, s, e, placed.permission)
-            {
+            // SAFETY: the pages lie in this arena and were free (the free list just took
+            // the range back, coalesced), so no allocation lives there; we hold the lock.
+            let done = unsafe {
+                self.mapper
+                    .deinitialize(&self.reservation, s, e, placed.permission)
+            };
+            if let Err(error) = done {
                 result = Err(mapper_error(&*self.mapper, error));
             }
         }
@@ -350,9 +386,11 @@ impl Slab {
 
     /// Working-view pointer of `target`, which must lie inside the reservation.
     pub(crate) fn working(&self, target: u64) -> *mut u8 {
+        // Pools tile the reservation (checked when the manager is built), so every target
+        // a pool hands out has a working address.
         self.reservation
             .working_address(target)
-            .unwrap_or(std::ptr::null_mut())
+            .unwrap_or(self.reservation.working)
     }
 
     /// Figures of each arena of each pool.
@@ -380,7 +418,9 @@ impl Slab {
 
 impl Drop for Slab {
     fn drop(&mut self) {
-        if let Err(error) = self.mapper.release(&self.reservation) {
+        // SAFETY: the slab is being dropped: no allocation holds it (each holds an `Arc`),
+        // and its reservation came from this mapper, released once here.
+        if let Err(error) = unsafe { self.mapper.release(&self.reservation) } {
             tracing::warn!(%error, target = self.reservation.target, "releasing a slab failed");
         }
     }

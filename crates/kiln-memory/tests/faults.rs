@@ -210,12 +210,18 @@ fn out_of_reservation_is_an_error_unless_out_of_range_is_allowed() {
         mapper.fail(Op::Reserve, 1);
         let err = manager.allocate(&big.clone().allow_out_of_range(true));
         assert!(err.is_err());
-        // Larger than any pool: an error even when growth is allowed, and no slab kept.
+        // Larger than any pool: an error even when growth is allowed, found before any
+        // slab is reserved.
+        let reserves = mapper.calls(Op::Reserve);
         let huge = AllocationRequest::new()
             .segment(SegmentRequest::new(Permission::ReadExecute, 2 << 20, 16))
             .allow_out_of_range(true);
         let err = manager.allocate(&huge).unwrap_err();
-        assert!(matches!(err, MemoryError::OutOfReservation { .. }), "{err}");
+        assert!(
+            matches!(err, MemoryError::SegmentTooLarge { max: 0x100000, .. }),
+            "{err}"
+        );
+        assert_eq!(mapper.calls(Op::Reserve), reserves);
         assert_eq!(mapper.live_reservations(), 2);
         drop((a, b));
         assert_clean(&manager, 0);
@@ -256,8 +262,64 @@ fn invalid_requests_are_typed_errors() {
     ));
     assert!(matches!(
         one(SegmentRequest::new(Permission::ReadWrite, 1 << 40, 16)),
+        MemoryError::SegmentTooLarge { .. }
+    ));
+    // Fits an arena but not what is left: out of reservation.
+    let most = manager
+        .allocate(&AllocationRequest::new().segment(SegmentRequest::new(
+            Permission::ReadWrite,
+            200 << 10,
+            16,
+        )))
+        .unwrap();
+    assert!(matches!(
+        one(SegmentRequest::new(Permission::ReadWrite, 100 << 10, 16)),
         MemoryError::OutOfReservation { .. }
     ));
+    drop(most);
+    // Impossible configurations are errors, not panics or overlapping pools.
+    for layout in [
+        SlabLayout {
+            read_execute: 1 << 63,
+            read: 1 << 63,
+            read_write: 1 << 20,
+        },
+        SlabLayout {
+            read_execute: 0,
+            read: 4096,
+            read_write: 4096,
+        },
+    ] {
+        let err = SlabMemoryManager::builder()
+            .layout(layout)
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, MemoryError::InvalidConfiguration(_)), "{err}");
+    }
+    let odd = SlabMemoryManager::builder()
+        .layout(small_layout())
+        .prepare_chunk(u64::MAX)
+        .release_threshold(u64::MAX)
+        .mapper(Arc::new(InProcessMapper::new()))
+        .build()
+        .unwrap();
+    let a = odd
+        .allocate(&AllocationRequest::new().segment(SegmentRequest::new(
+            Permission::ReadWrite,
+            16,
+            16,
+        )))
+        .unwrap();
+    let b = odd
+        .allocate(&AllocationRequest::new().segment(SegmentRequest::new(
+            Permission::ReadWrite,
+            16,
+            16,
+        )))
+        .unwrap();
+    drop(a);
+    drop(b);
+    assert_clean(&odd, 0);
     assert!(matches!(
         manager.allocate(&AllocationRequest::new()),
         Err(MemoryError::EmptyRequest)

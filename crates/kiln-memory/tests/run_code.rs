@@ -310,7 +310,7 @@ fn a_full_arena_falls_back_to_another_and_one_segment_must_fit_an_arena() {
     drop((a, b));
     assert!(matches!(
         two.allocate(&code(70)),
-        Err(MemoryError::OutOfReservation { .. })
+        Err(MemoryError::SegmentTooLarge { .. })
     ));
     let one = SlabMemoryManager::builder()
         .layout(layout)

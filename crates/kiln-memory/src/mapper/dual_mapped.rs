@@ -48,13 +48,18 @@ impl DualMappedMapper {
         };
         // Probe: a one-page reservation made executable.
         let probe = mapper.reserve(page, &Placement::Anywhere)?;
-        let result = mapper.prepare(
-            &probe,
-            probe.target,
-            probe.target + page,
-            Permission::ReadExecute,
-        );
-        mapper.release(&probe)?;
+        // SAFETY: the probe reservation is this mapper's, fresh and unused; it is released
+        // once, right after.
+        let result = unsafe {
+            mapper.prepare(
+                &probe,
+                probe.target,
+                probe.target + page,
+                Permission::ReadExecute,
+            )
+        };
+        // SAFETY: as above.
+        unsafe { mapper.release(&probe) }?;
         result?;
         Ok(mapper)
     }
@@ -155,7 +160,7 @@ unsafe impl Mapper for DualMappedMapper {
         })
     }
 
-    fn prepare(
+    unsafe fn prepare(
         &self,
         reservation: &Reservation,
         start: u64,
@@ -178,7 +183,7 @@ unsafe impl Mapper for DualMappedMapper {
         Ok(())
     }
 
-    fn initialize(
+    unsafe fn initialize(
         &self,
         reservation: &Reservation,
         segments: &[SegmentRange],
@@ -195,7 +200,7 @@ unsafe impl Mapper for DualMappedMapper {
         Ok(())
     }
 
-    fn deinitialize(
+    unsafe fn deinitialize(
         &self,
         reservation: &Reservation,
         start: u64,
@@ -212,7 +217,7 @@ unsafe impl Mapper for DualMappedMapper {
             .map_err(os("fallocate(PUNCH_HOLE)", start, len))
     }
 
-    fn release(&self, reservation: &Reservation) -> Result<(), MapperError> {
+    unsafe fn release(&self, reservation: &Reservation) -> Result<(), MapperError> {
         let fd = self
             .files
             .lock()

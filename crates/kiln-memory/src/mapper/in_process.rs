@@ -73,7 +73,7 @@ unsafe impl Mapper for InProcessMapper {
         })
     }
 
-    fn prepare(
+    unsafe fn prepare(
         &self,
         reservation: &Reservation,
         start: u64,
@@ -87,7 +87,7 @@ unsafe impl Mapper for InProcessMapper {
             .map_err(os("mprotect", start, end - start))
     }
 
-    fn initialize(
+    unsafe fn initialize(
         &self,
         reservation: &Reservation,
         segments: &[SegmentRange],
@@ -116,7 +116,7 @@ unsafe impl Mapper for InProcessMapper {
         Ok(())
     }
 
-    fn deinitialize(
+    unsafe fn deinitialize(
         &self,
         reservation: &Reservation,
         start: u64,
@@ -138,7 +138,7 @@ unsafe impl Mapper for InProcessMapper {
         ))
     }
 
-    fn release(&self, reservation: &Reservation) -> Result<(), MapperError> {
+    unsafe fn release(&self, reservation: &Reservation) -> Result<(), MapperError> {
         // SAFETY: the caller gives the whole reservation back; no allocation lives in it.
         unsafe { sys::munmap(reservation.target, reservation.len) }.map_err(os(
             "munmap",

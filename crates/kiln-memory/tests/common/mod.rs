@@ -153,7 +153,7 @@ unsafe impl Mapper for FaultyMapper {
         self.live.lock().unwrap().insert(r.target);
         Ok(r)
     }
-    fn prepare(
+    unsafe fn prepare(
         &self,
         r: &Reservation,
         start: u64,
@@ -161,16 +161,22 @@ unsafe impl Mapper for FaultyMapper {
         p: Permission,
     ) -> Result<(), MapperError> {
         self.enter(Op::Prepare)?;
-        self.inner.prepare(r, start, end, p)?;
+        // SAFETY: forwarding our caller's contract.
+        unsafe { self.inner.prepare(r, start, end, p) }?;
         self.prepared
             .fetch_add((end - start) as i64, Ordering::SeqCst);
         Ok(())
     }
-    fn initialize(&self, r: &Reservation, segments: &[SegmentRange]) -> Result<(), MapperError> {
+    unsafe fn initialize(
+        &self,
+        r: &Reservation,
+        segments: &[SegmentRange],
+    ) -> Result<(), MapperError> {
         self.enter(Op::Initialize)?;
-        self.inner.initialize(r, segments)
+        // SAFETY: forwarding our caller's contract.
+        unsafe { self.inner.initialize(r, segments) }
     }
-    fn deinitialize(
+    unsafe fn deinitialize(
         &self,
         r: &Reservation,
         start: u64,
@@ -178,14 +184,16 @@ unsafe impl Mapper for FaultyMapper {
         p: Permission,
     ) -> Result<(), MapperError> {
         self.enter(Op::Deinitialize)?;
-        self.inner.deinitialize(r, start, end, p)?;
+        // SAFETY: forwarding our caller's contract.
+        unsafe { self.inner.deinitialize(r, start, end, p) }?;
         self.prepared
             .fetch_sub((end - start) as i64, Ordering::SeqCst);
         Ok(())
     }
-    fn release(&self, r: &Reservation) -> Result<(), MapperError> {
+    unsafe fn release(&self, r: &Reservation) -> Result<(), MapperError> {
         self.enter(Op::Release)?;
-        self.inner.release(r)?;
+        // SAFETY: forwarding our caller's contract.
+        unsafe { self.inner.release(r) }?;
         self.live.lock().unwrap().remove(&r.target);
         Ok(())
     }
