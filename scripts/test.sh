@@ -9,15 +9,24 @@ export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 # --- what the tests need --------------------------------------------------------------
-# command -> Debian package
+# command or file -> Debian package
 declare -A needs=(
   [cc]=gcc
+  [g++]=g++
+  [ar]=binutils
   [unshare]=util-linux
   [strace]=strace
+  [/usr/lib/x86_64-linux-gnu/libsqlite3.a]=libsqlite3-dev
+  [/usr/lib/x86_64-linux-gnu/liblua5.4.a]=liblua5.4-dev
+  [/usr/lib/x86_64-linux-gnu/libz.a]=zlib1g-dev
 )
 missing=()
-for cmd in "${!needs[@]}"; do
-  command -v "$cmd" >/dev/null 2>&1 || missing+=("${needs[$cmd]}")
+for need in "${!needs[@]}"; do
+  if [[ $need == /* ]]; then
+    [ -e "$need" ] || missing+=("${needs[$need]}")
+  else
+    command -v "$need" >/dev/null 2>&1 || missing+=("${needs[$need]}")
+  fi
 done
 if ((${#missing[@]})); then
   echo "== installing: ${missing[*]}"
@@ -47,5 +56,5 @@ cargo build --release -p kiln-bench
 ./target/release/alloc_throughput --ops 5000
 
 echo "== the main job"
-cargo run --release -p kiln-cli -- demo --modules 200 >/dev/null
+./scripts/demo.sh >/dev/null
 echo "all checks passed"

@@ -95,8 +95,11 @@ pub struct LinkedModule {
     /// The memory, finalized.
     pub allocation: FinalizedAllocation,
     /// Global symbols defined by the module (default or protected visibility), with
-    /// their addresses.
+    /// their addresses: what other modules may link against.
     pub symbols: FxHashMap<String, u64>,
+    /// Global symbols with hidden or internal visibility: not for other modules, but the
+    /// module's own (a program's `main` is hidden in CPython's `python.o`).
+    pub hidden_symbols: FxHashMap<String, u64>,
     /// Initializers in the order to call them (`.preinit_array`, `.init_array` by
     /// priority, `.ctors`).
     pub init: Vec<u64>,
@@ -282,7 +285,11 @@ impl<'a, 'c> Linker<'a, 'c> {
                         } if !weak => {
                             return Err(LinkError::DuplicateSymbol {
                                 symbol: lossy(sym.name),
-                                first: self.objs[other as usize].name.clone(),
+                                // Both may be in this object (not yet in `objs`).
+                                first: self
+                                    .objs
+                                    .get(other as usize)
+                                    .map_or_else(|| obj.name.clone(), |o| o.name.clone()),
                                 second: obj.name.clone(),
                             });
                         }
@@ -829,6 +836,7 @@ impl Linker<'_, '_> {
 
         // Exported symbols.
         let mut symbols = FxHashMap::default();
+        let mut hidden_symbols = FxHashMap::default();
         {
             let resolver = Resolver {
                 linker: &self,
@@ -842,15 +850,22 @@ impl Linker<'_, '_> {
                 let exported = match g.def {
                     Def::Defined { obj, sym, .. } => {
                         let s = &self.objs[obj as usize].symbols[sym as usize];
-                        s.visibility == object::elf::STV_DEFAULT.0
-                            || s.visibility == object::elf::STV_PROTECTED.0
+                        Some(
+                            s.visibility == object::elf::STV_DEFAULT.0
+                                || s.visibility == object::elf::STV_PROTECTED.0,
+                        )
                     }
-                    Def::Common { .. } => true,
-                    _ => false,
+                    Def::Common { .. } => Some(true),
+                    _ => None,
                 };
-                if exported && !g.tls {
+                if let (Some(exported), false) = (exported, g.tls) {
                     let (addr, _) = resolver.address(Key::Global(id as u32));
-                    symbols.insert(lossy(g.name), addr);
+                    let map = if exported {
+                        &mut symbols
+                    } else {
+                        &mut hidden_symbols
+                    };
+                    map.insert(lossy(g.name), addr);
                 }
             }
         }
@@ -867,6 +882,7 @@ impl Linker<'_, '_> {
         Ok(LinkedModule {
             allocation,
             symbols,
+            hidden_symbols,
             init,
             fini,
             eh_frame: eh_offset.map(|o| bases[SEG_R] + o),

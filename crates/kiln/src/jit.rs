@@ -298,6 +298,7 @@ impl Jit {
             inner: Arc::new(ModuleInner {
                 name: objects.first().map(|o| o.name.clone()).unwrap_or_default(),
                 symbols: linked.symbols,
+                hidden_symbols: linked.hidden_symbols,
                 fini: linked.fini,
                 dso_handle: linked.dso_handle,
                 tls_module,
@@ -336,7 +337,16 @@ impl Jit {
             state: &mut state,
             lib,
         };
-        ctx.resolve(name)
+        if let Some(address) = ctx.resolve(name) {
+            return Ok(address);
+        }
+        // Last, the library's own modules' hidden definitions (a hidden `main` is still
+        // the program's entry).
+        state.libraries[lib.0]
+            .modules
+            .iter()
+            .rev()
+            .find_map(|m| m.inner.hidden_symbols.get(name).copied())
             .ok_or_else(|| Error::SymbolNotFound(name.to_string()))
     }
 
@@ -449,6 +459,7 @@ impl LinkContext for SessionContext<'_> {
 struct ModuleInner {
     name: String,
     symbols: FxHashMap<String, u64>,
+    hidden_symbols: FxHashMap<String, u64>,
     fini: Vec<u64>,
     dso_handle: u64,
     tls_module: Option<u64>,
@@ -499,9 +510,13 @@ impl std::fmt::Debug for Module {
 }
 
 impl Module {
-    /// The address of a global symbol the module defines.
+    /// The address of a global symbol the module defines (exported or hidden).
     pub fn symbol(&self, name: &str) -> Option<u64> {
-        self.inner.symbols.get(name).copied()
+        self.inner
+            .symbols
+            .get(name)
+            .or_else(|| self.inner.hidden_symbols.get(name))
+            .copied()
     }
 
     /// The module's memory segments.

@@ -1,0 +1,46 @@
+//! Inputs the fuzzer (fuzz/fuzz_targets/object_loader.rs) found useful, kept as regression
+//! tests: each must link or fail with a typed error, never panic.
+
+// LinkError is large by design: see kiln-link/src/lib.rs.
+#![allow(clippy::result_large_err)]
+
+use kiln_link::{link, LinkContext, LinkOptions, ObjectInput};
+use kiln_memory::SlabMemoryManager;
+
+struct Ctx;
+
+impl LinkContext for Ctx {
+    fn resolve(&mut self, _name: &str) -> Option<u64> {
+        Some(Ctx::resolve as usize as u64)
+    }
+    fn tls_module_id(&mut self) -> u64 {
+        1
+    }
+}
+
+#[test]
+fn fuzz_regressions_never_panic() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz_regressions");
+    let manager = SlabMemoryManager::new().unwrap();
+    let mut count = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let data = std::fs::read(&path).unwrap();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let result = link(
+            &[ObjectInput::new(name.clone(), data)],
+            &[],
+            &mut Ctx,
+            &LinkOptions {
+                memory: &manager,
+                low_memory: None,
+            },
+        );
+        if name.starts_with("duplicate-global-in-one-object") {
+            let err = result.expect_err("two strong definitions of one name in one object");
+            assert!(err.to_string().contains("duplicate symbol"), "{err}");
+        }
+        count += 1;
+    }
+    assert!(count > 0);
+}
