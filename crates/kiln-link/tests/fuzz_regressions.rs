@@ -11,7 +11,7 @@ struct Ctx;
 
 impl LinkContext for Ctx {
     fn resolve(&mut self, _name: &str) -> Option<u64> {
-        Some(Ctx::resolve as usize as u64)
+        Some(Ctx::resolve as *const () as u64)
     }
     fn tls_module_id(&mut self) -> u64 {
         1
