@@ -3,7 +3,7 @@
 
 use crate::LinkError;
 use object::elf;
-use object::read::elf::{FileHeader, SectionHeader, Sym as _};
+use object::read::elf::{FileHeader, Rela as _, SectionHeader, Sym as _};
 use object::LittleEndian as LE;
 
 type Header = elf::FileHeader64<LE>;
@@ -267,6 +267,22 @@ impl<'a> ObjectFile<'a> {
                     kind: sym.st_type().0,
                     visibility: sym.st_visibility().0,
                 });
+            }
+        }
+        // Every relocation must name a symbol of the table (index 0 is the table's null
+        // symbol; an object without a table can have no relocations).
+        for &(target, relas) in &relocations {
+            for rela in relas {
+                let sym = rela.r_sym(endian, false) as usize;
+                if sym >= symbols.len() {
+                    return Err(LinkError::BadRelocation {
+                        object: name.clone(),
+                        section: String::from_utf8_lossy(sections[target as usize].name)
+                            .into_owned(),
+                        offset: rela.r_offset.get(endian),
+                        what: format!("symbol index {sym} of {}", symbols.len()),
+                    });
+                }
             }
         }
         for (index, s) in sections.iter().enumerate() {
