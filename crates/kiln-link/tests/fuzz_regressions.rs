@@ -36,10 +36,9 @@ fn fuzz_regressions_never_panic() {
                 low_memory: None,
             },
         );
-        if name.starts_with("duplicate-global-in-one-object") {
-            let err = result.expect_err("two strong definitions of one name in one object");
-            assert!(err.to_string().contains("duplicate symbol"), "{err}");
-        }
+        // Each of these inputs is damaged: a typed error, with the object's name.
+        let err = result.expect_err("a damaged object must not link");
+        assert!(err.to_string().contains(&name), "{err}");
         count += 1;
     }
     assert!(count > 0);
