@@ -492,9 +492,15 @@ impl Linker<'_, '_> {
         let mut tls_align = 1u64;
         let mut eh_frames: Vec<(u32, u32)> = Vec::new();
         let mut init_sections: Vec<(u32, u32)> = Vec::new();
+        // Saturating: absurd sizes from a damaged object end up huge and are refused below,
+        // before any offset is used.
         let place = |size: &mut u64, align: &mut u64, sec_size: u64, sec_align: u64| -> u64 {
-            let offset = size.next_multiple_of(sec_align);
-            *size = offset + sec_size;
+            let sec_align = sec_align
+                .max(1)
+                .checked_next_power_of_two()
+                .unwrap_or(1 << 63);
+            let offset = size.checked_next_multiple_of(sec_align).unwrap_or(u64::MAX);
+            *size = offset.saturating_add(sec_size);
             *align = (*align).max(sec_align);
             offset
         };
@@ -643,6 +649,20 @@ impl Linker<'_, '_> {
         counts.got_entries = slot_list.len();
         counts.plt_stubs = stub_list.len();
         counts.segment_bytes = seg_size;
+        const MAX_SEGMENT: u64 = 1 << 40;
+        if let Some(s) = seg_size
+            .iter()
+            .chain([&tls_size])
+            .find(|&&s| s > MAX_SEGMENT)
+        {
+            return Err(LinkError::Malformed {
+                object: self
+                    .objs
+                    .first()
+                    .map_or_else(String::new, |o| o.name.clone()),
+                what: format!("sections add up to {s:#x} bytes in one segment (over 1 TiB)"),
+            });
+        }
 
         // --- allocation --------------------------------------------------------------------
         let memory = match (needs_low, options.low_memory) {
@@ -929,9 +949,12 @@ impl Resolver<'_, '_, '_> {
                 if p.offset == u64::MAX || p.seg == SEG_NONE {
                     (0, true)
                 } else if p.seg == SEG_TLS {
-                    (p.offset + sym.value, false)
+                    (p.offset.wrapping_add(sym.value), false)
                 } else {
-                    (self.bases[p.seg as usize] + p.offset + sym.value, false)
+                    // Modulo 2^64 like any address; fields that cannot hold the result
+                    // are caught when relocations are applied.
+                    let base = self.bases[p.seg as usize].wrapping_add(p.offset);
+                    (base.wrapping_add(sym.value), false)
                 }
             }
             SymSection::Absolute => (sym.value, false),
