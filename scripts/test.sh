@@ -19,6 +19,7 @@ declare -A needs=(
   [/usr/lib/x86_64-linux-gnu/libsqlite3.a]=libsqlite3-dev
   [/usr/lib/x86_64-linux-gnu/liblua5.4.a]=liblua5.4-dev
   [/usr/lib/x86_64-linux-gnu/libz.a]=zlib1g-dev
+  [/usr/lib/python3.11/config-3.11-x86_64-linux-gnu/libpython3.11-pic.a]=libpython3.11-dev
 )
 missing=()
 for need in "${!needs[@]}"; do

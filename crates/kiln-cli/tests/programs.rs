@@ -277,3 +277,57 @@ fn main_exit_status_is_kilns() {
     assert_eq!(out.status.code(), Some(42));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "2 hello\n");
 }
+
+#[test]
+fn cpython_from_debian_libpython3_11_pic_a() {
+    // Debian's python.o (LTO-built: fat-LTO sections, a hidden `main`) and
+    // libpython3.11-pic.a, with libm, libz and libexpat from the system.
+    let config = Path::new("/usr/lib/python3.11/config-3.11-x86_64-linux-gnu");
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("run")
+        .arg(config.join("python.o"))
+        .arg(config.join("libpython3.11-pic.a"))
+        .args(["-lm", "-lz", "-lexpat", "--", "-S", "-c"])
+        .arg("import json, math; print(json.dumps({'sum': sum(range(1000)), 'pi': round(math.pi, 5)}))")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "{\"sum\": 499500, \"pi\": 3.14159}\n"
+    );
+}
+
+#[test]
+fn objects_as_distributions_ship_them_debug_info_and_fat_lto() {
+    // -g (debug sections with relocations against code), fat LTO (.gnu.lto_* sections),
+    // SystemTap-style notes are not loaded: their relocations are skipped.
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/zlib_driver.c");
+    let obj = tmp.join("zlib_driver_lto.o");
+    compile(&src, &["-O2", "-g", "-flto", "-ffat-lto-objects"], &obj);
+    let exe = tmp.join("zlib_driver_lto.native");
+    assert!(Command::new("cc")
+        .arg(&obj)
+        .arg("/usr/lib/x86_64-linux-gnu/libz.a")
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .unwrap()
+        .success());
+    let native = Command::new(&exe).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("run")
+        .arg(&obj)
+        .arg("/usr/lib/x86_64-linux-gnu/libz.a")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, native.stdout);
+}

@@ -3,7 +3,7 @@
 
 use crate::LinkError;
 use object::elf;
-use object::read::elf::{FileHeader, Rela as _, SectionHeader, Sym as _};
+use object::read::elf::{FileHeader, SectionHeader, Sym as _};
 use object::LittleEndian as LE;
 
 type Header = elf::FileHeader64<LE>;
