@@ -51,6 +51,18 @@ enum Command {
         /// Print memory figures to stderr.
         #[arg(long)]
         stats: bool,
+        /// Run the code in a `kiln-executor` child process (out of process).
+        #[arg(long)]
+        oop: bool,
+        /// How code reaches the executor process: shared memory or copies.
+        #[arg(long, value_enum, default_value_t = TransportKind::Shm)]
+        transport: TransportKind,
+        /// Run the code in a `kiln-executor --listen` at HOST:PORT (copy transport).
+        #[arg(long, value_name = "HOST:PORT")]
+        connect: Option<String>,
+        /// The executor binary for --oop (default: kiln-executor next to kiln).
+        #[arg(long, value_name = "PATH")]
+        executor: Option<PathBuf>,
         /// Arguments for the program (after `--`).
         #[arg(last = true)]
         args: Vec<String>,
@@ -65,6 +77,14 @@ enum Command {
         #[arg(long, value_enum, default_value_t = MapperKind::Default)]
         mapper: MapperKind,
     },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum TransportKind {
+    /// Shared memory (memfd passed over the Unix socket).
+    Shm,
+    /// Bytes copied over the socket.
+    Copy,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -168,31 +188,56 @@ fn demo(modules: u32, kind: MapperKind) -> Result<(), String> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run(
-    inputs: &[PathBuf],
-    libraries: &[String],
-    library_dirs: &[PathBuf],
-    entry: &str,
+/// Options of `kiln run`.
+struct RunOptions {
+    inputs: Vec<PathBuf>,
+    libraries: Vec<String>,
+    library_dirs: Vec<PathBuf>,
+    entry: String,
     noexec: bool,
     show_times: bool,
     stats: bool,
-    args: &[String],
-) -> Result<i32, String> {
+    oop: bool,
+    transport: TransportKind,
+    connect: Option<String>,
+    executor: Option<PathBuf>,
+    args: Vec<String>,
+}
+
+fn run(o: RunOptions) -> Result<i32, String> {
     let start = Instant::now();
-    let jit = kiln::Jit::new().map_err(|e| e.to_string())?;
+    let timeouts = kiln::Timeouts::default();
+    let executor = if let Some(address) = &o.connect {
+        kiln::Executor::connect(address, timeouts).map_err(|e| e.to_string())?
+    } else if o.oop {
+        let path = o
+            .executor
+            .clone()
+            .unwrap_or_else(kiln::default_executor_path);
+        let transport = match o.transport {
+            TransportKind::Shm => kiln::Transport::SharedMemory,
+            TransportKind::Copy => kiln::Transport::Copy,
+        };
+        kiln::Executor::spawn(&path, transport, timeouts).map_err(|e| e.to_string())?
+    } else {
+        kiln::Executor::in_process()
+    };
+    let jit = kiln::Jit::builder()
+        .executor(executor)
+        .build()
+        .map_err(|e| e.to_string())?;
     let lib = jit.main_library();
-    for input in inputs {
+    for input in &o.inputs {
         jit.add_file(lib, input).map_err(|e| e.to_string())?;
     }
-    for name in libraries {
-        jit.add_library_by_name(lib, name, library_dirs)
+    for name in &o.libraries {
+        jit.add_library_by_name(lib, name, &o.library_dirs)
             .map_err(|e| e.to_string())?;
     }
     jit.add_process_symbols(lib);
     let load = start.elapsed();
     let linked = jit.link_pending(lib).map_err(|e| e.to_string())?;
-    if show_times {
+    if o.show_times {
         eprintln!("kiln: load inputs  {:>9.3} ms", load.as_secs_f64() * 1e3);
         if let Some((_, report)) = &linked {
             let t = report.times;
@@ -216,37 +261,23 @@ fn run(
             start.elapsed().as_secs_f64() * 1e3
         );
     }
-    if stats {
+    if o.stats {
         eprintln!("{}", jit.memory_stats());
     }
-    if noexec {
+    if o.noexec {
         return Ok(0);
     }
-    let mut argv = vec![inputs
+    let mut argv = vec![o
+        .inputs
         .first()
         .and_then(|p| p.file_stem())
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "a.out".into())];
-    argv.extend(args.iter().cloned());
-    let address = jit.lookup(lib, entry).map_err(|e| e.to_string())?;
+    argv.extend(o.args.iter().cloned());
+    let address = jit.lookup(lib, &o.entry).map_err(|e| e.to_string())?;
     // SAFETY: `address` is the entry function of the module just linked, with main's
-    // signature (the user's contract for --entry).
-    let f: extern "C" fn(
-        i32,
-        *const *const std::ffi::c_char,
-        *const *const std::ffi::c_char,
-    ) -> i32 = unsafe { std::mem::transmute(address as usize) };
-    let c_args: Vec<std::ffi::CString> = argv
-        .iter()
-        .map(|a| std::ffi::CString::new(a.as_str()).unwrap_or_default())
-        .collect();
-    let mut ptrs: Vec<*const std::ffi::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
-    ptrs.push(std::ptr::null());
-    extern "C" {
-        static environ: *const *const std::ffi::c_char;
-    }
-    // SAFETY: reading the process's environment pointer.
-    let status = f(c_args.len() as i32, ptrs.as_ptr(), unsafe { environ });
+    // signature (the user's contract for --entry); the module stays alive in `jit`.
+    let status = unsafe { jit.executor().run_main(address, &argv) }.map_err(|e| e.to_string())?;
     jit.shutdown();
     Ok(status)
 }
@@ -267,17 +298,25 @@ fn main() -> ExitCode {
             noexec,
             show_times,
             stats,
+            oop,
+            transport,
+            connect,
+            executor,
             args,
-        } => run(
-            &inputs,
-            &libraries,
-            &library_dirs,
-            &entry,
+        } => run(RunOptions {
+            inputs,
+            libraries,
+            library_dirs,
+            entry,
             noexec,
             show_times,
             stats,
-            &args,
-        ),
+            oop,
+            transport,
+            connect,
+            executor,
+            args,
+        }),
     };
     match result {
         Ok(status) => {

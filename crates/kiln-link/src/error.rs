@@ -160,6 +160,9 @@ pub enum LinkError {
     /// The memory manager failed.
     #[error("allocating memory for the link: {0}")]
     Memory(#[from] MemoryError),
+    /// The environment (executor) failed a request of the linker.
+    #[error("the executor failed a request of the linker: {0}")]
+    Environment(String),
     /// A symbol lookup by name found nothing.
     #[error("symbol '{0}' not found")]
     SymbolNotFound(String),

@@ -22,8 +22,9 @@ pub trait LinkContext {
     fn resolve(&mut self, name: &str) -> Option<u64>;
 
     /// A fresh thread-local-storage module id for this link's TLS block, passed to
-    /// `__tls_get_addr` by general- and local-dynamic code.
-    fn tls_module_id(&mut self) -> u64;
+    /// `__tls_get_addr` by general- and local-dynamic code; an error if the executor
+    /// cannot give one.
+    fn tls_module_id(&mut self) -> Result<u64, String>;
 
     /// Whether the symbol `name`, which [`LinkContext::resolve`] found at `address`, is a
     /// function (so that a far reference may go through a stub) rather than data. `None`
@@ -689,7 +690,7 @@ impl Linker<'_, '_> {
         let plt_base = bases[SEG_RX] + plt_offset;
         let dso_handle = bases[SEG_RW] + dso_offset;
         let tls_module = if tls_size > 0 {
-            self.ctx.tls_module_id()
+            self.ctx.tls_module_id().map_err(LinkError::Environment)?
         } else {
             0
         };

@@ -17,8 +17,8 @@ impl LinkContext for Ctx {
     fn resolve(&mut self, name: &str) -> Option<u64> {
         (!name.starts_with("missing_")).then_some(libc_like_address())
     }
-    fn tls_module_id(&mut self) -> u64 {
-        1
+    fn tls_module_id(&mut self) -> Result<u64, String> {
+        Ok(1)
     }
 }
 
@@ -273,8 +273,8 @@ fn out_of_range_target_is_an_error_not_a_truncation() {
                 libc_like_address()
             })
         }
-        fn tls_module_id(&mut self) -> u64 {
-            1
+        fn tls_module_id(&mut self) -> Result<u64, String> {
+            Ok(1)
         }
     }
     let obj = compile(

@@ -46,6 +46,12 @@ pub enum Error {
         /// What is wrong.
         what: String,
     },
+    /// Talking to the executor process failed (it crashed, died, stalled or refused).
+    #[error(transparent)]
+    Remote(#[from] kiln_remote::RemoteError),
+    /// The executor answered something unexpected.
+    #[error("executor: {0}")]
+    Executor(String),
     /// A lookup found nothing.
     #[error("symbol '{0}' not found")]
     SymbolNotFound(String),

@@ -1,293 +1,346 @@
-//! The in-process executor: where linked code runs. Registers unwind information with the
-//! system unwinder, runs initializers and finalizers, calls `main`, looks symbols up in
-//! this process and in shared libraries, and provides `__tls_get_addr` for JIT modules'
-//! thread-locals. Every raw call into JIT code or the C runtime is here.
+//! Where linked code runs: this process, or a `kiln-executor` process reached over a
+//! socket. The session talks to both the same way.
 
+use crate::Error;
+use kiln_executor::runtime::{self, EhFrameRegistration};
 use kiln_link::TlsTemplate;
-use parking_lot::RwLock;
-use std::cell::RefCell;
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use kiln_memory::Mapper;
+use kiln_remote::protocol::{Request, Response};
+use kiln_remote::{CopyMapper, RemoteExecutor, SharedMemoryMapper, Timeouts};
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Looks `name` up with `dlsym(handle, name)`; `handle` null means every object loaded in
-/// the process (`RTLD_DEFAULT`).
-pub(crate) fn dlsym(handle: *mut c_void, name: &str) -> Option<u64> {
-    let name = CString::new(name).ok()?;
-    let handle = if handle.is_null() {
-        libc::RTLD_DEFAULT
-    } else {
-        handle
-    };
-    // SAFETY: dlsym reads a NUL-terminated string and a valid handle (RTLD_DEFAULT or one
-    // returned by dlopen and not closed: SharedLibrary never closes it).
-    let addr = unsafe { libc::dlsym(handle, name.as_ptr()) };
-    (!addr.is_null()).then_some(addr as u64)
+/// How code bytes reach an executor process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// The executor's memory is shared (a memfd passed over the Unix socket): the linker
+    /// writes code straight into it.
+    SharedMemory,
+    /// Code bytes are copied over the connection (works over TCP).
+    Copy,
 }
 
-/// Whether the host symbol at `address` is a function (`STT_FUNC` / `STT_GNU_IFUNC`),
-/// from the dynamic symbol table of the object that holds it (`dladdr1`); `None` if the
-/// address is not a symbol of a loaded object.
-pub(crate) fn host_symbol_is_function(address: u64) -> Option<bool> {
-    const RTLD_DL_SYMENT: c_int = 1;
-    // SAFETY: Dl_info is plain data; zeroed is valid.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    let mut sym: *const libc::Elf64_Sym = std::ptr::null();
-    // SAFETY: dladdr1 only reads loader tables and writes the two out-parameters.
-    let found = unsafe {
-        libc::dladdr1(
-            address as *const c_void,
-            &mut info,
-            (&mut sym as *mut *const libc::Elf64_Sym).cast(),
-            RTLD_DL_SYMENT,
-        )
-    };
-    if found == 0 || sym.is_null() {
-        return None;
-    }
-    // SAFETY: dladdr1 points `sym` at an entry of a loaded object's symbol table.
-    let st_info = unsafe { (*sym).st_info };
-    Some(matches!(st_info & 0xf, 2 | 10))
+#[derive(Clone)]
+enum Kind {
+    InProcess,
+    Remote {
+        remote: Arc<RemoteExecutor>,
+        transport: Transport,
+    },
 }
 
-/// Opens a shared library (`dlopen(path, RTLD_NOW | RTLD_GLOBAL)`).
-pub(crate) fn dlopen(path: &str) -> Result<*mut c_void, String> {
-    let c = CString::new(path).map_err(|e| e.to_string())?;
-    // SAFETY: dlopen reads a NUL-terminated string; running the library's constructors is
-    // what opening it means.
-    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-    if handle.is_null() {
-        // SAFETY: dlerror returns a thread-local string or null.
-        let err = unsafe { libc::dlerror() };
-        let reason = if err.is_null() {
-            "unknown error".to_string()
-        } else {
-            // SAFETY: non-null dlerror results are NUL-terminated strings.
-            unsafe { CStr::from_ptr(err) }
-                .to_string_lossy()
-                .into_owned()
-        };
-        return Err(reason);
-    }
-    Ok(handle)
+/// Where linked code runs and host symbols are looked up.
+#[derive(Clone)]
+pub struct Executor {
+    kind: Kind,
 }
 
-type FrameFn = unsafe extern "C" fn(*const c_void);
-
-fn frame_fn(name: &str) -> Option<FrameFn> {
-    let addr = dlsym(std::ptr::null_mut(), name)?;
-    // SAFETY: libgcc_s's __register_frame / __deregister_frame have this signature.
-    Some(unsafe { std::mem::transmute::<usize, FrameFn>(addr as usize) })
-}
-
-/// A registration of a module's `.eh_frame` with the unwinder; deregisters on drop.
-#[derive(Debug)]
-pub(crate) struct EhFrameRegistration {
-    address: u64,
-}
-
-impl EhFrameRegistration {
-    /// Registers the terminated `.eh_frame` data at `address` (finalized, readable, and
-    /// kept alive by the caller for as long as the registration lives).
-    pub(crate) fn register(address: u64) -> Option<Self> {
-        let register = frame_fn("__register_frame")?;
-        // SAFETY: `address` points at eh_frame records followed by a zero terminator, in
-        // memory that outlives this registration (the module owns both).
-        unsafe { register(address as *const c_void) };
-        Some(EhFrameRegistration { address })
-    }
-}
-
-impl Drop for EhFrameRegistration {
-    fn drop(&mut self) {
-        if let Some(deregister) = frame_fn("__deregister_frame") {
-            // SAFETY: the same pointer registered above, still mapped.
-            unsafe { deregister(self.address as *const c_void) };
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            Kind::InProcess => f.write_str("Executor(in-process)"),
+            Kind::Remote { remote, transport } => {
+                write!(f, "Executor(pid {}, {transport:?})", remote.pid())
+            }
         }
     }
 }
 
-/// Runs initializers the way glibc does: `f(argc, argv, envp)`.
-///
-/// # Safety
-/// Each address must be a finalized function of the C ABI of a live module.
-pub(crate) unsafe fn run_initializers(functions: &[u64]) {
-    extern "C" {
-        static environ: *mut *mut c_char;
-    }
-    for &f in functions {
-        // SAFETY: the caller's contract.
-        let init: extern "C" fn(c_int, *mut *mut c_char, *mut *mut c_char) =
-            unsafe { std::mem::transmute(f as usize) };
-        // SAFETY: reading the process's environment pointer.
-        init(0, std::ptr::null_mut(), unsafe { environ });
-    }
+/// The `kiln-executor` binary next to the running executable, if there is one.
+pub fn default_executor_path() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("kiln-executor")))
+        .unwrap_or_else(|| PathBuf::from("kiln-executor"))
 }
 
-/// Runs a module's finalizers: first the destructors it registered with `__cxa_atexit`
-/// (through `__cxa_finalize(dso_handle)`), then its `.fini_array`.
-///
-/// # Safety
-/// Each address must be a finalized function of a live module.
-pub(crate) unsafe fn run_finalizers(dso_handle: u64, functions: &[u64]) {
-    if let Some(cxa_finalize) = dlsym(std::ptr::null_mut(), "__cxa_finalize") {
-        // SAFETY: glibc's __cxa_finalize(void *dso).
-        let f: extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(cxa_finalize as usize) };
-        f(dso_handle as *mut c_void);
-    }
-    for &f in functions {
-        // SAFETY: the caller's contract.
-        let fini: extern "C" fn() = unsafe { std::mem::transmute(f as usize) };
-        fini();
-    }
+/// An eh_frame registration, here or in the executor.
+pub(crate) enum EhRegistration {
+    Local(#[allow(dead_code)] EhFrameRegistration),
+    Remote(u64),
 }
 
-/// Calls `main(argc, argv, envp)` at `address` with `args` (argv[0] included).
-///
-/// # Safety
-/// `address` must be a finalized `int main(int, char**, char**)` of a live module.
-pub(crate) unsafe fn call_main(address: u64, args: &[String]) -> i32 {
-    extern "C" {
-        static environ: *mut *mut c_char;
-    }
-    let c_args: Vec<CString> = args
-        .iter()
-        .map(|a| CString::new(a.as_str()).unwrap_or_default())
-        .collect();
-    let mut argv: Vec<*mut c_char> = c_args.iter().map(|a| a.as_ptr() as *mut c_char).collect();
-    argv.push(std::ptr::null_mut());
-    // SAFETY: the caller's contract.
-    let main: extern "C" fn(c_int, *mut *mut c_char, *mut *mut c_char) -> c_int =
-        unsafe { std::mem::transmute(address as usize) };
-    // SAFETY: reading the process's environment pointer.
-    main(c_args.len() as c_int, argv.as_mut_ptr(), unsafe { environ })
-}
-
-/// Flushes every C stdio stream (what `exit` would do for the JIT program).
-pub(crate) fn flush_stdio() {
-    // SAFETY: fflush(NULL) flushes all open output streams.
-    unsafe { libc::fflush(std::ptr::null_mut()) };
-}
-
-// --- thread-local storage for JIT modules ---------------------------------------------
-
-/// Module ids handed to JIT modules start here, far from any id glibc would use.
-const TLS_MODULE_BASE: u64 = 0x4b49_4c4e_0000_0000;
-
-static TLS_TEMPLATES: RwLock<Vec<Option<Arc<TlsTemplate>>>> = RwLock::new(Vec::new());
-
-thread_local! {
-    static TLS_BLOCKS: RefCell<Vec<Option<TlsBlock>>> = const { RefCell::new(Vec::new()) };
-}
-
-/// One thread's copy of a module's TLS block, aligned as the template asks.
-struct TlsBlock {
-    memory: *mut u8,
-    layout: std::alloc::Layout,
-}
-
-impl Drop for TlsBlock {
-    fn drop(&mut self) {
-        // SAFETY: allocated below with this layout.
-        unsafe { std::alloc::dealloc(self.memory, self.layout) };
-    }
-}
-
-impl TlsBlock {
-    fn new(template: Option<&TlsTemplate>) -> Option<Self> {
-        let size = template.map_or(16, |t| t.size.max(16)) as usize;
-        let align = template.map_or(16, |t| t.align.max(16)) as usize;
-        let layout = std::alloc::Layout::from_size_align(size, align).ok()?;
-        // SAFETY: the layout has a non-zero size.
-        let memory = unsafe { std::alloc::alloc_zeroed(layout) };
-        if memory.is_null() {
-            return None;
+impl Executor {
+    /// This process.
+    pub fn in_process() -> Self {
+        Executor {
+            kind: Kind::InProcess,
         }
-        if let Some(t) = template {
-            let n = t.image.len().min(size);
-            // SAFETY: `memory` has `size >= n` bytes; the image is a separate allocation.
-            unsafe { std::ptr::copy_nonoverlapping(t.image.as_ptr(), memory, n) };
+    }
+
+    /// Starts `executor_binary` (`kiln-executor`) as a child connected by a socketpair.
+    pub fn spawn(
+        executor_binary: &Path,
+        transport: Transport,
+        timeouts: Timeouts,
+    ) -> Result<Self, Error> {
+        let remote = RemoteExecutor::spawn(executor_binary, timeouts)?;
+        Ok(Executor {
+            kind: Kind::Remote {
+                remote: Arc::new(remote),
+                transport,
+            },
+        })
+    }
+
+    /// Connects to `kiln-executor --listen` at `address`; code travels by copy.
+    pub fn connect(address: &str, timeouts: Timeouts) -> Result<Self, Error> {
+        let remote = RemoteExecutor::connect(address, timeouts)?;
+        Ok(Executor {
+            kind: Kind::Remote {
+                remote: Arc::new(remote),
+                transport: Transport::Copy,
+            },
+        })
+    }
+
+    /// The executor process's id (`None` in-process).
+    pub fn pid(&self) -> Option<u32> {
+        match &self.kind {
+            Kind::InProcess => None,
+            Kind::Remote { remote, .. } => Some(remote.pid()),
         }
-        Some(TlsBlock { memory, layout })
+    }
+
+    /// The connection, for a remote executor.
+    pub fn remote(&self) -> Option<&Arc<RemoteExecutor>> {
+        match &self.kind {
+            Kind::InProcess => None,
+            Kind::Remote { remote, .. } => Some(remote),
+        }
+    }
+
+    /// The mapper that places code in this executor (`None`: Kiln's default, in-process).
+    pub(crate) fn mapper(&self) -> Result<Option<Arc<dyn Mapper>>, Error> {
+        Ok(match &self.kind {
+            Kind::InProcess => None,
+            Kind::Remote {
+                remote,
+                transport: Transport::SharedMemory,
+            } => Some(Arc::new(SharedMemoryMapper::new(remote.clone())?)),
+            Kind::Remote {
+                remote,
+                transport: Transport::Copy,
+            } => Some(Arc::new(CopyMapper::new(remote.clone()))),
+        })
+    }
+
+    fn request(&self, request: Request) -> Result<Response, Error> {
+        match &self.kind {
+            Kind::InProcess => Ok(Response::Ok),
+            Kind::Remote { remote, .. } => Ok(remote.request(&request)?),
+        }
+    }
+
+    fn value(&self, request: Request) -> Result<u64, Error> {
+        match self.request(request)? {
+            Response::Value(v) => Ok(v),
+            other => Err(Error::Executor(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// Looks `name` up in the executor: the whole process (`library` 0) or a library
+    /// loaded with [`Executor::load_library`]. Returns the address and whether it is a
+    /// function, if known.
+    pub fn lookup(&self, library: u64, name: &str) -> Result<Option<(u64, Option<bool>)>, Error> {
+        match &self.kind {
+            Kind::InProcess => {
+                let handle = library as *mut c_void;
+                Ok(runtime::dlsym(handle, name).map(|a| (a, runtime::host_symbol_is_function(a))))
+            }
+            Kind::Remote { remote, .. } => match remote.request(&Request::Lookup {
+                library,
+                name: name.to_string(),
+            })? {
+                Response::Symbol { address: 0, .. } => Ok(None),
+                Response::Symbol { address, kind } => Ok(Some((
+                    address,
+                    match kind {
+                        1 => Some(true),
+                        2 => Some(false),
+                        _ => None,
+                    },
+                ))),
+                other => Err(Error::Executor(format!("unexpected answer {other:?}"))),
+            },
+        }
+    }
+
+    /// Opens a shared library in the executor; returns a handle for lookups.
+    pub fn load_library(&self, path: &str) -> Result<u64, Error> {
+        match &self.kind {
+            Kind::InProcess => {
+                runtime::dlopen(path)
+                    .map(|h| h as u64)
+                    .map_err(|reason| Error::SharedLibrary {
+                        name: path.to_string(),
+                        reason,
+                    })
+            }
+            Kind::Remote { .. } => self.value(Request::LoadLibrary {
+                path: path.to_string(),
+            }),
+        }
+    }
+
+    pub(crate) fn register_eh_frame(&self, address: u64) -> Result<Option<EhRegistration>, Error> {
+        match &self.kind {
+            Kind::InProcess => {
+                Ok(EhFrameRegistration::register(address).map(EhRegistration::Local))
+            }
+            Kind::Remote { .. } => {
+                self.request(Request::RegisterEhFrame { address })?;
+                Ok(Some(EhRegistration::Remote(address)))
+            }
+        }
+    }
+
+    pub(crate) fn deregister_eh_frame(&self, registration: EhRegistration) {
+        if let EhRegistration::Remote(address) = registration {
+            let _ = self.request(Request::DeregisterEhFrame { address });
+        }
+    }
+
+    pub(crate) fn run_initializers(&self, functions: &[u64]) -> Result<(), Error> {
+        match &self.kind {
+            // SAFETY: the session passes initializers of a module it just linked and keeps.
+            Kind::InProcess => unsafe { runtime::run_initializers(functions) },
+            Kind::Remote { .. } => {
+                if !functions.is_empty() {
+                    self.request(Request::RunInitializers {
+                        functions: functions.to_vec(),
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn run_finalizers(&self, dso_handle: u64, functions: &[u64]) -> Result<(), Error> {
+        match &self.kind {
+            // SAFETY: the session passes finalizers of a module whose memory is still live.
+            Kind::InProcess => unsafe { runtime::run_finalizers(dso_handle, functions) },
+            Kind::Remote { .. } => {
+                self.request(Request::RunFinalizers {
+                    dso_handle,
+                    functions: functions.to_vec(),
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn reserve_tls_module(&self) -> Result<u64, Error> {
+        match &self.kind {
+            Kind::InProcess => Ok(runtime::tls_reserve_module()),
+            Kind::Remote { .. } => self.value(Request::ReserveTlsModule),
+        }
+    }
+
+    pub(crate) fn install_tls(&self, template: TlsTemplate) -> Result<(), Error> {
+        match &self.kind {
+            Kind::InProcess => runtime::tls_install(template),
+            Kind::Remote { .. } => {
+                self.request(Request::InstallTls {
+                    module_id: template.module_id,
+                    size: template.size,
+                    align: template.align,
+                    image: template.image,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn remove_tls(&self, module_id: u64) {
+        match &self.kind {
+            Kind::InProcess => runtime::tls_remove(module_id),
+            Kind::Remote { .. } => {
+                let _ = self.request(Request::RemoveTls { module_id });
+            }
+        }
+    }
+
+    pub(crate) fn tls_get_addr(&self) -> u64 {
+        match &self.kind {
+            Kind::InProcess => runtime::tls_get_addr_address(),
+            Kind::Remote { remote, .. } => remote.hello().tls_get_addr,
+        }
+    }
+
+    /// Calls `main(argc, argv, envp)` at `address` (an address in the executor).
+    ///
+    /// # Safety
+    /// For the in-process executor, `address` must be a finalized `int main(int, char**,
+    /// char**)` of a live module (a remote executor checks the address lies in memory it
+    /// reserved; a crash there is reported as an error).
+    pub unsafe fn run_main(&self, address: u64, args: &[String]) -> Result<i32, Error> {
+        match &self.kind {
+            Kind::InProcess => {
+                // SAFETY: the caller's contract.
+                let status = unsafe { runtime::call_main(address, args) };
+                runtime::flush_stdio();
+                Ok(status)
+            }
+            Kind::Remote { .. } => self
+                .value(Request::RunMain {
+                    address,
+                    args: args.to_vec(),
+                })
+                .map(|v| v as u32 as i32),
+        }
+    }
+
+    /// Calls `u64 f(u64, …)` at `address` with up to six integer arguments.
+    ///
+    /// # Safety
+    /// As for [`Executor::run_main`], for a function of that signature.
+    pub unsafe fn call(&self, address: u64, args: &[u64]) -> Result<u64, Error> {
+        if args.len() > 6 {
+            return Err(Error::Executor("at most six arguments".into()));
+        }
+        match &self.kind {
+            Kind::InProcess => {
+                let mut a = [0u64; 6];
+                a[..args.len()].copy_from_slice(args);
+                // SAFETY: the caller's contract; extra integer arguments are ignored by a
+                // callee with fewer parameters (SysV ABI).
+                let f: extern "C" fn(u64, u64, u64, u64, u64, u64) -> u64 =
+                    unsafe { std::mem::transmute(address as usize) };
+                Ok(f(a[0], a[1], a[2], a[3], a[4], a[5]))
+            }
+            Kind::Remote { .. } => self.value(Request::Call {
+                address,
+                args: args.to_vec(),
+            }),
+        }
+    }
+
+    /// Flushes the executor's C stdio buffers (in-process; a remote executor flushes after
+    /// each run itself).
+    pub(crate) fn flush(&self) {
+        if let Kind::InProcess = self.kind {
+            runtime::flush_stdio();
+        }
     }
 }
 
-/// Reserves a TLS module id.
-pub(crate) fn tls_reserve_module() -> u64 {
-    let mut templates = TLS_TEMPLATES.write();
-    templates.push(None);
-    TLS_MODULE_BASE + templates.len() as u64 - 1
+/// The symbols of the executor's process (or of one library loaded there).
+pub struct ExecutorSymbols {
+    pub(crate) executor: Executor,
+    pub(crate) library: u64,
+    pub(crate) name: String,
 }
 
-/// Installs the template for a reserved id.
-pub(crate) fn tls_install(template: TlsTemplate) {
-    let index = (template.module_id - TLS_MODULE_BASE) as usize;
-    let mut templates = TLS_TEMPLATES.write();
-    if let Some(slot) = templates.get_mut(index) {
-        *slot = Some(Arc::new(template));
+impl crate::SymbolGenerator for ExecutorSymbols {
+    fn name(&self) -> String {
+        self.name.clone()
     }
-}
-
-/// Forgets a module's template (its blocks are freed as threads exit or touch it again).
-pub(crate) fn tls_remove(module_id: u64) {
-    let index = module_id.wrapping_sub(TLS_MODULE_BASE) as usize;
-    if let Some(slot) = TLS_TEMPLATES.write().get_mut(index) {
-        *slot = None;
+    fn generate(&mut self, symbol: &str) -> Option<u64> {
+        self.generate_with_kind(symbol).map(|(a, _)| a)
     }
-}
-
-#[repr(C)]
-struct TlsIndex {
-    module: u64,
-    offset: u64,
-}
-
-/// Address of the thread's copy of `offset` in TLS module `module`.
-extern "C" fn tls_get_addr_impl(index: *const TlsIndex) -> *mut u8 {
-    // SAFETY: JIT code passes a pointer to its GOT pair {module, offset}, written by the
-    // linker.
-    let TlsIndex { module, offset } = unsafe { std::ptr::read(index) };
-    let slot = module.wrapping_sub(TLS_MODULE_BASE) as usize;
-    TLS_BLOCKS.with(|blocks| {
-        let mut blocks = blocks.borrow_mut();
-        if blocks.len() <= slot {
-            blocks.resize_with(slot + 1, || None);
-        }
-        if blocks[slot].is_none() {
-            let template = TLS_TEMPLATES.read().get(slot).cloned().flatten();
-            blocks[slot] = TlsBlock::new(template.as_deref());
-        }
-        match &blocks[slot] {
-            // SAFETY: offsets come from the linker's TLS layout, inside the block.
-            Some(block) => unsafe { block.memory.add(offset as usize) },
-            None => std::ptr::null_mut(),
-        }
-    })
-}
-
-// `__tls_get_addr` for JIT code. gcc does not guarantee a 16-byte aligned stack at the
-// call in the general-dynamic sequence (glibc realigns in its own __tls_get_addr for the
-// same reason), so this entry realigns before calling the Rust implementation, and keeps
-// every register the caller might not expect to be clobbered beyond the C ABI's.
-#[cfg(target_arch = "x86_64")]
-std::arch::global_asm!(
-    ".globl kiln_tls_get_addr",
-    ".type kiln_tls_get_addr,@function",
-    "kiln_tls_get_addr:",
-    "push rbp",
-    "mov rbp, rsp",
-    "and rsp, -16",
-    "call {imp}",
-    "mov rsp, rbp",
-    "pop rbp",
-    "ret",
-    ".size kiln_tls_get_addr, . - kiln_tls_get_addr",
-    imp = sym tls_get_addr_impl,
-);
-
-/// Address of Kiln's `__tls_get_addr`.
-pub(crate) fn tls_get_addr_address() -> u64 {
-    extern "C" {
-        fn kiln_tls_get_addr();
+    fn generate_with_kind(&mut self, symbol: &str) -> Option<(u64, Option<bool>)> {
+        self.executor.lookup(self.library, symbol).ok().flatten()
     }
-    kiln_tls_get_addr as *const () as u64
 }

@@ -1,7 +1,7 @@
 //! Symbol generators: where a library finds definitions its modules do not have.
 
-use crate::executor;
 use crate::Error;
+use kiln_executor::runtime as executor;
 use std::ffi::c_void;
 
 /// Supplies addresses for names nobody in a library defines.
@@ -12,6 +12,12 @@ pub trait SymbolGenerator: Send {
     fn name(&self) -> String;
     /// The address of `symbol`, or `None`.
     fn generate(&mut self, symbol: &str) -> Option<u64>;
+
+    /// The address of `symbol` and whether it is a function (if the generator knows: a
+    /// far reference to a function can go through a stub, to data it cannot).
+    fn generate_with_kind(&mut self, symbol: &str) -> Option<(u64, Option<bool>)> {
+        self.generate(symbol).map(|a| (a, None))
+    }
 }
 
 /// The symbols of this process: its executable and every shared library it has loaded
@@ -25,6 +31,10 @@ impl SymbolGenerator for ProcessSymbols {
     }
     fn generate(&mut self, symbol: &str) -> Option<u64> {
         executor::dlsym(std::ptr::null_mut(), symbol)
+    }
+    fn generate_with_kind(&mut self, symbol: &str) -> Option<(u64, Option<bool>)> {
+        self.generate(symbol)
+            .map(|a| (a, executor::host_symbol_is_function(a)))
     }
 }
 
@@ -59,6 +69,10 @@ impl SymbolGenerator for SharedLibrary {
     }
     fn generate(&mut self, symbol: &str) -> Option<u64> {
         executor::dlsym(self.handle, symbol)
+    }
+    fn generate_with_kind(&mut self, symbol: &str) -> Option<(u64, Option<bool>)> {
+        self.generate(symbol)
+            .map(|a| (a, executor::host_symbol_is_function(a)))
     }
 }
 

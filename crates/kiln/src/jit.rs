@@ -1,8 +1,8 @@
 //! The session: a [`Jit`] with libraries (namespaces of definitions with a search order),
 //! symbol generators, and module handles.
 
-use crate::executor::{self, EhFrameRegistration};
-use crate::generator::{ProcessSymbols, SharedLibrary, SymbolGenerator};
+use crate::executor::{EhRegistration, Executor, ExecutorSymbols};
+use crate::generator::SymbolGenerator;
 use crate::library_search::{default_search_dirs, find_library, LibraryFile};
 use crate::Error;
 use kiln_link::{link, ArchiveInput, LinkContext, LinkCounts, LinkOptions, LinkTimes, ObjectInput};
@@ -33,6 +33,7 @@ struct State {
 }
 
 struct Inner {
+    executor: Executor,
     memory: SlabMemoryManager,
     low_memory: Option<SlabMemoryManager>,
     state: Mutex<State>,
@@ -56,11 +57,19 @@ pub struct Jit {
 /// Builder for a [`Jit`].
 #[derive(Default)]
 pub struct JitBuilder {
+    executor: Option<Executor>,
     memory: Option<SlabMemoryManager>,
     low_memory: Option<Option<SlabMemoryManager>>,
 }
 
 impl JitBuilder {
+    /// Where the code runs (default: this process). A remote executor brings its own
+    /// memory managers (shared memory or copy transport).
+    pub fn executor(mut self, executor: Executor) -> Self {
+        self.executor = Some(executor);
+        self
+    }
+
     /// The memory manager for code (default: Kiln's slab manager near the host's
     /// libraries).
     pub fn memory(mut self, memory: SlabMemoryManager) -> Self {
@@ -77,13 +86,19 @@ impl JitBuilder {
 
     /// Builds the session.
     pub fn build(self) -> Result<Jit, Error> {
+        let executor = self.executor.unwrap_or_else(Executor::in_process);
+        let mapper = executor.mapper()?;
+        let with_mapper = |b: kiln_memory::SlabMemoryManagerBuilder| match &mapper {
+            Some(m) => b.mapper(m.clone()),
+            None => b,
+        };
         let memory = match self.memory {
             Some(m) => m,
-            None => SlabMemoryManager::new()?,
+            None => with_mapper(SlabMemoryManager::builder()).build()?,
         };
         let low_memory = match self.low_memory {
             Some(m) => m,
-            None => SlabMemoryManager::builder()
+            None => with_mapper(SlabMemoryManager::builder())
                 .placement(Placement::Low2GiB)
                 .layout(SlabLayout {
                     read_execute: 64 << 20,
@@ -105,6 +120,7 @@ impl JitBuilder {
         };
         Ok(Jit {
             inner: Arc::new(Inner {
+                executor,
                 memory,
                 low_memory,
                 state: Mutex::new(State {
@@ -227,13 +243,22 @@ impl Jit {
             .push(generator);
     }
 
-    /// Resolves what `lib` does not define from this process's symbols.
+    /// Resolves what `lib` does not define from the executor's process symbols (this
+    /// process's, for the in-process executor).
     pub fn add_process_symbols(&self, lib: LibraryId) {
-        self.add_generator(lib, Box::new(ProcessSymbols));
+        self.add_generator(
+            lib,
+            Box::new(ExecutorSymbols {
+                executor: self.inner.executor.clone(),
+                library: 0,
+                name: "process symbols".into(),
+            }),
+        );
     }
 
     /// `-l name`: finds the library in `dirs` and then the system directories; adds an
-    /// archive, or opens a shared library (following GNU ld scripts) as a generator.
+    /// archive, or opens a shared library in the executor (following GNU ld scripts) as a
+    /// generator.
     pub fn add_library_by_name(
         &self,
         lib: LibraryId,
@@ -246,12 +271,25 @@ impl Jit {
             match file {
                 LibraryFile::Archive(path) => self.add_archive_file(lib, path)?,
                 LibraryFile::Shared(path) => {
-                    let shared = SharedLibrary::open(&path.display().to_string())?;
-                    self.add_generator(lib, Box::new(shared));
+                    let path = path.display().to_string();
+                    let handle = self.inner.executor.load_library(&path)?;
+                    self.add_generator(
+                        lib,
+                        Box::new(ExecutorSymbols {
+                            executor: self.inner.executor.clone(),
+                            library: handle,
+                            name: path,
+                        }),
+                    );
                 }
             }
         }
         Ok(())
+    }
+
+    /// The executor the session runs code in.
+    pub fn executor(&self) -> &Executor {
+        &self.inner.executor
     }
 
     /// Links the objects added to `lib` since its last link (and the archive members they
@@ -275,6 +313,8 @@ impl Jit {
         let mut ctx = SessionContext {
             state: &mut state,
             lib,
+            executor: &self.inner.executor,
+            kinds: FxHashMap::default(),
         };
         let linked = match link(&objects, &archives, &mut ctx, &options) {
             Ok(linked) => linked,
@@ -289,11 +329,15 @@ impl Jit {
             times: linked.times,
             counts: linked.counts,
         };
+        let executor = &self.inner.executor;
         let tls_module = linked.tls.as_ref().map(|t| t.module_id);
         if let Some(template) = linked.tls {
-            executor::tls_install(template);
+            executor.install_tls(template)?;
         }
-        let eh = linked.eh_frame.and_then(EhFrameRegistration::register);
+        let eh = match linked.eh_frame {
+            Some(address) => executor.register_eh_frame(address)?,
+            None => None,
+        };
         let module = Module {
             inner: Arc::new(ModuleInner {
                 name: objects.first().map(|o| o.name.clone()).unwrap_or_default(),
@@ -304,14 +348,13 @@ impl Jit {
                 tls_module,
                 eh: Mutex::new(eh),
                 finalized: Mutex::new(false),
+                executor: executor.clone(),
                 allocation: linked.allocation,
             }),
         };
         state.libraries[lib.0].modules.push(module.clone());
         drop(state);
-        // SAFETY: the initializers are functions of the module just linked and finalized,
-        // which `module` keeps alive.
-        unsafe { executor::run_initializers(&linked.init) };
+        self.inner.executor.run_initializers(&linked.init)?;
         Ok(Some((module, report)))
     }
 
@@ -326,6 +369,8 @@ impl Jit {
             let ctx = SessionContext {
                 state: &mut state,
                 lib,
+                executor: &self.inner.executor,
+                kinds: FxHashMap::default(),
             };
             if let Some(address) = ctx.defined(lib, name) {
                 return Ok(address);
@@ -336,6 +381,8 @@ impl Jit {
         let mut ctx = SessionContext {
             state: &mut state,
             lib,
+            executor: &self.inner.executor,
+            kinds: FxHashMap::default(),
         };
         if let Some(address) = ctx.resolve(name) {
             return Ok(address);
@@ -355,9 +402,7 @@ impl Jit {
     pub fn run_main(&self, lib: LibraryId, args: &[String]) -> Result<i32, Error> {
         let main = self.lookup(lib, "main")?;
         // SAFETY: `main` comes from a linked module that the library keeps alive.
-        let status = unsafe { executor::call_main(main, args) };
-        executor::flush_stdio();
-        Ok(status)
+        unsafe { self.inner.executor.run_main(main, args) }
     }
 
     /// Removes `module` from its library: its finalizers run now and its memory is freed
@@ -387,7 +432,7 @@ impl Jit {
         for m in modules.iter().rev() {
             m.inner.finalize();
         }
-        executor::flush_stdio();
+        self.inner.executor.flush();
     }
 
     /// Memory figures of the default memory manager.
@@ -404,6 +449,9 @@ impl Jit {
 struct SessionContext<'s> {
     state: &'s mut State,
     lib: LibraryId,
+    executor: &'s Executor,
+    /// Whether the names generators resolved are functions, as far as they know.
+    kinds: FxHashMap<String, bool>,
 }
 
 impl SessionContext<'_> {
@@ -423,7 +471,7 @@ impl SessionContext<'_> {
 impl LinkContext for SessionContext<'_> {
     fn resolve(&mut self, name: &str) -> Option<u64> {
         if name == "__tls_get_addr" {
-            return Some(executor::tls_get_addr_address());
+            return Some(self.executor.tls_get_addr());
         }
         let mut order = vec![self.lib];
         order.extend(
@@ -439,7 +487,10 @@ impl LinkContext for SessionContext<'_> {
         }
         for &lib in &order {
             for generator in &mut self.state.libraries[lib.0].generators {
-                if let Some(a) = generator.generate(name) {
+                if let Some((a, kind)) = generator.generate_with_kind(name) {
+                    if let Some(kind) = kind {
+                        self.kinds.insert(name.to_string(), kind);
+                    }
                     return Some(a);
                 }
             }
@@ -447,12 +498,14 @@ impl LinkContext for SessionContext<'_> {
         None
     }
 
-    fn tls_module_id(&mut self) -> u64 {
-        executor::tls_reserve_module()
+    fn tls_module_id(&mut self) -> Result<u64, String> {
+        self.executor
+            .reserve_tls_module()
+            .map_err(|e| e.to_string())
     }
 
-    fn is_function(&mut self, _name: &str, address: u64) -> Option<bool> {
-        executor::host_symbol_is_function(address)
+    fn is_function(&mut self, name: &str, _address: u64) -> Option<bool> {
+        self.kinds.get(name).copied()
     }
 }
 
@@ -463,8 +516,9 @@ struct ModuleInner {
     fini: Vec<u64>,
     dso_handle: u64,
     tls_module: Option<u64>,
-    eh: Mutex<Option<EhFrameRegistration>>,
+    eh: Mutex<Option<EhRegistration>>,
     finalized: Mutex<bool>,
+    executor: Executor,
     allocation: FinalizedAllocation,
 }
 
@@ -477,11 +531,14 @@ impl ModuleInner {
             return;
         }
         *done = true;
-        // SAFETY: the finalizers belong to this module, whose memory `self` owns.
-        unsafe { executor::run_finalizers(self.dso_handle, &self.fini) };
-        self.eh.lock().take();
+        if let Err(error) = self.executor.run_finalizers(self.dso_handle, &self.fini) {
+            tracing::warn!(%error, module = %self.name, "running finalizers failed");
+        }
+        if let Some(registration) = self.eh.lock().take() {
+            self.executor.deregister_eh_frame(registration);
+        }
         if let Some(id) = self.tls_module {
-            executor::tls_remove(id);
+            self.executor.remove_tls(id);
         }
     }
 }

@@ -84,6 +84,13 @@ impl DualMappedMapper {
         }
     }
 
+    /// A duplicate of the memfd behind `reservation` (close-on-exec), to share its pages
+    /// with another process, which maps it at an address of its own.
+    pub fn share(&self, reservation: &Reservation) -> Result<OwnedFd, MapperError> {
+        self.with_file(reservation, |fd| fd.try_clone())?
+            .map_err(os("dup", reservation.target, reservation.len))
+    }
+
     fn with_file<T>(
         &self,
         reservation: &Reservation,

@@ -1,0 +1,462 @@
+//! The executor's side of the protocol: serve one controller connection, doing in this
+//! process what it asks, checking every address against the memory it reserved here.
+//!
+//! A malformed or out-of-range request gets an error reply and the connection goes on;
+//! the executor never writes outside its reservations. JIT code that crashes the process
+//! is reported to the controller by a signal handler before the process dies.
+
+use crate::runtime::{self, EhFrameRegistration};
+use kiln_link::TlsTemplate;
+use kiln_memory::{DualMappedMapper, Mapper, Permission, Placement, Reservation, SegmentRange};
+use kiln_remote::channel::{Channel, ChannelError};
+use kiln_remote::protocol::{Hello, Request, Response, WirePlacement, VERSION};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// What ended a connection.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// The controller closed it.
+    Closed,
+    /// The controller asked the executor to exit.
+    Shutdown,
+    /// The connection failed.
+    Failed(String),
+}
+
+struct Library(*mut c_void);
+
+/// Everything a connection created, released when it ends.
+struct State {
+    mapper: Result<DualMappedMapper, String>,
+    reservations: HashMap<u64, Reservation>,
+    next_handle: u64,
+    libraries: HashMap<u64, Library>,
+    library_paths: HashMap<String, u64>,
+    eh_frames: HashMap<u64, EhFrameRegistration>,
+}
+
+impl State {
+    fn new() -> Self {
+        State {
+            mapper: DualMappedMapper::new().map_err(|e| e.to_string()),
+            reservations: HashMap::new(),
+            next_handle: 1,
+            libraries: HashMap::new(),
+            library_paths: HashMap::new(),
+            eh_frames: HashMap::new(),
+        }
+    }
+
+    fn mapper(&self) -> Result<&DualMappedMapper, String> {
+        self.mapper
+            .as_ref()
+            .map_err(|e| format!("this executor cannot make executable shared memory: {e}"))
+    }
+
+    fn reservation(&self, handle: u64) -> Result<&Reservation, String> {
+        self.reservations
+            .get(&handle)
+            .ok_or_else(|| format!("no reservation with handle {handle}"))
+    }
+
+    /// Checks `[address, address + len)` lies inside reservation `handle`.
+    fn checked(&self, handle: u64, address: u64, len: u64) -> Result<&Reservation, String> {
+        let r = self.reservation(handle)?;
+        if !r.contains(address, len) {
+            return Err(format!(
+                "range {address:#x}+{len:#x} is outside reservation {handle} ({:#x}..{:#x})",
+                r.target,
+                r.target_end()
+            ));
+        }
+        Ok(r)
+    }
+
+    /// Checks a code address lies in some reservation.
+    fn code(&self, address: u64) -> Result<(), String> {
+        if self.reservations.values().any(|r| r.contains(address, 1)) {
+            Ok(())
+        } else {
+            Err(format!(
+                "address {address:#x} is not in memory this executor reserved"
+            ))
+        }
+    }
+
+    fn pages(&self, handle: u64, start: u64, end: u64) -> Result<&Reservation, String> {
+        let page = self.mapper()?.page_size();
+        if start >= end || start % page != 0 || end % page != 0 {
+            return Err(format!(
+                "page range {start:#x}..{end:#x} is empty or not page aligned"
+            ));
+        }
+        self.checked(handle, start, end - start)
+    }
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        self.eh_frames.clear();
+        if let Ok(mapper) = &self.mapper {
+            for (_, r) in self.reservations.drain() {
+                // SAFETY: the connection that used the reservation is gone, and with it
+                // every request that could run code in it; released once.
+                let _ = unsafe { mapper.release(&r) };
+            }
+        }
+    }
+}
+
+fn permission(p: u8) -> Permission {
+    match p {
+        0 => Permission::ReadExecute,
+        1 => Permission::Read,
+        _ => Permission::ReadWrite,
+    }
+}
+
+/// The socket descriptor the crash reporter writes to.
+static CRASH_FD: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_fatal_signal(signal: i32) {
+    let fd = CRASH_FD.load(Ordering::Relaxed);
+    if fd >= 0 {
+        // A Crashed frame, built without allocating: length 5, tag 106, the signal.
+        let mut frame = [5u8, 0, 0, 0, 106, 0, 0, 0, 0];
+        frame[5..9].copy_from_slice(&(signal as u32).to_le_bytes());
+        // SAFETY: write(2) is async-signal-safe; the buffer is on this stack.
+        unsafe { libc::write(fd, frame.as_ptr().cast(), frame.len()) };
+    }
+    // SA_RESETHAND restored the default action: returning re-runs the faulting
+    // instruction (or abort raises again) and the process dies with this signal.
+}
+
+/// Installs the crash reporter (on an alternate stack, so a stack overflow reports too).
+fn install_crash_reporter(fd: i32) {
+    CRASH_FD.store(fd, Ordering::Relaxed);
+    const STACK: usize = 64 * 1024;
+    let stack = Box::leak(vec![0u8; STACK].into_boxed_slice());
+    let ss = libc::stack_t {
+        ss_sp: stack.as_mut_ptr().cast(),
+        ss_flags: 0,
+        ss_size: STACK,
+    };
+    // SAFETY: `stack` lives for the rest of the process.
+    unsafe { libc::sigaltstack(&ss, std::ptr::null_mut()) };
+    for signal in [
+        libc::SIGSEGV,
+        libc::SIGBUS,
+        libc::SIGILL,
+        libc::SIGFPE,
+        libc::SIGABRT,
+        libc::SIGTRAP,
+    ] {
+        // SAFETY: sigaction is plain data; zeroed is valid before the fields are set.
+        let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+        action.sa_sigaction = on_fatal_signal as *const () as usize;
+        action.sa_flags = libc::SA_RESETHAND | libc::SA_ONSTACK;
+        // SAFETY: installing a handler that only calls async-signal-safe functions.
+        unsafe { libc::sigaction(signal, &action, std::ptr::null_mut()) };
+    }
+}
+
+/// Serves one connection until it closes or asks to shut down.
+pub fn serve(mut channel: Channel) -> Ending {
+    let hello = Hello {
+        version: VERSION,
+        page_size: kiln_memory::DualMappedMapper::new()
+            .map(|m| m.page_size())
+            .unwrap_or(4096),
+        triple: "x86_64-unknown-linux-gnu".into(),
+        pid: std::process::id(),
+        tls_get_addr: runtime::tls_get_addr_address(),
+    };
+    if let Err(e) = channel.send(&hello.encode()) {
+        return Ending::Failed(e.to_string());
+    }
+    install_crash_reporter(channel.raw_fd());
+    let mut state = State::new();
+    loop {
+        let body = match channel.recv() {
+            Ok(body) => body,
+            Err(ChannelError::Closed) => return Ending::Closed,
+            Err(ChannelError::TooLarge(n)) => {
+                let _ = channel
+                    .send(&Response::Error(format!("frame of {n} bytes is too large")).encode());
+                return Ending::Failed(format!("frame of {n} bytes"));
+            }
+            Err(e) => return Ending::Failed(e.to_string()),
+        };
+        let request = match Request::decode(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                if channel
+                    .send(&Response::Error(format!("malformed request: {e}")).encode())
+                    .is_err()
+                {
+                    return Ending::Closed;
+                }
+                continue;
+            }
+        };
+        if request == Request::Shutdown {
+            runtime::flush_stdio();
+            let _ = channel.send(&Response::Ok.encode());
+            return Ending::Shutdown;
+        }
+        let sent = match handle(&mut state, request) {
+            Ok(Reply::Plain(response)) => channel.send(&response.encode()),
+            Ok(Reply::WithFd(response, fd)) => channel.send_with_fd(&response.encode(), fd.as_fd()),
+            Err(message) => channel.send(&Response::Error(message).encode()),
+        };
+        if sent.is_err() {
+            return Ending::Closed;
+        }
+    }
+}
+
+enum Reply {
+    Plain(Response),
+    WithFd(Response, std::os::fd::OwnedFd),
+}
+
+fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
+    let ok = Ok(Reply::Plain(Response::Ok));
+    match request {
+        Request::Reserve {
+            len,
+            placement,
+            share,
+        } => {
+            let mapper = state.mapper()?;
+            if len == 0 || len % mapper.page_size() != 0 || len > 1 << 40 {
+                return Err(format!("cannot reserve {len:#x} bytes"));
+            }
+            let placement = match placement {
+                WirePlacement::Anywhere => Placement::Anywhere,
+                WirePlacement::HostLibraries => Placement::HostLibraries,
+                WirePlacement::Near(start, end) => Placement::Near { start, end },
+                WirePlacement::Low2GiB => Placement::Low2GiB,
+            };
+            let reservation = mapper.reserve(len, &placement).map_err(|e| e.to_string())?;
+            let fd = if share {
+                match mapper.share(&reservation) {
+                    Ok(fd) => Some(fd),
+                    Err(e) => {
+                        // SAFETY: just reserved, unused.
+                        let _ = unsafe { mapper.release(&reservation) };
+                        return Err(e.to_string());
+                    }
+                }
+            } else {
+                None
+            };
+            let handle = state.next_handle;
+            state.next_handle += 1;
+            let target = reservation.target;
+            state.reservations.insert(handle, reservation);
+            let response = Response::Reserved { target, handle };
+            Ok(match fd {
+                Some(fd) => Reply::WithFd(response, fd),
+                None => Reply::Plain(response),
+            })
+        }
+        Request::Prepare {
+            handle,
+            start,
+            end,
+            permission: p,
+        } => {
+            let r = *state.pages(handle, start, end)?;
+            // SAFETY: checked to be whole pages of a reservation of this connection; the
+            // controller's allocator owns their use.
+            unsafe { state.mapper()?.prepare(&r, start, end, permission(p)) }
+                .map_err(|e| e.to_string())?;
+            ok
+        }
+        Request::Initialize { handle, segments } => {
+            let r = *state.reservation(handle)?;
+            let mut ranges = Vec::with_capacity(segments.len());
+            for (target, len, p) in segments {
+                state.checked(handle, target, len)?;
+                ranges.push(SegmentRange {
+                    target,
+                    len,
+                    permission: permission(p),
+                });
+            }
+            // SAFETY: the segments lie in this reservation (checked); the controller has
+            // finished writing them.
+            unsafe { state.mapper()?.initialize(&r, &ranges) }.map_err(|e| e.to_string())?;
+            ok
+        }
+        Request::Deinitialize { handle, start, end } => {
+            let r = *state.pages(handle, start, end)?;
+            let p = Permission::ReadExecute;
+            // SAFETY: whole pages of this connection's reservation that its allocator freed.
+            unsafe { state.mapper()?.deinitialize(&r, start, end, p) }
+                .map_err(|e| e.to_string())?;
+            ok
+        }
+        Request::Release { handle } => {
+            let r = state
+                .reservations
+                .remove(&handle)
+                .ok_or_else(|| format!("no reservation with handle {handle}"))?;
+            state.eh_frames.retain(|&addr, _| !r.contains(addr, 1));
+            // SAFETY: removed from the table: released once; its code is the controller's
+            // to have stopped using.
+            unsafe { state.mapper()?.release(&r) }.map_err(|e| e.to_string())?;
+            ok
+        }
+        Request::Write {
+            handle,
+            address,
+            bytes,
+        } => {
+            let r = state.checked(handle, address, bytes.len() as u64)?;
+            let working = r
+                .working_address(address)
+                .ok_or("address outside reservation")?;
+            // SAFETY: the range lies inside the reservation (checked), whose working view
+            // is a read-write mapping this executor owns.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), working, bytes.len()) };
+            ok
+        }
+        Request::Read {
+            handle,
+            address,
+            len,
+        } => {
+            if len > 1 << 30 {
+                return Err(format!("read of {len:#x} bytes is too large"));
+            }
+            let r = state.checked(handle, address, len)?;
+            let working = r
+                .working_address(address)
+                .ok_or("address outside reservation")?;
+            let mut out = vec![0u8; len as usize];
+            // SAFETY: as for Write, reading.
+            unsafe { std::ptr::copy_nonoverlapping(working, out.as_mut_ptr(), len as usize) };
+            Ok(Reply::Plain(Response::Bytes(out)))
+        }
+        Request::Lookup { library, name } => {
+            let handle = if library == 0 {
+                std::ptr::null_mut()
+            } else {
+                state
+                    .libraries
+                    .get(&library)
+                    .ok_or_else(|| format!("no library with handle {library}"))?
+                    .0
+            };
+            let (address, kind) = match runtime::dlsym(handle, &name) {
+                Some(a) => (
+                    a,
+                    match runtime::host_symbol_is_function(a) {
+                        Some(true) => 1,
+                        Some(false) => 2,
+                        None => 0,
+                    },
+                ),
+                None => (0, 0),
+            };
+            Ok(Reply::Plain(Response::Symbol { address, kind }))
+        }
+        Request::LoadLibrary { path } => {
+            if let Some(&id) = state.library_paths.get(&path) {
+                return Ok(Reply::Plain(Response::Value(id)));
+            }
+            let handle = runtime::dlopen(&path)?;
+            let id = state.libraries.len() as u64 + 1;
+            state.libraries.insert(id, Library(handle));
+            state.library_paths.insert(path, id);
+            Ok(Reply::Plain(Response::Value(id)))
+        }
+        Request::RegisterEhFrame { address } => {
+            state.code(address)?;
+            if let Some(reg) = EhFrameRegistration::register(address) {
+                state.eh_frames.insert(address, reg);
+            }
+            ok
+        }
+        Request::DeregisterEhFrame { address } => {
+            state.eh_frames.remove(&address);
+            ok
+        }
+        Request::RunInitializers { functions } => {
+            for &f in &functions {
+                state.code(f)?;
+            }
+            // SAFETY: the functions lie in memory this executor reserved and the controller
+            // linked and finalized.
+            unsafe { runtime::run_initializers(&functions) };
+            ok
+        }
+        Request::RunFinalizers {
+            dso_handle,
+            functions,
+        } => {
+            for &f in &functions {
+                state.code(f)?;
+            }
+            // SAFETY: as for initializers.
+            unsafe { runtime::run_finalizers(dso_handle, &functions) };
+            ok
+        }
+        Request::ReserveTlsModule => {
+            Ok(Reply::Plain(Response::Value(runtime::tls_reserve_module())))
+        }
+        Request::InstallTls {
+            module_id,
+            size,
+            align,
+            image,
+        } => {
+            if size > 1 << 30
+                || !align.is_power_of_two()
+                || align > 1 << 16
+                || image.len() as u64 > size
+            {
+                return Err(format!(
+                    "invalid TLS template: size {size}, align {align}, image {}",
+                    image.len()
+                ));
+            }
+            runtime::tls_install(TlsTemplate {
+                module_id,
+                image,
+                size,
+                align,
+            });
+            ok
+        }
+        Request::RemoveTls { module_id } => {
+            runtime::tls_remove(module_id);
+            ok
+        }
+        Request::RunMain { address, args } => {
+            state.code(address)?;
+            // SAFETY: main lies in memory this executor reserved, linked by the controller.
+            let status = unsafe { runtime::call_main(address, &args) };
+            runtime::flush_stdio();
+            Ok(Reply::Plain(Response::Value(status as u32 as u64)))
+        }
+        Request::Call { address, args } => {
+            state.code(address)?;
+            let mut a = [0u64; 6];
+            a[..args.len()].copy_from_slice(&args);
+            // SAFETY: the function lies in memory this executor reserved; extra integer
+            // arguments are ignored by a callee with fewer parameters (SysV ABI).
+            let f: extern "C" fn(u64, u64, u64, u64, u64, u64) -> u64 =
+                unsafe { std::mem::transmute(address as usize) };
+            let v = f(a[0], a[1], a[2], a[3], a[4], a[5]);
+            runtime::flush_stdio();
+            Ok(Reply::Plain(Response::Value(v)))
+        }
+        Request::Shutdown => ok,
+    }
+}

@@ -1,0 +1,355 @@
+//! The controller's side of a connection to an executor: start one as a child (over a
+//! socketpair, the default) or connect to one listening on TCP; send requests, read
+//! responses, turn a dead, crashed, stalled or confused executor into a typed error.
+
+use crate::channel::{Channel, ChannelError, Stream};
+use crate::protocol::{signal_name, DecodeError, Hello, Request, Response, VERSION};
+use parking_lot::Mutex;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+/// Why talking to an executor failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// Starting or reaching the executor failed.
+    #[error("cannot start or reach the executor: {0}")]
+    Start(String),
+    /// The executor speaks another protocol version.
+    #[error("executor speaks protocol version {found}, this controller {expected}")]
+    Version {
+        /// The executor's version.
+        found: u32,
+        /// Ours.
+        expected: u32,
+    },
+    /// JIT code crashed the executor.
+    #[error("executor (pid {pid}) crashed with {name} (signal {signal}) during '{request}'")]
+    Crashed {
+        /// Executor pid.
+        pid: u32,
+        /// The signal.
+        signal: i32,
+        /// Its name.
+        name: &'static str,
+        /// What it was doing.
+        request: String,
+    },
+    /// The executor went away.
+    #[error("executor (pid {pid}) died during '{request}': {how}")]
+    Died {
+        /// Executor pid.
+        pid: u32,
+        /// What was running.
+        request: String,
+        /// How it ended, if known.
+        how: String,
+    },
+    /// No answer in time.
+    #[error("executor (pid {pid}) did not answer '{request}' within {timeout:?}")]
+    Timeout {
+        /// Executor pid.
+        pid: u32,
+        /// The request.
+        request: String,
+        /// The limit.
+        timeout: Duration,
+    },
+    /// The executor refused a request.
+    #[error("executor refused '{request}': {message}")]
+    Refused {
+        /// The request.
+        request: String,
+        /// Its words.
+        message: String,
+    },
+    /// A malformed message from the executor.
+    #[error("malformed message from the executor: {0}")]
+    Protocol(#[from] DecodeError),
+    /// A response that does not fit the request.
+    #[error("unexpected answer to '{request}': {response:?}")]
+    Unexpected {
+        /// The request.
+        request: String,
+        /// What came back.
+        response: Response,
+    },
+    /// The connection is unusable after an earlier failure.
+    #[error("executor connection unusable: {0}")]
+    Broken(String),
+    /// I/O.
+    #[error("executor connection: {0}")]
+    Io(String),
+}
+
+/// Timeouts of a connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// For memory and symbol requests.
+    pub request: Duration,
+    /// For running code (main, calls, initializers); `None`: no limit.
+    pub run: Option<Duration>,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            request: Duration::from_secs(30),
+            run: None,
+        }
+    }
+}
+
+struct Connection {
+    channel: Channel,
+    child: Option<Child>,
+    broken: Option<String>,
+}
+
+/// A connection to an executor process. Requests are sent one at a time (the connection
+/// is locked for a request and its response).
+pub struct RemoteExecutor {
+    conn: Mutex<Connection>,
+    hello: Hello,
+    timeouts: Timeouts,
+}
+
+impl std::fmt::Debug for RemoteExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteExecutor")
+            .field("pid", &self.hello.pid)
+            .field("triple", &self.hello.triple)
+            .finish()
+    }
+}
+
+fn io_err(e: impl std::fmt::Display) -> RemoteError {
+    RemoteError::Io(e.to_string())
+}
+
+impl RemoteExecutor {
+    /// Starts `executor` (the `kiln-executor` binary) as a child connected by a
+    /// socketpair; its stdout and stderr are this process's.
+    pub fn spawn(executor: &Path, timeouts: Timeouts) -> Result<Self, RemoteError> {
+        let (ours, theirs) = UnixStream::pair().map_err(|e| RemoteError::Start(e.to_string()))?;
+        let their_fd = theirs.as_raw_fd();
+        let mut command = Command::new(executor);
+        command.arg("--fd").arg("3");
+        // SAFETY: between fork and exec only async-signal-safe calls: dup2 moves the socket
+        // to descriptor 3 (without close-on-exec), as `--fd 3` tells the executor.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::dup2(their_fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command
+            .spawn()
+            .map_err(|e| RemoteError::Start(format!("{}: {e}", executor.display())))?;
+        drop(theirs);
+        Self::handshake(Channel::new(Stream::Unix(ours)), Some(child), timeouts)
+    }
+
+    /// Connects to an executor listening at `address` (`host:port`).
+    pub fn connect(address: &str, timeouts: Timeouts) -> Result<Self, RemoteError> {
+        let stream = std::net::TcpStream::connect(address)
+            .map_err(|e| RemoteError::Start(format!("{address}: {e}")))?;
+        Self::handshake(Channel::new(Stream::Tcp(stream)), None, timeouts)
+    }
+
+    fn handshake(
+        mut channel: Channel,
+        child: Option<Child>,
+        timeouts: Timeouts,
+    ) -> Result<Self, RemoteError> {
+        channel
+            .set_timeout(Some(timeouts.request))
+            .map_err(io_err)?;
+        let body = channel
+            .recv()
+            .map_err(|e| RemoteError::Start(format!("no hello from the executor: {e}")))?;
+        let hello = Hello::decode(&body)?;
+        if hello.version != VERSION {
+            return Err(RemoteError::Version {
+                found: hello.version,
+                expected: VERSION,
+            });
+        }
+        Ok(RemoteExecutor {
+            conn: Mutex::new(Connection {
+                channel,
+                child,
+                broken: None,
+            }),
+            hello,
+            timeouts,
+        })
+    }
+
+    /// What the executor said when it started.
+    pub fn hello(&self) -> &Hello {
+        &self.hello
+    }
+
+    /// The executor's process id.
+    pub fn pid(&self) -> u32 {
+        self.hello.pid
+    }
+
+    /// Whether descriptors (shared memory) can be passed: a Unix socket.
+    pub fn can_share_memory(&self) -> bool {
+        self.conn.lock().channel.can_pass_fds()
+    }
+
+    /// Sends `request`, returns the response (an error response, a crash, a death or a
+    /// timeout become [`RemoteError`]s).
+    pub fn request(&self, request: &Request) -> Result<Response, RemoteError> {
+        self.request_with_fd(request).map(|(r, _)| r)
+    }
+
+    /// As [`RemoteExecutor::request`], also returning a descriptor sent with the response.
+    pub fn request_with_fd(
+        &self,
+        request: &Request,
+    ) -> Result<(Response, Option<OwnedFd>), RemoteError> {
+        let mut conn = self.conn.lock();
+        if let Some(why) = &conn.broken {
+            return Err(RemoteError::Broken(why.clone()));
+        }
+        let running = matches!(
+            request,
+            Request::RunMain { .. }
+                | Request::Call { .. }
+                | Request::RunInitializers { .. }
+                | Request::RunFinalizers { .. }
+        );
+        let timeout = if running {
+            self.timeouts.run
+        } else {
+            Some(self.timeouts.request)
+        };
+        conn.channel.set_timeout(timeout).map_err(io_err)?;
+        let name = request.to_string();
+        let result = conn
+            .channel
+            .send(&request.encode())
+            .and_then(|()| conn.channel.recv());
+        let body = match result {
+            Ok(body) => body,
+            Err(e) => {
+                let error = self.failure(&mut conn, &name, e);
+                conn.broken = Some(error.to_string());
+                return Err(error);
+            }
+        };
+        let response = match Response::decode(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                conn.broken = Some(format!("malformed response: {e}"));
+                return Err(e.into());
+            }
+        };
+        match response {
+            Response::Error(message) => Err(RemoteError::Refused {
+                request: name,
+                message,
+            }),
+            Response::Crashed { signal } => {
+                let error = RemoteError::Crashed {
+                    pid: self.hello.pid,
+                    signal,
+                    name: signal_name(signal),
+                    request: name,
+                };
+                conn.broken = Some(error.to_string());
+                if let Some(child) = &mut conn.child {
+                    let _ = child.wait();
+                }
+                Err(error)
+            }
+            other => {
+                let fd = conn.channel.take_fd();
+                Ok((other, fd))
+            }
+        }
+    }
+
+    /// Turns a channel failure into the most useful error: a child's exit signal if it died.
+    fn failure(&self, conn: &mut Connection, request: &str, error: ChannelError) -> RemoteError {
+        let pid = self.hello.pid;
+        match error {
+            ChannelError::Timeout(timeout) => RemoteError::Timeout {
+                pid,
+                request: request.to_string(),
+                timeout,
+            },
+            ChannelError::Closed => {
+                let how = match &mut conn.child {
+                    Some(child) => match child.wait() {
+                        Ok(status) => match status.signal() {
+                            Some(signal) => {
+                                return RemoteError::Crashed {
+                                    pid,
+                                    signal,
+                                    name: signal_name(signal),
+                                    request: request.to_string(),
+                                }
+                            }
+                            None => format!("exited with {status}"),
+                        },
+                        Err(e) => e.to_string(),
+                    },
+                    None => "connection closed".into(),
+                };
+                RemoteError::Died {
+                    pid,
+                    request: request.to_string(),
+                    how,
+                }
+            }
+            other => RemoteError::Io(other.to_string()),
+        }
+    }
+
+    /// Asks the executor to exit, and waits for a child executor.
+    pub fn shutdown(&self) {
+        let mut conn = self.conn.lock();
+        if conn.broken.is_none() {
+            let _ = conn.channel.set_timeout(Some(Duration::from_secs(5)));
+            if conn.channel.send(&Request::Shutdown.encode()).is_ok() {
+                let _ = conn.channel.recv();
+            }
+            conn.broken = Some("shut down".into());
+        }
+        conn.channel.shutdown();
+        if let Some(mut child) = conn.child.take() {
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills a child executor (for tests of a dying executor).
+    pub fn kill(&self) {
+        if let Some(child) = &mut self.conn.lock().child {
+            let _ = child.kill();
+        }
+    }
+}
+
+impl Drop for RemoteExecutor {
+    fn drop(&mut self) {
+        // A child executor is ours: ask it to exit and reap it. An executor reached over
+        // TCP serves others after us: just close the connection (it releases what this
+        // connection reserved).
+        let conn = self.conn.get_mut();
+        if conn.child.is_some() {
+            self.shutdown();
+        } else {
+            conn.channel.shutdown();
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! # kiln-remote
+//!
+//! Linking in one process, running in another. The controller (the process that links)
+//! starts a `kiln-executor` child connected by a socketpair, or connects to one listening
+//! on TCP; they speak a versioned binary [`protocol`]. The executor reserves memory (a
+//! memfd it maps read-execute / read-only), looks symbols up in its own address space,
+//! registers unwind information, runs initializers, `main` and calls.
+//!
+//! Code reaches the executor through a [`kiln_memory::Mapper`]: [`SharedMemoryMapper`]
+//! (the executor's memfd passed over the Unix socket with `SCM_RIGHTS`, mapped writable
+//! here: the linker writes code straight into it, no code byte crosses the socket) or
+//! [`CopyMapper`] (bytes copied over the connection, for TCP). The linker and the slab
+//! allocator are the same code as in-process.
+
+pub mod channel;
+mod controller;
+mod mapper;
+pub mod protocol;
+
+pub use controller::{RemoteError, RemoteExecutor, Timeouts};
+pub use mapper::{CopyMapper, SharedMemoryMapper};

@@ -1,0 +1,411 @@
+//! Mappers that place code in an executor process: through shared memory (the executor's
+//! memfd, passed over the Unix socket and mapped writable here, so the linker writes the
+//! code straight into it) or by copying bytes over the connection (TCP).
+
+use crate::controller::{RemoteError, RemoteExecutor};
+use crate::protocol::{Request, Response, WirePlacement, WireSegment};
+use kiln_memory::{Mapper, MapperError, Permission, Placement, Reservation, SegmentRange};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+
+fn refused(operation: &'static str, e: RemoteError) -> MapperError {
+    MapperError::Refused {
+        operation,
+        reason: e.to_string(),
+    }
+}
+
+fn wire_placement(p: &Placement) -> WirePlacement {
+    match *p {
+        Placement::Anywhere => WirePlacement::Anywhere,
+        Placement::HostLibraries => WirePlacement::HostLibraries,
+        Placement::Near { start, end } => WirePlacement::Near(start, end),
+        Placement::Low2GiB => WirePlacement::Low2GiB,
+    }
+}
+
+fn wire_permission(p: Permission) -> u8 {
+    p.index() as u8
+}
+
+fn expect_ok(operation: &'static str, r: Result<Response, RemoteError>) -> Result<(), MapperError> {
+    match r {
+        Ok(Response::Ok) => Ok(()),
+        Ok(other) => Err(MapperError::Refused {
+            operation,
+            reason: format!("unexpected answer {other:?}"),
+        }),
+        Err(e) => Err(refused(operation, e)),
+    }
+}
+
+/// A local mapping this side owns (the shared view or the shadow).
+struct LocalView {
+    address: u64,
+    len: u64,
+    _fd: Option<OwnedFd>,
+}
+
+impl Drop for LocalView {
+    fn drop(&mut self) {
+        // SAFETY: a mapping this mapper created for one reservation; it is dropped when the
+        // reservation is released, after which nothing uses its working view.
+        unsafe { libc::munmap(self.address as *mut libc::c_void, self.len as usize) };
+    }
+}
+
+fn map_local(len: u64, fd: Option<&OwnedFd>) -> Result<u64, MapperError> {
+    let (flags, raw) = match fd {
+        Some(fd) => (libc::MAP_SHARED, fd.as_raw_fd()),
+        None => (
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+        ),
+    };
+    // SAFETY: a fresh mapping chosen by the kernel; touches no existing memory.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            raw,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(MapperError::last_os_error("mmap (working view)", 0, len));
+    }
+    Ok(p as u64)
+}
+
+/// The shared-memory mapper: the executor maps its memfd read-execute / read-only at the
+/// addresses it reserved; this process maps the same pages writable. No code byte crosses
+/// the socket.
+pub struct SharedMemoryMapper {
+    executor: Arc<RemoteExecutor>,
+    views: Mutex<HashMap<u64, LocalView>>,
+}
+
+impl std::fmt::Debug for SharedMemoryMapper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedMemoryMapper")
+            .field("executor", &self.executor)
+            .finish()
+    }
+}
+
+impl SharedMemoryMapper {
+    /// A mapper for `executor` (connected by a Unix socket).
+    pub fn new(executor: Arc<RemoteExecutor>) -> Result<Self, RemoteError> {
+        if !executor.can_share_memory() {
+            return Err(RemoteError::Start(
+                "shared memory needs a Unix socket to the executor; use the copy transport over TCP".into(),
+            ));
+        }
+        Ok(SharedMemoryMapper {
+            executor,
+            views: Mutex::new(HashMap::new()),
+        })
+    }
+}
+
+// SAFETY: the working view is a shared mapping of the executor's memfd made here in
+// `reserve` and unmapped only in `release`; the memfd is never truncated, so the pages stay
+// valid; only the allocator's owner of a range writes it.
+unsafe impl Mapper for SharedMemoryMapper {
+    fn name(&self) -> &'static str {
+        "shared-memory"
+    }
+
+    fn page_size(&self) -> u64 {
+        self.executor.hello().page_size
+    }
+
+    fn shares_pages(&self) -> bool {
+        true
+    }
+
+    fn reserve(&self, len: u64, placement: &Placement) -> Result<Reservation, MapperError> {
+        let request = Request::Reserve {
+            len,
+            placement: wire_placement(placement),
+            share: true,
+        };
+        let (response, fd) = self
+            .executor
+            .request_with_fd(&request)
+            .map_err(|e| refused("reserve", e))?;
+        let Response::Reserved { target, handle } = response else {
+            return Err(MapperError::Refused {
+                operation: "reserve",
+                reason: format!("unexpected answer {response:?}"),
+            });
+        };
+        let release = |why: String| {
+            let _ = self.executor.request(&Request::Release { handle });
+            MapperError::Refused {
+                operation: "reserve",
+                reason: why,
+            }
+        };
+        let Some(fd) = fd else {
+            return Err(release("the executor sent no memory descriptor".into()));
+        };
+        let working = match map_local(len, Some(&fd)) {
+            Ok(w) => w,
+            Err(e) => return Err(release(e.to_string())),
+        };
+        self.views.lock().insert(
+            handle,
+            LocalView {
+                address: working,
+                len,
+                _fd: Some(fd),
+            },
+        );
+        Ok(Reservation {
+            target,
+            len,
+            working: working as *mut u8,
+            handle,
+        })
+    }
+
+    unsafe fn prepare(
+        &self,
+        r: &Reservation,
+        start: u64,
+        end: u64,
+        permission: Permission,
+    ) -> Result<(), MapperError> {
+        expect_ok(
+            "prepare",
+            self.executor.request(&Request::Prepare {
+                handle: r.handle,
+                start,
+                end,
+                permission: wire_permission(permission),
+            }),
+        )
+    }
+
+    unsafe fn initialize(
+        &self,
+        r: &Reservation,
+        segments: &[SegmentRange],
+    ) -> Result<(), MapperError> {
+        let segments: Vec<WireSegment> = segments
+            .iter()
+            .map(|s| (s.target, s.len, wire_permission(s.permission)))
+            .collect();
+        expect_ok(
+            "initialize",
+            self.executor.request(&Request::Initialize {
+                handle: r.handle,
+                segments,
+            }),
+        )
+    }
+
+    unsafe fn deinitialize(
+        &self,
+        r: &Reservation,
+        start: u64,
+        end: u64,
+        _p: Permission,
+    ) -> Result<(), MapperError> {
+        expect_ok(
+            "deinitialize",
+            self.executor.request(&Request::Deinitialize {
+                handle: r.handle,
+                start,
+                end,
+            }),
+        )
+    }
+
+    unsafe fn release(&self, r: &Reservation) -> Result<(), MapperError> {
+        self.views.lock().remove(&r.handle);
+        expect_ok(
+            "release",
+            self.executor
+                .request(&Request::Release { handle: r.handle }),
+        )
+    }
+
+    fn resident_bytes(&self, _r: &Reservation) -> Option<u64> {
+        None
+    }
+}
+
+/// The copy mapper: the linker writes into a local shadow; at initialize the segments'
+/// bytes travel over the connection and the executor writes them (through its own
+/// writable view) before making them runnable. Works over TCP, across machines.
+pub struct CopyMapper {
+    executor: Arc<RemoteExecutor>,
+    shadows: Mutex<HashMap<u64, LocalView>>,
+}
+
+impl std::fmt::Debug for CopyMapper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyMapper")
+            .field("executor", &self.executor)
+            .finish()
+    }
+}
+
+impl CopyMapper {
+    /// A mapper for `executor`.
+    pub fn new(executor: Arc<RemoteExecutor>) -> Self {
+        CopyMapper {
+            executor,
+            shadows: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+// SAFETY: the working view is a private anonymous shadow mapped here in `reserve` and
+// unmapped only in `release`; only the allocator's owner of a range writes it.
+unsafe impl Mapper for CopyMapper {
+    fn name(&self) -> &'static str {
+        "copy"
+    }
+
+    fn page_size(&self) -> u64 {
+        self.executor.hello().page_size
+    }
+
+    fn shares_pages(&self) -> bool {
+        true
+    }
+
+    fn reserve(&self, len: u64, placement: &Placement) -> Result<Reservation, MapperError> {
+        let response = self
+            .executor
+            .request(&Request::Reserve {
+                len,
+                placement: wire_placement(placement),
+                share: false,
+            })
+            .map_err(|e| refused("reserve", e))?;
+        let Response::Reserved { target, handle } = response else {
+            return Err(MapperError::Refused {
+                operation: "reserve",
+                reason: format!("unexpected answer {response:?}"),
+            });
+        };
+        let working = match map_local(len, None) {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = self.executor.request(&Request::Release { handle });
+                return Err(e);
+            }
+        };
+        self.shadows.lock().insert(
+            handle,
+            LocalView {
+                address: working,
+                len,
+                _fd: None,
+            },
+        );
+        Ok(Reservation {
+            target,
+            len,
+            working: working as *mut u8,
+            handle,
+        })
+    }
+
+    unsafe fn prepare(
+        &self,
+        r: &Reservation,
+        start: u64,
+        end: u64,
+        permission: Permission,
+    ) -> Result<(), MapperError> {
+        expect_ok(
+            "prepare",
+            self.executor.request(&Request::Prepare {
+                handle: r.handle,
+                start,
+                end,
+                permission: wire_permission(permission),
+            }),
+        )
+    }
+
+    unsafe fn initialize(
+        &self,
+        r: &Reservation,
+        segments: &[SegmentRange],
+    ) -> Result<(), MapperError> {
+        for s in segments {
+            let Some(working) = r.working_address(s.target) else {
+                return Err(MapperError::Refused {
+                    operation: "initialize",
+                    reason: format!("segment at {:#x} outside the reservation", s.target),
+                });
+            };
+            // SAFETY: the caller's contract: the segment lies in this reservation's
+            // prepared pages, whose shadow is ours and readable.
+            let bytes = unsafe { std::slice::from_raw_parts(working, s.len as usize) }.to_vec();
+            expect_ok(
+                "write",
+                self.executor.request(&Request::Write {
+                    handle: r.handle,
+                    address: s.target,
+                    bytes,
+                }),
+            )?;
+        }
+        let segments: Vec<WireSegment> = segments
+            .iter()
+            .map(|s| (s.target, s.len, wire_permission(s.permission)))
+            .collect();
+        expect_ok(
+            "initialize",
+            self.executor.request(&Request::Initialize {
+                handle: r.handle,
+                segments,
+            }),
+        )
+    }
+
+    unsafe fn deinitialize(
+        &self,
+        r: &Reservation,
+        start: u64,
+        end: u64,
+        _p: Permission,
+    ) -> Result<(), MapperError> {
+        if let Some(shadow) = r.working_address(start) {
+            // SAFETY: the caller's contract: no allocation lives in these shadow pages.
+            unsafe { libc::madvise(shadow.cast(), (end - start) as usize, libc::MADV_DONTNEED) };
+        }
+        expect_ok(
+            "deinitialize",
+            self.executor.request(&Request::Deinitialize {
+                handle: r.handle,
+                start,
+                end,
+            }),
+        )
+    }
+
+    unsafe fn release(&self, r: &Reservation) -> Result<(), MapperError> {
+        self.shadows.lock().remove(&r.handle);
+        expect_ok(
+            "release",
+            self.executor
+                .request(&Request::Release { handle: r.handle }),
+        )
+    }
+
+    fn resident_bytes(&self, _r: &Reservation) -> Option<u64> {
+        None
+    }
+}

@@ -1,0 +1,950 @@
+//! The wire protocol between a controller (where Kiln links) and an executor (where the
+//! code runs).
+//!
+//! Every message is a frame: a little-endian `u32` length of what follows, a one-byte
+//! message tag, and the tag's fields in a fixed order (integers little-endian, byte strings
+//! as a `u32` length and the bytes). The executor speaks first with [`Hello`] (protocol
+//! version, page size, target triple); then the controller sends one request at a time and
+//! reads one response. Shared-memory file descriptors travel beside the bytes of a
+//! [`Response::Reserved`] as `SCM_RIGHTS` ancillary data on Unix sockets.
+//!
+//! The encoding is written by hand rather than with serde: the format is the contract
+//! between two programs that may be built apart, so it is spelled out here byte by byte,
+//! versioned, and bounded (every length is checked against [`MAX_FRAME`] and the bytes
+//! left before anything is allocated) — which is also what the decoder's fuzz target
+//! exercises.
+
+use std::fmt;
+
+/// Protocol version; the executor's [`Hello`] must match.
+pub const VERSION: u32 = 1;
+/// Magic bytes at the start of a [`Hello`].
+pub const MAGIC: [u8; 4] = *b"KILN";
+/// Largest frame accepted (a 1 GiB write is more than any module needs).
+pub const MAX_FRAME: u32 = 1 << 30;
+/// Largest string (symbol names, paths, arguments).
+pub const MAX_STRING: usize = 1 << 16;
+/// Largest number of items in a list (arguments, segments, initializers).
+pub const MAX_ITEMS: usize = 1 << 20;
+
+/// Why a frame could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The frame ended before a field.
+    #[error("message truncated: {0}")]
+    Truncated(&'static str),
+    /// An unknown message tag.
+    #[error("unknown message tag {0}")]
+    UnknownTag(u8),
+    /// A field out of its range.
+    #[error("invalid {what}: {value}")]
+    Invalid {
+        /// The field.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+    },
+    /// Bytes left over after the last field.
+    #[error("{0} bytes after the end of the message")]
+    Trailing(usize),
+}
+
+/// Where a reservation must lie (mirrors `kiln_memory::Placement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WirePlacement {
+    /// Anywhere.
+    Anywhere,
+    /// Near the executor's shared libraries.
+    HostLibraries,
+    /// Within ±2 GiB of `[start, end)`.
+    Near(u64, u64),
+    /// Below 2 GiB.
+    Low2GiB,
+}
+
+/// A finished segment: `(target, len, permission)` with permission 0 = RX, 1 = R, 2 = RW.
+pub type WireSegment = (u64, u64, u8);
+
+/// What the executor says first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// Protocol version.
+    pub version: u32,
+    /// The executor's page size.
+    pub page_size: u64,
+    /// The executor's target triple.
+    pub triple: String,
+    /// The executor's process id.
+    pub pid: u32,
+    /// Address of the executor's `__tls_get_addr` for JIT modules.
+    pub tls_get_addr: u64,
+}
+
+/// A request from the controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Reserve address space (a memfd mapped twice in the executor); with `share`, the
+    /// memfd is sent back for the controller to map.
+    Reserve {
+        /// Bytes.
+        len: u64,
+        /// Where.
+        placement: WirePlacement,
+        /// Whether to send the memfd (shared-memory transport).
+        share: bool,
+    },
+    /// Give pages their final permission in the executor's view.
+    Prepare {
+        /// Reservation handle.
+        handle: u64,
+        /// First byte (page aligned, target address).
+        start: u64,
+        /// End (page aligned).
+        end: u64,
+        /// Permission (0 RX, 1 R, 2 RW).
+        permission: u8,
+    },
+    /// Make segments runnable (instruction-cache coherence).
+    Initialize {
+        /// Reservation handle.
+        handle: u64,
+        /// The segments.
+        segments: Vec<WireSegment>,
+    },
+    /// Return pages.
+    Deinitialize {
+        /// Reservation handle.
+        handle: u64,
+        /// First byte.
+        start: u64,
+        /// End.
+        end: u64,
+    },
+    /// Release a reservation.
+    Release {
+        /// Reservation handle.
+        handle: u64,
+    },
+    /// Write bytes into a reservation (copy transport).
+    Write {
+        /// Reservation handle.
+        handle: u64,
+        /// Target address.
+        address: u64,
+        /// The bytes.
+        bytes: Vec<u8>,
+    },
+    /// Read bytes from a reservation.
+    Read {
+        /// Reservation handle.
+        handle: u64,
+        /// Target address.
+        address: u64,
+        /// Length.
+        len: u64,
+    },
+    /// Look a symbol up: in the whole process (`library` 0) or a library opened before.
+    Lookup {
+        /// Library handle, 0 for the process.
+        library: u64,
+        /// Symbol name.
+        name: String,
+    },
+    /// `dlopen` a shared library.
+    LoadLibrary {
+        /// Path or name.
+        path: String,
+    },
+    /// Register `.eh_frame` data at an address inside a reservation.
+    RegisterEhFrame {
+        /// Address.
+        address: u64,
+    },
+    /// Deregister it.
+    DeregisterEhFrame {
+        /// Address.
+        address: u64,
+    },
+    /// Run initializers.
+    RunInitializers {
+        /// Function addresses.
+        functions: Vec<u64>,
+    },
+    /// Run finalizers: `__cxa_finalize(dso_handle)` then the functions.
+    RunFinalizers {
+        /// The module's `__dso_handle`.
+        dso_handle: u64,
+        /// Function addresses.
+        functions: Vec<u64>,
+    },
+    /// A fresh TLS module id.
+    ReserveTlsModule,
+    /// Install a TLS template.
+    InstallTls {
+        /// Module id.
+        module_id: u64,
+        /// Block size.
+        size: u64,
+        /// Block alignment.
+        align: u64,
+        /// Initialized part.
+        image: Vec<u8>,
+    },
+    /// Forget a TLS template.
+    RemoveTls {
+        /// Module id.
+        module_id: u64,
+    },
+    /// Call `main(argc, argv, envp)`.
+    RunMain {
+        /// Address of main.
+        address: u64,
+        /// argv (argv[0] first).
+        args: Vec<String>,
+    },
+    /// Call `u64 f(u64, …)` with up to six integer arguments.
+    Call {
+        /// Address.
+        address: u64,
+        /// Arguments.
+        args: Vec<u64>,
+    },
+    /// Flush stdio and exit.
+    Shutdown,
+}
+
+/// A response from the executor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    /// Done.
+    Ok,
+    /// A value.
+    Value(u64),
+    /// A reservation.
+    Reserved {
+        /// Target address.
+        target: u64,
+        /// Handle for later requests.
+        handle: u64,
+    },
+    /// Bytes read.
+    Bytes(Vec<u8>),
+    /// A symbol: address (0 if not found) and kind (0 unknown, 1 function, 2 data).
+    Symbol {
+        /// Address, 0 if not found.
+        address: u64,
+        /// 0 unknown, 1 function, 2 data.
+        kind: u8,
+    },
+    /// The request failed.
+    Error(String),
+    /// The executor caught a fatal signal while running JIT code and is dying.
+    Crashed {
+        /// The signal number.
+        signal: i32,
+    },
+}
+
+impl fmt::Display for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            Request::Reserve { .. } => "reserve",
+            Request::Prepare { .. } => "prepare",
+            Request::Initialize { .. } => "initialize",
+            Request::Deinitialize { .. } => "deinitialize",
+            Request::Release { .. } => "release",
+            Request::Write { .. } => "write",
+            Request::Read { .. } => "read",
+            Request::Lookup { .. } => "lookup",
+            Request::LoadLibrary { .. } => "load library",
+            Request::RegisterEhFrame { .. } => "register eh_frame",
+            Request::DeregisterEhFrame { .. } => "deregister eh_frame",
+            Request::RunInitializers { .. } => "run initializers",
+            Request::RunFinalizers { .. } => "run finalizers",
+            Request::ReserveTlsModule => "reserve TLS module",
+            Request::InstallTls { .. } => "install TLS",
+            Request::RemoveTls { .. } => "remove TLS",
+            Request::RunMain { .. } => "run main",
+            Request::Call { .. } => "call",
+            Request::Shutdown => "shutdown",
+        };
+        f.write_str(name)
+    }
+}
+
+// --- encoding ---------------------------------------------------------------------------
+
+/// Builds one frame.
+#[derive(Debug, Default)]
+pub struct Writer {
+    buf: Vec<u8>,
+}
+
+impl Writer {
+    fn new(tag: u8) -> Self {
+        let mut buf = Vec::with_capacity(64);
+        buf.extend_from_slice(&[0, 0, 0, 0, tag]);
+        Writer { buf }
+    }
+    fn u8(&mut self, v: u8) -> &mut Self {
+        self.buf.push(v);
+        self
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        self.u32(v.len() as u32);
+        self.buf.extend_from_slice(v);
+        self
+    }
+    fn finish(mut self) -> Vec<u8> {
+        let len = (self.buf.len() - 4) as u32;
+        self.buf[..4].copy_from_slice(&len.to_le_bytes());
+        self.buf
+    }
+}
+
+/// Reads the fields of one frame (after its length).
+#[derive(Debug)]
+pub struct Reader<'a> {
+    data: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    /// A reader over a frame's body (tag first).
+    pub fn new(data: &'a [u8]) -> Self {
+        Reader { data }
+    }
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        if self.data.len() < n {
+            return Err(DecodeError::Truncated(what));
+        }
+        let (head, rest) = self.data.split_at(n);
+        self.data = rest;
+        Ok(head)
+    }
+    fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
+        let b = self.take(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn bytes(&mut self, what: &'static str) -> Result<Vec<u8>, DecodeError> {
+        let n = self.u32(what)? as usize;
+        Ok(self.take(n, what)?.to_vec())
+    }
+    fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
+        let n = self.u32(what)? as usize;
+        if n > MAX_STRING {
+            return Err(DecodeError::Invalid {
+                what,
+                value: n as u64,
+            });
+        }
+        let b = self.take(n, what)?;
+        String::from_utf8(b.to_vec()).map_err(|_| DecodeError::Invalid {
+            what,
+            value: n as u64,
+        })
+    }
+    fn count(&mut self, what: &'static str, item_size: usize) -> Result<usize, DecodeError> {
+        let n = self.u32(what)? as usize;
+        if n > MAX_ITEMS || n.saturating_mul(item_size) > self.data.len() {
+            return Err(DecodeError::Invalid {
+                what,
+                value: n as u64,
+            });
+        }
+        Ok(n)
+    }
+    fn permission(&mut self) -> Result<u8, DecodeError> {
+        let p = self.u8("permission")?;
+        if p > 2 {
+            return Err(DecodeError::Invalid {
+                what: "permission",
+                value: u64::from(p),
+            });
+        }
+        Ok(p)
+    }
+    fn end(&self) -> Result<(), DecodeError> {
+        if self.data.is_empty() {
+            Ok(())
+        } else {
+            Err(DecodeError::Trailing(self.data.len()))
+        }
+    }
+}
+
+impl Hello {
+    /// Encodes as a frame.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new(0);
+        w.buf.extend_from_slice(&MAGIC);
+        w.u32(self.version)
+            .u64(self.page_size)
+            .bytes(self.triple.as_bytes())
+            .u32(self.pid)
+            .u64(self.tls_get_addr);
+        w.finish()
+    }
+
+    /// Decodes a frame body.
+    pub fn decode(body: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(body);
+        let tag = r.u8("tag")?;
+        if tag != 0 {
+            return Err(DecodeError::UnknownTag(tag));
+        }
+        if r.take(4, "magic")? != MAGIC {
+            return Err(DecodeError::Invalid {
+                what: "magic",
+                value: 0,
+            });
+        }
+        let hello = Hello {
+            version: r.u32("version")?,
+            page_size: r.u64("page size")?,
+            triple: r.string("triple")?,
+            pid: r.u32("pid")?,
+            tls_get_addr: r.u64("tls_get_addr")?,
+        };
+        r.end()?;
+        Ok(hello)
+    }
+}
+
+fn placement_fields(w: &mut Writer, p: WirePlacement) {
+    match p {
+        WirePlacement::Anywhere => w.u8(0).u64(0).u64(0),
+        WirePlacement::HostLibraries => w.u8(1).u64(0).u64(0),
+        WirePlacement::Near(a, b) => w.u8(2).u64(a).u64(b),
+        WirePlacement::Low2GiB => w.u8(3).u64(0).u64(0),
+    };
+}
+
+impl Request {
+    /// Encodes as a frame.
+    pub fn encode(&self) -> Vec<u8> {
+        let w = match self {
+            Request::Reserve {
+                len,
+                placement,
+                share,
+            } => {
+                let mut w = Writer::new(1);
+                w.u64(*len);
+                placement_fields(&mut w, *placement);
+                w.u8(u8::from(*share));
+                w
+            }
+            Request::Prepare {
+                handle,
+                start,
+                end,
+                permission,
+            } => {
+                let mut w = Writer::new(2);
+                w.u64(*handle).u64(*start).u64(*end).u8(*permission);
+                w
+            }
+            Request::Initialize { handle, segments } => {
+                let mut w = Writer::new(3);
+                w.u64(*handle).u32(segments.len() as u32);
+                for &(t, l, p) in segments {
+                    w.u64(t).u64(l).u8(p);
+                }
+                w
+            }
+            Request::Deinitialize { handle, start, end } => {
+                let mut w = Writer::new(4);
+                w.u64(*handle).u64(*start).u64(*end);
+                w
+            }
+            Request::Release { handle } => {
+                let mut w = Writer::new(5);
+                w.u64(*handle);
+                w
+            }
+            Request::Write {
+                handle,
+                address,
+                bytes,
+            } => {
+                let mut w = Writer::new(6);
+                w.u64(*handle).u64(*address).bytes(bytes);
+                w
+            }
+            Request::Read {
+                handle,
+                address,
+                len,
+            } => {
+                let mut w = Writer::new(7);
+                w.u64(*handle).u64(*address).u64(*len);
+                w
+            }
+            Request::Lookup { library, name } => {
+                let mut w = Writer::new(8);
+                w.u64(*library).bytes(name.as_bytes());
+                w
+            }
+            Request::LoadLibrary { path } => {
+                let mut w = Writer::new(9);
+                w.bytes(path.as_bytes());
+                w
+            }
+            Request::RegisterEhFrame { address } => {
+                let mut w = Writer::new(10);
+                w.u64(*address);
+                w
+            }
+            Request::DeregisterEhFrame { address } => {
+                let mut w = Writer::new(11);
+                w.u64(*address);
+                w
+            }
+            Request::RunInitializers { functions } => {
+                let mut w = Writer::new(12);
+                w.u32(functions.len() as u32);
+                for &f in functions {
+                    w.u64(f);
+                }
+                w
+            }
+            Request::RunFinalizers {
+                dso_handle,
+                functions,
+            } => {
+                let mut w = Writer::new(13);
+                w.u64(*dso_handle).u32(functions.len() as u32);
+                for &f in functions {
+                    w.u64(f);
+                }
+                w
+            }
+            Request::ReserveTlsModule => Writer::new(14),
+            Request::InstallTls {
+                module_id,
+                size,
+                align,
+                image,
+            } => {
+                let mut w = Writer::new(15);
+                w.u64(*module_id).u64(*size).u64(*align).bytes(image);
+                w
+            }
+            Request::RemoveTls { module_id } => {
+                let mut w = Writer::new(16);
+                w.u64(*module_id);
+                w
+            }
+            Request::RunMain { address, args } => {
+                let mut w = Writer::new(17);
+                w.u64(*address).u32(args.len() as u32);
+                for a in args {
+                    w.bytes(a.as_bytes());
+                }
+                w
+            }
+            Request::Call { address, args } => {
+                let mut w = Writer::new(18);
+                w.u64(*address).u32(args.len() as u32);
+                for &a in args {
+                    w.u64(a);
+                }
+                w
+            }
+            Request::Shutdown => Writer::new(19),
+        };
+        w.finish()
+    }
+
+    /// Decodes a frame body (tag first).
+    pub fn decode(body: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(body);
+        let tag = r.u8("tag")?;
+        let req = match tag {
+            1 => {
+                let len = r.u64("len")?;
+                let kind = r.u8("placement")?;
+                let (a, b) = (r.u64("placement")?, r.u64("placement")?);
+                let placement = match kind {
+                    0 => WirePlacement::Anywhere,
+                    1 => WirePlacement::HostLibraries,
+                    2 => WirePlacement::Near(a, b),
+                    3 => WirePlacement::Low2GiB,
+                    other => {
+                        return Err(DecodeError::Invalid {
+                            what: "placement",
+                            value: u64::from(other),
+                        })
+                    }
+                };
+                let share = r.u8("share")? != 0;
+                Request::Reserve {
+                    len,
+                    placement,
+                    share,
+                }
+            }
+            2 => Request::Prepare {
+                handle: r.u64("handle")?,
+                start: r.u64("start")?,
+                end: r.u64("end")?,
+                permission: r.permission()?,
+            },
+            3 => {
+                let handle = r.u64("handle")?;
+                let n = r.count("segments", 17)?;
+                let mut segments = Vec::with_capacity(n);
+                for _ in 0..n {
+                    segments.push((r.u64("target")?, r.u64("len")?, r.permission()?));
+                }
+                Request::Initialize { handle, segments }
+            }
+            4 => Request::Deinitialize {
+                handle: r.u64("handle")?,
+                start: r.u64("start")?,
+                end: r.u64("end")?,
+            },
+            5 => Request::Release {
+                handle: r.u64("handle")?,
+            },
+            6 => Request::Write {
+                handle: r.u64("handle")?,
+                address: r.u64("address")?,
+                bytes: r.bytes("bytes")?,
+            },
+            7 => Request::Read {
+                handle: r.u64("handle")?,
+                address: r.u64("address")?,
+                len: r.u64("len")?,
+            },
+            8 => Request::Lookup {
+                library: r.u64("library")?,
+                name: r.string("name")?,
+            },
+            9 => Request::LoadLibrary {
+                path: r.string("path")?,
+            },
+            10 => Request::RegisterEhFrame {
+                address: r.u64("address")?,
+            },
+            11 => Request::DeregisterEhFrame {
+                address: r.u64("address")?,
+            },
+            12 => {
+                let n = r.count("functions", 8)?;
+                let mut functions = Vec::with_capacity(n);
+                for _ in 0..n {
+                    functions.push(r.u64("function")?);
+                }
+                Request::RunInitializers { functions }
+            }
+            13 => {
+                let dso_handle = r.u64("dso handle")?;
+                let n = r.count("functions", 8)?;
+                let mut functions = Vec::with_capacity(n);
+                for _ in 0..n {
+                    functions.push(r.u64("function")?);
+                }
+                Request::RunFinalizers {
+                    dso_handle,
+                    functions,
+                }
+            }
+            14 => Request::ReserveTlsModule,
+            15 => Request::InstallTls {
+                module_id: r.u64("module id")?,
+                size: r.u64("size")?,
+                align: r.u64("align")?,
+                image: r.bytes("image")?,
+            },
+            16 => Request::RemoveTls {
+                module_id: r.u64("module id")?,
+            },
+            17 => {
+                let address = r.u64("address")?;
+                let n = r.count("args", 4)?;
+                let mut args = Vec::with_capacity(n);
+                for _ in 0..n {
+                    args.push(r.string("arg")?);
+                }
+                Request::RunMain { address, args }
+            }
+            18 => {
+                let address = r.u64("address")?;
+                let n = r.count("args", 8)?;
+                if n > 6 {
+                    return Err(DecodeError::Invalid {
+                        what: "argument count",
+                        value: n as u64,
+                    });
+                }
+                let mut args = Vec::with_capacity(n);
+                for _ in 0..n {
+                    args.push(r.u64("arg")?);
+                }
+                Request::Call { address, args }
+            }
+            19 => Request::Shutdown,
+            other => return Err(DecodeError::UnknownTag(other)),
+        };
+        r.end()?;
+        Ok(req)
+    }
+}
+
+impl Response {
+    /// Encodes as a frame.
+    pub fn encode(&self) -> Vec<u8> {
+        let w = match self {
+            Response::Ok => Writer::new(100),
+            Response::Value(v) => {
+                let mut w = Writer::new(101);
+                w.u64(*v);
+                w
+            }
+            Response::Reserved { target, handle } => {
+                let mut w = Writer::new(102);
+                w.u64(*target).u64(*handle);
+                w
+            }
+            Response::Bytes(b) => {
+                let mut w = Writer::new(103);
+                w.bytes(b);
+                w
+            }
+            Response::Symbol { address, kind } => {
+                let mut w = Writer::new(104);
+                w.u64(*address).u8(*kind);
+                w
+            }
+            Response::Error(m) => {
+                let mut w = Writer::new(105);
+                w.bytes(m.as_bytes());
+                w
+            }
+            Response::Crashed { signal } => {
+                let mut w = Writer::new(106);
+                w.u32(*signal as u32);
+                w
+            }
+        };
+        w.finish()
+    }
+
+    /// Decodes a frame body.
+    pub fn decode(body: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(body);
+        let resp = match r.u8("tag")? {
+            100 => Response::Ok,
+            101 => Response::Value(r.u64("value")?),
+            102 => Response::Reserved {
+                target: r.u64("target")?,
+                handle: r.u64("handle")?,
+            },
+            103 => Response::Bytes(r.bytes("bytes")?),
+            104 => Response::Symbol {
+                address: r.u64("address")?,
+                kind: r.u8("kind")?,
+            },
+            105 => Response::Error(String::from_utf8_lossy(&r.bytes("message")?).into_owned()),
+            106 => Response::Crashed {
+                signal: r.u32("signal")? as i32,
+            },
+            other => return Err(DecodeError::UnknownTag(other)),
+        };
+        r.end()?;
+        Ok(resp)
+    }
+}
+
+/// The name of a signal, for messages.
+pub fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGILL => "SIGILL",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGTERM => "SIGTERM",
+        _ => "signal",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(frame: &[u8]) -> &[u8] {
+        let len = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
+        assert_eq!(len, frame.len() - 4);
+        &frame[4..]
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        let all = vec![
+            Request::Reserve {
+                len: 1 << 28,
+                placement: WirePlacement::Near(1, 2),
+                share: true,
+            },
+            Request::Prepare {
+                handle: 3,
+                start: 0x1000,
+                end: 0x3000,
+                permission: 0,
+            },
+            Request::Initialize {
+                handle: 3,
+                segments: vec![(0x1000, 10, 0), (0x2000, 5, 2)],
+            },
+            Request::Deinitialize {
+                handle: 3,
+                start: 0x1000,
+                end: 0x2000,
+            },
+            Request::Release { handle: 3 },
+            Request::Write {
+                handle: 3,
+                address: 0x1000,
+                bytes: vec![1, 2, 3],
+            },
+            Request::Read {
+                handle: 3,
+                address: 0x1000,
+                len: 3,
+            },
+            Request::Lookup {
+                library: 0,
+                name: "printf".into(),
+            },
+            Request::LoadLibrary {
+                path: "libm.so.6".into(),
+            },
+            Request::RegisterEhFrame { address: 9 },
+            Request::DeregisterEhFrame { address: 9 },
+            Request::RunInitializers {
+                functions: vec![1, 2],
+            },
+            Request::RunFinalizers {
+                dso_handle: 7,
+                functions: vec![3],
+            },
+            Request::ReserveTlsModule,
+            Request::InstallTls {
+                module_id: 5,
+                size: 64,
+                align: 16,
+                image: vec![9; 8],
+            },
+            Request::RemoveTls { module_id: 5 },
+            Request::RunMain {
+                address: 0x1000,
+                args: vec!["prog".into(), "x".into()],
+            },
+            Request::Call {
+                address: 0x1000,
+                args: vec![1, 2, 3],
+            },
+            Request::Shutdown,
+        ];
+        for req in all {
+            let frame = req.encode();
+            assert_eq!(Request::decode(body(&frame)).unwrap(), req);
+        }
+    }
+
+    #[test]
+    fn responses_and_hello_round_trip() {
+        for resp in [
+            Response::Ok,
+            Response::Value(42),
+            Response::Reserved {
+                target: 0x7f00_0000_0000,
+                handle: 4,
+            },
+            Response::Bytes(vec![1, 2]),
+            Response::Symbol {
+                address: 0x1234,
+                kind: 1,
+            },
+            Response::Error("no".into()),
+            Response::Crashed { signal: 11 },
+        ] {
+            assert_eq!(Response::decode(body(&resp.encode())).unwrap(), resp);
+        }
+        let hello = Hello {
+            version: VERSION,
+            page_size: 4096,
+            triple: "x86_64-unknown-linux-gnu".into(),
+            pid: 7,
+            tls_get_addr: 0x1000,
+        };
+        assert_eq!(Hello::decode(body(&hello.encode())).unwrap(), hello);
+    }
+
+    #[test]
+    fn malformed_frames_are_errors() {
+        assert!(matches!(
+            Request::decode(&[]),
+            Err(DecodeError::Truncated(_))
+        ));
+        assert!(matches!(
+            Request::decode(&[200]),
+            Err(DecodeError::UnknownTag(200))
+        ));
+        assert!(matches!(
+            Request::decode(&[5, 1, 2]),
+            Err(DecodeError::Truncated(_))
+        ));
+        // A count larger than the bytes that follow.
+        let mut bad = vec![12];
+        bad.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            Request::decode(&bad),
+            Err(DecodeError::Invalid { .. })
+        ));
+        // Trailing bytes.
+        let mut frame = Request::Shutdown.encode();
+        frame.push(0);
+        assert!(matches!(
+            Request::decode(&frame[4..]),
+            Err(DecodeError::Trailing(1))
+        ));
+        // A bad permission.
+        let mut p = Request::Prepare {
+            handle: 1,
+            start: 0,
+            end: 0,
+            permission: 0,
+        }
+        .encode();
+        *p.last_mut().unwrap() = 9;
+        assert!(matches!(
+            Request::decode(&p[4..]),
+            Err(DecodeError::Invalid {
+                what: "permission",
+                ..
+            })
+        ));
+    }
+}
