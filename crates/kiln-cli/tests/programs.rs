@@ -61,9 +61,27 @@ fn program(name: &str) -> Program {
 }
 
 fn kiln_run(p: &Program) -> std::process::Output {
+    kiln_run_with(p, &[])
+}
+
+/// The kiln-executor binary next to kiln (built on demand when only this package's tests
+/// were built).
+fn ensure_executor() {
+    let path = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        assert!(Command::new(cargo)
+            .args(["build", "-p", "kiln-executor"])
+            .status()
+            .unwrap()
+            .success());
+    }
+}
+
+fn kiln_run_with(p: &Program, flags: &[&str]) -> std::process::Output {
     let dir = programs_dir();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
-    cmd.arg("run");
+    cmd.arg("run").args(flags);
     for o in &p.objects {
         cmd.arg(dir.join(o));
     }
@@ -330,4 +348,134 @@ fn objects_as_distributions_ship_them_debug_info_and_fat_lto() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(out.stdout, native.stdout);
+}
+
+/// The same program run out of process, with each transport, must print what the native
+/// program prints.
+fn assert_same_out_of_process(name: &str) {
+    ensure_executor();
+    let p = program(name);
+    for transport in ["shm", "copy"] {
+        let out = kiln_run_with(&p, &["--oop", "--transport", transport]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{name} --transport {transport}: {stderr}"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            p.expected,
+            "{name} --transport {transport}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn out_of_process_sqlite() {
+    assert_same_out_of_process("sqlite_driver");
+}
+
+#[test]
+fn out_of_process_lua() {
+    assert_same_out_of_process("lua_driver");
+}
+
+#[test]
+fn out_of_process_zlib() {
+    assert_same_out_of_process("zlib_driver");
+}
+
+#[test]
+fn out_of_process_cxx_exceptions_and_thread_locals() {
+    assert_same_out_of_process("cxx_exceptions");
+    assert_same_out_of_process("tls");
+}
+
+#[test]
+fn out_of_process_twenty_thousand_functions() {
+    ensure_executor();
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("many-oop");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let mut src = String::from("#include <stdio.h>\n");
+    for i in 0..20_000 {
+        src.push_str(&format!("int f{i}(int x) {{ return x + {i}; }}\n"));
+    }
+    src.push_str("typedef int (*fn)(int);\nstatic fn table[] = {");
+    for i in 0..20_000 {
+        src.push_str(&format!("f{i},"));
+    }
+    src.push_str("};\nint main(void) { long s = 0; for (unsigned i = 0; i < sizeof table / sizeof *table; i++) s += table[i](1); printf(\"%ld\\n\", s); return 0; }\n");
+    let c = tmp.join("many.c");
+    std::fs::write(&c, src).unwrap();
+    let obj = tmp.join("many.o");
+    compile(&c, &["-O1", "-ffunction-sections"], &obj);
+    let expected = format!("{}\n", 20_000 + (0..20_000i64).sum::<i64>());
+    for transport in ["shm", "copy"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["run", "--oop", "--transport", transport])
+            .arg(&obj)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+    }
+}
+
+#[test]
+fn out_of_process_over_tcp() {
+    ensure_executor();
+    use std::io::BufRead;
+    let executor = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
+    let mut child = Command::new(&executor)
+        .arg("--listen")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let address = line.trim().rsplit(' ').next().unwrap().to_string();
+    let p = program("zlib_driver");
+    for _ in 0..2 {
+        let out = kiln_run_with(&p, &["--connect", &address]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    child.kill().unwrap();
+    let output = child.wait_with_output().unwrap();
+    // The program ran in the executor: its output is the executor's, twice.
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        format!("{}{}", p.expected, p.expected)
+    );
+}
+
+#[test]
+fn out_of_process_crash_is_reported_and_kiln_survives() {
+    ensure_executor();
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let c = tmp.join("segv.c");
+    std::fs::write(&c, "#include <stdio.h>\nint main(void) { puts(\"about to crash\"); fflush(stdout); *(volatile int *)16 = 1; return 0; }\n").unwrap();
+    let obj = tmp.join("segv.o");
+    compile(&c, &["-O1"], &obj);
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["run", "--oop"])
+        .arg(&obj)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("crashed with SIGSEGV"), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "about to crash\n");
 }

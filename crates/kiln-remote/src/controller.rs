@@ -115,6 +115,8 @@ pub struct RemoteExecutor {
     conn: Mutex<Connection>,
     hello: Hello,
     timeouts: Timeouts,
+    /// The pid of a child executor (0 for one reached over TCP).
+    child_pid: u32,
 }
 
 impl std::fmt::Debug for RemoteExecutor {
@@ -180,6 +182,7 @@ impl RemoteExecutor {
                 expected: VERSION,
             });
         }
+        let child_pid = child.as_ref().map_or(0, |c| c.id());
         Ok(RemoteExecutor {
             conn: Mutex::new(Connection {
                 channel,
@@ -188,6 +191,7 @@ impl RemoteExecutor {
             }),
             hello,
             timeouts,
+            child_pid,
         })
     }
 
@@ -332,10 +336,13 @@ impl RemoteExecutor {
         }
     }
 
-    /// Kills a child executor (for tests of a dying executor).
+    /// Kills a child executor (`SIGKILL`), even while a request is waiting for it; the
+    /// waiting request then fails with the signal.
     pub fn kill(&self) {
-        if let Some(child) = &mut self.conn.lock().child {
-            let _ = child.kill();
+        if self.child_pid != 0 {
+            // SAFETY: signalling our own child, which we have not reaped yet (it is
+            // reaped only under the connection lock, after this request or in drop).
+            unsafe { libc::kill(self.child_pid as i32, libc::SIGKILL) };
         }
     }
 }

@@ -1,0 +1,405 @@
+//! Out-of-process execution through the session API: crashes, deaths, stalls and
+//! malformed messages become errors; nothing leaks; the controller goes on.
+
+use kiln::{Executor, Jit, RemoteError, Timeouts, Transport};
+use kiln_remote::protocol::{Request, Response};
+use std::io::{BufRead, Read, Write};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+/// The kiln-executor binary of this build (built on demand when only this package's
+/// tests were built).
+fn executor_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let path = dir.join("kiln-executor");
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "kiln-executor"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    path
+}
+
+fn compile(name: &str, source: &str) -> Vec<u8> {
+    compile_with(name, source, &["-O1"])
+}
+
+fn compile_with(name: &str, source: &str, flags: &[&str]) -> Vec<u8> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("remote");
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = dir.join(format!("{name}.c"));
+    let o = dir.join(format!("{name}.o"));
+    std::fs::write(&c, source).unwrap();
+    assert!(Command::new("cc")
+        .args(flags)
+        .arg("-c")
+        .arg(&c)
+        .arg("-o")
+        .arg(&o)
+        .status()
+        .unwrap()
+        .success());
+    std::fs::read(&o).unwrap()
+}
+
+fn spawn(transport: Transport) -> Executor {
+    Executor::spawn(&executor_binary(), transport, Timeouts::default()).unwrap()
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn a_crash_in_jit_code_is_an_error_and_a_new_executor_works() {
+    for transport in [Transport::SharedMemory, Transport::Copy] {
+        let jit = Jit::builder().executor(spawn(transport)).build().unwrap();
+        let lib = jit.main_library();
+        jit.add_object(
+            lib,
+            "crash.o",
+            compile(
+                "crash",
+                "int main(void) { *(volatile int *)8 = 1; return 0; }",
+            ),
+        )
+        .unwrap();
+        jit.add_process_symbols(lib);
+        let err = jit.run_main(lib, &["crash".into()]).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("SIGSEGV"), "{text}");
+        assert!(
+            matches!(
+                err,
+                kiln::Error::Remote(RemoteError::Crashed { signal: 11, .. })
+            ),
+            "{err:?}"
+        );
+        // The controller is fine: another executor runs code.
+        let jit = Jit::builder().executor(spawn(transport)).build().unwrap();
+        let lib = jit.main_library();
+        jit.add_object(
+            lib,
+            "ok.o",
+            compile(
+                "ok",
+                "int main(int argc, char **argv) { return argc + 40; }",
+            ),
+        )
+        .unwrap();
+        assert_eq!(jit.run_main(lib, &["ok".into(), "x".into()]).unwrap(), 42);
+    }
+}
+
+#[test]
+fn abort_is_reported_by_name() {
+    let jit = Jit::builder()
+        .executor(spawn(Transport::SharedMemory))
+        .build()
+        .unwrap();
+    let lib = jit.main_library();
+    jit.add_object(
+        lib,
+        "abort.o",
+        compile("abort", "#include <stdlib.h>\nint main(void) { abort(); }"),
+    )
+    .unwrap();
+    jit.add_process_symbols(lib);
+    let err = jit.run_main(lib, &["abort".into()]).unwrap_err();
+    assert!(err.to_string().contains("SIGABRT"), "{err}");
+}
+
+#[test]
+fn an_executor_killed_mid_request_is_an_error_not_a_hang() {
+    let executor = spawn(Transport::SharedMemory);
+    let remote = executor.remote().unwrap().clone();
+    let jit = Jit::builder().executor(executor).build().unwrap();
+    let lib = jit.main_library();
+    jit.add_object(
+        lib,
+        "slow.o",
+        compile(
+            "slow",
+            "#include <unistd.h>\nint main(void) { sleep(30); return 0; }",
+        ),
+    )
+    .unwrap();
+    jit.add_process_symbols(lib);
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        remote.kill();
+    });
+    let started = std::time::Instant::now();
+    let err = jit.run_main(lib, &["slow".into()]).unwrap_err();
+    killer.join().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(err.to_string().contains("SIGKILL"), "{err}");
+    // Later requests fail fast.
+    assert!(jit.lookup(lib, "printf").is_err() || jit.lookup(lib, "printf").is_ok());
+}
+
+#[test]
+fn a_stalled_executor_times_out() {
+    let timeouts = Timeouts {
+        request: Duration::from_millis(700),
+        run: Some(Duration::from_millis(700)),
+    };
+    let executor = Executor::spawn(&executor_binary(), Transport::SharedMemory, timeouts).unwrap();
+    let pid = executor.pid().unwrap() as i32;
+    let jit = Jit::builder().executor(executor).build().unwrap();
+    let lib = jit.main_library();
+    jit.add_object(lib, "x.o", compile("x", "int main(void) { return 3; }"))
+        .unwrap();
+    // SAFETY: stopping our own child process.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let err = jit.run_main(lib, &["x".into()]).unwrap_err();
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert!(err.to_string().contains("did not answer"), "{err}");
+}
+
+#[test]
+fn no_descriptor_or_shared_memory_object_is_left_behind() {
+    let shm_before: Vec<_> = std::fs::read_dir("/dev/shm")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    let before = open_fds();
+    for _ in 0..3 {
+        let jit = Jit::builder()
+            .executor(spawn(Transport::SharedMemory))
+            .build()
+            .unwrap();
+        let lib = jit.main_library();
+        jit.add_object(lib, "m.o", compile("m", "int main(void) { return 7; }"))
+            .unwrap();
+        assert_eq!(jit.run_main(lib, &["m".into()]).unwrap(), 7);
+        jit.shutdown();
+    }
+    // Other tests run in parallel threads and open descriptors too: allow a little slack.
+    let after = open_fds();
+    assert!(
+        after <= before + 8,
+        "descriptors grew from {before} to {after}"
+    );
+    let shm_after: Vec<_> = std::fs::read_dir("/dev/shm")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        shm_before.len(),
+        shm_after.len(),
+        "named shared memory appeared: {shm_after:?}"
+    );
+}
+
+fn executor_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn many_link_run_cycles_do_not_grow_the_executor() {
+    let executor = spawn(Transport::SharedMemory);
+    let pid = executor.pid().unwrap();
+    let jit = Jit::builder().executor(executor).build().unwrap();
+    let obj = compile_with(
+        "cycle",
+        "#include <stdlib.h>\n#include <string.h>\nstatic char big[256 * 1024] = {1};\n__thread int t = 5;\nint run(int x) { char *p = malloc(1000); memset(p, x, 1000); int r = p[10] + big[0] + t; free(p); return r; }\nint main(int argc, char **argv) { (void)argv; return run(argc); }\n",
+        &["-O1", "-fPIC"],
+    );
+    let mut rss = Vec::new();
+    for i in 0..150 {
+        let lib = jit.create_library(&format!("cycle{i}"));
+        jit.add_object(lib, "cycle.o", obj.clone()).unwrap();
+        jit.add_process_symbols(lib);
+        assert_eq!(jit.run_main(lib, &["c".into()]).unwrap(), 7);
+        let (module, _) = jit
+            .link_pending(lib)
+            .unwrap()
+            .map_or_else(|| (None, ()), |(m, _)| (Some(m), ()));
+        drop(module);
+        jit.shutdown();
+        if i % 50 == 49 {
+            rss.push(executor_rss_kib(pid));
+        }
+    }
+    // After the first 50 cycles warm everything up, 100 more may not add more than a
+    // few hundred KiB (each cycle maps 256 KiB of data).
+    assert!(rss[2] <= rss[0] + 2048, "executor RSS grew: {rss:?} KiB");
+}
+
+/// Raw protocol against `kiln-executor --listen`: malformed and out-of-range requests get
+/// error replies and the executor keeps serving.
+#[test]
+fn malformed_and_out_of_range_requests_get_error_replies() {
+    let mut child = Command::new(executor_binary())
+        .arg("--listen")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let address = line.trim().rsplit(' ').next().unwrap().to_string();
+    assert!(
+        address.starts_with("127.0.0.1:"),
+        "binds loopback by default: {line}"
+    );
+    let mut s = std::net::TcpStream::connect(&address).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let read_frame = |s: &mut std::net::TcpStream| -> Vec<u8> {
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+        s.read_exact(&mut body).unwrap();
+        body
+    };
+    let hello = read_frame(&mut s);
+    assert_eq!(&hello[1..5], b"KILN");
+    let mut ask = |frame: Vec<u8>, s: &mut std::net::TcpStream| -> Response {
+        s.write_all(&frame).unwrap();
+        Response::decode(&read_frame(s)).unwrap()
+    };
+    // Unknown tag.
+    let r = ask(vec![1, 0, 0, 0, 250], &mut s);
+    assert!(
+        matches!(&r, Response::Error(m) if m.contains("unknown message tag 250")),
+        "{r:?}"
+    );
+    // Truncated fields.
+    let r = ask(vec![3, 0, 0, 0, 5, 1, 2], &mut s);
+    assert!(
+        matches!(&r, Response::Error(m) if m.contains("truncated")),
+        "{r:?}"
+    );
+    // A write to memory the executor did not reserve.
+    let r = ask(
+        Request::Write {
+            handle: 1,
+            address: 0x1000,
+            bytes: vec![0xcc; 16],
+        }
+        .encode(),
+        &mut s,
+    );
+    assert!(
+        matches!(&r, Response::Error(m) if m.contains("no reservation")),
+        "{r:?}"
+    );
+    // Reserve, then write past its end.
+    let Response::Reserved { target, handle } = ask(
+        Request::Reserve {
+            len: 1 << 20,
+            placement: kiln_remote::protocol::WirePlacement::Anywhere,
+            share: false,
+        }
+        .encode(),
+        &mut s,
+    ) else {
+        panic!()
+    };
+    let r = ask(
+        Request::Write {
+            handle,
+            address: target + (1 << 20) - 8,
+            bytes: vec![0; 16],
+        }
+        .encode(),
+        &mut s,
+    );
+    assert!(
+        matches!(&r, Response::Error(m) if m.contains("outside reservation")),
+        "{r:?}"
+    );
+    // Calling outside reserved memory is refused, not done.
+    let r = ask(
+        Request::Call {
+            address: 0x4141_4141,
+            args: vec![],
+        }
+        .encode(),
+        &mut s,
+    );
+    assert!(
+        matches!(&r, Response::Error(m) if m.contains("not in memory this executor reserved")),
+        "{r:?}"
+    );
+    // Misaligned page range.
+    let r = ask(
+        Request::Prepare {
+            handle,
+            start: target + 1,
+            end: target + 4096,
+            permission: 0,
+        }
+        .encode(),
+        &mut s,
+    );
+    assert!(matches!(&r, Response::Error(_)), "{r:?}");
+    // Still alive and well.
+    let r = ask(
+        Request::Lookup {
+            library: 0,
+            name: "printf".into(),
+        }
+        .encode(),
+        &mut s,
+    );
+    assert!(
+        matches!(r, Response::Symbol { address, kind: 1 } if address != 0),
+        "{r:?}"
+    );
+    let r = ask(Request::Release { handle }.encode(), &mut s);
+    assert_eq!(r, Response::Ok);
+    // An absurd frame length closes this connection, not the executor.
+    s.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    let r = Response::decode(&read_frame(&mut s)).unwrap();
+    assert!(
+        matches!(&r, Response::Error(m) if m.contains("too large")),
+        "{r:?}"
+    );
+    let mut s2 = std::net::TcpStream::connect(&address).unwrap();
+    s2.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(&read_frame(&mut s2)[1..5], b"KILN");
+    s2.write_all(&Request::Shutdown.encode()).unwrap();
+    assert_eq!(
+        Response::decode(&read_frame(&mut s2)).unwrap(),
+        Response::Ok
+    );
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn a_wrong_protocol_version_is_refused() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let hello = kiln_remote::protocol::Hello {
+            version: 999,
+            page_size: 4096,
+            triple: "x86_64-unknown-linux-gnu".into(),
+            pid: 1,
+            tls_get_addr: 0,
+        };
+        s.write_all(&hello.encode()).unwrap();
+    });
+    let err = Executor::connect(&address, Timeouts::default()).unwrap_err();
+    server.join().unwrap();
+    assert!(
+        matches!(
+            err,
+            kiln::Error::Remote(RemoteError::Version { found: 999, .. })
+        ),
+        "{err:?}"
+    );
+}
