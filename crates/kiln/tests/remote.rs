@@ -265,7 +265,7 @@ fn malformed_and_out_of_range_requests_get_error_replies() {
     };
     let hello = read_frame(&mut s);
     assert_eq!(&hello[1..5], b"KILN");
-    let mut ask = |frame: Vec<u8>, s: &mut std::net::TcpStream| -> Response {
+    let ask = |frame: Vec<u8>, s: &mut std::net::TcpStream| -> Response {
         s.write_all(&frame).unwrap();
         Response::decode(&read_frame(s)).unwrap()
     };
