@@ -215,10 +215,11 @@ fn main() {
         let k = bench(args.runs, kiln_cmd);
         let j = if jitlink {
             bench(args.runs, || {
+                // llvm-jitlink's -lm fails on Debian's libm.so ld script; the libraries
+                // are in its own process anyway, where it resolves host symbols.
                 let mut c = Command::new("llvm-jitlink-16");
                 c.arg("-noexec")
                     .args(&input.files)
-                    .args(&input.libs)
                     .args(&input.jitlink_extra);
                 c
             })
