@@ -63,6 +63,9 @@ pub(crate) struct ObjSection<'a> {
     pub(crate) data: &'a [u8],
 }
 
+/// Largest section alignment honoured (a page of the largest page size Linux uses on
+/// AArch64 is 64 KiB; compilers ask for at most a few KiB).
+pub(crate) const MAX_SECTION_ALIGN: u64 = 1 << 24;
 pub(crate) const SHF_WRITE: u64 = elf::SHF_WRITE.0;
 pub(crate) const SHF_ALLOC: u64 = elf::SHF_ALLOC.0;
 pub(crate) const SHF_EXECINSTR: u64 = elf::SHF_EXECINSTR.0;
@@ -164,6 +167,15 @@ impl<'a> ObjectFile<'a> {
                 })?
             };
             let align = sh.sh_addralign(endian).max(1);
+            if align > MAX_SECTION_ALIGN && sh.sh_flags(endian).0 & SHF_ALLOC != 0 {
+                return Err(malformed(
+                    &name,
+                    format!(
+                        "section {} asks for alignment {align:#x}; Kiln places sections aligned to at most {MAX_SECTION_ALIGN:#x}",
+                        String::from_utf8_lossy(sec_name)
+                    ),
+                ));
+            }
             if !align.is_power_of_two() {
                 return Err(malformed(
                     &name,
