@@ -165,11 +165,10 @@ fn install_crash_reporter(fd: i32) {
 
 /// Serves one connection until it closes or asks to shut down.
 pub fn serve(mut channel: Channel) -> Ending {
+    let mut state = State::new();
     let hello = Hello {
         version: VERSION,
-        page_size: kiln_memory::DualMappedMapper::new()
-            .map(|m| m.page_size())
-            .unwrap_or(4096),
+        page_size: state.mapper.as_ref().map_or(4096, |m| m.page_size()),
         triple: "x86_64-unknown-linux-gnu".into(),
         pid: std::process::id(),
         tls_get_addr: runtime::tls_get_addr_address(),
@@ -178,7 +177,6 @@ pub fn serve(mut channel: Channel) -> Ending {
         return Ending::Failed(e.to_string());
     }
     install_crash_reporter(channel.raw_fd());
-    let mut state = State::new();
     loop {
         let body = match channel.recv() {
             Ok(body) => body,
@@ -365,6 +363,32 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
                 None => (0, 0),
             };
             Ok(Reply::Plain(Response::Symbol { address, kind }))
+        }
+        Request::LookupMany { library, names } => {
+            let handle = if library == 0 {
+                std::ptr::null_mut()
+            } else {
+                state
+                    .libraries
+                    .get(&library)
+                    .ok_or_else(|| format!("no library with handle {library}"))?
+                    .0
+            };
+            let list = names
+                .iter()
+                .map(|name| match runtime::dlsym(handle, name) {
+                    Some(a) => (
+                        a,
+                        match runtime::host_symbol_is_function(a) {
+                            Some(true) => 1,
+                            Some(false) => 2,
+                            None => 0,
+                        },
+                    ),
+                    None => (0, 0),
+                })
+                .collect();
+            Ok(Reply::Plain(Response::Symbols(list)))
         }
         Request::LoadLibrary { path } => {
             if let Some(&id) = state.library_paths.get(&path) {

@@ -21,6 +21,12 @@ pub trait LinkContext {
     /// function's or a shared library's. `None` if nobody defines it.
     fn resolve(&mut self, name: &str) -> Option<u64>;
 
+    /// [`LinkContext::resolve`] for many names at once, in order (one round trip to an
+    /// executor in another process instead of one per name).
+    fn resolve_many(&mut self, names: &[&str]) -> Vec<Option<u64>> {
+        names.iter().map(|n| self.resolve(n)).collect()
+    }
+
     /// A fresh thread-local-storage module id for this link's TLS block, passed to
     /// `__tls_get_addr` by general- and local-dynamic code; an error if the executor
     /// cannot give one.
@@ -341,30 +347,41 @@ impl<'a, 'c> Linker<'a, 'c> {
     /// defines.
     fn resolve_externals(&mut self) -> Result<(), LinkError> {
         let mut missing = Vec::new();
-        for g in &mut self.globals {
+        // Everything the inputs leave undefined, asked for in one batch.
+        let mut wanted: Vec<u32> = Vec::new();
+        for (id, g) in self.globals.iter_mut().enumerate() {
             if g.def != Def::None {
                 continue;
             }
-            let name = std::str::from_utf8(g.name).unwrap_or("");
-            g.def = match name {
-                "_GLOBAL_OFFSET_TABLE_" => Def::GotBase,
-                "__dso_handle" => Def::DsoHandle,
-                _ => match self.ctx.resolve(name) {
-                    Some(addr) => {
-                        g.external_function = self.ctx.is_function(name, addr);
-                        Def::External(addr)
+            match g.name {
+                b"_GLOBAL_OFFSET_TABLE_" => g.def = Def::GotBase,
+                b"__dso_handle" => g.def = Def::DsoHandle,
+                _ => wanted.push(id as u32),
+            }
+        }
+        let names: Vec<String> = wanted
+            .iter()
+            .map(|&id| String::from_utf8_lossy(self.globals[id as usize].name).into_owned())
+            .collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let found = self.ctx.resolve_many(&refs);
+        for ((&id, name), address) in wanted.iter().zip(&names).zip(found) {
+            let g = &mut self.globals[id as usize];
+            g.def = match address {
+                Some(addr) => {
+                    g.external_function = self.ctx.is_function(name, addr);
+                    Def::External(addr)
+                }
+                None if !g.strong_ref => Def::Zero,
+                None => {
+                    if let Some(obj) = g.first_ref {
+                        missing.push(MissingSymbol {
+                            symbol: lossy(g.name),
+                            wanted_by: self.objs[obj as usize].name.clone(),
+                        });
                     }
-                    None if !g.strong_ref => Def::Zero,
-                    None => {
-                        if let Some(obj) = g.first_ref {
-                            missing.push(MissingSymbol {
-                                symbol: lossy(g.name),
-                                wanted_by: self.objs[obj as usize].name.clone(),
-                            });
-                        }
-                        Def::Zero
-                    }
-                },
+                    Def::Zero
+                }
             };
         }
         if missing.is_empty() {

@@ -107,6 +107,8 @@ struct Connection {
     channel: Channel,
     child: Option<Child>,
     broken: Option<String>,
+    /// The receive timeout set on the socket now (to set it only when it changes).
+    timeout: Option<Option<Duration>>,
 }
 
 /// A connection to an executor process. Requests are sent one at a time (the connection
@@ -188,6 +190,7 @@ impl RemoteExecutor {
                 channel,
                 child,
                 broken: None,
+                timeout: None,
             }),
             hello,
             timeouts,
@@ -237,7 +240,10 @@ impl RemoteExecutor {
         } else {
             Some(self.timeouts.request)
         };
-        conn.channel.set_timeout(timeout).map_err(io_err)?;
+        if conn.timeout != Some(timeout) {
+            conn.channel.set_timeout(timeout).map_err(io_err)?;
+            conn.timeout = Some(timeout);
+        }
         let name = request.to_string();
         let result = conn
             .channel

@@ -150,6 +150,13 @@ pub enum Request {
         /// Symbol name.
         name: String,
     },
+    /// Look many symbols up at once (one round trip for a link's undefined names).
+    LookupMany {
+        /// Library handle, 0 for the process.
+        library: u64,
+        /// Symbol names.
+        names: Vec<String>,
+    },
     /// `dlopen` a shared library.
     LoadLibrary {
         /// Path or name.
@@ -236,6 +243,8 @@ pub enum Response {
         /// 0 unknown, 1 function, 2 data.
         kind: u8,
     },
+    /// Symbols, in the order asked: (address or 0, kind).
+    Symbols(Vec<(u64, u8)>),
     /// The request failed.
     Error(String),
     /// The executor caught a fatal signal while running JIT code and is dying.
@@ -256,6 +265,7 @@ impl fmt::Display for Request {
             Request::Write { .. } => "write",
             Request::Read { .. } => "read",
             Request::Lookup { .. } => "lookup",
+            Request::LookupMany { .. } => "lookup many",
             Request::LoadLibrary { .. } => "load library",
             Request::RegisterEhFrame { .. } => "register eh_frame",
             Request::DeregisterEhFrame { .. } => "deregister eh_frame",
@@ -569,6 +579,14 @@ impl Request {
                 w
             }
             Request::Shutdown => Writer::new(19),
+            Request::LookupMany { library, names } => {
+                let mut w = Writer::new(20);
+                w.u64(*library).u32(names.len() as u32);
+                for n in names {
+                    w.bytes(n.as_bytes());
+                }
+                w
+            }
         };
         w.finish()
     }
@@ -702,6 +720,15 @@ impl Request {
                 Request::Call { address, args }
             }
             19 => Request::Shutdown,
+            20 => {
+                let library = r.u64("library")?;
+                let n = r.count("names", 4)?;
+                let mut names = Vec::with_capacity(n);
+                for _ in 0..n {
+                    names.push(r.string("name")?);
+                }
+                Request::LookupMany { library, names }
+            }
             other => return Err(DecodeError::UnknownTag(other)),
         };
         r.end()?;
@@ -744,6 +771,14 @@ impl Response {
                 w.u32(*signal as u32);
                 w
             }
+            Response::Symbols(list) => {
+                let mut w = Writer::new(107);
+                w.u32(list.len() as u32);
+                for &(a, k) in list {
+                    w.u64(a).u8(k);
+                }
+                w
+            }
         };
         w.finish()
     }
@@ -767,6 +802,14 @@ impl Response {
             106 => Response::Crashed {
                 signal: r.u32("signal")? as i32,
             },
+            107 => {
+                let n = r.count("symbols", 9)?;
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    list.push((r.u64("address")?, r.u8("kind")?));
+                }
+                Response::Symbols(list)
+            }
             other => return Err(DecodeError::UnknownTag(other)),
         };
         r.end()?;
@@ -866,6 +909,10 @@ mod tests {
                 args: vec![1, 2, 3],
             },
             Request::Shutdown,
+            Request::LookupMany {
+                library: 2,
+                names: vec!["a".into(), "bc".into()],
+            },
         ];
         for req in all {
             let frame = req.encode();
@@ -889,6 +936,7 @@ mod tests {
             },
             Response::Error("no".into()),
             Response::Crashed { signal: 11 },
+            Response::Symbols(vec![(1, 1), (0, 0)]),
         ] {
             assert_eq!(Response::decode(body(&resp.encode())).unwrap(), resp);
         }

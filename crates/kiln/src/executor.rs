@@ -143,7 +143,11 @@ impl Executor {
     /// Looks `name` up in the executor: the whole process (`library` 0) or a library
     /// loaded with [`Executor::load_library`]. Returns the address and whether it is a
     /// function, if known.
-    pub fn lookup(&self, library: u64, name: &str) -> Result<Option<(u64, Option<bool>)>, Error> {
+    pub fn lookup(
+        &self,
+        library: u64,
+        name: &str,
+    ) -> Result<Option<crate::generator::Found>, Error> {
         match &self.kind {
             Kind::InProcess => {
                 let handle = library as *mut c_void;
@@ -162,6 +166,32 @@ impl Executor {
                         _ => None,
                     },
                 ))),
+                other => Err(Error::Executor(format!("unexpected answer {other:?}"))),
+            },
+        }
+    }
+
+    /// [`Executor::lookup`] for many names, in one request to a remote executor.
+    pub fn lookup_many(
+        &self,
+        library: u64,
+        names: &[&str],
+    ) -> Result<Vec<Option<crate::generator::Found>>, Error> {
+        let kind = |k: u8| match k {
+            1 => Some(true),
+            2 => Some(false),
+            _ => None,
+        };
+        match &self.kind {
+            Kind::InProcess => names.iter().map(|n| self.lookup(library, n)).collect(),
+            Kind::Remote { remote, .. } => match remote.request(&Request::LookupMany {
+                library,
+                names: names.iter().map(|n| n.to_string()).collect(),
+            })? {
+                Response::Symbols(list) if list.len() == names.len() => Ok(list
+                    .into_iter()
+                    .map(|(a, k)| (a != 0).then_some((a, kind(k))))
+                    .collect()),
                 other => Err(Error::Executor(format!("unexpected answer {other:?}"))),
             },
         }
@@ -340,7 +370,12 @@ impl crate::SymbolGenerator for ExecutorSymbols {
     fn generate(&mut self, symbol: &str) -> Option<u64> {
         self.generate_with_kind(symbol).map(|(a, _)| a)
     }
-    fn generate_with_kind(&mut self, symbol: &str) -> Option<(u64, Option<bool>)> {
+    fn generate_with_kind(&mut self, symbol: &str) -> Option<crate::generator::Found> {
         self.executor.lookup(self.library, symbol).ok().flatten()
+    }
+    fn generate_many(&mut self, symbols: &[&str]) -> Vec<Option<crate::generator::Found>> {
+        self.executor
+            .lookup_many(self.library, symbols)
+            .unwrap_or_else(|_| vec![None; symbols.len()])
     }
 }

@@ -4,6 +4,9 @@ use crate::Error;
 use kiln_executor::runtime as executor;
 use std::ffi::c_void;
 
+/// A symbol found by a generator: its address and whether it is a function, if known.
+pub type Found = (u64, Option<bool>);
+
 /// Supplies addresses for names nobody in a library defines.
 ///
 /// Called during linking, once per undefined name, in the library's generator order.
@@ -15,8 +18,13 @@ pub trait SymbolGenerator: Send {
 
     /// The address of `symbol` and whether it is a function (if the generator knows: a
     /// far reference to a function can go through a stub, to data it cannot).
-    fn generate_with_kind(&mut self, symbol: &str) -> Option<(u64, Option<bool>)> {
+    fn generate_with_kind(&mut self, symbol: &str) -> Option<Found> {
         self.generate(symbol).map(|a| (a, None))
+    }
+
+    /// [`SymbolGenerator::generate_with_kind`] for many names at once, in order.
+    fn generate_many(&mut self, symbols: &[&str]) -> Vec<Option<Found>> {
+        symbols.iter().map(|s| self.generate_with_kind(s)).collect()
     }
 }
 
@@ -32,7 +40,7 @@ impl SymbolGenerator for ProcessSymbols {
     fn generate(&mut self, symbol: &str) -> Option<u64> {
         executor::dlsym(std::ptr::null_mut(), symbol)
     }
-    fn generate_with_kind(&mut self, symbol: &str) -> Option<(u64, Option<bool>)> {
+    fn generate_with_kind(&mut self, symbol: &str) -> Option<Found> {
         self.generate(symbol)
             .map(|a| (a, executor::host_symbol_is_function(a)))
     }
@@ -70,7 +78,7 @@ impl SymbolGenerator for SharedLibrary {
     fn generate(&mut self, symbol: &str) -> Option<u64> {
         executor::dlsym(self.handle, symbol)
     }
-    fn generate_with_kind(&mut self, symbol: &str) -> Option<(u64, Option<bool>)> {
+    fn generate_with_kind(&mut self, symbol: &str) -> Option<Found> {
         self.generate(symbol)
             .map(|a| (a, executor::host_symbol_is_function(a)))
     }

@@ -35,8 +35,58 @@ struct State {
 struct Inner {
     executor: Executor,
     memory: SlabMemoryManager,
-    low_memory: Option<SlabMemoryManager>,
+    low_memory: LowMemory,
     state: Mutex<State>,
+}
+
+/// Memory in the low 2 GiB for non-PIC code, reserved on first use (most programs never
+/// need it, and reserving costs a round trip to a remote executor).
+struct LowMemory {
+    given: Option<Option<SlabMemoryManager>>,
+    mapper: Option<Arc<dyn kiln_memory::Mapper>>,
+    built: std::sync::OnceLock<Option<SlabMemoryManager>>,
+}
+
+impl LowMemory {
+    fn get(&self) -> Option<&SlabMemoryManager> {
+        if let Some(given) = &self.given {
+            return given.as_ref();
+        }
+        self.built
+            .get_or_init(|| {
+                let mut builder = SlabMemoryManager::builder()
+                    .placement(Placement::Low2GiB)
+                    .layout(SlabLayout {
+                        read_execute: 64 << 20,
+                        read: 32 << 20,
+                        read_write: 32 << 20,
+                    });
+                if let Some(m) = &self.mapper {
+                    builder = builder.mapper(m.clone());
+                }
+                builder
+                    .build()
+                    .map_err(
+                        |e| tracing::debug!(%e, "no low-2GiB memory: non-PIC code will not link"),
+                    )
+                    .ok()
+            })
+            .as_ref()
+    }
+}
+
+impl MemoryManager for LowMemory {
+    fn allocate(
+        &self,
+        request: &kiln_memory::AllocationRequest,
+    ) -> Result<kiln_memory::InFlightAllocation, kiln_memory::MemoryError> {
+        match self.get() {
+            Some(m) => m.allocate(request),
+            None => Err(kiln_memory::MemoryError::InvalidConfiguration(
+                "no memory in the low 2 GiB could be reserved for non-PIC code".into(),
+            )),
+        }
+    }
 }
 
 /// A JIT session: load objects and archives into libraries, link, look symbols up, run.
@@ -96,18 +146,10 @@ impl JitBuilder {
             Some(m) => m,
             None => with_mapper(SlabMemoryManager::builder()).build()?,
         };
-        let low_memory = match self.low_memory {
-            Some(m) => m,
-            None => with_mapper(SlabMemoryManager::builder())
-                .placement(Placement::Low2GiB)
-                .layout(SlabLayout {
-                    read_execute: 64 << 20,
-                    read: 32 << 20,
-                    read_write: 32 << 20,
-                })
-                .build()
-                .map_err(|e| tracing::debug!(%e, "no low-2GiB memory: non-PIC code will not link"))
-                .ok(),
+        let low_memory = LowMemory {
+            given: self.low_memory,
+            mapper,
+            built: std::sync::OnceLock::new(),
         };
         let main = Library {
             name: "main".into(),
@@ -304,11 +346,7 @@ impl Jit {
         let archives = state.libraries[lib.0].archives.clone();
         let options = LinkOptions {
             memory: &self.inner.memory,
-            low_memory: self
-                .inner
-                .low_memory
-                .as_ref()
-                .map(|m| m as &dyn MemoryManager),
+            low_memory: Some(&self.inner.low_memory as &dyn MemoryManager),
         };
         let mut ctx = SessionContext {
             state: &mut state,
@@ -496,6 +534,52 @@ impl LinkContext for SessionContext<'_> {
             }
         }
         None
+    }
+
+    fn resolve_many(&mut self, names: &[&str]) -> Vec<Option<u64>> {
+        let mut out: Vec<Option<u64>> = vec![None; names.len()];
+        let mut order = vec![self.lib];
+        order.extend(
+            self.state.libraries[self.lib.0]
+                .search_order
+                .iter()
+                .copied(),
+        );
+        let mut pending: Vec<usize> = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            if *name == "__tls_get_addr" {
+                out[i] = Some(self.executor.tls_get_addr());
+                continue;
+            }
+            match order.iter().find_map(|&lib| self.defined(lib, name)) {
+                Some(a) => out[i] = Some(a),
+                None => pending.push(i),
+            }
+        }
+        // Generators, in order, each asked once for everything still missing.
+        for &lib in &order {
+            for generator in &mut self.state.libraries[lib.0].generators {
+                if pending.is_empty() {
+                    return out;
+                }
+                let ask: Vec<&str> = pending.iter().map(|&i| names[i]).collect();
+                let got = generator.generate_many(&ask);
+                let mut still = Vec::new();
+                for (&i, found) in pending.iter().zip(got) {
+                    match found {
+                        Some((a, kind)) => {
+                            out[i] = Some(a);
+                            if let Some(kind) = kind {
+                                self.kinds.insert(names[i].to_string(), kind);
+                            }
+                        }
+                        None => still.push(i),
+                    }
+                }
+                pending = still;
+            }
+        }
+        out
     }
 
     fn tls_module_id(&mut self) -> Result<u64, String> {

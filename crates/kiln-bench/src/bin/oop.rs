@@ -58,35 +58,76 @@ fn time_command(runs: usize, mut make: impl FnMut() -> Command) -> Option<Durati
     Some(times[times.len() / 2])
 }
 
-fn transport_time(executor: &Path, shared: bool, image: u64, runs: usize) -> Duration {
+/// Time to place an `image`-byte code segment in the executor. `warm`: the manager keeps
+/// the pages of freed code (a JIT that replaces code reuses memory); cold: each placement
+/// gets fresh pages, which the kernel must allocate and zero.
+fn transport_time(executor: &Path, shared: bool, image: u64, runs: usize, warm: bool) -> Duration {
     let remote = Arc::new(RemoteExecutor::spawn(executor, Timeouts::default()).expect("executor"));
     let mapper: Arc<dyn kiln_memory::Mapper> = if shared {
         Arc::new(SharedMemoryMapper::new(remote.clone()).expect("shm"))
     } else {
         Arc::new(CopyMapper::new(remote.clone()))
     };
-    let manager = SlabMemoryManager::builder()
+    let pool = (image + (16 << 20)).next_multiple_of(1 << 20);
+    let mut builder = SlabMemoryManager::builder()
         .mapper(mapper)
         .layout(SlabLayout {
-            read_execute: (image + (16 << 20)).next_multiple_of(1 << 20),
+            read_execute: pool,
             read: 1 << 20,
             read_write: 1 << 20,
         })
-        .arenas(1)
-        .build()
-        .expect("manager");
+        .arenas(1);
+    if warm {
+        // Freed runs keep all their pages prepared.
+        builder = builder.prepare_chunk(pool);
+    }
+    let manager = builder.build().expect("manager");
+    // A small live allocation keeps the pool from being "all free" (which always returns
+    // its pages).
+    let _anchor = manager
+        .allocate(&AllocationRequest::new().segment(SegmentRequest::new(
+            Permission::ReadExecute,
+            16,
+            16,
+        )))
+        .and_then(|a| a.finalize())
+        .expect("anchor");
+    if warm {
+        let mut first = manager
+            .allocate(&AllocationRequest::new().segment(SegmentRequest::new(
+                Permission::ReadExecute,
+                image,
+                16,
+            )))
+            .expect("warm-up");
+        first.working_memory(0).expect("segment").fill(0xc3);
+        drop(first.finalize().expect("warm-up"));
+    }
     let request =
         AllocationRequest::new().segment(SegmentRequest::new(Permission::ReadExecute, image, 16));
     let mut times = Vec::new();
+    let mut phases = Vec::new();
     for _ in 0..runs {
         let start = Instant::now();
         let mut in_flight = manager.allocate(&request).expect("allocate");
+        let a = start.elapsed();
         in_flight.working_memory(0).expect("segment").fill(0xc3);
+        let w = start.elapsed();
         let code = in_flight.finalize().expect("finalize");
         times.push(start.elapsed());
+        phases.push((a, w - a, start.elapsed() - w));
         drop(code);
     }
     times.sort();
+    let (a, w, f) = phases[phases.len() / 2];
+    eprintln!(
+        "  ({} {}: allocate {:.1} ms, write {:.1} ms, finalize {:.1} ms)",
+        if shared { "shm" } else { "copy" },
+        if warm { "warm" } else { "cold" },
+        a.as_secs_f64() * 1e3,
+        w.as_secs_f64() * 1e3,
+        f.as_secs_f64() * 1e3
+    );
     times[times.len() / 2]
 }
 
@@ -189,17 +230,24 @@ fn main() {
         }
     }
     let image = args.image_mib << 20;
-    let shm = transport_time(&executor, true, image, args.runs);
-    let copy = transport_time(&executor, false, image, args.runs);
     println!(
         "\ntransport alone: {} MiB code image placed in the executor (allocate + write + finalize), median of {} runs",
         args.image_mib, args.runs
     );
-    println!("shared memory {:>9.1} ms", shm.as_secs_f64() * 1e3);
-    println!("copy          {:>9.1} ms", copy.as_secs_f64() * 1e3);
-    println!(
-        "copy / shm    {:>9.2}x",
-        copy.as_secs_f64() / shm.as_secs_f64()
-    );
+    for warm in [false, true] {
+        let shm = transport_time(&executor, true, image, args.runs, warm);
+        let copy = transport_time(&executor, false, image, args.runs, warm);
+        println!(
+            "{}: shared memory {:>7.1} ms   copy {:>7.1} ms   copy / shm {:>6.2}x",
+            if warm {
+                "warm pages (memory reused)  "
+            } else {
+                "cold pages (fresh each time)"
+            },
+            shm.as_secs_f64() * 1e3,
+            copy.as_secs_f64() * 1e3,
+            copy.as_secs_f64() / shm.as_secs_f64()
+        );
+    }
     println!("\ntargets: kiln oop >= 2x faster than llvm-jitlink oop, within 10% of kiln in-process with shm; shm >= 5x faster than copy");
 }

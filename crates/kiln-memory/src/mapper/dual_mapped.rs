@@ -19,6 +19,7 @@ pub struct DualMappedMapper {
     page: u64,
     memfd_flags: libc::c_uint,
     files: Mutex<HashMap<u64, OwnedFd>>,
+    populate: bool,
 }
 
 fn os(
@@ -45,6 +46,7 @@ impl DualMappedMapper {
             page,
             memfd_flags,
             files: Mutex::new(HashMap::new()),
+            populate: true,
         };
         // Probe: a one-page reservation made executable.
         let probe = mapper.reserve(page, &Placement::Anywhere)?;
@@ -82,6 +84,14 @@ impl DualMappedMapper {
                 source: e,
             }),
         }
+    }
+
+    /// Whether [`Mapper::prepare`] also populates the page tables of both views (the
+    /// default: one call instead of a page fault per page and view). An executor whose
+    /// pages are written by another process through a shared view turns it off.
+    pub fn with_populate(mut self, populate: bool) -> Self {
+        self.populate = populate;
+        self
     }
 
     /// A duplicate of the memfd behind `reservation` (close-on-exec), to share its pages
@@ -184,9 +194,11 @@ unsafe impl Mapper for DualMappedMapper {
         ))?;
         // Back the pages and map them in both views now, in two calls, rather than in one
         // page fault per page per view later (Linux 5.14+; older kernels just fault).
-        let working = reservation.working as u64 + (start - reservation.target);
-        sys::populate(working, end - start, true);
-        sys::populate(start, end - start, false);
+        if self.populate {
+            let working = reservation.working as u64 + (start - reservation.target);
+            sys::populate(working, end - start, true);
+            sys::populate(start, end - start, false);
+        }
         Ok(())
     }
 
