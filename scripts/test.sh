@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# kiln-llvm's feature `llvm` builds against Debian's LLVM 14 (llvm-14-dev).
+export LLVM_SYS_140_PREFIX="${LLVM_SYS_140_PREFIX:-/usr/lib/llvm-14}"
 
 # --- what the tests need --------------------------------------------------------------
 # command or file -> Debian package
@@ -20,6 +22,7 @@ declare -A needs=(
   [/usr/lib/x86_64-linux-gnu/liblua5.4.a]=liblua5.4-dev
   [/usr/lib/x86_64-linux-gnu/libz.a]=zlib1g-dev
   [/usr/lib/python3.11/config-3.11-x86_64-linux-gnu/libpython3.11-pic.a]=libpython3.11-dev
+  [/usr/lib/llvm-14/bin/llvm-config]=llvm-14-dev
 )
 missing=()
 for need in "${!needs[@]}"; do
@@ -51,10 +54,16 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --workspace
 
+echo "== kiln-llvm with LLVM 14 (feature llvm)"
+cargo clippy -p kiln-llvm --features llvm --all-targets -- -D warnings
+cargo test -p kiln-llvm --features llvm
+
 echo "== benchmarks, small workload (figures: see docs/BENCHMARKS.md)"
 cargo build --release -p kiln-bench
 ./target/release/many_modules --modules 500 --no-syscalls
 ./target/release/alloc_throughput --ops 5000
+cargo build --release -p kiln-llvm --features llvm --examples
+./target/release/examples/shaders 20 >/dev/null
 
 echo "== the main job"
 ./scripts/demo.sh >/dev/null
