@@ -4,7 +4,7 @@
 //! small functions in machine code into executable memory, calls them, frees some, and
 //! prints the memory figures and a W^X check of the process's mappings.
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use kiln_memory::{
     AllocationRequest, DualMappedMapper, FinalizedAllocation, InProcessMapper, Mapper,
     MemoryManager, Permission, SegmentRequest, SlabMemoryManager,
@@ -29,44 +29,7 @@ struct Cli {
 enum Command {
     /// Links objects and archives in memory and runs their `main`, with main's exit code
     /// as this command's.
-    Run {
-        /// Object files (`cc -c` output) and static archives.
-        #[arg(required = true)]
-        inputs: Vec<PathBuf>,
-        /// Link against library NAME (`libNAME.so`, an ld script, or `libNAME.a`).
-        #[arg(short = 'l', value_name = "NAME")]
-        libraries: Vec<String>,
-        /// Search DIR for `-l` libraries first.
-        #[arg(short = 'L', value_name = "DIR")]
-        library_dirs: Vec<PathBuf>,
-        /// Call SYM instead of `main` (same signature).
-        #[arg(long, value_name = "SYM", default_value = "main")]
-        entry: String,
-        /// Link only; do not run.
-        #[arg(long)]
-        noexec: bool,
-        /// Print the time of each link phase to stderr.
-        #[arg(long)]
-        show_times: bool,
-        /// Print memory figures to stderr.
-        #[arg(long)]
-        stats: bool,
-        /// Run the code in a `kiln-executor` child process (out of process).
-        #[arg(long)]
-        oop: bool,
-        /// How code reaches the executor process: shared memory or copies.
-        #[arg(long, value_enum, default_value_t = TransportKind::Shm)]
-        transport: TransportKind,
-        /// Run the code in a `kiln-executor --listen` at HOST:PORT (copy transport).
-        #[arg(long, value_name = "HOST:PORT")]
-        connect: Option<String>,
-        /// The executor binary for --oop (default: kiln-executor next to kiln).
-        #[arg(long, value_name = "PATH")]
-        executor: Option<PathBuf>,
-        /// Arguments for the program (after `--`).
-        #[arg(last = true)]
-        args: Vec<String>,
-    },
+    Run(RunArgs),
     /// Writes N small functions into executable memory, calls each, frees half, and prints
     /// memory figures.
     Demo {
@@ -189,22 +152,47 @@ fn demo(modules: u32, kind: MapperKind) -> Result<(), String> {
 }
 
 /// Options of `kiln run`.
-struct RunOptions {
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Object files (`cc -c` output) and static archives.
+    #[arg(required = true)]
     inputs: Vec<PathBuf>,
+    /// Link against library NAME (`libNAME.so`, an ld script, or `libNAME.a`).
+    #[arg(short = 'l', value_name = "NAME")]
     libraries: Vec<String>,
+    /// Search DIR for `-l` libraries first.
+    #[arg(short = 'L', value_name = "DIR")]
     library_dirs: Vec<PathBuf>,
+    /// Call SYM instead of `main` (same signature).
+    #[arg(long, value_name = "SYM", default_value = "main")]
     entry: String,
+    /// Link only; do not run.
+    #[arg(long)]
     noexec: bool,
+    /// Print the time of each link phase to stderr.
+    #[arg(long)]
     show_times: bool,
+    /// Print memory figures to stderr.
+    #[arg(long)]
     stats: bool,
+    /// Run the code in a `kiln-executor` child process (out of process).
+    #[arg(long)]
     oop: bool,
+    /// How code reaches the executor process: shared memory or copies.
+    #[arg(long, value_enum, default_value_t = TransportKind::Shm)]
     transport: TransportKind,
+    /// Run the code in a `kiln-executor --listen` at HOST:PORT (copy transport).
+    #[arg(long, value_name = "HOST:PORT")]
     connect: Option<String>,
+    /// The executor binary for --oop (default: kiln-executor next to kiln).
+    #[arg(long, value_name = "PATH")]
     executor: Option<PathBuf>,
+    /// Arguments for the program (after `--`).
+    #[arg(last = true)]
     args: Vec<String>,
 }
 
-fn run(o: RunOptions) -> Result<i32, String> {
+fn run(o: RunArgs) -> Result<i32, String> {
     let start = Instant::now();
     let timeouts = kiln::Timeouts::default();
     let executor = if let Some(address) = &o.connect {
@@ -290,33 +278,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo { modules, mapper } => demo(modules, mapper).map(|()| 0),
-        Command::Run {
-            inputs,
-            libraries,
-            library_dirs,
-            entry,
-            noexec,
-            show_times,
-            stats,
-            oop,
-            transport,
-            connect,
-            executor,
-            args,
-        } => run(RunOptions {
-            inputs,
-            libraries,
-            library_dirs,
-            entry,
-            noexec,
-            show_times,
-            stats,
-            oop,
-            transport,
-            connect,
-            executor,
-            args,
-        }),
+        Command::Run(args) => run(args),
     };
     match result {
         Ok(status) => {

@@ -75,6 +75,17 @@ impl State {
         Ok(r)
     }
 
+    /// The `dlopen` handle of library `id` (null, meaning the whole process, for 0).
+    fn library(&self, id: u64) -> Result<*mut c_void, String> {
+        if id == 0 {
+            return Ok(std::ptr::null_mut());
+        }
+        self.libraries
+            .get(&id)
+            .map(|l| l.0)
+            .ok_or_else(|| format!("no library with handle {id}"))
+    }
+
     /// Checks a code address lies in some reservation.
     fn code(&self, address: u64) -> Result<(), String> {
         if self.reservations.values().any(|r| r.contains(address, 1)) {
@@ -221,6 +232,22 @@ enum Reply {
     WithFd(Response, std::os::fd::OwnedFd),
 }
 
+/// `dlsym` in this process (or a library opened here): (address or 0, kind: 0 unknown,
+/// 1 function, 2 data).
+fn lookup(handle: *mut c_void, name: &str) -> (u64, u8) {
+    match runtime::dlsym(handle, name) {
+        Some(a) => (
+            a,
+            match runtime::host_symbol_is_function(a) {
+                Some(true) => 1,
+                Some(false) => 2,
+                None => 0,
+            },
+        ),
+        None => (0, 0),
+    }
+}
+
 fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
     let ok = Ok(Reply::Plain(Response::Ok));
     match request {
@@ -342,52 +369,12 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             Ok(Reply::Plain(Response::Bytes(out)))
         }
         Request::Lookup { library, name } => {
-            let handle = if library == 0 {
-                std::ptr::null_mut()
-            } else {
-                state
-                    .libraries
-                    .get(&library)
-                    .ok_or_else(|| format!("no library with handle {library}"))?
-                    .0
-            };
-            let (address, kind) = match runtime::dlsym(handle, &name) {
-                Some(a) => (
-                    a,
-                    match runtime::host_symbol_is_function(a) {
-                        Some(true) => 1,
-                        Some(false) => 2,
-                        None => 0,
-                    },
-                ),
-                None => (0, 0),
-            };
+            let (address, kind) = lookup(state.library(library)?, &name);
             Ok(Reply::Plain(Response::Symbol { address, kind }))
         }
         Request::LookupMany { library, names } => {
-            let handle = if library == 0 {
-                std::ptr::null_mut()
-            } else {
-                state
-                    .libraries
-                    .get(&library)
-                    .ok_or_else(|| format!("no library with handle {library}"))?
-                    .0
-            };
-            let list = names
-                .iter()
-                .map(|name| match runtime::dlsym(handle, name) {
-                    Some(a) => (
-                        a,
-                        match runtime::host_symbol_is_function(a) {
-                            Some(true) => 1,
-                            Some(false) => 2,
-                            None => 0,
-                        },
-                    ),
-                    None => (0, 0),
-                })
-                .collect();
+            let handle = state.library(library)?;
+            let list = names.iter().map(|name| lookup(handle, name)).collect();
             Ok(Reply::Plain(Response::Symbols(list)))
         }
         Request::LoadLibrary { path } => {

@@ -81,58 +81,32 @@ fn map_local(len: u64, fd: Option<&OwnedFd>) -> Result<u64, MapperError> {
     Ok(p as u64)
 }
 
-/// The shared-memory mapper: the executor maps its memfd read-execute / read-only at the
-/// addresses it reserved; this process maps the same pages writable. No code byte crosses
-/// the socket.
-pub struct SharedMemoryMapper {
+/// What both remote mappers share: the connection and this side's views of each
+/// reservation (the shared memfd mapped writable, or a private shadow).
+struct RemoteViews {
     executor: Arc<RemoteExecutor>,
     views: Mutex<HashMap<u64, LocalView>>,
 }
 
-impl std::fmt::Debug for SharedMemoryMapper {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedMemoryMapper")
-            .field("executor", &self.executor)
-            .finish()
-    }
-}
-
-impl SharedMemoryMapper {
-    /// A mapper for `executor` (connected by a Unix socket).
-    pub fn new(executor: Arc<RemoteExecutor>) -> Result<Self, RemoteError> {
-        if !executor.can_share_memory() {
-            return Err(RemoteError::Start(
-                "shared memory needs a Unix socket to the executor; use the copy transport over TCP".into(),
-            ));
-        }
-        Ok(SharedMemoryMapper {
+impl RemoteViews {
+    fn new(executor: Arc<RemoteExecutor>) -> Self {
+        RemoteViews {
             executor,
             views: Mutex::new(HashMap::new()),
-        })
-    }
-}
-
-// SAFETY: the working view is a shared mapping of the executor's memfd made here in
-// `reserve` and unmapped only in `release`; the memfd is never truncated, so the pages stay
-// valid; only the allocator's owner of a range writes it.
-unsafe impl Mapper for SharedMemoryMapper {
-    fn name(&self) -> &'static str {
-        "shared-memory"
+        }
     }
 
-    fn page_size(&self) -> u64 {
-        self.executor.hello().page_size
-    }
-
-    fn shares_pages(&self) -> bool {
-        true
-    }
-
-    fn reserve(&self, len: u64, placement: &Placement) -> Result<Reservation, MapperError> {
+    /// Reserves in the executor; with `share`, maps the memfd it sends, else a shadow.
+    fn reserve(
+        &self,
+        len: u64,
+        placement: &Placement,
+        share: bool,
+    ) -> Result<Reservation, MapperError> {
         let request = Request::Reserve {
             len,
             placement: wire_placement(placement),
-            share: true,
+            share,
         };
         let (response, fd) = self
             .executor
@@ -151,19 +125,18 @@ unsafe impl Mapper for SharedMemoryMapper {
                 reason: why,
             }
         };
-        let Some(fd) = fd else {
-            return Err(release("the executor sent no memory descriptor".into()));
+        let fd = match (share, fd) {
+            (true, None) => return Err(release("the executor sent no memory descriptor".into())),
+            (true, fd) => fd,
+            (false, _) => None,
         };
-        let working = match map_local(len, Some(&fd)) {
-            Ok(w) => w,
-            Err(e) => return Err(release(e.to_string())),
-        };
+        let working = map_local(len, fd.as_ref()).map_err(|e| release(e.to_string()))?;
         self.views.lock().insert(
             handle,
             LocalView {
                 address: working,
                 len,
-                _fd: Some(fd),
+                _fd: fd,
             },
         );
         Ok(Reservation {
@@ -174,7 +147,7 @@ unsafe impl Mapper for SharedMemoryMapper {
         })
     }
 
-    unsafe fn prepare(
+    fn prepare(
         &self,
         r: &Reservation,
         start: u64,
@@ -189,7 +162,101 @@ unsafe impl Mapper for SharedMemoryMapper {
                 end,
                 permission: wire_permission(permission),
             }),
-        )?;
+        )
+    }
+
+    fn initialize(&self, r: &Reservation, segments: &[SegmentRange]) -> Result<(), MapperError> {
+        let segments: Vec<WireSegment> = segments
+            .iter()
+            .map(|s| (s.target, s.len, wire_permission(s.permission)))
+            .collect();
+        expect_ok(
+            "initialize",
+            self.executor.request(&Request::Initialize {
+                handle: r.handle,
+                segments,
+            }),
+        )
+    }
+
+    fn deinitialize(&self, r: &Reservation, start: u64, end: u64) -> Result<(), MapperError> {
+        expect_ok(
+            "deinitialize",
+            self.executor.request(&Request::Deinitialize {
+                handle: r.handle,
+                start,
+                end,
+            }),
+        )
+    }
+
+    fn release(&self, r: &Reservation) -> Result<(), MapperError> {
+        self.views.lock().remove(&r.handle);
+        expect_ok(
+            "release",
+            self.executor
+                .request(&Request::Release { handle: r.handle }),
+        )
+    }
+}
+
+/// The shared-memory mapper: the executor maps its memfd read-execute / read-only at the
+/// addresses it reserved; this process maps the same pages writable. No code byte crosses
+/// the socket.
+pub struct SharedMemoryMapper {
+    remote: RemoteViews,
+}
+
+impl std::fmt::Debug for SharedMemoryMapper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedMemoryMapper")
+            .field("executor", &self.remote.executor)
+            .finish()
+    }
+}
+
+impl SharedMemoryMapper {
+    /// A mapper for `executor` (connected by a Unix socket).
+    pub fn new(executor: Arc<RemoteExecutor>) -> Result<Self, RemoteError> {
+        if !executor.can_share_memory() {
+            return Err(RemoteError::Start(
+                "shared memory needs a Unix socket to the executor; use the copy transport over TCP".into(),
+            ));
+        }
+        Ok(SharedMemoryMapper {
+            remote: RemoteViews::new(executor),
+        })
+    }
+}
+
+// SAFETY: the working view is a shared mapping of the executor's memfd made here in
+// `reserve` and unmapped only in `release`; the memfd is never truncated, so the pages stay
+// valid; only the allocator's owner of a range writes it.
+unsafe impl Mapper for SharedMemoryMapper {
+    fn name(&self) -> &'static str {
+        "shared-memory"
+    }
+
+    fn page_size(&self) -> u64 {
+        self.remote.executor.hello().page_size
+    }
+
+    fn shares_pages(&self) -> bool {
+        true
+    }
+
+    fn reserve(&self, len: u64, placement: &Placement) -> Result<Reservation, MapperError> {
+        self.remote.reserve(len, placement, true)
+    }
+
+    unsafe fn prepare(
+        &self,
+        r: &Reservation,
+        start: u64,
+        end: u64,
+        permission: Permission,
+    ) -> Result<(), MapperError> {
+        self.remote.prepare(r, start, end, permission)?;
         // This side writes the pages: back them and map them here in one call rather
         // than a page fault per page (Linux 5.14+; older kernels just fault).
         if let Some(working) = r.working_address(start) {
@@ -206,17 +273,7 @@ unsafe impl Mapper for SharedMemoryMapper {
         r: &Reservation,
         segments: &[SegmentRange],
     ) -> Result<(), MapperError> {
-        let segments: Vec<WireSegment> = segments
-            .iter()
-            .map(|s| (s.target, s.len, wire_permission(s.permission)))
-            .collect();
-        expect_ok(
-            "initialize",
-            self.executor.request(&Request::Initialize {
-                handle: r.handle,
-                segments,
-            }),
-        )
+        self.remote.initialize(r, segments)
     }
 
     unsafe fn deinitialize(
@@ -226,23 +283,11 @@ unsafe impl Mapper for SharedMemoryMapper {
         end: u64,
         _p: Permission,
     ) -> Result<(), MapperError> {
-        expect_ok(
-            "deinitialize",
-            self.executor.request(&Request::Deinitialize {
-                handle: r.handle,
-                start,
-                end,
-            }),
-        )
+        self.remote.deinitialize(r, start, end)
     }
 
     unsafe fn release(&self, r: &Reservation) -> Result<(), MapperError> {
-        self.views.lock().remove(&r.handle);
-        expect_ok(
-            "release",
-            self.executor
-                .request(&Request::Release { handle: r.handle }),
-        )
+        self.remote.release(r)
     }
 
     fn resident_bytes(&self, _r: &Reservation) -> Option<u64> {
@@ -254,14 +299,13 @@ unsafe impl Mapper for SharedMemoryMapper {
 /// bytes travel over the connection and the executor writes them (through its own
 /// writable view) before making them runnable. Works over TCP, across machines.
 pub struct CopyMapper {
-    executor: Arc<RemoteExecutor>,
-    shadows: Mutex<HashMap<u64, LocalView>>,
+    remote: RemoteViews,
 }
 
 impl std::fmt::Debug for CopyMapper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CopyMapper")
-            .field("executor", &self.executor)
+            .field("executor", &self.remote.executor)
             .finish()
     }
 }
@@ -270,8 +314,7 @@ impl CopyMapper {
     /// A mapper for `executor`.
     pub fn new(executor: Arc<RemoteExecutor>) -> Self {
         CopyMapper {
-            executor,
-            shadows: Mutex::new(HashMap::new()),
+            remote: RemoteViews::new(executor),
         }
     }
 }
@@ -284,7 +327,7 @@ unsafe impl Mapper for CopyMapper {
     }
 
     fn page_size(&self) -> u64 {
-        self.executor.hello().page_size
+        self.remote.executor.hello().page_size
     }
 
     fn shares_pages(&self) -> bool {
@@ -292,41 +335,7 @@ unsafe impl Mapper for CopyMapper {
     }
 
     fn reserve(&self, len: u64, placement: &Placement) -> Result<Reservation, MapperError> {
-        let response = self
-            .executor
-            .request(&Request::Reserve {
-                len,
-                placement: wire_placement(placement),
-                share: false,
-            })
-            .map_err(|e| refused("reserve", e))?;
-        let Response::Reserved { target, handle } = response else {
-            return Err(MapperError::Refused {
-                operation: "reserve",
-                reason: format!("unexpected answer {response:?}"),
-            });
-        };
-        let working = match map_local(len, None) {
-            Ok(w) => w,
-            Err(e) => {
-                let _ = self.executor.request(&Request::Release { handle });
-                return Err(e);
-            }
-        };
-        self.shadows.lock().insert(
-            handle,
-            LocalView {
-                address: working,
-                len,
-                _fd: None,
-            },
-        );
-        Ok(Reservation {
-            target,
-            len,
-            working: working as *mut u8,
-            handle,
-        })
+        self.remote.reserve(len, placement, false)
     }
 
     unsafe fn prepare(
@@ -336,15 +345,7 @@ unsafe impl Mapper for CopyMapper {
         end: u64,
         permission: Permission,
     ) -> Result<(), MapperError> {
-        expect_ok(
-            "prepare",
-            self.executor.request(&Request::Prepare {
-                handle: r.handle,
-                start,
-                end,
-                permission: wire_permission(permission),
-            }),
-        )
+        self.remote.prepare(r, start, end, permission)
     }
 
     unsafe fn initialize(
@@ -364,24 +365,14 @@ unsafe impl Mapper for CopyMapper {
             let bytes = unsafe { std::slice::from_raw_parts(working, s.len as usize) }.to_vec();
             expect_ok(
                 "write",
-                self.executor.request(&Request::Write {
+                self.remote.executor.request(&Request::Write {
                     handle: r.handle,
                     address: s.target,
                     bytes,
                 }),
             )?;
         }
-        let segments: Vec<WireSegment> = segments
-            .iter()
-            .map(|s| (s.target, s.len, wire_permission(s.permission)))
-            .collect();
-        expect_ok(
-            "initialize",
-            self.executor.request(&Request::Initialize {
-                handle: r.handle,
-                segments,
-            }),
-        )
+        self.remote.initialize(r, segments)
     }
 
     unsafe fn deinitialize(
@@ -395,23 +386,11 @@ unsafe impl Mapper for CopyMapper {
             // SAFETY: the caller's contract: no allocation lives in these shadow pages.
             unsafe { libc::madvise(shadow.cast(), (end - start) as usize, libc::MADV_DONTNEED) };
         }
-        expect_ok(
-            "deinitialize",
-            self.executor.request(&Request::Deinitialize {
-                handle: r.handle,
-                start,
-                end,
-            }),
-        )
+        self.remote.deinitialize(r, start, end)
     }
 
     unsafe fn release(&self, r: &Reservation) -> Result<(), MapperError> {
-        self.shadows.lock().remove(&r.handle);
-        expect_ok(
-            "release",
-            self.executor
-                .request(&Request::Release { handle: r.handle }),
-        )
+        self.remote.release(r)
     }
 
     fn resident_bytes(&self, _r: &Reservation) -> Option<u64> {
