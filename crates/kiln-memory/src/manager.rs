@@ -176,6 +176,7 @@ pub struct SlabMemoryManagerBuilder {
     layout: SlabLayout,
     placement: Placement,
     prepare_chunk: u64,
+    populate_chunk: u64,
     release_threshold: u64,
     poison: bool,
     arenas: Option<usize>,
@@ -188,6 +189,7 @@ impl Default for SlabMemoryManagerBuilder {
             layout: SlabLayout::DEFAULT,
             placement: Placement::HostLibraries,
             prepare_chunk: 1 << 20,
+            populate_chunk: 256 << 10,
             release_threshold: 64 << 10,
             poison: true,
             arenas: None,
@@ -218,6 +220,15 @@ impl SlabMemoryManagerBuilder {
     /// (default 1 MiB), so that preparing costs well under one system call per module.
     pub fn prepare_chunk(mut self, bytes: u64) -> Self {
         self.prepare_chunk = bytes;
+        self
+    }
+
+    /// Pages of shared pools are backed with memory and mapped ahead of use this many
+    /// bytes at a time (default 256 KiB): one system call per chunk instead of a page
+    /// fault per page and view, at the price of up to a chunk per pool backed before it is
+    /// used.
+    pub fn populate_chunk(mut self, bytes: u64) -> Self {
+        self.populate_chunk = bytes;
         self
     }
 
@@ -268,6 +279,7 @@ impl SlabMemoryManagerBuilder {
         let tuning = SlabTuning {
             page,
             prepare_chunk: round(self.prepare_chunk.clamp(page, largest))?,
+            populate_chunk: round(self.populate_chunk.clamp(page, largest))?,
             release_threshold: round(self.release_threshold.clamp(page, largest))?,
             granule: 16,
             poison: self.poison,

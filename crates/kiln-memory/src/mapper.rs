@@ -166,6 +166,14 @@ pub unsafe trait Mapper: Send + Sync + fmt::Debug {
         permission: Permission,
     ) -> Result<(), MapperError>;
 
+    /// Backs the prepared pages `[start, end)` with memory and maps them in every view
+    /// this side uses, ahead of the first write (one call instead of a page fault per
+    /// page). Best effort, and optional: the default does nothing and pages fault in on
+    /// first touch.
+    fn populate(&self, reservation: &Reservation, start: u64, end: u64) {
+        let _ = (reservation, start, end);
+    }
+
     /// Gives the whole reservation back.
     ///
     /// # Safety

@@ -61,6 +61,8 @@ pub(crate) struct SlabTuning {
     pub(crate) page: u64,
     /// Pages are prepared at least this many bytes at a time in shared pools.
     pub(crate) prepare_chunk: u64,
+    /// Pages are populated (backed and mapped ahead) this many bytes at a time.
+    pub(crate) populate_chunk: u64,
     /// A run of whole free pages at least this long is given back to the system.
     pub(crate) release_threshold: u64,
     /// Smallest unit (and alignment) of shared-pool allocations.
@@ -78,6 +80,8 @@ pub(crate) struct Pool {
     pub(crate) shared: bool,
     pub(crate) free: FreeList,
     pub(crate) unprepared: PageRuns,
+    /// Pages not populated ahead yet (shared pools).
+    pub(crate) unpopulated: PageRuns,
     /// Bytes the live ranges of this pool were asked for.
     pub(crate) requested: u64,
     /// Live allocations whose first segment lies in this pool.
@@ -182,6 +186,7 @@ impl Slab {
                         shared,
                         free: FreeList::new(a_start, a_end - a_start),
                         unprepared: PageRuns::new(a_start, a_end),
+                        unpopulated: PageRuns::new(a_start, a_end),
                         requested: 0,
                         allocations: 0,
                     })
@@ -307,6 +312,21 @@ impl Slab {
                 }
             }
         }
+        if pool.shared && !pool.unpopulated.is_disjoint(page_start, page_end) {
+            // Back the pages this range needs, and a little ahead, in one call: fewer page
+            // faults than touching them, less memory than populating whole chunks.
+            // Ahead by a quarter of what the pool holds, between 64 KiB and the chunk:
+            // a pool that holds little (64-byte data of each module) is not backed a
+            // whole chunk ahead.
+            let used = (pool.free.end() - pool.free.start()) - pool.free.free_bytes();
+            let chunk = (used / 4).clamp(64 << 10, tuning.populate_chunk.max(64 << 10));
+            let ahead = page_end
+                .max(page_start.saturating_add(chunk))
+                .min(pool.free.end());
+            for (start, end) in pool.unpopulated.remove(page_start, ahead) {
+                self.mapper.populate(&self.reservation, start, end);
+            }
+        }
         pool.requested += size;
         pool.allocations += u64::from(first);
         Ok(Some(Placed {
@@ -369,6 +389,7 @@ impl Slab {
         // mapper left them in, the next use prepares them again, which restores access.
         // Only their memory is not returned meanwhile.
         let parts = pool.unprepared.insert(start, end);
+        pool.unpopulated.insert(start, end);
         let mut result = Ok(());
         for (s, e) in parts {
             // SAFETY: the pages lie in this arena and were free (the free list just took

@@ -256,16 +256,21 @@ unsafe impl Mapper for SharedMemoryMapper {
         end: u64,
         permission: Permission,
     ) -> Result<(), MapperError> {
-        self.remote.prepare(r, start, end, permission)?;
+        self.remote.prepare(r, start, end, permission)
+    }
+
+    fn populate(&self, r: &Reservation, start: u64, end: u64) {
         // This side writes the pages: back them and map them here in one call rather
         // than a page fault per page (Linux 5.14+; older kernels just fault).
-        if let Some(working) = r.working_address(start) {
+        if let Some(working) = r
+            .working_address(start)
+            .filter(|_| r.contains(start, end.saturating_sub(start)))
+        {
             const MADV_POPULATE_WRITE: libc::c_int = 23;
-            // SAFETY: populating changes no contents or permissions of pages this
-            // reservation's caller owns.
+            // SAFETY: populating changes no contents or permissions; the range lies in
+            // this reservation's working view (checked).
             unsafe { libc::madvise(working.cast(), (end - start) as usize, MADV_POPULATE_WRITE) };
         }
-        Ok(())
     }
 
     unsafe fn initialize(

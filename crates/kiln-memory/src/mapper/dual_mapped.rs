@@ -86,8 +86,8 @@ impl DualMappedMapper {
         }
     }
 
-    /// Whether [`Mapper::prepare`] also populates the page tables of both views (the
-    /// default: one call instead of a page fault per page and view). An executor whose
+    /// Whether [`Mapper::populate`] populates the page tables of both views (the default:
+    /// one call instead of a page fault per page and view). An executor whose
     /// pages are written by another process through a shared view turns it off.
     pub fn with_populate(mut self, populate: bool) -> Self {
         self.populate = populate;
@@ -194,12 +194,16 @@ unsafe impl Mapper for DualMappedMapper {
         ))?;
         // Back the pages and map them in both views now, in two calls, rather than in one
         // page fault per page per view later (Linux 5.14+; older kernels just fault).
-        if self.populate {
+        Ok(())
+    }
+
+    fn populate(&self, reservation: &Reservation, start: u64, end: u64) {
+        if self.populate && reservation.contains(start, end.saturating_sub(start)) {
+            // The working view only: writing is what allocates the pages (the target
+            // view then maps them on its first, cheap, read faults).
             let working = reservation.working as u64 + (start - reservation.target);
             sys::populate(working, end - start, true);
-            sys::populate(start, end - start, false);
         }
-        Ok(())
     }
 
     unsafe fn initialize(
