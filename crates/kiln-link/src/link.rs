@@ -713,6 +713,15 @@ impl Linker<'_, '_> {
         };
         times.layout = t.elapsed();
 
+        let resolver = Resolver {
+            linker: &self,
+            bases,
+            got_base,
+            plt_base,
+            dso_handle,
+            stubs: &stubs,
+        };
+
         // --- copy and relocate --------------------------------------------------------
         let t = Instant::now();
         let mut tls_image = vec![0u8; tls_size as usize];
@@ -736,14 +745,6 @@ impl Linker<'_, '_> {
                     dest[start..start + sec.data.len()].copy_from_slice(sec.data);
                 }
             }
-            let resolver = Resolver {
-                linker: &self,
-                bases,
-                got_base,
-                plt_base,
-                dso_handle,
-                stubs: &stubs,
-            };
             // GOT contents.
             let got = &mut segs[SEG_R].bytes[got_offset as usize..];
             let mut i = 0;
@@ -876,14 +877,6 @@ impl Linker<'_, '_> {
         let mut symbols = FxHashMap::default();
         let mut hidden_symbols = FxHashMap::default();
         {
-            let resolver = Resolver {
-                linker: &self,
-                bases,
-                got_base,
-                plt_base,
-                dso_handle,
-                stubs: &stubs,
-            };
             for (id, g) in self.globals.iter().enumerate() {
                 let exported = match g.def {
                     Def::Defined { obj, sym, .. } => {
