@@ -57,7 +57,9 @@ pub fn default_executor_path() -> PathBuf {
 
 /// An eh_frame registration, here or in the executor.
 pub(crate) enum EhRegistration {
+    /// Held for its drop, which deregisters.
     Local(#[allow(dead_code)] EhFrameRegistration),
+    /// The address registered in the executor process.
     Remote(u64),
 }
 
