@@ -14,6 +14,14 @@ use std::io::Write;
 use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
 
+/// Exits without running exit handlers: JIT code may have registered some (C++ and
+/// thread-local destructors) in memory that is unmapped by now.
+fn exit(code: i32) -> ! {
+    kiln_executor::runtime::flush_stdio();
+    // SAFETY: _exit ends the process at once; stdio was flushed above.
+    unsafe { libc::_exit(code) }
+}
+
 fn usage() -> ! {
     eprintln!("usage: kiln-executor --fd N | --listen [ADDR]");
     std::process::exit(2);
@@ -30,11 +38,14 @@ fn main() {
             else {
                 usage()
             };
+            // Programs the JIT code starts must not inherit the protocol socket.
+            // SAFETY: fcntl on a descriptor number; harmless if it is not open.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
             // SAFETY: the controller handed us this descriptor (a Unix socket) and nothing
             // else in this process owns it.
             let stream = unsafe { UnixStream::from_raw_fd(fd) };
             let ending = serve(Channel::new(Stream::Unix(stream)));
-            std::process::exit(if matches!(ending, Ending::Failed(_)) {
+            exit(if matches!(ending, Ending::Failed(_)) {
                 1
             } else {
                 0
@@ -61,6 +72,7 @@ fn main() {
                     break;
                 }
             }
+            exit(0);
         }
         _ => usage(),
     }

@@ -219,20 +219,37 @@ pub fn tls_reserve_module() -> u64 {
 }
 
 /// Installs the template for a reserved id.
-pub fn tls_install(template: TlsTemplate) {
-    let index = (template.module_id - TLS_MODULE_BASE) as usize;
+/// Installs the template for a reserved id; `false` if the id was not reserved here.
+pub fn tls_install(template: TlsTemplate) -> bool {
+    let Some(index) = template.module_id.checked_sub(TLS_MODULE_BASE) else {
+        return false;
+    };
     let mut templates = TLS_TEMPLATES.write();
-    if let Some(slot) = templates.get_mut(index) {
-        *slot = Some(Arc::new(template));
+    match templates.get_mut(index as usize) {
+        Some(slot) => {
+            *slot = Some(Arc::new(template));
+            true
+        }
+        None => false,
     }
 }
 
-/// Forgets a module's template (its blocks are freed as threads exit or touch it again).
+/// Forgets a module's template. Threads that touched the module keep their blocks until
+/// they exit.
 pub fn tls_remove(module_id: u64) {
-    let index = module_id.wrapping_sub(TLS_MODULE_BASE) as usize;
-    if let Some(slot) = TLS_TEMPLATES.write().get_mut(index) {
+    let Some(index) = module_id.checked_sub(TLS_MODULE_BASE) else {
+        return;
+    };
+    if let Some(slot) = TLS_TEMPLATES.write().get_mut(index as usize) {
         *slot = None;
     }
+}
+
+/// JIT code asked for a thread-local Kiln does not know: nothing sensible can be returned
+/// to it, so say why and abort (the executor reports the signal).
+fn tls_fatal(what: &str, module: u64, offset: u64) -> ! {
+    eprintln!("kiln: __tls_get_addr: {what} (module {module:#x}, offset {offset:#x})");
+    std::process::abort()
 }
 
 #[repr(C)]
@@ -246,22 +263,38 @@ extern "C" fn tls_get_addr_impl(index: *const TlsIndex) -> *mut u8 {
     // SAFETY: JIT code passes a pointer to its GOT pair {module, offset}, written by the
     // linker.
     let TlsIndex { module, offset } = unsafe { std::ptr::read(index) };
-    let slot = module.wrapping_sub(TLS_MODULE_BASE) as usize;
-    TLS_BLOCKS.with(|blocks| {
+    let templates_len = TLS_TEMPLATES.read().len();
+    let Some(slot) = module
+        .checked_sub(TLS_MODULE_BASE)
+        .map(|s| s as usize)
+        .filter(|&s| s < templates_len)
+    else {
+        tls_fatal("unknown TLS module", module, offset)
+    };
+    let result = TLS_BLOCKS.try_with(|blocks| {
         let mut blocks = blocks.borrow_mut();
         if blocks.len() <= slot {
             blocks.resize_with(slot + 1, || None);
         }
         if blocks[slot].is_none() {
-            let template = TLS_TEMPLATES.read().get(slot).cloned().flatten();
-            blocks[slot] = TlsBlock::new(template.as_deref());
+            let Some(template) = TLS_TEMPLATES.read().get(slot).cloned().flatten() else {
+                tls_fatal("TLS module not installed or removed", module, offset)
+            };
+            blocks[slot] = TlsBlock::new(Some(&template));
         }
         match &blocks[slot] {
-            // SAFETY: offsets come from the linker's TLS layout, inside the block.
-            Some(block) => unsafe { block.memory.add(offset as usize) },
-            None => std::ptr::null_mut(),
+            Some(block) if offset < block.layout.size() as u64 => {
+                // SAFETY: `offset` lies inside the block (checked).
+                unsafe { block.memory.add(offset as usize) }
+            }
+            Some(_) => tls_fatal("offset past the module's TLS block", module, offset),
+            None => tls_fatal("out of memory for a TLS block", module, offset),
         }
-    })
+    });
+    match result {
+        Ok(address) => address,
+        Err(_) => tls_fatal("called while the thread is exiting", module, offset),
+    }
 }
 
 // `__tls_get_addr` for JIT code. gcc does not guarantee a 16-byte aligned stack at the

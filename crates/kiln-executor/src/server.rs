@@ -32,6 +32,8 @@ struct Library(*mut c_void);
 struct State {
     mapper: Result<DualMappedMapper, String>,
     reservations: HashMap<u64, Reservation>,
+    /// Pages of each reservation not prepared (inaccessible in the target view).
+    unprepared: HashMap<u64, kiln_memory::PageRuns>,
     next_handle: u64,
     libraries: HashMap<u64, Library>,
     library_paths: HashMap<String, u64>,
@@ -43,6 +45,7 @@ impl State {
         State {
             mapper: DualMappedMapper::new().map_err(|e| e.to_string()),
             reservations: HashMap::new(),
+            unprepared: HashMap::new(),
             next_handle: 1,
             libraries: HashMap::new(),
             library_paths: HashMap::new(),
@@ -86,15 +89,70 @@ impl State {
             .ok_or_else(|| format!("no library with handle {id}"))
     }
 
-    /// Checks a code address lies in some reservation.
-    fn code(&self, address: u64) -> Result<(), String> {
-        if self.reservations.values().any(|r| r.contains(address, 1)) {
-            Ok(())
-        } else {
-            Err(format!(
-                "address {address:#x} is not in memory this executor reserved"
-            ))
+    fn unprepared_mut(&mut self, handle: u64) -> &mut kiln_memory::PageRuns {
+        let r = self.reservations.get(&handle).copied();
+        self.unprepared.entry(handle).or_insert_with(|| match r {
+            Some(r) => kiln_memory::PageRuns::new(r.target, r.target_end()),
+            None => kiln_memory::PageRuns::default(),
+        })
+    }
+
+    /// The reservation holding `[address, address + len)` on prepared (accessible) pages.
+    fn accessible(&self, address: u64, len: u64) -> Result<&Reservation, String> {
+        let end = address
+            .checked_add(len.max(1))
+            .ok_or("address range overflows")?;
+        for (&handle, r) in &self.reservations {
+            if r.contains(address, len.max(1)) {
+                let page = self.mapper()?.page_size();
+                let start = address & !(page - 1);
+                let stop = end.next_multiple_of(page);
+                let prepared = self
+                    .unprepared
+                    .get(&handle)
+                    .is_some_and(|u| u.is_disjoint(start, stop));
+                return if prepared {
+                    Ok(r)
+                } else {
+                    Err(format!("address {address:#x} is on pages not prepared"))
+                };
+            }
         }
+        Err(format!(
+            "address {address:#x} is not in memory this executor reserved"
+        ))
+    }
+
+    /// Checks a code address lies in some reservation, on prepared pages.
+    fn code(&self, address: u64) -> Result<(), String> {
+        self.accessible(address, 1).map(|_| ())
+    }
+
+    /// Checks `.eh_frame` data at `address`: a chain of length-prefixed records on one
+    /// reservation's prepared pages, ending in a zero terminator — what
+    /// `__register_frame` will walk.
+    fn check_eh_frame(&self, address: u64) -> Result<(), String> {
+        let r = self.accessible(address, 4)?;
+        let mut at = address;
+        for _ in 0..(1 << 22) {
+            self.accessible(at, 4)?;
+            let word = r
+                .working_address(at)
+                .ok_or("eh_frame outside its reservation")?;
+            // SAFETY: 4 bytes inside the reservation (checked), read through the working
+            // view this executor maps read-write.
+            let len = unsafe { std::ptr::read_unaligned(word.cast::<u32>()) };
+            if len == 0 {
+                return Ok(());
+            }
+            if len == u32::MAX {
+                return Err("64-bit eh_frame records are not accepted".into());
+            }
+            at = at
+                .checked_add(4 + u64::from(len))
+                .ok_or("eh_frame record overflows")?;
+        }
+        Err("eh_frame has too many records".into())
     }
 
     fn pages(&self, handle: u64, start: u64, end: u64) -> Result<&Reservation, String> {
@@ -132,22 +190,32 @@ fn permission(p: u8) -> Permission {
 /// The socket descriptor the crash reporter writes to.
 static CRASH_FD: AtomicI32 = AtomicI32::new(-1);
 
+/// The executor's pid: a forked child of JIT code must not report for the executor.
+static CRASH_PID: AtomicI32 = AtomicI32::new(0);
+
 extern "C" fn on_fatal_signal(signal: i32) {
     let fd = CRASH_FD.load(Ordering::Relaxed);
-    if fd >= 0 {
+    // SAFETY: getpid is async-signal-safe.
+    let me = unsafe { libc::getpid() };
+    if fd >= 0 && me == CRASH_PID.load(Ordering::Relaxed) {
         // A Crashed frame, built without allocating: length 5, tag 106, the signal.
         let mut frame = [5u8, 0, 0, 0, 106, 0, 0, 0, 0];
         frame[5..9].copy_from_slice(&(signal as u32).to_le_bytes());
         // SAFETY: write(2) is async-signal-safe; the buffer is on this stack.
         unsafe { libc::write(fd, frame.as_ptr().cast(), frame.len()) };
     }
-    // SA_RESETHAND restored the default action: returning re-runs the faulting
-    // instruction (or abort raises again) and the process dies with this signal.
+    // SA_RESETHAND restored the default action; raising again makes sure the process
+    // dies with this signal even when returning would not re-fault (int3, raise, kill):
+    // the signal is blocked in the handler and delivered as it returns.
+    // SAFETY: raise is async-signal-safe.
+    unsafe { libc::raise(signal) };
 }
 
 /// Installs the crash reporter (on an alternate stack, so a stack overflow reports too).
 fn install_crash_reporter(fd: i32) {
     CRASH_FD.store(fd, Ordering::Relaxed);
+    // SAFETY: getpid has no preconditions.
+    CRASH_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
     const STACK: usize = 64 * 1024;
     let stack = Box::leak(vec![0u8; STACK].into_boxed_slice());
     let ss = libc::stack_t {
@@ -300,6 +368,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             // controller's allocator owns their use.
             unsafe { state.mapper()?.prepare(&r, start, end, permission(p)) }
                 .map_err(|e| e.to_string())?;
+            state.unprepared_mut(handle).remove(start, end);
             ok
         }
         Request::Initialize { handle, segments } => {
@@ -320,6 +389,9 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
         }
         Request::Deinitialize { handle, start, end } => {
             let r = *state.pages(handle, start, end)?;
+            // Unwind registrations on these pages go first: their data is discarded.
+            state.eh_frames.retain(|&a, _| !(start..end).contains(&a));
+            state.unprepared_mut(handle).insert(start, end);
             let p = Permission::ReadExecute;
             // SAFETY: whole pages of this connection's reservation that its allocator freed.
             unsafe { state.mapper()?.deinitialize(&r, start, end, p) }
@@ -332,6 +404,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
                 .remove(&handle)
                 .ok_or_else(|| format!("no reservation with handle {handle}"))?;
             state.eh_frames.retain(|&addr, _| !r.contains(addr, 1));
+            state.unprepared.remove(&handle);
             // SAFETY: removed from the table: released once; its code is the controller's
             // to have stopped using.
             unsafe { state.mapper()?.release(&r) }.map_err(|e| e.to_string())?;
@@ -356,7 +429,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             address,
             len,
         } => {
-            if len > 1 << 30 {
+            if len > u64::from(kiln_remote::protocol::MAX_FRAME) - 64 {
                 return Err(format!("read of {len:#x} bytes is too large"));
             }
             let r = state.checked(handle, address, len)?;
@@ -388,7 +461,10 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             Ok(Reply::Plain(Response::Value(id)))
         }
         Request::RegisterEhFrame { address } => {
-            state.code(address)?;
+            if state.eh_frames.contains_key(&address) {
+                return Err(format!("eh_frame at {address:#x} is registered already"));
+            }
+            state.check_eh_frame(address)?;
             if let Some(reg) = EhFrameRegistration::register(address) {
                 state.eh_frames.insert(address, reg);
             }
@@ -437,12 +513,14 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
                     image.len()
                 ));
             }
-            runtime::tls_install(TlsTemplate {
+            if !runtime::tls_install(TlsTemplate {
                 module_id,
                 image,
                 size,
                 align,
-            });
+            }) {
+                return Err(format!("TLS module {module_id:#x} was not reserved here"));
+            }
             ok
         }
         Request::RemoveTls { module_id } => {

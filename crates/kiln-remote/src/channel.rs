@@ -85,8 +85,14 @@ impl Channel {
     pub fn set_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         self.timeout = timeout;
         match &self.stream {
-            Stream::Unix(s) => s.set_read_timeout(timeout),
-            Stream::Tcp(s) => s.set_read_timeout(timeout),
+            Stream::Unix(s) => {
+                s.set_read_timeout(timeout)?;
+                s.set_write_timeout(timeout)
+            }
+            Stream::Tcp(s) => {
+                s.set_read_timeout(timeout)?;
+                s.set_write_timeout(timeout)
+            }
         }
     }
 
@@ -146,15 +152,18 @@ impl Channel {
     fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), ChannelError> {
         let mut done = 0;
         while done < buf.len() {
-            let n = match &mut self.stream {
-                Stream::Tcp(s) => s
-                    .read(&mut buf[done..])
-                    .map_err(|e| map_io(e, self.timeout))?,
+            let read = match &mut self.stream {
+                Stream::Tcp(s) => s.read(&mut buf[done..]),
                 Stream::Unix(s) => {
                     let fd = s.as_raw_fd();
                     recv_with_fds(fd, &mut buf[done..], &mut self.fds)
-                        .map_err(|e| map_io(e, self.timeout))?
                 }
+            };
+            let n = match read {
+                Ok(n) => n,
+                // A signal handled in this process interrupted the wait: go on waiting.
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(map_io(e, self.timeout)),
             };
             if n == 0 {
                 return Err(ChannelError::Closed);

@@ -117,8 +117,30 @@ pub struct RemoteExecutor {
     conn: Mutex<Connection>,
     hello: Hello,
     timeouts: Timeouts,
-    /// The pid of a child executor (0 for one reached over TCP).
-    child_pid: u32,
+    /// The pid of a child executor not yet reaped (0 once reaped, or for one reached
+    /// over TCP): `kill` never signals a recycled pid.
+    child_pid: std::sync::atomic::AtomicI32,
+}
+
+/// Waits for a child executor to exit, killing it if it has not after a few seconds (a
+/// child that closed its socket but runs on, JIT exit handlers that hang).
+fn reap(child: &mut Child, pid: &std::sync::atomic::AtomicI32) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                break child.wait().ok();
+            }
+            Err(_) => break None,
+        }
+    };
+    pid.store(0, std::sync::atomic::Ordering::SeqCst);
+    status
 }
 
 impl std::fmt::Debug for RemoteExecutor {
@@ -146,17 +168,37 @@ impl RemoteExecutor {
         // to descriptor 3 (without close-on-exec), as `--fd 3` tells the executor.
         unsafe {
             command.pre_exec(move || {
-                if libc::dup2(their_fd, 3) < 0 {
+                // When the socket already is descriptor 3 dup2 does nothing: clear its
+                // close-on-exec flag instead.
+                let ok = if their_fd == 3 {
+                    libc::fcntl(3, libc::F_SETFD, 0) >= 0
+                } else {
+                    libc::dup2(their_fd, 3) >= 0
+                };
+                if !ok {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
             });
         }
-        let child = command
+        let mut child = command
             .spawn()
             .map_err(|e| RemoteError::Start(format!("{}: {e}", executor.display())))?;
         drop(theirs);
-        Self::handshake(Channel::new(Stream::Unix(ours)), Some(child), timeouts)
+        let pid = child.id();
+        match Self::handshake(Channel::new(Stream::Unix(ours)), None, timeouts) {
+            Ok(mut remote) => {
+                remote.conn.get_mut().child = Some(child);
+                remote.child_pid = std::sync::atomic::AtomicI32::new(pid as i32);
+                Ok(remote)
+            }
+            Err(e) => {
+                // A child that did not say hello is not left running or unreaped.
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(e)
+            }
+        }
     }
 
     /// Connects to an executor listening at `address` (`host:port`).
@@ -178,13 +220,20 @@ impl RemoteExecutor {
             .recv()
             .map_err(|e| RemoteError::Start(format!("no hello from the executor: {e}")))?;
         let hello = Hello::decode(&body)?;
+        if !hello.page_size.is_power_of_two() || !(4096..=65536).contains(&hello.page_size) {
+            return Err(RemoteError::Start(format!(
+                "executor reports a page size of {}",
+                hello.page_size
+            )));
+        }
         if hello.version != VERSION {
             return Err(RemoteError::Version {
                 found: hello.version,
                 expected: VERSION,
             });
         }
-        let child_pid = child.as_ref().map_or(0, |c| c.id());
+        let child_pid =
+            std::sync::atomic::AtomicI32::new(child.as_ref().map_or(0, |c| c.id() as i32));
         Ok(RemoteExecutor {
             conn: Mutex::new(Connection {
                 channel,
@@ -278,7 +327,7 @@ impl RemoteExecutor {
                 };
                 conn.broken = Some(error.to_string());
                 if let Some(child) = &mut conn.child {
-                    let _ = child.wait();
+                    let _ = reap(child, &self.child_pid);
                 }
                 Err(error)
             }
@@ -300,7 +349,7 @@ impl RemoteExecutor {
             },
             ChannelError::Closed => {
                 let how = match &mut conn.child {
-                    Some(child) => match child.wait() {
+                    Some(child) => match reap(child, &self.child_pid).ok_or("unknown") {
                         Ok(status) => match status.signal() {
                             Some(signal) => {
                                 return RemoteError::Crashed {
@@ -335,20 +384,25 @@ impl RemoteExecutor {
                 let _ = conn.channel.recv();
             }
             conn.broken = Some("shut down".into());
+        } else if let Some(child) = &mut conn.child {
+            // A broken connection (a timeout, say) may have left the executor running JIT
+            // code forever: do not wait for it.
+            let _ = child.kill();
         }
         conn.channel.shutdown();
         if let Some(mut child) = conn.child.take() {
-            let _ = child.wait();
+            let _ = reap(&mut child, &self.child_pid);
         }
     }
 
     /// Kills a child executor (`SIGKILL`), even while a request is waiting for it; the
     /// waiting request then fails with the signal.
     pub fn kill(&self) {
-        if self.child_pid != 0 {
-            // SAFETY: signalling our own child, which we have not reaped yet (it is
-            // reaped only under the connection lock, after this request or in drop).
-            unsafe { libc::kill(self.child_pid as i32, libc::SIGKILL) };
+        let pid = self.child_pid.load(std::sync::atomic::Ordering::SeqCst);
+        if pid != 0 {
+            // SAFETY: signalling our own child; the pid is cleared when it is reaped, so
+            // it cannot have been recycled.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
 }

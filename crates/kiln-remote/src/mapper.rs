@@ -367,15 +367,19 @@ unsafe impl Mapper for CopyMapper {
             };
             // SAFETY: the caller's contract: the segment lies in this reservation's
             // prepared pages, whose shadow is ours and readable.
-            let bytes = unsafe { std::slice::from_raw_parts(working, s.len as usize) }.to_vec();
-            expect_ok(
-                "write",
-                self.remote.executor.request(&Request::Write {
-                    handle: r.handle,
-                    address: s.target,
-                    bytes,
-                }),
-            )?;
+            let all = unsafe { std::slice::from_raw_parts(working, s.len as usize) };
+            // In pieces well under the protocol's frame limit.
+            const PIECE: usize = 64 << 20;
+            for (i, piece) in all.chunks(PIECE).enumerate() {
+                expect_ok(
+                    "write",
+                    self.remote.executor.request(&Request::Write {
+                        handle: r.handle,
+                        address: s.target + (i * PIECE) as u64,
+                        bytes: piece.to_vec(),
+                    }),
+                )?;
+            }
         }
         self.remote.initialize(r, segments)
     }

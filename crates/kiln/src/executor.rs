@@ -272,7 +272,11 @@ impl Executor {
 
     pub(crate) fn install_tls(&self, template: TlsTemplate) -> Result<(), Error> {
         match &self.kind {
-            Kind::InProcess => runtime::tls_install(template),
+            Kind::InProcess => {
+                if !runtime::tls_install(template) {
+                    return Err(Error::Executor("TLS module id not reserved".into()));
+                }
+            }
             Kind::Remote { .. } => {
                 self.request(Request::InstallTls {
                     module_id: template.module_id,

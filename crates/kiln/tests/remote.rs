@@ -97,6 +97,28 @@ fn a_crash_in_jit_code_is_an_error_and_a_new_executor_works() {
 }
 
 #[test]
+fn a_trap_that_would_not_fault_again_is_reported_too() {
+    // int3 leaves the instruction pointer past itself: returning from the handler would
+    // go on running; the executor must still die with SIGTRAP and say so.
+    let jit = Jit::builder()
+        .executor(spawn(Transport::SharedMemory))
+        .build()
+        .unwrap();
+    let lib = jit.main_library();
+    jit.add_object(
+        lib,
+        "trap.o",
+        compile(
+            "trap",
+            "int main(void) { __asm__ volatile(\"int3\"); return 5; }",
+        ),
+    )
+    .unwrap();
+    let err = jit.run_main(lib, &["trap".into()]).unwrap_err();
+    assert!(err.to_string().contains("SIGTRAP"), "{err}");
+}
+
+#[test]
 fn abort_is_reported_by_name() {
     let jit = Jit::builder()
         .executor(spawn(Transport::SharedMemory))
@@ -367,6 +389,30 @@ fn malformed_and_out_of_range_requests_get_error_replies() {
     );
     assert!(
         matches!(&r, Response::Error(m) if m.contains("not in memory this executor reserved")),
+        "{r:?}"
+    );
+    // Unwind data on pages never prepared is refused, not walked.
+    let r = ask(
+        Request::RegisterEhFrame { address: target }.encode(),
+        &mut s,
+    );
+    assert!(
+        matches!(&r, Response::Error(m) if m.contains("not prepared")),
+        "{r:?}"
+    );
+    // A TLS template for a module id never reserved here.
+    let r = ask(
+        Request::InstallTls {
+            module_id: 0,
+            size: 16,
+            align: 16,
+            image: vec![],
+        }
+        .encode(),
+        &mut s,
+    );
+    assert!(
+        matches!(&r, Response::Error(m) if m.contains("not reserved")),
         "{r:?}"
     );
     // Misaligned page range.
