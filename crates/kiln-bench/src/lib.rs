@@ -156,6 +156,16 @@ pub fn field(result: &[(String, String)], key: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// Runs a shell command; panics if it fails (benchmark set-up).
+pub fn sh(cmd: &str) {
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .status()
+        .expect("sh runs");
+    assert!(status.success(), "failed: {cmd}");
+}
+
 /// Whether `strace` can be run here.
 pub fn have_strace() -> bool {
     Command::new("strace")

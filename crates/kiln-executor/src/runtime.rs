@@ -19,7 +19,7 @@ pub fn dlsym(handle: *mut c_void, name: &str) -> Option<u64> {
         handle
     };
     // SAFETY: dlsym reads a NUL-terminated string and a valid handle (RTLD_DEFAULT or one
-    // returned by dlopen and not closed: SharedLibrary never closes it).
+    // returned by dlopen and never closed: libraries stay open for the life of the process).
     let addr = unsafe { libc::dlsym(handle, name.as_ptr()) };
     (!addr.is_null()).then_some(addr as u64)
 }

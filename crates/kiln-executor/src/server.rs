@@ -9,7 +9,7 @@ use crate::runtime::{self, EhFrameRegistration};
 use kiln_link::TlsTemplate;
 use kiln_memory::{DualMappedMapper, Mapper, Permission, Placement, Reservation, SegmentRange};
 use kiln_remote::channel::{Channel, ChannelError};
-use kiln_remote::protocol::{Hello, Request, Response, WirePlacement, VERSION};
+use kiln_remote::protocol::{kind_to_wire, Hello, Request, Response, WirePlacement, VERSION};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::os::fd::AsFd;
@@ -135,15 +135,21 @@ impl State {
         let r = self.accessible(address, 4)?;
         let mut at = address;
         for _ in 0..(1 << 22) {
-            self.accessible(at, 4)?;
+            if !r.contains(at, 4) {
+                return Err(format!(
+                    "eh_frame at {address:#x} runs past its reservation"
+                ));
+            }
             let word = r
                 .working_address(at)
                 .ok_or("eh_frame outside its reservation")?;
             // SAFETY: 4 bytes inside the reservation (checked), read through the working
-            // view this executor maps read-write.
+            // view this executor maps read-write over the whole reservation.
             let len = unsafe { std::ptr::read_unaligned(word.cast::<u32>()) };
             if len == 0 {
-                return Ok(());
+                // The unwinder will read everything up to the terminator: all of it must
+                // be on prepared pages.
+                return self.accessible(address, at + 4 - address).map(|_| ());
             }
             if len == u32::MAX {
                 return Err("64-bit eh_frame records are not accepted".into());
@@ -304,14 +310,7 @@ enum Reply {
 /// 1 function, 2 data).
 fn lookup(handle: *mut c_void, name: &str) -> (u64, u8) {
     match runtime::dlsym(handle, name) {
-        Some(a) => (
-            a,
-            match runtime::host_symbol_is_function(a) {
-                Some(true) => 1,
-                Some(false) => 2,
-                None => 0,
-            },
-        ),
+        Some(a) => (a, kind_to_wire(runtime::host_symbol_is_function(a))),
         None => (0, 0),
     }
 }

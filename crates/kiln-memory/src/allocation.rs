@@ -79,8 +79,9 @@ pub trait FinalizedBackend: Send + Sync {
 /// through working memory, nothing may run it yet. Dropping it without
 /// [`finalize`](InFlightAllocation::finalize) frees it.
 pub struct InFlightAllocation {
-    segments: Vec<WorkingSegment>,
     ranges: Vec<SegmentRange>,
+    /// Working-memory pointer of each segment, in the same order.
+    working: Vec<*mut u8>,
     backend: Option<Box<dyn InFlightBackend>>,
 }
 
@@ -91,7 +92,7 @@ unsafe impl Send for InFlightAllocation {}
 impl fmt::Debug for InFlightAllocation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InFlightAllocation")
-            .field("segments", &self.segments)
+            .field("segments", &self.ranges)
             .finish()
     }
 }
@@ -107,10 +108,10 @@ impl InFlightAllocation {
         segments: Vec<WorkingSegment>,
         backend: Box<dyn InFlightBackend>,
     ) -> Self {
-        let ranges = segments.iter().map(|s| s.range).collect();
+        let (ranges, working) = segments.into_iter().map(|s| (s.range, s.working)).unzip();
         InFlightAllocation {
-            segments,
             ranges,
+            working,
             backend: Some(backend),
         }
     }
@@ -127,25 +128,24 @@ impl InFlightAllocation {
 
     /// Working memory of segment `index`.
     pub fn working_memory(&mut self, index: usize) -> Option<&mut [u8]> {
-        let segment = self.segments.get(index)?;
+        let (range, &working) = self.ranges.get(index).zip(self.working.get(index))?;
         // SAFETY: the constructor's contract: valid, exclusive, `len` bytes; the borrow of
         // `self` keeps any other view from being handed out.
-        Some(unsafe { std::slice::from_raw_parts_mut(segment.working, segment.range.len as usize) })
+        Some(unsafe { std::slice::from_raw_parts_mut(working, range.len as usize) })
     }
 
     /// Working memory of every segment at once, so that a linker can write one segment
     /// while reading addresses of the others.
     pub fn segments_mut(&mut self) -> Vec<SegmentMut<'_>> {
-        self.segments
+        self.ranges
             .iter()
-            .map(|segment| SegmentMut {
-                target: segment.range.target,
-                permission: segment.range.permission,
+            .zip(&self.working)
+            .map(|(range, &working)| SegmentMut {
+                target: range.target,
+                permission: range.permission,
                 // SAFETY: segments are disjoint (the constructor's contract), so these
                 // slices do not alias; they live as long as the borrow of `self`.
-                bytes: unsafe {
-                    std::slice::from_raw_parts_mut(segment.working, segment.range.len as usize)
-                },
+                bytes: unsafe { std::slice::from_raw_parts_mut(working, range.len as usize) },
             })
             .collect()
     }

@@ -456,8 +456,7 @@ impl MemoryManager for SlabMemoryManager {
     fn allocate(&self, request: &AllocationRequest) -> Result<InFlightAllocation, MemoryError> {
         self.validate(request)?;
         let mut last_miss = 0;
-        let mut seen = 0;
-        {
+        let seen = {
             let slabs = self.shared.slabs.read();
             for slab in slabs.iter() {
                 match Self::place_in(slab, request)? {
@@ -465,8 +464,8 @@ impl MemoryManager for SlabMemoryManager {
                     Err(index) => last_miss = index,
                 }
             }
-            seen = seen.max(slabs.len());
-        }
+            slabs.len()
+        };
         if !request.allow_out_of_range {
             return Err(self.out_of_reservation(request, last_miss));
         }

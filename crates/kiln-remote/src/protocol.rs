@@ -817,6 +817,24 @@ impl Response {
     }
 }
 
+/// A symbol's kind on the wire: 0 unknown, 1 function, 2 data.
+pub fn kind_to_wire(is_function: Option<bool>) -> u8 {
+    match is_function {
+        None => 0,
+        Some(true) => 1,
+        Some(false) => 2,
+    }
+}
+
+/// The inverse of [`kind_to_wire`].
+pub fn kind_from_wire(kind: u8) -> Option<bool> {
+    match kind {
+        1 => Some(true),
+        2 => Some(false),
+        _ => None,
+    }
+}
+
 /// The name of a signal, for messages.
 pub fn signal_name(signal: i32) -> &'static str {
     match signal {

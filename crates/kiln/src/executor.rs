@@ -5,7 +5,7 @@ use crate::Error;
 use kiln_executor::runtime::{self, EhFrameRegistration};
 use kiln_link::TlsTemplate;
 use kiln_memory::Mapper;
-use kiln_remote::protocol::{Request, Response};
+use kiln_remote::protocol::{kind_from_wire, Request, Response};
 use kiln_remote::{CopyMapper, RemoteExecutor, SharedMemoryMapper, Timeouts};
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
@@ -150,27 +150,7 @@ impl Executor {
         library: u64,
         name: &str,
     ) -> Result<Option<crate::generator::Found>, Error> {
-        match &self.kind {
-            Kind::InProcess => {
-                let handle = library as *mut c_void;
-                Ok(runtime::dlsym(handle, name).map(|a| (a, runtime::host_symbol_is_function(a))))
-            }
-            Kind::Remote { remote, .. } => match remote.request(&Request::Lookup {
-                library,
-                name: name.to_string(),
-            })? {
-                Response::Symbol { address: 0, .. } => Ok(None),
-                Response::Symbol { address, kind } => Ok(Some((
-                    address,
-                    match kind {
-                        1 => Some(true),
-                        2 => Some(false),
-                        _ => None,
-                    },
-                ))),
-                other => Err(Error::Executor(format!("unexpected answer {other:?}"))),
-            },
-        }
+        Ok(self.lookup_many(library, &[name])?.pop().flatten())
     }
 
     /// [`Executor::lookup`] for many names, in one request to a remote executor.
@@ -179,20 +159,23 @@ impl Executor {
         library: u64,
         names: &[&str],
     ) -> Result<Vec<Option<crate::generator::Found>>, Error> {
-        let kind = |k: u8| match k {
-            1 => Some(true),
-            2 => Some(false),
-            _ => None,
-        };
         match &self.kind {
-            Kind::InProcess => names.iter().map(|n| self.lookup(library, n)).collect(),
+            Kind::InProcess => {
+                let handle = library as *mut c_void;
+                Ok(names
+                    .iter()
+                    .map(|n| {
+                        runtime::dlsym(handle, n).map(|a| (a, runtime::host_symbol_is_function(a)))
+                    })
+                    .collect())
+            }
             Kind::Remote { remote, .. } => match remote.request(&Request::LookupMany {
                 library,
                 names: names.iter().map(|n| n.to_string()).collect(),
             })? {
                 Response::Symbols(list) if list.len() == names.len() => Ok(list
                     .into_iter()
-                    .map(|(a, k)| (a != 0).then_some((a, kind(k))))
+                    .map(|(a, k)| (a != 0).then_some((a, kind_from_wire(k))))
                     .collect()),
                 other => Err(Error::Executor(format!("unexpected answer {other:?}"))),
             },

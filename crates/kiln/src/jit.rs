@@ -343,18 +343,16 @@ impl Jit {
         if objects.is_empty() {
             return Ok(None);
         }
-        let archives = state.libraries[lib.0].archives.clone();
+        // The archives stay the library's; they are lent to the link, not copied.
+        let archives = std::mem::take(&mut state.libraries[lib.0].archives);
         let options = LinkOptions {
             memory: &self.inner.memory,
             low_memory: Some(&self.inner.low_memory as &dyn MemoryManager),
         };
-        let mut ctx = SessionContext {
-            state: &mut state,
-            lib,
-            executor: &self.inner.executor,
-            kinds: FxHashMap::default(),
-        };
-        let linked = match link(&objects, &archives, &mut ctx, &options) {
+        let mut ctx = SessionContext::new(&mut state, lib, &self.inner.executor);
+        let result = link(&objects, &archives, &mut ctx, &options);
+        state.libraries[lib.0].archives = archives;
+        let linked = match result {
             Ok(linked) => linked,
             Err(e) => {
                 // Nothing was linked: the objects stay pending so the caller can add what
@@ -402,26 +400,12 @@ impl Jit {
     pub fn lookup(&self, lib: LibraryId, name: &str) -> Result<u64, Error> {
         // What is linked already answers without linking what is pending (which may not
         // link yet).
-        {
-            let mut state = self.inner.state.lock();
-            let ctx = SessionContext {
-                state: &mut state,
-                lib,
-                executor: &self.inner.executor,
-                kinds: FxHashMap::default(),
-            };
-            if let Some(address) = ctx.defined(lib, name) {
-                return Ok(address);
-            }
+        if let Some(address) = self.inner.state.lock().defined(lib, name) {
+            return Ok(address);
         }
         self.link_pending(lib)?;
         let mut state = self.inner.state.lock();
-        let mut ctx = SessionContext {
-            state: &mut state,
-            lib,
-            executor: &self.inner.executor,
-            kinds: FxHashMap::default(),
-        };
+        let mut ctx = SessionContext::new(&mut state, lib, &self.inner.executor);
         if let Some(address) = ctx.resolve(name) {
             return Ok(address);
         }
@@ -492,9 +476,22 @@ struct SessionContext<'s> {
     kinds: FxHashMap<String, bool>,
 }
 
-impl SessionContext<'_> {
+impl<'s> SessionContext<'s> {
+    fn new(state: &'s mut State, lib: LibraryId, executor: &'s Executor) -> Self {
+        SessionContext {
+            state,
+            lib,
+            executor,
+            kinds: FxHashMap::default(),
+        }
+    }
+}
+
+impl State {
+    /// `name` as library `lib` itself defines it: its definitions, then its modules'
+    /// exported symbols, newest first.
     fn defined(&self, lib: LibraryId, name: &str) -> Option<u64> {
-        let library = &self.state.libraries[lib.0];
+        let library = &self.libraries[lib.0];
         if let Some(&a) = library.definitions.get(name) {
             return Some(a);
         }
@@ -508,32 +505,7 @@ impl SessionContext<'_> {
 
 impl LinkContext for SessionContext<'_> {
     fn resolve(&mut self, name: &str) -> Option<u64> {
-        if name == "__tls_get_addr" {
-            return Some(self.executor.tls_get_addr());
-        }
-        let mut order = vec![self.lib];
-        order.extend(
-            self.state.libraries[self.lib.0]
-                .search_order
-                .iter()
-                .copied(),
-        );
-        for &lib in &order {
-            if let Some(a) = self.defined(lib, name) {
-                return Some(a);
-            }
-        }
-        for &lib in &order {
-            for generator in &mut self.state.libraries[lib.0].generators {
-                if let Some((a, kind)) = generator.generate_with_kind(name) {
-                    if let Some(kind) = kind {
-                        self.kinds.insert(name.to_string(), kind);
-                    }
-                    return Some(a);
-                }
-            }
-        }
-        None
+        self.resolve_many(&[name]).pop().flatten()
     }
 
     fn resolve_many(&mut self, names: &[&str]) -> Vec<Option<u64>> {
@@ -551,7 +523,7 @@ impl LinkContext for SessionContext<'_> {
                 out[i] = Some(self.executor.tls_get_addr());
                 continue;
             }
-            match order.iter().find_map(|&lib| self.defined(lib, name)) {
+            match order.iter().find_map(|&lib| self.state.defined(lib, name)) {
                 Some(a) => out[i] = Some(a),
                 None => pending.push(i),
             }

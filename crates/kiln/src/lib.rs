@@ -23,7 +23,7 @@ pub mod library_search;
 
 pub use error::Error;
 pub use executor::{default_executor_path, Executor, ExecutorSymbols, Transport};
-pub use generator::{FnGenerator, Found, ProcessSymbols, SharedLibrary, SymbolGenerator};
+pub use generator::{FnGenerator, Found, SymbolGenerator};
 pub use jit::{Jit, JitBuilder, LibraryId, LinkReport, Module};
 pub use kiln_link::{LinkCounts, LinkError, LinkTimes};
 pub use kiln_remote::{RemoteError, Timeouts};

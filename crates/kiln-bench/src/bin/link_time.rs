@@ -10,6 +10,7 @@
 //! wall time and the largest peak RSS are reported.
 
 use clap::Parser;
+use kiln_bench::sh;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -38,13 +39,6 @@ struct Input {
     libs: Vec<&'static str>,
     /// Arguments when run.
     run_args: Vec<String>,
-    /// Whether llvm-jitlink can be given these files as they are.
-    jitlink_extra: Vec<String>,
-}
-
-fn sh(cmd: &str) {
-    let status = Command::new("sh").arg("-c").arg(cmd).status().expect("sh");
-    assert!(status.success(), "failed: {cmd}");
 }
 
 fn prepare(dir: &Path) -> Vec<Input> {
@@ -97,7 +91,6 @@ fn prepare(dir: &Path) -> Vec<Input> {
             ],
             libs: vec!["-lm"],
             run_args: vec![],
-            jitlink_extra: vec![],
         },
         Input {
             name: "lua",
@@ -107,21 +100,18 @@ fn prepare(dir: &Path) -> Vec<Input> {
             ],
             libs: vec!["-lm"],
             run_args: vec![dir.join("script.lua").display().to_string()],
-            jitlink_extra: vec![],
         },
         Input {
             name: "zlib",
             files: vec![dir.join("zlib_driver.o"), format!("{lib}/libz.a").into()],
             libs: vec![],
             run_args: vec![],
-            jitlink_extra: vec![],
         },
         Input {
             name: "many",
             files: vec![dir.join("many.o")],
             libs: vec![],
             run_args: vec![],
-            jitlink_extra: vec![],
         },
     ];
     let config = Path::new("/usr/lib/python3.11/config-3.11-x86_64-linux-gnu");
@@ -131,7 +121,6 @@ fn prepare(dir: &Path) -> Vec<Input> {
             files: vec![config.join("python.o"), config.join("libpython3.11-pic.a")],
             libs: vec!["-lm", "-lz", "-lexpat"],
             run_args: vec!["-c".into(), "print(sum(range(10)))".into()],
-            jitlink_extra: vec![],
         });
     }
     inputs
@@ -218,9 +207,7 @@ fn main() {
                 // llvm-jitlink's -lm fails on Debian's libm.so ld script; the libraries
                 // are in its own process anyway, where it resolves host symbols.
                 let mut c = Command::new("llvm-jitlink-16");
-                c.arg("-noexec")
-                    .args(&input.files)
-                    .args(&input.jitlink_extra);
+                c.arg("-noexec").args(&input.files);
                 c
             })
         } else {

@@ -6,6 +6,7 @@
 //!    by copy over the socket.
 
 use clap::Parser;
+use kiln_bench::sh;
 use kiln_memory::{
     AllocationRequest, MemoryManager, Permission, SegmentRequest, SlabLayout, SlabMemoryManager,
 };
@@ -26,18 +27,6 @@ struct Args {
     /// Size of the code image for the transport figure, MiB.
     #[arg(long, default_value_t = 64)]
     image_mib: u64,
-}
-
-fn sh(cmd: &str) {
-    assert!(
-        Command::new("sh")
-            .arg("-c")
-            .arg(cmd)
-            .status()
-            .unwrap()
-            .success(),
-        "{cmd}"
-    );
 }
 
 fn time_command(runs: usize, mut make: impl FnMut() -> Command) -> Option<Duration> {
