@@ -109,6 +109,11 @@ build zlib_driver cc "-O2 -fPIE" "zlib_driver.c" "" "" \
 build cxx_exceptions c++ "-O2 -fPIE" "cxx_exceptions.cpp" "" "" ""
 build tls cc "-O2 -fPIC" "tls.c" "" "" "" "-lpthread"
 build cxx_comdat c++ "-O2 -fPIE" "cxx_comdat_a.cpp cxx_comdat_b.cpp" "" "" ""
+build runtime_exit cc "-O2 -fPIE" "runtime_exit.c" "" "" "" "-lpthread"
+build thread_local_dtors c++ "-O2 -fPIC -pthread" "thread_local_dtors.cpp" "" "" "" "-pthread"
+# Static TLS: local-exec and initial-exec (-fPIE), TLS descriptors (gnu2).
+build tls_static-pie cc "-O2 -fPIE" "tls_static.c tls_static_other.c" "" "" "" "-lpthread"
+build tls_static-desc cc "-O2 -fPIC -mtls-dialect=gnu2" "tls_static.c tls_static_other.c" "" "" "" "-lpthread"
 
 # relocs: five code-model / PIC variants, each a separate pair of objects.
 build relocs-O0-pie cc "-O0 -fPIE -fcommon" "relocs.c relocs_other.c" "" "" ""

@@ -166,9 +166,14 @@ struct RunArgs {
     /// Call SYM instead of `main` (same signature).
     #[arg(long, value_name = "SYM", default_value = "main")]
     entry: String,
-    /// Link only; do not run.
+    /// Link only; run no code at all (no initializers, no main, no finalizers).
     #[arg(long)]
     noexec: bool,
+    /// Do not make the program's global definitions visible to shared libraries it loads
+    /// (by default they are, as `-Wl,-E` does for a native executable, so that plugins and
+    /// CPython's extension modules can call back into the program).
+    #[arg(long)]
+    no_export_dynamic: bool,
     /// Print the time of each link phase to stderr.
     #[arg(long)]
     show_times: bool,
@@ -212,6 +217,8 @@ fn run(o: RunArgs) -> Result<i32, String> {
     };
     let jit = kiln::Jit::builder()
         .executor(executor)
+        .export_to_libraries(!o.no_export_dynamic && !o.noexec)
+        .noexec(o.noexec)
         .build()
         .map_err(|e| e.to_string())?;
     let lib = jit.main_library();

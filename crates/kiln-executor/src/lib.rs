@@ -11,3 +11,5 @@
 
 pub mod runtime;
 pub mod server;
+pub mod shared_object;
+pub mod thread_locals;

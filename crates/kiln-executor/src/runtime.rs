@@ -3,11 +3,7 @@
 //! this process and in shared libraries, and provides `__tls_get_addr` for JIT modules'
 //! thread-locals. Every raw call into JIT code or the C runtime is here.
 
-use kiln_link::TlsTemplate;
-use parking_lot::RwLock;
-use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::sync::Arc;
 
 /// Looks `name` up with `dlsym(handle, name)`; `handle` null means every object loaded in
 /// the process (`RTLD_DEFAULT`).
@@ -51,10 +47,14 @@ pub fn host_symbol_is_function(address: u64) -> Option<bool> {
 
 /// Opens a shared library (`dlopen(path, RTLD_NOW | RTLD_GLOBAL)`).
 pub fn dlopen(path: &str) -> Result<*mut c_void, String> {
+    dlopen_with(path, libc::RTLD_NOW | libc::RTLD_GLOBAL)
+}
+
+fn dlopen_with(path: &str, flags: c_int) -> Result<*mut c_void, String> {
     let c = CString::new(path).map_err(|e| e.to_string())?;
     // SAFETY: dlopen reads a NUL-terminated string; running the library's constructors is
     // what opening it means.
-    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    let handle = unsafe { libc::dlopen(c.as_ptr(), flags) };
     if handle.is_null() {
         // SAFETY: dlerror returns a thread-local string or null.
         let err = unsafe { libc::dlerror() };
@@ -69,6 +69,80 @@ pub fn dlopen(path: &str) -> Result<*mut c_void, String> {
         return Err(reason);
     }
     Ok(handle)
+}
+
+/// Opens a shared object given as bytes (made by [`crate::shared_object::build`]): from a
+/// memfd, or from an unlinked temporary file where memfds are refused. `global` makes its
+/// symbols visible to libraries loaded later (`RTLD_GLOBAL`).
+pub fn dlopen_bytes(name: &str, bytes: &[u8], global: bool) -> Result<LoadedObject, String> {
+    use std::io::Write;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let flags = libc::RTLD_NOW
+        | if global {
+            libc::RTLD_GLOBAL
+        } else {
+            libc::RTLD_LOCAL
+        };
+    let cname = CString::new(name).map_err(|e| e.to_string())?;
+    // SAFETY: memfd_create reads a NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd >= 0 {
+        // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut file = std::fs::File::from(fd);
+        file.write_all(bytes).map_err(|e| format!("{name}: {e}"))?;
+        return dlopen_with(&format!("/proc/self/fd/{}", file.as_raw_fd()), flags)
+            .map(|handle| LoadedObject { handle });
+    }
+    let path = std::env::temp_dir().join(format!("{}-{name}", std::process::id()));
+    std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let result = dlopen_with(&path.display().to_string(), flags);
+    let _ = std::fs::remove_file(&path);
+    result.map(|handle| LoadedObject { handle })
+}
+
+/// An object opened by [`dlopen_bytes`]; closed by [`LoadedObject::close`] (dropping it
+/// keeps the object loaded).
+#[derive(Debug)]
+pub struct LoadedObject {
+    handle: *mut c_void,
+}
+
+// SAFETY: a dlopen handle may be used and closed from any thread.
+unsafe impl Send for LoadedObject {}
+// SAFETY: as above; the handle is only read.
+unsafe impl Sync for LoadedObject {}
+
+impl LoadedObject {
+    /// The load address (`dlinfo(RTLD_DI_LINKMAP)`'s `l_addr`).
+    pub fn load_address(&self) -> Option<u64> {
+        const RTLD_DI_LINKMAP: c_int = 2;
+        let mut map: *const u64 = std::ptr::null();
+        // SAFETY: `handle` came from dlopen and is open; the request writes one pointer.
+        let rc = unsafe {
+            libc::dlinfo(
+                self.handle,
+                RTLD_DI_LINKMAP,
+                (&mut map as *mut *const u64).cast(),
+            )
+        };
+        if rc != 0 || map.is_null() {
+            return None;
+        }
+        // SAFETY: `struct link_map` begins with `ElfW(Addr) l_addr` (<link.h>, public ABI).
+        Some(unsafe { *map })
+    }
+
+    /// The address of `name` in this object (`dlsym`).
+    pub fn symbol(&self, name: &str) -> Option<u64> {
+        dlsym(self.handle, name)
+    }
+
+    /// Closes the object.
+    pub fn close(self) {
+        // SAFETY: the handle came from dlopen and is closed once (this consumes it).
+        unsafe { libc::dlclose(self.handle) };
+    }
 }
 
 type FrameFn = unsafe extern "C" fn(*const c_void);
@@ -123,12 +197,16 @@ pub unsafe fn run_initializers(functions: &[u64]) {
     }
 }
 
-/// Runs a module's finalizers: first the destructors it registered with `__cxa_atexit`
-/// (through `__cxa_finalize(dso_handle)`), then its `.fini_array`.
+/// Runs a module's finalizers, in the order of a `dlclose`: the calling thread's
+/// destructors of the module's `thread_local` objects, the handlers it registered with
+/// `atexit` / `__cxa_atexit` (through `__cxa_finalize(dso_handle)`, which also forgets its
+/// `pthread_atfork` handlers), then its `.fini_array`.
 ///
 /// # Safety
 /// Each address must be a finalized function of a live module.
 pub unsafe fn run_finalizers(dso_handle: u64, functions: &[u64]) {
+    // SAFETY: the caller's contract: the module is still mapped.
+    unsafe { crate::thread_locals::run_thread_destructors(dso_handle) };
     if let Some(cxa_finalize) = dlsym(std::ptr::null_mut(), "__cxa_finalize") {
         // SAFETY: glibc's __cxa_finalize(void *dso).
         let f: extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(cxa_finalize as usize) };
@@ -168,159 +246,25 @@ pub fn flush_stdio() {
     unsafe { libc::fflush(std::ptr::null_mut()) };
 }
 
-// --- thread-local storage for JIT modules ---------------------------------------------
-
-/// Module ids handed to JIT modules start here, far from any id glibc would use.
-const TLS_MODULE_BASE: u64 = 0x4b49_4c4e_0000_0000;
-
-static TLS_TEMPLATES: RwLock<Vec<Option<Arc<TlsTemplate>>>> = RwLock::new(Vec::new());
-
-thread_local! {
-    static TLS_BLOCKS: RefCell<Vec<Option<TlsBlock>>> = const { RefCell::new(Vec::new()) };
+/// Definitions made visible to libraries loaded later: an `RTLD_GLOBAL` object of absolute
+/// symbols (see [`crate::shared_object`]). Closed by [`unexport_symbols`].
+#[derive(Debug)]
+pub struct Exports {
+    object: LoadedObject,
 }
 
-/// One thread's copy of a module's TLS block, aligned as the template asks.
-struct TlsBlock {
-    memory: *mut u8,
-    layout: std::alloc::Layout,
+static EXPORT_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Exports `symbols` to libraries loaded from now on (and to `dlsym(RTLD_DEFAULT, …)`).
+pub fn export_symbols(symbols: &[crate::shared_object::ExportedSymbol]) -> Result<Exports, String> {
+    let serial = EXPORT_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let soname = format!("kiln-exports-{}-{serial}.so", std::process::id());
+    let object =
+        crate::shared_object::build(&soname, crate::shared_object::host_machine(), symbols, None);
+    dlopen_bytes(&soname, &object.bytes, true).map(|object| Exports { object })
 }
 
-impl Drop for TlsBlock {
-    fn drop(&mut self) {
-        // SAFETY: allocated below with this layout.
-        unsafe { std::alloc::dealloc(self.memory, self.layout) };
-    }
-}
-
-impl TlsBlock {
-    fn new(template: Option<&TlsTemplate>) -> Option<Self> {
-        let size = template.map_or(16, |t| t.size.max(16)) as usize;
-        let align = template.map_or(16, |t| t.align.max(16)) as usize;
-        let layout = std::alloc::Layout::from_size_align(size, align).ok()?;
-        // SAFETY: the layout has a non-zero size.
-        let memory = unsafe { std::alloc::alloc_zeroed(layout) };
-        if memory.is_null() {
-            return None;
-        }
-        if let Some(t) = template {
-            let n = t.image.len().min(size);
-            // SAFETY: `memory` has `size >= n` bytes; the image is a separate allocation.
-            unsafe { std::ptr::copy_nonoverlapping(t.image.as_ptr(), memory, n) };
-        }
-        Some(TlsBlock { memory, layout })
-    }
-}
-
-/// Reserves a TLS module id.
-pub fn tls_reserve_module() -> u64 {
-    let mut templates = TLS_TEMPLATES.write();
-    templates.push(None);
-    TLS_MODULE_BASE + templates.len() as u64 - 1
-}
-
-/// Installs the template for a reserved id.
-/// Installs the template for a reserved id; `false` if the id was not reserved here.
-pub fn tls_install(template: TlsTemplate) -> bool {
-    let Some(index) = template.module_id.checked_sub(TLS_MODULE_BASE) else {
-        return false;
-    };
-    let mut templates = TLS_TEMPLATES.write();
-    match templates.get_mut(index as usize) {
-        Some(slot) => {
-            *slot = Some(Arc::new(template));
-            true
-        }
-        None => false,
-    }
-}
-
-/// Forgets a module's template. Threads that touched the module keep their blocks until
-/// they exit.
-pub fn tls_remove(module_id: u64) {
-    let Some(index) = module_id.checked_sub(TLS_MODULE_BASE) else {
-        return;
-    };
-    if let Some(slot) = TLS_TEMPLATES.write().get_mut(index as usize) {
-        *slot = None;
-    }
-}
-
-/// JIT code asked for a thread-local Kiln does not know: nothing sensible can be returned
-/// to it, so say why and abort (the executor reports the signal).
-fn tls_fatal(what: &str, module: u64, offset: u64) -> ! {
-    eprintln!("kiln: __tls_get_addr: {what} (module {module:#x}, offset {offset:#x})");
-    std::process::abort()
-}
-
-#[repr(C)]
-struct TlsIndex {
-    module: u64,
-    offset: u64,
-}
-
-/// Address of the thread's copy of `offset` in TLS module `module`.
-extern "C" fn tls_get_addr_impl(index: *const TlsIndex) -> *mut u8 {
-    // SAFETY: JIT code passes a pointer to its GOT pair {module, offset}, written by the
-    // linker.
-    let TlsIndex { module, offset } = unsafe { std::ptr::read(index) };
-    let templates_len = TLS_TEMPLATES.read().len();
-    let Some(slot) = module
-        .checked_sub(TLS_MODULE_BASE)
-        .map(|s| s as usize)
-        .filter(|&s| s < templates_len)
-    else {
-        tls_fatal("unknown TLS module", module, offset)
-    };
-    let result = TLS_BLOCKS.try_with(|blocks| {
-        let mut blocks = blocks.borrow_mut();
-        if blocks.len() <= slot {
-            blocks.resize_with(slot + 1, || None);
-        }
-        if blocks[slot].is_none() {
-            let Some(template) = TLS_TEMPLATES.read().get(slot).cloned().flatten() else {
-                tls_fatal("TLS module not installed or removed", module, offset)
-            };
-            blocks[slot] = TlsBlock::new(Some(&template));
-        }
-        match &blocks[slot] {
-            Some(block) if offset < block.layout.size() as u64 => {
-                // SAFETY: `offset` lies inside the block (checked).
-                unsafe { block.memory.add(offset as usize) }
-            }
-            Some(_) => tls_fatal("offset past the module's TLS block", module, offset),
-            None => tls_fatal("out of memory for a TLS block", module, offset),
-        }
-    });
-    match result {
-        Ok(address) => address,
-        Err(_) => tls_fatal("called while the thread is exiting", module, offset),
-    }
-}
-
-// `__tls_get_addr` for JIT code. gcc does not guarantee a 16-byte aligned stack at the
-// call in the general-dynamic sequence (glibc realigns in its own __tls_get_addr for the
-// same reason), so this entry realigns before calling the Rust implementation, and keeps
-// every register the caller might not expect to be clobbered beyond the C ABI's.
-#[cfg(target_arch = "x86_64")]
-std::arch::global_asm!(
-    ".globl kiln_tls_get_addr",
-    ".type kiln_tls_get_addr,@function",
-    "kiln_tls_get_addr:",
-    "push rbp",
-    "mov rbp, rsp",
-    "and rsp, -16",
-    "call {imp}",
-    "mov rsp, rbp",
-    "pop rbp",
-    "ret",
-    ".size kiln_tls_get_addr, . - kiln_tls_get_addr",
-    imp = sym tls_get_addr_impl,
-);
-
-/// Address of Kiln's `__tls_get_addr`.
-pub fn tls_get_addr_address() -> u64 {
-    extern "C" {
-        fn kiln_tls_get_addr();
-    }
-    kiln_tls_get_addr as *const () as u64
+/// Withdraws exported definitions.
+pub fn unexport_symbols(exports: Exports) {
+    exports.object.close();
 }

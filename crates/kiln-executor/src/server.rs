@@ -6,7 +6,6 @@
 //! is reported to the controller by a signal handler before the process dies.
 
 use crate::runtime::{self, EhFrameRegistration};
-use kiln_link::TlsTemplate;
 use kiln_memory::{DualMappedMapper, Mapper, Permission, Placement, Reservation, SegmentRange};
 use kiln_remote::channel::{Channel, ChannelError};
 use kiln_remote::protocol::{kind_to_wire, Hello, Request, Response, WirePlacement, VERSION};
@@ -38,6 +37,9 @@ struct State {
     libraries: HashMap<u64, Library>,
     library_paths: HashMap<String, u64>,
     eh_frames: HashMap<u64, EhFrameRegistration>,
+    /// Objects of exported definitions, by the handle given to the controller.
+    exports: HashMap<u64, runtime::Exports>,
+    next_export: u64,
 }
 
 impl State {
@@ -50,6 +52,8 @@ impl State {
             libraries: HashMap::new(),
             library_paths: HashMap::new(),
             eh_frames: HashMap::new(),
+            exports: HashMap::new(),
+            next_export: 1,
         }
     }
 
@@ -248,6 +252,17 @@ fn install_crash_reporter(fd: i32) {
     }
 }
 
+/// JIT code that forked returns here in the child too. The child must not answer on the
+/// controller's connection (the parent does): it ends as a native program's child would,
+/// with `exit(status)` (its own exit handlers run, its stdio is flushed).
+fn leave_if_forked_child(status: i32) {
+    // SAFETY: getpid has no preconditions.
+    if unsafe { libc::getpid() } != CRASH_PID.load(Ordering::Relaxed) {
+        // SAFETY: ends this (forked) process the way C's exit does.
+        unsafe { libc::exit(status) };
+    }
+}
+
 /// Serves one connection until it closes or asks to shut down.
 pub fn serve(mut channel: Channel) -> Ending {
     let mut state = State::new();
@@ -256,7 +271,7 @@ pub fn serve(mut channel: Channel) -> Ending {
         page_size: state.mapper.as_ref().map_or(4096, |m| m.page_size()),
         triple: "x86_64-unknown-linux-gnu".into(),
         pid: std::process::id(),
-        tls_get_addr: runtime::tls_get_addr_address(),
+        runtime_symbols: crate::thread_locals::runtime_symbols(),
     };
     if let Err(e) = channel.send(&hello.encode()) {
         return Ending::Failed(e.to_string());
@@ -493,9 +508,9 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             unsafe { runtime::run_finalizers(dso_handle, &functions) };
             ok
         }
-        Request::ReserveTlsModule => {
-            Ok(Reply::Plain(Response::Value(runtime::tls_reserve_module())))
-        }
+        Request::ReserveTlsModule => Ok(Reply::Plain(Response::Value(
+            crate::thread_locals::tls_reserve_module(),
+        ))),
         Request::InstallTls {
             module_id,
             size,
@@ -512,7 +527,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
                     image.len()
                 ));
             }
-            if !runtime::tls_install(TlsTemplate {
+            if !crate::thread_locals::tls_install(crate::thread_locals::TlsImage {
                 module_id,
                 image,
                 size,
@@ -523,13 +538,58 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             ok
         }
         Request::RemoveTls { module_id } => {
-            runtime::tls_remove(module_id);
+            crate::thread_locals::tls_remove(module_id);
             ok
         }
+        Request::PlaceStaticTls {
+            module_id,
+            size,
+            align,
+            image,
+        } => {
+            if !align.is_power_of_two() || align > 1 << 16 || image.len() as u64 > size {
+                return Err(format!(
+                    "invalid TLS block: size {size}, align {align}, image {}",
+                    image.len()
+                ));
+            }
+            let offset = crate::thread_locals::tls_place_static(&crate::thread_locals::TlsImage {
+                module_id,
+                image,
+                size,
+                align,
+            })?;
+            Ok(Reply::Plain(Response::Value(offset as u64)))
+        }
+        Request::ExportSymbols { symbols } => {
+            let mut list = Vec::with_capacity(symbols.len());
+            for (name, address, size, function) in symbols {
+                state.code(address)?;
+                list.push(crate::shared_object::ExportedSymbol {
+                    name,
+                    address,
+                    size,
+                    function,
+                });
+            }
+            let handle = runtime::export_symbols(&list)?;
+            let id = state.next_export;
+            state.next_export += 1;
+            state.exports.insert(id, handle);
+            Ok(Reply::Plain(Response::Value(id)))
+        }
+        Request::UnexportSymbols { handle } => match state.exports.remove(&handle) {
+            Some(h) => {
+                runtime::unexport_symbols(h);
+                ok
+            }
+            None => Err(format!("no exports with handle {handle}")),
+        },
         Request::RunMain { address, args } => {
             state.code(address)?;
             // SAFETY: main lies in memory this executor reserved, linked by the controller.
             let status = unsafe { runtime::call_main(address, &args) };
+            leave_if_forked_child(status);
             runtime::flush_stdio();
             Ok(Reply::Plain(Response::Value(status as u32 as u64)))
         }
@@ -542,6 +602,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             let f: extern "C" fn(u64, u64, u64, u64, u64, u64) -> u64 =
                 unsafe { std::mem::transmute(address as usize) };
             let v = f(a[0], a[1], a[2], a[3], a[4], a[5]);
+            leave_if_forked_child(v as i32);
             runtime::flush_stdio();
             Ok(Reply::Plain(Response::Value(v)))
         }

@@ -143,8 +143,8 @@ pub enum LinkError {
         /// The missing symbols.
         symbols: MissingSymbols,
     },
-    /// A thread-local access model Kiln cannot support for JIT code.
-    #[error("{object}: section {section} offset {offset:#x}: thread-local variable '{symbol}' uses the {model} model, which needs static TLS space that JIT code cannot get; compile with -fPIC (general/local dynamic)")]
+    /// A thread-local access Kiln cannot support for JIT code.
+    #[error("{object}: section {section} offset {offset:#x}: thread-local variable '{symbol}': {model} is not supported")]
     UnsupportedTls {
         /// The object.
         object: String,
@@ -156,6 +156,17 @@ pub enum LinkError {
         symbol: String,
         /// The TLS model.
         model: &'static str,
+    },
+    /// A module's TLS block could not be placed in static TLS (needed by initial-exec,
+    /// local-exec and TLS-descriptor code).
+    #[error("{object}: cannot place the {size}-byte TLS block in static TLS: {reason}")]
+    StaticTls {
+        /// The module's first object.
+        object: String,
+        /// Bytes of the block.
+        size: u64,
+        /// Why (the executor's words).
+        reason: String,
     },
     /// The memory manager failed.
     #[error("allocating memory for the link: {0}")]

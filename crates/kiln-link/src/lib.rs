@@ -26,7 +26,9 @@ mod x86_64;
 
 pub use error::{LinkError, MissingSymbol, MissingSymbols};
 pub use input::{ArchiveInput, ObjectInput};
-pub use link::{link, LinkContext, LinkCounts, LinkOptions, LinkTimes, LinkedModule, TlsTemplate};
+pub use link::{
+    link, LinkContext, LinkCounts, LinkOptions, LinkTimes, LinkedModule, TlsTemplate, MAX_TLS_BLOCK,
+};
 
 /// Checks that `data` is an ELF x86-64 relocatable object, without linking it.
 pub fn check_object(name: &str, data: &[u8]) -> Result<(), LinkError> {

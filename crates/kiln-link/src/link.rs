@@ -32,6 +32,20 @@ pub trait LinkContext {
     /// cannot give one.
     fn tls_module_id(&mut self) -> Result<u64, String>;
 
+    /// Places the TLS block of module `module_id` in static TLS — one offset from the
+    /// thread pointer in every thread, initialized from `image` — and returns that offset.
+    /// Needed by initial-exec, local-exec and TLS-descriptor code; the default refuses.
+    fn place_static_tls(
+        &mut self,
+        module_id: u64,
+        image: &[u8],
+        size: u64,
+        align: u64,
+    ) -> Result<i64, String> {
+        let _ = (module_id, image, size, align);
+        Err("this executor has no static TLS".into())
+    }
+
     /// Whether the symbol `name`, which [`LinkContext::resolve`] found at `address`, is a
     /// function (so that a far reference may go through a stub) rather than data. `None`
     /// if unknown; such symbols get stubs only for calls.
@@ -62,7 +76,18 @@ pub struct TlsTemplate {
     pub size: u64,
     /// Block alignment.
     pub align: u64,
+    /// Offset from the thread pointer, when the block was placed in static TLS (it is then
+    /// in place already; `None`: a dynamic block, to install).
+    pub tp_offset: Option<i64>,
 }
+
+/// Largest TLS block of one module (every thread gets a copy).
+pub const MAX_TLS_BLOCK: u64 = 1 << 28;
+
+/// The TLS-descriptor resolver for a block in static TLS (x86-64): the descriptor's second
+/// word is the variable's offset from the thread pointer; `%rax` holds the descriptor's
+/// address and every other register is preserved. `mov 8(%rax), %rax; ret`.
+const TLSDESC_STATIC_RESOLVER: [u8; 5] = [0x48, 0x8b, 0x40, 0x08, 0xc3];
 
 /// Time spent in each phase of a link.
 #[derive(Debug, Clone, Copy, Default)]
@@ -153,6 +178,7 @@ enum Def {
     Zero,
     GotBase,
     DsoHandle,
+    TlsModuleBase,
 }
 
 #[derive(Debug)]
@@ -179,6 +205,10 @@ enum Slot {
     Address(Key),
     TlsGd(Key),
     TlsLd,
+    /// A thread-local's offset from the thread pointer (initial-exec).
+    TpOff(Key),
+    /// A TLS descriptor: resolver, argument.
+    TlsDesc(Key),
 }
 
 struct Linker<'a, 'c> {
@@ -356,6 +386,12 @@ impl<'a, 'c> Linker<'a, 'c> {
             match g.name {
                 b"_GLOBAL_OFFSET_TABLE_" => g.def = Def::GotBase,
                 b"__dso_handle" => g.def = Def::DsoHandle,
+                // The start of the module's own TLS block (TLS-descriptor code reaches its
+                // local thread-locals as this plus their DTPOFF).
+                b"_TLS_MODULE_BASE_" => {
+                    g.def = Def::TlsModuleBase;
+                    g.tls = true;
+                }
                 _ => wanted.push(id as u32),
             }
         }
@@ -508,6 +544,8 @@ impl Linker<'_, '_> {
         let mut seg_align = [16u64; 4];
         let mut tls_size = 0u64;
         let mut tls_align = 1u64;
+        // The initialized part of the TLS block: up to the end of the last `.tdata`.
+        let mut tls_image_len = 0u64;
         let mut eh_frames: Vec<(u32, u32)> = Vec::new();
         let mut init_sections: Vec<(u32, u32)> = Vec::new();
         // Saturating: absurd sizes from a damaged object end up huge and are refused below,
@@ -536,11 +574,24 @@ impl Linker<'_, '_> {
                     continue;
                 }
                 if is_init_section(&sec) {
+                    if seg == SEG_TLS {
+                        return Err(LinkError::Malformed {
+                            object: self.objs[oi].name.clone(),
+                            what: format!(
+                                "initializer section {} is marked thread-local (SHF_TLS)",
+                                lossy(sec.name)
+                            ),
+                        });
+                    }
                     init_sections.push((oi as u32, si as u32));
                 }
                 counts.sections += 1;
                 let offset = if seg == SEG_TLS {
-                    place(&mut tls_size, &mut tls_align, sec.size, sec.align)
+                    let offset = place(&mut tls_size, &mut tls_align, sec.size, sec.align);
+                    if sec.sh_type != SHT_NOBITS {
+                        tls_image_len = tls_size;
+                    }
+                    offset
                 } else {
                     let s = seg as usize;
                     place(&mut seg_size[s], &mut seg_align[s], sec.size, sec.align)
@@ -564,6 +615,8 @@ impl Linker<'_, '_> {
         let mut stubs: FxHashMap<Key, u64> = FxHashMap::default();
         let mut stub_list: Vec<Key> = Vec::new();
         let mut needs_low = false;
+        // Initial-exec, local-exec or TLS-descriptor code: the block goes to static TLS.
+        let mut needs_static_tls = false;
         for oi in 0..self.objs.len() {
             for ri in 0..self.objs[oi].relocations.len() {
                 let (target, relas) = self.objs[oi].relocations[ri];
@@ -583,7 +636,7 @@ impl Linker<'_, '_> {
                     let key = self.key(oi as u32, sym);
                     let mut add_slot = |slot: Slot| {
                         if let std::collections::hash_map::Entry::Vacant(e) = slots.entry(slot) {
-                            let words = if matches!(slot, Slot::Address(_)) {
+                            let words = if matches!(slot, Slot::Address(_) | Slot::TpOff(_)) {
                                 1
                             } else {
                                 2
@@ -598,6 +651,17 @@ impl Linker<'_, '_> {
                         RelocKind::Got => add_slot(Slot::Address(key)),
                         RelocKind::TlsGd => add_slot(Slot::TlsGd(key)),
                         RelocKind::TlsLd => add_slot(Slot::TlsLd),
+                        RelocKind::GotTpOff => {
+                            needs_static_tls = true;
+                            add_slot(Slot::TpOff(key));
+                        }
+                        RelocKind::TpOff => needs_static_tls = true,
+                        RelocKind::TlsDesc => {
+                            needs_static_tls = true;
+                            if r_type == x86_64::R_GOTPC32_TLSDESC {
+                                add_slot(Slot::TlsDesc(key));
+                            }
+                        }
                         RelocKind::Branch
                         | RelocKind::PcRel32
                         | RelocKind::PltOff
@@ -639,6 +703,15 @@ impl Linker<'_, '_> {
             stub_list.len() as u64 * PLT_STUB,
             16,
         );
+        let has_tlsdesc = slot_list.iter().any(|s| matches!(s, Slot::TlsDesc(_)));
+        let tlsdesc_offset = has_tlsdesc.then(|| {
+            place(
+                &mut seg_size[SEG_RX],
+                &mut seg_align[SEG_RX],
+                TLSDESC_STATIC_RESOLVER.len() as u64,
+                16,
+            )
+        });
         let got_offset = place(
             &mut seg_size[SEG_R],
             &mut seg_align[SEG_R],
@@ -667,6 +740,17 @@ impl Linker<'_, '_> {
         counts.got_entries = slot_list.len();
         counts.plt_stubs = stub_list.len();
         counts.segment_bytes = seg_size;
+        if tls_size > MAX_TLS_BLOCK {
+            return Err(LinkError::Malformed {
+                object: self
+                    .objs
+                    .first()
+                    .map_or_else(String::new, |o| o.name.clone()),
+                what: format!(
+                    "thread-local sections add up to {tls_size:#x} bytes, more than the {MAX_TLS_BLOCK:#x} Kiln gives one module's TLS block"
+                ),
+            });
+        }
         const MAX_SEGMENT: u64 = 1 << 40;
         if let Some(s) = seg_size
             .iter()
@@ -713,6 +797,8 @@ impl Linker<'_, '_> {
         };
         times.layout = t.elapsed();
 
+        // The context is needed once more (static TLS) while the resolver reads the linker.
+        let ctx = std::mem::replace(&mut self.ctx, Box::leak(Box::new(Detached)));
         let resolver = Resolver {
             linker: &self,
             bases,
@@ -724,7 +810,21 @@ impl Linker<'_, '_> {
 
         // --- copy and relocate --------------------------------------------------------
         let t = Instant::now();
-        let mut tls_image = vec![0u8; tls_size as usize];
+        // Only the initialized part of the block is an image (`.tbss` is zeros by
+        // definition), so a huge `.tbss` costs nothing here.
+        let mut tls_image = Vec::new();
+        tls_image
+            .try_reserve_exact(tls_image_len as usize)
+            .map_err(|_| LinkError::Malformed {
+                object: self
+                    .objs
+                    .first()
+                    .map_or_else(String::new, |o| o.name.clone()),
+                what: format!("no memory for a TLS image of {tls_image_len} bytes"),
+            })?;
+        tls_image.resize(tls_image_len as usize, 0);
+        let tlsdesc_resolver = tlsdesc_offset.map_or(0, |o| bases[SEG_RX] + o);
+        let static_tp_offset;
         {
             let mut segs = in_flight.segments_mut();
             segs[SEG_RX].bytes.fill(0xcc);
@@ -745,87 +845,106 @@ impl Linker<'_, '_> {
                     dest[start..start + sec.data.len()].copy_from_slice(sec.data);
                 }
             }
-            // GOT contents.
-            let got = &mut segs[SEG_R].bytes[got_offset as usize..];
-            let mut i = 0;
-            while i < slot_list.len() {
-                match slot_list[i] {
-                    Slot::Address(key) => {
-                        let (addr, _) = resolver.address(key);
-                        got[i * 8..i * 8 + 8].copy_from_slice(&addr.to_le_bytes());
-                        i += 1;
+            // `__dso_handle` holds its own address, as crtbeginS.o's does: g++ passes its
+            // address to `__cxa_atexit`, libc_nonshared's `atexit` passes its value.
+            segs[SEG_RW].bytes[dso_offset as usize..dso_offset as usize + 8]
+                .copy_from_slice(&dso_handle.to_le_bytes());
+            // Relocations of the TLS image first: a block placed in static TLS is copied
+            // into every thread as it is now, and the offset it gets is what the code's
+            // initial-exec and local-exec relocations need.
+            let mut tp_offset = None;
+            for pass in [Pass::TlsImage, Pass::Rest] {
+                if pass == Pass::Rest {
+                    if needs_static_tls && tls_size > 0 {
+                        let offset = ctx
+                            .place_static_tls(tls_module, &tls_image, tls_size, tls_align)
+                            .map_err(|reason| LinkError::StaticTls {
+                                object: self
+                                    .objs
+                                    .first()
+                                    .map_or_else(String::new, |o| o.name.clone()),
+                                size: tls_size,
+                                reason,
+                            })?;
+                        tp_offset = Some(offset);
                     }
-                    Slot::TlsGd(key) => {
-                        let (offset, _) = resolver.address(key);
-                        got[i * 8..i * 8 + 8].copy_from_slice(&tls_module.to_le_bytes());
-                        got[i * 8 + 8..i * 8 + 16].copy_from_slice(&offset.to_le_bytes());
-                        i += 2;
-                    }
-                    Slot::TlsLd => {
-                        got[i * 8..i * 8 + 8].copy_from_slice(&tls_module.to_le_bytes());
-                        got[i * 8 + 8..i * 8 + 16].copy_from_slice(&0u64.to_le_bytes());
-                        i += 2;
-                    }
-                }
-            }
-            // PLT stubs: jmp *slot(%rip).
-            for (n, key) in stub_list.iter().enumerate() {
-                let slot = slots[&Slot::Address(*key)];
-                let stub_addr = plt_base + n as u64 * PLT_STUB;
-                let disp = (got_base + slot * 8) as i64 - (stub_addr + 6) as i64;
-                let disp = i32::try_from(disp).map_err(|_| LinkError::Overflow {
-                    object: "<plt>".into(),
-                    section: ".plt".into(),
-                    offset: n as u64 * PLT_STUB,
-                    kind: "PLT stub",
-                    symbol: lossy(resolver.name(*key)),
-                    value: disp as i128,
-                    bits: 32,
-                    hint: "",
-                })?;
-                let at = (plt_offset + n as u64 * PLT_STUB) as usize;
-                let code = &mut segs[SEG_RX].bytes[at..at + PLT_STUB as usize];
-                code[..2].copy_from_slice(&[0xff, 0x25]);
-                code[2..6].copy_from_slice(&disp.to_le_bytes());
-            }
-            if let Some(end) = eh_terminator {
-                segs[SEG_R].bytes[end as usize..end as usize + 4].fill(0);
-            }
-            // Relocations.
-            for oi in 0..self.objs.len() {
-                let obj = &self.objs[oi];
-                for &(target, relas) in &obj.relocations {
-                    let p = self.places[oi][target as usize];
-                    if p.seg == SEG_NONE || p.offset == u64::MAX {
-                        continue;
-                    }
-                    let sec = obj.sections[target as usize];
-                    let (section_bytes, section_addr): (&mut [u8], u64) = if p.seg == SEG_TLS {
-                        (
-                            &mut tls_image[p.offset as usize..(p.offset + sec.size) as usize],
-                            p.offset,
-                        )
-                    } else {
-                        let s = p.seg as usize;
-                        (
-                            &mut segs[s].bytes[p.offset as usize..(p.offset + sec.size) as usize],
-                            bases[s] + p.offset,
-                        )
+                    let tls = TlsPlace {
+                        module: tls_module,
+                        tp_offset,
                     };
-                    for rela in relas {
-                        counts.relocations += 1;
-                        resolver.apply(
-                            oi as u32,
-                            &sec,
-                            section_bytes,
-                            section_addr,
-                            rela,
-                            &slots,
-                            tls_module,
-                        )?;
+                    write_got(
+                        &mut segs[SEG_R].bytes[got_offset as usize..],
+                        &slot_list,
+                        &resolver,
+                        tls,
+                        tlsdesc_resolver,
+                    );
+                    write_plt(
+                        segs[SEG_RX].bytes,
+                        &stub_list,
+                        &slots,
+                        &resolver,
+                        plt_offset,
+                    )?;
+                    if let Some(at) = tlsdesc_offset {
+                        let at = at as usize;
+                        segs[SEG_RX].bytes[at..at + TLSDESC_STATIC_RESOLVER.len()]
+                            .copy_from_slice(&TLSDESC_STATIC_RESOLVER);
+                    }
+                    if let Some(end) = eh_terminator {
+                        segs[SEG_R].bytes[end as usize..end as usize + 4].fill(0);
+                    }
+                }
+                let tls = TlsPlace {
+                    module: tls_module,
+                    tp_offset,
+                };
+                for oi in 0..self.objs.len() {
+                    let obj = &self.objs[oi];
+                    for &(target, relas) in &obj.relocations {
+                        let p = self.places[oi][target as usize];
+                        if p.seg == SEG_NONE || p.offset == u64::MAX {
+                            continue;
+                        }
+                        if (p.seg == SEG_TLS) != (pass == Pass::TlsImage) {
+                            continue;
+                        }
+                        let sec = obj.sections[target as usize];
+                        let range = p.offset as usize..p.offset.saturating_add(sec.size) as usize;
+                        let (section_bytes, section_addr): (Option<&mut [u8]>, u64) =
+                            if p.seg == SEG_TLS {
+                                (tls_image.get_mut(range), p.offset)
+                            } else {
+                                let s = p.seg as usize;
+                                (segs[s].bytes.get_mut(range), bases[s] + p.offset)
+                            };
+                        let Some(section_bytes) =
+                            section_bytes.filter(|_| sec.sh_type != SHT_NOBITS)
+                        else {
+                            return Err(LinkError::Malformed {
+                                object: obj.name.clone(),
+                                what: format!(
+                                    "relocations for section {}, which has no contents",
+                                    lossy(sec.name)
+                                ),
+                            });
+                        };
+                        for rela in relas {
+                            counts.relocations += 1;
+                            resolver.apply(
+                                oi as u32,
+                                &sec,
+                                section_bytes,
+                                section_addr,
+                                rela,
+                                &slots,
+                                tls,
+                            )?;
+                        }
                     }
                 }
             }
+            static_tp_offset = tp_offset;
         }
         // Initializers and finalizers, read back from the relocated arrays.
         let mut init = Vec::new();
@@ -909,6 +1028,7 @@ impl Linker<'_, '_> {
             image: tls_image,
             size: tls_size,
             align: tls_align,
+            tp_offset: static_tp_offset,
         });
         Ok(LinkedModule {
             allocation,
@@ -923,6 +1043,106 @@ impl Linker<'_, '_> {
             counts,
         })
     }
+}
+
+/// Stands in for the link's context once the link no longer needs it.
+struct Detached;
+
+impl LinkContext for Detached {
+    fn resolve(&mut self, _: &str) -> Option<u64> {
+        None
+    }
+    fn tls_module_id(&mut self) -> Result<u64, String> {
+        Err("the link's context is detached".into())
+    }
+}
+
+/// The two relocation passes: the TLS image, then everything else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    TlsImage,
+    Rest,
+}
+
+/// Where the module's TLS block is: its module id, and its offset from the thread pointer
+/// when it is in static TLS.
+#[derive(Debug, Clone, Copy)]
+struct TlsPlace {
+    module: u64,
+    tp_offset: Option<i64>,
+}
+
+/// Writes the GOT: addresses, TLS index pairs, thread-pointer offsets, TLS descriptors.
+fn write_got(
+    got: &mut [u8],
+    slot_list: &[Slot],
+    resolver: &Resolver<'_, '_, '_>,
+    tls: TlsPlace,
+    tlsdesc_resolver: u64,
+) {
+    let mut put = |i: usize, v: u64| got[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    let tp_off = |key: Key| -> u64 {
+        let (offset, _) = resolver.address(key);
+        (tls.tp_offset.unwrap_or(0) as u64).wrapping_add(offset)
+    };
+    let mut i = 0;
+    while i < slot_list.len() {
+        match slot_list[i] {
+            Slot::Address(key) => {
+                put(i, resolver.address(key).0);
+                i += 1;
+            }
+            Slot::TpOff(key) => {
+                put(i, tp_off(key));
+                i += 1;
+            }
+            Slot::TlsGd(key) => {
+                put(i, tls.module);
+                put(i + 1, resolver.address(key).0);
+                i += 2;
+            }
+            Slot::TlsLd => {
+                put(i, tls.module);
+                put(i + 1, 0);
+                i += 2;
+            }
+            Slot::TlsDesc(key) => {
+                put(i, tlsdesc_resolver);
+                put(i + 1, tp_off(key));
+                i += 2;
+            }
+        }
+    }
+}
+
+/// Writes the PLT stubs: `jmp *slot(%rip)`.
+fn write_plt(
+    code: &mut [u8],
+    stub_list: &[Key],
+    slots: &FxHashMap<Slot, u64>,
+    resolver: &Resolver<'_, '_, '_>,
+    plt_offset: u64,
+) -> Result<(), LinkError> {
+    for (n, key) in stub_list.iter().enumerate() {
+        let slot = slots[&Slot::Address(*key)];
+        let stub_addr = resolver.plt_base + n as u64 * PLT_STUB;
+        let disp = (resolver.got_base + slot * 8) as i64 - (stub_addr + 6) as i64;
+        let disp = i32::try_from(disp).map_err(|_| LinkError::Overflow {
+            object: "<plt>".into(),
+            section: ".plt".into(),
+            offset: n as u64 * PLT_STUB,
+            kind: "PLT stub",
+            symbol: lossy(resolver.name(*key)),
+            value: disp as i128,
+            bits: 32,
+            hint: "",
+        })?;
+        let at = (plt_offset + n as u64 * PLT_STUB) as usize;
+        let stub = &mut code[at..at + PLT_STUB as usize];
+        stub[..2].copy_from_slice(&[0xff, 0x25]);
+        stub[2..6].copy_from_slice(&disp.to_le_bytes());
+    }
+    Ok(())
 }
 
 /// Computes addresses once the segments have their target addresses.
@@ -993,6 +1213,7 @@ impl Resolver<'_, '_, '_> {
                 Def::None | Def::Zero => (0, false),
                 Def::GotBase => (self.got_base, false),
                 Def::DsoHandle => (self.dso_handle, false),
+                Def::TlsModuleBase => (0, false),
             },
         }
     }
@@ -1030,7 +1251,7 @@ impl Resolver<'_, '_, '_> {
         section_addr: u64,
         rela: &crate::object_file::Rela,
         slots: &FxHashMap<Slot, u64>,
-        tls_module: u64,
+        tls: TlsPlace,
     ) -> Result<(), LinkError> {
         let o = &self.linker.objs[obj as usize];
         let r_type = rela.r_type(LE, false).0;
@@ -1132,10 +1353,28 @@ impl Resolver<'_, '_, '_> {
             }
             RelocKind::TlsLd => slot_addr(Slot::TlsLd) as i128 + a - p as i128,
             RelocKind::DtpOff => s as i128 + a,
-            RelocKind::DtpMod64 => tls_module as i128,
-            RelocKind::GotTpOff => return Err(unsupported_tls("initial-exec")),
-            RelocKind::TpOff => return Err(unsupported_tls("local-exec")),
-            RelocKind::TlsDesc => return Err(unsupported_tls("TLS-descriptor (gnu2)")),
+            RelocKind::DtpMod64 => tls.module as i128,
+            RelocKind::GotTpOff | RelocKind::TpOff | RelocKind::TlsDesc
+                if !self.is_tls(key) || self.is_external(key) =>
+            {
+                let model = match kind {
+                    RelocKind::GotTpOff => "initial-exec access to a host (not JIT) thread-local",
+                    RelocKind::TpOff => "local-exec access to a host (not JIT) thread-local",
+                    _ => "TLS-descriptor access to a host (not JIT) thread-local",
+                };
+                return Err(unsupported_tls(model));
+            }
+            RelocKind::GotTpOff => slot_addr(Slot::TpOff(key)) as i128 + a - p as i128,
+            RelocKind::TpOff => match tls.tp_offset {
+                Some(tp) => i128::from(tp) + s as i128 + a,
+                None => return Err(unsupported_tls("local-exec (in a TLS initializer)")),
+            },
+            RelocKind::TlsDesc => match r_type {
+                x86_64::R_GOTPC32_TLSDESC => slot_addr(Slot::TlsDesc(key)) as i128 + a - p as i128,
+                // The call through the descriptor needs no change.
+                x86_64::R_TLSDESC_CALL => return Ok(()),
+                _ => return Err(unsupported_tls("TLS-descriptor (R_X86_64_TLSDESC in data)")),
+            },
             RelocKind::Unknown => {
                 return Err(LinkError::UnknownRelocation {
                     object: o.name.clone(),

@@ -313,3 +313,58 @@ fn malformed_archive_is_an_error() {
     ));
     assert!(ArchiveInput::parse("empty.a", b"!<arch>\n".to_vec()).is_ok());
 }
+
+fn assemble(name: &str, source: &str) -> Vec<u8> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bad-input");
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = dir.join(format!("{name}.s"));
+    let o = dir.join(format!("{name}.o"));
+    std::fs::write(&s, source).unwrap();
+    let status = Command::new("cc")
+        .arg("-c")
+        .arg(&s)
+        .arg("-o")
+        .arg(&o)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::read(&o).unwrap()
+}
+
+#[test]
+fn a_tls_block_too_large_to_give_each_thread_is_an_error_not_an_abort() {
+    // Found by fuzzing: a 64 GiB .tbss made the linker allocate the whole block up front.
+    let bytes = compile(
+        "huge_tbss",
+        "static __thread char big[1L << 36];\nchar *first(void) { return big; }\n",
+    );
+    match try_link(&[ObjectInput::new("huge_tbss.o", bytes)]) {
+        Err(LinkError::Malformed { object, what }) => {
+            assert_eq!(object, "huge_tbss.o");
+            assert!(what.contains("thread-local"), "{what}");
+        }
+        other => panic!("expected a Malformed error, got {other:?}"),
+    }
+}
+
+#[test]
+fn initializer_sections_marked_thread_local_are_an_error_not_a_panic() {
+    // Found by fuzzing: .init_array / .ctors with SHF_TLS indexed past the segments.
+    for (name, section) in [
+        ("tls_init_array", ".init_array,\"awT\",@init_array"),
+        ("tls_ctors", ".ctors,\"awT\",@progbits"),
+    ] {
+        let bytes = assemble(
+            name,
+            &format!(".text\n.globl f\nf: ret\n.section {section}\n.quad f\n"),
+        );
+        let object = format!("{name}.o");
+        match try_link(&[ObjectInput::new(&object, bytes)]) {
+            Err(LinkError::Malformed { object: o, what }) => {
+                assert_eq!(o, object);
+                assert!(what.contains("SHF_TLS"), "{what}");
+            }
+            other => panic!("{name}: expected a Malformed error, got {other:?}"),
+        }
+    }
+}

@@ -12,6 +12,7 @@
 //! `working_base + (target - target_base)`.
 
 mod dual_mapped;
+mod fork;
 mod in_process;
 mod placement;
 pub(crate) mod sys;

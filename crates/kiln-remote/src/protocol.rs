@@ -17,7 +17,7 @@
 use std::fmt;
 
 /// Protocol version; the executor's [`Hello`] must match.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Magic bytes at the start of a [`Hello`].
 pub const MAGIC: [u8; 4] = *b"KILN";
 /// Largest frame accepted (a 1 GiB write is more than any module needs).
@@ -76,9 +76,24 @@ pub struct Hello {
     pub triple: String,
     /// The executor's process id.
     pub pid: u32,
-    /// Address of the executor's `__tls_get_addr` for JIT modules.
-    pub tls_get_addr: u64,
+    /// The names the executor's runtime provides to JIT code in place of the C
+    /// runtime's (`__tls_get_addr`, `__cxa_thread_atexit`, …), with their addresses there.
+    pub runtime_symbols: Vec<(String, u64)>,
 }
+
+impl Hello {
+    /// The address of runtime symbol `name`, if the executor provides it.
+    pub fn runtime_symbol(&self, name: &str) -> Option<u64> {
+        self.runtime_symbols
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, a)| a)
+    }
+}
+
+/// One definition to export to libraries the executor loads later: name, address, size,
+/// and whether it is a function.
+pub type WireExport = (String, u64, u64, bool);
 
 /// A request from the controller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,6 +233,29 @@ pub enum Request {
     },
     /// Flush stdio and exit.
     Shutdown,
+    /// Place a reserved TLS module's block in static TLS (every thread, one offset from
+    /// the thread pointer); answers the offset as a `u64` (two's complement).
+    PlaceStaticTls {
+        /// Module id.
+        module_id: u64,
+        /// Block size.
+        size: u64,
+        /// Block alignment.
+        align: u64,
+        /// Initialized part.
+        image: Vec<u8>,
+    },
+    /// Make definitions visible to libraries loaded later (an `RTLD_GLOBAL` object of
+    /// absolute symbols); answers a handle for [`Request::UnexportSymbols`].
+    ExportSymbols {
+        /// The definitions.
+        symbols: Vec<WireExport>,
+    },
+    /// Withdraw definitions exported with [`Request::ExportSymbols`].
+    UnexportSymbols {
+        /// The handle.
+        handle: u64,
+    },
 }
 
 /// A response from the executor.
@@ -277,6 +315,9 @@ impl fmt::Display for Request {
             Request::RunMain { .. } => "run main",
             Request::Call { .. } => "call",
             Request::Shutdown => "shutdown",
+            Request::PlaceStaticTls { .. } => "place static TLS",
+            Request::ExportSymbols { .. } => "export symbols",
+            Request::UnexportSymbols { .. } => "unexport symbols",
         };
         f.write_str(name)
     }
@@ -408,7 +449,10 @@ impl Hello {
             .u64(self.page_size)
             .bytes(self.triple.as_bytes())
             .u32(self.pid)
-            .u64(self.tls_get_addr);
+            .u32(self.runtime_symbols.len() as u32);
+        for (name, address) in &self.runtime_symbols {
+            w.bytes(name.as_bytes()).u64(*address);
+        }
         w.finish()
     }
 
@@ -425,12 +469,21 @@ impl Hello {
                 value: 0,
             });
         }
+        let version = r.u32("version")?;
+        let page_size = r.u64("page size")?;
+        let triple = r.string("triple")?;
+        let pid = r.u32("pid")?;
+        let n = r.count("runtime symbols", 12)?;
+        let mut runtime_symbols = Vec::with_capacity(n);
+        for _ in 0..n {
+            runtime_symbols.push((r.string("runtime symbol")?, r.u64("runtime symbol")?));
+        }
         let hello = Hello {
-            version: r.u32("version")?,
-            page_size: r.u64("page size")?,
-            triple: r.string("triple")?,
-            pid: r.u32("pid")?,
-            tls_get_addr: r.u64("tls_get_addr")?,
+            version,
+            page_size,
+            triple,
+            pid,
+            runtime_symbols,
         };
         r.end()?;
         Ok(hello)
@@ -587,6 +640,32 @@ impl Request {
                 }
                 w
             }
+            Request::PlaceStaticTls {
+                module_id,
+                size,
+                align,
+                image,
+            } => {
+                let mut w = Writer::new(21);
+                w.u64(*module_id).u64(*size).u64(*align).bytes(image);
+                w
+            }
+            Request::ExportSymbols { symbols } => {
+                let mut w = Writer::new(22);
+                w.u32(symbols.len() as u32);
+                for (name, address, size, function) in symbols {
+                    w.bytes(name.as_bytes())
+                        .u64(*address)
+                        .u64(*size)
+                        .u8(u8::from(*function));
+                }
+                w
+            }
+            Request::UnexportSymbols { handle } => {
+                let mut w = Writer::new(23);
+                w.u64(*handle);
+                w
+            }
         };
         w.finish()
     }
@@ -729,6 +808,28 @@ impl Request {
                 }
                 Request::LookupMany { library, names }
             }
+            21 => Request::PlaceStaticTls {
+                module_id: r.u64("module id")?,
+                size: r.u64("size")?,
+                align: r.u64("align")?,
+                image: r.bytes("image")?,
+            },
+            22 => {
+                let n = r.count("exports", 21)?;
+                let mut symbols = Vec::with_capacity(n);
+                for _ in 0..n {
+                    symbols.push((
+                        r.string("export name")?,
+                        r.u64("export address")?,
+                        r.u64("export size")?,
+                        r.u8("export kind")? != 0,
+                    ));
+                }
+                Request::ExportSymbols { symbols }
+            }
+            23 => Request::UnexportSymbols {
+                handle: r.u64("handle")?,
+            },
             other => return Err(DecodeError::UnknownTag(other)),
         };
         r.end()?;
@@ -931,6 +1032,19 @@ mod tests {
                 library: 2,
                 names: vec!["a".into(), "bc".into()],
             },
+            Request::PlaceStaticTls {
+                module_id: 7,
+                size: 64,
+                align: 16,
+                image: vec![1, 2, 3],
+            },
+            Request::ExportSymbols {
+                symbols: vec![
+                    ("f".into(), 0x1000, 16, true),
+                    ("d".into(), 0x2000, 8, false),
+                ],
+            },
+            Request::UnexportSymbols { handle: 3 },
         ];
         for req in all {
             let frame = req.encode();
@@ -963,7 +1077,7 @@ mod tests {
             page_size: 4096,
             triple: "x86_64-unknown-linux-gnu".into(),
             pid: 7,
-            tls_get_addr: 0x1000,
+            runtime_symbols: vec![("__tls_get_addr".into(), 0x1000)],
         };
         assert_eq!(Hello::decode(body(&hello.encode())).unwrap(), hello);
     }

@@ -3,6 +3,8 @@
 
 use crate::Error;
 use kiln_executor::runtime::{self, EhFrameRegistration};
+use kiln_executor::shared_object::ExportedSymbol;
+use kiln_executor::thread_locals::{self, TlsImage};
 use kiln_link::TlsTemplate;
 use kiln_memory::Mapper;
 use kiln_remote::protocol::{kind_from_wire, Request, Response};
@@ -55,6 +57,13 @@ pub fn default_executor_path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("kiln-executor"))
 }
 
+/// Definitions exported to libraries the executor loads later; withdrawn by
+/// [`Executor::unexport_symbols`].
+pub(crate) enum ExportHandle {
+    Local(runtime::Exports),
+    Remote(u64),
+}
+
 /// An eh_frame registration, here or in the executor.
 pub(crate) enum EhRegistration {
     /// Held for its drop, which deregisters.
@@ -102,6 +111,17 @@ impl Executor {
         match &self.kind {
             Kind::InProcess => None,
             Kind::Remote { remote, .. } => Some(remote.pid()),
+        }
+    }
+
+    /// Whether the executor runs code of this process's architecture (its C library's
+    /// archives are then usable for it).
+    pub fn is_host_architecture(&self) -> bool {
+        match &self.kind {
+            Kind::InProcess => true,
+            Kind::Remote { remote, .. } => {
+                remote.hello().triple.starts_with(std::env::consts::ARCH)
+            }
         }
     }
 
@@ -248,15 +268,53 @@ impl Executor {
 
     pub(crate) fn reserve_tls_module(&self) -> Result<u64, Error> {
         match &self.kind {
-            Kind::InProcess => Ok(runtime::tls_reserve_module()),
+            Kind::InProcess => Ok(thread_locals::tls_reserve_module()),
             Kind::Remote { .. } => self.value(Request::ReserveTlsModule),
         }
     }
 
+    /// Places a module's TLS block in static TLS; returns its offset from the thread
+    /// pointer.
+    pub(crate) fn place_static_tls(
+        &self,
+        module_id: u64,
+        image: &[u8],
+        size: u64,
+        align: u64,
+    ) -> Result<i64, Error> {
+        match &self.kind {
+            Kind::InProcess => thread_locals::tls_place_static(&TlsImage {
+                module_id,
+                image: image.to_vec(),
+                size,
+                align,
+            })
+            .map_err(Error::Executor),
+            Kind::Remote { .. } => self
+                .value(Request::PlaceStaticTls {
+                    module_id,
+                    size,
+                    align,
+                    image: image.to_vec(),
+                })
+                .map(|v| v as i64),
+        }
+    }
+
     pub(crate) fn install_tls(&self, template: TlsTemplate) -> Result<(), Error> {
+        if template.tp_offset.is_some() {
+            // In static TLS: placed during the link.
+            return Ok(());
+        }
         match &self.kind {
             Kind::InProcess => {
-                if !runtime::tls_install(template) {
+                let image = TlsImage {
+                    module_id: template.module_id,
+                    image: template.image,
+                    size: template.size,
+                    align: template.align,
+                };
+                if !thread_locals::tls_install(image) {
                     return Err(Error::Executor("TLS module id not reserved".into()));
                 }
             }
@@ -274,17 +332,75 @@ impl Executor {
 
     pub(crate) fn remove_tls(&self, module_id: u64) {
         match &self.kind {
-            Kind::InProcess => runtime::tls_remove(module_id),
+            Kind::InProcess => thread_locals::tls_remove(module_id),
             Kind::Remote { .. } => {
                 let _ = self.request(Request::RemoveTls { module_id });
             }
         }
     }
 
-    pub(crate) fn tls_get_addr(&self) -> u64 {
+    /// The address of a name Kiln's runtime provides in place of the C runtime's
+    /// (`__tls_get_addr`, `__cxa_thread_atexit`, …), if `name` is one.
+    pub(crate) fn runtime_symbol(&self, name: &str) -> Option<u64> {
+        if !matches!(
+            name,
+            "__tls_get_addr" | "__cxa_thread_atexit" | "__cxa_thread_atexit_impl"
+        ) {
+            return None;
+        }
         match &self.kind {
-            Kind::InProcess => runtime::tls_get_addr_address(),
-            Kind::Remote { remote, .. } => remote.hello().tls_get_addr,
+            Kind::InProcess => thread_locals::runtime_symbols()
+                .into_iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, a)| a),
+            Kind::Remote { remote, .. } => remote.hello().runtime_symbol(name),
+        }
+    }
+
+    /// Tells an in-process runtime about a module, so that its thread-local destructors
+    /// keep it alive (`keep_alive`); a remote executor needs nothing.
+    pub(crate) fn register_module(
+        &self,
+        dso_handle: u64,
+        keep_alive: std::sync::Weak<dyn std::any::Any + Send + Sync>,
+    ) {
+        if let Kind::InProcess = self.kind {
+            thread_locals::register_module(dso_handle, Some(keep_alive));
+        }
+    }
+
+    pub(crate) fn unregister_module(&self, dso_handle: u64) {
+        if let Kind::InProcess = self.kind {
+            thread_locals::unregister_module(dso_handle);
+        }
+    }
+
+    /// Makes `symbols` visible to libraries the executor loads from now on.
+    pub(crate) fn export_symbols(
+        &self,
+        symbols: Vec<ExportedSymbol>,
+    ) -> Result<ExportHandle, Error> {
+        match &self.kind {
+            Kind::InProcess => runtime::export_symbols(&symbols)
+                .map(ExportHandle::Local)
+                .map_err(Error::Executor),
+            Kind::Remote { .. } => self
+                .value(Request::ExportSymbols {
+                    symbols: symbols
+                        .into_iter()
+                        .map(|s| (s.name, s.address, s.size, s.function))
+                        .collect(),
+                })
+                .map(ExportHandle::Remote),
+        }
+    }
+
+    pub(crate) fn unexport_symbols(&self, handle: ExportHandle) {
+        match handle {
+            ExportHandle::Local(exports) => runtime::unexport_symbols(exports),
+            ExportHandle::Remote(handle) => {
+                let _ = self.request(Request::UnexportSymbols { handle });
+            }
         }
     }
 

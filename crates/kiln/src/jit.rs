@@ -1,7 +1,7 @@
 //! The session: a [`Jit`] with libraries (namespaces of definitions with a search order),
 //! symbol generators, and module handles.
 
-use crate::executor::{EhRegistration, Executor, ExecutorSymbols};
+use crate::executor::{EhRegistration, Executor, ExecutorSymbols, ExportHandle};
 use crate::generator::SymbolGenerator;
 use crate::library_search::{default_search_dirs, find_library, LibraryFile};
 use crate::Error;
@@ -34,6 +34,8 @@ struct State {
 
 struct Inner {
     executor: Executor,
+    export_to_libraries: bool,
+    noexec: bool,
     memory: SlabMemoryManager,
     low_memory: LowMemory,
     state: Mutex<State>,
@@ -108,6 +110,8 @@ pub struct Jit {
 #[derive(Default)]
 pub struct JitBuilder {
     executor: Option<Executor>,
+    export_to_libraries: bool,
+    noexec: bool,
     memory: Option<SlabMemoryManager>,
     low_memory: Option<Option<SlabMemoryManager>>,
 }
@@ -117,6 +121,23 @@ impl JitBuilder {
     /// memory managers (shared memory or copy transport).
     pub fn executor(mut self, executor: Executor) -> Self {
         self.executor = Some(executor);
+        self
+    }
+
+    /// Makes each module's global definitions visible to shared libraries the executor
+    /// loads later — a program's plugins, CPython's extension modules — as linking an
+    /// executable with `-Wl,-E` does (default: off; `kiln run` turns it on). Each module
+    /// then gets a small `RTLD_GLOBAL` object of absolute symbols, withdrawn when the
+    /// module is removed.
+    pub fn export_to_libraries(mut self, on: bool) -> Self {
+        self.export_to_libraries = on;
+        self
+    }
+
+    /// Links without running any code: no initializers after a link, no finalizers at
+    /// removal (default: off). For inspecting what a link does (`kiln run --noexec`).
+    pub fn noexec(mut self, on: bool) -> Self {
+        self.noexec = on;
         self
     }
 
@@ -163,6 +184,8 @@ impl JitBuilder {
         Ok(Jit {
             inner: Arc::new(Inner {
                 executor,
+                export_to_libraries: self.export_to_libraries,
+                noexec: self.noexec,
                 memory,
                 low_memory,
                 state: Mutex::new(State {
@@ -287,7 +310,24 @@ impl Jit {
 
     /// Resolves what `lib` does not define from the executor's process symbols (this
     /// process's, for the in-process executor).
+    ///
+    /// The C library's few functions that a native link takes from `libc_nonshared.a`
+    /// rather than `libc.so.6` — `atexit`, `at_quick_exit`, `pthread_atfork` — are linked
+    /// from that archive into the module that calls them, as a native link does, so that
+    /// their handlers belong to the calling module (its own `__dso_handle`) and run when
+    /// it is removed.
     pub fn add_process_symbols(&self, lib: LibraryId) {
+        if self.inner.executor.is_host_architecture() {
+            let found = default_search_dirs()
+                .into_iter()
+                .map(|d| d.join("libc_nonshared.a"))
+                .find(|p| p.is_file());
+            if let Some(path) = found {
+                if let Err(error) = self.add_archive_file(lib, &path) {
+                    tracing::debug!(%error, "libc_nonshared.a not used");
+                }
+            }
+        }
         self.add_generator(
             lib,
             Box::new(ExecutorSymbols {
@@ -374,23 +414,55 @@ impl Jit {
             Some(address) => executor.register_eh_frame(address)?,
             None => None,
         };
+        let exports = if self.inner.export_to_libraries && !linked.symbols.is_empty() {
+            let code = linked
+                .allocation
+                .segments()
+                .first()
+                .map(|c| c.target..c.target + c.len);
+            let list = linked
+                .symbols
+                .iter()
+                .map(
+                    |(name, &address)| kiln_executor::shared_object::ExportedSymbol {
+                        name: name.clone(),
+                        address,
+                        size: 0,
+                        function: code.as_ref().is_some_and(|c| c.contains(&address)),
+                    },
+                )
+                .collect();
+            Some(executor.export_symbols(list)?)
+        } else {
+            None
+        };
         let module = Module {
             inner: Arc::new(ModuleInner {
                 name: objects.first().map(|o| o.name.clone()).unwrap_or_default(),
                 symbols: linked.symbols,
                 hidden_symbols: linked.hidden_symbols,
-                fini: linked.fini,
+                fini: if self.inner.noexec {
+                    Vec::new()
+                } else {
+                    linked.fini
+                },
                 dso_handle: linked.dso_handle,
                 tls_module,
                 eh: Mutex::new(eh),
-                finalized: Mutex::new(false),
+                exports: Mutex::new(exports),
+                finalized: Mutex::new(self.inner.noexec),
                 executor: executor.clone(),
                 allocation: linked.allocation,
             }),
         };
+        let keep_alive: Arc<dyn std::any::Any + Send + Sync> = module.inner.clone();
+        executor.register_module(linked.dso_handle, Arc::downgrade(&keep_alive));
+        drop(keep_alive);
         state.libraries[lib.0].modules.push(module.clone());
         drop(state);
-        self.inner.executor.run_initializers(&linked.init)?;
+        if !self.inner.noexec {
+            self.inner.executor.run_initializers(&linked.init)?;
+        }
         Ok(Some((module, report)))
     }
 
@@ -519,8 +591,9 @@ impl LinkContext for SessionContext<'_> {
         );
         let mut pending: Vec<usize> = Vec::new();
         for (i, name) in names.iter().enumerate() {
-            if *name == "__tls_get_addr" {
-                out[i] = Some(self.executor.tls_get_addr());
+            // What Kiln's runtime provides in place of the C runtime's.
+            if let Some(address) = self.executor.runtime_symbol(name) {
+                out[i] = Some(address);
                 continue;
             }
             match order.iter().find_map(|&lib| self.state.defined(lib, name)) {
@@ -560,6 +633,18 @@ impl LinkContext for SessionContext<'_> {
             .map_err(|e| e.to_string())
     }
 
+    fn place_static_tls(
+        &mut self,
+        module_id: u64,
+        image: &[u8],
+        size: u64,
+        align: u64,
+    ) -> Result<i64, String> {
+        self.executor
+            .place_static_tls(module_id, image, size, align)
+            .map_err(|e| e.to_string())
+    }
+
     fn is_function(&mut self, name: &str, _address: u64) -> Option<bool> {
         self.kinds.get(name).copied()
     }
@@ -573,16 +658,21 @@ struct ModuleInner {
     dso_handle: u64,
     tls_module: Option<u64>,
     eh: Mutex<Option<EhRegistration>>,
+    exports: Mutex<Option<ExportHandle>>,
     finalized: Mutex<bool>,
     executor: Executor,
     allocation: FinalizedAllocation,
 }
 
 impl ModuleInner {
-    /// Runs finalizers once and unregisters unwind information; the memory stays until
-    /// the last handle goes.
+    /// Runs finalizers once (the calling thread's thread-local destructors, `atexit`
+    /// handlers, `.fini_array`), withdraws exported definitions and unregisters unwind
+    /// information; the memory stays until the last handle goes.
     fn finalize(&self) {
         let mut done = self.finalized.lock();
+        if let Some(exports) = self.exports.lock().take() {
+            self.executor.unexport_symbols(exports);
+        }
         if *done {
             return;
         }
@@ -590,6 +680,7 @@ impl ModuleInner {
         if let Err(error) = self.executor.run_finalizers(self.dso_handle, &self.fini) {
             tracing::warn!(%error, module = %self.name, "running finalizers failed");
         }
+        self.executor.unregister_module(self.dso_handle);
         if let Some(registration) = self.eh.lock().take() {
             self.executor.deregister_eh_frame(registration);
         }

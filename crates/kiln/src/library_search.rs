@@ -37,12 +37,25 @@ pub fn default_search_dirs() -> Vec<PathBuf> {
 }
 
 /// Finds `-l name` in `dirs` (shared before static in each directory, as `ld` does by
-/// default), expanding ld scripts into the files they name.
+/// default), expanding ld scripts into the files they name. A `-lNAME` inside a script is
+/// searched in the same `dirs`; a script that includes itself, directly or through
+/// others, is an error naming the cycle.
 pub fn find_library(name: &str, dirs: &[PathBuf]) -> Result<Vec<LibraryFile>, Error> {
+    find_in(name, dirs, &mut Vec::new())
+}
+
+/// Scripts nested deeper than this are refused (a cycle is caught before).
+const MAX_SCRIPT_DEPTH: usize = 16;
+
+fn find_in(
+    name: &str,
+    dirs: &[PathBuf],
+    open: &mut Vec<PathBuf>,
+) -> Result<Vec<LibraryFile>, Error> {
     for dir in dirs {
         let shared = dir.join(format!("lib{name}.so"));
         if shared.is_file() {
-            return expand(&shared);
+            return expand(&shared, dirs, open);
         }
         let archive = dir.join(format!("lib{name}.a"));
         if archive.is_file() {
@@ -59,17 +72,43 @@ pub fn find_library(name: &str, dirs: &[PathBuf]) -> Result<Vec<LibraryFile>, Er
     })
 }
 
-/// A `.so` path: an ELF shared object, or an ld script naming others.
-fn expand(path: &Path) -> Result<Vec<LibraryFile>, Error> {
+/// A `.so` path: an ELF shared object, or an ld script naming others. `open` holds the
+/// scripts being expanded, outermost first.
+fn expand(
+    path: &Path,
+    dirs: &[PathBuf],
+    open: &mut Vec<PathBuf>,
+) -> Result<Vec<LibraryFile>, Error> {
     let head = read_head(path)?;
     if head.starts_with(b"\x7fELF") {
         return Ok(vec![LibraryFile::Shared(path.to_path_buf())]);
+    }
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    if let Some(first) = open.iter().position(|p| *p == canonical) {
+        let cycle: Vec<String> = open[first..]
+            .iter()
+            .chain([&canonical])
+            .map(|p| p.display().to_string())
+            .collect();
+        return Err(Error::LinkerScript {
+            path: path.to_path_buf(),
+            what: format!("scripts include each other: {}", cycle.join(" -> ")),
+        });
+    }
+    if open.len() >= MAX_SCRIPT_DEPTH {
+        return Err(Error::LinkerScript {
+            path: path.to_path_buf(),
+            what: format!("scripts nested more than {MAX_SCRIPT_DEPTH} deep"),
+        });
     }
     let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    parse_ld_script(path, &text)
+    open.push(canonical);
+    let result = parse_script(path, &text, dirs, open);
+    open.pop();
+    result
 }
 
 fn read_head(path: &Path) -> Result<Vec<u8>, Error> {
@@ -90,7 +129,22 @@ fn read_head(path: &Path) -> Result<Vec<u8>, Error> {
 /// Parses the `GROUP`/`INPUT` commands of a GNU ld script (comments, `OUTPUT_FORMAT`,
 /// `AS_NEEDED` understood), e.g. Debian's
 /// `GROUP ( /lib/x86_64-linux-gnu/libm.so.6  AS_NEEDED ( /lib/x86_64-linux-gnu/libmvec.so.1 ) )`.
-pub fn parse_ld_script(path: &Path, text: &str) -> Result<Vec<LibraryFile>, Error> {
+/// `-lNAME` inside it is searched in `dirs`.
+pub fn parse_ld_script(
+    path: &Path,
+    text: &str,
+    dirs: &[PathBuf],
+) -> Result<Vec<LibraryFile>, Error> {
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    parse_script(path, text, dirs, &mut vec![canonical])
+}
+
+fn parse_script(
+    path: &Path,
+    text: &str,
+    dirs: &[PathBuf],
+    open: &mut Vec<PathBuf>,
+) -> Result<Vec<LibraryFile>, Error> {
     // Strip /* */ comments.
     let mut clean = String::new();
     let mut rest = text;
@@ -143,9 +197,12 @@ pub fn parse_ld_script(path: &Path, text: &str) -> Result<Vec<LibraryFile>, Erro
             file if in_group && depth > 0 => {
                 let file = file.trim_end_matches(',');
                 if let Some(lib) = file.strip_prefix("-l") {
-                    files.extend(find_library(lib, &default_search_dirs())?);
+                    files.extend(find_in(lib, dirs, open)?);
                 } else if file.ends_with(".a") {
                     files.push(LibraryFile::Archive(PathBuf::from(file)));
+                } else if Path::new(file).is_file() {
+                    // A shared object, or another script.
+                    files.extend(expand(Path::new(file), dirs, open)?);
                 } else {
                     files.push(LibraryFile::Shared(PathBuf::from(file)));
                 }
@@ -176,7 +233,7 @@ mod tests {
     #[test]
     fn debian_libm_script() {
         let text = "/* GNU ld script\n*/\nOUTPUT_FORMAT(elf64-x86-64)\nGROUP ( /lib/x86_64-linux-gnu/libm.so.6  AS_NEEDED ( /lib/x86_64-linux-gnu/libmvec.so.1 ) )\n";
-        let files = parse_ld_script(Path::new("libm.so"), text).unwrap();
+        let files = parse_ld_script(Path::new("libm.so"), text, &[]).unwrap();
         assert_eq!(
             files,
             vec![
@@ -189,7 +246,7 @@ mod tests {
     #[test]
     fn debian_libc_script() {
         let text = "OUTPUT_FORMAT(elf64-x86-64)\nGROUP ( /lib/x86_64-linux-gnu/libc.so.6 /usr/lib/x86_64-linux-gnu/libc_nonshared.a  AS_NEEDED ( /lib64/ld-linux-x86-64.so.2 ) )\n";
-        let files = parse_ld_script(Path::new("libc.so"), text).unwrap();
+        let files = parse_ld_script(Path::new("libc.so"), text, &[]).unwrap();
         assert_eq!(files.len(), 3);
         assert_eq!(
             files[1],
@@ -199,6 +256,36 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error() {
-        assert!(parse_ld_script(Path::new("x.so"), "hello world").is_err());
+        assert!(parse_ld_script(Path::new("x.so"), "hello world", &[]).is_err());
+    }
+
+    #[test]
+    fn scripts_that_include_each_other_are_an_error_not_a_stack_overflow() {
+        let dir = std::env::temp_dir().join(format!("kiln-ldscript-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libself.so"), "INPUT ( -lself )\n").unwrap();
+        std::fs::write(dir.join("libping.so"), "GROUP ( -lpong )\n").unwrap();
+        std::fs::write(dir.join("libpong.so"), "GROUP ( -lping )\n").unwrap();
+        let dirs = [dir.clone()];
+        for name in ["self", "ping"] {
+            match find_library(name, &dirs) {
+                Err(Error::LinkerScript { what, .. }) => {
+                    assert!(what.contains("include each other"), "{what}")
+                }
+                other => panic!("-l{name}: expected a cycle error, got {other:?}"),
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn minus_l_inside_a_script_searches_the_minus_capital_l_directories() {
+        let dir = std::env::temp_dir().join(format!("kiln-ldscript-l-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libouter.so"), "INPUT ( -linner )\n").unwrap();
+        std::fs::write(dir.join("libinner.a"), "!<arch>\n").unwrap();
+        let files = find_library("outer", std::slice::from_ref(&dir)).unwrap();
+        assert_eq!(files, vec![LibraryFile::Archive(dir.join("libinner.a"))]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

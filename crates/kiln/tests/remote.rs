@@ -473,7 +473,7 @@ fn a_wrong_protocol_version_is_refused() {
             page_size: 4096,
             triple: "x86_64-unknown-linux-gnu".into(),
             pid: 1,
-            tls_get_addr: 0,
+            runtime_symbols: Vec::new(),
         };
         s.write_all(&hello.encode()).unwrap();
     });

@@ -165,6 +165,13 @@ unsafe impl Mapper for DualMappedMapper {
             }
         };
         let handle = fd.as_raw_fd() as u64;
+        super::fork::register(super::fork::SharedReservation {
+            target,
+            working,
+            len,
+            fd: fd.as_raw_fd(),
+            memfd_flags: self.memfd_flags,
+        });
         self.files
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -246,6 +253,7 @@ unsafe impl Mapper for DualMappedMapper {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&reservation.handle);
+        super::fork::unregister(reservation.target);
         // SAFETY: the caller gives the whole reservation back; no allocation lives in it.
         let target = unsafe { sys::munmap(reservation.target, reservation.len) };
         // SAFETY: as above, for the working view.

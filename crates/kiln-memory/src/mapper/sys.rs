@@ -3,7 +3,7 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// `MFD_EXEC` (Linux 6.3), defined here for libc versions that lack it. Kiln's memfds hold
 /// code, so they are created executable on purpose (never `MFD_NOEXEC_SEAL`).
@@ -160,4 +160,95 @@ pub(crate) fn populate(addr: u64, len: u64, write: bool) {
     // SAFETY: populating changes no contents and no permissions of the range, which the
     // caller owns.
     unsafe { libc::madvise(addr as *mut libc::c_void, len as usize, advice) };
+}
+
+/// The next data extent `[data, hole)` of the file `fd` at or after `offset`, below `end`
+/// (`lseek(SEEK_DATA)` then `SEEK_HOLE`); `None` past the last one.
+pub(crate) fn next_data_extent(fd: RawFd, offset: u64, end: u64) -> io::Result<Option<(u64, u64)>> {
+    // SAFETY: plain syscall on a descriptor the caller owns.
+    let data = unsafe { libc::lseek(fd, offset as libc::off_t, libc::SEEK_DATA) };
+    if data < 0 {
+        let e = io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENXIO) {
+            Ok(None)
+        } else {
+            Err(e)
+        };
+    }
+    // SAFETY: as above.
+    let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+    if hole < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let (data, hole) = (data as u64, (hole as u64).min(end));
+    Ok((data < hole).then_some((data, hole)))
+}
+
+/// Writes all of `bytes` at `offset` of a file.
+pub(crate) fn pwrite_all(fd: &OwnedFd, mut bytes: &[u8], mut offset: u64) -> io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: `bytes` is a valid readable buffer of its length.
+        let n = unsafe {
+            libc::pwrite(
+                fd.as_raw_fd(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                offset as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        bytes = &bytes[n as usize..];
+        offset += n as u64;
+    }
+    Ok(())
+}
+
+/// Maps `len` bytes of `fd` at `offset` exactly at `addr`, replacing what is there
+/// (`MAP_FIXED`).
+///
+/// # Safety
+/// The caller must own `[addr, addr + len)` and hold no reference into it that the new
+/// contents would invalidate.
+pub(crate) unsafe fn mmap_replace(
+    addr: u64,
+    len: u64,
+    prot: libc::c_int,
+    flags: libc::c_int,
+    fd: &OwnedFd,
+    offset: u64,
+) -> io::Result<()> {
+    // SAFETY: the caller owns the range; MAP_FIXED replaces only it.
+    let ptr = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len as usize,
+            prot,
+            flags | libc::MAP_FIXED,
+            fd.as_raw_fd(),
+            offset as libc::off_t,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Makes descriptor number `old` refer to what `fresh` refers to (close-on-exec).
+pub(crate) fn replace_fd(fresh: &OwnedFd, old: RawFd) -> io::Result<()> {
+    // SAFETY: `old` is a descriptor the caller owns; dup3 atomically replaces it.
+    let rc = unsafe { libc::dup3(fresh.as_raw_fd(), old, libc::O_CLOEXEC) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }

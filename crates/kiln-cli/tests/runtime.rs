@@ -1,0 +1,234 @@
+//! What JIT code gets from the C runtime rather than from relocations, as a natively
+//! linked program gets it: `atexit` handlers, `pthread_atfork`, `fork` (the child has its
+//! own copy of JIT data and code), C++ `thread_local` destructors, thread-locals in every
+//! TLS model (local-exec, initial-exec, TLS descriptors as well as general dynamic),
+//! definitions visible to plugins the program loads — in process and out of process —
+//! and `kiln run --noexec`.
+//!
+//! The programs are in tests/programs; their native builds and expected outputs come from
+//! tests/programs/build_native.sh.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn programs_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kiln-runtime-programs");
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/build_native.sh");
+        let status = Command::new("bash")
+            .arg(&script)
+            .arg(&out)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("bash runs build_native.sh");
+        assert!(status.success(), "build_native.sh failed");
+        out
+    })
+}
+
+fn source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/programs")
+        .join(name)
+}
+
+/// The executor binary next to kiln (built on demand when only this package was built).
+fn ensure_executor() {
+    let path = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        assert!(Command::new(cargo)
+            .args(["build", "-p", "kiln-executor"])
+            .status()
+            .unwrap()
+            .success());
+    }
+}
+
+fn kiln(args: &[&str], inputs: &[PathBuf]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("run")
+        .args(args)
+        .args(inputs)
+        .output()
+        .expect("kiln runs")
+}
+
+/// `objects` (in the programs directory) linked by Kiln in process, with `--oop` over
+/// shared memory and with the copy transport, must print what the native program printed
+/// and exit 0.
+fn assert_like_native(name: &str, objects: &[&str], libs: &[&str]) {
+    ensure_executor();
+    let dir = programs_dir();
+    let expected = std::fs::read_to_string(dir.join(format!("{name}.expected"))).unwrap();
+    let mut inputs: Vec<PathBuf> = objects.iter().map(|o| dir.join(o)).collect();
+    inputs.extend(libs.iter().map(PathBuf::from));
+    for mode in [&[][..], &["--oop"], &["--oop", "--transport", "copy"]] {
+        let out = kiln(mode, &inputs);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{name} {mode:?}: {stderr}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            expected,
+            "{name} {mode:?}: output differs from the native program's\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn atexit_pthread_atfork_and_fork_behave_as_natively() {
+    // The child returns from main (its handlers run in the child, on its own copy of the
+    // data); the parent's counter is untouched by the child's writes.
+    assert_like_native("runtime_exit", &["runtime_exit.o"], &[]);
+}
+
+#[test]
+fn cxx_thread_local_destructors_run_before_the_code_is_freed() {
+    assert_like_native(
+        "thread_local_dtors",
+        &["thread_local_dtors.o"],
+        &["-lstdc++"],
+    );
+}
+
+#[test]
+fn local_exec_and_initial_exec_thread_locals_in_static_tls() {
+    assert_like_native(
+        "tls_static-pie",
+        &["tls_static-pie.o", "tls_static_other-pie.o"],
+        &[],
+    );
+}
+
+#[test]
+fn tls_descriptors_gnu2() {
+    assert_like_native(
+        "tls_static-desc",
+        &["tls_static-desc.o", "tls_static_other-desc.o"],
+        &[],
+    );
+}
+
+#[test]
+fn one_thread_local_reached_through_general_dynamic_and_local_exec_code() {
+    // tls_static.c compiled -fPIE (local-exec for `counter`) and tls_static_other.c
+    // compiled -fPIC (general dynamic through __tls_get_addr): both must reach the same
+    // copy of `counter` in every thread.
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let main_obj = tmp.join("tls_mixed_main.o");
+    let other_obj = tmp.join("tls_mixed_other.o");
+    cc(&["-O2", "-fPIE", "-c"], &source("tls_static.c"), &main_obj);
+    cc(
+        &["-O2", "-fPIC", "-c"],
+        &source("tls_static_other.c"),
+        &other_obj,
+    );
+    let expected = std::fs::read_to_string(programs_dir().join("tls_static-pie.expected")).unwrap();
+    let out = kiln(&[], &[main_obj, other_obj]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+}
+
+fn cc(flags: &[&str], src: &Path, out: &Path) {
+    let status = Command::new("cc")
+        .args(flags)
+        .arg(src)
+        .arg("-o")
+        .arg(out)
+        .status()
+        .expect("cc runs");
+    assert!(status.success(), "cc {flags:?} {}", src.display());
+}
+
+#[test]
+fn a_plugin_loaded_by_the_program_calls_back_into_it() {
+    ensure_executor();
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let host = tmp.join("plugin_host.o");
+    let plugin = tmp.join("plugin.so");
+    cc(&["-O2", "-fPIE", "-c"], &source("plugin_host.c"), &host);
+    cc(&["-O2", "-fPIC", "-shared"], &source("plugin.c"), &plugin);
+    let plugin_arg = plugin.display().to_string();
+    let expected = "host_log: plugin says hello\nplugin_run(5) = 210, host_calls = 1\n";
+    for mode in [&[][..], &["--oop"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .arg("run")
+            .args(mode)
+            .arg(&host)
+            .args(["--", &plugin_arg])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            expected,
+            "{mode:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(0));
+    }
+    // Without the exports the plugin cannot load, as with a native program linked
+    // without -Wl,-E.
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["run", "--no-export-dynamic"])
+        .arg(&host)
+        .args(["--", &plugin_arg])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("dlopen failed") && stdout.contains("undefined symbol"),
+        "{stdout}"
+    );
+    assert_eq!(out.status.code(), Some(3));
+}
+
+#[test]
+fn noexec_runs_no_code_at_all() {
+    // A constructor and a destructor that would write files: --noexec must run neither.
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let marker = tmp.join(format!("noexec-marker-{}", std::process::id()));
+    let src = tmp.join("noexec.c");
+    std::fs::write(
+        &src,
+        format!(
+            "#include <stdio.h>\n\
+             static void touch(const char *what) {{ FILE *f = fopen(\"{m}\", \"a\"); if (f) {{ fputs(what, f); fclose(f); }} }}\n\
+             __attribute__((constructor)) static void init(void) {{ touch(\"init\\n\"); }}\n\
+             __attribute__((destructor)) static void fini(void) {{ touch(\"fini\\n\"); }}\n\
+             int main(void) {{ touch(\"main\\n\"); return 0; }}\n",
+            m = marker.display()
+        ),
+    )
+    .unwrap();
+    let obj = tmp.join("noexec.o");
+    cc(&["-O2", "-fPIE", "-c"], &src, &obj);
+    let _ = std::fs::remove_file(&marker);
+    let out = kiln(&["--noexec"], std::slice::from_ref(&obj));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !marker.exists(),
+        "--noexec ran code: {}",
+        std::fs::read_to_string(&marker).unwrap_or_default()
+    );
+    // And without it, all three run (the check above can fail).
+    let out = kiln(&[], &[obj]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap(),
+        "init\nmain\nfini\n"
+    );
+    let _ = std::fs::remove_file(&marker);
+}
