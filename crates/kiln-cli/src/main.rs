@@ -270,9 +270,24 @@ fn run(o: RunArgs) -> Result<i32, String> {
         .unwrap_or_else(|| "a.out".into())];
     argv.extend(o.args.iter().cloned());
     let address = jit.lookup(lib, &o.entry).map_err(|e| e.to_string())?;
+    jit.report_crashes();
     // SAFETY: `address` is the entry function of the module just linked, with main's
     // signature (the user's contract for --entry); the module stays alive in `jit`.
-    let status = unsafe { jit.executor().run_main(address, &argv) }.map_err(|e| e.to_string())?;
+    let status = match unsafe { jit.executor().run_main(address, &argv) } {
+        Ok(status) => status,
+        // The program's exit(n) and fatal signals give the status they give in process
+        // (n, or 128 + the signal number, as a shell reports it).
+        Err(kiln::Error::Remote(kiln::RemoteError::Exited { status, .. })) => return Ok(status),
+        Err(kiln::Error::Remote(kiln::RemoteError::Crashed {
+            pid, signal, name, ..
+        })) => {
+            eprintln!(
+                "kiln: JIT code crashed with {name} (signal {signal}) in the executor (pid {pid})"
+            );
+            return Ok(128 + signal);
+        }
+        Err(e) => return Err(e.to_string()),
+    };
     jit.shutdown();
     Ok(status)
 }

@@ -232,3 +232,59 @@ fn noexec_runs_no_code_at_all() {
     );
     let _ = std::fs::remove_file(&marker);
 }
+
+#[test]
+fn exit_status_and_fatal_signals_are_the_same_in_and_out_of_process() {
+    ensure_executor();
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let src = tmp.join("exits.c");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\n#include <stdlib.h>\n\
+         int *volatile nowhere = 0;\n\
+         __attribute__((noinline)) int crash_here(int x) { return *nowhere + x; }\n\
+         int main(int argc, char **argv) {\n\
+           if (argc < 2) return 5;\n\
+           switch (argv[1][0]) {\n\
+           case 'e': printf(\"exiting\\n\"); exit(3);\n\
+           case 'z': exit(0);\n\
+           case 'a': abort();\n\
+           default: return crash_here(argc);\n\
+           }\n}\n",
+    )
+    .unwrap();
+    let obj = tmp.join("exits.o");
+    cc(&["-O2", "-fPIE", "-c"], &src, &obj);
+    let obj_arg = obj.display().to_string();
+    for mode in [&[][..], &["--oop"], &["--oop", "--transport", "copy"]] {
+        let run = |arg: Option<&str>| {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+            cmd.arg("run").args(mode).arg(&obj_arg);
+            if let Some(a) = arg {
+                cmd.args(["--", a]);
+            }
+            cmd.output().unwrap()
+        };
+        assert_eq!(run(None).status.code(), Some(5), "{mode:?}: main's status");
+        let exited = run(Some("e"));
+        assert_eq!(exited.status.code(), Some(3), "{mode:?}: exit(3)");
+        assert_eq!(String::from_utf8_lossy(&exited.stdout), "exiting\n");
+        assert_eq!(run(Some("z")).status.code(), Some(0), "{mode:?}: exit(0)");
+        assert_eq!(
+            run(Some("a")).status.code(),
+            Some(128 + 6),
+            "{mode:?}: abort()"
+        );
+        let crashed = run(Some("s"));
+        let stderr = String::from_utf8_lossy(&crashed.stderr);
+        assert_eq!(crashed.status.code(), Some(128 + 11), "{mode:?}: {stderr}");
+        assert!(stderr.contains("SIGSEGV"), "{mode:?}: {stderr}");
+        if mode.is_empty() {
+            // In process, the report names the faulting address and the JIT function.
+            assert!(
+                stderr.contains("accessing 0x0") && stderr.contains("in crash_here+0x"),
+                "{stderr}"
+            );
+        }
+    }
+}

@@ -9,6 +9,7 @@
 //! [`server`] serves a controller in another process over the `kiln-remote` protocol; the
 //! `kiln-executor` binary runs it.
 
+pub mod crash_report;
 pub mod runtime;
 pub mod server;
 pub mod shared_object;

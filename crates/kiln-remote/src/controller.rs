@@ -38,6 +38,17 @@ pub enum RemoteError {
         /// What it was doing.
         request: String,
     },
+    /// The code the executor ran ended the executor process with `exit(status)` (or by
+    /// returning from `main` in a way that exits).
+    #[error("executor (pid {pid}) exited with status {status} during '{request}'")]
+    Exited {
+        /// Executor pid.
+        pid: u32,
+        /// The exit status.
+        status: i32,
+        /// What was running.
+        request: String,
+    },
     /// The executor went away.
     #[error("executor (pid {pid}) died during '{request}': {how}")]
     Died {
@@ -359,7 +370,16 @@ impl RemoteExecutor {
                                     request: request.to_string(),
                                 }
                             }
-                            None => format!("exited with {status}"),
+                            None => match status.code() {
+                                Some(code) => {
+                                    return RemoteError::Exited {
+                                        pid,
+                                        status: code,
+                                        request: request.to_string(),
+                                    }
+                                }
+                                None => format!("exited with {status}"),
+                            },
                         },
                         Err(e) => e.to_string(),
                     },

@@ -529,6 +529,39 @@ impl Jit {
         self.inner.executor.flush();
     }
 
+    /// For code run in this process: reports a crash of JIT code (signal, faulting address,
+    /// the JIT function it falls in) on standard error and ends the process with status
+    /// 128 + the signal number, as a shell reports a killed program. Covers the modules
+    /// linked so far; a remote executor reports crashes itself, so this does nothing
+    /// there. Installs process-wide signal handlers: for programs like `kiln run`, not
+    /// for a library embedding Kiln.
+    pub fn report_crashes(&self) {
+        if self.inner.executor.pid().is_some() {
+            return;
+        }
+        let state = self.inner.state.lock();
+        let mut code = Vec::new();
+        let mut functions = Vec::new();
+        for module in state.libraries.iter().flat_map(|l| &l.modules) {
+            let Some(text) = module.inner.allocation.segments().first() else {
+                continue;
+            };
+            let range = text.target..text.target + text.len;
+            code.push((range.start, range.end));
+            for (name, &address) in module
+                .inner
+                .symbols
+                .iter()
+                .chain(&module.inner.hidden_symbols)
+            {
+                if range.contains(&address) {
+                    functions.push((address, name.clone()));
+                }
+            }
+        }
+        kiln_executor::crash_report::install(code, functions);
+    }
+
     /// Memory figures of the default memory manager.
     pub fn memory_stats(&self) -> MemoryStats {
         self.inner.memory.stats()

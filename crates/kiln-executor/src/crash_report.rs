@@ -1,0 +1,184 @@
+//! Reporting a crash of JIT code run in this process, the way the out-of-process executor
+//! reports one: the signal's name, the faulting address, the instruction address and the
+//! JIT function it falls in, then the process ends with status 128 + the signal number,
+//! as a shell reports a program killed by a signal.
+//!
+//! The handler runs in a signal context: it allocates nothing and takes no lock. The
+//! function table is built before the code runs and only read by the handler.
+
+use std::sync::OnceLock;
+
+/// A function of the JIT code: start address and name.
+pub type FunctionEntry = (u64, String);
+
+/// Sorted by address; set once.
+static FUNCTIONS: OnceLock<Vec<FunctionEntry>> = OnceLock::new();
+/// `[start, end)` of the JIT code, for "in JIT code" or not.
+static CODE_RANGES: OnceLock<Vec<(u64, u64)>> = OnceLock::new();
+
+const SIGNALS: [libc::c_int; 6] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGFPE,
+    libc::SIGTRAP,
+    libc::SIGABRT,
+];
+
+fn signal_name(signal: libc::c_int) -> &'static str {
+    match signal {
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGILL => "SIGILL",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        _ => "a signal",
+    }
+}
+
+/// A fixed buffer the handler formats into.
+struct Line {
+    buf: [u8; 512],
+    len: usize,
+}
+
+impl Line {
+    fn push(&mut self, s: &[u8]) {
+        let n = s.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&s[..n]);
+        self.len += n;
+    }
+    fn hex(&mut self, v: u64) {
+        let mut digits = [0u8; 18];
+        digits[0] = b'0';
+        digits[1] = b'x';
+        let mut n = 0;
+        let mut x = v;
+        let mut tmp = [0u8; 16];
+        loop {
+            tmp[n] = b"0123456789abcdef"[(x & 0xf) as usize];
+            n += 1;
+            x >>= 4;
+            if x == 0 {
+                break;
+            }
+        }
+        for i in 0..n {
+            digits[2 + i] = tmp[n - 1 - i];
+        }
+        self.push(&digits[..2 + n]);
+    }
+    fn dec(&mut self, v: u64) {
+        let mut tmp = [0u8; 20];
+        let mut n = 0;
+        let mut x = v;
+        loop {
+            tmp[n] = b'0' + (x % 10) as u8;
+            n += 1;
+            x /= 10;
+            if x == 0 {
+                break;
+            }
+        }
+        tmp[..n].reverse();
+        self.push(&tmp[..n]);
+    }
+}
+
+/// The instruction address of the interrupted code.
+fn instruction_address(context: *mut libc::c_void) -> u64 {
+    if context.is_null() {
+        return 0;
+    }
+    // SAFETY: the kernel passes a valid ucontext_t to an SA_SIGINFO handler.
+    let uc = unsafe { &*(context as *const libc::ucontext_t) };
+    #[cfg(target_arch = "x86_64")]
+    {
+        uc.uc_mcontext.gregs[libc::REG_RIP as usize] as u64
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        uc.uc_mcontext.pc
+    }
+}
+
+extern "C" fn on_fatal_signal(
+    signal: libc::c_int,
+    info: *mut libc::siginfo_t,
+    context: *mut libc::c_void,
+) {
+    let mut line = Line {
+        buf: [0; 512],
+        len: 0,
+    };
+    let pc = instruction_address(context);
+    let in_jit = CODE_RANGES
+        .get()
+        .is_some_and(|r| r.iter().any(|&(a, b)| (a..b).contains(&pc)));
+    line.push(b"kiln: ");
+    line.push(if in_jit {
+        b"JIT code crashed with "
+    } else {
+        b"the program crashed (outside JIT code) with "
+    });
+    line.push(signal_name(signal).as_bytes());
+    line.push(b" (signal ");
+    line.dec(signal as u64);
+    line.push(b")");
+    if matches!(signal, libc::SIGSEGV | libc::SIGBUS) && !info.is_null() {
+        line.push(b" accessing ");
+        // SAFETY: the kernel fills si_addr for these signals.
+        line.hex(unsafe { (*info).si_addr() } as u64);
+    }
+    line.push(b" at ");
+    line.hex(pc);
+    if in_jit {
+        if let Some(functions) = FUNCTIONS.get() {
+            let i = functions.partition_point(|(a, _)| *a <= pc);
+            if i > 0 {
+                let (start, name) = &functions[i - 1];
+                line.push(b" in ");
+                line.push(name.as_bytes());
+                line.push(b"+");
+                line.hex(pc - start);
+            }
+        }
+    }
+    line.push(b"\n");
+    // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer is on this stack.
+    unsafe {
+        libc::write(2, line.buf.as_ptr().cast(), line.len);
+        libc::_exit(128 + signal);
+    }
+}
+
+/// Installs the reporter for JIT code in this process: `code` are the JIT code ranges,
+/// `functions` its functions (any order). Only the first call's tables are kept.
+pub fn install(code: Vec<(u64, u64)>, mut functions: Vec<FunctionEntry>) {
+    functions.sort_by_key(|(a, _)| *a);
+    let _ = FUNCTIONS.set(functions);
+    let _ = CODE_RANGES.set(code);
+    const STACK: usize = 64 * 1024;
+    static ALT_STACK: OnceLock<usize> = OnceLock::new();
+    let stack = *ALT_STACK.get_or_init(|| {
+        // One alternate stack for the thread that runs main, so a stack overflow in JIT
+        // code is reported too; it lives as long as the process.
+        Box::leak(vec![0u8; STACK].into_boxed_slice()).as_mut_ptr() as usize
+    });
+    let ss = libc::stack_t {
+        ss_sp: stack as *mut libc::c_void,
+        ss_flags: 0,
+        ss_size: STACK,
+    };
+    // SAFETY: the stack lives for the rest of the process.
+    unsafe { libc::sigaltstack(&ss, std::ptr::null_mut()) };
+    for signal in SIGNALS {
+        // SAFETY: sigaction is plain data; zeroed is valid before the fields are set.
+        let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+        action.sa_sigaction = on_fatal_signal as *const () as usize;
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        // SAFETY: installing a handler that only calls async-signal-safe functions.
+        unsafe { libc::sigaction(signal, &action, std::ptr::null_mut()) };
+    }
+}
