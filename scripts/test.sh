@@ -23,6 +23,8 @@ declare -A needs=(
   [/usr/lib/x86_64-linux-gnu/libz.a]=zlib1g-dev
   [/usr/lib/python3.11/config-3.11-x86_64-linux-gnu/libpython3.11-pic.a]=libpython3.11-dev
   [/usr/lib/llvm-14/bin/llvm-config]=llvm-14-dev
+  # CPython's own test modules, run by a Kiln-linked interpreter (runtime tests).
+  [/usr/lib/python3.11/test/test_json]=libpython3.11-testsuite
 )
 missing=()
 for need in "${!needs[@]}"; do
@@ -62,6 +64,8 @@ echo "== benchmarks, small workload (figures: see docs/BENCHMARKS.md)"
 cargo build --release -p kiln-bench
 ./target/release/many_modules --modules 500 --no-syscalls
 ./target/release/alloc_throughput --ops 5000
+cargo build --release -p kiln-cli -p kiln-executor
+./target/release/tls_access --iterations 1000000 --runs 1
 cargo build --release -p kiln-llvm --features llvm --examples
 ./target/release/examples/shaders 20 >/dev/null
 

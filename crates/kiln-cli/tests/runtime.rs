@@ -288,3 +288,63 @@ fn exit_status_and_fatal_signals_are_the_same_in_and_out_of_process() {
         }
     }
 }
+
+fn kiln_python(args: &[&str]) -> Output {
+    let config = Path::new("/usr/lib/python3.11/config-3.11-x86_64-linux-gnu");
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("run")
+        .arg(config.join("python.o"))
+        .arg(config.join("libpython3.11-pic.a"))
+        .args(["-lm", "-lz", "-lexpat", "--"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn cpython_forks_like_the_native_interpreter() {
+    // The child used to abort (its copy of the interpreter state was the parent's, taken
+    // after the parent had moved on).
+    let script = "import os, sys\n\
+                  pid = os.fork()\n\
+                  if pid == 0:\n    print('child', os.getpid() != os.getppid(), flush=True)\n    sys.exit(4)\n\
+                  _, status = os.waitpid(pid, 0)\n\
+                  print('parent', os.waitstatus_to_exitcode(status))\n";
+    let out = kiln_python(&["-c", script]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "child True\nparent 4\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0));
+}
+
+#[test]
+fn cpython_extension_modules_pass_their_own_test_suites() {
+    // lib-dynload's extension modules (_json, _decimal, _ctypes, …) find the interpreter's
+    // definitions in the exports Kiln makes, as a native python's `-Wl,-E` exports;
+    // test_fork1 forks from threads. The same test modules, one process, no -j, as with
+    // Debian's natively linked interpreter.
+    let tests = ["test_json", "test_decimal", "test_ctypes", "test_fork1"];
+    let mut args = vec!["-m", "test"];
+    args.extend(tests);
+    let native = Command::new("/usr/bin/python3.11")
+        .args(&args)
+        .output()
+        .unwrap();
+    let out = kiln_python(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary = format!("All {} tests OK.", tests.len());
+    assert!(
+        String::from_utf8_lossy(&native.stdout).contains(&summary),
+        "the native interpreter itself fails: {}",
+        String::from_utf8_lossy(&native.stdout)
+    );
+    assert!(
+        stdout.contains(&summary),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), native.status.code());
+}

@@ -499,8 +499,23 @@ impl Jit {
         unsafe { self.inner.executor.run_main(main, args) }
     }
 
-    /// Removes `module` from its library: its finalizers run now and its memory is freed
-    /// when the last handle to it is dropped.
+    /// Removes `module` from its library, as `dlclose` would: its finalizers run now and
+    /// its memory is freed when the last handle to it is dropped.
+    ///
+    /// The finalizers run in this order, on the calling thread:
+    /// 1. the calling thread's destructors of the module's C++ `thread_local` objects
+    ///    (newest first);
+    /// 2. the handlers the module registered with `atexit` / `__cxa_atexit` (newest first,
+    ///    through `__cxa_finalize` of the module's own `__dso_handle`, which also forgets
+    ///    its `pthread_atfork` handlers);
+    /// 3. its `.fini_array` (and `.dtors`).
+    ///
+    /// Thread-local destructors never run in freed memory: those of *other* threads run
+    /// when those threads exit, and every such registration holds the module's memory
+    /// mapped until it has run — so a module whose thread-locals are alive in other
+    /// threads stays mapped (though removed from its library) until those threads exit.
+    /// Handlers still registered when the process exits run in `exit()` while their code
+    /// is mapped. (Out of process, the executor runs steps 1–3 on its serving thread.)
     pub fn remove_module(&self, module: &Module) {
         let mut state = self.inner.state.lock();
         for library in &mut state.libraries {

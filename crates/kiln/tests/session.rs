@@ -219,3 +219,71 @@ fn a_rust_panic_unwinds_through_jit_frames() {
         Some(&"thrown from the host through JIT frames")
     );
 }
+
+fn compile_cxx(name: &str, source: &str) -> Vec<u8> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("session");
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = dir.join(format!("{name}.cpp"));
+    let o = dir.join(format!("{name}.o"));
+    std::fs::write(&c, source).unwrap();
+    let status = Command::new("g++")
+        .args(["-O1", "-fPIC", "-fno-exceptions", "-c"])
+        .arg(&c)
+        .arg("-o")
+        .arg(&o)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::read(&o).unwrap()
+}
+
+static RECORDED: parking_lot::Mutex<Vec<i32>> = parking_lot::Mutex::new(Vec::new());
+
+extern "C" fn host_record(v: i32) {
+    RECORDED.lock().push(v);
+}
+
+#[test]
+fn a_removed_module_stays_mapped_until_other_threads_thread_local_destructors_ran() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    jit.define_symbol(lib, "host_record", host_record as *const () as u64);
+    jit.add_object(
+        lib,
+        "tl.o",
+        compile_cxx(
+            "thread_local_keepalive",
+            "extern \"C\" void host_record(int);\n\
+             struct Tracked { int v = 0; ~Tracked() { host_record(v); } };\n\
+             thread_local Tracked tracked;\n\
+             extern \"C\" int touch(int v) { tracked.v = v; return tracked.v; }\n",
+        ),
+    )
+    .unwrap();
+    let (module, _) = jit.link_pending(lib).unwrap().unwrap();
+    let touch_address = module.symbol("touch").unwrap();
+    // SAFETY: `touch` is `int touch(int)` of the module just linked.
+    let touch: extern "C" fn(i32) -> i32 = unsafe { std::mem::transmute(touch_address as usize) };
+
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let worker = std::thread::spawn(move || {
+        assert_eq!(touch(7), 7);
+        wait.recv().unwrap();
+        // The thread exits here: its destructor of `tracked` runs now.
+    });
+    assert_eq!(touch(3), 3);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+
+    // Removing the module runs this thread's destructor at once…
+    jit.remove_module(&module);
+    drop(module);
+    assert_eq!(*RECORDED.lock(), vec![3]);
+    // …and the module's memory stays allocated for the worker's destructor.
+    assert_eq!(jit.memory_stats().live_allocations, 1);
+
+    go.send(()).unwrap();
+    worker.join().unwrap();
+    assert_eq!(*RECORDED.lock(), vec![3, 7]);
+    // The worker's destructor has run: nothing holds the module any more.
+    assert_eq!(jit.memory_stats().live_allocations, 0);
+}

@@ -12,9 +12,17 @@
 //! addresses with the same protections, under the old descriptor number. Addresses,
 //! handles and the allocator's state stay valid; only the sharing with the parent ends.
 //! The copy costs one pass over the populated pages, in the child only.
+//!
+//! The copy must be what the memory held at the moment of `fork()`, so the parent waits
+//! (in its own `pthread_atfork` handler, before any other code of its runs) until the child
+//! has taken it: a pipe made in the prepare handler carries one byte from the child when
+//! its copy is done, or end-of-file if the child died first. Without the wait the parent
+//! went on writing (a forked CPython's parent releases its GIL and clears its thread
+//! state right away) and the child copied the parent's later state.
 
 use super::sys;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Once;
 
 /// A dual-mapped reservation, as the child handler needs it.
@@ -33,12 +41,41 @@ static LIVE: parking_lot::Mutex<Vec<SharedReservation>> = parking_lot::const_mut
 
 static HANDLERS: Once = Once::new();
 
+/// The pipe of one fork (read end, write end), -1 when there is nothing to copy.
+static COPIED_READ: AtomicI32 = AtomicI32::new(-1);
+static COPIED_WRITE: AtomicI32 = AtomicI32::new(-1);
+
 extern "C" fn prepare() {
     // Held across fork; released in both processes by the handlers below.
-    std::mem::forget(LIVE.lock());
+    let live = LIVE.lock();
+    let mut fds = [-1; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`.
+    if !live.is_empty() && unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0 {
+        COPIED_READ.store(fds[0], Ordering::Relaxed);
+        COPIED_WRITE.store(fds[1], Ordering::Relaxed);
+    }
+    std::mem::forget(live);
 }
 
 extern "C" fn parent() {
+    let (read, write) = (
+        COPIED_READ.swap(-1, Ordering::Relaxed),
+        COPIED_WRITE.swap(-1, Ordering::Relaxed),
+    );
+    if read >= 0 {
+        // SAFETY: our descriptors from `prepare`; the child holds its own write end, so
+        // the read returns its byte, or end-of-file when it exits (or fork failed and no
+        // child holds it).
+        unsafe {
+            libc::close(write);
+            let mut byte = 0u8;
+            while libc::read(read, (&mut byte as *mut u8).cast(), 1) < 0
+                && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+            {
+            }
+            libc::close(read);
+        }
+    }
     // SAFETY: `prepare` locked it in this thread and forgot the guard.
     unsafe { LIVE.force_unlock() };
 }
@@ -47,6 +84,14 @@ extern "C" fn child() {
     // SAFETY: `prepare` locked the mutex before fork; the child is single-threaded now, so
     // this thread is its only user.
     let live = unsafe { &*LIVE.data_ptr() };
+    let (read, write) = (
+        COPIED_READ.swap(-1, Ordering::Relaxed),
+        COPIED_WRITE.swap(-1, Ordering::Relaxed),
+    );
+    if read >= 0 {
+        // SAFETY: the child's copy of the read end, unused here.
+        unsafe { libc::close(read) };
+    }
     for reservation in live {
         if let Err(error) = privatize(reservation) {
             // Nothing sensible can run on with JIT memory shared with the parent: say why
@@ -57,6 +102,13 @@ extern "C" fn child() {
             );
             // SAFETY: _exit ends the child without running the parent's exit handlers.
             unsafe { libc::_exit(127) };
+        }
+    }
+    if write >= 0 {
+        // SAFETY: our descriptor; one byte tells the parent the copy is taken.
+        unsafe {
+            libc::write(write, b"k".as_ptr().cast(), 1);
+            libc::close(write);
         }
     }
     // SAFETY: as in `parent`.
