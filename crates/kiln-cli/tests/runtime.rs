@@ -348,3 +348,46 @@ fn cpython_extension_modules_pass_their_own_test_suites() {
     );
     assert_eq!(out.status.code(), native.status.code());
 }
+
+#[test]
+fn static_tls_exhausted_is_an_error_naming_the_bytes_and_the_tunable() {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let src = tmp.join("big_static_tls.c");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\n\
+         static __thread char big[65536];\n\
+         __attribute__((noinline)) char *slot(int i) { return &big[i]; }\n\
+         int main(int argc, char **argv) { (void)argv; *slot(65535) = (char)argc; printf(\"%d\\n\", *slot(65535)); return 0; }\n",
+    )
+    .unwrap();
+    let obj = tmp.join("big_static_tls.o");
+    cc(&["-O2", "-fPIE", "-c"], &src, &obj);
+    // glibc's default surplus (a few KiB) cannot hold 64 KiB.
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("run")
+        .arg(&obj)
+        .env_remove("GLIBC_TUNABLES")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("65536") && stderr.contains("glibc.rtld.optional_static_tls"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("big_static_tls.o"), "{stderr}");
+    // With the surplus enlarged as the message says, the same program runs.
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("run")
+        .arg(&obj)
+        .env("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=200000")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "1\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
