@@ -186,9 +186,15 @@ struct RunArgs {
     /// How code reaches the executor process: shared memory or copies.
     #[arg(long, value_enum, default_value_t = TransportKind::Shm)]
     transport: TransportKind,
-    /// Run the code in a `kiln-executor --listen` at HOST:PORT (copy transport).
+    /// Run the code in a `kiln-executor --listen` at HOST:PORT (copy transport; the
+    /// program's output comes back here).
     #[arg(long, value_name = "HOST:PORT")]
     connect: Option<String>,
+    /// The executor's key file, for --connect (else $KILN_EXECUTOR_KEY_FILE, or the key
+    /// itself in $KILN_EXECUTOR_KEY; with none, plaintext, which only an executor started
+    /// with --no-auth accepts).
+    #[arg(long, value_name = "FILE")]
+    key_file: Option<PathBuf>,
     /// The executor binary for --oop (default: kiln-executor next to kiln).
     #[arg(long, value_name = "PATH")]
     executor: Option<PathBuf>,
@@ -201,7 +207,12 @@ fn run(o: RunArgs) -> Result<i32, String> {
     let start = Instant::now();
     let timeouts = kiln::Timeouts::default();
     let executor = if let Some(address) = &o.connect {
-        kiln::Executor::connect(address, timeouts).map_err(|e| e.to_string())?
+        let key = match &o.key_file {
+            Some(path) => Some(kiln::Key::read_file(path).map_err(|e| e.to_string())?),
+            None => kiln::Key::from_env().map_err(|e| e.to_string())?,
+        };
+        kiln::Executor::connect_with_key(address, key.as_ref(), timeouts)
+            .map_err(|e| e.to_string())?
     } else if o.oop {
         let path = o
             .executor
@@ -289,6 +300,10 @@ fn run(o: RunArgs) -> Result<i32, String> {
         Err(e) => return Err(e.to_string()),
     };
     jit.shutdown();
+    // A remote executor sends the program's last output before it answers.
+    if let Some(remote) = jit.executor().remote() {
+        remote.shutdown();
+    }
     Ok(status)
 }
 

@@ -1,18 +1,33 @@
 //! `kiln-executor`: runs code linked by a Kiln controller in another process.
 //!
 //! ```text
-//! kiln-executor --fd N          serve the Unix socket on descriptor N (started by a controller)
-//! kiln-executor --listen ADDR   accept controllers on TCP ADDR (default 127.0.0.1:0, loopback)
+//! kiln-executor --fd N
+//!     serve the Unix socket on descriptor N (started by a controller: already private)
+//! kiln-executor --listen [ADDR] [--key-file FILE] [--no-auth] [--idle-timeout SECS]
+//!     accept controllers on TCP ADDR (default 127.0.0.1:0, loopback)
 //! ```
-//! With `--listen`, the bound address is printed on stderr as
-//! `kiln-executor: listening on HOST:PORT`, and connections are served one after another
-//! until one asks to shut down.
+//!
+//! With `--listen`, every connection must first authenticate with the pre-shared key and
+//! is encrypted after (Noise, see `kiln_remote::secure`). The key comes from `--key-file
+//! FILE` (read if it exists, which must then be mode 0600; else created with a fresh key,
+//! mode 0600), or a fresh key is written to a new file; its path — never the key — is
+//! printed on stderr. `--no-auth` serves plaintext, and only on a loopback address.
+//! Binding a non-loopback address says so on stderr.
+//!
+//! Each connection is served by a process of its own (forked when it is accepted), so one
+//! client's crash, `exit()`, stall or `Shutdown` touches no other, and the listener lives
+//! on. A client silent for longer than the idle timeout (default 300 s) is dropped; the
+//! handshake must complete within 10 s. The program's standard output and error go to the
+//! client.
 
-use kiln_executor::server::{serve, Ending};
+use kiln_executor::server::{serve, serve_with, Ending, ServeOptions};
 use kiln_remote::channel::{Channel, Stream};
+use kiln_remote::secure::{Key, Role};
 use std::io::Write;
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
 
 /// Exits without running exit handlers: JIT code may have registered some (C++ and
 /// thread-local destructors) in memory that is unmapped by now.
@@ -23,8 +38,190 @@ fn exit(code: i32) -> ! {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: kiln-executor --fd N | --listen [ADDR]");
+    eprintln!(
+        "usage: kiln-executor --fd N\n       kiln-executor --listen [ADDR] [--key-file FILE] [--no-auth] [--idle-timeout SECS]"
+    );
     std::process::exit(2);
+}
+
+/// Most connections served at once; more wait in the listen queue.
+const MAX_CONNECTIONS: usize = 1024;
+
+struct ListenOptions {
+    address: String,
+    key_file: Option<PathBuf>,
+    no_auth: bool,
+    idle_timeout: Duration,
+}
+
+fn parse_listen(args: &[String]) -> ListenOptions {
+    let mut options = ListenOptions {
+        address: "127.0.0.1:0".into(),
+        key_file: None,
+        no_auth: false,
+        idle_timeout: Duration::from_secs(300),
+    };
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--key-file" => {
+                i += 1;
+                options.key_file = Some(args.get(i).map(PathBuf::from).unwrap_or_else(|| usage()));
+            }
+            "--no-auth" => options.no_auth = true,
+            "--idle-timeout" => {
+                i += 1;
+                let secs = args
+                    .get(i)
+                    .and_then(|s| s.parse::<f64>().ok())
+                    .filter(|s| *s > 0.0)
+                    .unwrap_or_else(|| usage());
+                options.idle_timeout = Duration::from_secs_f64(secs);
+            }
+            a if !a.starts_with("--") && i == 0 => options.address = a.to_string(),
+            _ => usage(),
+        }
+        i += 1;
+    }
+    options
+}
+
+/// The key: read from the file, or made fresh and written to it (or to a new file).
+fn listen_key(options: &ListenOptions, port: u16) -> Key {
+    let fail = |e: kiln_remote::secure::KeyError| -> ! {
+        eprintln!("kiln-executor: {e}");
+        std::process::exit(1);
+    };
+    if let Some(path) = &options.key_file {
+        if path.exists() {
+            let key = Key::read_file(path).unwrap_or_else(|e| fail(e));
+            eprintln!("kiln-executor: key from {}", path.display());
+            return key;
+        }
+    }
+    let key = Key::generate().unwrap_or_else(|e| fail(e));
+    let path = options.key_file.clone().unwrap_or_else(|| {
+        let dir = std::env::var_os("XDG_RUNTIME_DIR")
+            .map(PathBuf::from)
+            .filter(|d| d.is_dir())
+            .unwrap_or_else(std::env::temp_dir);
+        dir.join(format!("kiln-executor-{}-{port}.key", std::process::id()))
+    });
+    key.write_new_file(&path).unwrap_or_else(|e| fail(e));
+    eprintln!(
+        "kiln-executor: new key in {} (mode 0600): give it to kiln run --key-file {} or KILN_EXECUTOR_KEY_FILE",
+        path.display(),
+        path.display()
+    );
+    key
+}
+
+/// Reaps finished connection processes; returns how many are still running.
+fn reap(running: &mut usize) {
+    loop {
+        let mut status = 0;
+        // SAFETY: waiting for any child of ours without blocking.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            break;
+        }
+        *running = running.saturating_sub(1);
+    }
+}
+
+fn listen(args: &[String]) -> ! {
+    let options = parse_listen(args);
+    let listener = match std::net::TcpListener::bind(&options.address) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("kiln-executor: cannot listen on {}: {e}", options.address);
+            std::process::exit(1);
+        }
+    };
+    let Ok(bound) = listener.local_addr() else {
+        eprintln!("kiln-executor: no local address");
+        std::process::exit(1);
+    };
+    let loopback = bound.ip().is_loopback();
+    if options.no_auth && !loopback {
+        eprintln!(
+            "kiln-executor: refusing to serve {bound} without authentication: anyone who reaches it could run code as this user. Drop --no-auth (connections then need the key), or listen on a loopback address."
+        );
+        std::process::exit(2);
+    }
+    let key = (!options.no_auth).then(|| listen_key(&options, bound.port()));
+    if !loopback {
+        eprintln!(
+            "kiln-executor: listening on {bound}, beyond this machine: connections must authenticate with the key and are encrypted"
+        );
+    } else if key.is_none() {
+        eprintln!("kiln-executor: --no-auth: any local process that reaches {bound} can run code as this user");
+    }
+    eprintln!("kiln-executor: listening on {bound}");
+    let _ = std::io::stderr().flush();
+    let mut running = 0usize;
+    for stream in listener.incoming() {
+        reap(&mut running);
+        let Ok(stream) = stream else { continue };
+        while running >= MAX_CONNECTIONS {
+            std::thread::sleep(Duration::from_millis(10));
+            reap(&mut running);
+        }
+        // SAFETY: the listener is single-threaded here; the child serves one connection
+        // and ends with _exit, the parent only closes its copy of the socket.
+        match unsafe { libc::fork() } {
+            0 => {
+                // SAFETY: the child's copy of the listening socket, not used here.
+                unsafe { libc::close(listener.as_raw_fd()) };
+                exit(serve_connection(stream, key.as_ref(), options.idle_timeout));
+            }
+            pid if pid > 0 => running += 1,
+            _ => eprintln!(
+                "kiln-executor: cannot fork for a connection: {}",
+                std::io::Error::last_os_error()
+            ),
+        }
+    }
+    exit(0)
+}
+
+/// Serves one accepted connection (in its own process); the exit code.
+fn serve_connection(stream: std::net::TcpStream, key: Option<&Key>, idle: Duration) -> i32 {
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let mut channel = Channel::new(Stream::Tcp(stream));
+    let preamble = if key.is_some() {
+        kiln_remote::secure::PREAMBLE_NOISE
+    } else {
+        kiln_remote::secure::PREAMBLE_PLAIN
+    };
+    if channel.send_raw(&preamble).is_err() {
+        return 1;
+    }
+    if let Some(key) = key {
+        if channel.set_timeout(Some(Duration::from_secs(10))).is_err() {
+            return 1;
+        }
+        if let Err(e) = channel.secure(key, Role::Responder) {
+            eprintln!("kiln-executor: refused a connection from {peer}: {e}");
+            return 1;
+        }
+    }
+    let options = ServeOptions {
+        idle_timeout: Some(idle),
+        forward_output: true,
+    };
+    match serve_with(channel, &options) {
+        Ending::Failed(why) => {
+            // Not to the forwarded stderr (closed by now): to the listener's terminal
+            // only if it still is ours; the controller sees the connection end.
+            let _ = why;
+            1
+        }
+        _ => 0,
+    }
 }
 
 fn main() {
@@ -51,29 +248,7 @@ fn main() {
                 0
             });
         }
-        Some("--listen") => {
-            let address = args.get(1).map_or("127.0.0.1:0", String::as_str);
-            let listener = match std::net::TcpListener::bind(address) {
-                Ok(l) => l,
-                Err(e) => {
-                    eprintln!("kiln-executor: cannot listen on {address}: {e}");
-                    std::process::exit(1);
-                }
-            };
-            let bound = listener
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_default();
-            eprintln!("kiln-executor: listening on {bound}");
-            let _ = std::io::stderr().flush();
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                if serve(Channel::new(Stream::Tcp(stream))) == Ending::Shutdown {
-                    break;
-                }
-            }
-            exit(0);
-        }
+        Some("--listen") => listen(&args[1..]),
         _ => usage(),
     }
 }

@@ -7,12 +7,13 @@
 
 use crate::runtime::{self, EhFrameRegistration};
 use kiln_memory::{DualMappedMapper, Mapper, Permission, Placement, Reservation, SegmentRange};
-use kiln_remote::channel::{Channel, ChannelError};
+use kiln_remote::channel::{Channel, ChannelError, Sender};
 use kiln_remote::protocol::{kind_to_wire, Hello, Request, Response, WirePlacement, VERSION};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize, Ordering};
+use std::time::Duration;
 
 /// What ended a connection.
 #[derive(Debug, PartialEq, Eq)]
@@ -153,7 +154,15 @@ impl State {
             if len == 0 {
                 // The unwinder will read everything up to the terminator: all of it must
                 // be on prepared pages.
-                return self.accessible(address, at + 4 - address).map(|_| ());
+                self.accessible(address, at + 4 - address)?;
+                let start = r
+                    .working_address(address)
+                    .ok_or("eh_frame outside its reservation")?;
+                // SAFETY: `[address, at)` lies on prepared pages of this reservation
+                // (checked above), read through the working view, which this executor maps
+                // read-write for the reservation's life; nothing writes it during the check.
+                let bytes = unsafe { std::slice::from_raw_parts(start, (at - address) as usize) };
+                return self.check_eh_frame_records(address, bytes);
             }
             if len == u32::MAX {
                 return Err("64-bit eh_frame records are not accepted".into());
@@ -163,6 +172,60 @@ impl State {
                 .ok_or("eh_frame record overflows")?;
         }
         Err("eh_frame has too many records".into())
+    }
+
+    /// Parses every CIE and FDE of `.eh_frame` data (`bytes`, at target `address`) with
+    /// gimli before the unwinder sees it: the record structure, the pointer encodings and
+    /// the call-frame instructions must parse, and every FDE's code range must be a
+    /// forward range on this executor's prepared pages.
+    fn check_eh_frame_records(&self, address: u64, bytes: &[u8]) -> Result<(), String> {
+        use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
+        let eh_frame = EhFrame::new(bytes, LittleEndian);
+        let bases = BaseAddresses::default().set_eh_frame(address);
+        let mut entries = eh_frame.entries(&bases);
+        loop {
+            let entry = entries
+                .next()
+                .map_err(|e| format!("eh_frame at {address:#x}: malformed record: {e}"))?;
+            let Some(entry) = entry else { break };
+            match entry {
+                CieOrFde::Cie(cie) => {
+                    let mut instructions = cie.instructions(&eh_frame, &bases);
+                    while instructions
+                        .next()
+                        .map_err(|e| format!("eh_frame at {address:#x}: CIE instructions: {e}"))?
+                        .is_some()
+                    {}
+                }
+                CieOrFde::Fde(partial) => {
+                    let fde = partial
+                        .parse(EhFrame::cie_from_offset)
+                        .map_err(|e| format!("eh_frame at {address:#x}: malformed FDE: {e}"))?;
+                    let start = fde.initial_address();
+                    let len = fde.len();
+                    if start.checked_add(len).is_none() {
+                        return Err(format!(
+                            "eh_frame at {address:#x}: FDE range {start:#x} + {len:#x} is reversed (wraps around)"
+                        ));
+                    }
+                    if len > 0 {
+                        self.accessible(start, len).map_err(|e| {
+                            format!(
+                                "eh_frame at {address:#x}: FDE range {start:#x}..{:#x}: {e}",
+                                start + len
+                            )
+                        })?;
+                    }
+                    let mut instructions = fde.instructions(&eh_frame, &bases);
+                    while instructions
+                        .next()
+                        .map_err(|e| format!("eh_frame at {address:#x}: FDE instructions: {e}"))?
+                        .is_some()
+                    {}
+                }
+            }
+        }
+        Ok(())
     }
 
     fn pages(&self, handle: u64, start: u64, end: u64) -> Result<&Reservation, String> {
@@ -197,23 +260,29 @@ fn permission(p: u8) -> Permission {
     }
 }
 
-/// The socket descriptor the crash reporter writes to.
-static CRASH_FD: AtomicI32 = AtomicI32::new(-1);
+/// Where reports go (the connection's sender), set once per serving process.
+static REPORTER: AtomicPtr<Sender> = AtomicPtr::new(std::ptr::null_mut());
 
 /// The executor's pid: a forked child of JIT code must not report for the executor.
 static CRASH_PID: AtomicI32 = AtomicI32::new(0);
 
-extern "C" fn on_fatal_signal(signal: i32) {
-    let fd = CRASH_FD.load(Ordering::Relaxed);
+/// Sends a report built without allocating (a signal handler or an exit handler may be
+/// running): the frame `len, tag, u32` as the protocol encodes `Crashed` and `Exited`.
+fn report(tag: u8, value: i32) {
     // SAFETY: getpid is async-signal-safe.
     let me = unsafe { libc::getpid() };
-    if fd >= 0 && me == CRASH_PID.load(Ordering::Relaxed) {
-        // A Crashed frame, built without allocating: length 5, tag 106, the signal.
-        let mut frame = [5u8, 0, 0, 0, 106, 0, 0, 0, 0];
-        frame[5..9].copy_from_slice(&(signal as u32).to_le_bytes());
-        // SAFETY: write(2) is async-signal-safe; the buffer is on this stack.
-        unsafe { libc::write(fd, frame.as_ptr().cast(), frame.len()) };
+    let reporter = REPORTER.load(Ordering::Acquire);
+    if reporter.is_null() || me != CRASH_PID.load(Ordering::Relaxed) {
+        return;
     }
+    let mut frame = [5u8, 0, 0, 0, tag, 0, 0, 0, 0];
+    frame[5..9].copy_from_slice(&(value as u32).to_le_bytes());
+    // SAFETY: the sender was leaked for the life of the process when serving began.
+    let _ = unsafe { &*reporter }.try_send_now(&frame);
+}
+
+extern "C" fn on_fatal_signal(signal: i32) {
+    report(106, signal);
     // SA_RESETHAND restored the default action; raising again makes sure the process
     // dies with this signal even when returning would not re-fault (int3, raise, kill):
     // the signal is blocked in the handler and delivered as it returns.
@@ -221,11 +290,34 @@ extern "C" fn on_fatal_signal(signal: i32) {
     unsafe { libc::raise(signal) };
 }
 
-/// Installs the crash reporter (on an alternate stack, so a stack overflow reports too).
-fn install_crash_reporter(fd: i32) {
-    CRASH_FD.store(fd, Ordering::Relaxed);
+extern "C" {
+    /// glibc's `on_exit`: like `atexit`, with the exit status.
+    fn on_exit(function: extern "C" fn(libc::c_int, *mut c_void), arg: *mut c_void) -> libc::c_int;
+}
+
+/// JIT code called `exit(status)` (this runs after the program's own exit handlers, which
+/// were registered later): its last output goes out, then the status.
+extern "C" fn on_program_exit(status: libc::c_int, _: *mut c_void) {
+    // SAFETY: getpid has no preconditions.
+    if unsafe { libc::getpid() } != CRASH_PID.load(Ordering::Relaxed) {
+        return; // a forked child of the program: not the executor
+    }
+    runtime::flush_stdio();
+    finish_output();
+    report(108, status);
+}
+
+/// Installs the crash reporter (on an alternate stack, so a stack overflow reports too)
+/// and the exit reporter, for the connection whose sender is `sender`.
+fn install_reporters(sender: Sender) {
     // SAFETY: getpid has no preconditions.
     CRASH_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+    let previous = REPORTER.swap(Box::into_raw(Box::new(sender)), Ordering::AcqRel);
+    if !previous.is_null() {
+        // A second connection in one process (tests): the first one's sender stays
+        // allocated (a signal handler may still hold it); it is small.
+        return;
+    }
     const STACK: usize = 64 * 1024;
     let stack = Box::leak(vec![0u8; STACK].into_boxed_slice());
     let ss = libc::stack_t {
@@ -250,6 +342,89 @@ fn install_crash_reporter(fd: i32) {
         // SAFETY: installing a handler that only calls async-signal-safe functions.
         unsafe { libc::sigaction(signal, &action, std::ptr::null_mut()) };
     }
+    // SAFETY: registering a function of this program, for the life of the process.
+    unsafe { on_exit(on_program_exit, std::ptr::null_mut()) };
+}
+
+/// Output pumps still running (0 when output is not forwarded).
+static PUMPS_RUNNING: AtomicUsize = AtomicUsize::new(0);
+
+/// Sends the program's standard output and error to the controller as `Output` messages:
+/// descriptors 1 and 2 become pipes that a thread each reads; standard input becomes
+/// `/dev/null` (it is not forwarded). For an executor whose terminal is not the user's
+/// (`--listen`).
+fn forward_output(sender: &Sender) -> std::io::Result<()> {
+    // SAFETY: open(2) of a fixed path; dup2 onto descriptor 0, which this process owns.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::close(null);
+        }
+    }
+    for (fd, stream) in [(1, 1u8), (2, 2u8)] {
+        let mut ends = [-1; 2];
+        // SAFETY: pipe2 writes two descriptors.
+        if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: the write end replaces this process's descriptor `fd` (stdout/stderr).
+        unsafe {
+            libc::dup2(ends[1], fd);
+            libc::close(ends[1]);
+        }
+        let read_end = ends[0];
+        let sender = sender.clone();
+        PUMPS_RUNNING.fetch_add(1, Ordering::SeqCst);
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                // SAFETY: reading into our buffer from our pipe's read end.
+                let n = unsafe { libc::read(read_end, buf.as_mut_ptr().cast(), buf.len()) };
+                if n < 0
+                    && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+                {
+                    continue;
+                }
+                if n <= 0 {
+                    break;
+                }
+                let frame = Response::Output {
+                    stream,
+                    bytes: buf[..n as usize].to_vec(),
+                }
+                .encode();
+                if sender.send(&frame).is_err() {
+                    break;
+                }
+            }
+            // SAFETY: our descriptor, closed once.
+            unsafe { libc::close(read_end) };
+            PUMPS_RUNNING.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+    Ok(())
+}
+
+/// Ends output forwarding: closes this process's write ends (descriptors 1 and 2 become
+/// `/dev/null`) and waits up to a second for the pumps to send what is left.
+fn finish_output() {
+    if PUMPS_RUNNING.load(Ordering::SeqCst) == 0 {
+        return;
+    }
+    // SAFETY: open/dup2/close on this process's standard descriptors.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if null >= 0 {
+            libc::dup2(null, 1);
+            libc::dup2(null, 2);
+            libc::close(null);
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while PUMPS_RUNNING.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// JIT code that forked returns here in the child too. The child must not answer on the
@@ -263,20 +438,46 @@ fn leave_if_forked_child(status: i32) {
     }
 }
 
+/// How a connection is served.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// Longest wait for a request or for the next bytes of one (`None`: forever). A
+    /// controller that stays silent longer is dropped.
+    pub idle_timeout: Option<Duration>,
+    /// Send the program's standard output and error to the controller (for `--listen`:
+    /// the executor's terminal is not the user's).
+    pub forward_output: bool,
+}
+
 /// Serves one connection until it closes or asks to shut down.
-pub fn serve(mut channel: Channel) -> Ending {
+pub fn serve(channel: Channel) -> Ending {
+    serve_with(channel, &ServeOptions::default())
+}
+
+/// Serves one connection with `options`.
+pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
     let mut state = State::new();
+    channel.set_max_frame(kiln_remote::protocol::MAX_FRAME);
+    if let Err(e) = channel.set_timeout(options.idle_timeout) {
+        return Ending::Failed(e.to_string());
+    }
     let hello = Hello {
         version: VERSION,
         page_size: state.mapper.as_ref().map_or(4096, |m| m.page_size()),
-        triple: "x86_64-unknown-linux-gnu".into(),
+        triple: format!("{}-unknown-linux-gnu", std::env::consts::ARCH),
         pid: std::process::id(),
+        max_frame: kiln_remote::protocol::MAX_FRAME,
         runtime_symbols: crate::thread_locals::runtime_symbols(),
     };
     if let Err(e) = channel.send(&hello.encode()) {
         return Ending::Failed(e.to_string());
     }
-    install_crash_reporter(channel.raw_fd());
+    if options.forward_output {
+        if let Err(e) = forward_output(&channel.sender()) {
+            return Ending::Failed(format!("cannot forward output: {e}"));
+        }
+    }
+    install_reporters(channel.sender());
     loop {
         let body = match channel.recv() {
             Ok(body) => body,
@@ -302,6 +503,7 @@ pub fn serve(mut channel: Channel) -> Ending {
         };
         if request == Request::Shutdown {
             runtime::flush_stdio();
+            finish_output();
             let _ = channel.send(&Response::Ok.encode());
             return Ending::Shutdown;
         }
@@ -443,7 +645,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             address,
             len,
         } => {
-            if len > u64::from(kiln_remote::protocol::MAX_FRAME) - 64 {
+            if len > u64::from(kiln_remote::protocol::MAX_WRITE) {
                 return Err(format!("read of {len:#x} bytes is too large"));
             }
             let r = state.checked(handle, address, len)?;

@@ -1,12 +1,17 @@
 //! Frames over a stream socket (Unix or TCP), with file descriptors passed beside the
-//! bytes (`SCM_RIGHTS`) on Unix sockets, and timeouts.
+//! bytes (`SCM_RIGHTS`) on Unix sockets, timeouts, a frame-size limit checked before
+//! anything is allocated, and — over TCP — authentication and encryption
+//! ([`crate::secure`]).
 
 use crate::protocol::MAX_FRAME;
+use crate::secure::{self, Key, Role, MAX_NOISE_MESSAGE, TAG};
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The socket under a channel.
@@ -30,17 +35,146 @@ pub enum ChannelError {
     /// A frame longer than the protocol allows.
     #[error("frame of {0} bytes exceeds the protocol's limit")]
     TooLarge(u32),
+    /// The peer failed authentication, or a message failed its integrity check (wrong
+    /// key, plaintext peer, tampered, replayed or reordered message).
+    #[error("authentication failed: {0}")]
+    Auth(String),
     /// Another I/O error.
     #[error(transparent)]
     Io(io::Error),
 }
 
-/// A framed, bidirectional channel.
-#[derive(Debug)]
+/// A framed, bidirectional channel. Receiving is the owner's; sending is shared with the
+/// channel's [`Sender`]s (one lock, so frames from several threads never interleave).
 pub struct Channel {
     stream: Stream,
     fds: VecDeque<OwnedFd>,
     timeout: Option<Duration>,
+    max_frame: u32,
+    secure: Option<Secure>,
+    send: Arc<Mutex<SendState>>,
+}
+
+/// The sending side: its own handle on the socket and, on a secure channel, the transport
+/// and the next outgoing nonce.
+struct SendState {
+    stream: Option<Stream>,
+    secure: Option<(Arc<snow::StatelessTransportState>, u64)>,
+    /// Ciphertext of one frame, reused.
+    wire: Vec<u8>,
+}
+
+/// A handle that sends frames on a [`Channel`] from another thread (or, with
+/// [`Sender::try_send_now`], from a signal handler or an exit handler).
+#[derive(Clone)]
+pub struct Sender {
+    send: Arc<Mutex<SendState>>,
+}
+
+impl Sender {
+    /// Sends a whole frame.
+    pub fn send(&self, frame: &[u8]) -> Result<(), ChannelError> {
+        send_frame(&mut self.send.lock(), frame)
+    }
+
+    /// Sends a small frame (at most 256 bytes) without waiting for the lock and without
+    /// allocating: for reporting from a signal handler or an exit handler. Returns `false`
+    /// if the frame could not be sent (the lock was held: the process was interrupted in
+    /// the middle of sending).
+    pub fn try_send_now(&self, frame: &[u8]) -> bool {
+        let Some(mut state) = self.send.try_lock() else {
+            return false;
+        };
+        let state = &mut *state;
+        let Some(stream) = &state.stream else {
+            return false;
+        };
+        let fd = match stream {
+            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Tcp(s) => s.as_raw_fd(),
+        };
+        let mut wire = [0u8; 256 + 2 + TAG];
+        let len = match &mut state.secure {
+            None if frame.len() <= 256 => {
+                wire[..frame.len()].copy_from_slice(frame);
+                frame.len()
+            }
+            Some((transport, nonce)) if frame.len() <= 256 => {
+                let Ok(n) = transport.write_message(*nonce, frame, &mut wire[2..]) else {
+                    return false;
+                };
+                *nonce += 1;
+                wire[..2].copy_from_slice(&(n as u16).to_be_bytes());
+                n + 2
+            }
+            _ => return false,
+        };
+        let mut done = 0;
+        while done < len {
+            // SAFETY: write(2) is async-signal-safe; the buffer is on this stack.
+            let n = unsafe { libc::write(fd, wire[done..].as_ptr().cast(), len - done) };
+            if n <= 0 {
+                return false;
+            }
+            done += n as usize;
+        }
+        true
+    }
+}
+
+fn send_frame(state: &mut SendState, frame: &[u8]) -> Result<(), ChannelError> {
+    let SendState {
+        stream,
+        secure,
+        wire,
+    } = state;
+    let Some(stream) = stream else {
+        return Err(ChannelError::Closed);
+    };
+    let bytes: &[u8] = match secure {
+        None => frame,
+        Some((transport, nonce)) => {
+            const PLAIN: usize = MAX_NOISE_MESSAGE - TAG;
+            wire.clear();
+            for chunk in frame.chunks(PLAIN) {
+                let at = wire.len();
+                wire.resize(at + 2 + chunk.len() + TAG, 0);
+                let n = transport
+                    .write_message(*nonce, chunk, &mut wire[at + 2..])
+                    .map_err(|e| ChannelError::Auth(e.to_string()))?;
+                *nonce += 1;
+                wire[at..at + 2].copy_from_slice(&(n as u16).to_be_bytes());
+                wire.truncate(at + 2 + n);
+            }
+            wire
+        }
+    };
+    let r = match stream {
+        Stream::Unix(s) => s.write_all(bytes),
+        Stream::Tcp(s) => s.write_all(bytes),
+    };
+    if wire.capacity() > 4 << 20 {
+        *wire = Vec::new();
+    }
+    r.map_err(|e| map_io(e, None))
+}
+
+impl std::fmt::Debug for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel")
+            .field("stream", &self.stream)
+            .field("secure", &self.secure.is_some())
+            .finish()
+    }
+}
+
+/// The receiving side of a secured channel: the transport, the next expected nonce, and
+/// what was decrypted but not yet read.
+struct Secure {
+    transport: Arc<snow::StatelessTransportState>,
+    nonce: u64,
+    plain: Vec<u8>,
+    pos: usize,
 }
 
 fn map_io(e: io::Error, timeout: Option<Duration>) -> ChannelError {
@@ -61,11 +195,105 @@ impl Channel {
         if let Stream::Tcp(t) = &stream {
             let _ = t.set_nodelay(true);
         }
+        let writer = match &stream {
+            Stream::Unix(s) => s.try_clone().ok().map(Stream::Unix),
+            Stream::Tcp(s) => s.try_clone().ok().map(Stream::Tcp),
+        };
         Channel {
             stream,
             fds: VecDeque::new(),
             timeout: None,
+            max_frame: MAX_FRAME,
+            secure: None,
+            send: Arc::new(Mutex::new(SendState {
+                stream: writer,
+                secure: None,
+                wire: Vec::new(),
+            })),
         }
+    }
+
+    /// A handle to send frames on this channel from elsewhere.
+    pub fn sender(&self) -> Sender {
+        Sender {
+            send: self.send.clone(),
+        }
+    }
+
+    /// Frames longer than `max` are refused, before anything is allocated for them.
+    pub fn set_max_frame(&mut self, max: u32) {
+        self.max_frame = max;
+    }
+
+    /// Whether the channel is authenticated and encrypted.
+    pub fn is_secure(&self) -> bool {
+        self.secure.is_some()
+    }
+
+    /// Runs the Noise handshake with `key` as `role` (see [`crate::secure`]); every byte
+    /// after it is encrypted and authenticated. Fails — before any frame is read — when
+    /// the peer does not hold the key or does not speak Noise.
+    pub fn secure(&mut self, key: &Key, role: Role) -> Result<(), ChannelError> {
+        let auth = |e: snow::Error| ChannelError::Auth(e.to_string());
+        let mut handshake = secure::handshake_state(key, role).map_err(auth)?;
+        let mut buf = vec![0u8; MAX_NOISE_MESSAGE];
+        let mut scratch = vec![0u8; MAX_NOISE_MESSAGE];
+        while !handshake.is_handshake_finished() {
+            if handshake.is_my_turn() {
+                let n = handshake.write_message(&[], &mut buf).map_err(auth)?;
+                let mut record = Vec::with_capacity(n + 2);
+                record.extend_from_slice(&(n as u16).to_be_bytes());
+                record.extend_from_slice(&buf[..n]);
+                self.raw_write(&record)?;
+            } else {
+                let record = self.read_record()?;
+                handshake.read_message(&record, &mut scratch).map_err(|_| {
+                    ChannelError::Auth(
+                        "the peer does not hold the key (or does not speak Kiln's Noise handshake)"
+                            .into(),
+                    )
+                })?;
+            }
+        }
+        let transport = Arc::new(handshake.into_stateless_transport_mode().map_err(auth)?);
+        self.send.lock().secure = Some((transport.clone(), 0));
+        self.secure = Some(Secure {
+            transport,
+            nonce: 0,
+            plain: Vec::new(),
+            pos: 0,
+        });
+        Ok(())
+    }
+
+    /// Sends raw bytes (before any framing: the TCP preamble).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), ChannelError> {
+        self.raw_write(bytes)
+    }
+
+    /// Receives exactly `n` raw bytes (before any framing: the TCP preamble).
+    pub fn recv_raw(&mut self, n: usize) -> Result<Vec<u8>, ChannelError> {
+        let mut buf = vec![0u8; n];
+        self.raw_read_exact(&mut buf)?;
+        Ok(buf)
+    }
+
+    /// One Noise message from the wire: a big-endian `u16` length and the bytes.
+    fn read_record(&mut self) -> Result<Vec<u8>, ChannelError> {
+        let mut len = [0u8; 2];
+        self.raw_read_exact(&mut len)?;
+        let len = u16::from_be_bytes(len) as usize;
+        let mut record = vec![0u8; len];
+        self.raw_read_exact(&mut record)?;
+        Ok(record)
+    }
+
+    fn raw_write(&mut self, bytes: &[u8]) -> Result<(), ChannelError> {
+        let r = match &mut self.stream {
+            Stream::Unix(s) => s.write_all(bytes),
+            Stream::Tcp(s) => s.write_all(bytes),
+        };
+        r.map_err(|e| map_io(e, self.timeout))
     }
 
     /// The socket's descriptor (for the executor's crash reporter).
@@ -98,22 +326,24 @@ impl Channel {
 
     /// Sends a whole frame.
     pub fn send(&mut self, frame: &[u8]) -> Result<(), ChannelError> {
-        let r = match &mut self.stream {
-            Stream::Unix(s) => s.write_all(frame),
-            Stream::Tcp(s) => s.write_all(frame),
-        };
-        r.map_err(|e| map_io(e, self.timeout))
+        let timeout = self.timeout;
+        send_frame(&mut self.send.lock(), frame).map_err(|e| match e {
+            ChannelError::Timeout(_) => ChannelError::Timeout(timeout.unwrap_or_default()),
+            other => other,
+        })
     }
 
     /// Sends a frame with a descriptor attached to its first byte (Unix sockets only).
     pub fn send_with_fd(&mut self, frame: &[u8], fd: BorrowedFd<'_>) -> Result<(), ChannelError> {
-        let Stream::Unix(socket) = &self.stream else {
+        let (Stream::Unix(socket), None) = (&self.stream, &self.secure) else {
             return Err(ChannelError::Io(io::Error::new(
                 io::ErrorKind::Unsupported,
                 "descriptors can only travel on Unix sockets",
             )));
         };
         let raw = fd.as_raw_fd();
+        // Frames from other senders must not come between this one's pieces.
+        let _sending = self.send.lock();
         let mut iov = libc::iovec {
             iov_base: frame.as_ptr() as *mut libc::c_void,
             iov_len: frame.len(),
@@ -143,13 +373,54 @@ impl Channel {
         }
         let sent = sent as usize;
         if sent < frame.len() {
-            self.send(&frame[sent..])?;
+            let mut rest = socket;
+            rest.write_all(&frame[sent..])
+                .map_err(|e| map_io(e, self.timeout))?;
         }
         Ok(())
     }
 
-    /// Reads exactly `buf.len()` bytes, keeping any descriptors that arrive.
+    /// Reads exactly `buf.len()` bytes of the frame stream (decrypted on a secure channel).
     fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), ChannelError> {
+        if self.secure.is_none() {
+            return self.raw_read_exact(buf);
+        }
+        let mut done = 0;
+        while done < buf.len() {
+            let available = self.secure.as_ref().map_or(0, |s| s.plain.len() - s.pos);
+            if available == 0 {
+                let record = self.read_record()?;
+                let Some(secure) = &mut self.secure else {
+                    break;
+                };
+                secure.plain.resize(record.len(), 0);
+                let n = secure
+                    .transport
+                    .read_message(secure.nonce, &record, &mut secure.plain)
+                    .map_err(|_| {
+                        ChannelError::Auth(
+                            "a message failed its integrity check (tampered, replayed or out of order)"
+                                .into(),
+                        )
+                    })?;
+                secure.nonce += 1;
+                secure.plain.truncate(n);
+                secure.pos = 0;
+                continue;
+            }
+            let Some(secure) = &mut self.secure else {
+                break;
+            };
+            let n = available.min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&secure.plain[secure.pos..secure.pos + n]);
+            secure.pos += n;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Reads exactly `buf.len()` bytes off the socket, keeping any descriptors that arrive.
+    fn raw_read_exact(&mut self, buf: &mut [u8]) -> Result<(), ChannelError> {
         let mut done = 0;
         while done < buf.len() {
             let read = match &mut self.stream {
@@ -178,11 +449,20 @@ impl Channel {
         let mut len = [0u8; 4];
         self.read_exact(&mut len)?;
         let len = u32::from_le_bytes(len);
-        if len > MAX_FRAME {
+        if len > self.max_frame {
             return Err(ChannelError::TooLarge(len));
         }
-        let mut body = vec![0u8; len as usize];
-        self.read_exact(&mut body)?;
+        // Grown as the bytes arrive: a peer that announces a large frame and sends nothing
+        // costs nothing.
+        const STEP: usize = 1 << 20;
+        let len = len as usize;
+        let mut body = Vec::with_capacity(len.min(STEP));
+        while body.len() < len {
+            let at = body.len();
+            let next = (len - at).min(STEP);
+            body.resize(at + next, 0);
+            self.read_exact(&mut body[at..])?;
+        }
         Ok(body)
     }
 

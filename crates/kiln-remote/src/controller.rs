@@ -88,6 +88,15 @@ pub enum RemoteError {
         /// What came back.
         response: Response,
     },
+    /// The executor and this controller could not authenticate each other (a wrong or
+    /// missing key), or a message failed its integrity check.
+    #[error("executor at {address}: {reason}")]
+    Authentication {
+        /// Where.
+        address: String,
+        /// Why.
+        reason: String,
+    },
     /// The connection is unusable after an earlier failure.
     #[error("executor connection unusable: {0}")]
     Broken(String),
@@ -214,9 +223,63 @@ impl RemoteExecutor {
 
     /// Connects to an executor listening at `address` (`host:port`).
     pub fn connect(address: &str, timeouts: Timeouts) -> Result<Self, RemoteError> {
+        Self::connect_with_key(address, None, timeouts)
+    }
+
+    /// Connects to `kiln-executor --listen` at `address`, authenticating with `key` and
+    /// encrypting everything after (see [`crate::secure`]); without a key, the executor
+    /// must have been started with `--no-auth`.
+    pub fn connect_with_key(
+        address: &str,
+        key: Option<&crate::secure::Key>,
+        timeouts: Timeouts,
+    ) -> Result<Self, RemoteError> {
         let stream = std::net::TcpStream::connect(address)
             .map_err(|e| RemoteError::Start(format!("{address}: {e}")))?;
-        Self::handshake(Channel::new(Stream::Tcp(stream)), None, timeouts)
+        let mut channel = Channel::new(Stream::Tcp(stream));
+        channel
+            .set_timeout(Some(timeouts.request))
+            .map_err(io_err)?;
+        let preamble = channel
+            .recv_raw(crate::secure::PREAMBLE_NOISE.len())
+            .map_err(|e| RemoteError::Start(format!("{address}: no greeting: {e}")))?;
+        let refuse = |reason: &str| RemoteError::Authentication {
+            address: address.to_string(),
+            reason: reason.to_string(),
+        };
+        match (key, preamble.as_slice()) {
+            (Some(_), p) if p == crate::secure::PREAMBLE_NOISE => {}
+            (Some(_), p) if p == crate::secure::PREAMBLE_PLAIN => {
+                return Err(refuse(
+                    "the executor does not authenticate (started with --no-auth); refusing to send code to it in plaintext with a key given",
+                ))
+            }
+            (None, p) if p == crate::secure::PREAMBLE_NOISE => {
+                return Err(refuse(
+                    "the executor requires a key: give its key file with --key-file or KILN_EXECUTOR_KEY_FILE",
+                ))
+            }
+            (None, p) if p == crate::secure::PREAMBLE_PLAIN => {}
+            _ => return Err(RemoteError::Start(format!("{address}: not a Kiln executor"))),
+        }
+        if let Some(key) = key {
+            channel
+                .secure(key, crate::secure::Role::Initiator)
+                .map_err(|e| match e {
+                    crate::channel::ChannelError::Auth(reason) => RemoteError::Authentication {
+                        address: address.to_string(),
+                        reason,
+                    },
+                    crate::channel::ChannelError::Closed => RemoteError::Authentication {
+                        address: address.to_string(),
+                        reason:
+                            "the executor closed the connection during the handshake (a wrong key?)"
+                                .into(),
+                    },
+                    other => RemoteError::Start(format!("{address}: {other}")),
+                })?;
+        }
+        Self::handshake(channel, None, timeouts)
     }
 
     fn handshake(
@@ -305,26 +368,43 @@ impl RemoteExecutor {
             conn.timeout = Some(timeout);
         }
         let name = request.to_string();
-        let result = conn
-            .channel
-            .send(&request.encode())
-            .and_then(|()| conn.channel.recv());
-        let body = match result {
-            Ok(body) => body,
-            Err(e) => {
-                let error = self.failure(&mut conn, &name, e);
-                conn.broken = Some(error.to_string());
-                return Err(error);
-            }
-        };
-        let response = match Response::decode(&body) {
-            Ok(r) => r,
-            Err(e) => {
-                conn.broken = Some(format!("malformed response: {e}"));
-                return Err(e.into());
+        if let Err(e) = conn.channel.send(&request.encode()) {
+            let error = self.failure(&mut conn, &name, e);
+            conn.broken = Some(error.to_string());
+            return Err(error);
+        }
+        // The program's output may come before the answer.
+        let response = loop {
+            let body = match conn.channel.recv() {
+                Ok(body) => body,
+                Err(e) => {
+                    let error = self.failure(&mut conn, &name, e);
+                    conn.broken = Some(error.to_string());
+                    return Err(error);
+                }
+            };
+            match Response::decode(&body) {
+                Ok(Response::Output { stream, bytes }) => forward_output(stream, &bytes),
+                Ok(r) => break r,
+                Err(e) => {
+                    conn.broken = Some(format!("malformed response: {e}"));
+                    return Err(e.into());
+                }
             }
         };
         match response {
+            Response::Exited { status } => {
+                let error = RemoteError::Exited {
+                    pid: self.hello.pid,
+                    status,
+                    request: name,
+                };
+                conn.broken = Some(error.to_string());
+                if let Some(child) = &mut conn.child {
+                    let _ = reap(child, &self.child_pid);
+                }
+                Err(error)
+            }
             Response::Error(message) => Err(RemoteError::Refused {
                 request: name,
                 message,
@@ -391,6 +471,10 @@ impl RemoteExecutor {
                     how,
                 }
             }
+            ChannelError::Auth(reason) => RemoteError::Authentication {
+                address: format!("pid {pid}"),
+                reason,
+            },
             other => RemoteError::Io(other.to_string()),
         }
     }
@@ -401,7 +485,13 @@ impl RemoteExecutor {
         if conn.broken.is_none() {
             let _ = conn.channel.set_timeout(Some(Duration::from_secs(5)));
             if conn.channel.send(&Request::Shutdown.encode()).is_ok() {
-                let _ = conn.channel.recv();
+                // The program's last output may come before the answer.
+                while let Ok(body) = conn.channel.recv() {
+                    match Response::decode(&body) {
+                        Ok(Response::Output { stream, bytes }) => forward_output(stream, &bytes),
+                        _ => break,
+                    }
+                }
             }
             conn.broken = Some("shut down".into());
         } else if let Some(child) = &mut conn.child {
@@ -439,4 +529,16 @@ impl Drop for RemoteExecutor {
             conn.channel.shutdown();
         }
     }
+}
+
+/// Writes the remote program's output where this process's goes.
+fn forward_output(stream: u8, bytes: &[u8]) {
+    use std::io::Write;
+    let _ = if stream == 2 {
+        let mut e = std::io::stderr().lock();
+        e.write_all(bytes).and_then(|()| e.flush())
+    } else {
+        let mut o = std::io::stdout().lock();
+        o.write_all(bytes).and_then(|()| o.flush())
+    };
 }

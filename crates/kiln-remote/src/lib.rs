@@ -16,6 +16,7 @@ pub mod channel;
 mod controller;
 mod mapper;
 pub mod protocol;
+pub mod secure;
 
 pub use controller::{RemoteError, RemoteExecutor, Timeouts};
 pub use mapper::{CopyMapper, SharedMemoryMapper};

@@ -369,7 +369,7 @@ unsafe impl Mapper for CopyMapper {
             // prepared pages, whose shadow is ours and readable.
             let all = unsafe { std::slice::from_raw_parts(working, s.len as usize) };
             // In pieces well under the protocol's frame limit.
-            const PIECE: usize = 64 << 20;
+            const PIECE: usize = crate::protocol::MAX_WRITE as usize;
             for (i, piece) in all.chunks(PIECE).enumerate() {
                 expect_ok(
                     "write",

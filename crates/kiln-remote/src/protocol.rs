@@ -20,8 +20,10 @@ use std::fmt;
 pub const VERSION: u32 = 2;
 /// Magic bytes at the start of a [`Hello`].
 pub const MAGIC: [u8; 4] = *b"KILN";
-/// Largest frame accepted (a 1 GiB write is more than any module needs).
-pub const MAX_FRAME: u32 = 1 << 30;
+/// Largest frame accepted: a copy-transport write carries at most [`MAX_WRITE`] bytes.
+pub const MAX_FRAME: u32 = MAX_WRITE + (64 << 10);
+/// Largest write (or read) of code bytes in one request; larger ones go in pieces.
+pub const MAX_WRITE: u32 = 32 << 20;
 /// Largest string (symbol names, paths, arguments).
 pub const MAX_STRING: usize = 1 << 16;
 /// Largest number of items in a list (arguments, segments, initializers).
@@ -76,6 +78,8 @@ pub struct Hello {
     pub triple: String,
     /// The executor's process id.
     pub pid: u32,
+    /// The largest frame the executor accepts.
+    pub max_frame: u32,
     /// The names the executor's runtime provides to JIT code in place of the C
     /// runtime's (`__tls_get_addr`, `__cxa_thread_atexit`, …), with their addresses there.
     pub runtime_symbols: Vec<(String, u64)>,
@@ -290,6 +294,26 @@ pub enum Response {
         /// The signal number.
         signal: i32,
     },
+    /// JIT code called `exit(status)`: the executor is ending with that status.
+    Exited {
+        /// The exit status.
+        status: i32,
+    },
+    /// Output of the program (its standard output or error), forwarded by an executor
+    /// that serves a remote controller; may arrive at any time, not as an answer.
+    Output {
+        /// 1 standard output, 2 standard error.
+        stream: u8,
+        /// The bytes.
+        bytes: Vec<u8>,
+    },
+}
+
+impl Response {
+    /// Whether this message is one the executor sends on its own (not an answer).
+    pub fn is_notification(&self) -> bool {
+        matches!(self, Response::Output { .. })
+    }
 }
 
 impl fmt::Display for Request {
@@ -449,6 +473,7 @@ impl Hello {
             .u64(self.page_size)
             .bytes(self.triple.as_bytes())
             .u32(self.pid)
+            .u32(self.max_frame)
             .u32(self.runtime_symbols.len() as u32);
         for (name, address) in &self.runtime_symbols {
             w.bytes(name.as_bytes()).u64(*address);
@@ -473,6 +498,7 @@ impl Hello {
         let page_size = r.u64("page size")?;
         let triple = r.string("triple")?;
         let pid = r.u32("pid")?;
+        let max_frame = r.u32("max frame")?;
         let n = r.count("runtime symbols", 12)?;
         let mut runtime_symbols = Vec::with_capacity(n);
         for _ in 0..n {
@@ -483,6 +509,7 @@ impl Hello {
             page_size,
             triple,
             pid,
+            max_frame,
             runtime_symbols,
         };
         r.end()?;
@@ -872,6 +899,16 @@ impl Response {
                 w.u32(*signal as u32);
                 w
             }
+            Response::Exited { status } => {
+                let mut w = Writer::new(108);
+                w.u32(*status as u32);
+                w
+            }
+            Response::Output { stream, bytes } => {
+                let mut w = Writer::new(109);
+                w.u8(*stream).bytes(bytes);
+                w
+            }
             Response::Symbols(list) => {
                 let mut w = Writer::new(107);
                 w.u32(list.len() as u32);
@@ -902,6 +939,13 @@ impl Response {
             105 => Response::Error(String::from_utf8_lossy(&r.bytes("message")?).into_owned()),
             106 => Response::Crashed {
                 signal: r.u32("signal")? as i32,
+            },
+            108 => Response::Exited {
+                status: r.u32("status")? as i32,
+            },
+            109 => Response::Output {
+                stream: r.u8("stream")?,
+                bytes: r.bytes("output")?,
             },
             107 => {
                 let n = r.count("symbols", 9)?;
@@ -1068,6 +1112,11 @@ mod tests {
             },
             Response::Error("no".into()),
             Response::Crashed { signal: 11 },
+            Response::Exited { status: 3 },
+            Response::Output {
+                stream: 2,
+                bytes: b"hello".to_vec(),
+            },
             Response::Symbols(vec![(1, 1), (0, 0)]),
         ] {
             assert_eq!(Response::decode(body(&resp.encode())).unwrap(), resp);
@@ -1077,6 +1126,7 @@ mod tests {
             page_size: 4096,
             triple: "x86_64-unknown-linux-gnu".into(),
             pid: 7,
+            max_frame: MAX_FRAME,
             runtime_symbols: vec![("__tls_get_addr".into(), 0x1000)],
         };
         assert_eq!(Hello::decode(body(&hello.encode())).unwrap(), hello);

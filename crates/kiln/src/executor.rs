@@ -95,9 +95,22 @@ impl Executor {
         })
     }
 
-    /// Connects to `kiln-executor --listen` at `address`; code travels by copy.
+    /// Connects to `kiln-executor --listen --no-auth` at `address` (plaintext, loopback
+    /// only); code travels by copy. See [`Executor::connect_with_key`].
     pub fn connect(address: &str, timeouts: Timeouts) -> Result<Self, Error> {
-        let remote = RemoteExecutor::connect(address, timeouts)?;
+        Self::connect_with_key(address, None, timeouts)
+    }
+
+    /// Connects to `kiln-executor --listen` at `address`, authenticating with `key` (the
+    /// executor's key file's) and encrypting every message; code travels by copy.
+    /// `None` connects in plaintext, which only an executor started with `--no-auth`
+    /// accepts.
+    pub fn connect_with_key(
+        address: &str,
+        key: Option<&kiln_remote::secure::Key>,
+        timeouts: Timeouts,
+    ) -> Result<Self, Error> {
+        let remote = RemoteExecutor::connect_with_key(address, key, timeouts)?;
         Ok(Executor {
             kind: Kind::Remote {
                 remote: Arc::new(remote),

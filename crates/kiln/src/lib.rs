@@ -26,4 +26,5 @@ pub use executor::{default_executor_path, Executor, ExecutorSymbols, Transport};
 pub use generator::{FnGenerator, Found, SymbolGenerator};
 pub use jit::{Jit, JitBuilder, LibraryId, LinkReport, Module};
 pub use kiln_link::{LinkCounts, LinkError, LinkTimes};
+pub use kiln_remote::secure::Key;
 pub use kiln_remote::{RemoteError, Timeouts};

@@ -301,21 +301,32 @@ fn many_link_run_cycles_do_not_grow_the_executor() {
 /// error replies and the executor keeps serving.
 #[test]
 fn malformed_and_out_of_range_requests_get_error_replies() {
+    // Plaintext (--no-auth, loopback only), to speak the raw protocol.
     let mut child = Command::new(executor_binary())
-        .arg("--listen")
+        .args(["--listen", "--no-auth"])
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
+    while !line.contains("listening on") {
+        line.clear();
+        stderr.read_line(&mut line).unwrap();
+    }
     let address = line.trim().rsplit(' ').next().unwrap().to_string();
     assert!(
         address.starts_with("127.0.0.1:"),
         "binds loopback by default: {line}"
     );
-    let mut s = std::net::TcpStream::connect(&address).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let connect = |address: &str| {
+        let mut s = std::net::TcpStream::connect(address).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut preamble = [0u8; 8];
+        s.read_exact(&mut preamble).unwrap();
+        assert_eq!(preamble, kiln_remote::secure::PREAMBLE_PLAIN);
+        s
+    };
+    let mut s = connect(&address);
     let read_frame = |s: &mut std::net::TcpStream| -> Vec<u8> {
         let mut len = [0u8; 4];
         s.read_exact(&mut len).unwrap();
@@ -451,15 +462,19 @@ fn malformed_and_out_of_range_requests_get_error_replies() {
         matches!(&r, Response::Error(m) if m.contains("too large")),
         "{r:?}"
     );
-    let mut s2 = std::net::TcpStream::connect(&address).unwrap();
-    s2.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut s2 = connect(&address);
     assert_eq!(&read_frame(&mut s2)[1..5], b"KILN");
     s2.write_all(&Request::Shutdown.encode()).unwrap();
     assert_eq!(
         Response::decode(&read_frame(&mut s2)).unwrap(),
         Response::Ok
     );
-    assert!(child.wait().unwrap().success());
+    // A client's Shutdown ends its own connection; the listener serves the next one.
+    let mut s3 = connect(&address);
+    assert_eq!(&read_frame(&mut s3)[1..5], b"KILN");
+    assert!(child.try_wait().unwrap().is_none(), "the listener lives on");
+    child.kill().unwrap();
+    let _ = child.wait();
 }
 
 #[test]
@@ -468,11 +483,13 @@ fn a_wrong_protocol_version_is_refused() {
     let address = listener.local_addr().unwrap().to_string();
     let server = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
+        s.write_all(&kiln_remote::secure::PREAMBLE_PLAIN).unwrap();
         let hello = kiln_remote::protocol::Hello {
             version: 999,
             page_size: 4096,
             triple: "x86_64-unknown-linux-gnu".into(),
             pid: 1,
+            max_frame: kiln_remote::protocol::MAX_FRAME,
             runtime_symbols: Vec::new(),
         };
         s.write_all(&hello.encode()).unwrap();
