@@ -1,0 +1,440 @@
+//! `kiln-executor --listen` as an attacker on this machine would try it: wrong keys,
+//! plaintext, tampered and replayed messages, non-loopback binds, one client trying to
+//! crash, stop, stall or outlast another, oversized frames, and thousands of connections.
+
+use kiln::{Executor, Jit, Key, RemoteError, Timeouts};
+use kiln_remote::protocol::{Request, Response};
+use kiln_remote::RemoteExecutor;
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn executor_binary() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug");
+    let path = dir.join("kiln-executor");
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        assert!(Command::new(cargo)
+            .args(["build", "-p", "kiln-executor"])
+            .status()
+            .unwrap()
+            .success());
+    }
+    path
+}
+
+struct Listener {
+    child: Child,
+    address: String,
+    /// What it printed up to "listening on".
+    banner: String,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn listen(args: &[&str]) -> Listener {
+    let mut child = Command::new(executor_binary())
+        .arg("--listen")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let mut banner = String::new();
+    while !line.starts_with("kiln-executor: listening on") {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "listener ended");
+        banner.push_str(&line);
+    }
+    let address = line.trim().rsplit(' ').next().unwrap().to_string();
+    // Keep draining its stderr so that it never blocks on a full pipe.
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        let _ = stderr.read_to_string(&mut sink);
+    });
+    Listener {
+        child,
+        address,
+        banner,
+    }
+}
+
+fn key_file(name: &str) -> (PathBuf, Key) {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{name}-{}.key", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let key = Key::generate().unwrap();
+    key.write_new_file(&path).unwrap();
+    (path, key)
+}
+
+fn timeouts() -> Timeouts {
+    Timeouts {
+        request: Duration::from_secs(20),
+        run: Some(Duration::from_secs(60)),
+    }
+}
+
+fn lookup_getpid(remote: &RemoteExecutor) -> Result<u64, RemoteError> {
+    match remote.request(&Request::Lookup {
+        library: 0,
+        name: "getpid".into(),
+    })? {
+        Response::Symbol { address, .. } if address != 0 => Ok(address),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// Reads until the peer closes; `true` if it closed (without sending more than `limit`
+/// bytes) within `within`.
+fn closed_within(s: &mut TcpStream, within: Duration, limit: usize) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut got = 0;
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return got <= limit,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got <= limit,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[test]
+fn a_wrong_key_or_a_plaintext_client_is_refused_before_any_request() {
+    let (path, key) = key_file("auth");
+    let listener = listen(&["127.0.0.1:0", "--key-file", path.to_str().unwrap()]);
+    // A wrong key fails the handshake.
+    let wrong = Key::generate().unwrap();
+    match RemoteExecutor::connect_with_key(&listener.address, Some(&wrong), timeouts()) {
+        Err(RemoteError::Authentication { .. }) => {}
+        Err(other) => panic!("wrong key: expected an authentication error, got {other}"),
+        Ok(_) => panic!("wrong key: connected"),
+    }
+    // No key: refused at once with a clear error.
+    match RemoteExecutor::connect_with_key(&listener.address, None, timeouts()) {
+        Err(RemoteError::Authentication { reason, .. }) => {
+            assert!(reason.contains("requires a key"), "{reason}")
+        }
+        Err(other) => panic!("no key: expected an authentication error, got {other}"),
+        Ok(_) => panic!("no key: connected"),
+    }
+    // A client speaking the plain protocol (a Reserve request) gets nothing back — no
+    // hello, no answer — and the connection is closed: nothing was served.
+    let mut s = TcpStream::connect(&listener.address).unwrap();
+    let mut preamble = [0u8; 8];
+    s.read_exact(&mut preamble).unwrap();
+    assert_eq!(preamble, kiln_remote::secure::PREAMBLE_NOISE);
+    s.write_all(
+        &Request::Reserve {
+            len: 1 << 20,
+            placement: kiln_remote::protocol::WirePlacement::Anywhere,
+            share: false,
+        }
+        .encode(),
+    )
+    .unwrap();
+    assert!(closed_within(&mut s, Duration::from_secs(15), 0));
+    // The right key works.
+    let remote = RemoteExecutor::connect_with_key(&listener.address, Some(&key), timeouts())
+        .expect("the right key connects");
+    lookup_getpid(&remote).unwrap();
+    let _ = std::fs::remove_file(&path);
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Attack {
+    Tamper,
+    Replay,
+}
+
+/// A man in the middle that forwards everything, except that the client's third Noise
+/// message (its second request) is tampered with or replaced by a replay of the second.
+fn man_in_the_middle(upstream: String, attack: Attack) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let (mut client, _) = listener.accept().unwrap();
+        let mut server = TcpStream::connect(&upstream).unwrap();
+        let mut client_r = client.try_clone().unwrap();
+        let mut server_w = server.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut server, &mut client);
+            // The executor hung up: so does the man in the middle.
+            let _ = client.shutdown(std::net::Shutdown::Both);
+        });
+        let mut previous: Vec<u8> = Vec::new();
+        let mut n = 0;
+        loop {
+            let mut len = [0u8; 2];
+            if client_r.read_exact(&mut len).is_err() {
+                break;
+            }
+            let mut body = vec![0u8; u16::from_be_bytes(len) as usize];
+            if client_r.read_exact(&mut body).is_err() {
+                break;
+            }
+            n += 1;
+            let mut record = len.to_vec();
+            record.extend_from_slice(&body);
+            let sent = if n == 3 {
+                match attack {
+                    Attack::Tamper => {
+                        let last = record.len() - 1;
+                        record[last] ^= 1;
+                        record.clone()
+                    }
+                    Attack::Replay => previous.clone(),
+                }
+            } else {
+                record.clone()
+            };
+            if server_w.write_all(&sent).is_err() {
+                break;
+            }
+            previous = record;
+        }
+    });
+    address
+}
+
+#[test]
+fn tampered_and_replayed_messages_end_the_connection() {
+    let (path, key) = key_file("mitm");
+    let listener = listen(&["127.0.0.1:0", "--key-file", path.to_str().unwrap()]);
+    for attack in [Attack::Tamper, Attack::Replay] {
+        let address = man_in_the_middle(listener.address.clone(), attack);
+        let remote = RemoteExecutor::connect_with_key(&address, Some(&key), timeouts()).unwrap();
+        // The first request passes untouched…
+        lookup_getpid(&remote).unwrap();
+        // …the second is altered on the way and the executor drops the connection
+        // instead of acting on it.
+        let error = lookup_getpid(&remote).expect_err("an altered request was served");
+        let text = error.to_string();
+        assert!(
+            text.contains("died") || text.contains("closed") || text.contains("connection"),
+            "{text}"
+        );
+    }
+    // The executor itself is fine.
+    let remote = RemoteExecutor::connect_with_key(&listener.address, Some(&key), timeouts())
+        .unwrap();
+    lookup_getpid(&remote).unwrap();
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_non_loopback_address_needs_authentication_and_is_announced() {
+    let out = Command::new(executor_binary())
+        .args(["--listen", "0.0.0.0:0", "--no-auth"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("without authentication"));
+    let (path, _) = key_file("wide");
+    let listener = listen(&["0.0.0.0:0", "--key-file", path.to_str().unwrap()]);
+    assert!(
+        listener.banner.contains("beyond this machine"),
+        "{}",
+        listener.banner
+    );
+    drop(listener);
+    let _ = std::fs::remove_file(&path);
+}
+
+fn compile(name: &str, source: &str) -> Vec<u8> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("executor-security");
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = dir.join(format!("{name}.c"));
+    let o = dir.join(format!("{name}.o"));
+    std::fs::write(&c, source).unwrap();
+    assert!(Command::new("cc")
+        .args(["-O1", "-fPIE", "-c"])
+        .arg(&c)
+        .arg("-o")
+        .arg(&o)
+        .status()
+        .unwrap()
+        .success());
+    std::fs::read(&o).unwrap()
+}
+
+/// Links `source` in a session on the executor at `address` and runs its main.
+fn run_remote(address: &str, key: &Key, name: &str, source: &str) -> Result<i32, kiln::Error> {
+    let executor = Executor::connect_with_key(address, Some(key), timeouts())?;
+    let jit = Jit::builder().executor(executor).build()?;
+    let lib = jit.main_library();
+    jit.add_object(lib, &format!("{name}.o"), compile(name, source))?;
+    jit.add_process_symbols(lib);
+    jit.run_main(lib, &[name.to_string()])
+}
+
+#[test]
+fn one_client_cannot_crash_stop_or_stall_another() {
+    let (path, key) = key_file("isolation");
+    let listener = listen(&["127.0.0.1:0", "--key-file", path.to_str().unwrap()]);
+    // A client that stalls after connecting, holding its connection open.
+    let mut stalled = TcpStream::connect(&listener.address).unwrap();
+    let mut preamble = [0u8; 8];
+    stalled.read_exact(&mut preamble).unwrap();
+    // One that crashes its executor, one that exits it, one that shuts it down.
+    let crash = run_remote(
+        &listener.address,
+        &key,
+        "crash",
+        "int main(void) { *(volatile int *)8 = 1; return 0; }\n",
+    );
+    assert!(
+        matches!(crash, Err(kiln::Error::Remote(RemoteError::Crashed { signal: 11, .. }))),
+        "{crash:?}"
+    );
+    let exit = run_remote(
+        &listener.address,
+        &key,
+        "exits",
+        "#include <stdlib.h>\nint main(void) { exit(9); }\n",
+    );
+    assert!(
+        matches!(exit, Err(kiln::Error::Remote(RemoteError::Exited { status: 9, .. }))),
+        "{exit:?}"
+    );
+    let remote = RemoteExecutor::connect_with_key(&listener.address, Some(&key), timeouts())
+        .unwrap();
+    remote.shutdown();
+    // And the next client is served as if nothing happened.
+    let status = run_remote(
+        &listener.address,
+        &key,
+        "fine",
+        "int main(void) { return 42; }\n",
+    )
+    .unwrap();
+    assert_eq!(status, 42);
+    drop(stalled);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_silent_client_is_dropped_after_the_idle_timeout_and_a_huge_frame_before_allocation() {
+    let listener = listen(&["127.0.0.1:0", "--no-auth", "--idle-timeout", "1"]);
+    let read_frame = |s: &mut TcpStream| -> Vec<u8> {
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+        s.read_exact(&mut body).unwrap();
+        body
+    };
+    let connect = || {
+        let mut s = TcpStream::connect(&listener.address).unwrap();
+        let mut preamble = [0u8; 8];
+        s.read_exact(&mut preamble).unwrap();
+        assert_eq!(&read_frame(&mut s)[1..5], b"KILN");
+        s
+    };
+    // Silent after the hello: dropped after about a second.
+    let mut silent = connect();
+    let start = Instant::now();
+    assert!(closed_within(&mut silent, Duration::from_secs(10), 0));
+    assert!(start.elapsed() < Duration::from_secs(5));
+    // Half a frame, then silence: dropped too.
+    let mut half = connect();
+    half.write_all(&[100, 0, 0, 0, 1, 2]).unwrap();
+    assert!(closed_within(&mut half, Duration::from_secs(10), 0));
+    // A 1 GiB length prefix: refused at once (an error reply), nothing allocated first.
+    let mut huge = connect();
+    huge.write_all(&(1u32 << 30).to_le_bytes()).unwrap();
+    huge.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let reply = Response::decode(&read_frame(&mut huge)).unwrap();
+    assert!(
+        matches!(&reply, Response::Error(m) if m.contains("too large")),
+        "{reply:?}"
+    );
+}
+
+fn process_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap()
+}
+
+fn process_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+#[test]
+fn ten_thousand_connections_leave_the_listener_flat() {
+    let listener = listen(&["127.0.0.1:0", "--no-auth"]);
+    let pid = listener.child.id();
+    let session = || {
+        let mut s = TcpStream::connect(&listener.address).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut preamble = [0u8; 8];
+        s.read_exact(&mut preamble).unwrap();
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut hello = vec![0u8; u32::from_le_bytes(len) as usize];
+        s.read_exact(&mut hello).unwrap();
+        s.write_all(&Request::Shutdown.encode()).unwrap();
+        let mut ok = [0u8; 5];
+        s.read_exact(&mut ok).unwrap();
+    };
+    for _ in 0..200 {
+        session();
+    }
+    let (rss0, fds0) = (process_rss_kib(pid), process_fds(pid));
+    for _ in 0..10_000 {
+        session();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let (rss1, fds1) = (process_rss_kib(pid), process_fds(pid));
+    assert!(
+        rss1 <= rss0 + 256,
+        "listener RSS grew from {rss0} to {rss1} KiB"
+    );
+    assert!(fds1 <= fds0 + 2, "listener descriptors grew from {fds0} to {fds1}");
+}
+
+#[test]
+fn well_behaved_clients_are_served_while_a_hundred_others_stall() {
+    let (path, key) = key_file("hostile");
+    let listener = listen(&["127.0.0.1:0", "--key-file", path.to_str().unwrap()]);
+    let stalled: Vec<TcpStream> = (0..100)
+        .map(|_| TcpStream::connect(&listener.address).unwrap())
+        .collect();
+    let start = Instant::now();
+    let workers: Vec<_> = (0..100)
+        .map(|_| {
+            let address = listener.address.clone();
+            let key = key.clone();
+            std::thread::spawn(move || {
+                let remote =
+                    RemoteExecutor::connect_with_key(&address, Some(&key), timeouts()).unwrap();
+                lookup_getpid(&remote).unwrap();
+                remote.shutdown();
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("a well-behaved client was not served");
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        start.elapsed()
+    );
+    drop(stalled);
+    let _ = std::fs::remove_file(&path);
+}
