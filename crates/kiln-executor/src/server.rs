@@ -38,6 +38,8 @@ struct State {
     libraries: HashMap<u64, Library>,
     library_paths: HashMap<String, u64>,
     eh_frames: HashMap<u64, EhFrameRegistration>,
+    /// Whether descriptors can be sent to the controller (a Unix socket).
+    can_pass_fds: bool,
     /// Objects of exported definitions, by the handle given to the controller.
     exports: HashMap<u64, runtime::Exports>,
     next_export: u64,
@@ -53,6 +55,7 @@ impl State {
             libraries: HashMap::new(),
             library_paths: HashMap::new(),
             eh_frames: HashMap::new(),
+            can_pass_fds: false,
             exports: HashMap::new(),
             next_export: 1,
         }
@@ -457,6 +460,7 @@ pub fn serve(channel: Channel) -> Ending {
 /// Serves one connection with `options`.
 pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
     let mut state = State::new();
+    state.can_pass_fds = channel.can_pass_fds();
     channel.set_max_frame(kiln_remote::protocol::MAX_FRAME);
     if let Err(e) = channel.set_timeout(options.idle_timeout) {
         return Ending::Failed(e.to_string());
@@ -540,6 +544,12 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             placement,
             share,
         } => {
+            if share && !state.can_pass_fds {
+                return Err(
+                    "shared memory needs a Unix socket to pass its descriptor: use the copy transport over TCP"
+                        .into(),
+                );
+            }
             let mapper = state.mapper()?;
             if len == 0 || len % mapper.page_size() != 0 || len > 1 << 40 {
                 return Err(format!("cannot reserve {len:#x} bytes"));
@@ -547,7 +557,12 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             let placement = match placement {
                 WirePlacement::Anywhere => Placement::Anywhere,
                 WirePlacement::HostLibraries => Placement::HostLibraries,
-                WirePlacement::Near(start, end) => Placement::Near { start, end },
+                WirePlacement::Near(start, end) if start <= end => Placement::Near { start, end },
+                WirePlacement::Near(start, end) => {
+                    return Err(format!(
+                        "placement near {start:#x}..{end:#x}: the range is reversed"
+                    ))
+                }
                 WirePlacement::Low2GiB => Placement::Low2GiB,
             };
             let reservation = mapper.reserve(len, &placement).map_err(|e| e.to_string())?;

@@ -11,18 +11,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The executor binary, built once per test process (never a stale one).
 fn executor_binary() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug");
-    let path = dir.join("kiln-executor");
-    if !path.exists() {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         assert!(Command::new(cargo)
             .args(["build", "-p", "kiln-executor"])
             .status()
             .unwrap()
             .success());
-    }
-    path
+    });
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/kiln-executor")
 }
 
 struct Listener {
@@ -227,8 +227,8 @@ fn tampered_and_replayed_messages_end_the_connection() {
         );
     }
     // The executor itself is fine.
-    let remote = RemoteExecutor::connect_with_key(&listener.address, Some(&key), timeouts())
-        .unwrap();
+    let remote =
+        RemoteExecutor::connect_with_key(&listener.address, Some(&key), timeouts()).unwrap();
     lookup_getpid(&remote).unwrap();
     let _ = std::fs::remove_file(&path);
 }
@@ -295,7 +295,10 @@ fn one_client_cannot_crash_stop_or_stall_another() {
         "int main(void) { *(volatile int *)8 = 1; return 0; }\n",
     );
     assert!(
-        matches!(crash, Err(kiln::Error::Remote(RemoteError::Crashed { signal: 11, .. }))),
+        matches!(
+            crash,
+            Err(kiln::Error::Remote(RemoteError::Crashed { signal: 11, .. }))
+        ),
         "{crash:?}"
     );
     let exit = run_remote(
@@ -305,11 +308,14 @@ fn one_client_cannot_crash_stop_or_stall_another() {
         "#include <stdlib.h>\nint main(void) { exit(9); }\n",
     );
     assert!(
-        matches!(exit, Err(kiln::Error::Remote(RemoteError::Exited { status: 9, .. }))),
+        matches!(
+            exit,
+            Err(kiln::Error::Remote(RemoteError::Exited { status: 9, .. }))
+        ),
         "{exit:?}"
     );
-    let remote = RemoteExecutor::connect_with_key(&listener.address, Some(&key), timeouts())
-        .unwrap();
+    let remote =
+        RemoteExecutor::connect_with_key(&listener.address, Some(&key), timeouts()).unwrap();
     remote.shutdown();
     // And the next client is served as if nothing happened.
     let status = run_remote(
@@ -371,7 +377,9 @@ fn process_rss_kib(pid: u32) -> u64 {
 }
 
 fn process_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
 }
 
 #[test]
@@ -404,7 +412,10 @@ fn ten_thousand_connections_leave_the_listener_flat() {
         rss1 <= rss0 + 256,
         "listener RSS grew from {rss0} to {rss1} KiB"
     );
-    assert!(fds1 <= fds0 + 2, "listener descriptors grew from {fds0} to {fds1}");
+    assert!(
+        fds1 <= fds0 + 2,
+        "listener descriptors grew from {fds0} to {fds1}"
+    );
 }
 
 #[test]

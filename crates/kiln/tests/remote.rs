@@ -302,12 +302,21 @@ fn many_link_run_cycles_do_not_grow_the_executor() {
 #[test]
 fn malformed_and_out_of_range_requests_get_error_replies() {
     // Plaintext (--no-auth, loopback only), to speak the raw protocol.
-    let mut child = Command::new(executor_binary())
-        .args(["--listen", "--no-auth"])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = KillOnDrop(
+        Command::new(executor_binary())
+            .args(["--listen", "--no-auth"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stderr = std::io::BufReader::new(child.0.stderr.take().unwrap());
     let mut line = String::new();
     while !line.contains("listening on") {
         line.clear();
@@ -413,6 +422,96 @@ fn malformed_and_out_of_range_requests_get_error_replies() {
         matches!(&r, Response::Error(m) if m.contains("not prepared")),
         "{r:?}"
     );
+    // Unwind data that is walked by gimli before libgcc sees it: a CIE of an unknown
+    // version, an FDE whose range wraps around, an FDE over memory never prepared.
+    let r = ask(
+        Request::Prepare {
+            handle,
+            start: target,
+            end: target + 4096,
+            permission: 1,
+        }
+        .encode(),
+        &mut s,
+    );
+    assert_eq!(r, Response::Ok);
+    let cie = |version: u8| -> Vec<u8> {
+        // length 12: id 0, version, augmentation "", code align 1, data align -8, RA 16,
+        // three DW_CFA_nop.
+        let mut c = 12u32.to_le_bytes().to_vec();
+        c.extend_from_slice(&0u32.to_le_bytes());
+        c.extend_from_slice(&[version, 0, 1, 0x78, 16, 0, 0, 0]);
+        c
+    };
+    let fde = |begin: u64, len: u64| -> Vec<u8> {
+        // length 20: CIE pointer (back to offset 0 from offset 20), begin, range.
+        let mut f = 20u32.to_le_bytes().to_vec();
+        f.extend_from_slice(&20u32.to_le_bytes());
+        f.extend_from_slice(&begin.to_le_bytes());
+        f.extend_from_slice(&len.to_le_bytes());
+        f
+    };
+    for (what, mut bytes, expect) in [
+        ("unknown CIE version", cie(99), "malformed"),
+        (
+            "reversed range",
+            [cie(1), fde(0xffff_ffff_ffff_f000, 0x10000)].concat(),
+            "reversed",
+        ),
+        (
+            "range outside",
+            [cie(1), fde(0x4141_0000, 16)].concat(),
+            "FDE range",
+        ),
+    ] {
+        bytes.extend_from_slice(&[0; 4]);
+        let r = ask(
+            Request::Write {
+                handle,
+                address: target,
+                bytes,
+            }
+            .encode(),
+            &mut s,
+        );
+        assert_eq!(r, Response::Ok, "{what}");
+        let r = ask(
+            Request::RegisterEhFrame { address: target }.encode(),
+            &mut s,
+        );
+        assert!(
+            matches!(&r, Response::Error(m) if m.contains(expect)),
+            "{what}: {r:?}"
+        );
+    }
+    // Shared memory cannot travel over TCP: an error reply, not a dropped connection.
+    let r = ask(
+        Request::Reserve {
+            len: 1 << 20,
+            placement: kiln_remote::protocol::WirePlacement::Anywhere,
+            share: true,
+        }
+        .encode(),
+        &mut s,
+    );
+    assert!(
+        matches!(&r, Response::Error(m) if m.contains("copy transport")),
+        "{r:?}"
+    );
+    // A reversed placement range.
+    let r = ask(
+        Request::Reserve {
+            len: 1 << 20,
+            placement: kiln_remote::protocol::WirePlacement::Near(0x7000_0000, 0x1000_0000),
+            share: false,
+        }
+        .encode(),
+        &mut s,
+    );
+    assert!(
+        matches!(&r, Response::Error(m) if m.contains("reversed")),
+        "{r:?}"
+    );
     // A TLS template for a module id never reserved here.
     let r = ask(
         Request::InstallTls {
@@ -472,9 +571,10 @@ fn malformed_and_out_of_range_requests_get_error_replies() {
     // A client's Shutdown ends its own connection; the listener serves the next one.
     let mut s3 = connect(&address);
     assert_eq!(&read_frame(&mut s3)[1..5], b"KILN");
-    assert!(child.try_wait().unwrap().is_none(), "the listener lives on");
-    child.kill().unwrap();
-    let _ = child.wait();
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "the listener lives on"
+    );
 }
 
 #[test]
