@@ -2,6 +2,9 @@
 //! plaintext, tampered and replayed messages, non-loopback binds, one client trying to
 //! crash, stop, stall or outlast another, oversized frames, and thousands of connections.
 
+// kiln::Error wraps link errors, which are large by design (see kiln-link).
+#![allow(clippy::result_large_err)]
+
 use kiln::{Executor, Jit, Key, RemoteError, Timeouts};
 use kiln_remote::protocol::{Request, Response};
 use kiln_remote::RemoteExecutor;
