@@ -8,7 +8,10 @@
 use crate::runtime::{self, EhFrameRegistration};
 use kiln_memory::{DualMappedMapper, Mapper, Permission, Placement, Reservation, SegmentRange};
 use kiln_remote::channel::{Channel, ChannelError, Sender};
-use kiln_remote::protocol::{kind_to_wire, Hello, Request, Response, WirePlacement, VERSION};
+use kiln_remote::protocol::{
+    kind_to_wire, message_id, with_id, Hello, Request, Response, WirePlacement, EXECUTOR_REQUEST,
+    VERSION,
+};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::os::fd::AsFd;
@@ -278,8 +281,9 @@ fn report(tag: u8, value: i32) {
     if reporter.is_null() || me != CRASH_PID.load(Ordering::Relaxed) {
         return;
     }
-    let mut frame = [5u8, 0, 0, 0, tag, 0, 0, 0, 0];
-    frame[5..9].copy_from_slice(&(value as u32).to_le_bytes());
+    // Length 9: id 0 (a message of the executor's own), the tag, the value.
+    let mut frame = [9u8, 0, 0, 0, 0, 0, 0, 0, tag, 0, 0, 0, 0];
+    frame[9..13].copy_from_slice(&(value as u32).to_le_bytes());
     // SAFETY: the sender was leaked for the life of the process when serving began.
     let _ = unsafe { &*reporter }.try_send_now(&frame);
 }
@@ -493,11 +497,24 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
             }
             Err(e) => return Ending::Failed(e.to_string()),
         };
+        let id = message_id(&body).unwrap_or(0);
+        if id & EXECUTOR_REQUEST != 0 {
+            let _ = channel.send(
+                &Response::Error(format!(
+                    "message id {id:#x} is reserved for the executor's own requests"
+                ))
+                .encode(),
+            );
+            return Ending::Failed(format!("controller used a reserved id {id:#x}"));
+        }
         let request = match Request::decode(&body) {
             Ok(r) => r,
             Err(e) => {
                 if channel
-                    .send(&Response::Error(format!("malformed request: {e}")).encode())
+                    .send(&with_id(
+                        Response::Error(format!("malformed request: {e}")).encode(),
+                        id,
+                    ))
                     .is_err()
                 {
                     return Ending::Closed;
@@ -508,13 +525,15 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
         if request == Request::Shutdown {
             runtime::flush_stdio();
             finish_output();
-            let _ = channel.send(&Response::Ok.encode());
+            let _ = channel.send(&with_id(Response::Ok.encode(), id));
             return Ending::Shutdown;
         }
         let sent = match handle(&mut state, request) {
-            Ok(Reply::Plain(response)) => channel.send(&response.encode()),
-            Ok(Reply::WithFd(response, fd)) => channel.send_with_fd(&response.encode(), fd.as_fd()),
-            Err(message) => channel.send(&Response::Error(message).encode()),
+            Ok(Reply::Plain(response)) => channel.send(&with_id(response.encode(), id)),
+            Ok(Reply::WithFd(response, fd)) => {
+                channel.send_with_fd(&with_id(response.encode(), id), fd.as_fd())
+            }
+            Err(message) => channel.send(&with_id(Response::Error(message).encode(), id)),
         };
         if sent.is_err() {
             return Ending::Closed;

@@ -125,6 +125,8 @@ impl Default for Timeouts {
 
 struct Connection {
     channel: Channel,
+    /// The id of the last request sent.
+    next_id: u32,
     child: Option<Child>,
     broken: Option<String>,
     /// The receive timeout set on the socket now (to set it only when it changes).
@@ -311,6 +313,7 @@ impl RemoteExecutor {
         Ok(RemoteExecutor {
             conn: Mutex::new(Connection {
                 channel,
+                next_id: 0,
                 child,
                 broken: None,
                 timeout: None,
@@ -368,7 +371,12 @@ impl RemoteExecutor {
             conn.timeout = Some(timeout);
         }
         let name = request.to_string();
-        if let Err(e) = conn.channel.send(&request.encode()) {
+        conn.next_id = conn.next_id % (crate::protocol::EXECUTOR_REQUEST - 1) + 1;
+        let id = conn.next_id;
+        if let Err(e) = conn
+            .channel
+            .send(&crate::protocol::with_id(request.encode(), id))
+        {
             let error = self.failure(&mut conn, &name, e);
             conn.broken = Some(error.to_string());
             return Err(error);
@@ -383,9 +391,31 @@ impl RemoteExecutor {
                     return Err(error);
                 }
             };
+            let got = crate::protocol::message_id(&body).unwrap_or(0);
             match Response::decode(&body) {
                 Ok(Response::Output { stream, bytes }) => forward_output(stream, &bytes),
-                Ok(r) => break r,
+                // What the executor says on its own (id 0), or the answer to this request.
+                Ok(r)
+                    if got == id
+                        || (got == 0
+                            && matches!(r, Response::Crashed { .. } | Response::Exited { .. })) =>
+                {
+                    break r
+                }
+                Ok(r) => {
+                    let why = if got & crate::protocol::EXECUTOR_REQUEST != 0 {
+                        format!(
+                            "the executor made a request ({got:#x}) this controller does not serve"
+                        )
+                    } else {
+                        format!("answer with id {got} to request {id}: {r:?}")
+                    };
+                    conn.broken = Some(why.clone());
+                    return Err(RemoteError::Unexpected {
+                        request: name,
+                        response: Response::Error(why),
+                    });
+                }
                 Err(e) => {
                     conn.broken = Some(format!("malformed response: {e}"));
                     return Err(e.into());

@@ -1,12 +1,26 @@
 //! The wire protocol between a controller (where Kiln links) and an executor (where the
 //! code runs).
 //!
-//! Every message is a frame: a little-endian `u32` length of what follows, a one-byte
-//! message tag, and the tag's fields in a fixed order (integers little-endian, byte strings
-//! as a `u32` length and the bytes). The executor speaks first with [`Hello`] (protocol
-//! version, page size, target triple); then the controller sends one request at a time and
-//! reads one response. Shared-memory file descriptors travel beside the bytes of a
-//! [`Response::Reserved`] as `SCM_RIGHTS` ancillary data on Unix sockets.
+//! Every message is a frame: a little-endian `u32` length of what follows, a `u32` message
+//! id, a one-byte message tag, and the tag's fields in a fixed order (integers
+//! little-endian, byte strings as a `u32` length and the bytes). The executor speaks first
+//! with [`Hello`] (protocol version, page size, target triple, frame limit, runtime
+//! symbols); then the controller sends requests and reads responses. Shared-memory file
+//! descriptors travel beside the bytes of a [`Response::Reserved`] as `SCM_RIGHTS`
+//! ancillary data on Unix sockets.
+//!
+//! Message ids, in both directions: a request of the controller carries an id of its
+//! choosing (non-zero, below 2^31) and its response carries the same id. Messages the
+//! executor sends on its own — [`Response::Output`], [`Response::Crashed`],
+//! [`Response::Exited`] — carry id 0. Ids with the top bit set are reserved for requests
+//! the *executor* makes of the controller (a lazy-compilation stub hit out of process),
+//! answered with the same id; a controller that does not serve such requests treats one
+//! as a protocol error.
+//!
+//! Over TCP the frames travel inside an authenticated, encrypted Noise session
+//! ([`crate::secure`]); the executor first sends an 8-byte preamble saying whether it
+//! requires it. The whole exchange is written down for implementers in
+//! `docs/PROTOCOL.md`.
 //!
 //! The encoding is written by hand rather than with serde: the format is the contract
 //! between two programs that may be built apart, so it is spelled out here byte by byte,
@@ -349,6 +363,23 @@ impl fmt::Display for Request {
 
 // --- encoding ---------------------------------------------------------------------------
 
+/// The id of a frame's body (see the module documentation).
+pub fn message_id(body: &[u8]) -> Option<u32> {
+    body.get(..4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// Sets the id of an encoded frame (length first).
+pub fn with_id(mut frame: Vec<u8>, id: u32) -> Vec<u8> {
+    if frame.len() >= 8 {
+        frame[4..8].copy_from_slice(&id.to_le_bytes());
+    }
+    frame
+}
+
+/// Ids of requests the executor makes of the controller have this bit set.
+pub const EXECUTOR_REQUEST: u32 = 1 << 31;
+
 /// Builds one frame.
 #[derive(Debug, Default)]
 pub struct Writer {
@@ -358,7 +389,7 @@ pub struct Writer {
 impl Writer {
     fn new(tag: u8) -> Self {
         let mut buf = Vec::with_capacity(64);
-        buf.extend_from_slice(&[0, 0, 0, 0, tag]);
+        buf.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, tag]);
         Writer { buf }
     }
     fn u8(&mut self, v: u8) -> &mut Self {
@@ -484,6 +515,7 @@ impl Hello {
     /// Decodes a frame body.
     pub fn decode(body: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader::new(body);
+        r.u32("message id")?;
         let tag = r.u8("tag")?;
         if tag != 0 {
             return Err(DecodeError::UnknownTag(tag));
@@ -700,6 +732,7 @@ impl Request {
     /// Decodes a frame body (tag first).
     pub fn decode(body: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader::new(body);
+        r.u32("message id")?;
         let tag = r.u8("tag")?;
         let req = match tag {
             1 => {
@@ -924,6 +957,7 @@ impl Response {
     /// Decodes a frame body.
     pub fn decode(body: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader::new(body);
+        r.u32("message id")?;
         let resp = match r.u8("tag")? {
             100 => Response::Ok,
             101 => Response::Value(r.u64("value")?),
@@ -1097,6 +1131,21 @@ mod tests {
     }
 
     #[test]
+    fn message_ids_travel_in_every_frame() {
+        let frame = with_id(Request::ReserveTlsModule.encode(), 77);
+        assert_eq!(message_id(body(&frame)), Some(77));
+        assert_eq!(
+            Request::decode(body(&frame)).unwrap(),
+            Request::ReserveTlsModule
+        );
+        let frame = with_id(Response::Value(5).encode(), EXECUTOR_REQUEST | 3);
+        assert_eq!(message_id(body(&frame)), Some(EXECUTOR_REQUEST | 3));
+        assert_eq!(Response::decode(body(&frame)).unwrap(), Response::Value(5));
+        // A body too short for its id is an error, not a panic.
+        assert!(Request::decode(&[1, 2]).is_err());
+    }
+
+    #[test]
     fn responses_and_hello_round_trip() {
         for resp in [
             Response::Ok,
@@ -1139,15 +1188,15 @@ mod tests {
             Err(DecodeError::Truncated(_))
         ));
         assert!(matches!(
-            Request::decode(&[200]),
+            Request::decode(&[0, 0, 0, 0, 200]),
             Err(DecodeError::UnknownTag(200))
         ));
         assert!(matches!(
-            Request::decode(&[5, 1, 2]),
+            Request::decode(&[0, 0, 0, 0, 5, 1, 2]),
             Err(DecodeError::Truncated(_))
         ));
         // A count larger than the bytes that follow.
-        let mut bad = vec![12];
+        let mut bad = vec![0, 0, 0, 0, 12];
         bad.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(
             Request::decode(&bad),

@@ -344,19 +344,19 @@ fn malformed_and_out_of_range_requests_get_error_replies() {
         body
     };
     let hello = read_frame(&mut s);
-    assert_eq!(&hello[1..5], b"KILN");
+    assert_eq!(&hello[5..9], b"KILN");
     let ask = |frame: Vec<u8>, s: &mut std::net::TcpStream| -> Response {
         s.write_all(&frame).unwrap();
         Response::decode(&read_frame(s)).unwrap()
     };
     // Unknown tag.
-    let r = ask(vec![1, 0, 0, 0, 250], &mut s);
+    let r = ask(vec![5, 0, 0, 0, 7, 0, 0, 0, 250], &mut s);
     assert!(
         matches!(&r, Response::Error(m) if m.contains("unknown message tag 250")),
         "{r:?}"
     );
     // Truncated fields.
-    let r = ask(vec![3, 0, 0, 0, 5, 1, 2], &mut s);
+    let r = ask(vec![7, 0, 0, 0, 8, 0, 0, 0, 5, 1, 2], &mut s);
     assert!(
         matches!(&r, Response::Error(m) if m.contains("truncated")),
         "{r:?}"
@@ -562,7 +562,7 @@ fn malformed_and_out_of_range_requests_get_error_replies() {
         "{r:?}"
     );
     let mut s2 = connect(&address);
-    assert_eq!(&read_frame(&mut s2)[1..5], b"KILN");
+    assert_eq!(&read_frame(&mut s2)[5..9], b"KILN");
     s2.write_all(&Request::Shutdown.encode()).unwrap();
     assert_eq!(
         Response::decode(&read_frame(&mut s2)).unwrap(),
@@ -570,7 +570,7 @@ fn malformed_and_out_of_range_requests_get_error_replies() {
     );
     // A client's Shutdown ends its own connection; the listener serves the next one.
     let mut s3 = connect(&address);
-    assert_eq!(&read_frame(&mut s3)[1..5], b"KILN");
+    assert_eq!(&read_frame(&mut s3)[5..9], b"KILN");
     assert!(
         child.0.try_wait().unwrap().is_none(),
         "the listener lives on"
