@@ -8,7 +8,7 @@
 //! ```
 //!
 //! With `--listen`, every connection must first authenticate with the pre-shared key and
-//! is encrypted after (Noise, see `kiln_remote::secure`). The key comes from `--key-file
+//! is encrypted after (Noise, see `kiln_wire::secure`). The key comes from `--key-file
 //! FILE` (read if it exists, which must then be mode 0600; else created with a fresh key,
 //! mode 0600), or a fresh key is written to a new file; its path — never the key — is
 //! printed on stderr. `--no-auth` serves plaintext, and only on a loopback address.
@@ -21,8 +21,8 @@
 //! client.
 
 use kiln_executor::server::{serve, serve_with, Ending, ServeOptions};
-use kiln_remote::channel::{Channel, Stream};
-use kiln_remote::secure::{Key, Role};
+use kiln_wire::channel::{Channel, Stream};
+use kiln_wire::secure::{Key, Role};
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::net::UnixStream;
@@ -88,7 +88,7 @@ fn parse_listen(args: &[String]) -> ListenOptions {
 
 /// The key: read from the file, or made fresh and written to it (or to a new file).
 fn listen_key(options: &ListenOptions, port: u16) -> Key {
-    let fail = |e: kiln_remote::secure::KeyError| -> ! {
+    let fail = |e: kiln_wire::secure::KeyError| -> ! {
         eprintln!("kiln-executor: {e}");
         std::process::exit(1);
     };
@@ -193,9 +193,9 @@ fn serve_connection(stream: std::net::TcpStream, key: Option<&Key>, idle: Durati
         .unwrap_or_default();
     let mut channel = Channel::new(Stream::Tcp(stream));
     let preamble = if key.is_some() {
-        kiln_remote::secure::PREAMBLE_NOISE
+        kiln_wire::secure::PREAMBLE_NOISE
     } else {
-        kiln_remote::secure::PREAMBLE_PLAIN
+        kiln_wire::secure::PREAMBLE_PLAIN
     };
     if channel.send_raw(&preamble).is_err() {
         return 1;

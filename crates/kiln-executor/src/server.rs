@@ -7,8 +7,8 @@
 
 use crate::runtime::{self, EhFrameRegistration};
 use kiln_memory::{DualMappedMapper, Mapper, Permission, Placement, Reservation, SegmentRange};
-use kiln_remote::channel::{Channel, ChannelError, Sender};
-use kiln_remote::protocol::{
+use kiln_wire::channel::{Channel, ChannelError, Sender};
+use kiln_wire::protocol::{
     kind_to_wire, message_id, with_id, Hello, Request, Response, WirePlacement, EXECUTOR_REQUEST,
     VERSION,
 };
@@ -465,7 +465,7 @@ pub fn serve(channel: Channel) -> Ending {
 pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
     let mut state = State::new();
     state.can_pass_fds = channel.can_pass_fds();
-    channel.set_max_frame(kiln_remote::protocol::MAX_FRAME);
+    channel.set_max_frame(kiln_wire::protocol::MAX_FRAME);
     if let Err(e) = channel.set_timeout(options.idle_timeout) {
         return Ending::Failed(e.to_string());
     }
@@ -474,7 +474,7 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
         page_size: state.mapper.as_ref().map_or(4096, |m| m.page_size()),
         triple: format!("{}-unknown-linux-gnu", std::env::consts::ARCH),
         pid: std::process::id(),
-        max_frame: kiln_remote::protocol::MAX_FRAME,
+        max_frame: kiln_wire::protocol::MAX_FRAME,
         runtime_symbols: crate::thread_locals::runtime_symbols(),
     };
     if let Err(e) = channel.send(&hello.encode()) {
@@ -679,7 +679,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             address,
             len,
         } => {
-            if len > u64::from(kiln_remote::protocol::MAX_WRITE) {
+            if len > u64::from(kiln_wire::protocol::MAX_WRITE) {
                 return Err(format!("read of {len:#x} bytes is too large"));
             }
             let r = state.checked(handle, address, len)?;

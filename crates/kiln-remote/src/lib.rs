@@ -12,11 +12,9 @@
 //! [`CopyMapper`] (bytes copied over the connection, for TCP). The linker and the slab
 //! allocator are the same code as in-process.
 
-pub mod channel;
 mod controller;
+pub use kiln_wire::{channel, protocol, secure};
 mod mapper;
-pub mod protocol;
-pub mod secure;
 
 pub use controller::{RemoteError, RemoteExecutor, Timeouts};
 pub use mapper::{CopyMapper, SharedMemoryMapper};
