@@ -10,11 +10,12 @@ use kiln_remote::protocol::{Request, Response};
 use kiln_remote::RemoteExecutor;
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The executor binary, built once per test process (never a stale one).
+/// The executor binary of this build (the test binary's own target directory), built
+/// once per test process so that it is never a stale one.
 fn executor_binary() -> PathBuf {
     static BUILT: std::sync::Once = std::sync::Once::new();
     BUILT.call_once(|| {
@@ -25,7 +26,12 @@ fn executor_binary() -> PathBuf {
             .unwrap()
             .success());
     });
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/kiln-executor")
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("kiln-executor")
 }
 
 struct Listener {

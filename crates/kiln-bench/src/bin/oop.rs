@@ -3,7 +3,9 @@
 //!    (shared memory, copy), and `llvm-jitlink-16` in-process and with
 //!    `-oop-executor=llvm-jitlink-executor` (with and without `-use-shared-memory`);
 //! 2. the transport alone: a 64 MiB code image placed in an executor by shared memory and
-//!    by copy over the socket.
+//!    by copy over the socket;
+//! 3. over TCP (loopback): `kiln run --connect` of SQLite against an executor that
+//!    authenticates and encrypts (Noise) and one started with `--no-auth`, interleaved.
 
 use clap::Parser;
 use kiln_bench::sh;
@@ -27,6 +29,91 @@ struct Args {
     /// Size of the code image for the transport figure, MiB.
     #[arg(long, default_value_t = 64)]
     image_mib: u64,
+    /// Only the TCP figure (3).
+    #[arg(long)]
+    only_tcp: bool,
+}
+
+/// A `kiln-executor --listen` for the TCP figure; killed on drop.
+struct Listener(std::process::Child, String);
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_listener(executor: &Path, extra: &[&str]) -> Listener {
+    use std::io::BufRead;
+    let mut child = Command::new(executor)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kiln-executor --listen");
+    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    while !line.starts_with("kiln-executor: listening on") {
+        line.clear();
+        if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+            panic!("kiln-executor --listen ended");
+        }
+    }
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut sink);
+    });
+    let address = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    Listener(child, address)
+}
+
+/// Figure 3: authenticated + encrypted TCP against plaintext on the same link.
+fn tcp_figure(kiln: &Path, executor: &Path, dir: &Path, files: &[String], runs: usize) {
+    let key = dir.join("bench.key");
+    let _ = std::fs::remove_file(&key);
+    let key_arg = key.display().to_string();
+    let secure = start_listener(executor, &["--key-file", &key_arg]);
+    let plain = start_listener(executor, &["--no-auth"]);
+    let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..runs {
+        for (i, (address, key)) in [(&secure.1, Some(&key_arg)), (&plain.1, None)]
+            .into_iter()
+            .enumerate()
+        {
+            let start = Instant::now();
+            let mut c = Command::new(kiln);
+            c.args(["run", "--connect", address]);
+            if let Some(k) = key {
+                c.args(["--key-file", k]);
+            }
+            let ok = c
+                .args(files)
+                .arg("-lm")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "kiln run --connect failed");
+            times[i].push(start.elapsed());
+        }
+    }
+    for t in &mut times {
+        t.sort();
+    }
+    let median = |t: &[Duration]| t[t.len() / 2].as_secs_f64() * 1e3;
+    let (s, p) = (median(&times[0]), median(&times[1]));
+    println!(
+        "
+over TCP (loopback), SQLite link + run, median of {runs}: authenticated + encrypted {s:.1} ms, plaintext {p:.1} ms, ratio {:.3} (target <= 1.10)",
+        s / p
+    );
 }
 
 fn time_command(runs: usize, mut make: impl FnMut() -> Command) -> Option<Duration> {
@@ -157,6 +244,10 @@ fn main() {
             vec![format!("{d}/script.lua")],
         ),
     ];
+    if args.only_tcp {
+        tcp_figure(&kiln, &executor, &args.dir, &inputs[0].1, args.runs);
+        return;
+    }
     let jitlink_executor = "/usr/lib/llvm-16/bin/llvm-jitlink-executor";
     println!(
         "end-to-end link + run, whole process, median of {} runs\n",
@@ -238,5 +329,6 @@ fn main() {
             copy.as_secs_f64() / shm.as_secs_f64()
         );
     }
+    tcp_figure(&kiln, &executor, &args.dir, &inputs[0].1, args.runs);
     println!("\ntargets: kiln oop >= 2x faster than llvm-jitlink oop, within 10% of kiln in-process with shm; shm >= 5x faster than copy");
 }
