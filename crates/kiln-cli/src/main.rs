@@ -282,6 +282,12 @@ fn run(o: RunArgs) -> Result<i32, String> {
     argv.extend(o.args.iter().cloned());
     let address = jit.lookup(lib, &o.entry).map_err(|e| e.to_string())?;
     jit.report_crashes();
+    if o.connect.is_some() {
+        // A remote program reads what is typed here, as a local one would.
+        if let Some(remote) = jit.executor().remote() {
+            remote.forward_stdin();
+        }
+    }
     // SAFETY: `address` is the entry function of the module just linked, with main's
     // signature (the user's contract for --entry); the module stays alive in `jit`.
     let status = match unsafe { jit.executor().run_main(address, &argv) } {

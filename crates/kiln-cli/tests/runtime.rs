@@ -391,3 +391,81 @@ fn static_tls_exhausted_is_an_error_naming_the_bytes_and_the_tunable() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_remote_program_behaves_like_a_local_one() {
+    // kiln run --connect: stdin goes to the program, its stdout and stderr come back, and
+    // its exit status (main's, exit(n), a signal's) is kiln's.
+    use std::io::{BufRead, Write};
+    ensure_executor();
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let src = tmp.join("remote_stdio.c");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n\
+         int main(int argc, char **argv) {\n\
+           char line[256]; int n = 0;\n\
+           while (fgets(line, sizeof line, stdin)) { n++; printf(\"got: %s\", line); }\n\
+           fprintf(stderr, \"lines=%d\\n\", n);\n\
+           if (argc > 1 && strcmp(argv[1], \"exit\") == 0) exit(7);\n\
+           if (argc > 1 && strcmp(argv[1], \"crash\") == 0) *(volatile int *)8 = 1;\n\
+           return n;\n}\n",
+    )
+    .unwrap();
+    let obj = tmp.join("remote_stdio.o");
+    cc(&["-O2", "-fPIE", "-c"], &src, &obj);
+    let key = tmp.join(format!("stdio-{}.key", std::process::id()));
+    let _ = std::fs::remove_file(&key);
+    let executor = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
+    let mut listener = Command::new(&executor)
+        .args(["--listen", "127.0.0.1:0", "--key-file"])
+        .arg(&key)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(listener.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("kiln-executor: listening on") {
+        line.clear();
+        stderr.read_line(&mut line).unwrap();
+    }
+    let address = line.trim().rsplit(' ').next().unwrap().to_string();
+    let run = |arg: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["run", "--connect", &address, "--key-file"])
+            .arg(&key)
+            .arg(&obj)
+            .args(["--", arg])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"alpha\nbeta\n")
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = run("return");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "got: alpha\ngot: beta\n"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lines=2"));
+    assert_eq!(out.status.code(), Some(2));
+    let out = run("exit");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "got: alpha\ngot: beta\n"
+    );
+    assert_eq!(out.status.code(), Some(7));
+    let out = run("crash");
+    assert_eq!(out.status.code(), Some(128 + 11));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SIGSEGV"));
+    let _ = listener.kill();
+    let _ = listener.wait();
+    let _ = std::fs::remove_file(&key);
+}

@@ -325,15 +325,7 @@ fn install_reporters(sender: Sender) {
         // allocated (a signal handler may still hold it); it is small.
         return;
     }
-    const STACK: usize = 64 * 1024;
-    let stack = Box::leak(vec![0u8; STACK].into_boxed_slice());
-    let ss = libc::stack_t {
-        ss_sp: stack.as_mut_ptr().cast(),
-        ss_flags: 0,
-        ss_size: STACK,
-    };
-    // SAFETY: `stack` lives for the rest of the process.
-    unsafe { libc::sigaltstack(&ss, std::ptr::null_mut()) };
+    install_alternate_stack();
     for signal in [
         libc::SIGSEGV,
         libc::SIGBUS,
@@ -356,19 +348,59 @@ fn install_reporters(sender: Sender) {
 /// Output pumps still running (0 when output is not forwarded).
 static PUMPS_RUNNING: AtomicUsize = AtomicUsize::new(0);
 
-/// Sends the program's standard output and error to the controller as `Output` messages:
-/// descriptors 1 and 2 become pipes that a thread each reads; standard input becomes
-/// `/dev/null` (it is not forwarded). For an executor whose terminal is not the user's
-/// (`--listen`).
-fn forward_output(sender: &Sender) -> std::io::Result<()> {
-    // SAFETY: open(2) of a fixed path; dup2 onto descriptor 0, which this process owns.
-    unsafe {
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
-        if null >= 0 {
-            libc::dup2(null, 0);
-            libc::close(null);
-        }
+/// Where `Input` messages go: a thread that writes them into the program's standard
+/// input (a pipe on descriptor 0).
+static STDIN_QUEUE: parking_lot::Mutex<Option<std::sync::mpsc::Sender<Vec<u8>>>> =
+    parking_lot::const_mutex(None);
+
+/// Passes `Input` bytes on to the program's standard input; empty bytes close it.
+fn give_input(bytes: Vec<u8>) {
+    if let Some(queue) = STDIN_QUEUE.lock().as_ref() {
+        let _ = queue.send(bytes);
     }
+}
+
+/// Connects the program's standard streams to the controller: descriptors 1 and 2 become
+/// pipes that a thread each reads and sends as `Output` messages; descriptor 0 a pipe that
+/// `Input` messages fill. For an executor whose terminal is not the user's (`--listen`).
+fn forward_output(sender: &Sender) -> std::io::Result<()> {
+    let mut ends = [-1; 2];
+    // SAFETY: pipe2 writes two descriptors.
+    if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the read end replaces this process's standard input.
+    unsafe {
+        libc::dup2(ends[0], 0);
+        libc::close(ends[0]);
+    }
+    let stdin_write = ends[1];
+    let (queue, inputs) = std::sync::mpsc::channel::<Vec<u8>>();
+    *STDIN_QUEUE.lock() = Some(queue);
+    std::thread::spawn(move || {
+        for bytes in inputs {
+            if bytes.is_empty() {
+                break;
+            }
+            let mut done = 0;
+            while done < bytes.len() {
+                // SAFETY: writing our buffer to our pipe's write end.
+                let n = unsafe {
+                    libc::write(
+                        stdin_write,
+                        bytes[done..].as_ptr().cast(),
+                        bytes.len() - done,
+                    )
+                };
+                if n <= 0 {
+                    break;
+                }
+                done += n as usize;
+            }
+        }
+        // SAFETY: our descriptor, closed once: the program reads end of input.
+        unsafe { libc::close(stdin_write) };
+    });
     for (fd, stream) in [(1, 1u8), (2, 2u8)] {
         let mut ends = [-1; 2];
         // SAFETY: pipe2 writes two descriptors.
@@ -443,6 +475,110 @@ fn leave_if_forked_child(status: i32) {
         // SAFETY: ends this (forked) process the way C's exit does.
         unsafe { libc::exit(status) };
     }
+}
+
+/// Runs `main` on a thread of its own while this thread goes on reading the connection,
+/// so that `Input` reaches the program while it runs; answers with main's status.
+fn run_main_serving(channel: &mut Channel, address: u64, args: Vec<String>) -> Response {
+    let mut done = [-1; 2];
+    // SAFETY: pipe2 writes two descriptors.
+    if unsafe { libc::pipe2(done.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Response::Error(format!(
+            "cannot run main: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let (done_read, done_write) = (done[0], done[1]);
+    let runner = std::thread::Builder::new()
+        .name("main".into())
+        .stack_size(8 << 20)
+        .spawn(move || {
+            install_alternate_stack();
+            // SAFETY: main lies in memory this executor reserved (checked by the caller),
+            // linked by the controller.
+            let status = unsafe { runtime::call_main(address, &args) };
+            leave_if_forked_child(status);
+            runtime::flush_stdio();
+            // SAFETY: one byte to our own pipe tells the serving thread main returned.
+            unsafe {
+                libc::write(done_write, b"d".as_ptr().cast(), 1);
+                libc::close(done_write);
+            }
+            status
+        });
+    let runner = match runner {
+        Ok(r) => r,
+        Err(e) => {
+            // SAFETY: our descriptors.
+            unsafe {
+                libc::close(done_read);
+                libc::close(done_write);
+            }
+            return Response::Error(format!("cannot run main: {e}"));
+        }
+    };
+    let socket = channel.raw_fd();
+    loop {
+        if !channel.has_buffered() {
+            let mut fds = [
+                libc::pollfd {
+                    fd: socket,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: done_read,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfd entries.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if n < 0 {
+                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                break;
+            }
+            if fds[1].revents != 0 {
+                break;
+            }
+        }
+        match channel.recv() {
+            Ok(body) => {
+                let id = message_id(&body).unwrap_or(0);
+                match Request::decode(&body) {
+                    Ok(Request::Input { bytes }) => give_input(bytes),
+                    _ => {
+                        let busy = Response::Error("main is running".into());
+                        if channel.send(&with_id(busy.encode(), id)).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+            // The controller is gone: main's end decides what happens next.
+            Err(_) => break,
+        }
+    }
+    let status = runner.join().unwrap_or(-1);
+    // SAFETY: our descriptor, closed once.
+    unsafe { libc::close(done_read) };
+    Response::Value(status as u32 as u64)
+}
+
+/// Gives the calling thread an alternate signal stack, so that a stack overflow in JIT
+/// code is reported too (the stack lives as long as the process).
+fn install_alternate_stack() {
+    const STACK: usize = 64 * 1024;
+    let stack = Box::leak(vec![0u8; STACK].into_boxed_slice());
+    let ss = libc::stack_t {
+        ss_sp: stack.as_mut_ptr().cast(),
+        ss_flags: 0,
+        ss_size: STACK,
+    };
+    // SAFETY: `stack` lives for the rest of the process.
+    unsafe { libc::sigaltstack(&ss, std::ptr::null_mut()) };
 }
 
 /// How a connection is served.
@@ -522,6 +658,20 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
                 continue;
             }
         };
+        if let Request::Input { bytes } = request {
+            give_input(bytes);
+            continue;
+        }
+        if let (true, Request::RunMain { address, args }) = (options.forward_output, &request) {
+            let reply = match state.code(*address) {
+                Ok(()) => run_main_serving(&mut channel, *address, args.clone()),
+                Err(message) => Response::Error(message),
+            };
+            if channel.send(&with_id(reply.encode(), id)).is_err() {
+                return Ending::Closed;
+            }
+            continue;
+        }
         if request == Request::Shutdown {
             runtime::flush_stdio();
             finish_output();
@@ -843,5 +993,9 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             Ok(Reply::Plain(Response::Value(v)))
         }
         Request::Shutdown => ok,
+        Request::Input { bytes } => {
+            give_input(bytes);
+            ok
+        }
     }
 }

@@ -334,6 +334,32 @@ impl RemoteExecutor {
         self.hello.pid
     }
 
+    /// Sends this process's standard input to the program the executor runs (an executor
+    /// serving `--listen` reads its standard input from these messages), from a thread
+    /// that reads it until end of input; for `kiln run --connect`. Call it once.
+    pub fn forward_stdin(&self) {
+        let sender = self.conn.lock().channel.sender();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut stdin = std::io::stdin().lock();
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                let n = match stdin.read(&mut buf) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => 0,
+                };
+                let frame = Request::Input {
+                    bytes: buf[..n].to_vec(),
+                }
+                .encode();
+                if sender.send(&frame).is_err() || n == 0 {
+                    break;
+                }
+            }
+        });
+    }
+
     /// Whether descriptors (shared memory) can be passed: a Unix socket.
     pub fn can_share_memory(&self) -> bool {
         self.conn.lock().channel.can_pass_fds()

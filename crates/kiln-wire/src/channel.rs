@@ -225,6 +225,12 @@ impl Channel {
         self.max_frame = max;
     }
 
+    /// Whether a received frame's bytes are already decrypted and waiting (so that the
+    /// socket need not become readable for the next [`Channel::recv`] to go on).
+    pub fn has_buffered(&self) -> bool {
+        self.secure.as_ref().is_some_and(|s| s.pos < s.plain.len())
+    }
+
     /// Whether the channel is authenticated and encrypted.
     pub fn is_secure(&self) -> bool {
         self.secure.is_some()

@@ -274,6 +274,13 @@ pub enum Request {
         /// The handle.
         handle: u64,
     },
+    /// Bytes for the program's standard input (an executor that forwards output reads
+    /// its input from these); empty means end of input. Never answered; may be sent at any
+    /// time, also while `RunMain` runs.
+    Input {
+        /// The bytes.
+        bytes: Vec<u8>,
+    },
 }
 
 /// A response from the executor.
@@ -356,6 +363,7 @@ impl fmt::Display for Request {
             Request::PlaceStaticTls { .. } => "place static TLS",
             Request::ExportSymbols { .. } => "export symbols",
             Request::UnexportSymbols { .. } => "unexport symbols",
+            Request::Input { .. } => "input",
         };
         f.write_str(name)
     }
@@ -725,6 +733,11 @@ impl Request {
                 w.u64(*handle);
                 w
             }
+            Request::Input { bytes } => {
+                let mut w = Writer::new(24);
+                w.bytes(bytes);
+                w
+            }
         };
         w.finish()
     }
@@ -889,6 +902,9 @@ impl Request {
             }
             23 => Request::UnexportSymbols {
                 handle: r.u64("handle")?,
+            },
+            24 => Request::Input {
+                bytes: r.bytes("input")?,
             },
             other => return Err(DecodeError::UnknownTag(other)),
         };
@@ -1123,6 +1139,9 @@ mod tests {
                 ],
             },
             Request::UnexportSymbols { handle: 3 },
+            Request::Input {
+                bytes: b"typed".to_vec(),
+            },
         ];
         for req in all {
             let frame = req.encode();
