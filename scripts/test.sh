@@ -4,6 +4,8 @@
 # every test, and the benchmarks on a small workload (so they keep working).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Where cargo puts what it builds (CARGO_TARGET_DIR if set).
+TARGET="${CARGO_TARGET_DIR:-target}"
 
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
@@ -62,12 +64,12 @@ cargo test -p kiln-llvm --features llvm
 
 echo "== benchmarks, small workload (figures: see docs/BENCHMARKS.md)"
 cargo build --release -p kiln-bench
-./target/release/many_modules --modules 500 --no-syscalls
-./target/release/alloc_throughput --ops 5000
+"$TARGET"/release/many_modules --modules 500 --no-syscalls
+"$TARGET"/release/alloc_throughput --ops 5000
 cargo build --release -p kiln-cli -p kiln-executor
-./target/release/tls_access --iterations 1000000 --runs 1
+"$TARGET"/release/tls_access --iterations 1000000 --runs 1
 cargo build --release -p kiln-llvm --features llvm --examples
-./target/release/examples/shaders 20 >/dev/null
+"$TARGET"/release/examples/shaders 20 >/dev/null
 
 echo "== the main job"
 ./scripts/demo.sh >/dev/null
