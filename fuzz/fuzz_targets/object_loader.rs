@@ -33,6 +33,7 @@ fuzz_target!(|data: &[u8]| {
         &LinkOptions {
             memory: manager(),
             low_memory: None,
+            report_sections: false,
         },
     );
 });

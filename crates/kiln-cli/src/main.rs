@@ -240,7 +240,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
         jit.add_library_by_name(lib, name, &o.library_dirs)
             .map_err(|e| e.to_string())?;
     }
-    jit.add_process_symbols(lib);
+    jit.add_process_symbols(lib).map_err(|e| e.to_string())?;
     let load = start.elapsed();
     let linked = jit.link_pending(lib).map_err(|e| e.to_string())?;
     if o.show_times {

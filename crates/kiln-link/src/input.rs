@@ -5,22 +5,54 @@ use object::read::archive::ArchiveFile;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
+/// The bytes of an object, shared: a buffer, a memory-mapped file, a compiler's output —
+/// whatever the caller lends, never copied by the linker.
+#[derive(Clone)]
+pub struct ObjectBytes(Arc<dyn AsRef<[u8]> + Send + Sync>);
+
+impl std::ops::Deref for ObjectBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+}
+
+impl std::fmt::Debug for ObjectBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ObjectBytes({} bytes)", self.len())
+    }
+}
+
 /// A relocatable object: a name for messages and its bytes.
 #[derive(Debug, Clone)]
 pub struct ObjectInput {
     /// Name used in messages (a path, or `archive.a(member.o)`).
     pub name: String,
     /// The ELF bytes.
-    pub data: Arc<[u8]>,
+    pub data: ObjectBytes,
 }
 
 impl ObjectInput {
-    /// An object from bytes.
+    /// An object from bytes (a `Vec<u8>` is moved, an `Arc<[u8]>` shared).
     pub fn new(name: impl Into<String>, data: impl Into<Arc<[u8]>>) -> Self {
+        let data: Arc<[u8]> = data.into();
         ObjectInput {
             name: name.into(),
-            data: data.into(),
+            data: ObjectBytes(Arc::new(data)),
         }
+    }
+
+    /// An object from bytes the caller shares (e.g. a `memmap2::Mmap` in an `Arc`).
+    pub fn shared(name: impl Into<String>, data: Arc<dyn AsRef<[u8]> + Send + Sync>) -> Self {
+        ObjectInput {
+            name: name.into(),
+            data: ObjectBytes(data),
+        }
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
     }
 }
 

@@ -25,9 +25,10 @@ mod object_file;
 mod x86_64;
 
 pub use error::{LinkError, MissingSymbol, MissingSymbols};
-pub use input::{ArchiveInput, ObjectInput};
+pub use input::{ArchiveInput, ObjectBytes, ObjectInput};
 pub use link::{
-    link, LinkContext, LinkCounts, LinkOptions, LinkTimes, LinkedModule, TlsTemplate, MAX_TLS_BLOCK,
+    link, LinkContext, LinkCounts, LinkOptions, LinkTimes, LinkedModule, PlacedSection, SymbolInfo,
+    SymbolKind, TlsTemplate, MAX_TLS_BLOCK,
 };
 
 /// Checks that `data` is an ELF x86-64 relocatable object, without linking it.

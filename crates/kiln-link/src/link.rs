@@ -27,6 +27,14 @@ pub trait LinkContext {
         names.iter().map(|n| self.resolve(n)).collect()
     }
 
+    /// Addresses of names that code linked *earlier* into the same namespace defines
+    /// (another module of the session's library), asked before archive members are pulled
+    /// for them: a member already linked is used, not linked twice. `None` for the rest
+    /// (the default: nothing is linked earlier).
+    fn resolve_defined(&mut self, names: &[&str]) -> Vec<Option<u64>> {
+        vec![None; names.len()]
+    }
+
     /// A fresh thread-local-storage module id for this link's TLS block, passed to
     /// `__tls_get_addr` by general- and local-dynamic code; an error if the executor
     /// cannot give one.
@@ -63,6 +71,49 @@ pub struct LinkOptions<'m> {
     /// Memory in the low 2 GiB, for objects with absolute 32-bit relocations (non-PIC
     /// code); without it such objects fail to link if their addresses do not fit.
     pub low_memory: Option<&'m dyn MemoryManager>,
+    /// Also report where every section landed and every symbol
+    /// ([`LinkedModule::sections`], [`LinkedModule::symbol_info`]): for plugins,
+    /// debuggers and profilers; off, the link does not spend time on it.
+    pub report_sections: bool,
+}
+
+/// A section placed in memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacedSection {
+    /// The object it came from.
+    pub object: String,
+    /// Its name (`.text.foo`).
+    pub name: String,
+    /// Its target address.
+    pub address: u64,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// What a symbol names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SymbolKind {
+    /// Code (`STT_FUNC`, `STT_GNU_IFUNC`).
+    Function,
+    /// Data (`STT_OBJECT`, `STT_COMMON`).
+    Data,
+    /// Anything else with an address (`STT_NOTYPE`).
+    Other,
+}
+
+/// A symbol with its address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SymbolInfo {
+    /// Its name.
+    pub name: String,
+    /// Its target address.
+    pub address: u64,
+    /// Its size (0 if the object does not say).
+    pub size: u64,
+    /// What it names.
+    pub kind: SymbolKind,
+    /// Global (`true`) or local to its object.
+    pub global: bool,
 }
 
 /// The TLS initialization image of a module.
@@ -144,6 +195,11 @@ pub struct LinkedModule {
     pub dso_handle: u64,
     /// TLS template, if the module has thread-locals.
     pub tls: Option<TlsTemplate>,
+    /// Where each section landed (with [`LinkOptions::report_sections`]; else empty).
+    pub sections: Vec<PlacedSection>,
+    /// Every named symbol with an address, local and global, TLS excepted (with
+    /// [`LinkOptions::report_sections`]; else empty).
+    pub symbol_info: Vec<SymbolInfo>,
     /// Phase times.
     pub times: LinkTimes,
     /// Counts.
@@ -349,9 +405,43 @@ impl<'a, 'c> Linker<'a, 'c> {
         Ok(())
     }
 
-    /// Loads archive members for undefined symbols until none can be found.
+    /// Loads archive members for undefined symbols until none can be found; names that
+    /// earlier links define ([`LinkContext::resolve_defined`]) are taken from them instead.
     fn load_archive_members(&mut self) -> Result<(), LinkError> {
-        while let Some(id) = self.pending.pop() {
+        loop {
+            // Ask about every name still undefined at once.
+            let batch: Vec<u32> = self
+                .pending
+                .iter()
+                .copied()
+                .filter(|&id| self.globals[id as usize].def == Def::None)
+                .collect();
+            if batch.is_empty() {
+                self.pending.clear();
+                return Ok(());
+            }
+            let names: Vec<String> = batch
+                .iter()
+                .map(|&id| lossy(self.globals[id as usize].name))
+                .collect();
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let found = self.ctx.resolve_defined(&refs);
+            for (&id, address) in batch.iter().zip(found) {
+                if let Some(address) = address {
+                    self.globals[id as usize].def = Def::External(address);
+                }
+            }
+            self.load_members_for_pending()?;
+            if self.pending.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// One pass of archive loading over the pending names (members may add more).
+    fn load_members_for_pending(&mut self) -> Result<(), LinkError> {
+        let pending = std::mem::take(&mut self.pending);
+        for id in pending.into_iter().rev() {
             if self.globals[id as usize].def != Def::None {
                 continue;
             }
@@ -1020,6 +1110,12 @@ impl Linker<'_, '_> {
             }
         }
 
+        let (sections, symbol_info) = if options.report_sections {
+            self.report(&resolver)
+        } else {
+            (Vec::new(), Vec::new())
+        };
+
         let t = Instant::now();
         let allocation = in_flight.finalize()?;
         times.finalize = t.elapsed();
@@ -1039,9 +1135,74 @@ impl Linker<'_, '_> {
             eh_frame: eh_offset.map(|o| bases[SEG_R] + o),
             dso_handle,
             tls,
+            sections,
+            symbol_info,
             times,
             counts,
         })
+    }
+
+    /// Where every loaded section landed and every symbol with an address (for
+    /// [`LinkOptions::report_sections`]).
+    fn report(&self, resolver: &Resolver<'_, '_, '_>) -> (Vec<PlacedSection>, Vec<SymbolInfo>) {
+        let mut sections = Vec::new();
+        let mut symbols = Vec::new();
+        for (oi, obj) in self.objs.iter().enumerate() {
+            for (si, sec) in obj.sections.iter().enumerate() {
+                let p = self.places[oi][si];
+                if p.seg == SEG_NONE || p.seg == SEG_TLS || p.offset == u64::MAX {
+                    continue;
+                }
+                sections.push(PlacedSection {
+                    object: obj.name.clone(),
+                    name: lossy(sec.name),
+                    address: resolver.bases[p.seg as usize] + p.offset,
+                    size: sec.size,
+                });
+            }
+            for (si, sym) in obj.symbols.iter().enumerate().skip(1) {
+                if sym.name.is_empty()
+                    || sym.is_section()
+                    || sym.is_tls()
+                    || sym.kind == object::elf::STT_FILE.0
+                    || !matches!(sym.section, SymSection::Section(_))
+                {
+                    continue;
+                }
+                let global = sym.binding != Binding::Local;
+                if global {
+                    // Only the definition the link kept.
+                    let kept = matches!(
+                        self.key(oi as u32, si as u32),
+                        Key::Global(g) if matches!(self.globals[g as usize].def,
+                            Def::Defined { obj, sym, .. } if obj == oi as u32 && sym == si as u32)
+                    );
+                    if !kept {
+                        continue;
+                    }
+                }
+                let (address, discarded) = resolver.sym_address(oi as u32, sym);
+                if discarded {
+                    continue;
+                }
+                symbols.push(SymbolInfo {
+                    name: lossy(sym.name),
+                    address,
+                    size: sym.size,
+                    kind: if sym.is_func() {
+                        SymbolKind::Function
+                    } else if sym.kind == object::elf::STT_OBJECT.0
+                        || sym.kind == object::elf::STT_COMMON.0
+                    {
+                        SymbolKind::Data
+                    } else {
+                        SymbolKind::Other
+                    },
+                    global,
+                });
+            }
+        }
+        (sections, symbols)
     }
 }
 

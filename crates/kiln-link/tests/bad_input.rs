@@ -64,6 +64,7 @@ fn try_link(objects: &[ObjectInput]) -> Result<kiln_link::LinkedModule, LinkErro
         &LinkOptions {
             memory: &m as &dyn MemoryManager,
             low_memory: None,
+            report_sections: false,
         },
     )
 }
@@ -289,6 +290,7 @@ fn out_of_range_target_is_an_error_not_a_truncation() {
         &LinkOptions {
             memory: &m,
             low_memory: None,
+            report_sections: false,
         },
     );
     match r {

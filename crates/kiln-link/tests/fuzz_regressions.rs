@@ -35,6 +35,7 @@ fn fuzz_regressions_never_panic() {
             &LinkOptions {
                 memory: &manager,
                 low_memory: None,
+                report_sections: false,
             },
         );
         if name.starts_with("seed-") {

@@ -55,6 +55,29 @@ pub enum Error {
     /// A lookup found nothing.
     #[error("symbol '{0}' not found")]
     SymbolNotFound(String),
+    /// A library id of another session, or none of this one.
+    #[error("unknown library: {0}")]
+    UnknownLibrary(String),
+    /// A name defined twice in one library.
+    #[error("'{symbol}' is defined twice in library {library}: by {previous} and by {new} (names are defined once per library; give one of them internal linkage or put it in another library)")]
+    Redefinition {
+        /// The name.
+        symbol: String,
+        /// The library.
+        library: String,
+        /// Who defined it first.
+        previous: String,
+        /// Who tried again.
+        new: String,
+    },
+    /// A module that live modules still refer to.
+    #[error("module {module} is still used by {}: remove them first", users.join(", "))]
+    ModuleInUse {
+        /// The module.
+        module: String,
+        /// The modules whose code refers to it.
+        users: Vec<String>,
+    },
     /// A file is neither an ELF object nor an archive.
     #[error("{path}: not an ELF object or archive")]
     UnknownInput {

@@ -1,58 +1,100 @@
 //! The session: a [`Jit`] with libraries (namespaces of definitions with a search order),
-//! symbol generators, and module handles.
+//! symbol generators, module handles and plugins.
 
 use crate::executor::{EhRegistration, Executor, ExecutorSymbols, ExportHandle};
-use crate::generator::SymbolGenerator;
+use crate::generator::{Found, SymbolGenerator};
 use crate::library_search::{default_search_dirs, find_library, LibraryFile};
+use crate::plugin::{LoadedModule, Plugin, PluginId};
 use crate::Error;
 use kiln_link::{link, ArchiveInput, LinkContext, LinkCounts, LinkOptions, LinkTimes, ObjectInput};
 use kiln_memory::{
     FinalizedAllocation, MemoryManager, MemoryStats, Placement, SlabLayout, SlabMemoryManager,
 };
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
-/// A library of a [`Jit`]: a namespace of definitions with a search order.
+/// A library of a [`Jit`]: a namespace of definitions with a search order. Valid only
+/// with the session that made it (another session's id is an error, not a wrong library).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct LibraryId(usize);
+pub struct LibraryId {
+    session: u32,
+    index: u32,
+}
 
-struct Library {
-    name: String,
-    objects: Vec<ObjectInput>,
-    archives: Vec<ArchiveInput>,
-    definitions: FxHashMap<String, u64>,
-    generators: Vec<Box<dyn SymbolGenerator>>,
-    modules: Vec<Module>,
+static NEXT_SESSION: AtomicU32 = AtomicU32::new(1);
+
+/// A definition in a library's index: its address and the module that holds it (`None`
+/// for [`Jit::define_symbol`]'s).
+#[derive(Debug, Clone, Copy)]
+struct Definition {
+    address: u64,
+    module: Option<u64>,
+}
+
+/// What a library holds. Read by lookups and by links of this and other libraries (a
+/// read lock); written briefly when a link ends, a module is removed or an input added.
+#[derive(Default)]
+struct LibraryState {
+    /// Objects added and not linked yet.
+    pending: Vec<ObjectInput>,
+    /// Archives, lent to every link.
+    archives: Arc<Vec<ArchiveInput>>,
+    /// Every exported definition of the library, by name: one hash lookup per name,
+    /// whatever the number of modules.
+    index: FxHashMap<Box<str>, Definition>,
+    /// Hidden definitions of the library's modules (a hidden `main` is still the
+    /// program's entry): the last place a lookup looks.
+    hidden: FxHashMap<Box<str>, Definition>,
+    /// Live modules, by id.
+    modules: FxHashMap<u64, Module>,
     search_order: Vec<LibraryId>,
 }
 
-struct State {
-    libraries: Vec<Library>,
+/// The generators of a library and what they already answered.
+#[derive(Default)]
+struct Generators {
+    list: Vec<Box<dyn SymbolGenerator>>,
+    /// Names the generators resolved (process and shared-library symbols do not move).
+    found: FxHashMap<Box<str>, Found>,
+}
+
+struct Library {
+    name: String,
+    /// Held for the whole of a link into this library (links of other libraries, and
+    /// lookups, do not wait for it).
+    link: Mutex<()>,
+    state: RwLock<LibraryState>,
+    generators: Mutex<Generators>,
 }
 
 struct Inner {
+    session: u32,
     executor: Executor,
     export_to_libraries: bool,
     noexec: bool,
-    memory: SlabMemoryManager,
+    memory: Arc<dyn MemoryManager>,
     low_memory: LowMemory,
-    state: Mutex<State>,
+    libraries: RwLock<Vec<Arc<Library>>>,
+    plugins: RwLock<Vec<(PluginId, Arc<dyn Plugin>)>>,
+    next_module: AtomicU64,
+    next_plugin: AtomicU64,
 }
 
 /// Memory in the low 2 GiB for non-PIC code, reserved on first use (most programs never
 /// need it, and reserving costs a round trip to a remote executor).
 struct LowMemory {
-    given: Option<Option<SlabMemoryManager>>,
+    given: Option<Option<Arc<dyn MemoryManager>>>,
     mapper: Option<Arc<dyn kiln_memory::Mapper>>,
     built: std::sync::OnceLock<Option<SlabMemoryManager>>,
 }
 
 impl LowMemory {
-    fn get(&self) -> Option<&SlabMemoryManager> {
+    fn get(&self) -> Option<&dyn MemoryManager> {
         if let Some(given) = &self.given {
-            return given.as_ref();
+            return given.as_deref();
         }
         self.built
             .get_or_init(|| {
@@ -74,6 +116,7 @@ impl LowMemory {
                     .ok()
             })
             .as_ref()
+            .map(|m| m as &dyn MemoryManager)
     }
 }
 
@@ -98,9 +141,40 @@ impl MemoryManager for LowMemory {
 /// let lib = jit.main_library();
 /// jit.add_object_file(lib, "hello.o")?;
 /// jit.add_process_symbols(lib);
-/// let status = jit.run_main(lib, &["hello".to_string()])?;
+/// // SAFETY: hello.o's main is a C `int main(int, char **, char **)`.
+/// let status = unsafe { jit.run_main(lib, &["hello".to_string()]) }?;
 /// # Ok::<(), kiln::Error>(())
 /// ```
+///
+/// # Locking
+///
+/// Each library has its own locks, so that the session scales with threads:
+/// - a link holds its library's *link lock* for its whole length: links into one library
+///   run one at a time, links into different libraries in parallel;
+/// - a library's index (its definitions and modules) is behind a reader-writer lock that a
+///   link takes for reading while it resolves names (its own library's and those in the
+///   search order, one at a time) and for writing only for the moment it publishes the new
+///   module; so lookups, and links of other libraries, never wait for a link;
+/// - generators are called under their library's generator lock, with what they found
+///   remembered (a name a generator resolved is not asked again).
+///
+/// No lock is held while JIT code runs (initializers, finalizers, `main`).
+///
+/// # Names
+///
+/// A name resolves, in order: to what the link's own objects define; to the library's
+/// index (definitions and earlier modules' exports), then the index of each library in its
+/// search order; to the link's archives (a member is pulled only for what no module of the
+/// library defines already); to the generators. Defining a name twice in one library —
+/// two modules, or a module and [`Jit::define_symbol`] — is an error
+/// ([`Error::Redefinition`]); replacing a definition in place is not supported.
+///
+/// # Modules and removal
+///
+/// A module records the modules its code refers to. [`Jit::remove_module`] refuses to
+/// remove a module that a live module refers to ([`Error::ModuleInUse`], naming them), and
+/// a module keeps the modules it refers to mapped for as long as it lives: no call can
+/// reach freed memory.
 #[derive(Clone)]
 pub struct Jit {
     inner: Arc<Inner>,
@@ -112,8 +186,8 @@ pub struct JitBuilder {
     executor: Option<Executor>,
     export_to_libraries: bool,
     noexec: bool,
-    memory: Option<SlabMemoryManager>,
-    low_memory: Option<Option<SlabMemoryManager>>,
+    memory: Option<Arc<dyn MemoryManager>>,
+    low_memory: Option<Option<Arc<dyn MemoryManager>>>,
 }
 
 impl JitBuilder {
@@ -141,16 +215,17 @@ impl JitBuilder {
         self
     }
 
-    /// The memory manager for code (default: Kiln's slab manager near the host's
-    /// libraries).
-    pub fn memory(mut self, memory: SlabMemoryManager) -> Self {
-        self.memory = Some(memory);
+    /// The memory manager for code: any [`MemoryManager`] (default: Kiln's slab manager
+    /// near the host's libraries). It must place code within ±2 GiB of the host libraries
+    /// for PIE code to reach them.
+    pub fn memory(mut self, memory: impl MemoryManager + 'static) -> Self {
+        self.memory = Some(Arc::new(memory));
         self
     }
 
     /// The memory manager for non-PIC code with absolute 32-bit relocations (default: a
     /// slab manager in the low 2 GiB; `None` to refuse such code).
-    pub fn low_memory(mut self, memory: Option<SlabMemoryManager>) -> Self {
+    pub fn low_memory(mut self, memory: Option<Arc<dyn MemoryManager>>) -> Self {
         self.low_memory = Some(memory);
         self
     }
@@ -159,40 +234,37 @@ impl JitBuilder {
     pub fn build(self) -> Result<Jit, Error> {
         let executor = self.executor.unwrap_or_else(Executor::in_process);
         let mapper = executor.mapper()?;
-        let with_mapper = |b: kiln_memory::SlabMemoryManagerBuilder| match &mapper {
-            Some(m) => b.mapper(m.clone()),
-            None => b,
-        };
-        let memory = match self.memory {
+        let memory: Arc<dyn MemoryManager> = match self.memory {
             Some(m) => m,
-            None => with_mapper(SlabMemoryManager::builder()).build()?,
+            None => {
+                let mut builder = SlabMemoryManager::builder();
+                if let Some(m) = &mapper {
+                    builder = builder.mapper(m.clone());
+                }
+                Arc::new(builder.build()?)
+            }
         };
         let low_memory = LowMemory {
             given: self.low_memory,
             mapper,
             built: std::sync::OnceLock::new(),
         };
-        let main = Library {
-            name: "main".into(),
-            objects: Vec::new(),
-            archives: Vec::new(),
-            definitions: FxHashMap::default(),
-            generators: Vec::new(),
-            modules: Vec::new(),
-            search_order: Vec::new(),
-        };
-        Ok(Jit {
+        let jit = Jit {
             inner: Arc::new(Inner {
+                session: NEXT_SESSION.fetch_add(1, Ordering::Relaxed),
                 executor,
                 export_to_libraries: self.export_to_libraries,
                 noexec: self.noexec,
                 memory,
                 low_memory,
-                state: Mutex::new(State {
-                    libraries: vec![main],
-                }),
+                libraries: RwLock::new(Vec::new()),
+                plugins: RwLock::new(Vec::new()),
+                next_module: AtomicU64::new(1),
+                next_plugin: AtomicU64::new(1),
             }),
-        })
+        };
+        jit.create_library("main");
+        Ok(jit)
     }
 }
 
@@ -225,35 +297,76 @@ impl Jit {
 
     /// The library every session starts with.
     pub fn main_library(&self) -> LibraryId {
-        LibraryId(0)
+        LibraryId {
+            session: self.inner.session,
+            index: 0,
+        }
+    }
+
+    fn library(&self, lib: LibraryId) -> Result<Arc<Library>, Error> {
+        if lib.session != self.inner.session {
+            return Err(Error::UnknownLibrary(format!(
+                "library {} belongs to another session",
+                lib.index
+            )));
+        }
+        self.inner
+            .libraries
+            .read()
+            .get(lib.index as usize)
+            .cloned()
+            .ok_or_else(|| Error::UnknownLibrary(format!("no library {}", lib.index)))
     }
 
     /// Creates a library.
     pub fn create_library(&self, name: &str) -> LibraryId {
-        let mut state = self.inner.state.lock();
-        state.libraries.push(Library {
+        let mut libraries = self.inner.libraries.write();
+        libraries.push(Arc::new(Library {
             name: name.to_string(),
-            objects: Vec::new(),
-            archives: Vec::new(),
-            definitions: FxHashMap::default(),
-            generators: Vec::new(),
-            modules: Vec::new(),
-            search_order: Vec::new(),
-        });
-        LibraryId(state.libraries.len() - 1)
+            link: Mutex::new(()),
+            state: RwLock::new(LibraryState::default()),
+            generators: Mutex::new(Generators::default()),
+        }));
+        LibraryId {
+            session: self.inner.session,
+            index: (libraries.len() - 1) as u32,
+        }
     }
 
     /// Libraries searched, in order, for what `lib` does not define.
-    pub fn set_search_order(&self, lib: LibraryId, order: &[LibraryId]) {
-        self.inner.state.lock().libraries[lib.0].search_order = order.to_vec();
+    pub fn set_search_order(&self, lib: LibraryId, order: &[LibraryId]) -> Result<(), Error> {
+        for &other in order {
+            self.library(other)?;
+        }
+        self.library(lib)?.state.write().search_order = order.to_vec();
+        Ok(())
     }
 
-    /// Adds a relocatable object from bytes.
-    pub fn add_object(&self, lib: LibraryId, name: &str, bytes: Vec<u8>) -> Result<(), Error> {
-        kiln_link::check_object(name, &bytes)?;
-        self.inner.state.lock().libraries[lib.0]
-            .objects
-            .push(ObjectInput::new(name, bytes));
+    /// Adds a relocatable object from bytes (copied once, or shared if given as an
+    /// `Arc<[u8]>`); it is linked with the library's next link.
+    pub fn add_object(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: impl Into<Arc<[u8]>>,
+    ) -> Result<(), Error> {
+        self.add_input(lib, ObjectInput::new(name, bytes))
+    }
+
+    /// Adds a relocatable object whose bytes the caller lends for as long as the session
+    /// needs them (a memory-mapped file, a buffer of a compiler): never copied.
+    pub fn add_object_shared(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    ) -> Result<(), Error> {
+        self.add_input(lib, ObjectInput::shared(name, bytes))
+    }
+
+    fn add_input(&self, lib: LibraryId, input: ObjectInput) -> Result<(), Error> {
+        kiln_link::check_object(&input.name, input.bytes())?;
+        self.library(lib)?.state.write().pending.push(input);
         Ok(())
     }
 
@@ -263,13 +376,35 @@ impl Jit {
         self.add_object(lib, &path.display().to_string(), read_file(path)?)
     }
 
+    /// Adds and links one object at once: its module (or the link's error, the library
+    /// left as it was). Objects added before and not linked yet are linked with it.
+    pub fn link_object(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: impl Into<Arc<[u8]>>,
+    ) -> Result<Module, Error> {
+        self.add_object(lib, name, bytes)?;
+        match self.link_pending(lib)? {
+            Some((module, _)) => Ok(module),
+            None => Err(Error::Executor("nothing was linked".into())),
+        }
+    }
+
     /// Adds a static archive from bytes: its members are linked when they define a symbol
     /// the link needs.
-    pub fn add_archive(&self, lib: LibraryId, name: &str, bytes: Vec<u8>) -> Result<(), Error> {
+    pub fn add_archive(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: impl Into<Arc<[u8]>>,
+    ) -> Result<(), Error> {
         let archive = ArchiveInput::parse(name, bytes)?;
-        self.inner.state.lock().libraries[lib.0]
-            .archives
-            .push(archive);
+        let library = self.library(lib)?;
+        let mut state = library.state.write();
+        let mut archives = (*state.archives).clone();
+        archives.push(archive);
+        state.archives = Arc::new(archives);
         Ok(())
     }
 
@@ -294,18 +429,37 @@ impl Jit {
         }
     }
 
-    /// Defines `name` in `lib` at `address` (a host function or data).
-    pub fn define_symbol(&self, lib: LibraryId, name: &str, address: u64) {
-        self.inner.state.lock().libraries[lib.0]
-            .definitions
-            .insert(name.to_string(), address);
+    /// Defines `name` in `lib` at `address` (a host function or data). An error if the
+    /// library defines `name` already.
+    pub fn define_symbol(&self, lib: LibraryId, name: &str, address: u64) -> Result<(), Error> {
+        let library = self.library(lib)?;
+        let mut state = library.state.write();
+        if let Some(previous) = state.index.get(name) {
+            return Err(Error::Redefinition {
+                symbol: name.to_string(),
+                library: library.name.clone(),
+                previous: describe(&state, previous),
+                new: "define_symbol".into(),
+            });
+        }
+        state.index.insert(
+            name.into(),
+            Definition {
+                address,
+                module: None,
+            },
+        );
+        Ok(())
     }
 
     /// Adds a generator for names `lib` does not define.
-    pub fn add_generator(&self, lib: LibraryId, generator: Box<dyn SymbolGenerator>) {
-        self.inner.state.lock().libraries[lib.0]
-            .generators
-            .push(generator);
+    pub fn add_generator(
+        &self,
+        lib: LibraryId,
+        generator: Box<dyn SymbolGenerator>,
+    ) -> Result<(), Error> {
+        self.library(lib)?.generators.lock().list.push(generator);
+        Ok(())
     }
 
     /// Resolves what `lib` does not define from the executor's process symbols (this
@@ -316,7 +470,7 @@ impl Jit {
     /// from that archive into the module that calls them, as a native link does, so that
     /// their handlers belong to the calling module (its own `__dso_handle`) and run when
     /// it is removed.
-    pub fn add_process_symbols(&self, lib: LibraryId) {
+    pub fn add_process_symbols(&self, lib: LibraryId) -> Result<(), Error> {
         if self.inner.executor.is_host_architecture() {
             let found = default_search_dirs()
                 .into_iter()
@@ -335,7 +489,7 @@ impl Jit {
                 library: 0,
                 name: "process symbols".into(),
             }),
-        );
+        )
     }
 
     /// `-l name`: finds the library in `dirs` and then the system directories; adds an
@@ -362,7 +516,7 @@ impl Jit {
                             library: handle,
                             name: path,
                         }),
-                    );
+                    )?;
                 }
             }
         }
@@ -374,38 +528,80 @@ impl Jit {
         &self.inner.executor
     }
 
+    /// Registers a plugin: it is told of every module loaded from now on and before each
+    /// is freed (see [`Plugin`]). Returns an id for [`Jit::remove_plugin`].
+    pub fn add_plugin(&self, plugin: Arc<dyn Plugin>) -> PluginId {
+        let id = PluginId(self.inner.next_plugin.fetch_add(1, Ordering::Relaxed));
+        self.inner.plugins.write().push((id, plugin));
+        id
+    }
+
+    /// Unregisters a plugin.
+    pub fn remove_plugin(&self, id: PluginId) {
+        self.inner.plugins.write().retain(|(p, _)| *p != id);
+    }
+
     /// Links the objects added to `lib` since its last link (and the archive members they
     /// need) into a module, registers its unwind information and runs its initializers.
     /// Returns `None` if there was nothing to link.
+    ///
+    /// On failure the library is exactly as it was before the link: the objects of the
+    /// failed link are dropped (add them again, corrected, to retry), no definition of
+    /// theirs is published, their memory is freed.
     pub fn link_pending(&self, lib: LibraryId) -> Result<Option<(Module, LinkReport)>, Error> {
-        let mut state = self.inner.state.lock();
-        let objects = std::mem::take(&mut state.libraries[lib.0].objects);
-        if objects.is_empty() {
-            return Ok(None);
-        }
-        // The archives stay the library's; they are lent to the link, not copied.
-        let archives = std::mem::take(&mut state.libraries[lib.0].archives);
-        let options = LinkOptions {
-            memory: &self.inner.memory,
-            low_memory: Some(&self.inner.low_memory as &dyn MemoryManager),
-        };
-        let mut ctx = SessionContext::new(&mut state, lib, &self.inner.executor);
-        let result = link(&objects, &archives, &mut ctx, &options);
-        state.libraries[lib.0].archives = archives;
-        let linked = match result {
-            Ok(linked) => linked,
-            Err(e) => {
-                // Nothing was linked: the objects stay pending so the caller can add what
-                // is missing and try again.
-                state.libraries[lib.0].objects = objects;
-                return Err(e.into());
+        let library = self.library(lib)?;
+        let _linking = library.link.lock();
+        let (objects, archives) = {
+            let mut state = library.state.write();
+            if state.pending.is_empty() {
+                return Ok(None);
             }
+            (std::mem::take(&mut state.pending), state.archives.clone())
         };
+        let plugins: Vec<Arc<dyn Plugin>> = self
+            .inner
+            .plugins
+            .read()
+            .iter()
+            .map(|(_, p)| p.clone())
+            .collect();
+        let options = LinkOptions {
+            memory: &*self.inner.memory,
+            low_memory: Some(&self.inner.low_memory as &dyn MemoryManager),
+            report_sections: !plugins.is_empty(),
+        };
+        let mut ctx = SessionContext {
+            jit: self,
+            lib,
+            library: &library,
+            kinds: FxHashMap::default(),
+            uses: FxHashMap::default(),
+        };
+        let linked = link(&objects, &archives, &mut ctx, &options)?;
+        let uses: Vec<Module> = ctx.uses.into_values().collect();
         let report = LinkReport {
             times: linked.times,
             counts: linked.counts,
         };
         let executor = &self.inner.executor;
+        let id = self.inner.next_module.fetch_add(1, Ordering::Relaxed);
+        // Publishing checks for redefinitions first: on an error nothing is published and
+        // the module (its memory) is dropped unrun.
+        {
+            let state = library.state.read();
+            if let Some((name, previous)) = linked
+                .symbols
+                .iter()
+                .find_map(|(n, _)| state.index.get(n.as_str()).map(|d| (n, d)))
+            {
+                return Err(Error::Redefinition {
+                    symbol: name.clone(),
+                    library: library.name.clone(),
+                    previous: describe(&state, previous),
+                    new: objects.first().map(|o| o.name.clone()).unwrap_or_default(),
+                });
+            }
+        }
         let tls_module = linked.tls.as_ref().map(|t| t.module_id);
         if let Some(template) = linked.tls {
             executor.install_tls(template)?;
@@ -436,11 +632,33 @@ impl Jit {
         } else {
             None
         };
+        let name = objects.first().map(|o| o.name.clone()).unwrap_or_default();
+        let event = (!plugins.is_empty()).then(|| LoadedModule {
+            name: name.clone(),
+            sections: linked.sections.clone(),
+            symbols: linked.symbol_info.clone(),
+            objects: objects.clone(),
+        });
         let module = Module {
             inner: Arc::new(ModuleInner {
-                name: objects.first().map(|o| o.name.clone()).unwrap_or_default(),
-                symbols: linked.symbols,
-                hidden_symbols: linked.hidden_symbols,
+                id,
+                name,
+                library: lib,
+                symbols: {
+                    let mut all: Vec<(Box<str>, u64, bool)> = linked
+                        .symbols
+                        .iter()
+                        .map(|(n, &a)| (n.as_str().into(), a, true))
+                        .chain(
+                            linked
+                                .hidden_symbols
+                                .iter()
+                                .map(|(n, &a)| (n.as_str().into(), a, false)),
+                        )
+                        .collect();
+                    all.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                    all.into_boxed_slice()
+                },
                 fini: if self.inner.noexec {
                     Vec::new()
                 } else {
@@ -452,55 +670,160 @@ impl Jit {
                 exports: Mutex::new(exports),
                 finalized: Mutex::new(self.inner.noexec),
                 executor: executor.clone(),
+                uses,
+                users: Mutex::new(Vec::new()),
+                plugins: Mutex::new(plugins.clone()),
                 allocation: linked.allocation,
             }),
         };
+        for used in &module.inner.uses {
+            used.inner.users.lock().push(Arc::downgrade(&module.inner));
+        }
         let keep_alive: Arc<dyn std::any::Any + Send + Sync> = module.inner.clone();
         executor.register_module(linked.dso_handle, Arc::downgrade(&keep_alive));
         drop(keep_alive);
-        state.libraries[lib.0].modules.push(module.clone());
-        drop(state);
+        {
+            let mut state = library.state.write();
+            for (name, &address) in &linked.symbols {
+                state.index.insert(
+                    name.as_str().into(),
+                    Definition {
+                        address,
+                        module: Some(id),
+                    },
+                );
+            }
+            for (name, &address) in &linked.hidden_symbols {
+                state.hidden.insert(
+                    name.as_str().into(),
+                    Definition {
+                        address,
+                        module: Some(id),
+                    },
+                );
+            }
+            state.modules.insert(id, module.clone());
+        }
+        if let Some(event) = &event {
+            for plugin in &plugins {
+                call_plugin(plugin, |p| p.module_loaded(event));
+            }
+        }
         if !self.inner.noexec {
             self.inner.executor.run_initializers(&linked.init)?;
         }
         Ok(Some((module, report)))
     }
 
-    /// The address of `name` as `lib` sees it: its modules and definitions; else, after
+    /// The address of `name` as `lib` sees it: its definitions and modules; else, after
     /// linking what is pending, those again, the libraries in its search order, and its
     /// generators.
     pub fn lookup(&self, lib: LibraryId, name: &str) -> Result<u64, Error> {
-        // What is linked already answers without linking what is pending (which may not
-        // link yet).
-        if let Some(address) = self.inner.state.lock().defined(lib, name) {
-            return Ok(address);
+        Ok(self.lookup_many(lib, &[name])?[0])
+    }
+
+    /// [`Jit::lookup`] of many names (one batch to a remote executor for those the
+    /// generators answer); an error names the first name not found.
+    pub fn lookup_many(&self, lib: LibraryId, names: &[&str]) -> Result<Vec<u64>, Error> {
+        let library = self.library(lib)?;
+        // What is linked already answers without linking what is pending.
+        {
+            let state = library.state.read();
+            let known: Option<Vec<u64>> = names
+                .iter()
+                .map(|n| state.index.get(*n).map(|d| d.address))
+                .collect();
+            if let Some(known) = known {
+                return Ok(known);
+            }
         }
         self.link_pending(lib)?;
-        let mut state = self.inner.state.lock();
-        let mut ctx = SessionContext::new(&mut state, lib, &self.inner.executor);
-        if let Some(address) = ctx.resolve(name) {
-            return Ok(address);
-        }
-        // Last, the library's own modules' hidden definitions (a hidden `main` is still
-        // the program's entry).
-        state.libraries[lib.0]
-            .modules
+        let mut ctx = SessionContext {
+            jit: self,
+            lib,
+            library: &library,
+            kinds: FxHashMap::default(),
+            uses: FxHashMap::default(),
+        };
+        let found = ctx.resolve_many(names);
+        let state = library.state.read();
+        names
             .iter()
-            .rev()
-            .find_map(|m| m.inner.hidden_symbols.get(name).copied())
-            .ok_or_else(|| Error::SymbolNotFound(name.to_string()))
+            .zip(found)
+            .map(|(name, address)| {
+                address
+                    // Last, the library's modules' hidden definitions (a hidden `main` is
+                    // still the program's entry).
+                    .or_else(|| state.hidden.get(*name).map(|d| d.address))
+                    .ok_or_else(|| Error::SymbolNotFound(name.to_string()))
+            })
+            .collect()
+    }
+
+    /// The function `name` as a typed function pointer, e.g.
+    /// `jit.lookup_fn::<extern "C" fn(i64) -> i64>(lib, "square")`.
+    ///
+    /// # Safety
+    /// `F` must be a function pointer type matching the function's real signature and ABI,
+    /// the executor must be this process, and the caller must keep the module alive (it
+    /// stays in its library until removed) while calling it.
+    pub unsafe fn lookup_fn<F: Copy>(&self, lib: LibraryId, name: &str) -> Result<F, Error> {
+        if std::mem::size_of::<F>() != std::mem::size_of::<usize>() {
+            return Err(Error::Executor(format!(
+                "lookup_fn::<{}>: not a function pointer type",
+                std::any::type_name::<F>()
+            )));
+        }
+        if self.inner.executor.pid().is_some() {
+            return Err(Error::Executor(
+                "lookup_fn: the code runs in another process; use Executor::call".into(),
+            ));
+        }
+        let address = self.lookup(lib, name)? as usize;
+        // SAFETY: sizes checked above; the caller vouches for the type.
+        Ok(unsafe { std::mem::transmute_copy::<usize, F>(&address) })
+    }
+
+    /// The module of `lib` that defines `name`, if a module does.
+    pub fn module_of(&self, lib: LibraryId, name: &str) -> Result<Option<Module>, Error> {
+        let library = self.library(lib)?;
+        let state = library.state.read();
+        Ok(state
+            .index
+            .get(name)
+            .or_else(|| state.hidden.get(name))
+            .and_then(|d| d.module)
+            .and_then(|id| state.modules.get(&id).cloned()))
+    }
+
+    /// The live modules of `lib`, oldest first.
+    pub fn modules(&self, lib: LibraryId) -> Result<Vec<Module>, Error> {
+        let library = self.library(lib)?;
+        let state = library.state.read();
+        let mut modules: Vec<Module> = state.modules.values().cloned().collect();
+        modules.sort_by_key(|m| m.inner.id);
+        Ok(modules)
     }
 
     /// Links what is pending and calls `main(argc, argv, envp)` with `args` (argv[0]
     /// first); returns its status. The C library's buffered output is flushed after.
-    pub fn run_main(&self, lib: LibraryId, args: &[String]) -> Result<i32, Error> {
+    ///
+    /// # Safety
+    /// `main` of `lib` must be a C `int main(int, char **, char **)` (or compatible): Kiln
+    /// calls whatever address the name resolves to, including one given to
+    /// [`Jit::define_symbol`].
+    pub unsafe fn run_main(&self, lib: LibraryId, args: &[String]) -> Result<i32, Error> {
         let main = self.lookup(lib, "main")?;
-        // SAFETY: `main` comes from a linked module that the library keeps alive.
+        // SAFETY: the caller's contract.
         unsafe { self.inner.executor.run_main(main, args) }
     }
 
-    /// Removes `module` from its library, as `dlclose` would: its finalizers run now and
-    /// its memory is freed when the last handle to it is dropped.
+    /// Removes `module` from its library, as `dlclose` would: its definitions leave the
+    /// library's index, its finalizers run now, and its memory is freed when the last
+    /// handle to it (and the last module that refers to it) is gone.
+    ///
+    /// Refused, with [`Error::ModuleInUse`] naming them, while live modules refer to it
+    /// (remove those first): their code calls into it.
     ///
     /// The finalizers run in this order, on the calling thread:
     /// 1. the calling thread's destructors of the module's C++ `thread_local` objects
@@ -516,29 +839,48 @@ impl Jit {
     /// threads stays mapped (though removed from its library) until those threads exit.
     /// Handlers still registered when the process exits run in `exit()` while their code
     /// is mapped. (Out of process, the executor runs steps 1–3 on its serving thread.)
-    pub fn remove_module(&self, module: &Module) {
-        let mut state = self.inner.state.lock();
-        for library in &mut state.libraries {
-            library
-                .modules
-                .retain(|m| !Arc::ptr_eq(&m.inner, &module.inner));
+    pub fn remove_module(&self, module: &Module) -> Result<(), Error> {
+        let library = self.library(module.inner.library)?;
+        {
+            let mut state = library.state.write();
+            let users: Vec<String> = module
+                .inner
+                .users
+                .lock()
+                .iter()
+                .filter_map(Weak::upgrade)
+                .filter(|u| !*u.finalized.lock() || u.is_listed(&state))
+                .map(|u| u.name.clone())
+                .collect();
+            if !users.is_empty() {
+                return Err(Error::ModuleInUse {
+                    module: module.inner.name.clone(),
+                    users,
+                });
+            }
+            if state.modules.remove(&module.inner.id).is_none() {
+                return Ok(()); // removed already
+            }
+            let id = module.inner.id;
+            state.index.retain(|_, d| d.module != Some(id));
+            state.hidden.retain(|_, d| d.module != Some(id));
         }
-        drop(state);
         module.inner.finalize();
+        Ok(())
     }
 
     /// Runs the finalizers of every module (newest first) and forgets them, as a program's
     /// exit would.
     pub fn shutdown(&self) {
-        let modules: Vec<Module> = {
-            let mut state = self.inner.state.lock();
-            state
-                .libraries
-                .iter_mut()
-                .flat_map(|l| std::mem::take(&mut l.modules))
-                .collect()
-        };
-        for m in modules.iter().rev() {
+        let mut modules: Vec<Module> = Vec::new();
+        for library in self.inner.libraries.read().iter() {
+            let mut state = library.state.write();
+            modules.extend(state.modules.drain().map(|(_, m)| m));
+            state.index.retain(|_, d| d.module.is_none());
+            state.hidden.clear();
+        }
+        modules.sort_by_key(|m| std::cmp::Reverse(m.inner.id));
+        for m in &modules {
             m.inner.finalize();
         }
         self.inner.executor.flush();
@@ -554,72 +896,94 @@ impl Jit {
         if self.inner.executor.pid().is_some() {
             return;
         }
-        let state = self.inner.state.lock();
         let mut code = Vec::new();
         let mut functions = Vec::new();
-        for module in state.libraries.iter().flat_map(|l| &l.modules) {
-            let Some(text) = module.inner.allocation.segments().first() else {
-                continue;
-            };
-            let range = text.target..text.target + text.len;
-            code.push((range.start, range.end));
-            for (name, &address) in module
-                .inner
-                .symbols
-                .iter()
-                .chain(&module.inner.hidden_symbols)
-            {
-                if range.contains(&address) {
-                    functions.push((address, name.clone()));
+        for library in self.inner.libraries.read().iter() {
+            let state = library.state.read();
+            for module in state.modules.values() {
+                let Some(text) = module.inner.allocation.segments().first() else {
+                    continue;
+                };
+                code.push((text.target, text.target + text.len));
+            }
+            for (name, d) in state.index.iter().chain(&state.hidden) {
+                if d.module.is_some() && code.iter().any(|&(a, b)| (a..b).contains(&d.address)) {
+                    functions.push((d.address, name.to_string()));
                 }
             }
         }
         kiln_executor::crash_report::install(code, functions);
     }
 
-    /// Memory figures of the default memory manager.
+    /// Memory figures of the session's memory manager.
     pub fn memory_stats(&self) -> MemoryStats {
         self.inner.memory.stats()
     }
 
-    /// Names of the libraries.
-    pub fn library_name(&self, lib: LibraryId) -> String {
-        self.inner.state.lock().libraries[lib.0].name.clone()
+    /// The name of a library.
+    pub fn library_name(&self, lib: LibraryId) -> Result<String, Error> {
+        Ok(self.library(lib)?.name.clone())
+    }
+}
+
+/// "module NAME" or "define_symbol", for messages.
+fn describe(state: &LibraryState, d: &Definition) -> String {
+    match d.module.and_then(|id| state.modules.get(&id)) {
+        Some(m) => format!("module {}", m.inner.name),
+        None => "define_symbol".into(),
+    }
+}
+
+/// Calls a plugin, containing its panic (reported, never propagated into the link).
+fn call_plugin(plugin: &Arc<dyn Plugin>, f: impl FnOnce(&dyn Plugin)) {
+    let plugin = plugin.clone();
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&*plugin))).is_err() {
+        tracing::warn!(
+            plugin = plugin.name(),
+            "a plugin panicked; the session goes on"
+        );
     }
 }
 
 struct SessionContext<'s> {
-    state: &'s mut State,
+    jit: &'s Jit,
     lib: LibraryId,
-    executor: &'s Executor,
+    library: &'s Arc<Library>,
     /// Whether the names generators resolved are functions, as far as they know.
     kinds: FxHashMap<String, bool>,
+    /// The modules whose definitions the link used, by id.
+    uses: FxHashMap<u64, Module>,
 }
 
-impl<'s> SessionContext<'s> {
-    fn new(state: &'s mut State, lib: LibraryId, executor: &'s Executor) -> Self {
-        SessionContext {
-            state,
-            lib,
-            executor,
-            kinds: FxHashMap::default(),
-        }
+impl SessionContext<'_> {
+    /// The libraries whose indexes resolve names for this link, in order.
+    fn order(&self) -> Vec<Arc<Library>> {
+        let mut order = vec![self.library.clone()];
+        let search = self.library.state.read().search_order.clone();
+        order.extend(search.into_iter().filter_map(|l| self.jit.library(l).ok()));
+        order
     }
-}
 
-impl State {
-    /// `name` as library `lib` itself defines it: its definitions, then its modules'
-    /// exported symbols, newest first.
-    fn defined(&self, lib: LibraryId, name: &str) -> Option<u64> {
-        let library = &self.libraries[lib.0];
-        if let Some(&a) = library.definitions.get(name) {
-            return Some(a);
+    /// Names found in the indexes of `order`; records the modules they come from.
+    fn search_indexes(&mut self, order: &[Arc<Library>], names: &[&str]) -> Vec<Option<u64>> {
+        let mut out = vec![None; names.len()];
+        for library in order {
+            let state = library.state.read();
+            for (slot, name) in out.iter_mut().zip(names) {
+                if slot.is_some() {
+                    continue;
+                }
+                if let Some(d) = state.index.get(*name) {
+                    *slot = Some(d.address);
+                    if let Some(id) = d.module {
+                        if let Some(m) = state.modules.get(&id) {
+                            self.uses.entry(id).or_insert_with(|| m.clone());
+                        }
+                    }
+                }
+            }
         }
-        library
-            .modules
-            .iter()
-            .rev()
-            .find_map(|m| m.inner.symbols.get(name).copied())
+        out
     }
 }
 
@@ -628,40 +992,52 @@ impl LinkContext for SessionContext<'_> {
         self.resolve_many(&[name]).pop().flatten()
     }
 
+    fn resolve_defined(&mut self, names: &[&str]) -> Vec<Option<u64>> {
+        let order = self.order();
+        self.search_indexes(&order, names)
+    }
+
     fn resolve_many(&mut self, names: &[&str]) -> Vec<Option<u64>> {
-        let mut out: Vec<Option<u64>> = vec![None; names.len()];
-        let mut order = vec![self.lib];
-        order.extend(
-            self.state.libraries[self.lib.0]
-                .search_order
-                .iter()
-                .copied(),
-        );
-        let mut pending: Vec<usize> = Vec::new();
-        for (i, name) in names.iter().enumerate() {
-            // What Kiln's runtime provides in place of the C runtime's.
-            if let Some(address) = self.executor.runtime_symbol(name) {
-                out[i] = Some(address);
-                continue;
-            }
-            match order.iter().find_map(|&lib| self.state.defined(lib, name)) {
-                Some(a) => out[i] = Some(a),
-                None => pending.push(i),
+        let executor = &self.jit.inner.executor;
+        let order = self.order();
+        let mut out = self.search_indexes(&order, names);
+        for (slot, name) in out.iter_mut().zip(names) {
+            if slot.is_none() {
+                // What Kiln's runtime provides in place of the C runtime's.
+                *slot = executor.runtime_symbol(name);
             }
         }
-        // Generators, in order, each asked once for everything still missing.
-        for &lib in &order {
-            for generator in &mut self.state.libraries[lib.0].generators {
+        // Generators, library by library, each asked once for everything still missing
+        // that it has not answered before.
+        for library in &order {
+            let mut pending: Vec<usize> = (0..names.len()).filter(|&i| out[i].is_none()).collect();
+            if pending.is_empty() {
+                break;
+            }
+            let mut generators = library.generators.lock();
+            pending.retain(|&i| match generators.found.get(names[i]) {
+                Some(&(address, kind)) => {
+                    out[i] = Some(address);
+                    if let Some(kind) = kind {
+                        self.kinds.insert(names[i].to_string(), kind);
+                    }
+                    false
+                }
+                None => true,
+            });
+            let Generators { list, found } = &mut *generators;
+            for generator in list.iter_mut() {
                 if pending.is_empty() {
-                    return out;
+                    break;
                 }
                 let ask: Vec<&str> = pending.iter().map(|&i| names[i]).collect();
                 let got = generator.generate_many(&ask);
                 let mut still = Vec::new();
-                for (&i, found) in pending.iter().zip(got) {
-                    match found {
-                        Some((a, kind)) => {
-                            out[i] = Some(a);
+                for (&i, hit) in pending.iter().zip(got) {
+                    match hit {
+                        Some((address, kind)) => {
+                            out[i] = Some(address);
+                            found.insert(names[i].into(), (address, kind));
                             if let Some(kind) = kind {
                                 self.kinds.insert(names[i].to_string(), kind);
                             }
@@ -676,7 +1052,9 @@ impl LinkContext for SessionContext<'_> {
     }
 
     fn tls_module_id(&mut self) -> Result<u64, String> {
-        self.executor
+        self.jit
+            .inner
+            .executor
             .reserve_tls_module()
             .map_err(|e| e.to_string())
     }
@@ -688,20 +1066,25 @@ impl LinkContext for SessionContext<'_> {
         size: u64,
         align: u64,
     ) -> Result<i64, String> {
-        self.executor
+        self.jit
+            .inner
+            .executor
             .place_static_tls(module_id, image, size, align)
             .map_err(|e| e.to_string())
     }
 
     fn is_function(&mut self, name: &str, _address: u64) -> Option<bool> {
+        let _ = self.lib;
         self.kinds.get(name).copied()
     }
 }
 
 struct ModuleInner {
+    id: u64,
     name: String,
-    symbols: FxHashMap<String, u64>,
-    hidden_symbols: FxHashMap<String, u64>,
+    library: LibraryId,
+    /// The module's global definitions, sorted by name: (name, address, exported).
+    symbols: Box<[(Box<str>, u64, bool)]>,
     fini: Vec<u64>,
     dso_handle: u64,
     tls_module: Option<u64>,
@@ -709,10 +1092,21 @@ struct ModuleInner {
     exports: Mutex<Option<ExportHandle>>,
     finalized: Mutex<bool>,
     executor: Executor,
+    /// The modules whose definitions this one's code refers to: kept alive with it.
+    uses: Vec<Module>,
+    /// The modules that refer to this one.
+    users: Mutex<Vec<Weak<ModuleInner>>>,
+    /// Told before the module is freed.
+    plugins: Mutex<Vec<Arc<dyn Plugin>>>,
     allocation: FinalizedAllocation,
 }
 
 impl ModuleInner {
+    /// Whether the module is still in its library's index.
+    fn is_listed(&self, state: &LibraryState) -> bool {
+        state.modules.contains_key(&self.id)
+    }
+
     /// Runs finalizers once (the calling thread's thread-local destructors, `atexit`
     /// handlers, `.fini_array`), withdraws exported definitions and unregisters unwind
     /// information; the memory stays until the last handle goes.
@@ -741,6 +1135,12 @@ impl ModuleInner {
 impl Drop for ModuleInner {
     fn drop(&mut self) {
         self.finalize();
+        let plugins = std::mem::take(&mut *self.plugins.lock());
+        for plugin in &plugins {
+            call_plugin(plugin, |p| {
+                p.module_freed(&self.name, self.allocation.segments())
+            });
+        }
     }
 }
 
@@ -764,11 +1164,20 @@ impl std::fmt::Debug for Module {
 impl Module {
     /// The address of a global symbol the module defines (exported or hidden).
     pub fn symbol(&self, name: &str) -> Option<u64> {
+        let symbols = &self.inner.symbols;
+        symbols
+            .binary_search_by(|(n, _, _)| (**n).cmp(name))
+            .ok()
+            .map(|i| symbols[i].1)
+    }
+
+    /// The names the module exports to its library.
+    pub fn exported_names(&self) -> impl Iterator<Item = &str> {
         self.inner
             .symbols
-            .get(name)
-            .or_else(|| self.inner.hidden_symbols.get(name))
-            .copied()
+            .iter()
+            .filter(|(_, _, exported)| *exported)
+            .map(|(n, _, _)| &**n)
     }
 
     /// The module's memory segments.
@@ -779,5 +1188,15 @@ impl Module {
     /// A name for messages (its first object's).
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// The modules whose definitions this module's code refers to.
+    pub fn uses(&self) -> impl Iterator<Item = &Module> {
+        self.inner.uses.iter()
+    }
+
+    /// Whether two handles are the same module.
+    pub fn same(&self, other: &Module) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 }

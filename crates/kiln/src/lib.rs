@@ -20,11 +20,17 @@ mod executor;
 mod generator;
 mod jit;
 pub mod library_search;
+mod plugin;
 
 pub use error::Error;
 pub use executor::{default_executor_path, Executor, ExecutorSymbols, Transport};
 pub use generator::{FnGenerator, Found, SymbolGenerator};
 pub use jit::{Jit, JitBuilder, LibraryId, LinkReport, Module};
 pub use kiln_link::{LinkCounts, LinkError, LinkTimes};
+pub use kiln_link::{PlacedSection, SymbolInfo, SymbolKind};
+pub use kiln_memory::{
+    FinalizedAllocation, MemoryManager, MemoryStats, Placement, SegmentRange, SlabMemoryManager,
+};
 pub use kiln_remote::secure::Key;
 pub use kiln_remote::{RemoteError, Timeouts};
+pub use plugin::{LoadedModule, Plugin, PluginId};

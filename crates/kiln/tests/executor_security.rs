@@ -284,8 +284,8 @@ fn run_remote(address: &str, key: &Key, name: &str, source: &str) -> Result<i32,
     let jit = Jit::builder().executor(executor).build()?;
     let lib = jit.main_library();
     jit.add_object(lib, &format!("{name}.o"), compile(name, source))?;
-    jit.add_process_symbols(lib);
-    jit.run_main(lib, &[name.to_string()])
+    jit.add_process_symbols(lib).unwrap();
+    run_main(&jit, lib, &[name.to_string()])
 }
 
 #[test]
@@ -457,4 +457,10 @@ fn well_behaved_clients_are_served_while_a_hundred_others_stall() {
     );
     drop(stalled);
     let _ = std::fs::remove_file(&path);
+}
+
+/// Runs `main` of a test program.
+fn run_main(jit: &kiln::Jit, lib: kiln::LibraryId, args: &[String]) -> Result<i32, kiln::Error> {
+    // SAFETY: every test program defines a C `int main(int, char **)`.
+    unsafe { jit.run_main(lib, args) }
 }

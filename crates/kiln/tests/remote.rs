@@ -69,8 +69,8 @@ fn a_crash_in_jit_code_is_an_error_and_a_new_executor_works() {
             ),
         )
         .unwrap();
-        jit.add_process_symbols(lib);
-        let err = jit.run_main(lib, &["crash".into()]).unwrap_err();
+        jit.add_process_symbols(lib).unwrap();
+        let err = run_main(&jit, lib, &["crash".into()]).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("SIGSEGV"), "{text}");
         assert!(
@@ -92,7 +92,7 @@ fn a_crash_in_jit_code_is_an_error_and_a_new_executor_works() {
             ),
         )
         .unwrap();
-        assert_eq!(jit.run_main(lib, &["ok".into(), "x".into()]).unwrap(), 42);
+        assert_eq!(run_main(&jit, lib, &["ok".into(), "x".into()]).unwrap(), 42);
     }
 }
 
@@ -114,7 +114,7 @@ fn a_trap_that_would_not_fault_again_is_reported_too() {
         ),
     )
     .unwrap();
-    let err = jit.run_main(lib, &["trap".into()]).unwrap_err();
+    let err = run_main(&jit, lib, &["trap".into()]).unwrap_err();
     assert!(err.to_string().contains("SIGTRAP"), "{err}");
 }
 
@@ -131,8 +131,8 @@ fn abort_is_reported_by_name() {
         compile("abort", "#include <stdlib.h>\nint main(void) { abort(); }"),
     )
     .unwrap();
-    jit.add_process_symbols(lib);
-    let err = jit.run_main(lib, &["abort".into()]).unwrap_err();
+    jit.add_process_symbols(lib).unwrap();
+    let err = run_main(&jit, lib, &["abort".into()]).unwrap_err();
     assert!(err.to_string().contains("SIGABRT"), "{err}");
 }
 
@@ -151,13 +151,13 @@ fn an_executor_killed_mid_request_is_an_error_not_a_hang() {
         ),
     )
     .unwrap();
-    jit.add_process_symbols(lib);
+    jit.add_process_symbols(lib).unwrap();
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(500));
         remote.kill();
     });
     let started = std::time::Instant::now();
-    let err = jit.run_main(lib, &["slow".into()]).unwrap_err();
+    let err = run_main(&jit, lib, &["slow".into()]).unwrap_err();
     killer.join().unwrap();
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(err.to_string().contains("SIGKILL"), "{err}");
@@ -181,7 +181,7 @@ fn a_stalled_executor_times_out() {
         .unwrap();
     // SAFETY: stopping our own child process.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
-    let err = jit.run_main(lib, &["x".into()]).unwrap_err();
+    let err = run_main(&jit, lib, &["x".into()]).unwrap_err();
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     assert!(err.to_string().contains("did not answer"), "{err}");
@@ -203,7 +203,7 @@ fn descriptor_check_child() {
         let lib = jit.main_library();
         jit.add_object(lib, "m.o", compile("m", "int main(void) { return 7; }"))
             .unwrap();
-        assert_eq!(jit.run_main(lib, &["m".into()]).unwrap(), 7);
+        assert_eq!(run_main(&jit, lib, &["m".into()]).unwrap(), 7);
         jit.shutdown();
     };
     cycle();
@@ -273,8 +273,8 @@ fn many_link_run_cycles_do_not_grow_the_executor() {
     for i in 0..150 {
         let lib = jit.create_library(&format!("cycle{i}"));
         jit.add_object(lib, "cycle.o", obj.clone()).unwrap();
-        jit.add_process_symbols(lib);
-        assert_eq!(jit.run_main(lib, &["c".into()]).unwrap(), 7);
+        jit.add_process_symbols(lib).unwrap();
+        assert_eq!(run_main(&jit, lib, &["c".into()]).unwrap(), 7);
         let (module, _) = jit
             .link_pending(lib)
             .unwrap()
@@ -603,4 +603,11 @@ fn a_wrong_protocol_version_is_refused() {
         ),
         "{err:?}"
     );
+}
+
+/// Runs `main` of a test program.
+#[allow(clippy::result_large_err)]
+fn run_main(jit: &kiln::Jit, lib: kiln::LibraryId, args: &[String]) -> Result<i32, kiln::Error> {
+    // SAFETY: every test program defines a C `int main(int, char **)`.
+    unsafe { jit.run_main(lib, args) }
 }

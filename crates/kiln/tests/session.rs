@@ -38,7 +38,8 @@ fn module_outlives_the_session_and_host_symbols_resolve() {
     }
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.define_symbol(lib, "host_seven", host_seven as *const () as u64);
+    jit.define_symbol(lib, "host_seven", host_seven as *const () as u64)
+        .unwrap();
     jit.add_object(
         lib,
         "a.o",
@@ -54,34 +55,41 @@ fn module_outlives_the_session_and_host_symbols_resolve() {
 }
 
 #[test]
-fn a_failed_link_leaves_earlier_modules_alone() {
+fn a_failed_link_leaves_the_library_exactly_as_before() {
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
     jit.add_object(lib, "ok.o", compile("ok", "int ok(void) { return 5; }"))
         .unwrap();
     assert_eq!(call0(jit.lookup(lib, "ok").unwrap()), 5);
-    jit.add_object(
-        lib,
-        "bad.o",
-        compile(
-            "bad",
-            "int nowhere(void); int bad(void) { return nowhere(); }",
-        ),
-    )
-    .unwrap();
+    let live = jit.memory_stats().live_allocations;
+    let bad = compile(
+        "bad",
+        "int nowhere(void); int bad(void) { return nowhere(); }",
+    );
+    jit.add_object(lib, "bad.o", bad.clone()).unwrap();
     let err = jit.lookup(lib, "bad").unwrap_err();
     assert!(
         err.to_string().contains("nowhere (referenced by bad.o)"),
         "{err}"
     );
+    // The library is as it was: the earlier module works, the failed objects are gone
+    // (not retried by every later lookup), nothing of theirs is allocated or published.
     assert_eq!(call0(jit.lookup(lib, "ok").unwrap()), 5);
-    // Supplying the missing symbol lets the pending object link.
+    assert_eq!(jit.memory_stats().live_allocations, live);
+    assert!(matches!(
+        jit.lookup(lib, "bad"),
+        Err(kiln::Error::SymbolNotFound(_))
+    ));
+    assert_eq!(jit.modules(lib).unwrap().len(), 1);
+    // With the missing symbol supplied, the object links when added again.
     jit.add_generator(
         lib,
         Box::new(FnGenerator(|name: &str| {
             (name == "nowhere").then_some(ok_address())
         })),
-    );
+    )
+    .unwrap();
+    jit.add_object(lib, "bad.o", bad).unwrap();
     assert_eq!(call0(jit.lookup(lib, "bad").unwrap()), 9);
 }
 
@@ -101,7 +109,8 @@ extern "C" fn record(x: u32) {
 fn initializers_run_after_link_and_finalizers_at_removal() {
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.define_symbol(lib, "record", record as *const () as u64);
+    jit.define_symbol(lib, "record", record as *const () as u64)
+        .unwrap();
     jit.add_object(
         lib,
         "ctor.o",
@@ -113,7 +122,7 @@ fn initializers_run_after_link_and_finalizers_at_removal() {
     .unwrap();
     let (module, _) = jit.link_pending(lib).unwrap().unwrap();
     assert_eq!(EVENTS.load(Ordering::SeqCst), 1);
-    jit.remove_module(&module);
+    jit.remove_module(&module).unwrap();
     assert_eq!(EVENTS.load(Ordering::SeqCst), 101);
     drop(module);
     assert_eq!(EVENTS.load(Ordering::SeqCst), 101, "finalizers run once");
@@ -131,7 +140,7 @@ fn search_order_across_libraries() {
     )
     .unwrap();
     jit.link_pending(base).unwrap();
-    jit.set_search_order(app, &[base]);
+    jit.set_search_order(app, &[base]).unwrap();
     jit.add_object(
         app,
         "app.o",
@@ -170,7 +179,7 @@ fn the_links_own_archive_wins_over_the_host() {
     )
     .unwrap();
     jit.add_archive_file(lib, &archive).unwrap();
-    jit.add_process_symbols(lib);
+    jit.add_process_symbols(lib).unwrap();
     let f: extern "C" fn(i32) -> i32 =
         // SAFETY: `use` is `int use(int)`.
         unsafe { std::mem::transmute(jit.lookup(lib, "use").unwrap() as usize) };
@@ -188,7 +197,8 @@ extern "C-unwind" fn host_panics(x: i32) -> i32 {
 fn a_rust_panic_unwinds_through_jit_frames() {
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.define_symbol(lib, "host_panics", host_panics as *const () as u64);
+    jit.define_symbol(lib, "host_panics", host_panics as *const () as u64)
+        .unwrap();
     // Two JIT frames between the catch and the panic; -fexceptions gives them full
     // unwind tables (x86-64 emits .eh_frame for C anyway).
     let obj = {
@@ -247,7 +257,8 @@ extern "C" fn host_record(v: i32) {
 fn a_removed_module_stays_mapped_until_other_threads_thread_local_destructors_ran() {
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.define_symbol(lib, "host_record", host_record as *const () as u64);
+    jit.define_symbol(lib, "host_record", host_record as *const () as u64)
+        .unwrap();
     jit.add_object(
         lib,
         "tl.o",
@@ -275,7 +286,7 @@ fn a_removed_module_stays_mapped_until_other_threads_thread_local_destructors_ra
     std::thread::sleep(std::time::Duration::from_millis(50));
 
     // Removing the module runs this thread's destructor at once…
-    jit.remove_module(&module);
+    jit.remove_module(&module).unwrap();
     drop(module);
     assert_eq!(*RECORDED.lock(), vec![3]);
     // …and the module's memory stays allocated for the worker's destructor.

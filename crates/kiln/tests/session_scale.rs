@@ -1,0 +1,327 @@
+//! The session at JIT scale: dependency records that make removal safe, explicit
+//! redefinition, checked library ids, batch and typed lookups, lent object bytes, archive
+//! members shared between modules, plugins told of loads and frees, and links into
+//! different libraries from several threads while others look up.
+
+// kiln::Error wraps link errors, which are large by design (see kiln-link).
+#![allow(clippy::result_large_err)]
+
+use kiln::{Error, Jit, LoadedModule, Plugin, SegmentRange, SymbolKind};
+use parking_lot::Mutex;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+fn compile(name: &str, source: &str) -> Vec<u8> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("session-scale");
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = dir.join(format!("{name}.c"));
+    let o = dir.join(format!("{name}.o"));
+    std::fs::write(&c, source).unwrap();
+    let status = Command::new("cc")
+        .args(["-O1", "-fPIC", "-c"])
+        .arg(&c)
+        .arg("-o")
+        .arg(&o)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::read(&o).unwrap()
+}
+
+fn call1(jit: &Jit, lib: kiln::LibraryId, name: &str, x: i64) -> i64 {
+    // SAFETY: the tests' functions are `long f(long)`, in this process, and their modules
+    // stay in the library while called.
+    let f = unsafe { jit.lookup_fn::<extern "C" fn(i64) -> i64>(lib, name) }.unwrap();
+    f(x)
+}
+
+#[test]
+fn a_module_others_call_cannot_be_removed_and_never_leaves_a_dangling_call() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let base = jit
+        .link_object(
+            lib,
+            "base.o",
+            compile("base", "long base(long x) { return x * 10; }"),
+        )
+        .unwrap();
+    let user = jit
+        .link_object(
+            lib,
+            "user.o",
+            compile(
+                "user",
+                "long base(long); long user(long x) { return base(x) + 1; }",
+            ),
+        )
+        .unwrap();
+    assert!(
+        user.uses().any(|m| m.same(&base)),
+        "the dependency is recorded"
+    );
+    assert_eq!(call1(&jit, lib, "user", 4), 41);
+    match jit.remove_module(&base) {
+        Err(Error::ModuleInUse { module, users }) => {
+            assert_eq!(module, "base.o");
+            assert_eq!(users, vec!["user.o".to_string()]);
+        }
+        other => panic!("expected ModuleInUse, got {other:?}"),
+    }
+    // Refused: nothing changed.
+    assert_eq!(call1(&jit, lib, "user", 5), 51);
+    // Without its users, it goes.
+    let user_fn = user.symbol("user").unwrap();
+    jit.remove_module(&user).unwrap();
+    jit.remove_module(&base).unwrap();
+    assert!(matches!(
+        jit.lookup(lib, "base"),
+        Err(Error::SymbolNotFound(_))
+    ));
+    // A handle of the removed user still runs: it keeps base's memory mapped.
+    drop(base);
+    // SAFETY: `user` is `long user(long)`, and the handle keeps it (and what it calls)
+    // mapped.
+    let f: extern "C" fn(i64) -> i64 = unsafe { std::mem::transmute(user_fn as usize) };
+    assert_eq!(f(6), 61);
+    let live = jit.memory_stats().live_allocations;
+    drop(user);
+    assert_eq!(jit.memory_stats().live_allocations, live - 2);
+}
+
+#[test]
+fn defining_a_name_twice_is_an_error_and_changes_nothing() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    jit.link_object(
+        lib,
+        "one.o",
+        compile("one", "long twice(long x) { return x + 1; }"),
+    )
+    .unwrap();
+    let live = jit.memory_stats().live_allocations;
+    match jit.link_object(
+        lib,
+        "two.o",
+        compile("two", "long twice(long x) { return x + 2; }"),
+    ) {
+        Err(Error::Redefinition {
+            symbol,
+            previous,
+            new,
+            ..
+        }) => {
+            assert_eq!(symbol, "twice");
+            assert_eq!(previous, "module one.o");
+            assert_eq!(new, "two.o");
+        }
+        other => panic!("expected Redefinition, got {other:?}"),
+    }
+    assert_eq!(call1(&jit, lib, "twice", 1), 2);
+    assert_eq!(jit.memory_stats().live_allocations, live);
+    assert!(matches!(
+        jit.define_symbol(lib, "twice", 0x1000),
+        Err(Error::Redefinition { .. })
+    ));
+}
+
+#[test]
+fn a_library_id_of_another_session_is_an_error() {
+    let a = Jit::new().unwrap();
+    let b = Jit::new().unwrap();
+    let other = b.create_library("other");
+    assert!(matches!(
+        a.lookup(other, "x"),
+        Err(Error::UnknownLibrary(_))
+    ));
+    assert!(matches!(
+        a.add_object(other, "x.o", compile("x", "int x;")),
+        Err(Error::UnknownLibrary(_))
+    ));
+    assert!(matches!(
+        a.define_symbol(b.main_library(), "y", 1),
+        Err(Error::UnknownLibrary(_))
+    ));
+}
+
+#[test]
+fn batch_lookup_and_lent_bytes() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let bytes: Arc<Vec<u8>> = Arc::new(compile(
+        "many",
+        "long f1(long x) { return x + 1; } long f2(long x) { return x + 2; } long f3(long x) { return x + 3; }",
+    ));
+    jit.add_object_shared(lib, "many.o", bytes.clone()).unwrap();
+    assert!(Arc::strong_count(&bytes) > 1, "lent, not copied");
+    let addresses = jit.lookup_many(lib, &["f1", "f2", "f3"]).unwrap();
+    assert_eq!(addresses.len(), 3);
+    assert!(addresses.iter().all(|&a| a != 0));
+    assert_eq!(call1(&jit, lib, "f3", 1), 4);
+    assert!(matches!(
+        jit.lookup_many(lib, &["f1", "missing"]),
+        Err(Error::SymbolNotFound(name)) if name == "missing"
+    ));
+}
+
+#[test]
+fn an_archive_member_linked_once_serves_later_modules() {
+    // Two modules need zlib's crc32: the second binds to the first's copy (and records
+    // the dependency) instead of linking the member again and defining crc32 twice.
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    jit.add_archive_file(lib, "/usr/lib/x86_64-linux-gnu/libz.a")
+        .unwrap();
+    jit.add_process_symbols(lib).unwrap();
+    let src = |n: &str| {
+        format!(
+            "unsigned long crc32(unsigned long, const unsigned char *, unsigned);\n\
+             long {n}(long x) {{ return (long)crc32(0, (const unsigned char *)\"kiln\", 4) + x; }}\n"
+        )
+    };
+    let first = jit
+        .link_object(lib, "first.o", compile("crc_first", &src("first")))
+        .unwrap();
+    let second = jit
+        .link_object(lib, "second.o", compile("crc_second", &src("second")))
+        .unwrap();
+    assert_eq!(call1(&jit, lib, "first", 0), call1(&jit, lib, "second", 0));
+    assert!(second.uses().any(|m| m.same(&first)));
+}
+
+#[derive(Default)]
+struct Recorder {
+    loaded: Mutex<Vec<LoadedModule>>,
+    freed: Mutex<Vec<(String, Vec<SegmentRange>)>>,
+}
+
+impl Plugin for Recorder {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+    fn module_loaded(&self, module: &LoadedModule) {
+        self.loaded.lock().push(module.clone());
+    }
+    fn module_freed(&self, name: &str, segments: &[SegmentRange]) {
+        self.freed
+            .lock()
+            .push((name.to_string(), segments.to_vec()));
+    }
+}
+
+struct Panicker;
+
+impl Plugin for Panicker {
+    fn name(&self) -> &str {
+        "panicker"
+    }
+    fn module_loaded(&self, _: &LoadedModule) {
+        panic!("a plugin that panics");
+    }
+}
+
+#[test]
+fn plugins_see_sections_symbols_and_frees() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let recorder = Arc::new(Recorder::default());
+    jit.add_plugin(recorder.clone());
+    // A panicking plugin is contained: the link goes on.
+    jit.add_plugin(Arc::new(Panicker));
+    let module = jit
+        .link_object(
+            lib,
+            "plugged.o",
+            compile(
+                "plugged",
+                "static long hidden_helper(long x) { return x * 3; }\n\
+                 long table[4] = {1, 2, 3, 4};\n\
+                 long plugged(long x) { return hidden_helper(x) + table[1]; }\n",
+            ),
+        )
+        .unwrap();
+    assert_eq!(call1(&jit, lib, "plugged", 2), 8);
+    {
+        let loaded = recorder.loaded.lock();
+        assert_eq!(loaded.len(), 1);
+        let event = &loaded[0];
+        assert_eq!(event.name, "plugged.o");
+        assert_eq!(event.objects.len(), 1);
+        let plugged = event
+            .symbols
+            .iter()
+            .find(|s| s.name == "plugged")
+            .expect("the function is reported");
+        assert_eq!(plugged.kind, SymbolKind::Function);
+        assert!(plugged.global && plugged.size > 0);
+        assert_eq!(Some(plugged.address), module.symbol("plugged"));
+        let table = event.symbols.iter().find(|s| s.name == "table").unwrap();
+        assert_eq!((table.kind, table.size), (SymbolKind::Data, 32));
+        let text = event
+            .sections
+            .iter()
+            .find(|s| s.name == ".text")
+            .expect(".text is reported");
+        assert!((text.address..text.address + text.size).contains(&plugged.address));
+        let segments = module.allocation().segments();
+        assert!(event.sections.iter().all(|s| segments
+            .iter()
+            .any(|g| g.target <= s.address && s.address + s.size <= g.target + g.len)));
+    }
+    jit.remove_module(&module).unwrap();
+    let segments = module.allocation().segments().to_vec();
+    drop(module);
+    let freed = recorder.freed.lock();
+    assert_eq!(freed.len(), 1);
+    assert_eq!(freed[0].0, "plugged.o");
+    assert_eq!(freed[0].1, segments);
+}
+
+#[test]
+fn links_into_different_libraries_proceed_in_parallel_with_lookups() {
+    let jit = Jit::new().unwrap();
+    let libs: Vec<_> = (0..2)
+        .map(|i| jit.create_library(&format!("lib{i}")))
+        .collect();
+    let objects: Vec<Vec<Vec<u8>>> = (0..2)
+        .map(|l| {
+            (0..40)
+                .map(|i| {
+                    compile(
+                        &format!("par_{l}_{i}"),
+                        &format!("long f_{l}_{i}(long x) {{ return x + {i}; }}"),
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        for (l, objs) in objects.iter().enumerate() {
+            let jit = jit.clone();
+            let lib = libs[l];
+            scope.spawn(move || {
+                for (i, bytes) in objs.iter().enumerate() {
+                    jit.link_object(lib, &format!("f_{l}_{i}.o"), bytes.clone())
+                        .unwrap();
+                }
+            });
+        }
+        // Meanwhile, lookups in both libraries answer (found or not yet).
+        let jit = jit.clone();
+        let libs = libs.clone();
+        scope.spawn(move || {
+            for round in 0..200 {
+                for (l, &lib) in libs.iter().enumerate() {
+                    let _ = jit.lookup(lib, &format!("f_{l}_{}", round % 40));
+                }
+            }
+        });
+    });
+    for (l, &lib) in libs.iter().enumerate() {
+        for i in 0..40 {
+            assert_eq!(call1(&jit, lib, &format!("f_{l}_{i}"), 100), 100 + i);
+        }
+        assert_eq!(jit.modules(lib).unwrap().len(), 40);
+    }
+}
