@@ -68,6 +68,7 @@ cargo build --release -p kiln-bench
 "$TARGET"/release/alloc_throughput --ops 5000
 cargo build --release -p kiln-cli -p kiln-executor
 "$TARGET"/release/tls_access --iterations 1000000 --runs 1
+"$TARGET"/release/session_scale --modules 200
 cargo build --release -p kiln-llvm --features llvm --examples
 "$TARGET"/release/examples/shaders 20 >/dev/null
 

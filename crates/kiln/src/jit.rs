@@ -719,6 +719,14 @@ impl Jit {
     /// linking what is pending, those again, the libraries in its search order, and its
     /// generators.
     pub fn lookup(&self, lib: LibraryId, name: &str) -> Result<u64, Error> {
+        // The common case, one hash lookup under a read lock.
+        if lib.session == self.inner.session {
+            if let Some(library) = self.inner.libraries.read().get(lib.index as usize) {
+                if let Some(d) = library.state.read().index.get(name) {
+                    return Ok(d.address);
+                }
+            }
+        }
         Ok(self.lookup_many(lib, &[name])?[0])
     }
 
@@ -861,9 +869,19 @@ impl Jit {
             if state.modules.remove(&module.inner.id).is_none() {
                 return Ok(()); // removed already
             }
+            // Only the module's own names: removal costs what the module defines, not
+            // what the library holds.
             let id = module.inner.id;
-            state.index.retain(|_, d| d.module != Some(id));
-            state.hidden.retain(|_, d| d.module != Some(id));
+            for (name, _, exported) in module.inner.symbols.iter() {
+                let map = if *exported {
+                    &mut state.index
+                } else {
+                    &mut state.hidden
+                };
+                if map.get(&**name).is_some_and(|d| d.module == Some(id)) {
+                    map.remove(&**name);
+                }
+            }
         }
         module.inner.finalize();
         Ok(())

@@ -1,0 +1,433 @@
+//! Figures of the session-at-scale issue, side by side in one run: a JIT that compiles one
+//! function per module with Cranelift 0.135 and keeps them all.
+//!
+//! N one-function modules (a quarter compute and read a global shared through a runtime
+//! module, a quarter call a host function, a quarter call libc's `labs`, a quarter call
+//! the previous module's function), linked one by one, each looked up, called and
+//! finally removed (newest first: a module that others call cannot go before them):
+//! - **kiln**: cranelift-object makes one ELF object per function; `Jit::link_object`
+//!   links it into the main library;
+//! - **cranelift-jit**: one `JITModule`, `define_function` + `finalize_definitions` per
+//!   function (its own "link"), `get_finalized_function`, `free_memory` at the end (it
+//!   cannot free one function).
+//!
+//! Code generation is timed apart (it is the same Cranelift in both). Each contender runs
+//! in a child process of its own (memory figures do not mix); `kiln2` links half the
+//! modules into each of two libraries from two threads at once.
+
+use clap::Parser;
+use cranelift_codegen::ir::{types::I64, AbiParam, InstBuilder, MemFlagsData};
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_module::{default_libcall_names, DataDescription, Linkage, Module};
+use kiln_bench::{field, run_child, ProcessMemory};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Module counts to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+    modules: Vec<usize>,
+    /// Largest count cranelift-jit is run with.
+    #[arg(long, default_value_t = 100_000)]
+    jit_max: usize,
+    /// Run one contender (internal: the child process).
+    #[arg(long)]
+    contender: Option<String>,
+}
+
+extern "C" fn kiln_bench_host(x: i64) -> i64 {
+    x ^ 0x55
+}
+
+/// What module `i`'s function returns for `x` (with the shared global at 7).
+fn expected(i: usize, x: i64) -> i64 {
+    match i % 4 {
+        0 => x * 3 + i as i64 + 7,
+        1 => kiln_bench_host(x) + i as i64,
+        2 => x.abs() + i as i64,
+        _ => expected(i - 1, x) + 1,
+    }
+}
+
+/// The host ISA; position-independent code for objects (cranelift-jit needs it off).
+fn isa(pic: bool) -> Arc<dyn cranelift_codegen::isa::TargetIsa> {
+    let mut flags = settings::builder();
+    flags
+        .set("is_pic", if pic { "true" } else { "false" })
+        .expect("flag");
+    flags.set("opt_level", "speed").expect("flag");
+    cranelift_native::builder()
+        .expect("host ISA")
+        .finish(settings::Flags::new(flags))
+        .expect("ISA")
+}
+
+/// Declares and defines module `i`'s function `f_i` in `module`.
+fn define_function<M: Module>(module: &mut M, i: usize, ctx_builder: &mut FunctionBuilderContext) {
+    let mut sig = module.make_signature();
+    sig.params.push(AbiParam::new(I64));
+    sig.returns.push(AbiParam::new(I64));
+    let id = module
+        .declare_function(&format!("f_{i}"), Linkage::Export, &sig)
+        .expect("declare");
+    let callee = match i % 4 {
+        1 => Some("kiln_bench_host".to_string()),
+        2 => Some("labs".to_string()),
+        3 => Some(format!("f_{}", i - 1)),
+        _ => None,
+    }
+    .map(|name| {
+        module
+            .declare_function(&name, Linkage::Import, &sig)
+            .expect("declare import")
+    });
+    let shared = (i % 4 == 0).then(|| {
+        module
+            .declare_data("shared_value", Linkage::Import, true, false)
+            .expect("declare data")
+    });
+    let mut ctx = module.make_context();
+    ctx.func.signature = sig;
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, ctx_builder);
+        let block = b.create_block();
+        b.append_block_params_for_function_params(block);
+        b.switch_to_block(block);
+        b.seal_block(block);
+        let x = b.block_params(block)[0];
+        let k = b.ins().iconst(I64, i as i64);
+        let result = match (callee, shared) {
+            (Some(callee), _) => {
+                let fref = module.declare_func_in_func(callee, b.func);
+                let call = b.ins().call(fref, &[x]);
+                let r = b.inst_results(call)[0];
+                if i % 4 == 3 {
+                    b.ins().iadd_imm_s(r, 1)
+                } else {
+                    b.ins().iadd(r, k)
+                }
+            }
+            (None, Some(data)) => {
+                let gv = module.declare_data_in_func(data, b.func);
+                let address = b.ins().symbol_value(I64, gv);
+                let value = b.ins().load(I64, MemFlagsData::trusted(), address, 0);
+                let three = b.ins().imul_imm_s(x, 3);
+                let sum = b.ins().iadd(three, k);
+                b.ins().iadd(sum, value)
+            }
+            (None, None) => unreachable!("every module either calls or reads the global"),
+        };
+        b.ins().return_(&[result]);
+        b.finalize(module.target_config());
+    }
+    module.define_function(id, &mut ctx).expect("define");
+}
+
+/// The runtime module's object: `shared_value`, an i64 of 7.
+fn runtime_object(isa: &Arc<dyn cranelift_codegen::isa::TargetIsa>) -> Vec<u8> {
+    let mut module = cranelift_object::ObjectModule::new(
+        cranelift_object::ObjectBuilder::new(isa.clone(), "runtime", default_libcall_names())
+            .expect("builder"),
+    );
+    define_shared(&mut module);
+    module.finish().emit().expect("emit")
+}
+
+fn define_shared<M: Module>(module: &mut M) {
+    let id = module
+        .declare_data("shared_value", Linkage::Export, true, false)
+        .expect("declare data");
+    let mut data = DataDescription::new();
+    data.define(7i64.to_le_bytes().to_vec().into_boxed_slice());
+    module.define_data(id, &data).expect("define data");
+}
+
+fn object_for(isa: &Arc<dyn cranelift_codegen::isa::TargetIsa>, i: usize) -> Vec<u8> {
+    let mut module = cranelift_object::ObjectModule::new(
+        cranelift_object::ObjectBuilder::new(isa.clone(), format!("m{i}"), default_libcall_names())
+            .expect("builder"),
+    );
+    let mut fbc = FunctionBuilderContext::new();
+    define_function(&mut module, i, &mut fbc);
+    module.finish().emit().expect("emit")
+}
+
+fn result(pairs: &[(&str, f64)]) {
+    let fields: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!("RESULT {}", fields.join(" "));
+}
+
+fn mean(d: &[Duration]) -> f64 {
+    d.iter().map(Duration::as_secs_f64).sum::<f64>() / d.len().max(1) as f64
+}
+
+/// First and last tenth of the per-module link times, in µs.
+fn tenths(times: &[Duration]) -> (f64, f64) {
+    let tenth = (times.len() / 10).max(1);
+    (
+        mean(&times[..tenth]) * 1e6,
+        mean(&times[times.len() - tenth..]) * 1e6,
+    )
+}
+
+fn run_kiln(n: usize, two_threads: bool) {
+    let isa = isa(true);
+    let t = Instant::now();
+    let runtime = runtime_object(&isa);
+    let objects: Vec<Vec<u8>> = (0..n).map(|i| object_for(&isa, i)).collect();
+    let codegen = t.elapsed();
+    let before = ProcessMemory::now();
+    let jit = kiln::Jit::new().expect("session");
+    let main = jit.main_library();
+    jit.define_symbol(main, "kiln_bench_host", kiln_bench_host as *const () as u64)
+        .expect("host");
+    jit.add_process_symbols(main).expect("process symbols");
+    jit.link_object(main, "runtime.o", runtime)
+        .expect("runtime");
+    if two_threads {
+        // Two libraries, each searching main (host, libc, the runtime), linked at once.
+        let libs: Vec<_> = (0..2)
+            .map(|k| jit.create_library(&format!("half{k}")))
+            .collect();
+        for &lib in &libs {
+            jit.set_search_order(lib, &[main]).expect("order");
+        }
+        let start = Instant::now();
+        std::thread::scope(|scope| {
+            for (k, &lib) in libs.iter().enumerate() {
+                let jit = jit.clone();
+                let objects = &objects;
+                scope.spawn(move || {
+                    // Halves are contiguous ranges starting at a multiple of 4, so every
+                    // module that calls its predecessor finds it in its own library.
+                    let (lo, hi) = (k * n / 2, (k + 1) * n / 2);
+                    for (i, bytes) in objects.iter().enumerate().take(hi).skip(lo) {
+                        jit.link_object(lib, &format!("m{i}.o"), bytes.clone())
+                            .expect("link");
+                    }
+                });
+            }
+        });
+        let elapsed = start.elapsed();
+        result(&[("n", n as f64), ("link_total_s", elapsed.as_secs_f64())]);
+        return;
+    }
+    let mut link_times = Vec::with_capacity(n);
+    let mut modules = Vec::with_capacity(n);
+    for (i, bytes) in objects.into_iter().enumerate() {
+        let t = Instant::now();
+        let module = jit
+            .link_object(main, &format!("m{i}.o"), bytes)
+            .expect("link");
+        link_times.push(t.elapsed());
+        modules.push(module);
+    }
+    let link_total: f64 = link_times.iter().map(Duration::as_secs_f64).sum();
+    let after = ProcessMemory::now();
+    let names: Vec<String> = (0..n).map(|i| format!("f_{i}")).collect();
+    let t = Instant::now();
+    let mut addresses = Vec::with_capacity(n);
+    for name in &names {
+        addresses.push(jit.lookup(main, name).expect("lookup"));
+    }
+    let lookup = t.elapsed();
+    let t = Instant::now();
+    let process = jit.lookup(main, "strlen").expect("strlen");
+    let _ = jit.lookup(main, "strlen").expect("strlen");
+    let process_lookup = t.elapsed() / 2;
+    assert_ne!(process, 0);
+    for (i, &address) in addresses.iter().enumerate() {
+        // SAFETY: f_i is `i64 f(i64)`, linked above and kept in the library.
+        let f: extern "C" fn(i64) -> i64 = unsafe { std::mem::transmute(address as usize) };
+        assert_eq!(f(-5), expected(i, -5), "f_{i}");
+    }
+    let stats = jit.memory_stats();
+    let t = Instant::now();
+    for module in modules.iter().rev() {
+        jit.remove_module(module).expect("remove");
+    }
+    drop(modules);
+    let removal = t.elapsed();
+    let (first, last) = tenths(&link_times);
+    result(&[
+        ("n", n as f64),
+        ("codegen_us", codegen.as_secs_f64() * 1e6 / n as f64),
+        ("link_us", link_total * 1e6 / n as f64),
+        ("first_tenth_us", first),
+        ("last_tenth_us", last),
+        ("lookup_all_ms", lookup.as_secs_f64() * 1e3),
+        ("process_lookup_us", process_lookup.as_secs_f64() * 1e6),
+        ("remove_us", removal.as_secs_f64() * 1e6 / n as f64),
+        (
+            "rss_per_module_b",
+            after.rss.saturating_sub(before.rss) as f64 / n as f64,
+        ),
+        (
+            "kiln_bytes_per_module_b",
+            stats.bytes_allocated as f64 / n as f64,
+        ),
+    ]);
+}
+
+fn run_cranelift_jit(n: usize) {
+    let isa = isa(false);
+    let mut builder = cranelift_jit::JITBuilder::with_isa(isa.clone(), default_libcall_names());
+    builder.symbol("kiln_bench_host", kiln_bench_host as *const u8);
+    let before = ProcessMemory::now();
+    let mut module = cranelift_jit::JITModule::new(builder);
+    define_shared(&mut module);
+    module.finalize_definitions().expect("finalize");
+    let mut fbc = FunctionBuilderContext::new();
+    let mut codegen = Duration::ZERO;
+    let mut link_times = Vec::with_capacity(n);
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = Instant::now();
+        define_function(&mut module, i, &mut fbc);
+        codegen += t.elapsed();
+        let t = Instant::now();
+        module.finalize_definitions().expect("finalize");
+        let id = match module.get_name(&format!("f_{i}")) {
+            Some(cranelift_module::FuncOrDataId::Func(id)) => id,
+            _ => panic!("f_{i} not declared"),
+        };
+        let _ = module.get_finalized_function(id);
+        link_times.push(t.elapsed());
+        ids.push(id);
+    }
+    let link_total: f64 = link_times.iter().map(Duration::as_secs_f64).sum();
+    let after = ProcessMemory::now();
+    let t = Instant::now();
+    let mut addresses = Vec::with_capacity(n);
+    for i in 0..n {
+        // The lookup a cranelift-jit user does: name → id → finalized address.
+        let id = match module.get_name(&format!("f_{i}")) {
+            Some(cranelift_module::FuncOrDataId::Func(id)) => id,
+            _ => panic!("f_{i}"),
+        };
+        addresses.push(module.get_finalized_function(id) as u64);
+    }
+    let lookup = t.elapsed();
+    for (i, &address) in addresses.iter().enumerate() {
+        // SAFETY: f_i is `i64 f(i64)`, finalized above, the module alive.
+        let f: extern "C" fn(i64) -> i64 = unsafe { std::mem::transmute(address as usize) };
+        assert_eq!(f(-5), expected(i, -5), "f_{i}");
+    }
+    let t = Instant::now();
+    // SAFETY: no function of the module is running or called after this.
+    unsafe { module.free_memory() };
+    let removal = t.elapsed();
+    let (first, last) = tenths(&link_times);
+    result(&[
+        ("n", n as f64),
+        ("codegen_us", codegen.as_secs_f64() * 1e6 / n as f64),
+        ("link_us", link_total * 1e6 / n as f64),
+        ("first_tenth_us", first),
+        ("last_tenth_us", last),
+        ("lookup_all_ms", lookup.as_secs_f64() * 1e3),
+        ("process_lookup_us", 0.0),
+        ("remove_us", removal.as_secs_f64() * 1e6 / n as f64),
+        (
+            "rss_per_module_b",
+            after.rss.saturating_sub(before.rss) as f64 / n as f64,
+        ),
+        ("kiln_bytes_per_module_b", 0.0),
+    ]);
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Some(contender) = &args.contender {
+        let n = args.modules[0];
+        match contender.as_str() {
+            "kiln" => run_kiln(n, false),
+            "kiln2" => run_kiln(n, true),
+            "cranelift-jit" => run_cranelift_jit(n),
+            other => panic!("unknown contender {other}"),
+        }
+        return;
+    }
+    println!("one function per module, Cranelift 0.135 code; per module unless said; each contender in its own process\n");
+    for &n in &args.modules {
+        println!("N = {n}");
+        println!(
+            "  {:<14} {:>9} {:>9} {:>11} {:>11} {:>12} {:>10} {:>10} {:>11}",
+            "contender",
+            "codegen",
+            "link",
+            "first 10%",
+            "last 10%",
+            "lookup all",
+            "remove",
+            "RSS/mod",
+            "strlen"
+        );
+        let mut rows = Vec::new();
+        for contender in ["kiln", "cranelift-jit"] {
+            if contender == "cranelift-jit" && n > args.jit_max {
+                println!("  {contender:<14} (not run above {})", args.jit_max);
+                continue;
+            }
+            let run = run_child(&[
+                "--contender".into(),
+                contender.into(),
+                "--modules".into(),
+                n.to_string(),
+            ]);
+            match run.ok().and_then(|r| r.into_iter().next()) {
+                Some(r) => {
+                    println!(
+                        "  {contender:<14} {:>7.1}µs {:>7.1}µs {:>9.1}µs {:>9.1}µs {:>10.2}ms {:>8.2}µs {:>8.0} B {:>9.2}µs",
+                        field(&r, "codegen_us"),
+                        field(&r, "link_us"),
+                        field(&r, "first_tenth_us"),
+                        field(&r, "last_tenth_us"),
+                        field(&r, "lookup_all_ms"),
+                        field(&r, "remove_us"),
+                        field(&r, "rss_per_module_b"),
+                        field(&r, "process_lookup_us"),
+                    );
+                    rows.push((contender, r));
+                }
+                None => println!("  {contender:<14} crashed or failed"),
+            }
+        }
+        let kiln = rows.iter().find(|(c, _)| *c == "kiln").map(|(_, r)| r);
+        let jit = rows
+            .iter()
+            .find(|(c, _)| *c == "cranelift-jit")
+            .map(|(_, r)| r);
+        if let Some(k) = kiln {
+            let flat = field(k, "last_tenth_us") / field(k, "first_tenth_us");
+            println!(
+                "  kiln: last 10% / first 10% link time {flat:.2} (target <= 1.2); {:.0} B of Kiln's own memory per module",
+                field(k, "kiln_bytes_per_module_b")
+            );
+            if let Some(j) = jit {
+                println!(
+                    "  kiln / cranelift-jit: link {:.2}x (target <= 0.5), lookup all {:.2}x (target <= 1), RSS per module {:.2}x",
+                    field(k, "link_us") / field(j, "link_us"),
+                    field(k, "lookup_all_ms") / field(j, "lookup_all_ms"),
+                    field(k, "rss_per_module_b") / field(j, "rss_per_module_b"),
+                );
+            }
+            let one = field(k, "link_us") * n as f64 / 1e6;
+            if let Ok(Some(two)) = run_child(&[
+                "--contender".into(),
+                "kiln2".into(),
+                "--modules".into(),
+                n.to_string(),
+            ])
+            .map(|r| r.into_iter().next())
+            {
+                println!(
+                    "  kiln, two threads into two libraries: {:.2}x the throughput of one (target >= 1.7)",
+                    one / field(&two, "link_total_s")
+                );
+            }
+        }
+        println!();
+    }
+}
