@@ -147,8 +147,19 @@ impl LoadedObject {
 
 type FrameFn = unsafe extern "C" fn(*const c_void);
 
+/// A host function's address, looked up once (`dlsym` takes the loader's lock: not
+/// something to do once per module).
+fn cached(cell: &'static std::sync::OnceLock<Option<u64>>, name: &str) -> Option<u64> {
+    *cell.get_or_init(|| dlsym(std::ptr::null_mut(), name))
+}
+
 fn frame_fn(name: &str) -> Option<FrameFn> {
-    let addr = dlsym(std::ptr::null_mut(), name)?;
+    static REGISTER: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    static DEREGISTER: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let addr = match name {
+        "__register_frame" => cached(&REGISTER, name),
+        _ => cached(&DEREGISTER, name),
+    }?;
     // SAFETY: libgcc_s's __register_frame / __deregister_frame have this signature.
     Some(unsafe { std::mem::transmute::<usize, FrameFn>(addr as usize) })
 }
@@ -207,7 +218,8 @@ pub unsafe fn run_initializers(functions: &[u64]) {
 pub unsafe fn run_finalizers(dso_handle: u64, functions: &[u64]) {
     // SAFETY: the caller's contract: the module is still mapped.
     unsafe { crate::thread_locals::run_thread_destructors(dso_handle) };
-    if let Some(cxa_finalize) = dlsym(std::ptr::null_mut(), "__cxa_finalize") {
+    static CXA_FINALIZE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    if let Some(cxa_finalize) = cached(&CXA_FINALIZE, "__cxa_finalize") {
         // SAFETY: glibc's __cxa_finalize(void *dso).
         let f: extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(cxa_finalize as usize) };
         f(dso_handle as *mut c_void);

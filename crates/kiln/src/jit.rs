@@ -576,8 +576,10 @@ impl Jit {
             library: &library,
             kinds: FxHashMap::default(),
             uses: FxHashMap::default(),
+            thread_atexit: false,
         };
         let linked = link(&objects, &archives, &mut ctx, &options)?;
+        let uses_thread_atexit = ctx.thread_atexit;
         let uses: Vec<Module> = ctx.uses.into_values().collect();
         let report = LinkReport {
             times: linked.times,
@@ -679,9 +681,12 @@ impl Jit {
         for used in &module.inner.uses {
             used.inner.users.lock().push(Arc::downgrade(&module.inner));
         }
-        let keep_alive: Arc<dyn std::any::Any + Send + Sync> = module.inner.clone();
-        executor.register_module(linked.dso_handle, Arc::downgrade(&keep_alive));
-        drop(keep_alive);
+        if uses_thread_atexit {
+            // Its thread-local destructors will keep it mapped (a global registry: only
+            // for modules that register such destructors).
+            let keep_alive: Arc<dyn std::any::Any + Send + Sync> = module.inner.clone();
+            executor.register_module(linked.dso_handle, Arc::downgrade(&keep_alive));
+        }
         {
             let mut state = library.state.write();
             for (name, &address) in &linked.symbols {
@@ -752,6 +757,7 @@ impl Jit {
             library: &library,
             kinds: FxHashMap::default(),
             uses: FxHashMap::default(),
+            thread_atexit: false,
         };
         let found = ctx.resolve_many(names);
         let state = library.state.read();
@@ -971,6 +977,9 @@ struct SessionContext<'s> {
     kinds: FxHashMap<String, bool>,
     /// The modules whose definitions the link used, by id.
     uses: FxHashMap<u64, Module>,
+    /// Whether the link resolved `__cxa_thread_atexit` (the module registers thread-local
+    /// destructors).
+    thread_atexit: bool,
 }
 
 impl SessionContext<'_> {
@@ -1023,6 +1032,9 @@ impl LinkContext for SessionContext<'_> {
             if slot.is_none() {
                 // What Kiln's runtime provides in place of the C runtime's.
                 *slot = executor.runtime_symbol(name);
+                if slot.is_some() && name.starts_with("__cxa_thread_atexit") {
+                    self.thread_atexit = true;
+                }
             }
         }
         // Generators, library by library, each asked once for everything still missing
