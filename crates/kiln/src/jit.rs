@@ -384,8 +384,11 @@ impl Jit {
         name: &str,
         bytes: impl Into<Arc<[u8]>>,
     ) -> Result<Module, Error> {
-        self.add_object(lib, name, bytes)?;
-        match self.link_pending(lib)? {
+        let input = ObjectInput::new(name, bytes);
+        kiln_link::check_object(&input.name, input.bytes())?;
+        // Linked under the library's link lock with what is pending, so that a concurrent
+        // lookup's link cannot take it away.
+        match self.link(lib, Some(input))? {
             Some((module, _)) => Ok(module),
             None => Err(Error::Executor("nothing was linked".into())),
         }
@@ -549,14 +552,25 @@ impl Jit {
     /// failed link are dropped (add them again, corrected, to retry), no definition of
     /// theirs is published, their memory is freed.
     pub fn link_pending(&self, lib: LibraryId) -> Result<Option<(Module, LinkReport)>, Error> {
+        self.link(lib, None)
+    }
+
+    /// Links what is pending in `lib`, and `extra`.
+    fn link(
+        &self,
+        lib: LibraryId,
+        extra: Option<ObjectInput>,
+    ) -> Result<Option<(Module, LinkReport)>, Error> {
         let library = self.library(lib)?;
         let _linking = library.link.lock();
         let (objects, archives) = {
             let mut state = library.state.write();
-            if state.pending.is_empty() {
+            let mut objects = std::mem::take(&mut state.pending);
+            objects.extend(extra);
+            if objects.is_empty() {
                 return Ok(None);
             }
-            (std::mem::take(&mut state.pending), state.archives.clone())
+            (objects, state.archives.clone())
         };
         let plugins: Vec<Arc<dyn Plugin>> = self
             .inner
