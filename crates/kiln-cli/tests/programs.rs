@@ -6,28 +6,14 @@
 //! The objects and the native programs' outputs come from tests/programs/build_native.sh,
 //! run once per test process.
 
+mod common;
+
+use common::ensure_executor;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 fn programs_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kiln-programs");
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/build_native.sh");
-        let status = Command::new("bash")
-            .arg(&script)
-            .arg(&out)
-            .stdout(std::process::Stdio::null())
-            .status()
-            .expect("bash runs build_native.sh");
-        assert!(
-            status.success(),
-            "build_native.sh failed: the native programs must build"
-        );
-        out
-    })
+    common::programs_dir("kiln-programs")
 }
 
 struct Program {
@@ -62,20 +48,6 @@ fn program(name: &str) -> Program {
 
 fn kiln_run(p: &Program) -> std::process::Output {
     kiln_run_with(p, &[])
-}
-
-/// The kiln-executor binary next to kiln (built on demand when only this package's tests
-/// were built).
-fn ensure_executor() {
-    let path = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
-    if !path.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        assert!(Command::new(cargo)
-            .args(["build", "-p", "kiln-executor"])
-            .status()
-            .unwrap()
-            .success());
-    }
 }
 
 fn kiln_run_with(p: &Program, flags: &[&str]) -> std::process::Output {
@@ -179,16 +151,11 @@ fn non_pic_code_reaching_libc_data_is_a_clear_error() {
     assert!(stderr.contains("relocs-O2-nopic.o: section"), "{stderr}");
 }
 
+/// `cc -c FLAGS SOURCE -o OUT`.
 fn compile(source: &Path, flags: &[&str], out: &Path) {
-    let status = Command::new("cc")
-        .args(flags)
-        .arg("-c")
-        .arg(source)
-        .arg("-o")
-        .arg(out)
-        .status()
-        .expect("cc runs");
-    assert!(status.success());
+    let mut all = flags.to_vec();
+    all.push("-c");
+    common::cc(&all, source, out);
 }
 
 #[test]

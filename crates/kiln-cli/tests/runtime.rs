@@ -8,44 +8,14 @@
 //! The programs are in tests/programs; their native builds and expected outputs come from
 //! tests/programs/build_native.sh.
 
+mod common;
+
+use common::{cc, ensure_executor, source};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 fn programs_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kiln-runtime-programs");
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/build_native.sh");
-        let status = Command::new("bash")
-            .arg(&script)
-            .arg(&out)
-            .stdout(std::process::Stdio::null())
-            .status()
-            .expect("bash runs build_native.sh");
-        assert!(status.success(), "build_native.sh failed");
-        out
-    })
-}
-
-fn source(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/programs")
-        .join(name)
-}
-
-/// The executor binary next to kiln (built on demand when only this package was built).
-fn ensure_executor() {
-    let path = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
-    if !path.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        assert!(Command::new(cargo)
-            .args(["build", "-p", "kiln-executor"])
-            .status()
-            .unwrap()
-            .success());
-    }
+    common::programs_dir("kiln-runtime-programs")
 }
 
 fn kiln(args: &[&str], inputs: &[PathBuf]) -> Output {
@@ -135,17 +105,6 @@ fn one_thread_local_reached_through_general_dynamic_and_local_exec_code() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
-}
-
-fn cc(flags: &[&str], src: &Path, out: &Path) {
-    let status = Command::new("cc")
-        .args(flags)
-        .arg(src)
-        .arg("-o")
-        .arg(out)
-        .status()
-        .expect("cc runs");
-    assert!(status.success(), "cc {flags:?} {}", src.display());
 }
 
 #[test]

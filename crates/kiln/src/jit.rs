@@ -584,14 +584,7 @@ impl Jit {
             low_memory: Some(&self.inner.low_memory as &dyn MemoryManager),
             report_sections: !plugins.is_empty(),
         };
-        let mut ctx = SessionContext {
-            jit: self,
-            lib,
-            library: &library,
-            kinds: FxHashMap::default(),
-            uses: FxHashMap::default(),
-            thread_atexit: false,
-        };
+        let mut ctx = SessionContext::new(self, &library);
         let linked = link(&objects, &archives, &mut ctx, &options)?;
         let uses_thread_atexit = ctx.thread_atexit;
         let uses: Vec<Module> = ctx.uses.into_values().collect();
@@ -765,14 +758,7 @@ impl Jit {
             }
         }
         self.link_pending(lib)?;
-        let mut ctx = SessionContext {
-            jit: self,
-            lib,
-            library: &library,
-            kinds: FxHashMap::default(),
-            uses: FxHashMap::default(),
-            thread_atexit: false,
-        };
+        let mut ctx = SessionContext::new(self, &library);
         let found = ctx.resolve_many(names);
         let state = library.state.read();
         names
@@ -985,7 +971,6 @@ fn call_plugin(plugin: &Arc<dyn Plugin>, f: impl FnOnce(&dyn Plugin)) {
 
 struct SessionContext<'s> {
     jit: &'s Jit,
-    lib: LibraryId,
     library: &'s Arc<Library>,
     /// Whether the names generators resolved are functions, as far as they know.
     kinds: FxHashMap<String, bool>,
@@ -996,7 +981,17 @@ struct SessionContext<'s> {
     thread_atexit: bool,
 }
 
-impl SessionContext<'_> {
+impl<'s> SessionContext<'s> {
+    fn new(jit: &'s Jit, library: &'s Arc<Library>) -> Self {
+        SessionContext {
+            jit,
+            library,
+            kinds: FxHashMap::default(),
+            uses: FxHashMap::default(),
+            thread_atexit: false,
+        }
+    }
+
     /// The libraries whose indexes resolve names for this link, in order.
     fn order(&self) -> Vec<Arc<Library>> {
         let mut order = vec![self.library.clone()];
@@ -1118,7 +1113,6 @@ impl LinkContext for SessionContext<'_> {
     }
 
     fn is_function(&mut self, name: &str, _address: u64) -> Option<bool> {
-        let _ = self.lib;
         self.kinds.get(name).copied()
     }
 }
