@@ -195,7 +195,8 @@ struct RunArgs {
     /// with --no-auth accepts).
     #[arg(long, value_name = "FILE")]
     key_file: Option<PathBuf>,
-    /// The executor binary for --oop (default: kiln-executor next to kiln).
+    /// The executor binary for --oop (default: kiln-executor next to kiln; with
+    /// KILN_EXECUTOR_SOCKET set, the pre-started `kiln-executor --listen-unix` there).
     #[arg(long, value_name = "PATH")]
     executor: Option<PathBuf>,
     /// Arguments for the program (after `--`).
@@ -222,7 +223,14 @@ fn run(o: RunArgs) -> Result<i32, String> {
             TransportKind::Shm => kiln::Transport::SharedMemory,
             TransportKind::Copy => kiln::Transport::Copy,
         };
-        kiln::Executor::spawn(&path, transport, timeouts).map_err(|e| e.to_string())?
+        // A pre-started executor (kiln-executor --listen-unix PATH) saves starting one.
+        match std::env::var_os("KILN_EXECUTOR_SOCKET") {
+            Some(socket) if o.executor.is_none() => {
+                kiln::Executor::connect_unix(std::path::Path::new(&socket), transport, timeouts)
+                    .map_err(|e| e.to_string())?
+            }
+            _ => kiln::Executor::spawn(&path, transport, timeouts).map_err(|e| e.to_string())?,
+        }
     } else {
         kiln::Executor::in_process()
     };

@@ -428,3 +428,72 @@ fn a_remote_program_behaves_like_a_local_one() {
     let _ = listener.wait();
     let _ = std::fs::remove_file(&key);
 }
+
+#[test]
+fn a_pre_started_executor_serves_kiln_run_oop() {
+    // kiln-executor --listen-unix PATH: a process forked per session, the socket only
+    // this user's, the program on kiln run's own stdin/stdout/stderr.
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    ensure_executor();
+    let dir = programs_dir();
+    let expected = std::fs::read_to_string(dir.join("runtime_exit.expected")).unwrap();
+    let socket = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("executor-{}.sock", std::process::id()));
+    let executor = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
+    let mut daemon = Command::new(&executor)
+        .arg("--listen-unix")
+        .arg(&socket)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..200 {
+        if socket.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(
+        std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    for _ in 0..2 {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .env("KILN_EXECUTOR_SOCKET", &socket)
+            .args(["run", "--oop"])
+            .arg(dir.join("runtime_exit.o"))
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            expected,
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(0));
+    }
+    // stdin reaches the program too, and exit(n) is kiln's status.
+    let src = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("prestarted_stdin.c");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\n#include <stdlib.h>\nint main(void) { int n = 0, c; while ((c = getchar()) != EOF) n += c == '\\n'; printf(\"%d lines\\n\", n); exit(n); }\n",
+    )
+    .unwrap();
+    let obj = src.with_extension("o");
+    cc(&["-O2", "-fPIE", "-c"], &src, &obj);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .env("KILN_EXECUTOR_SOCKET", &socket)
+        .args(["run", "--oop"])
+        .arg(&obj)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"1\n2\n3\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "3 lines\n");
+    assert_eq!(out.status.code(), Some(3));
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let _ = std::fs::remove_file(&socket);
+}

@@ -5,6 +5,10 @@
 //!     serve the Unix socket on descriptor N (started by a controller: already private)
 //! kiln-executor --listen [ADDR] [--key-file FILE] [--no-auth] [--idle-timeout SECS]
 //!     accept controllers on TCP ADDR (default 127.0.0.1:0, loopback)
+//! kiln-executor --listen-unix PATH
+//!     a pre-started executor: accept controllers on the Unix socket PATH (mode 0600: only
+//!     this user), a forked process each (`kiln run --oop` uses it when
+//!     KILN_EXECUTOR_SOCKET names it)
 //! ```
 //!
 //! With `--listen`, every connection must first authenticate with the pre-shared key and
@@ -185,6 +189,56 @@ fn listen(args: &[String]) -> ! {
     exit(0)
 }
 
+/// A pre-started executor on a Unix socket: what it saves a controller is the start of a
+/// process (exec, loading, the memory probe); each connection still gets a process of its
+/// own (forked), with shared memory and the controller's standard descriptors.
+fn listen_unix(path: &std::path::Path) -> ! {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::remove_file(path);
+    let listener = match std::os::unix::net::UnixListener::bind(path) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("kiln-executor: cannot listen on {}: {e}", path.display());
+            std::process::exit(1);
+        }
+    };
+    // Only this user may connect: the socket is the authentication.
+    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
+        eprintln!("kiln-executor: {}: {e}", path.display());
+        std::process::exit(1);
+    }
+    eprintln!("kiln-executor: listening on {}", path.display());
+    let _ = std::io::stderr().flush();
+    let mut running = 0usize;
+    for stream in listener.incoming() {
+        reap(&mut running);
+        let Ok(stream) = stream else { continue };
+        while running >= MAX_CONNECTIONS {
+            std::thread::sleep(Duration::from_millis(10));
+            reap(&mut running);
+        }
+        // SAFETY: as in `listen`: single-threaded parent, the child ends with _exit.
+        match unsafe { libc::fork() } {
+            0 => {
+                // SAFETY: the child's copy of the listening socket, not used here.
+                unsafe { libc::close(listener.as_raw_fd()) };
+                let ending = serve(Channel::new(Stream::Unix(stream)));
+                exit(if matches!(ending, Ending::Failed(_)) {
+                    1
+                } else {
+                    0
+                });
+            }
+            pid if pid > 0 => running += 1,
+            _ => eprintln!(
+                "kiln-executor: cannot fork for a connection: {}",
+                std::io::Error::last_os_error()
+            ),
+        }
+    }
+    exit(0)
+}
+
 /// Serves one accepted connection (in its own process); the exit code.
 fn serve_connection(stream: std::net::TcpStream, key: Option<&Key>, idle: Duration) -> i32 {
     let peer = stream
@@ -249,6 +303,10 @@ fn main() {
             });
         }
         Some("--listen") => listen(&args[1..]),
+        Some("--listen-unix") => match args.get(1) {
+            Some(path) => listen_unix(std::path::Path::new(path)),
+            None => usage(),
+        },
         _ => usage(),
     }
 }

@@ -662,6 +662,24 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
             give_input(bytes);
             continue;
         }
+        if request == Request::AdoptStdio {
+            let reply = match (channel.take_fd(), channel.take_fd(), channel.take_fd()) {
+                (Some(input), Some(output), Some(error)) => {
+                    runtime::flush_stdio();
+                    for (fd, target) in [(&input, 0), (&output, 1), (&error, 2)] {
+                        // SAFETY: dup2 onto this process's standard descriptors, from
+                        // descriptors the controller sent us.
+                        unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(fd), target) };
+                    }
+                    Response::Ok
+                }
+                _ => Response::Error("adopt stdio: three descriptors expected".into()),
+            };
+            if channel.send(&with_id(reply.encode(), id)).is_err() {
+                return Ending::Closed;
+            }
+            continue;
+        }
         if let (true, Request::RunMain { address, args }) = (options.forward_output, &request) {
             let reply = match state.code(*address) {
                 Ok(()) => run_main_serving(&mut channel, *address, args.clone()),
@@ -997,5 +1015,6 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             give_input(bytes);
             ok
         }
+        Request::AdoptStdio => Err("adopt stdio: handled by the connection".into()),
     }
 }

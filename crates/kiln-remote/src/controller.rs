@@ -228,6 +228,43 @@ impl RemoteExecutor {
         Self::connect_with_key(address, None, timeouts)
     }
 
+    /// Connects to a pre-started `kiln-executor --listen-unix PATH` (a process of its own
+    /// is forked for this connection) and hands it this process's standard input, output
+    /// and error, so that the program reads and writes where a child executor's would.
+    pub fn connect_unix(path: &Path, timeouts: Timeouts) -> Result<Self, RemoteError> {
+        let stream = UnixStream::connect(path)
+            .map_err(|e| RemoteError::Start(format!("{}: {e}", path.display())))?;
+        let remote = Self::handshake(Channel::new(Stream::Unix(stream)), None, timeouts)?;
+        {
+            let mut conn = remote.conn.lock();
+            // SAFETY: descriptors 0, 1 and 2 stay open for the life of this process.
+            let stdio = unsafe {
+                [
+                    std::os::fd::BorrowedFd::borrow_raw(0),
+                    std::os::fd::BorrowedFd::borrow_raw(1),
+                    std::os::fd::BorrowedFd::borrow_raw(2),
+                ]
+            };
+            conn.channel
+                .send_with_fds(&Request::AdoptStdio.encode(), &stdio)
+                .map_err(|e| RemoteError::Start(format!("adopt stdio: {e}")))?;
+            let body = conn
+                .channel
+                .recv()
+                .map_err(|e| RemoteError::Start(format!("adopt stdio: {e}")))?;
+            match Response::decode(&body)? {
+                Response::Ok => {}
+                other => {
+                    return Err(RemoteError::Unexpected {
+                        request: "adopt stdio".into(),
+                        response: other,
+                    })
+                }
+            }
+        }
+        Ok(remote)
+    }
+
     /// Connects to `kiln-executor --listen` at `address`, authenticating with `key` and
     /// encrypting everything after (see [`crate::secure`]); without a key, the executor
     /// must have been started with `--no-auth`.

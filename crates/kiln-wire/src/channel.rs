@@ -341,13 +341,30 @@ impl Channel {
 
     /// Sends a frame with a descriptor attached to its first byte (Unix sockets only).
     pub fn send_with_fd(&mut self, frame: &[u8], fd: BorrowedFd<'_>) -> Result<(), ChannelError> {
+        self.send_with_fds(frame, &[fd])
+    }
+
+    /// Sends a frame with up to four descriptors attached to its first byte (Unix sockets
+    /// only).
+    pub fn send_with_fds(
+        &mut self,
+        frame: &[u8],
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), ChannelError> {
         let (Stream::Unix(socket), None) = (&self.stream, &self.secure) else {
             return Err(ChannelError::Io(io::Error::new(
                 io::ErrorKind::Unsupported,
                 "descriptors can only travel on Unix sockets",
             )));
         };
-        let raw = fd.as_raw_fd();
+        if fds.is_empty() || fds.len() > 4 {
+            return Err(ChannelError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "one to four descriptors per frame",
+            )));
+        }
+        let raws: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
+        let data_len = std::mem::size_of_val(raws.as_slice()) as u32;
         // Frames from other senders must not come between this one's pieces.
         let _sending = self.send.lock();
         let mut iov = libc::iovec {
@@ -355,7 +372,7 @@ impl Channel {
             iov_len: frame.len(),
         };
         // SAFETY: CMSG_SPACE is a pure computation.
-        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
         let mut control = vec![0u8; space];
         // SAFETY: msghdr is plain data; zeroed is valid before the fields are set.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -363,14 +380,16 @@ impl Channel {
         msg.msg_iovlen = 1;
         msg.msg_control = control.as_mut_ptr().cast();
         msg.msg_controllen = space as _;
-        // SAFETY: `msg` points at `control`, large enough for one descriptor's header and
-        // data (CMSG_SPACE), so CMSG_FIRSTHDR is non-null and CMSG_DATA inside it.
+        // SAFETY: `msg` points at `control`, large enough for the descriptors' header and
+        // data (CMSG_SPACE), so CMSG_FIRSTHDR is non-null and the data fits after it.
         unsafe {
             let cmsg = libc::CMSG_FIRSTHDR(&msg);
             (*cmsg).cmsg_level = libc::SOL_SOCKET;
             (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), raw);
+            (*cmsg).cmsg_len = libc::CMSG_LEN(data_len) as _;
+            for (i, raw) in raws.iter().enumerate() {
+                std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>().add(i), *raw);
+            }
         }
         // SAFETY: a valid socket and a message whose buffers outlive the call.
         let sent = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };

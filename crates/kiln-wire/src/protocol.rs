@@ -281,6 +281,10 @@ pub enum Request {
         /// The bytes.
         bytes: Vec<u8>,
     },
+    /// The program's standard input, output and error are the three descriptors sent with
+    /// this message (`SCM_RIGHTS`, Unix sockets only): the controller's own, so that a
+    /// pre-started executor's program reads and writes where a local one would.
+    AdoptStdio,
 }
 
 /// A response from the executor.
@@ -364,6 +368,7 @@ impl fmt::Display for Request {
             Request::ExportSymbols { .. } => "export symbols",
             Request::UnexportSymbols { .. } => "unexport symbols",
             Request::Input { .. } => "input",
+            Request::AdoptStdio => "adopt stdio",
         };
         f.write_str(name)
     }
@@ -738,6 +743,7 @@ impl Request {
                 w.bytes(bytes);
                 w
             }
+            Request::AdoptStdio => Writer::new(25),
         };
         w.finish()
     }
@@ -906,6 +912,7 @@ impl Request {
             24 => Request::Input {
                 bytes: r.bytes("input")?,
             },
+            25 => Request::AdoptStdio,
             other => return Err(DecodeError::UnknownTag(other)),
         };
         r.end()?;
@@ -1142,6 +1149,7 @@ mod tests {
             Request::Input {
                 bytes: b"typed".to_vec(),
             },
+            Request::AdoptStdio,
         ];
         for req in all {
             let frame = req.encode();

@@ -95,6 +95,23 @@ impl Executor {
         })
     }
 
+    /// Connects to a pre-started `kiln-executor --listen-unix PATH`: a process forked for
+    /// this session, with `transport` (shared memory works: it is a Unix socket) and this
+    /// process's standard input, output and error. Saves starting a process per session.
+    pub fn connect_unix(
+        path: &Path,
+        transport: Transport,
+        timeouts: Timeouts,
+    ) -> Result<Self, Error> {
+        let remote = RemoteExecutor::connect_unix(path, timeouts)?;
+        Ok(Executor {
+            kind: Kind::Remote {
+                remote: Arc::new(remote),
+                transport,
+            },
+        })
+    }
+
     /// Connects to `kiln-executor --listen --no-auth` at `address` (plaintext, loopback
     /// only); code travels by copy. See [`Executor::connect_with_key`].
     pub fn connect(address: &str, timeouts: Timeouts) -> Result<Self, Error> {

@@ -248,6 +248,21 @@ fn main() {
         tcp_figure(&kiln, &executor, &args.dir, &inputs[0].1, args.runs);
         return;
     }
+    // A pre-started executor on a Unix socket, which `kiln run --oop` uses when
+    // KILN_EXECUTOR_SOCKET names it.
+    let socket = args.dir.join("executor.sock");
+    let mut prestarted = Command::new(&executor)
+        .arg("--listen-unix")
+        .arg(&socket)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kiln-executor --listen-unix");
+    for _ in 0..100 {
+        if socket.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let jitlink_executor = "/usr/lib/llvm-16/bin/llvm-jitlink-executor";
     println!(
         "end-to-end link + run, whole process, median of {} runs\n",
@@ -258,6 +273,18 @@ fn main() {
         "input", "kiln", "kiln shm", "kiln copy", "jitlink", "jitlink oop", "jitlink oop+shm"
     );
     for (name, files, run_args) in &inputs {
+        let kp = || {
+            time_command(args.runs, || {
+                let mut c = Command::new(&kiln);
+                c.env("KILN_EXECUTOR_SOCKET", &socket)
+                    .args(["run", "--oop"])
+                    .args(files)
+                    .arg("-lm")
+                    .arg("--")
+                    .args(run_args);
+                c
+            })
+        };
         let k = |extra: &[&str]| {
             time_command(args.runs, || {
                 let mut c = Command::new(&kiln);
@@ -300,6 +327,14 @@ fn main() {
             f(row[4]),
             f(row[5])
         );
+        if let (Some(pre), Some(inproc)) = (kp(), row[0]) {
+            println!(
+                "        kiln --oop with a pre-started executor (shm): {:.1} ms = {:.2}x in-process, +{:.1} ms",
+                pre.as_secs_f64() * 1e3,
+                pre.as_secs_f64() / inproc.as_secs_f64(),
+                (pre.as_secs_f64() - inproc.as_secs_f64()) * 1e3
+            );
+        }
         if let (Some(shm), Some(inproc), Some(j1), Some(j2)) = (row[1], row[0], row[4], row[5]) {
             let best_j = j1.min(j2).as_secs_f64();
             println!(
@@ -329,6 +364,8 @@ fn main() {
             copy.as_secs_f64() / shm.as_secs_f64()
         );
     }
+    let _ = prestarted.kill();
+    let _ = prestarted.wait();
     tcp_figure(&kiln, &executor, &args.dir, &inputs[0].1, args.runs);
     println!("\ntargets: kiln oop >= 2x faster than llvm-jitlink oop, within 10% of kiln in-process with shm; shm >= 5x faster than copy");
 }
