@@ -432,7 +432,7 @@ fn a_remote_program_behaves_like_a_local_one() {
 #[test]
 fn a_pre_started_executor_serves_kiln_run_oop() {
     // kiln-executor --listen-unix PATH: a process forked per session, the socket only
-    // this user's, the program on kiln run's own stdin/stdout/stderr.
+    // this user's (and the peer checked), the program on kiln run's own stdin/stdout/stderr.
     use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
     ensure_executor();
@@ -453,9 +453,11 @@ fn a_pre_started_executor_serves_kiln_run_oop() {
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+    // Nobody but its owner may connect.
     assert_eq!(
-        std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777,
-        0o600
+        std::fs::metadata(&socket).unwrap().permissions().mode() & 0o077,
+        0,
+        "the socket is accessible to others"
     );
     for _ in 0..2 {
         let out = Command::new(env!("CARGO_BIN_EXE_kiln"))

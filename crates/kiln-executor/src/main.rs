@@ -6,8 +6,8 @@
 //! kiln-executor --listen [ADDR] [--key-file FILE] [--no-auth] [--idle-timeout SECS]
 //!     accept controllers on TCP ADDR (default 127.0.0.1:0, loopback)
 //! kiln-executor --listen-unix PATH
-//!     a pre-started executor: accept controllers on the Unix socket PATH (mode 0600: only
-//!     this user), a forked process each (`kiln run --oop` uses it when
+//!     a pre-started executor: accept controllers on the Unix socket PATH (its owner's
+//!     only, and each peer checked to be this user), a forked process each (`kiln run --oop` uses it when
 //!     KILN_EXECUTOR_SOCKET names it)
 //! ```
 //!
@@ -193,20 +193,32 @@ fn listen(args: &[String]) -> ! {
 /// process (exec, loading, the memory probe); each connection still gets a process of its
 /// own (forked), with shared memory and the controller's standard descriptors.
 fn listen_unix(path: &std::path::Path) -> ! {
-    use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::remove_file(path);
-    let listener = match std::os::unix::net::UnixListener::bind(path) {
+    use std::os::unix::fs::FileTypeExt;
+    // A stale socket of an earlier executor is replaced; any other file is left alone.
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            eprintln!(
+                "kiln-executor: {} exists and is not a socket: not replacing it",
+                path.display()
+            );
+            std::process::exit(1);
+        }
+        let _ = std::fs::remove_file(path);
+    }
+    // Created owner-only from the start (no window in which others may connect); each
+    // connection's peer must be this user too (SO_PEERCRED).
+    // SAFETY: umask only changes this process's file-creation mask, restored below.
+    let old_mask = unsafe { libc::umask(0o077) };
+    let bound = std::os::unix::net::UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old_mask) };
+    let listener = match bound {
         Ok(l) => l,
         Err(e) => {
             eprintln!("kiln-executor: cannot listen on {}: {e}", path.display());
             std::process::exit(1);
         }
     };
-    // Only this user may connect: the socket is the authentication.
-    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
-        eprintln!("kiln-executor: {}: {e}", path.display());
-        std::process::exit(1);
-    }
     eprintln!("kiln-executor: listening on {}", path.display());
     let _ = std::io::stderr().flush();
     let mut running = 0usize;
@@ -222,7 +234,12 @@ fn listen_unix(path: &std::path::Path) -> ! {
             0 => {
                 // SAFETY: the child's copy of the listening socket, not used here.
                 unsafe { libc::close(listener.as_raw_fd()) };
-                let ending = serve(Channel::new(Stream::Unix(stream)));
+                let channel = Channel::new(Stream::Unix(stream));
+                if !channel.peer_is_same_user() {
+                    eprintln!("kiln-executor: refused a connection from another user");
+                    exit(1);
+                }
+                let ending = serve(channel);
                 exit(if matches!(ending, Ending::Failed(_)) {
                     1
                 } else {

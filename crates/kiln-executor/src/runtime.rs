@@ -94,8 +94,22 @@ pub fn dlopen_bytes(name: &str, bytes: &[u8], global: bool) -> Result<LoadedObje
         return dlopen_with(&format!("/proc/self/fd/{}", file.as_raw_fd()), flags)
             .map(|handle| LoadedObject { handle });
     }
-    let path = std::env::temp_dir().join(format!("{}-{name}", std::process::id()));
-    std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    // Where memfds are refused: a file of our own, created new (never following or
+    // reusing what another user may have put at the name), removed after loading.
+    use std::os::unix::fs::OpenOptionsExt;
+    static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("kiln-{}-{serial}-{name}", std::process::id()));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    file.write_all(bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    drop(file);
     let result = dlopen_with(&path.display().to_string(), flags);
     let _ = std::fs::remove_file(&path);
     result.map(|handle| LoadedObject { handle })

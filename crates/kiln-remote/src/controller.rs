@@ -234,7 +234,15 @@ impl RemoteExecutor {
     pub fn connect_unix(path: &Path, timeouts: Timeouts) -> Result<Self, RemoteError> {
         let stream = UnixStream::connect(path)
             .map_err(|e| RemoteError::Start(format!("{}: {e}", path.display())))?;
-        let remote = Self::handshake(Channel::new(Stream::Unix(stream)), None, timeouts)?;
+        let channel = Channel::new(Stream::Unix(stream));
+        // Code and this process's terminal go only to an executor of this user.
+        if !channel.peer_is_same_user() {
+            return Err(RemoteError::Authentication {
+                address: path.display().to_string(),
+                reason: "the executor behind this socket runs as another user".into(),
+            });
+        }
+        let remote = Self::handshake(channel, None, timeouts)?;
         {
             let mut conn = remote.conn.lock();
             // SAFETY: descriptors 0, 1 and 2 stay open for the life of this process.

@@ -7,7 +7,7 @@ use crate::protocol::MAX_FRAME;
 use crate::secure::{self, Key, Role, MAX_NOISE_MESSAGE, TAG};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -53,6 +53,9 @@ pub struct Channel {
     max_frame: u32,
     secure: Option<Secure>,
     send: Arc<Mutex<SendState>>,
+    /// While set, every read must complete by then (not only each read within the
+    /// timeout): a peer that trickles bytes cannot stretch it.
+    deadline: Option<std::time::Instant>,
 }
 
 /// The sending side: its own handle on the socket and, on a secure channel, the transport
@@ -89,10 +92,7 @@ impl Sender {
         let Some(stream) = &state.stream else {
             return false;
         };
-        let fd = match stream {
-            Stream::Unix(s) => s.as_raw_fd(),
-            Stream::Tcp(s) => s.as_raw_fd(),
-        };
+        let fd = raw_of(stream);
         let mut wire = [0u8; 256 + 2 + TAG];
         let len = match &mut state.secure {
             None if frame.len() <= 256 => {
@@ -111,8 +111,15 @@ impl Sender {
         };
         let mut done = 0;
         while done < len {
-            // SAFETY: write(2) is async-signal-safe; the buffer is on this stack.
-            let n = unsafe { libc::write(fd, wire[done..].as_ptr().cast(), len - done) };
+            // SAFETY: send(2) is async-signal-safe; the buffer is on this stack.
+            let n = unsafe {
+                libc::send(
+                    fd,
+                    wire[done..].as_ptr().cast(),
+                    len - done,
+                    libc::MSG_NOSIGNAL,
+                )
+            };
             if n <= 0 {
                 return false;
             }
@@ -120,6 +127,35 @@ impl Sender {
         }
         true
     }
+}
+
+/// The socket's descriptor.
+fn raw_of(stream: &Stream) -> RawFd {
+    match stream {
+        Stream::Unix(s) => s.as_raw_fd(),
+        Stream::Tcp(s) => s.as_raw_fd(),
+    }
+}
+
+/// Writes all of `bytes` with `send(MSG_NOSIGNAL)`: a peer that went away is an error,
+/// never a `SIGPIPE` for the host program.
+fn send_all(fd: RawFd, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: `bytes` is a valid readable buffer of its length.
+        let n = unsafe { libc::send(fd, bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        bytes = &bytes[n as usize..];
+    }
+    Ok(())
 }
 
 fn send_frame(state: &mut SendState, frame: &[u8]) -> Result<(), ChannelError> {
@@ -149,10 +185,7 @@ fn send_frame(state: &mut SendState, frame: &[u8]) -> Result<(), ChannelError> {
             wire
         }
     };
-    let r = match stream {
-        Stream::Unix(s) => s.write_all(bytes),
-        Stream::Tcp(s) => s.write_all(bytes),
-    };
+    let r = send_all(raw_of(stream), bytes);
     if wire.capacity() > 4 << 20 {
         *wire = Vec::new();
     }
@@ -205,6 +238,7 @@ impl Channel {
             timeout: None,
             max_frame: MAX_FRAME,
             secure: None,
+            deadline: None,
             send: Arc::new(Mutex::new(SendState {
                 stream: writer,
                 secure: None,
@@ -240,6 +274,17 @@ impl Channel {
     /// after it is encrypted and authenticated. Fails — before any frame is read — when
     /// the peer does not hold the key or does not speak Noise.
     pub fn secure(&mut self, key: &Key, role: Role) -> Result<(), ChannelError> {
+        // The whole handshake, not each read, gets the channel's timeout.
+        self.deadline = self.timeout.map(|t| std::time::Instant::now() + t);
+        let result = self.handshake(key, role);
+        self.deadline = None;
+        if let Some(timeout) = self.timeout {
+            let _ = self.set_timeout(Some(timeout));
+        }
+        result
+    }
+
+    fn handshake(&mut self, key: &Key, role: Role) -> Result<(), ChannelError> {
         let auth = |e: snow::Error| ChannelError::Auth(e.to_string());
         let mut handshake = secure::handshake_state(key, role).map_err(auth)?;
         let mut buf = vec![0u8; MAX_NOISE_MESSAGE];
@@ -295,11 +340,7 @@ impl Channel {
     }
 
     fn raw_write(&mut self, bytes: &[u8]) -> Result<(), ChannelError> {
-        let r = match &mut self.stream {
-            Stream::Unix(s) => s.write_all(bytes),
-            Stream::Tcp(s) => s.write_all(bytes),
-        };
-        r.map_err(|e| map_io(e, self.timeout))
+        send_all(raw_of(&self.stream), bytes).map_err(|e| map_io(e, self.timeout))
     }
 
     /// The socket's descriptor (for the executor's crash reporter).
@@ -308,6 +349,32 @@ impl Channel {
             Stream::Unix(s) => s.as_raw_fd(),
             Stream::Tcp(s) => s.as_raw_fd(),
         }
+    }
+
+    /// On a Unix socket: whether the process at the other end runs as this process's
+    /// user (`SO_PEERCRED`); `false` on TCP or if the kernel cannot say.
+    pub fn peer_is_same_user(&self) -> bool {
+        let Stream::Unix(socket) = &self.stream else {
+            return false;
+        };
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: u32::MAX,
+            gid: u32::MAX,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `cred`.
+        let rc = unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        };
+        // SAFETY: geteuid has no preconditions.
+        rc == 0 && cred.uid == unsafe { libc::geteuid() }
     }
 
     /// Whether descriptors can travel on this channel.
@@ -398,9 +465,7 @@ impl Channel {
         }
         let sent = sent as usize;
         if sent < frame.len() {
-            let mut rest = socket;
-            rest.write_all(&frame[sent..])
-                .map_err(|e| map_io(e, self.timeout))?;
+            send_all(socket.as_raw_fd(), &frame[sent..]).map_err(|e| map_io(e, self.timeout))?;
         }
         Ok(())
     }
@@ -448,6 +513,17 @@ impl Channel {
     fn raw_read_exact(&mut self, buf: &mut [u8]) -> Result<(), ChannelError> {
         let mut done = 0;
         while done < buf.len() {
+            if let Some(deadline) = self.deadline {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return Err(ChannelError::Timeout(self.timeout.unwrap_or_default()));
+                }
+                let set = match &self.stream {
+                    Stream::Unix(s) => s.set_read_timeout(Some(left)),
+                    Stream::Tcp(s) => s.set_read_timeout(Some(left)),
+                };
+                set.map_err(ChannelError::Io)?;
+            }
             let read = match &mut self.stream {
                 Stream::Tcp(s) => s.read(&mut buf[done..]),
                 Stream::Unix(s) => {

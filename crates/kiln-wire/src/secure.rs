@@ -122,7 +122,7 @@ impl Key {
     pub fn from_hex(text: &str, what: &str) -> Result<Self, KeyError> {
         let text = text.trim();
         let malformed = || KeyError::Malformed { what: what.into() };
-        if text.len() != 64 {
+        if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(malformed());
         }
         let mut bytes = [0u8; 32];
@@ -216,6 +216,8 @@ mod tests {
         assert_eq!(Key::from_hex(&key.to_hex(), "t").unwrap(), key);
         assert!(Key::from_hex("abc", "t").is_err());
         assert!(Key::from_hex(&"zz".repeat(32), "t").is_err());
+        // 64 bytes, not 64 characters: an error, not a panic.
+        assert!(Key::from_hex(&"é".repeat(32), "t").is_err());
         assert_ne!(Key::generate().unwrap(), key);
         assert_eq!(format!("{key:?}"), "Key(…)");
     }

@@ -78,6 +78,15 @@ pub enum Error {
         /// The modules whose code refers to it.
         users: Vec<String>,
     },
+    /// A module the link used was removed while the link ran: the new module is dropped
+    /// unrun.
+    #[error("module {used}, which {module} calls, was removed while {module} was being linked")]
+    RemovedDuringLink {
+        /// The new module.
+        module: String,
+        /// The module it calls.
+        used: String,
+    },
     /// A file is neither an ELF object nor an archive.
     #[error("{path}: not an ELF object or archive")]
     UnknownInput {

@@ -562,7 +562,7 @@ impl Jit {
         extra: Option<ObjectInput>,
     ) -> Result<Option<(Module, LinkReport)>, Error> {
         let library = self.library(lib)?;
-        let _linking = library.link.lock();
+        let linking = library.link.lock();
         let (objects, archives) = {
             let mut state = library.state.write();
             let mut objects = std::mem::take(&mut state.pending);
@@ -688,6 +688,23 @@ impl Jit {
         for used in &module.inner.uses {
             used.inner.users.lock().push(Arc::downgrade(&module.inner));
         }
+        // A module this one calls may have been removed while it linked (its removal saw
+        // no user yet). Now that this one is a user, a removal is refused; one that came
+        // first is caught here, and this module never runs.
+        for used in &module.inner.uses {
+            let listed = self
+                .library(used.inner.library)
+                .map(|l| l.state.read().modules.contains_key(&used.inner.id))
+                .unwrap_or(false);
+            if !listed {
+                *module.inner.finalized.lock() = true; // its initializers never ran
+                module.inner.plugins.lock().clear(); // nor was its load announced
+                return Err(Error::RemovedDuringLink {
+                    module: module.inner.name.clone(),
+                    used: used.inner.name.clone(),
+                });
+            }
+        }
         if uses_thread_atexit {
             // Its thread-local destructors will keep it mapped (a global registry: only
             // for modules that register such destructors).
@@ -716,6 +733,9 @@ impl Jit {
             }
             state.modules.insert(id, module.clone());
         }
+        // No lock while plugins and JIT code run: an initializer may call back into the
+        // session, even to link into this library.
+        drop(linking);
         if let Some(event) = &event {
             for plugin in &plugins {
                 call_plugin(plugin, |p| p.module_loaded(event));
@@ -1149,23 +1169,23 @@ impl ModuleInner {
     /// handlers, `.fini_array`), withdraws exported definitions and unregisters unwind
     /// information; the memory stays until the last handle goes.
     fn finalize(&self) {
-        let mut done = self.finalized.lock();
+        let run = {
+            let mut done = self.finalized.lock();
+            let run = !*done;
+            *done = true;
+            run
+        };
         if let Some(exports) = self.exports.lock().take() {
             self.executor.unexport_symbols(exports);
         }
-        if *done {
-            return;
-        }
-        *done = true;
-        if let Err(error) = self.executor.run_finalizers(self.dso_handle, &self.fini) {
-            tracing::warn!(%error, module = %self.name, "running finalizers failed");
+        if run {
+            if let Err(error) = self.executor.run_finalizers(self.dso_handle, &self.fini) {
+                tracing::warn!(%error, module = %self.name, "running finalizers failed");
+            }
         }
         self.executor.unregister_module(self.dso_handle);
         if let Some(registration) = self.eh.lock().take() {
             self.executor.deregister_eh_frame(registration);
-        }
-        if let Some(id) = self.tls_module {
-            self.executor.remove_tls(id);
         }
     }
 }
@@ -1173,6 +1193,11 @@ impl ModuleInner {
 impl Drop for ModuleInner {
     fn drop(&mut self) {
         self.finalize();
+        // Thread-local storage goes last: other threads' thread-local destructors, which
+        // kept the module alive until now, may have used it.
+        if let Some(id) = self.tls_module {
+            self.executor.remove_tls(id);
+        }
         let plugins = std::mem::take(&mut *self.plugins.lock());
         for plugin in &plugins {
             call_plugin(plugin, |p| {

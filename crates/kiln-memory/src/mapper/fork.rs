@@ -19,6 +19,11 @@
 //! its copy is done, or end-of-file if the child died first. Without the wait the parent
 //! went on writing (a forked CPython's parent releases its GIL and clears its thread
 //! state right away) and the child copied the parent's later state.
+//!
+//! Only the forking thread waits: in a parent whose *other* threads write JIT data while
+//! it forks, the child's copy may catch their writes half done — as a child may see a
+//! half-done write to any shared memory. The wait is bounded (10 s): a child stuck in an
+//! earlier fork handler does not hang the parent.
 
 use super::sys;
 use std::os::fd::RawFd;
@@ -64,12 +69,16 @@ extern "C" fn parent() {
     );
     if read >= 0 {
         // SAFETY: our descriptors from `prepare`; the child holds its own write end, so
-        // the read returns its byte, or end-of-file when it exits (or fork failed and no
-        // child holds it).
+        // the pipe becomes readable with its byte, or at end-of-file when it exits (or fork
+        // failed and no child holds it); at most 10 s.
         unsafe {
             libc::close(write);
-            let mut byte = 0u8;
-            while libc::read(read, (&mut byte as *mut u8).cast(), 1) < 0
+            let mut fds = libc::pollfd {
+                fd: read,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            while libc::poll(&mut fds, 1, 10_000) < 0
                 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
             {
             }
