@@ -44,10 +44,10 @@ struct LibraryState {
     archives: Arc<Vec<ArchiveInput>>,
     /// Every exported definition of the library, by name: one hash lookup per name,
     /// whatever the number of modules.
-    index: FxHashMap<Box<str>, Definition>,
+    index: FxHashMap<Arc<str>, Definition>,
     /// Hidden definitions of the library's modules (a hidden `main` is still the
     /// program's entry): the last place a lookup looks.
-    hidden: FxHashMap<Box<str>, Definition>,
+    hidden: FxHashMap<Arc<str>, Definition>,
     /// Live modules, by id.
     modules: FxHashMap<u64, Module>,
     search_order: Vec<LibraryId>,
@@ -651,10 +651,10 @@ impl Jit {
         let module = Module {
             inner: Arc::new(ModuleInner {
                 id,
-                name,
+                name: name.into_boxed_str(),
                 library: lib,
                 symbols: {
-                    let mut all: Vec<(Box<str>, u64, bool)> = linked
+                    let mut all: Vec<(Arc<str>, u64, bool)> = linked
                         .symbols
                         .iter()
                         .map(|(n, &a)| (n.as_str().into(), a, true))
@@ -669,9 +669,9 @@ impl Jit {
                     all.into_boxed_slice()
                 },
                 fini: if self.inner.noexec {
-                    Vec::new()
+                    Box::default()
                 } else {
-                    linked.fini
+                    linked.fini.into_boxed_slice()
                 },
                 dso_handle: linked.dso_handle,
                 tls_module,
@@ -679,7 +679,7 @@ impl Jit {
                 exports: Mutex::new(exports),
                 finalized: Mutex::new(self.inner.noexec),
                 executor: executor.clone(),
-                uses,
+                uses: uses.into_boxed_slice(),
                 users: Mutex::new(Vec::new()),
                 plugins: Mutex::new(plugins.clone()),
                 allocation: linked.allocation,
@@ -700,8 +700,8 @@ impl Jit {
                 *module.inner.finalized.lock() = true; // its initializers never ran
                 module.inner.plugins.lock().clear(); // nor was its load announced
                 return Err(Error::RemovedDuringLink {
-                    module: module.inner.name.clone(),
-                    used: used.inner.name.clone(),
+                    module: module.inner.name.to_string(),
+                    used: used.inner.name.to_string(),
                 });
             }
         }
@@ -713,20 +713,17 @@ impl Jit {
         }
         {
             let mut state = library.state.write();
-            for (name, &address) in &linked.symbols {
-                state.index.insert(
-                    name.as_str().into(),
+            // The index shares the module's name strings (one allocation per name).
+            for (name, address, exported) in module.inner.symbols.iter() {
+                let map = if *exported {
+                    &mut state.index
+                } else {
+                    &mut state.hidden
+                };
+                map.insert(
+                    name.clone(),
                     Definition {
-                        address,
-                        module: Some(id),
-                    },
-                );
-            }
-            for (name, &address) in &linked.hidden_symbols {
-                state.hidden.insert(
-                    name.as_str().into(),
-                    Definition {
-                        address,
+                        address: *address,
                         module: Some(id),
                     },
                 );
@@ -884,11 +881,11 @@ impl Jit {
                 .iter()
                 .filter_map(Weak::upgrade)
                 .filter(|u| !*u.finalized.lock() || u.is_listed(&state))
-                .map(|u| u.name.clone())
+                .map(|u| u.name.to_string())
                 .collect();
             if !users.is_empty() {
                 return Err(Error::ModuleInUse {
-                    module: module.inner.name.clone(),
+                    module: module.inner.name.to_string(),
                     users,
                 });
             }
@@ -1139,11 +1136,11 @@ impl LinkContext for SessionContext<'_> {
 
 struct ModuleInner {
     id: u64,
-    name: String,
+    name: Box<str>,
     library: LibraryId,
     /// The module's global definitions, sorted by name: (name, address, exported).
-    symbols: Box<[(Box<str>, u64, bool)]>,
-    fini: Vec<u64>,
+    symbols: Box<[(Arc<str>, u64, bool)]>,
+    fini: Box<[u64]>,
     dso_handle: u64,
     tls_module: Option<u64>,
     eh: Mutex<Option<EhRegistration>>,
@@ -1151,7 +1148,7 @@ struct ModuleInner {
     finalized: Mutex<bool>,
     executor: Executor,
     /// The modules whose definitions this one's code refers to: kept alive with it.
-    uses: Vec<Module>,
+    uses: Box<[Module]>,
     /// The modules that refer to this one.
     users: Mutex<Vec<Weak<ModuleInner>>>,
     /// Told before the module is freed.
