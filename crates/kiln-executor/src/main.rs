@@ -163,8 +163,20 @@ fn listen(args: &[String]) -> ! {
     }
     eprintln!("kiln-executor: listening on {bound}");
     let _ = std::io::stderr().flush();
+    fork_per_connection(listener.as_raw_fd(), listener.incoming(), |stream| {
+        serve_connection(stream, key.as_ref(), options.idle_timeout)
+    })
+}
+
+/// Serves each accepted connection in a forked process of its own (`serve` gives its exit
+/// code), reaping finished ones, at most [`MAX_CONNECTIONS`] at once.
+fn fork_per_connection<S>(
+    listener: std::os::fd::RawFd,
+    incoming: impl Iterator<Item = std::io::Result<S>>,
+    serve: impl Fn(S) -> i32,
+) -> ! {
     let mut running = 0usize;
-    for stream in listener.incoming() {
+    for stream in incoming {
         reap(&mut running);
         let Ok(stream) = stream else { continue };
         while running >= MAX_CONNECTIONS {
@@ -176,8 +188,8 @@ fn listen(args: &[String]) -> ! {
         match unsafe { libc::fork() } {
             0 => {
                 // SAFETY: the child's copy of the listening socket, not used here.
-                unsafe { libc::close(listener.as_raw_fd()) };
-                exit(serve_connection(stream, key.as_ref(), options.idle_timeout));
+                unsafe { libc::close(listener) };
+                exit(serve(stream));
             }
             pid if pid > 0 => running += 1,
             _ => eprintln!(
@@ -221,39 +233,18 @@ fn listen_unix(path: &std::path::Path) -> ! {
     };
     eprintln!("kiln-executor: listening on {}", path.display());
     let _ = std::io::stderr().flush();
-    let mut running = 0usize;
-    for stream in listener.incoming() {
-        reap(&mut running);
-        let Ok(stream) = stream else { continue };
-        while running >= MAX_CONNECTIONS {
-            std::thread::sleep(Duration::from_millis(10));
-            reap(&mut running);
+    fork_per_connection(listener.as_raw_fd(), listener.incoming(), |stream| {
+        let channel = Channel::new(Stream::Unix(stream));
+        if !channel.peer_is_same_user() {
+            eprintln!("kiln-executor: refused a connection from another user");
+            return 1;
         }
-        // SAFETY: as in `listen`: single-threaded parent, the child ends with _exit.
-        match unsafe { libc::fork() } {
-            0 => {
-                // SAFETY: the child's copy of the listening socket, not used here.
-                unsafe { libc::close(listener.as_raw_fd()) };
-                let channel = Channel::new(Stream::Unix(stream));
-                if !channel.peer_is_same_user() {
-                    eprintln!("kiln-executor: refused a connection from another user");
-                    exit(1);
-                }
-                let ending = serve(channel);
-                exit(if matches!(ending, Ending::Failed(_)) {
-                    1
-                } else {
-                    0
-                });
-            }
-            pid if pid > 0 => running += 1,
-            _ => eprintln!(
-                "kiln-executor: cannot fork for a connection: {}",
-                std::io::Error::last_os_error()
-            ),
+        if matches!(serve(channel), Ending::Failed(_)) {
+            1
+        } else {
+            0
         }
-    }
-    exit(0)
+    })
 }
 
 /// Serves one accepted connection (in its own process); the exit code.
