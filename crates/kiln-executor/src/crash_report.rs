@@ -25,18 +25,6 @@ const SIGNALS: [libc::c_int; 6] = [
     libc::SIGABRT,
 ];
 
-fn signal_name(signal: libc::c_int) -> &'static str {
-    match signal {
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGILL => "SIGILL",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGTRAP => "SIGTRAP",
-        libc::SIGABRT => "SIGABRT",
-        _ => "a signal",
-    }
-}
-
 /// A fixed buffer the handler formats into.
 struct Line {
     buf: [u8; 512],
@@ -122,7 +110,7 @@ extern "C" fn on_fatal_signal(
     } else {
         b"the program crashed (outside JIT code) with "
     });
-    line.push(signal_name(signal).as_bytes());
+    line.push(kiln_wire::protocol::signal_name(signal).as_bytes());
     line.push(b" (signal ");
     line.dec(signal as u64);
     line.push(b")");

@@ -325,7 +325,8 @@ fn install_reporters(sender: Sender) {
         // allocated (a signal handler may still hold it); it is small.
         return;
     }
-    install_alternate_stack();
+    // The serving thread's, for the life of the process.
+    std::mem::forget(AlternateStack::install());
     for signal in [
         libc::SIGSEGV,
         libc::SIGBUS,
@@ -493,7 +494,7 @@ fn run_main_serving(channel: &mut Channel, address: u64, args: Vec<String>) -> R
         .name("main".into())
         .stack_size(8 << 20)
         .spawn(move || {
-            install_alternate_stack();
+            let _stack = AlternateStack::install();
             // SAFETY: main lies in memory this executor reserved (checked by the caller),
             // linked by the controller.
             let status = unsafe { runtime::call_main(address, &args) };
@@ -567,18 +568,38 @@ fn run_main_serving(channel: &mut Channel, address: u64, args: Vec<String>) -> R
     Response::Value(status as u32 as u64)
 }
 
-/// Gives the calling thread an alternate signal stack, so that a stack overflow in JIT
-/// code is reported too (the stack lives as long as the process).
-fn install_alternate_stack() {
-    const STACK: usize = 64 * 1024;
-    let stack = Box::leak(vec![0u8; STACK].into_boxed_slice());
-    let ss = libc::stack_t {
-        ss_sp: stack.as_mut_ptr().cast(),
-        ss_flags: 0,
-        ss_size: STACK,
-    };
-    // SAFETY: `stack` lives for the rest of the process.
-    unsafe { libc::sigaltstack(&ss, std::ptr::null_mut()) };
+/// The calling thread's alternate signal stack, so that a stack overflow in JIT code is
+/// reported too; given back (disabled and freed) when dropped.
+struct AlternateStack {
+    _memory: Box<[u8]>,
+}
+
+impl AlternateStack {
+    const SIZE: usize = 64 * 1024;
+
+    fn install() -> Self {
+        let mut stack = vec![0u8; Self::SIZE].into_boxed_slice();
+        let ss = libc::stack_t {
+            ss_sp: stack.as_mut_ptr().cast(),
+            ss_flags: 0,
+            ss_size: Self::SIZE,
+        };
+        // SAFETY: the stack lives until `drop`, which disables it first.
+        unsafe { libc::sigaltstack(&ss, std::ptr::null_mut()) };
+        AlternateStack { _memory: stack }
+    }
+}
+
+impl Drop for AlternateStack {
+    fn drop(&mut self) {
+        let ss = libc::stack_t {
+            ss_sp: std::ptr::null_mut(),
+            ss_flags: libc::SS_DISABLE,
+            ss_size: 0,
+        };
+        // SAFETY: disables this thread's alternate stack before its memory is freed.
+        unsafe { libc::sigaltstack(&ss, std::ptr::null_mut()) };
+    }
 }
 
 /// How a connection is served.
@@ -605,6 +626,8 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
     if let Err(e) = channel.set_timeout(options.idle_timeout) {
         return Ending::Failed(e.to_string());
     }
+    // The idle timeout bounds each whole frame, not only each read of it.
+    channel.set_frame_deadline(options.idle_timeout.is_some());
     let hello = Hello {
         version: VERSION,
         page_size: state.mapper.as_ref().map_or(4096, |m| m.page_size()),

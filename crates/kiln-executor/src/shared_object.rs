@@ -57,20 +57,6 @@ fn pad_to(out: &mut Vec<u8>, align: usize) {
     out.resize(len, 0);
 }
 
-/// The SysV ELF hash of a symbol name (`DT_HASH`).
-fn elf_hash(name: &[u8]) -> u32 {
-    let mut h: u32 = 0;
-    for &c in name {
-        h = (h << 4).wrapping_add(u32::from(c));
-        let g = h & 0xf000_0000;
-        if g != 0 {
-            h ^= g >> 24;
-        }
-        h &= !g;
-    }
-    h
-}
-
 /// A built shared object.
 #[derive(Debug, Clone)]
 pub struct SharedObject {
@@ -133,7 +119,7 @@ pub fn build(
     let mut chains = vec![0u32; nsyms];
     for (i, s) in symbols.iter().enumerate() {
         let index = i as u32 + 1;
-        let b = elf_hash(s.name.as_bytes()) as usize % nbucket;
+        let b = elf::hash(s.name.as_bytes()) as usize % nbucket;
         chains[index as usize] = buckets[b];
         buckets[b] = index;
     }

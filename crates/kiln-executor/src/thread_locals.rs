@@ -459,12 +459,27 @@ pub fn tls_get_addr_address() -> u64 {
     kiln_tls_get_addr as *const () as u64
 }
 
-/// The names Kiln's runtime provides to JIT code in place of the C runtime's, with their
-/// addresses in this process.
+/// The names Kiln's runtime provides to JIT code in place of the C runtime's.
+pub const RUNTIME_SYMBOL_NAMES: [&str; 3] = [
+    "__tls_get_addr",
+    "__cxa_thread_atexit",
+    "__cxa_thread_atexit_impl",
+];
+
+/// The address in this process of runtime symbol `name` (one of
+/// [`RUNTIME_SYMBOL_NAMES`]), `None` for any other name.
+pub fn runtime_symbol(name: &str) -> Option<u64> {
+    match name {
+        "__tls_get_addr" => Some(tls_get_addr_address()),
+        "__cxa_thread_atexit" | "__cxa_thread_atexit_impl" => Some(thread_atexit_address()),
+        _ => None,
+    }
+}
+
+/// Every runtime symbol with its address in this process (for the executor's hello).
 pub fn runtime_symbols() -> Vec<(String, u64)> {
-    vec![
-        ("__tls_get_addr".into(), tls_get_addr_address()),
-        ("__cxa_thread_atexit".into(), thread_atexit_address()),
-        ("__cxa_thread_atexit_impl".into(), thread_atexit_address()),
-    ]
+    RUNTIME_SYMBOL_NAMES
+        .iter()
+        .filter_map(|&n| runtime_symbol(n).map(|a| (n.to_string(), a)))
+        .collect()
 }

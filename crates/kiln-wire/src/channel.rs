@@ -56,6 +56,8 @@ pub struct Channel {
     /// While set, every read must complete by then (not only each read within the
     /// timeout): a peer that trickles bytes cannot stretch it.
     deadline: Option<std::time::Instant>,
+    /// Whether each received frame must arrive whole within the timeout.
+    frame_deadline: bool,
 }
 
 /// The sending side: its own handle on the socket and, on a secure channel, the transport
@@ -239,6 +241,7 @@ impl Channel {
             max_frame: MAX_FRAME,
             secure: None,
             deadline: None,
+            frame_deadline: false,
             send: Arc::new(Mutex::new(SendState {
                 stream: writer,
                 secure: None,
@@ -257,6 +260,13 @@ impl Channel {
     /// Frames longer than `max` are refused, before anything is allocated for them.
     pub fn set_max_frame(&mut self, max: u32) {
         self.max_frame = max;
+    }
+
+    /// With `on`, each frame [`Channel::recv`] receives must arrive whole within the
+    /// timeout (a peer that trickles bytes cannot stretch it); else the timeout bounds
+    /// each read.
+    pub fn set_frame_deadline(&mut self, on: bool) {
+        self.frame_deadline = on;
     }
 
     /// Whether a received frame's bytes are already decrypted and waiting (so that the
@@ -547,6 +557,19 @@ impl Channel {
 
     /// Receives one frame; returns its body (tag and fields).
     pub fn recv(&mut self) -> Result<Vec<u8>, ChannelError> {
+        if !self.frame_deadline || self.timeout.is_none() {
+            return self.recv_frame();
+        }
+        self.deadline = self.timeout.map(|t| std::time::Instant::now() + t);
+        let result = self.recv_frame();
+        self.deadline = None;
+        if let Some(timeout) = self.timeout {
+            let _ = self.set_timeout(Some(timeout));
+        }
+        result
+    }
+
+    fn recv_frame(&mut self) -> Result<Vec<u8>, ChannelError> {
         let mut len = [0u8; 4];
         self.read_exact(&mut len)?;
         let len = u32::from_le_bytes(len);

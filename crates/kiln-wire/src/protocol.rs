@@ -334,13 +334,6 @@ pub enum Response {
     },
 }
 
-impl Response {
-    /// Whether this message is one the executor sends on its own (not an answer).
-    pub fn is_notification(&self) -> bool {
-        matches!(self, Response::Output { .. })
-    }
-}
-
 impl fmt::Display for Request {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = match self {

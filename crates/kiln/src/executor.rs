@@ -372,17 +372,8 @@ impl Executor {
     /// The address of a name Kiln's runtime provides in place of the C runtime's
     /// (`__tls_get_addr`, `__cxa_thread_atexit`, …), if `name` is one.
     pub(crate) fn runtime_symbol(&self, name: &str) -> Option<u64> {
-        if !matches!(
-            name,
-            "__tls_get_addr" | "__cxa_thread_atexit" | "__cxa_thread_atexit_impl"
-        ) {
-            return None;
-        }
         match &self.kind {
-            Kind::InProcess => thread_locals::runtime_symbols()
-                .into_iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, a)| a),
+            Kind::InProcess => thread_locals::runtime_symbol(name),
             Kind::Remote { remote, .. } => remote.hello().runtime_symbol(name),
         }
     }

@@ -365,6 +365,24 @@ fn a_silent_client_is_dropped_after_the_idle_timeout_and_a_huge_frame_before_all
     let mut half = connect();
     half.write_all(&[100, 0, 0, 0, 1, 2]).unwrap();
     assert!(closed_within(&mut half, Duration::from_secs(10), 0));
+    // A frame trickled a byte at a time, each within the timeout: the whole frame has
+    // the idle timeout too, so it is dropped anyway.
+    let mut trickle = connect();
+    trickle.write_all(&[100, 0, 0, 0]).unwrap();
+    let start = Instant::now();
+    let mut dropped = false;
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(300));
+        if trickle.write_all(&[0]).is_err() {
+            dropped = true;
+            break;
+        }
+    }
+    assert!(
+        dropped || closed_within(&mut trickle, Duration::from_secs(2), 0),
+        "a trickled frame outlived the deadline"
+    );
+    assert!(start.elapsed() < Duration::from_secs(5));
     // A 1 GiB length prefix: refused at once (an error reply), nothing allocated first.
     let mut huge = connect();
     huge.write_all(&(1u32 << 30).to_le_bytes()).unwrap();
