@@ -199,6 +199,18 @@ struct RunArgs {
     /// KILN_EXECUTOR_SOCKET set, the pre-started `kiln-executor --listen-unix` there).
     #[arg(long, value_name = "PATH")]
     executor: Option<PathBuf>,
+    /// Register the code with the GDB JIT interface, for gdb and lldb (run `kiln run`
+    /// under the debugger, or attach to the executor with --oop).
+    #[arg(long)]
+    gdb: bool,
+    /// Write /tmp/perf-<pid>.map (pid of the process that runs the code) for `perf
+    /// report`.
+    #[arg(long)]
+    perf_map: bool,
+    /// Write a jitdump file for `perf record -k 1` + `perf inject --jit`, in DIR (default:
+    /// $JITDUMPDIR, else ~/.debug/jit).
+    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "")]
+    jitdump: Option<PathBuf>,
     /// Arguments for the program (after `--`).
     #[arg(last = true)]
     args: Vec<String>,
@@ -238,6 +250,12 @@ fn run(o: RunArgs) -> Result<i32, String> {
         .executor(executor)
         .export_to_libraries(!o.no_export_dynamic && !o.noexec)
         .noexec(o.noexec)
+        .debug_support(kiln::DebugSupport {
+            gdb: o.gdb,
+            perf_map: o.perf_map,
+            jitdump: o.jitdump.is_some(),
+            jitdump_dir: o.jitdump.clone().filter(|d| !d.as_os_str().is_empty()),
+        })
         .build()
         .map_err(|e| e.to_string())?;
     let lib = jit.main_library();
@@ -251,6 +269,12 @@ fn run(o: RunArgs) -> Result<i32, String> {
     jit.add_process_symbols(lib).map_err(|e| e.to_string())?;
     let load = start.elapsed();
     let linked = jit.link_pending(lib).map_err(|e| e.to_string())?;
+    for failure in jit.plugin_failures() {
+        eprintln!(
+            "kiln: warning: {} ({} of {}): {}",
+            failure.plugin, failure.event, failure.module, failure.message
+        );
+    }
     if o.show_times {
         eprintln!("kiln: load inputs  {:>9.3} ms", load.as_secs_f64() * 1e3);
         if let Some((_, report)) = &linked {

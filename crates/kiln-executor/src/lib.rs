@@ -10,6 +10,7 @@
 //! `kiln-executor` binary runs it.
 
 pub mod crash_report;
+pub mod debug_outputs;
 pub mod runtime;
 pub mod server;
 pub mod shared_object;

@@ -91,8 +91,15 @@ pub fn dlopen_bytes(name: &str, bytes: &[u8], global: bool) -> Result<LoadedObje
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let mut file = std::fs::File::from(fd);
         file.write_all(bytes).map_err(|e| format!("{name}: {e}"))?;
-        return dlopen_with(&format!("/proc/self/fd/{}", file.as_raw_fd()), flags)
-            .map(|handle| LoadedObject { handle });
+        // The path names this process, not `self`: a debugger reads the loaded objects'
+        // names from the link map, and `/proc/self/fd/N` in *its* process is another file
+        // (gdb once blocked reading its own pipe). The memfd stays open while the object
+        // is loaded, so the name stays valid.
+        let path = format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd());
+        return dlopen_with(&path, flags).map(|handle| LoadedObject {
+            handle,
+            _file: Some(file),
+        });
     }
     // Where memfds are refused: a file of our own, created new (never following or
     // reusing what another user may have put at the name), removed after loading.
@@ -112,7 +119,10 @@ pub fn dlopen_bytes(name: &str, bytes: &[u8], global: bool) -> Result<LoadedObje
     drop(file);
     let result = dlopen_with(&path.display().to_string(), flags);
     let _ = std::fs::remove_file(&path);
-    result.map(|handle| LoadedObject { handle })
+    result.map(|handle| LoadedObject {
+        handle,
+        _file: None,
+    })
 }
 
 /// An object opened by [`dlopen_bytes`]; closed by [`LoadedObject::close`] (dropping it
@@ -120,6 +130,8 @@ pub fn dlopen_bytes(name: &str, bytes: &[u8], global: bool) -> Result<LoadedObje
 #[derive(Debug)]
 pub struct LoadedObject {
     handle: *mut c_void,
+    /// The memfd it was loaded from (closed after `dlclose`).
+    _file: Option<std::fs::File>,
 }
 
 // SAFETY: a dlopen handle may be used and closed from any thread.

@@ -1005,6 +1005,22 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             state.exports.insert(id, handle);
             Ok(Reply::Plain(Response::Value(id)))
         }
+        Request::EnableDebugOutputs(outputs) => {
+            crate::debug_outputs::enable(&outputs)?;
+            ok
+        }
+        Request::RegisterDebug(module) => {
+            for f in &module.functions {
+                state.accessible(f.address, f.size)?;
+            }
+            // SAFETY: every function lies in memory this executor reserved (checked).
+            let handle = unsafe { crate::debug_outputs::register(module) }?;
+            Ok(Reply::Plain(Response::Value(handle)))
+        }
+        Request::UnregisterDebug { handle } => {
+            crate::debug_outputs::unregister(handle);
+            ok
+        }
         Request::UnexportSymbols { handle } => match state.exports.remove(&handle) {
             Some(h) => {
                 runtime::unexport_symbols(h);

@@ -23,6 +23,18 @@ impl std::fmt::Debug for ObjectBytes {
     }
 }
 
+/// An archive member's bytes: a range of the archive's, shared.
+struct MemberBytes {
+    archive: Arc<[u8]>,
+    range: std::ops::Range<usize>,
+}
+
+impl AsRef<[u8]> for MemberBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.archive[self.range.clone()]
+    }
+}
+
 /// A relocatable object: a name for messages and its bytes.
 #[derive(Debug, Clone)]
 pub struct ObjectInput {
@@ -155,6 +167,20 @@ impl ArchiveInput {
                 what: format!("symbol table points at offset {offset:#x}, which is not a member"),
             })?;
         Ok((format!("{}({})", self.name, name), &self.data[*start..*end]))
+    }
+
+    /// The member at header offset `offset` as an object input sharing the archive's
+    /// bytes.
+    pub(crate) fn member_input(&self, offset: u64) -> Result<ObjectInput, LinkError> {
+        let (name, _) = self.member(offset)?;
+        let (_, start, end) = self.members[&offset];
+        Ok(ObjectInput::shared(
+            name,
+            Arc::new(MemberBytes {
+                archive: self.data.clone(),
+                range: start..end,
+            }),
+        ))
     }
 
     /// Number of members.

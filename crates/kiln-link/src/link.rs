@@ -80,8 +80,10 @@ pub struct LinkOptions<'m> {
 /// A section placed in memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlacedSection {
-    /// The object it came from.
-    pub object: String,
+    /// The object it came from: an index into [`LinkedModule::objects`].
+    pub object: usize,
+    /// Its index in that object's section header table.
+    pub index: usize,
     /// Its name (`.text.foo`).
     pub name: String,
     /// Its target address.
@@ -195,6 +197,9 @@ pub struct LinkedModule {
     pub dso_handle: u64,
     /// TLS template, if the module has thread-locals.
     pub tls: Option<TlsTemplate>,
+    /// Every object linked, the archive members pulled in included, in link order (with
+    /// [`LinkOptions::report_sections`]; else empty). Members share their archive's bytes.
+    pub objects: Vec<ObjectInput>,
     /// Where each section landed (with [`LinkOptions::report_sections`]; else empty).
     pub sections: Vec<PlacedSection>,
     /// Every named symbol with an address, local and global, TLS excepted (with
@@ -278,7 +283,18 @@ struct Linker<'a, 'c> {
     pending: Vec<u32>,
     archives: &'a [ArchiveInput],
     loaded_members: FxHashSet<(usize, u64)>,
+    /// Per object: where it came from (for [`LinkedModule::objects`]).
+    origins: Vec<Origin>,
     ctx: &'c mut dyn LinkContext,
+}
+
+/// Where a linked object came from.
+#[derive(Debug, Clone, Copy)]
+enum Origin {
+    /// The link's objects, by index.
+    Input(usize),
+    /// An archive's member: (archive index, member header offset).
+    Member(usize, u64),
 }
 
 fn lossy(b: &[u8]) -> String {
@@ -452,6 +468,7 @@ impl<'a, 'c> Linker<'a, 'c> {
                     if self.loaded_members.insert((ai, offset)) {
                         let (member_name, data) = archive.member(offset)?;
                         let obj = ObjectFile::parse(member_name, data)?;
+                        self.origins.push(Origin::Member(ai, offset));
                         self.add_object(obj)?;
                     }
                     if self.globals[id as usize].def != Def::None {
@@ -605,9 +622,11 @@ pub fn link(
         pending: Vec::new(),
         archives,
         loaded_members: FxHashSet::default(),
+        origins: Vec::new(),
         ctx,
     };
-    for obj in parsed {
+    for (i, obj) in parsed.into_iter().enumerate() {
+        linker.origins.push(Origin::Input(i));
         linker.add_object(obj)?;
     }
     // Archive members are parsed while resolving; their parse time counts as resolve.
@@ -615,12 +634,13 @@ pub fn link(
     linker.load_archive_members()?;
     linker.resolve_externals()?;
     times.resolve = t.elapsed();
-    linker.finish(options, times)
+    linker.finish(objects, options, times)
 }
 
 impl Linker<'_, '_> {
     fn finish(
         mut self,
+        objects: &[ObjectInput],
         options: &LinkOptions<'_>,
         mut times: LinkTimes,
     ) -> Result<LinkedModule, LinkError> {
@@ -1110,10 +1130,11 @@ impl Linker<'_, '_> {
             }
         }
 
-        let (sections, symbol_info) = if options.report_sections {
-            self.report(&resolver)
+        let (linked_objects, sections, symbol_info) = if options.report_sections {
+            let (sections, symbols) = self.report(&resolver);
+            (self.linked_objects(objects)?, sections, symbols)
         } else {
-            (Vec::new(), Vec::new())
+            (Vec::new(), Vec::new(), Vec::new())
         };
 
         let t = Instant::now();
@@ -1135,11 +1156,23 @@ impl Linker<'_, '_> {
             eh_frame: eh_offset.map(|o| bases[SEG_R] + o),
             dso_handle,
             tls,
+            objects: linked_objects,
             sections,
             symbol_info,
             times,
             counts,
         })
+    }
+
+    /// Every object linked, members included (for [`LinkOptions::report_sections`]).
+    fn linked_objects(&self, inputs: &[ObjectInput]) -> Result<Vec<ObjectInput>, LinkError> {
+        self.origins
+            .iter()
+            .map(|origin| match *origin {
+                Origin::Input(i) => Ok(inputs[i].clone()),
+                Origin::Member(archive, offset) => self.archives[archive].member_input(offset),
+            })
+            .collect()
     }
 
     /// Where every loaded section landed and every symbol with an address (for
@@ -1154,7 +1187,8 @@ impl Linker<'_, '_> {
                     continue;
                 }
                 sections.push(PlacedSection {
-                    object: obj.name.clone(),
+                    object: oi,
+                    index: si,
                     name: lossy(sec.name),
                     address: resolver.bases[p.seg as usize] + p.offset,
                     size: sec.size,

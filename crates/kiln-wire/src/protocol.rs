@@ -113,6 +113,56 @@ impl Hello {
 /// and whether it is a function.
 pub type WireExport = (String, u64, u64, bool);
 
+/// What an executor writes for debuggers and profilers, enabled once per executor
+/// process ([`Request::EnableDebugOutputs`]); several enables add up.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DebugOutputs {
+    /// Register each module's debug image with the GDB JIT interface
+    /// (`__jit_debug_register_code`), read by gdb and lldb.
+    pub gdb: bool,
+    /// Append each function to `/tmp/perf-<pid>.map`.
+    pub perf_map: bool,
+    /// Write a jitdump file (`jit-<pid>.dump`, for `perf inject --jit`) in this directory.
+    pub jitdump_dir: Option<String>,
+}
+
+/// A source line of a function: the first address of its code, its line, its file (an
+/// index into [`DebugModule::files`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineRow {
+    /// Target address.
+    pub address: u64,
+    /// Line number (1-based).
+    pub line: u32,
+    /// File, an index into [`DebugModule::files`].
+    pub file: u32,
+}
+
+/// A function of a module, for profilers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DebugFunction {
+    /// Its name (as the object spells it: mangled for C++).
+    pub name: String,
+    /// Target address.
+    pub address: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Its source lines, by address (empty without `-g`).
+    pub lines: Vec<LineRow>,
+}
+
+/// A linked module as debuggers and profilers are told of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DebugModule {
+    /// In-memory ELF images (one per object), each section's address its target address,
+    /// for the GDB JIT interface (empty unless [`DebugOutputs::gdb`]).
+    pub images: Vec<Vec<u8>>,
+    /// Its functions (empty unless a perf output is on).
+    pub functions: Vec<DebugFunction>,
+    /// Source file names that [`LineRow::file`] indexes.
+    pub files: Vec<String>,
+}
+
 /// A request from the controller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
@@ -285,6 +335,17 @@ pub enum Request {
     /// this message (`SCM_RIGHTS`, Unix sockets only): the controller's own, so that a
     /// pre-started executor's program reads and writes where a local one would.
     AdoptStdio,
+    /// Turn on debugger and profiler outputs (answers `Ok`).
+    EnableDebugOutputs(DebugOutputs),
+    /// Tell debuggers and profilers of a module (answers a handle for
+    /// [`Request::UnregisterDebug`]).
+    RegisterDebug(DebugModule),
+    /// A module registered with [`Request::RegisterDebug`] is about to be freed: its images
+    /// leave the GDB JIT interface.
+    UnregisterDebug {
+        /// The handle.
+        handle: u64,
+    },
 }
 
 /// A response from the executor.
@@ -362,6 +423,9 @@ impl fmt::Display for Request {
             Request::UnexportSymbols { .. } => "unexport symbols",
             Request::Input { .. } => "input",
             Request::AdoptStdio => "adopt stdio",
+            Request::EnableDebugOutputs(_) => "enable debug outputs",
+            Request::RegisterDebug(_) => "register debug information",
+            Request::UnregisterDebug { .. } => "unregister debug information",
         };
         f.write_str(name)
     }
@@ -737,6 +801,41 @@ impl Request {
                 w
             }
             Request::AdoptStdio => Writer::new(25),
+            Request::EnableDebugOutputs(outputs) => {
+                let mut w = Writer::new(26);
+                w.u8(u8::from(outputs.gdb))
+                    .u8(u8::from(outputs.perf_map))
+                    .u8(u8::from(outputs.jitdump_dir.is_some()))
+                    .bytes(outputs.jitdump_dir.as_deref().unwrap_or("").as_bytes());
+                w
+            }
+            Request::RegisterDebug(module) => {
+                let mut w = Writer::new(27);
+                w.u32(module.images.len() as u32);
+                for image in &module.images {
+                    w.bytes(image);
+                }
+                w.u32(module.files.len() as u32);
+                for file in &module.files {
+                    w.bytes(file.as_bytes());
+                }
+                w.u32(module.functions.len() as u32);
+                for f in &module.functions {
+                    w.bytes(f.name.as_bytes())
+                        .u64(f.address)
+                        .u64(f.size)
+                        .u32(f.lines.len() as u32);
+                    for row in &f.lines {
+                        w.u64(row.address).u32(row.line).u32(row.file);
+                    }
+                }
+                w
+            }
+            Request::UnregisterDebug { handle } => {
+                let mut w = Writer::new(28);
+                w.u64(*handle);
+                w
+            }
         };
         w.finish()
     }
@@ -906,6 +1005,66 @@ impl Request {
                 bytes: r.bytes("input")?,
             },
             25 => Request::AdoptStdio,
+            26 => {
+                let gdb = r.u8("gdb flag")? != 0;
+                let perf_map = r.u8("perf map flag")? != 0;
+                let jitdump = r.u8("jitdump flag")? != 0;
+                let dir = r.string("jitdump directory")?;
+                Request::EnableDebugOutputs(DebugOutputs {
+                    gdb,
+                    perf_map,
+                    jitdump_dir: jitdump.then_some(dir),
+                })
+            }
+            27 => {
+                let n = r.count("debug images", 4)?;
+                let mut images = Vec::with_capacity(n);
+                for _ in 0..n {
+                    images.push(r.bytes("debug image")?);
+                }
+                let n = r.count("source files", 4)?;
+                let mut files = Vec::with_capacity(n);
+                for _ in 0..n {
+                    files.push(r.string("source file")?);
+                }
+                let n = r.count("debug functions", 24)?;
+                let mut functions = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let name = r.string("function name")?;
+                    let address = r.u64("function address")?;
+                    let size = r.u64("function size")?;
+                    let rows = r.count("line rows", 16)?;
+                    let mut lines = Vec::with_capacity(rows);
+                    for _ in 0..rows {
+                        let row = LineRow {
+                            address: r.u64("line address")?,
+                            line: r.u32("line number")?,
+                            file: r.u32("line file")?,
+                        };
+                        if row.file as usize >= files.len() {
+                            return Err(DecodeError::Invalid {
+                                what: "line file",
+                                value: u64::from(row.file),
+                            });
+                        }
+                        lines.push(row);
+                    }
+                    functions.push(DebugFunction {
+                        name,
+                        address,
+                        size,
+                        lines,
+                    });
+                }
+                Request::RegisterDebug(DebugModule {
+                    images,
+                    functions,
+                    files,
+                })
+            }
+            28 => Request::UnregisterDebug {
+                handle: r.u64("handle")?,
+            },
             other => return Err(DecodeError::UnknownTag(other)),
         };
         r.end()?;
@@ -1143,6 +1302,26 @@ mod tests {
                 bytes: b"typed".to_vec(),
             },
             Request::AdoptStdio,
+            Request::EnableDebugOutputs(DebugOutputs {
+                gdb: true,
+                perf_map: false,
+                jitdump_dir: Some("/tmp/j".into()),
+            }),
+            Request::RegisterDebug(DebugModule {
+                images: vec![vec![0x7f, b'E'], vec![]],
+                functions: vec![DebugFunction {
+                    name: "f".into(),
+                    address: 0x1000,
+                    size: 16,
+                    lines: vec![LineRow {
+                        address: 0x1004,
+                        line: 7,
+                        file: 0,
+                    }],
+                }],
+                files: vec!["f.c".into()],
+            }),
+            Request::UnregisterDebug { handle: 4 },
         ];
         for req in all {
             let frame = req.encode();

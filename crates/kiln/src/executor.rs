@@ -7,7 +7,7 @@ use kiln_executor::shared_object::ExportedSymbol;
 use kiln_executor::thread_locals::{self, TlsImage};
 use kiln_link::TlsTemplate;
 use kiln_memory::Mapper;
-use kiln_remote::protocol::{kind_from_wire, Request, Response};
+use kiln_remote::protocol::{kind_from_wire, DebugModule, DebugOutputs, Request, Response};
 use kiln_remote::{CopyMapper, RemoteExecutor, SharedMemoryMapper, Timeouts};
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
@@ -421,6 +421,39 @@ impl Executor {
             ExportHandle::Local(exports) => runtime::unexport_symbols(exports),
             ExportHandle::Remote(handle) => {
                 let _ = self.request(Request::UnexportSymbols { handle });
+            }
+        }
+    }
+
+    /// Turns on the executor's debugger and profiler outputs.
+    pub(crate) fn enable_debug_outputs(&self, outputs: &DebugOutputs) -> Result<(), Error> {
+        match &self.kind {
+            Kind::InProcess => {
+                kiln_executor::debug_outputs::enable(outputs).map_err(Error::Executor)
+            }
+            Kind::Remote { .. } => self
+                .request(Request::EnableDebugOutputs(outputs.clone()))
+                .map(|_| ()),
+        }
+    }
+
+    /// Tells the executor's debuggers and profilers of a module; answers a handle for
+    /// [`Executor::unregister_debug`].
+    pub(crate) fn register_debug(&self, module: DebugModule) -> Result<u64, Error> {
+        match &self.kind {
+            // SAFETY: the functions are those of a module just linked and published by
+            // this session, whose memory lives until after its free is announced.
+            Kind::InProcess => unsafe { kiln_executor::debug_outputs::register(module) }
+                .map_err(Error::Executor),
+            Kind::Remote { .. } => self.value(Request::RegisterDebug(module)),
+        }
+    }
+
+    pub(crate) fn unregister_debug(&self, handle: u64) {
+        match &self.kind {
+            Kind::InProcess => kiln_executor::debug_outputs::unregister(handle),
+            Kind::Remote { .. } => {
+                let _ = self.request(Request::UnregisterDebug { handle });
             }
         }
     }

@@ -4,8 +4,8 @@
 use crate::executor::{EhRegistration, Executor, ExecutorSymbols, ExportHandle};
 use crate::generator::{Found, SymbolGenerator};
 use crate::library_search::{default_search_dirs, find_library, LibraryFile};
-use crate::plugin::{LoadedModule, Plugin, PluginId};
-use crate::Error;
+use crate::plugin::{LoadedModule, Plugin, PluginFailure, PluginRegistration, Plugins};
+use crate::{DebugSupport, Error};
 use kiln_link::{link, ArchiveInput, LinkContext, LinkCounts, LinkOptions, LinkTimes, ObjectInput};
 use kiln_memory::{
     FinalizedAllocation, MemoryManager, MemoryStats, Placement, SlabLayout, SlabMemoryManager,
@@ -78,9 +78,10 @@ struct Inner {
     memory: Arc<dyn MemoryManager>,
     low_memory: LowMemory,
     libraries: RwLock<Vec<Arc<Library>>>,
-    plugins: RwLock<Vec<(PluginId, Arc<dyn Plugin>)>>,
+    plugins: Arc<Plugins>,
+    /// The built-in debugger and profiler listener's registration, if on.
+    _debug_support: Option<PluginRegistration>,
     next_module: AtomicU64,
-    next_plugin: AtomicU64,
 }
 
 /// Memory in the low 2 GiB for non-PIC code, reserved on first use (most programs never
@@ -188,9 +189,18 @@ pub struct JitBuilder {
     noexec: bool,
     memory: Option<Arc<dyn MemoryManager>>,
     low_memory: Option<Option<Arc<dyn MemoryManager>>>,
+    debug_support: DebugSupport,
 }
 
 impl JitBuilder {
+    /// Tells debuggers and profilers of every module (default: all off): see
+    /// [`DebugSupport`]. The outputs are written by the executor, in the process that
+    /// runs the code.
+    pub fn debug_support(mut self, support: DebugSupport) -> Self {
+        self.debug_support = support;
+        self
+    }
+
     /// Where the code runs (default: this process). A remote executor brings its own
     /// memory managers (shared memory or copy transport).
     pub fn executor(mut self, executor: Executor) -> Self {
@@ -233,7 +243,13 @@ impl JitBuilder {
     /// Builds the session.
     pub fn build(self) -> Result<Jit, Error> {
         let executor = self.executor.unwrap_or_else(Executor::in_process);
-        let mapper = executor.mapper()?;
+        let mut mapper = executor.mapper()?;
+        if mapper.is_none() && self.debug_support.gdb {
+            // A debugger cannot write a breakpoint into a shared mapping (the kernel
+            // refuses a forced write to a shared read-only page), so with gdb support the
+            // code is mapped privately: mmap + mprotect, one view.
+            mapper = Some(Arc::new(kiln_memory::InProcessMapper::new()));
+        }
         let memory: Arc<dyn MemoryManager> = match self.memory {
             Some(m) => m,
             None => {
@@ -249,6 +265,14 @@ impl JitBuilder {
             mapper,
             built: std::sync::OnceLock::new(),
         };
+        let plugins = Arc::new(Plugins::default());
+        let debug_support = match crate::debug_support::DebugListener::start(
+            &self.debug_support,
+            &executor,
+        )? {
+            Some(listener) => Some(plugins.add(Arc::new(listener))),
+            None => None,
+        };
         let jit = Jit {
             inner: Arc::new(Inner {
                 session: NEXT_SESSION.fetch_add(1, Ordering::Relaxed),
@@ -258,9 +282,9 @@ impl JitBuilder {
                 memory,
                 low_memory,
                 libraries: RwLock::new(Vec::new()),
-                plugins: RwLock::new(Vec::new()),
+                plugins,
+                _debug_support: debug_support,
                 next_module: AtomicU64::new(1),
-                next_plugin: AtomicU64::new(1),
             }),
         };
         jit.create_library("main");
@@ -531,17 +555,36 @@ impl Jit {
         &self.inner.executor
     }
 
-    /// Registers a plugin: it is told of every module loaded from now on and before each
-    /// is freed (see [`Plugin`]). Returns an id for [`Jit::remove_plugin`].
-    pub fn add_plugin(&self, plugin: Arc<dyn Plugin>) -> PluginId {
-        let id = PluginId(self.inner.next_plugin.fetch_add(1, Ordering::Relaxed));
-        self.inner.plugins.write().push((id, plugin));
-        id
+    /// Registers a plugin (a listener): it is told of every module loaded while the
+    /// returned registration lives, and of each such module's free (see [`Plugin`] for
+    /// the contract). Several plugins may be registered at once; they are told in the
+    /// order they were registered.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// struct Count(std::sync::atomic::AtomicUsize);
+    /// impl kiln::Plugin for Count {
+    ///     fn name(&self) -> &str { "count" }
+    ///     fn module_loaded(&self, _: &kiln::LoadedModule) -> Result<(), kiln::PluginError> {
+    ///         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ///         Ok(())
+    ///     }
+    /// }
+    /// let jit = kiln::Jit::new()?;
+    /// let count = Arc::new(Count(Default::default()));
+    /// let registration = jit.add_plugin(count.clone());
+    /// // ... link: every module is counted ...
+    /// drop(registration); // no more
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn add_plugin(&self, plugin: Arc<dyn Plugin>) -> PluginRegistration {
+        self.inner.plugins.add(plugin)
     }
 
-    /// Unregisters a plugin.
-    pub fn remove_plugin(&self, id: PluginId) {
-        self.inner.plugins.write().retain(|(p, _)| *p != id);
+    /// The plugin failures (errors and panics) since the last call, oldest first (at
+    /// most 1,024 are kept).
+    pub fn plugin_failures(&self) -> Vec<PluginFailure> {
+        self.inner.plugins.take_failures()
     }
 
     /// Links the objects added to `lib` since its last link (and the archive members they
@@ -572,13 +615,7 @@ impl Jit {
             }
             (objects, state.archives.clone())
         };
-        let plugins: Vec<Arc<dyn Plugin>> = self
-            .inner
-            .plugins
-            .read()
-            .iter()
-            .map(|(_, p)| p.clone())
-            .collect();
+        let plugins: Vec<Arc<dyn Plugin>> = self.inner.plugins.snapshot();
         let options = LinkOptions {
             memory: &*self.inner.memory,
             low_memory: Some(&self.inner.low_memory as &dyn MemoryManager),
@@ -642,11 +679,15 @@ impl Jit {
             None
         };
         let name = objects.first().map(|o| o.name.clone()).unwrap_or_default();
-        let event = (!plugins.is_empty()).then(|| LoadedModule {
-            name: name.clone(),
-            sections: linked.sections.clone(),
-            symbols: linked.symbol_info.clone(),
-            objects: objects.clone(),
+        let event = (!plugins.is_empty()).then(|| {
+            Arc::new(LoadedModule {
+                id,
+                name: name.clone(),
+                segments: linked.allocation.segments().to_vec(),
+                sections: linked.sections,
+                symbols: linked.symbol_info,
+                objects: linked.objects,
+            })
         });
         let module = Module {
             inner: Arc::new(ModuleInner {
@@ -681,7 +722,7 @@ impl Jit {
                 executor: executor.clone(),
                 uses: uses.into_boxed_slice(),
                 users: Mutex::new(Vec::new()),
-                plugins: Mutex::new(plugins.clone()),
+                announced: Mutex::new(None),
                 allocation: linked.allocation,
             }),
         };
@@ -698,7 +739,6 @@ impl Jit {
                 .unwrap_or(false);
             if !listed {
                 *module.inner.finalized.lock() = true; // its initializers never ran
-                module.inner.plugins.lock().clear(); // nor was its load announced
                 return Err(Error::RemovedDuringLink {
                     module: module.inner.name.to_string(),
                     used: used.inner.name.to_string(),
@@ -733,10 +773,13 @@ impl Jit {
         // No lock while plugins and JIT code run: an initializer may call back into the
         // session, even to link into this library.
         drop(linking);
-        if let Some(event) = &event {
-            for plugin in &plugins {
-                call_plugin(plugin, |p| p.module_loaded(event));
-            }
+        if let Some(event) = event {
+            self.inner.plugins.announce(&plugins, &event, true);
+            *module.inner.announced.lock() = Some(Announced {
+                plugins: self.inner.plugins.clone(),
+                told: plugins,
+                event,
+            });
         }
         if !self.inner.noexec {
             self.inner.executor.run_initializers(&linked.init)?;
@@ -975,15 +1018,11 @@ fn describe(state: &LibraryState, d: &Definition) -> String {
     }
 }
 
-/// Calls a plugin, containing its panic (reported, never propagated into the link).
-fn call_plugin(plugin: &Arc<dyn Plugin>, f: impl FnOnce(&dyn Plugin)) {
-    let plugin = plugin.clone();
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&*plugin))).is_err() {
-        tracing::warn!(
-            plugin = plugin.name(),
-            "a plugin panicked; the session goes on"
-        );
-    }
+/// What a module's free is to be announced to: the plugins told of its load.
+struct Announced {
+    plugins: Arc<Plugins>,
+    told: Vec<Arc<dyn Plugin>>,
+    event: Arc<LoadedModule>,
 }
 
 struct SessionContext<'s> {
@@ -1151,8 +1190,8 @@ struct ModuleInner {
     uses: Box<[Module]>,
     /// The modules that refer to this one.
     users: Mutex<Vec<Weak<ModuleInner>>>,
-    /// Told before the module is freed.
-    plugins: Mutex<Vec<Arc<dyn Plugin>>>,
+    /// The plugins told of the module's load, to be told of its free.
+    announced: Mutex<Option<Announced>>,
     allocation: FinalizedAllocation,
 }
 
@@ -1195,11 +1234,10 @@ impl Drop for ModuleInner {
         if let Some(id) = self.tls_module {
             self.executor.remove_tls(id);
         }
-        let plugins = std::mem::take(&mut *self.plugins.lock());
-        for plugin in &plugins {
-            call_plugin(plugin, |p| {
-                p.module_freed(&self.name, self.allocation.segments())
-            });
+        if let Some(announced) = self.announced.lock().take() {
+            announced
+                .plugins
+                .announce(&announced.told, &announced.event, false);
         }
     }
 }

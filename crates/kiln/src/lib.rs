@@ -15,6 +15,7 @@
 // Errors wrap link errors, which are large by design (see kiln-link).
 #![allow(clippy::result_large_err)]
 
+mod debug_support;
 mod error;
 mod executor;
 mod generator;
@@ -33,4 +34,5 @@ pub use kiln_memory::{
 };
 pub use kiln_remote::secure::Key;
 pub use kiln_remote::{RemoteError, Timeouts};
-pub use plugin::{LoadedModule, Plugin, PluginId};
+pub use debug_support::DebugSupport;
+pub use plugin::{LoadedModule, Plugin, PluginError, PluginFailure, PluginRegistration};

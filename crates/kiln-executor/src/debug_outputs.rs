@@ -1,0 +1,403 @@
+//! Where debuggers and profilers find the code this process runs: the GDB JIT interface
+//! (gdb and lldb), `/tmp/perf-<pid>.map` and a jitdump file (`perf inject --jit`).
+//!
+//! The controller builds what to tell them (`kiln-debug`); this module, in the process
+//! that runs the code, writes it where the tools look. All outputs are per process and
+//! enabled once ([`enable`]); several sessions add theirs up.
+//!
+//! Registration is O(1) per module: the GDB list is doubly linked, an image is inserted at
+//! its head and unlinked in place; perf records are appended.
+
+use kiln_wire::protocol::{DebugFunction, DebugModule, DebugOutputs};
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// `struct jit_code_entry` of the GDB JIT interface.
+#[repr(C)]
+struct JitCodeEntry {
+    next: *mut JitCodeEntry,
+    prev: *mut JitCodeEntry,
+    symfile_addr: *const u8,
+    symfile_size: u64,
+}
+
+/// `struct jit_descriptor` of the GDB JIT interface.
+#[repr(C)]
+struct JitDescriptor {
+    version: u32,
+    action_flag: u32,
+    relevant_entry: *mut JitCodeEntry,
+    first_entry: *mut JitCodeEntry,
+}
+
+const JIT_NOACTION: u32 = 0;
+const JIT_REGISTER_FN: u32 = 1;
+const JIT_UNREGISTER_FN: u32 = 2;
+
+extern "C" {
+    /// The process's `__jit_debug_descriptor` (csrc/gdb_jit.c; weak, maybe another
+    /// runtime's).
+    fn kiln_gdb_jit_descriptor() -> *mut JitDescriptor;
+    /// Calls `__jit_debug_register_code`, where the debugger stops to read the list.
+    fn kiln_gdb_jit_notify();
+}
+
+/// One image in the GDB list: the entry (at a stable address, in a box) and its bytes.
+struct GdbEntry {
+    entry: JitCodeEntry,
+    _image: Box<[u8]>,
+}
+
+// SAFETY: an entry's pointers are those of the process-wide GDB list, read and written
+// only under `OUTPUTS`'s lock (and by the debugger while the process is stopped).
+unsafe impl Send for GdbEntry {}
+
+/// The jitdump file and its marker mapping.
+struct Jitdump {
+    file: File,
+    path: PathBuf,
+    marker: *mut libc::c_void,
+    marker_len: usize,
+    code_index: u64,
+}
+
+// SAFETY: `marker` is a mapping only this value unmaps; nothing reads through it.
+unsafe impl Send for Jitdump {}
+
+impl Drop for Jitdump {
+    fn drop(&mut self) {
+        let _ = self.file.write_all(&record_header(JIT_CODE_CLOSE, 16));
+        // SAFETY: the marker was mapped by `Jitdump::create` and is unmapped once, here.
+        unsafe { libc::munmap(self.marker, self.marker_len) };
+    }
+}
+
+struct Outputs {
+    /// The process these outputs are for (a forked child opens its own files).
+    pid: u32,
+    settings: DebugOutputs,
+    perf_map: Option<File>,
+    jitdump: Option<Jitdump>,
+    modules: FxHashMap<u64, Vec<Box<GdbEntry>>>,
+    next_handle: u64,
+}
+
+static OUTPUTS: Mutex<Option<Outputs>> = Mutex::new(None);
+
+/// Turns outputs on (adding to those already on). A jitdump directory of `""` means the
+/// default: `$JITDUMPDIR`, else `$HOME/.debug/jit`, in a new `kiln-<pid>-<time>`
+/// directory.
+pub fn enable(settings: &DebugOutputs) -> Result<(), String> {
+    let mut guard = OUTPUTS.lock();
+    let outputs = guard.get_or_insert_with(|| Outputs {
+        pid: std::process::id(),
+        settings: DebugOutputs::default(),
+        perf_map: None,
+        jitdump: None,
+        modules: FxHashMap::default(),
+        next_handle: 1,
+    });
+    outputs.settings.gdb |= settings.gdb;
+    outputs.settings.perf_map |= settings.perf_map;
+    if outputs.settings.jitdump_dir.is_none() {
+        outputs.settings.jitdump_dir = settings.jitdump_dir.clone();
+    }
+    outputs.open_files()
+}
+
+/// The jitdump file this process writes, if any.
+pub fn jitdump_path() -> Option<PathBuf> {
+    OUTPUTS
+        .lock()
+        .as_ref()
+        .and_then(|o| o.jitdump.as_ref().map(|j| j.path.clone()))
+}
+
+impl Outputs {
+    /// Opens the files the settings ask for and this process has not opened yet.
+    fn open_files(&mut self) -> Result<(), String> {
+        let pid = std::process::id();
+        if pid != self.pid {
+            // A forked child: the parent's files are the parent's.
+            self.pid = pid;
+            self.perf_map = None;
+            // The parent's jitdump is left as it is (no close record from the child).
+            std::mem::forget(self.jitdump.take());
+        }
+        if self.settings.perf_map && self.perf_map.is_none() {
+            let path = format!("/tmp/perf-{pid}.map");
+            self.perf_map = Some(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .map_err(|e| format!("opening {path}: {e}"))?,
+            );
+        }
+        if let (Some(dir), None) = (&self.settings.jitdump_dir, &self.jitdump) {
+            self.jitdump = Some(Jitdump::create(dir, pid)?);
+        }
+        Ok(())
+    }
+}
+
+/// Tells debuggers and profilers of a module; answers a handle for [`unregister`].
+///
+/// # Safety
+/// With a perf output on, every function's `[address, address + size)` must be readable
+/// memory of this process (the jitdump file holds a copy of the code).
+pub unsafe fn register(module: DebugModule) -> Result<u64, String> {
+    let mut guard = OUTPUTS.lock();
+    let outputs = guard
+        .as_mut()
+        .ok_or("debug outputs are not enabled in this executor")?;
+    outputs.open_files()?;
+    let handle = outputs.next_handle;
+    outputs.next_handle += 1;
+    if let Some(map) = &mut outputs.perf_map {
+        let mut text = String::new();
+        for f in &module.functions {
+            use std::fmt::Write as _;
+            let _ = writeln!(text, "{:x} {:x} {}", f.address, f.size, f.name);
+        }
+        map.write_all(text.as_bytes())
+            .map_err(|e| format!("writing the perf map: {e}"))?;
+    }
+    if let Some(jitdump) = &mut outputs.jitdump {
+        for f in &module.functions {
+            // SAFETY: the caller's contract.
+            unsafe { jitdump.code_load(f, &module.files) }
+                .map_err(|e| format!("writing {}: {e}", jitdump.path.display()))?;
+        }
+    }
+    if outputs.settings.gdb && !module.images.is_empty() {
+        let mut entries = Vec::with_capacity(module.images.len());
+        for image in module.images {
+            let image = image.into_boxed_slice();
+            let mut entry = Box::new(GdbEntry {
+                entry: JitCodeEntry {
+                    next: std::ptr::null_mut(),
+                    prev: std::ptr::null_mut(),
+                    symfile_addr: image.as_ptr(),
+                    symfile_size: image.len() as u64,
+                },
+                _image: image,
+            });
+            // SAFETY: the list is changed only under OUTPUTS's lock (held); the entry is
+            // boxed, so its address stays valid until `unregister` unlinks it.
+            unsafe {
+                let descriptor = kiln_gdb_jit_descriptor();
+                let new: *mut JitCodeEntry = &mut entry.entry;
+                let first = (*descriptor).first_entry;
+                (*new).next = first;
+                if !first.is_null() {
+                    (*first).prev = new;
+                }
+                (*descriptor).first_entry = new;
+                (*descriptor).relevant_entry = new;
+                (*descriptor).action_flag = JIT_REGISTER_FN;
+                kiln_gdb_jit_notify();
+                (*descriptor).action_flag = JIT_NOACTION;
+            }
+            entries.push(entry);
+        }
+        outputs.modules.insert(handle, entries);
+    }
+    Ok(handle)
+}
+
+/// A module is about to be freed: its images leave the GDB list. (Perf maps and jitdump
+/// have no unload record: perf tells reused addresses apart by the time of each record.)
+pub fn unregister(handle: u64) {
+    let mut guard = OUTPUTS.lock();
+    let Some(outputs) = guard.as_mut() else {
+        return;
+    };
+    let Some(entries) = outputs.modules.remove(&handle) else {
+        return;
+    };
+    for mut entry in entries {
+        // SAFETY: the entry is in the list (linked by `register`, unlinked only here) and
+        // the list is changed only under OUTPUTS's lock (held).
+        unsafe {
+            let descriptor = kiln_gdb_jit_descriptor();
+            let this: *mut JitCodeEntry = &mut entry.entry;
+            let (prev, next) = ((*this).prev, (*this).next);
+            if prev.is_null() {
+                (*descriptor).first_entry = next;
+            } else {
+                (*prev).next = next;
+            }
+            if !next.is_null() {
+                (*next).prev = prev;
+            }
+            (*descriptor).relevant_entry = this;
+            (*descriptor).action_flag = JIT_UNREGISTER_FN;
+            kiln_gdb_jit_notify();
+            (*descriptor).action_flag = JIT_NOACTION;
+            (*descriptor).relevant_entry = std::ptr::null_mut();
+        }
+    }
+}
+
+/// The number of images in the process's GDB list (all runtimes' together).
+pub fn gdb_entry_count() -> usize {
+    let _guard = OUTPUTS.lock();
+    let mut count = 0;
+    // SAFETY: the list is read under OUTPUTS's lock; Kiln's entries are valid while
+    // listed (other runtimes' too, by the interface's contract).
+    unsafe {
+        let mut entry = (*kiln_gdb_jit_descriptor()).first_entry;
+        while !entry.is_null() {
+            count += 1;
+            entry = (*entry).next;
+        }
+    }
+    count
+}
+
+// --- jitdump (tools/perf/Documentation/jitdump-specification.txt) ---------------------
+
+const JITDUMP_MAGIC: u32 = 0x4A69_5444;
+const JITDUMP_VERSION: u32 = 1;
+const JIT_CODE_LOAD: u32 = 0;
+const JIT_CODE_DEBUG_INFO: u32 = 2;
+const JIT_CODE_CLOSE: u32 = 3;
+
+#[cfg(target_arch = "x86_64")]
+const ELF_MACHINE: u32 = 62;
+#[cfg(target_arch = "aarch64")]
+const ELF_MACHINE: u32 = 183;
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `perf record -k mono` stamps samples with.
+fn timestamp() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn record_header(id: u32, total_size: u32) -> Vec<u8> {
+    let mut r = Vec::with_capacity(total_size as usize);
+    r.extend_from_slice(&id.to_le_bytes());
+    r.extend_from_slice(&total_size.to_le_bytes());
+    r.extend_from_slice(&timestamp().to_le_bytes());
+    r
+}
+
+/// The default jitdump directory: `$JITDUMPDIR` or `$HOME/.debug/jit` (as LLVM's and
+/// perf's own tools use), else `/tmp`.
+fn default_jitdump_base() -> PathBuf {
+    if let Some(dir) = std::env::var_os("JITDUMPDIR") {
+        return PathBuf::from(dir);
+    }
+    match std::env::var_os("HOME") {
+        Some(home) => Path::new(&home).join(".debug").join("jit"),
+        None => PathBuf::from("/tmp"),
+    }
+}
+
+impl Jitdump {
+    fn create(dir: &str, pid: u32) -> Result<Self, String> {
+        let dir = if dir.is_empty() {
+            let nanos = timestamp();
+            default_jitdump_base().join(format!("kiln-{pid}-{nanos}"))
+        } else {
+            PathBuf::from(dir)
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let path = dir.join(format!("jit-{pid}.dump"));
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("creating {}: {e}", path.display()))?;
+        let mut header = Vec::with_capacity(40);
+        for v in [JITDUMP_MAGIC, JITDUMP_VERSION, 40, ELF_MACHINE, 0, pid] {
+            header.extend_from_slice(&v.to_le_bytes());
+        }
+        header.extend_from_slice(&timestamp().to_le_bytes());
+        header.extend_from_slice(&0u64.to_le_bytes()); // flags
+        file.write_all(&header)
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        // The marker: perf record sees this mapping of the file and perf inject finds
+        // the file from it.
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        use std::os::fd::AsRawFd;
+        // SAFETY: a new private read-only mapping of a file we hold open; nothing else is
+        // mapped over.
+        let marker = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if marker == libc::MAP_FAILED {
+            return Err(format!(
+                "mapping the jitdump marker of {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(Jitdump {
+            file,
+            path,
+            marker,
+            marker_len: page,
+            code_index: 0,
+        })
+    }
+
+    /// Writes a function's debug-info record (if it has lines) and its code-load record.
+    ///
+    /// # Safety
+    /// `[f.address, f.address + f.size)` is readable memory of this process.
+    unsafe fn code_load(&mut self, f: &DebugFunction, files: &[String]) -> std::io::Result<()> {
+        if !f.lines.is_empty() {
+            let mut body = Vec::new();
+            body.extend_from_slice(&f.address.to_le_bytes());
+            body.extend_from_slice(&(f.lines.len() as u64).to_le_bytes());
+            for row in &f.lines {
+                body.extend_from_slice(&row.address.to_le_bytes());
+                body.extend_from_slice(&row.line.to_le_bytes());
+                body.extend_from_slice(&0u32.to_le_bytes()); // discriminator
+                let name = files.get(row.file as usize).map_or("", |s| s.as_str());
+                body.extend_from_slice(name.as_bytes());
+                body.push(0);
+            }
+            let mut record = record_header(JIT_CODE_DEBUG_INFO, 16 + body.len() as u32);
+            record.extend_from_slice(&body);
+            self.file.write_all(&record)?;
+        }
+        // SAFETY: the caller's contract.
+        let code = unsafe { std::slice::from_raw_parts(f.address as *const u8, f.size as usize) };
+        let size = 16 + 8 + 32 + f.name.len() + 1 + code.len();
+        let mut record = record_header(JIT_CODE_LOAD, size as u32);
+        record.extend_from_slice(&std::process::id().to_le_bytes());
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() } as u32;
+        record.extend_from_slice(&tid.to_le_bytes());
+        record.extend_from_slice(&f.address.to_le_bytes()); // vma
+        record.extend_from_slice(&f.address.to_le_bytes()); // code address
+        record.extend_from_slice(&f.size.to_le_bytes());
+        record.extend_from_slice(&self.code_index.to_le_bytes());
+        self.code_index += 1;
+        record.extend_from_slice(f.name.as_bytes());
+        record.push(0);
+        record.extend_from_slice(code);
+        self.file.write_all(&record)
+    }
+}
