@@ -20,6 +20,11 @@ declare -A needs=(
   [ar]=binutils
   [unshare]=util-linux
   [strace]=strace
+  # Debuggers and profilers, driven by the listener tests.
+  [gdb]=gdb
+  [lldb-16]=lldb-16
+  [perf]=linux-perf
+  [llvm-jitlink-16]=llvm-16
   [/usr/lib/x86_64-linux-gnu/libsqlite3.a]=libsqlite3-dev
   [/usr/lib/x86_64-linux-gnu/liblua5.4.a]=liblua5.4-dev
   [/usr/lib/x86_64-linux-gnu/libz.a]=zlib1g-dev

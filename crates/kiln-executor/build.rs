@@ -2,5 +2,7 @@
 //! why they are C).
 fn main() {
     println!("cargo:rerun-if-changed=csrc/gdb_jit.c");
-    cc::Build::new().file("csrc/gdb_jit.c").compile("kiln_gdb_jit");
+    cc::Build::new()
+        .file("csrc/gdb_jit.c")
+        .compile("kiln_gdb_jit");
 }

@@ -29,7 +29,7 @@ struct Cli {
 enum Command {
     /// Links objects and archives in memory and runs their `main`, with main's exit code
     /// as this command's.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Writes N small functions into executable memory, calls each, frees half, and prints
     /// memory figures.
     Demo {
@@ -353,7 +353,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo { modules, mapper } => demo(modules, mapper).map(|()| 0),
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
     };
     match result {
         Ok(status) => {

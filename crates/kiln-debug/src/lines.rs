@@ -4,7 +4,9 @@ use crate::{gdb_image, DebugError};
 use gimli::{EndianSlice, Reader, RelocateReader, SectionId};
 use kiln_wire::protocol::{DebugFunction, DebugModule, LineRow};
 use object::read::elf::ElfFile64;
-use object::{LittleEndian, Object, ObjectSection, ObjectSymbol, RelocationFlags, RelocationTarget};
+use object::{
+    LittleEndian, Object, ObjectSection, ObjectSymbol, RelocationFlags, RelocationTarget,
+};
 use rustc_hash::FxHashMap;
 use std::borrow::Cow;
 
@@ -131,10 +133,11 @@ fn line_rows(object: &ObjectPlacement<'_>) -> Result<Vec<(u64, u32, String)>, De
         section: section.to_string(),
         what,
     };
-    let file = ElfFile64::<LittleEndian>::parse(object.data).map_err(|e| DebugError::Malformed {
-        object: object.name.to_string(),
-        what: e.to_string(),
-    })?;
+    let file =
+        ElfFile64::<LittleEndian>::parse(object.data).map_err(|e| DebugError::Malformed {
+            object: object.name.to_string(),
+            what: e.to_string(),
+        })?;
     if file.section_by_name(".debug_line").is_none() {
         return Ok(Vec::new());
     }
@@ -187,10 +190,9 @@ fn line_rows(object: &ObjectPlacement<'_>) -> Result<Vec<(u64, u32, String)>, De
     let empty = Relocations::default();
     let dwarf = gimli::Dwarf::load(|id| -> Result<Section<'_, '_>, DebugError> {
         Ok(match loaded.get(&id) {
-            Some((bytes, relocations)) => RelocateReader::new(
-                EndianSlice::new(bytes, gimli::LittleEndian),
-                relocations,
-            ),
+            Some((bytes, relocations)) => {
+                RelocateReader::new(EndianSlice::new(bytes, gimli::LittleEndian), relocations)
+            }
             None => RelocateReader::new(EndianSlice::new(&[], gimli::LittleEndian), &empty),
         })
     })?;
@@ -219,7 +221,8 @@ fn line_rows(object: &ObjectPlacement<'_>) -> Result<Vec<(u64, u32, String)>, De
             let path = match paths.get(&row.file_index()) {
                 Some(p) => p.clone(),
                 None => {
-                    let path = file_path(&dwarf, &unit, header, row.file_index(), comp_dir.as_deref());
+                    let path =
+                        file_path(&dwarf, &unit, header, row.file_index(), comp_dir.as_deref());
                     paths.insert(row.file_index(), path.clone());
                     path
                 }

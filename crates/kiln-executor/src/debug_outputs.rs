@@ -81,6 +81,9 @@ struct Outputs {
     settings: DebugOutputs,
     perf_map: Option<File>,
     jitdump: Option<Jitdump>,
+    /// Each entry is boxed: the debugger's list points at it, so it must not move
+    /// when the vector grows.
+    #[allow(clippy::vec_box)]
     modules: FxHashMap<u64, Vec<Box<GdbEntry>>>,
     next_handle: u64,
 }

@@ -56,7 +56,10 @@ pub(crate) struct DebugListener {
 
 impl DebugListener {
     /// Turns the executor's outputs on; `None` if `support` asks for nothing.
-    pub(crate) fn start(support: &DebugSupport, executor: &Executor) -> Result<Option<Self>, Error> {
+    pub(crate) fn start(
+        support: &DebugSupport,
+        executor: &Executor,
+    ) -> Result<Option<Self>, Error> {
         if !support.any() {
             return Ok(None);
         }
@@ -124,12 +127,7 @@ impl Plugin for DebugListener {
         self.handles.lock().insert(module.id, handle);
         match errors.len() {
             0 => Ok(()),
-            n => Err(format!(
-                "{} (and {} more objects not described)",
-                errors[0],
-                n - 1
-            )
-            .into()),
+            n => Err(format!("{} (and {} more objects not described)", errors[0], n - 1).into()),
         }
     }
 

@@ -441,10 +441,11 @@ impl Executor {
     /// [`Executor::unregister_debug`].
     pub(crate) fn register_debug(&self, module: DebugModule) -> Result<u64, Error> {
         match &self.kind {
-            // SAFETY: the functions are those of a module just linked and published by
-            // this session, whose memory lives until after its free is announced.
-            Kind::InProcess => unsafe { kiln_executor::debug_outputs::register(module) }
-                .map_err(Error::Executor),
+            Kind::InProcess => {
+                // SAFETY: the functions are those of a module just linked and published by
+                // this session, whose memory lives until after its free is announced.
+                unsafe { kiln_executor::debug_outputs::register(module) }.map_err(Error::Executor)
+            }
             Kind::Remote { .. } => self.value(Request::RegisterDebug(module)),
         }
     }

@@ -244,10 +244,11 @@ impl JitBuilder {
     pub fn build(self) -> Result<Jit, Error> {
         let executor = self.executor.unwrap_or_else(Executor::in_process);
         let mut mapper = executor.mapper()?;
-        if mapper.is_none() && self.debug_support.gdb {
+        if mapper.is_none() && (self.debug_support.gdb || self.debug_support.perf_map) {
             // A debugger cannot write a breakpoint into a shared mapping (the kernel
-            // refuses a forced write to a shared read-only page), so with gdb support the
-            // code is mapped privately: mmap + mprotect, one view.
+            // refuses a forced write to a shared read-only page), and perf applies a perf
+            // map only to anonymous memory, so with either on the code is mapped
+            // privately: mmap + mprotect, one view.
             mapper = Some(Arc::new(kiln_memory::InProcessMapper::new()));
         }
         let memory: Arc<dyn MemoryManager> = match self.memory {
@@ -266,13 +267,9 @@ impl JitBuilder {
             built: std::sync::OnceLock::new(),
         };
         let plugins = Arc::new(Plugins::default());
-        let debug_support = match crate::debug_support::DebugListener::start(
-            &self.debug_support,
-            &executor,
-        )? {
-            Some(listener) => Some(plugins.add(Arc::new(listener))),
-            None => None,
-        };
+        let debug_support =
+            crate::debug_support::DebugListener::start(&self.debug_support, &executor)?
+                .map(|listener| plugins.add(Arc::new(listener)));
         let jit = Jit {
             inner: Arc::new(Inner {
                 session: NEXT_SESSION.fetch_add(1, Ordering::Relaxed),

@@ -23,6 +23,7 @@ mod jit;
 pub mod library_search;
 mod plugin;
 
+pub use debug_support::DebugSupport;
 pub use error::Error;
 pub use executor::{default_executor_path, Executor, ExecutorSymbols, Transport};
 pub use generator::{FnGenerator, Found, SymbolGenerator};
@@ -34,5 +35,4 @@ pub use kiln_memory::{
 };
 pub use kiln_remote::secure::Key;
 pub use kiln_remote::{RemoteError, Timeouts};
-pub use debug_support::DebugSupport;
 pub use plugin::{LoadedModule, Plugin, PluginError, PluginFailure, PluginRegistration};

@@ -1,13 +1,12 @@
 //! The session at JIT scale: dependency records that make removal safe, explicit
 //! redefinition, checked library ids, batch and typed lookups, lent object bytes, archive
-//! members shared between modules, plugins told of loads and frees, and links into
+//! members shared between modules, and links into
 //! different libraries from several threads while others look up.
 
 // kiln::Error wraps link errors, which are large by design (see kiln-link).
 #![allow(clippy::result_large_err)]
 
-use kiln::{Error, Jit, LoadedModule, Plugin, SegmentRange, SymbolKind};
-use parking_lot::Mutex;
+use kiln::{Error, Jit};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
@@ -188,94 +187,6 @@ fn an_archive_member_linked_once_serves_later_modules() {
         .unwrap();
     assert_eq!(call1(&jit, lib, "first", 0), call1(&jit, lib, "second", 0));
     assert!(second.uses().any(|m| m.same(&first)));
-}
-
-#[derive(Default)]
-struct Recorder {
-    loaded: Mutex<Vec<LoadedModule>>,
-    freed: Mutex<Vec<(String, Vec<SegmentRange>)>>,
-}
-
-impl Plugin for Recorder {
-    fn name(&self) -> &str {
-        "recorder"
-    }
-    fn module_loaded(&self, module: &LoadedModule) {
-        self.loaded.lock().push(module.clone());
-    }
-    fn module_freed(&self, name: &str, segments: &[SegmentRange]) {
-        self.freed
-            .lock()
-            .push((name.to_string(), segments.to_vec()));
-    }
-}
-
-struct Panicker;
-
-impl Plugin for Panicker {
-    fn name(&self) -> &str {
-        "panicker"
-    }
-    fn module_loaded(&self, _: &LoadedModule) {
-        panic!("a plugin that panics");
-    }
-}
-
-#[test]
-fn plugins_see_sections_symbols_and_frees() {
-    let jit = Jit::new().unwrap();
-    let lib = jit.main_library();
-    let recorder = Arc::new(Recorder::default());
-    jit.add_plugin(recorder.clone());
-    // A panicking plugin is contained: the link goes on.
-    jit.add_plugin(Arc::new(Panicker));
-    let module = jit
-        .link_object(
-            lib,
-            "plugged.o",
-            compile(
-                "plugged",
-                "static long hidden_helper(long x) { return x * 3; }\n\
-                 long table[4] = {1, 2, 3, 4};\n\
-                 long plugged(long x) { return hidden_helper(x) + table[1]; }\n",
-            ),
-        )
-        .unwrap();
-    assert_eq!(call1(&jit, lib, "plugged", 2), 8);
-    {
-        let loaded = recorder.loaded.lock();
-        assert_eq!(loaded.len(), 1);
-        let event = &loaded[0];
-        assert_eq!(event.name, "plugged.o");
-        assert_eq!(event.objects.len(), 1);
-        let plugged = event
-            .symbols
-            .iter()
-            .find(|s| s.name == "plugged")
-            .expect("the function is reported");
-        assert_eq!(plugged.kind, SymbolKind::Function);
-        assert!(plugged.global && plugged.size > 0);
-        assert_eq!(Some(plugged.address), module.symbol("plugged"));
-        let table = event.symbols.iter().find(|s| s.name == "table").unwrap();
-        assert_eq!((table.kind, table.size), (SymbolKind::Data, 32));
-        let text = event
-            .sections
-            .iter()
-            .find(|s| s.name == ".text")
-            .expect(".text is reported");
-        assert!((text.address..text.address + text.size).contains(&plugged.address));
-        let segments = module.allocation().segments();
-        assert!(event.sections.iter().all(|s| segments
-            .iter()
-            .any(|g| g.target <= s.address && s.address + s.size <= g.target + g.len)));
-    }
-    jit.remove_module(&module).unwrap();
-    let segments = module.allocation().segments().to_vec();
-    drop(module);
-    let freed = recorder.freed.lock();
-    assert_eq!(freed.len(), 1);
-    assert_eq!(freed[0].0, "plugged.o");
-    assert_eq!(freed[0].1, segments);
 }
 
 #[test]
