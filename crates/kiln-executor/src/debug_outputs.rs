@@ -160,7 +160,7 @@ pub unsafe fn register(module: DebugModule) -> Result<u64, String> {
     outputs.open_files()?;
     let handle = outputs.next_handle;
     outputs.next_handle += 1;
-    if let Some(map) = &mut outputs.perf_map {
+    if let (Some(map), true) = (&mut outputs.perf_map, module.perf_map) {
         let mut text = String::new();
         for f in &module.functions {
             use std::fmt::Write as _;
@@ -169,12 +169,20 @@ pub unsafe fn register(module: DebugModule) -> Result<u64, String> {
         map.write_all(text.as_bytes())
             .map_err(|e| format!("writing the perf map: {e}"))?;
     }
-    if let Some(jitdump) = &mut outputs.jitdump {
+    if let (Some(jitdump), true) = (&mut outputs.jitdump, module.jitdump) {
+        // One write per module.
+        let mut records = Vec::new();
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() } as u32;
+        let pid = std::process::id();
         for f in &module.functions {
             // SAFETY: the caller's contract.
-            unsafe { jitdump.code_load(f, &module.files) }
-                .map_err(|e| format!("writing {}: {e}", jitdump.path.display()))?;
+            unsafe { jitdump.code_load(f, &module.files, (pid, tid), &mut records) };
         }
+        jitdump
+            .file
+            .write_all(&records)
+            .map_err(|e| format!("writing {}: {e}", jitdump.path.display()))?;
     }
     if outputs.settings.gdb && !module.images.is_empty() {
         let mut entries = Vec::with_capacity(module.images.len());
@@ -364,11 +372,18 @@ impl Jitdump {
         })
     }
 
-    /// Writes a function's debug-info record (if it has lines) and its code-load record.
+    /// Appends a function's debug-info record (if it has lines) and its code-load record
+    /// to `out`.
     ///
     /// # Safety
     /// `[f.address, f.address + f.size)` is readable memory of this process.
-    unsafe fn code_load(&mut self, f: &DebugFunction, files: &[String]) -> std::io::Result<()> {
+    unsafe fn code_load(
+        &mut self,
+        f: &DebugFunction,
+        files: &[String],
+        (pid, tid): (u32, u32),
+        out: &mut Vec<u8>,
+    ) {
         if !f.lines.is_empty() {
             let mut body = Vec::new();
             body.extend_from_slice(&f.address.to_le_bytes());
@@ -381,17 +396,15 @@ impl Jitdump {
                 body.extend_from_slice(name.as_bytes());
                 body.push(0);
             }
-            let mut record = record_header(JIT_CODE_DEBUG_INFO, 16 + body.len() as u32);
-            record.extend_from_slice(&body);
-            self.file.write_all(&record)?;
+            out.extend_from_slice(&record_header(JIT_CODE_DEBUG_INFO, 16 + body.len() as u32));
+            out.extend_from_slice(&body);
         }
         // SAFETY: the caller's contract.
         let code = unsafe { std::slice::from_raw_parts(f.address as *const u8, f.size as usize) };
         let size = 16 + 8 + 32 + f.name.len() + 1 + code.len();
-        let mut record = record_header(JIT_CODE_LOAD, size as u32);
-        record.extend_from_slice(&std::process::id().to_le_bytes());
-        // SAFETY: gettid has no preconditions.
-        let tid = unsafe { libc::gettid() } as u32;
+        let record = out;
+        record.extend_from_slice(&record_header(JIT_CODE_LOAD, size as u32));
+        record.extend_from_slice(&pid.to_le_bytes());
         record.extend_from_slice(&tid.to_le_bytes());
         record.extend_from_slice(&f.address.to_le_bytes()); // vma
         record.extend_from_slice(&f.address.to_le_bytes()); // code address
@@ -401,6 +414,5 @@ impl Jitdump {
         record.extend_from_slice(f.name.as_bytes());
         record.push(0);
         record.extend_from_slice(code);
-        self.file.write_all(&record)
     }
 }

@@ -157,8 +157,12 @@ pub struct DebugModule {
     /// In-memory ELF images (one per object), each section's address its target address,
     /// for the GDB JIT interface (empty unless [`DebugOutputs::gdb`]).
     pub images: Vec<Vec<u8>>,
-    /// Its functions (empty unless a perf output is on).
+    /// Its functions, for the perf outputs below.
     pub functions: Vec<DebugFunction>,
+    /// Write the functions to the perf map (if the executor's is enabled).
+    pub perf_map: bool,
+    /// Write the functions to the jitdump file (if the executor's is enabled).
+    pub jitdump: bool,
     /// Source file names that [`LineRow::file`] indexes.
     pub files: Vec<String>,
 }
@@ -811,6 +815,7 @@ impl Request {
             }
             Request::RegisterDebug(module) => {
                 let mut w = Writer::new(27);
+                w.u8(u8::from(module.perf_map) | u8::from(module.jitdump) << 1);
                 w.u32(module.images.len() as u32);
                 for image in &module.images {
                     w.bytes(image);
@@ -1017,6 +1022,7 @@ impl Request {
                 })
             }
             27 => {
+                let outputs = r.u8("perf outputs")?;
                 let n = r.count("debug images", 4)?;
                 let mut images = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -1060,6 +1066,8 @@ impl Request {
                     images,
                     functions,
                     files,
+                    perf_map: outputs & 1 != 0,
+                    jitdump: outputs & 2 != 0,
                 })
             }
             28 => Request::UnregisterDebug {
@@ -1320,6 +1328,8 @@ mod tests {
                     }],
                 }],
                 files: vec!["f.c".into()],
+                perf_map: false,
+                jitdump: true,
             }),
             Request::UnregisterDebug { handle: 4 },
         ];

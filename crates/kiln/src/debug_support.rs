@@ -45,9 +45,12 @@ impl DebugSupport {
     }
 }
 
-/// The plugin: builds each module's debug images and function list (kiln-debug) and
-/// hands them to the executor.
-pub(crate) struct DebugListener {
+/// The listener behind [`DebugSupport`]: builds each module's debug images and function
+/// list (`kiln-debug`) and hands them to the executor. [`crate::JitBuilder::debug_support`]
+/// registers one for the session's whole life; one made with [`DebugListener::start`] and
+/// registered with [`crate::Jit::add_plugin`] covers the modules loaded while its
+/// registration lives (and unregisters each at its free).
+pub struct DebugListener {
     executor: Executor,
     support: DebugSupport,
     /// Module id → the executor's registration handle.
@@ -56,10 +59,11 @@ pub(crate) struct DebugListener {
 
 impl DebugListener {
     /// Turns the executor's outputs on; `None` if `support` asks for nothing.
-    pub(crate) fn start(
-        support: &DebugSupport,
-        executor: &Executor,
-    ) -> Result<Option<Self>, Error> {
+    ///
+    /// A session built without debug support maps code in process as two shared views;
+    /// gdb cannot set software breakpoints there and perf does not apply perf maps to it
+    /// (use [`crate::JitBuilder::debug_support`] for those).
+    pub fn start(support: &DebugSupport, executor: &Executor) -> Result<Option<Self>, Error> {
         if !support.any() {
             return Ok(None);
         }
@@ -117,12 +121,14 @@ impl Plugin for DebugListener {
         } else {
             Vec::new()
         };
-        let (debug, errors) = kiln_debug::debug_module(
+        let (mut debug, errors) = kiln_debug::debug_module(
             &placements,
             functions,
             self.support.gdb,
             self.support.jitdump,
         );
+        debug.perf_map = self.support.perf_map;
+        debug.jitdump = self.support.jitdump;
         let handle = self.executor.register_debug(debug)?;
         self.handles.lock().insert(module.id, handle);
         match errors.len() {

@@ -23,7 +23,7 @@ mod jit;
 pub mod library_search;
 mod plugin;
 
-pub use debug_support::DebugSupport;
+pub use debug_support::{DebugListener, DebugSupport};
 pub use error::Error;
 pub use executor::{default_executor_path, Executor, ExecutorSymbols, Transport};
 pub use generator::{FnGenerator, Found, SymbolGenerator};
