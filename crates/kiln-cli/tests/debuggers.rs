@@ -173,11 +173,18 @@ fn lldb_breaks_by_name_in_jit_code() {
 }
 
 #[test]
-fn gdb_attached_to_the_executor_sees_the_code_it_runs() {
+fn gdb_attached_to_the_executor_breaks_in_the_code_it_runs() {
+    for transport in ["shm", "copy"] {
+        gdb_attached_to_the_executor(transport);
+    }
+}
+
+fn gdb_attached_to_the_executor(transport: &str) {
     common::ensure_executor();
     let obj = object("wait_then_work.c", &["-g", "-O0"]);
     let mut child = Command::new(kiln())
-        .args(["run", "--oop", "--gdb", obj.to_str().unwrap()])
+        .args(["run", "--oop", "--transport", transport, "--gdb"])
+        .arg(&obj)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -204,10 +211,9 @@ fn gdb_attached_to_the_executor_sees_the_code_it_runs() {
             &executor.to_string(),
             "-ex",
             "set language c",
-            // Hardware: the executor's code pages are shared with the controller, where a
-            // debugger cannot write a breakpoint instruction.
+            // A software breakpoint: with gdb support the executor maps code privately.
             "-ex",
-            "hbreak jit_work",
+            "break jit_work",
             "-ex",
             &format!("shell touch {}", go.display()),
             "-ex",
@@ -237,7 +243,10 @@ fn gdb_attached_to_the_executor_sees_the_code_it_runs() {
         String::from_utf8_lossy(&out.stderr)
     );
     let status = child.wait_with_output().unwrap();
-    assert!(out.contains("jit_work (n=10) at"), "{out}");
+    assert!(
+        out.contains("Breakpoint 1, jit_work (n=10) at"),
+        "{transport}: {out}"
+    );
     assert!(out.contains("in main () at"), "{out}");
     assert!(out.contains("wait_then_work.c\""), "{out}");
     assert_eq!(String::from_utf8_lossy(&status.stdout), "work 45\n");

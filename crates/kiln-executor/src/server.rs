@@ -1007,6 +1007,17 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
         }
         Request::EnableDebugOutputs(outputs) => {
             crate::debug_outputs::enable(&outputs)?;
+            if outputs.gdb && state.reservations.is_empty() {
+                // Code a debugger can put breakpoints in: private target views (a
+                // debugger cannot write to a shared read-only page). Reservations made
+                // before stay shared (hardware breakpoints only there).
+                if let Ok(mapper) = std::mem::replace(&mut state.mapper, Err(String::new())) {
+                    drop(mapper);
+                }
+                state.mapper = DualMappedMapper::new()
+                    .map(|m| m.with_private_target(true))
+                    .map_err(|e| e.to_string());
+            }
             ok
         }
         Request::RegisterDebug(module) => {

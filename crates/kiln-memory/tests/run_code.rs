@@ -319,3 +319,85 @@ fn a_full_arena_falls_back_to_another_and_one_segment_must_fit_an_arena() {
         .unwrap();
     assert!(one.allocate(&code(70)).is_ok());
 }
+
+/// Writes `bytes` at `address` as a debugger does: through `/proc/self/mem`, which the
+/// kernel lets write to read-only pages (a copy of a private page; a shared page refuses).
+fn debugger_write(address: u64, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut mem = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/proc/self/mem")?;
+    mem.seek(SeekFrom::Start(address))?;
+    mem.write_all(bytes)
+}
+
+#[test]
+fn a_debuggable_dual_mapped_mapper_takes_breakpoints_and_drops_them_with_freed_pages() {
+    let shared = Arc::new(DualMappedMapper::new().expect("memfd mapper"));
+    let private = Arc::new(
+        DualMappedMapper::new()
+            .expect("memfd mapper")
+            .with_private_target(true),
+    );
+    assert!(shared.shares_pages() && !private.shares_pages());
+    let int3 = [0xccu8];
+    // Shared target view: a debugger's write is refused.
+    let manager = SlabMemoryManager::builder().mapper(shared).build().unwrap();
+    let mut in_flight = manager
+        .allocate(&code_request(return_const(0).len()))
+        .unwrap();
+    in_flight
+        .working_memory(0)
+        .unwrap()
+        .copy_from_slice(&return_const(5));
+    let module = in_flight.finalize().unwrap();
+    let f = module.target(0).unwrap();
+    assert!(debugger_write(f, &int3).is_err(), "shared pages refuse it");
+    drop(module);
+    // Private target view: the write lands in the process's copy, the code runs again
+    // once the original byte is back, and freeing the pages drops the copy: code written
+    // there later is seen.
+    let manager = SlabMemoryManager::builder()
+        .mapper(private)
+        .build()
+        .unwrap();
+    let mut in_flight = manager
+        .allocate(&code_request(return_const(0).len()))
+        .unwrap();
+    in_flight
+        .working_memory(0)
+        .unwrap()
+        .copy_from_slice(&return_const(5));
+    let module = in_flight.finalize().unwrap();
+    let f = module.target(0).unwrap();
+    // SAFETY: the target view is readable.
+    let original = unsafe { *(f as *const u8) };
+    debugger_write(f, &int3).expect("a private page takes a breakpoint");
+    // SAFETY: as above.
+    assert_eq!(unsafe { *(f as *const u8) }, 0xcc);
+    debugger_write(f, &[original]).unwrap();
+    // SAFETY: segment 0 holds the function written above, restored.
+    assert_eq!(unsafe { call(f) }, 5);
+    debugger_write(f, &int3).unwrap(); // left in, as a breakpoint never removed
+    drop(module);
+    let mut seen = false;
+    for _ in 0..64 {
+        let mut in_flight = manager
+            .allocate(&code_request(return_const(0).len()))
+            .unwrap();
+        in_flight
+            .working_memory(0)
+            .unwrap()
+            .copy_from_slice(&return_const(9));
+        let module = in_flight.finalize().unwrap();
+        let g = module.target(0).unwrap();
+        // SAFETY: segment 0 holds the function just written.
+        assert_eq!(unsafe { call(g) }, 9, "new code is seen, not a stale copy");
+        seen |= g == f;
+        if seen {
+            break;
+        }
+    }
+    assert!(seen, "the freed pages were reused");
+}

@@ -205,6 +205,7 @@ impl RemoteViews {
 /// the socket.
 pub struct SharedMemoryMapper {
     remote: RemoteViews,
+    shares_pages: bool,
 }
 
 impl std::fmt::Debug for SharedMemoryMapper {
@@ -225,7 +226,14 @@ impl SharedMemoryMapper {
         }
         Ok(SharedMemoryMapper {
             remote: RemoteViews::new(executor),
+            shares_pages: true,
         })
+    }
+
+    /// As [`CopyMapper::with_shared_pages`].
+    pub fn with_shared_pages(mut self, shares: bool) -> Self {
+        self.shares_pages = shares;
+        self
     }
 }
 
@@ -242,7 +250,7 @@ unsafe impl Mapper for SharedMemoryMapper {
     }
 
     fn shares_pages(&self) -> bool {
-        true
+        self.shares_pages
     }
 
     fn reserve(&self, len: u64, placement: &Placement) -> Result<Reservation, MapperError> {
@@ -305,6 +313,7 @@ unsafe impl Mapper for SharedMemoryMapper {
 /// writable view) before making them runnable. Works over TCP, across machines.
 pub struct CopyMapper {
     remote: RemoteViews,
+    shares_pages: bool,
 }
 
 impl std::fmt::Debug for CopyMapper {
@@ -320,7 +329,16 @@ impl CopyMapper {
     pub fn new(executor: Arc<RemoteExecutor>) -> Self {
         CopyMapper {
             remote: RemoteViews::new(executor),
+            shares_pages: true,
         }
+    }
+
+    /// Whether code and constants of several allocations may share pages (default: yes).
+    /// Off for an executor whose code a debugger may put breakpoints in (its code pages
+    /// are private copies once written to: nothing may be added next to such code).
+    pub fn with_shared_pages(mut self, shares: bool) -> Self {
+        self.shares_pages = shares;
+        self
     }
 }
 
@@ -336,7 +354,7 @@ unsafe impl Mapper for CopyMapper {
     }
 
     fn shares_pages(&self) -> bool {
-        true
+        self.shares_pages
     }
 
     fn reserve(&self, len: u64, placement: &Placement) -> Result<Reservation, MapperError> {

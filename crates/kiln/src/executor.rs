@@ -164,17 +164,23 @@ impl Executor {
     }
 
     /// The mapper that places code in this executor (`None`: Kiln's default, in-process).
-    pub(crate) fn mapper(&self) -> Result<Option<Arc<dyn Mapper>>, Error> {
+    /// `debuggable`: the executor maps code privately for a debugger's breakpoints, so
+    /// allocations get code pages of their own.
+    pub(crate) fn mapper(&self, debuggable: bool) -> Result<Option<Arc<dyn Mapper>>, Error> {
         Ok(match &self.kind {
             Kind::InProcess => None,
             Kind::Remote {
                 remote,
                 transport: Transport::SharedMemory,
-            } => Some(Arc::new(SharedMemoryMapper::new(remote.clone())?)),
+            } => Some(Arc::new(
+                SharedMemoryMapper::new(remote.clone())?.with_shared_pages(!debuggable),
+            )),
             Kind::Remote {
                 remote,
                 transport: Transport::Copy,
-            } => Some(Arc::new(CopyMapper::new(remote.clone()))),
+            } => Some(Arc::new(
+                CopyMapper::new(remote.clone()).with_shared_pages(!debuggable),
+            )),
         })
     }
 

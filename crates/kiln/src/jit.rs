@@ -243,7 +243,11 @@ impl JitBuilder {
     /// Builds the session.
     pub fn build(self) -> Result<Jit, Error> {
         let executor = self.executor.unwrap_or_else(Executor::in_process);
-        let mut mapper = executor.mapper()?;
+        // Debug outputs are on before any memory is reserved: an executor maps the code
+        // of a debuggable session privately.
+        let debug_listener =
+            crate::debug_support::DebugListener::start(&self.debug_support, &executor)?;
+        let mut mapper = executor.mapper(self.debug_support.gdb)?;
         if mapper.is_none() && (self.debug_support.gdb || self.debug_support.perf_map) {
             // A debugger cannot write a breakpoint into a shared mapping (the kernel
             // refuses a forced write to a shared read-only page), and perf applies a perf
@@ -267,9 +271,7 @@ impl JitBuilder {
             built: std::sync::OnceLock::new(),
         };
         let plugins = Arc::new(Plugins::default());
-        let debug_support =
-            crate::debug_support::DebugListener::start(&self.debug_support, &executor)?
-                .map(|listener| plugins.add(Arc::new(listener)));
+        let debug_support = debug_listener.map(|listener| plugins.add(Arc::new(listener)));
         let jit = Jit {
             inner: Arc::new(Inner {
                 session: NEXT_SESSION.fetch_add(1, Ordering::Relaxed),

@@ -20,6 +20,7 @@ pub struct DualMappedMapper {
     memfd_flags: libc::c_uint,
     files: Mutex<HashMap<u64, OwnedFd>>,
     populate: bool,
+    private_target: bool,
 }
 
 fn os(
@@ -47,6 +48,7 @@ impl DualMappedMapper {
             memfd_flags,
             files: Mutex::new(HashMap::new()),
             populate: true,
+            private_target: false,
         };
         // Probe: a one-page reservation made executable.
         let probe = mapper.reserve(page, &Placement::Anywhere)?;
@@ -94,6 +96,19 @@ impl DualMappedMapper {
         self
     }
 
+    /// Whether the target view is a *private* mapping of the memfd (default: shared),
+    /// for a process a debugger may write breakpoints into: the kernel refuses a
+    /// debugger's write to a shared read-only page, and copies a private one.
+    ///
+    /// The target view still shows what the working view writes, until a debugger writes
+    /// to one of its pages; so a debuggable mapper does not share pages among allocations
+    /// ([`Mapper::shares_pages`] is `false`: nothing is written next to code that may
+    /// hold a breakpoint), and freed pages drop the target view's copies.
+    pub fn with_private_target(mut self, private: bool) -> Self {
+        self.private_target = private;
+        self
+    }
+
     /// A duplicate of the memfd behind `reservation` (close-on-exec), to share its pages
     /// with another process, which maps it at an address of its own.
     pub fn share(&self, reservation: &Reservation) -> Result<OwnedFd, MapperError> {
@@ -133,7 +148,7 @@ unsafe impl Mapper for DualMappedMapper {
     }
 
     fn shares_pages(&self) -> bool {
-        true
+        !self.private_target
     }
 
     fn reserve(&self, len: u64, placement: &Placement) -> Result<Reservation, MapperError> {
@@ -144,8 +159,13 @@ unsafe impl Mapper for DualMappedMapper {
         ))?;
         sys::ftruncate(&fd, len).map_err(os("ftruncate", 0, len))?;
         let flags = libc::MAP_SHARED | libc::MAP_NORESERVE;
+        let target_flags = if self.private_target {
+            libc::MAP_PRIVATE | libc::MAP_NORESERVE
+        } else {
+            flags
+        };
         let target = placement::reserve_placed(len, self.page, placement, |fixed| {
-            sys::mmap(fixed, None, len, libc::PROT_NONE, flags, Some(&fd))
+            sys::mmap(fixed, None, len, libc::PROT_NONE, target_flags, Some(&fd))
         })?;
         // The working view goes far (64 GiB) below the target view, so that it does not use
         // up the address space near the host's libraries that the placement needs.
@@ -243,6 +263,12 @@ unsafe impl Mapper for DualMappedMapper {
         // inaccessible makes a stale call fault instead of running zeros.
         unsafe { sys::mprotect(start, len, libc::PROT_NONE) }
             .map_err(os("mprotect", start, len))?;
+        if self.private_target {
+            // Pages a debugger wrote to are private copies: drop them, so that the view
+            // shows the file's pages (what the working view writes) again.
+            // SAFETY: as above; the pages are inaccessible and unused.
+            unsafe { sys::madvise_dontneed(start, len) }.map_err(os("madvise", start, len))?;
+        }
         self.with_file(reservation, |fd| sys::punch_hole(fd, offset, len))?
             .map_err(os("fallocate(PUNCH_HOLE)", start, len))
     }
