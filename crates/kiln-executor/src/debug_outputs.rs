@@ -6,11 +6,16 @@
 //! enabled once ([`enable`]); several sessions add theirs up.
 //!
 //! Registration is O(1) per module: the GDB list is doubly linked, an image is inserted at
-//! its head and unlinked in place; perf records are appended.
+//! its head and unlinked in place. Perf records are formatted and appended by a writer
+//! thread, off the link's path: a module's records carry the time of its registration
+//! (perf orders them by it), a module's free waits until its records are written (they
+//! copy its code), and what is pending is written at `exit` (an `atexit` handler) or by
+//! [`flush`].
 
 use kiln_wire::protocol::{DebugFunction, DebugModule, DebugOutputs};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -69,7 +74,9 @@ unsafe impl Send for Jitdump {}
 
 impl Drop for Jitdump {
     fn drop(&mut self) {
-        let _ = self.file.write_all(&record_header(JIT_CODE_CLOSE, 16));
+        let _ = self
+            .file
+            .write_all(&record_header(JIT_CODE_CLOSE, 16, timestamp()));
         // SAFETY: the marker was mapped by `Jitdump::create` and is unmapped once, here.
         unsafe { libc::munmap(self.marker, self.marker_len) };
     }
@@ -85,6 +92,8 @@ struct Outputs {
     /// when the vector grows.
     #[allow(clippy::vec_box)]
     modules: FxHashMap<u64, Vec<Box<GdbEntry>>>,
+    /// Handle → the sequence number of its perf records (for [`unregister`] to wait on).
+    perf_jobs: FxHashMap<u64, u64>,
     next_handle: u64,
 }
 
@@ -101,6 +110,7 @@ pub fn enable(settings: &DebugOutputs) -> Result<(), String> {
         perf_map: None,
         jitdump: None,
         modules: FxHashMap::default(),
+        perf_jobs: FxHashMap::default(),
         next_handle: 1,
     });
     outputs.settings.gdb |= settings.gdb;
@@ -160,29 +170,21 @@ pub unsafe fn register(module: DebugModule) -> Result<u64, String> {
     outputs.open_files()?;
     let handle = outputs.next_handle;
     outputs.next_handle += 1;
-    if let (Some(map), true) = (&mut outputs.perf_map, module.perf_map) {
-        let mut text = String::new();
-        for f in &module.functions {
-            use std::fmt::Write as _;
-            let _ = writeln!(text, "{:x} {:x} {}", f.address, f.size, f.name);
-        }
-        map.write_all(text.as_bytes())
-            .map_err(|e| format!("writing the perf map: {e}"))?;
-    }
-    if let (Some(jitdump), true) = (&mut outputs.jitdump, module.jitdump) {
-        // One write per module.
-        let mut records = Vec::new();
-        // SAFETY: gettid has no preconditions.
-        let tid = unsafe { libc::gettid() } as u32;
-        let pid = std::process::id();
-        for f in &module.functions {
-            // SAFETY: the caller's contract.
-            unsafe { jitdump.code_load(f, &module.files, (pid, tid), &mut records) };
-        }
-        jitdump
-            .file
-            .write_all(&records)
-            .map_err(|e| format!("writing {}: {e}", jitdump.path.display()))?;
+    let perf_map = module.perf_map && outputs.perf_map.is_some();
+    let jitdump = module.jitdump && outputs.jitdump.is_some();
+    if (perf_map || jitdump) && !module.functions.is_empty() {
+        let seq = queue_perf_job(PerfJob {
+            seq: 0,
+            functions: module.functions,
+            files: module.files,
+            perf_map,
+            jitdump,
+            timestamp: timestamp(),
+            pid: std::process::id(),
+            // SAFETY: gettid has no preconditions.
+            tid: unsafe { libc::gettid() } as u32,
+        });
+        outputs.perf_jobs.insert(handle, seq);
     }
     if outputs.settings.gdb && !module.images.is_empty() {
         let mut entries = Vec::with_capacity(module.images.len());
@@ -223,6 +225,14 @@ pub unsafe fn register(module: DebugModule) -> Result<u64, String> {
 /// A module is about to be freed: its images leave the GDB list. (Perf maps and jitdump
 /// have no unload record: perf tells reused addresses apart by the time of each record.)
 pub fn unregister(handle: u64) {
+    // Its code must stay until its perf records (a copy of it) are written.
+    let job = OUTPUTS
+        .lock()
+        .as_mut()
+        .and_then(|o| o.perf_jobs.remove(&handle));
+    if let Some(seq) = job {
+        wait_written(seq);
+    }
     let mut guard = OUTPUTS.lock();
     let Some(outputs) = guard.as_mut() else {
         return;
@@ -294,11 +304,11 @@ fn timestamp() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-fn record_header(id: u32, total_size: u32) -> Vec<u8> {
-    let mut r = Vec::with_capacity(total_size as usize);
-    r.extend_from_slice(&id.to_le_bytes());
-    r.extend_from_slice(&total_size.to_le_bytes());
-    r.extend_from_slice(&timestamp().to_le_bytes());
+fn record_header(id: u32, total_size: u32, timestamp: u64) -> [u8; 16] {
+    let mut r = [0u8; 16];
+    r[..4].copy_from_slice(&id.to_le_bytes());
+    r[4..8].copy_from_slice(&total_size.to_le_bytes());
+    r[8..].copy_from_slice(&timestamp.to_le_bytes());
     r
 }
 
@@ -381,7 +391,7 @@ impl Jitdump {
         &mut self,
         f: &DebugFunction,
         files: &[String],
-        (pid, tid): (u32, u32),
+        job: &PerfJob,
         out: &mut Vec<u8>,
     ) {
         if !f.lines.is_empty() {
@@ -396,16 +406,20 @@ impl Jitdump {
                 body.extend_from_slice(name.as_bytes());
                 body.push(0);
             }
-            out.extend_from_slice(&record_header(JIT_CODE_DEBUG_INFO, 16 + body.len() as u32));
+            out.extend_from_slice(&record_header(
+                JIT_CODE_DEBUG_INFO,
+                16 + body.len() as u32,
+                job.timestamp,
+            ));
             out.extend_from_slice(&body);
         }
         // SAFETY: the caller's contract.
         let code = unsafe { std::slice::from_raw_parts(f.address as *const u8, f.size as usize) };
         let size = 16 + 8 + 32 + f.name.len() + 1 + code.len();
         let record = out;
-        record.extend_from_slice(&record_header(JIT_CODE_LOAD, size as u32));
-        record.extend_from_slice(&pid.to_le_bytes());
-        record.extend_from_slice(&tid.to_le_bytes());
+        record.extend_from_slice(&record_header(JIT_CODE_LOAD, size as u32, job.timestamp));
+        record.extend_from_slice(&job.pid.to_le_bytes());
+        record.extend_from_slice(&job.tid.to_le_bytes());
         record.extend_from_slice(&f.address.to_le_bytes()); // vma
         record.extend_from_slice(&f.address.to_le_bytes()); // code address
         record.extend_from_slice(&f.size.to_le_bytes());
@@ -415,4 +429,132 @@ impl Jitdump {
         record.push(0);
         record.extend_from_slice(code);
     }
+}
+
+// --- the perf writer ------------------------------------------------------------------
+
+/// A module's perf records to write.
+struct PerfJob {
+    seq: u64,
+    functions: Vec<DebugFunction>,
+    files: Vec<String>,
+    perf_map: bool,
+    jitdump: bool,
+    /// When the module was registered (its records' time).
+    timestamp: u64,
+    pid: u32,
+    tid: u32,
+}
+
+struct PerfQueue {
+    jobs: VecDeque<PerfJob>,
+    next_seq: u64,
+    /// The last sequence number written.
+    written: u64,
+    /// The process whose writer thread runs (a forked child starts its own).
+    writer_pid: u32,
+}
+
+static QUEUE: Mutex<PerfQueue> = Mutex::new(PerfQueue {
+    jobs: VecDeque::new(),
+    next_seq: 1,
+    written: 0,
+    writer_pid: 0,
+});
+static WORK: Condvar = Condvar::new();
+/// Held while one job is written, by the writer thread or by a caller that needs it done:
+/// jobs are written one at a time, in order.
+static WRITING: Mutex<()> = Mutex::new(());
+
+/// Queues a job (starting this process's writer thread if needed); returns its sequence
+/// number.
+fn queue_perf_job(mut job: PerfJob) -> u64 {
+    let mut queue = QUEUE.lock();
+    job.seq = queue.next_seq;
+    queue.next_seq += 1;
+    let seq = job.seq;
+    queue.jobs.push_back(job);
+    let pid = std::process::id();
+    if queue.writer_pid != pid {
+        queue.writer_pid = pid;
+        let started = std::thread::Builder::new()
+            .name("kiln-perf-writer".into())
+            .spawn(|| loop {
+                {
+                    let mut queue = QUEUE.lock();
+                    while queue.jobs.is_empty() {
+                        WORK.wait(&mut queue);
+                    }
+                }
+                write_one();
+            });
+        if started.is_err() {
+            queue.writer_pid = 0; // no thread: callers write (flush, unregister, exit)
+        }
+        static AT_EXIT: std::sync::Once = std::sync::Once::new();
+        AT_EXIT.call_once(|| {
+            // SAFETY: registers a function with no preconditions, run once at exit.
+            unsafe { libc::atexit(flush_at_exit) };
+        });
+    }
+    WORK.notify_one();
+    seq
+}
+
+extern "C" fn flush_at_exit() {
+    flush();
+}
+
+/// Writes every perf record queued so far (what `exit` does too).
+pub fn flush() {
+    while write_one() {}
+}
+
+/// Waits until job `seq` is written, writing what is queued before it meanwhile.
+fn wait_written(seq: u64) {
+    while QUEUE.lock().written < seq {
+        if !write_one() {
+            // Another writer holds it: `write_one` waited for it; look again.
+            continue;
+        }
+    }
+}
+
+/// Writes the oldest queued job; `false` if there was none.
+fn write_one() -> bool {
+    let _writing = WRITING.lock();
+    let Some(job) = QUEUE.lock().jobs.pop_front() else {
+        return false;
+    };
+    let mut guard = OUTPUTS.lock();
+    if let Some(outputs) = guard.as_mut() {
+        if let Err(error) = write_job(outputs, &job) {
+            tracing::warn!(%error, "writing perf records failed");
+        }
+    }
+    drop(guard);
+    QUEUE.lock().written = job.seq;
+    true
+}
+
+fn write_job(outputs: &mut Outputs, job: &PerfJob) -> std::io::Result<()> {
+    if let (Some(map), true) = (&mut outputs.perf_map, job.perf_map) {
+        let mut text = String::with_capacity(job.functions.len() * 48);
+        for f in &job.functions {
+            use std::fmt::Write as _;
+            let _ = writeln!(text, "{:x} {:x} {}", f.address, f.size, f.name);
+        }
+        map.write_all(text.as_bytes())?;
+    }
+    if let (Some(jitdump), true) = (&mut outputs.jitdump, job.jitdump) {
+        // One write per module.
+        let mut records = Vec::new();
+        for f in &job.functions {
+            // SAFETY: `register`'s contract: the code is readable until `unregister`,
+            // which waits for this job.
+            unsafe { jitdump.code_load(f, &job.files, job, &mut records) };
+        }
+        jitdump.file.write_all(&records)?;
+    }
+    Ok(())
 }

@@ -247,6 +247,8 @@ impl State {
 
 impl Drop for State {
     fn drop(&mut self) {
+        // Perf records copy code from the reservations: written before they go.
+        crate::debug_outputs::flush();
         self.eh_frames.clear();
         if let Ok(mapper) = &self.mapper {
             for (_, r) in self.reservations.drain() {

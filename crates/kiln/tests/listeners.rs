@@ -225,7 +225,9 @@ fn gdb_list_perf_map_and_jitdump_match_the_linked_addresses() {
     for (name, address, _) in &symbols {
         assert_eq!(jit.lookup(lib, name).unwrap(), *address);
     }
-    // The perf map: one line per function, address and size as linked.
+    // The perf map: one line per function, address and size as linked (written by the
+    // executor's writer thread; flushed here, as at exit).
+    kiln_executor::debug_outputs::flush();
     let map = std::fs::read_to_string(format!("/tmp/perf-{}.map", std::process::id())).unwrap();
     for (name, address, size) in &symbols {
         let line = format!("{address:x} {size:x} {name}");
