@@ -15,11 +15,21 @@
 //! The executor (in this process or another) writes these where the tools look: see
 //! `kiln-executor`'s `debug_outputs`.
 //!
-//! ```
-//! // An object with no section placed is copied unchanged but for its symbols.
-//! # fn object() -> Vec<u8> { Vec::new() }
-//! let bytes = object();
-//! assert!(kiln_debug::gdb_image("empty.o", &bytes, &[]).is_err()); // not ELF
+//! ```no_run
+//! use kiln_debug::{debug_module, ObjectPlacement};
+//! use kiln_wire::protocol::DebugFunction;
+//! let object = std::fs::read("f.o")?; // built with -g
+//! // Section 1 (.text) of f.o landed at 0x7f00_0000_1000; `f` is its first 32 bytes.
+//! let placed = [ObjectPlacement {
+//!     name: "f.o",
+//!     data: &object,
+//!     sections: vec![(1, 0x7f00_0000_1000)],
+//! }];
+//! let f = DebugFunction { name: "f".into(), address: 0x7f00_0000_1000, size: 32, lines: vec![] };
+//! let (module, errors) = debug_module(&placed, vec![f], true, true);
+//! assert!(errors.is_empty());
+//! println!("{} image(s); f's lines: {:?}", module.images.len(), module.functions[0].lines);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod gdb_image;

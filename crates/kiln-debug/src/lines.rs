@@ -133,14 +133,23 @@ fn line_rows(object: &ObjectPlacement<'_>) -> Result<Vec<(u64, u32, String)>, De
         section: section.to_string(),
         what,
     };
-    let file =
-        ElfFile64::<LittleEndian>::parse(object.data).map_err(|e| DebugError::Malformed {
-            object: object.name.to_string(),
-            what: e.to_string(),
-        })?;
-    if file.section_by_name(".debug_line").is_none() {
-        return Ok(Vec::new());
+    let malformed = |e: object::read::Error| DebugError::Malformed {
+        object: object.name.to_string(),
+        what: e.to_string(),
+    };
+    // Most objects of a release build have no line table: the section headers say so,
+    // without parsing the symbol table.
+    {
+        use object::read::elf::FileHeader;
+        let header =
+            object::elf::FileHeader64::<LittleEndian>::parse(object.data).map_err(malformed)?;
+        let endian = header.endian().map_err(malformed)?;
+        let sections = header.sections(endian, object.data).map_err(malformed)?;
+        if sections.section_by_name(endian, b".debug_line").is_none() {
+            return Ok(Vec::new());
+        }
     }
+    let file = ElfFile64::<LittleEndian>::parse(object.data).map_err(malformed)?;
     let machine = file.elf_header().e_machine.get(LittleEndian);
     let placed: FxHashMap<usize, u64> = object.sections.iter().copied().collect();
     // Each DWARF section's bytes and relocations.

@@ -133,6 +133,7 @@ impl Plugin for DebugListener {
         self.handles.lock().insert(module.id, handle);
         match errors.len() {
             0 => Ok(()),
+            1 => Err(errors[0].to_string().into()),
             n => Err(format!("{} (and {} more objects not described)", errors[0], n - 1).into()),
         }
     }
