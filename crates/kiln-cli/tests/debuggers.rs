@@ -303,12 +303,24 @@ fn top_of_report(data: &Path, sort: &str) -> String {
 
 #[test]
 fn perf_inject_jit_names_the_hot_jit_function_and_its_lines() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("jitdump-test");
+    perf_inject_jit("in-process", &[]);
+}
+
+#[test]
+fn perf_inject_jit_names_the_hot_function_run_by_the_executor() {
+    common::ensure_executor();
+    perf_inject_jit("out-of-process", &["--oop"]);
+}
+
+fn perf_inject_jit(name: &str, flags: &[&str]) {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("jitdump-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let data = dir.join("perf.data");
     let jitdump = format!("--jitdump={}", dir.display());
-    perf_record(&data, &[&jitdump]);
+    let mut all = flags.to_vec();
+    all.push(&jitdump);
+    perf_record(&data, &all);
     let injected = dir.join("perf.jit.data");
     let out = Command::new("perf")
         .args(["inject", "--jit", "-i"])
@@ -322,16 +334,24 @@ fn perf_inject_jit_names_the_hot_jit_function_and_its_lines() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let top = top_of_report(&injected, "dso,sym");
+    // The process that ran the code (kiln, or its executor) wrote the dump.
+    let comm = if flags.contains(&"--oop") {
+        "kiln-executor"
+    } else {
+        "kiln"
+    };
+    let top = top_of_report(&injected, "comm,dso,sym");
     assert!(
-        top.contains("jitted-") && top.contains("jit_hot_loop"),
-        "top of the report: {top}"
+        top.split_whitespace().nth(1) == Some(comm)
+            && top.contains("jitted-")
+            && top.contains("jit_hot_loop"),
+        "{name}: top of the report: {top}"
     );
     // With -g, the lines: the loop's body is where the samples are.
     let top = top_of_report(&injected, "sym,srcline");
     assert!(
         top.contains("jit_hot_loop") && top.contains("perf_hot.c:1"),
-        "top by source line: {top}"
+        "{name}: top by source line: {top}"
     );
 }
 
