@@ -66,6 +66,8 @@ cargo test --workspace
 echo "== kiln-llvm with LLVM 14 (feature llvm)"
 cargo clippy -p kiln-llvm --features llvm --all-targets -- -D warnings
 cargo test -p kiln-llvm --features llvm
+cargo clippy -p kiln-capi --features llvm --all-targets -- -D warnings
+cargo test -p kiln-capi --features llvm --test llvm_c
 
 echo "== benchmarks, small workload (figures: see docs/BENCHMARKS.md)"
 cargo build --release -p kiln-bench

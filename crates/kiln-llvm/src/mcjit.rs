@@ -311,14 +311,9 @@ impl KilnMcjit {
     /// # Safety
     /// `module` must be a valid module not owned by another engine.
     pub unsafe fn compile(&self, module: LLVMModuleRef) -> Result<(Engine, ModuleCode), Error> {
-        let memory = Arc::new(Mutex::new(ModuleMemory::default()));
-        let ctx = Box::into_raw(Box::new(CallbackContext {
-            manager: self.manager.clone(),
-            memory: memory.clone(),
-            resolver: self.resolver.clone(),
-        }));
-        // SAFETY: plain-data options initialized by LLVM; the memory manager takes `ctx`
-        // and calls `destroy` on it exactly once.
+        let (manager, code) = self.memory_manager();
+        // SAFETY: plain-data options initialized by LLVM; the engine takes the memory
+        // manager (destroyed with it, or by LLVM if the engine cannot be made).
         unsafe {
             let mut options: LLVMMCJITCompilerOptions = std::mem::zeroed();
             LLVMInitializeMCJITCompilerOptions(
@@ -326,23 +321,43 @@ impl KilnMcjit {
                 std::mem::size_of::<LLVMMCJITCompilerOptions>(),
             );
             options.OptLevel = self.opt_level;
-            options.MCJMM = kiln_mcjit_memory_manager(
+            options.MCJMM = manager;
+            create_engine(module, &mut options).map(|engine| {
+                (
+                    Engine {
+                        engine,
+                        memory: code.memory.clone(),
+                    },
+                    code,
+                )
+            })
+        }
+    }
+
+    /// A memory manager for one MCJIT engine, for clients that create engines
+    /// themselves (LLVM-C's `LLVMCreateMCJITCompilerForModule`, options.MCJMM): the
+    /// engine owns the manager (disposing the engine destroys it, or LLVM does if the
+    /// engine cannot be made), the returned [`ModuleCode`] owns the code. A manager not
+    /// given to an engine must be disposed with `LLVMDisposeMCJITMemoryManager`.
+    pub fn memory_manager(&self) -> (LLVMMCJITMemoryManagerRef, ModuleCode) {
+        let memory = Arc::new(Mutex::new(ModuleMemory::default()));
+        let ctx = Box::into_raw(Box::new(CallbackContext {
+            manager: self.manager.clone(),
+            memory: memory.clone(),
+            resolver: self.resolver.clone(),
+        }));
+        // SAFETY: the shim takes `ctx` and calls `destroy` on it exactly once, from the
+        // manager's destructor.
+        let manager = unsafe {
+            kiln_mcjit_memory_manager(
                 ctx.cast(),
                 allocate_section,
                 finalize_memory,
                 destroy,
                 resolve,
-            );
-            create_engine(module, &mut options).map(|engine| {
-                (
-                    Engine {
-                        engine,
-                        memory: memory.clone(),
-                    },
-                    ModuleCode { memory },
-                )
-            })
-        }
+            )
+        };
+        (manager, ModuleCode { memory })
     }
 }
 

@@ -24,6 +24,22 @@ pub struct LibraryId {
     index: u32,
 }
 
+impl LibraryId {
+    /// The id as one integer (for C and other foreign callers); [`LibraryId::from_raw`]
+    /// gives it back. A session checks every id it is given, so a forged one is an error.
+    pub fn to_raw(self) -> u64 {
+        u64::from(self.session) << 32 | u64::from(self.index)
+    }
+
+    /// An id from [`LibraryId::to_raw`].
+    pub fn from_raw(raw: u64) -> Self {
+        LibraryId {
+            session: (raw >> 32) as u32,
+            index: raw as u32,
+        }
+    }
+}
+
 static NEXT_SESSION: AtomicU32 = AtomicU32::new(1);
 
 /// A definition in a library's index: its address and the module that holds it (`None`

@@ -1,0 +1,1 @@
+long archived(long x) { return x * 10; }

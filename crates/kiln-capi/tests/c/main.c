@@ -1,0 +1,1 @@
+int main(int argc, char **argv) { (void)argv; return argc + 40; }

@@ -1,0 +1,1 @@
+long square(long x) { return x * x; }

@@ -1,0 +1,147 @@
+//! The C API from C: scripts/install_capi.sh installs the library, header and pkg-config
+//! file into a scratch prefix; C programs (tests/c/) are compiled against it with `cc` and
+//! `pkg-config`, and run as they are, under AddressSanitizer (with LeakSanitizer) and
+//! under valgrind — each must pass its own checks with no error and no leak.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn scratch() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("capi")
+}
+
+fn source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(name)
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{text}",
+        out.status
+    );
+    text
+}
+
+/// Installs the library (debug build) once, and compiles the test objects.
+fn prefix() -> &'static Path {
+    static PREFIX: OnceLock<PathBuf> = OnceLock::new();
+    PREFIX.get_or_init(|| {
+        let dir = scratch();
+        std::fs::create_dir_all(&dir).unwrap();
+        let prefix = dir.join("prefix");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/install_capi.sh");
+        run(Command::new("bash").arg(script).arg(&prefix).arg("--debug"));
+        for name in ["math", "user", "archived", "main", "twice"] {
+            run(Command::new("cc")
+                .args(["-O1", "-fPIC", "-c"])
+                .arg(source(&format!("{name}.c")))
+                .arg("-o")
+                .arg(dir.join(format!("{name}.o"))));
+        }
+        run(Command::new("ar")
+            .arg("rcs")
+            .arg(dir.join("archive.a"))
+            .arg(dir.join("archived.o")));
+        prefix
+    })
+}
+
+/// `cc FLAGS test.c $(pkg-config --cflags --libs kiln)`; returns the binary.
+fn build(test: &str, flags: &[&str], suffix: &str) -> PathBuf {
+    let prefix = prefix();
+    let pkg = run(Command::new("pkg-config")
+        .args(["--cflags", "--libs", "kiln"])
+        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")));
+    let binary = scratch().join(format!("{test}{suffix}"));
+    run(Command::new("cc")
+        .args(["-std=c11", "-g", "-O1", "-Wall", "-Wextra", "-Werror"])
+        .args(flags)
+        .arg(source(&format!("{test}.c")))
+        .arg("-o")
+        .arg(&binary)
+        .args(pkg.split_whitespace())
+        .arg("-lpthread"));
+    binary
+}
+
+fn check_plain(test: &str) {
+    let binary = build(test, &[], "");
+    let out = run(Command::new(&binary).arg(scratch()));
+    assert!(out.contains(&format!("{test}: ok")), "{out}");
+}
+
+fn check_asan(test: &str) {
+    let binary = build(
+        test,
+        &["-fsanitize=address", "-fno-omit-frame-pointer"],
+        "-asan",
+    );
+    let out = run(Command::new(&binary).arg(scratch()).env(
+        "ASAN_OPTIONS",
+        "detect_leaks=1:abort_on_error=0:exitcode=97",
+    ));
+    assert!(out.contains(&format!("{test}: ok")), "{out}");
+}
+
+fn check_valgrind(test: &str) {
+    let binary = build(test, &[], "-vg");
+    let out = run(Command::new("valgrind")
+        .args([
+            "--error-exitcode=98",
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite",
+            "--show-leak-kinds=definite",
+            "-q",
+        ])
+        .arg(&binary)
+        .arg(scratch()));
+    assert!(out.contains(&format!("{test}: ok")), "{out}");
+}
+
+#[test]
+fn every_function_from_c() {
+    check_plain("api");
+}
+
+#[test]
+fn every_memory_callback_combination_from_c() {
+    check_plain("memory");
+}
+
+#[test]
+fn the_api_under_address_sanitizer() {
+    check_asan("api");
+    check_asan("memory");
+}
+
+#[test]
+fn the_api_under_valgrind() {
+    check_valgrind("api");
+    check_valgrind("memory");
+}
+
+#[test]
+fn the_static_library_links_too() {
+    let prefix = prefix();
+    let binary = scratch().join("api-static");
+    run(Command::new("cc")
+        .args(["-std=c11", "-O1", "-I"])
+        .arg(prefix.join("include"))
+        .arg(source("api.c"))
+        .arg("-o")
+        .arg(&binary)
+        .arg(prefix.join("lib/libkiln_capi.a"))
+        .args(["-lpthread", "-ldl", "-lm", "-lgcc_s"]));
+    let out = run(Command::new(&binary).arg(scratch()));
+    assert!(out.contains("api: ok"), "{out}");
+}

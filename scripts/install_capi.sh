@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Installs Kiln's C library: PREFIX/lib/libkiln_capi.{so,a}, PREFIX/include/kiln.h and
+# PREFIX/lib/pkgconfig/kiln.pc, so that a C program builds with
+#   cc prog.c $(pkg-config --cflags --libs kiln)
+# (with PKG_CONFIG_PATH=PREFIX/lib/pkgconfig unless PREFIX is a system prefix).
+#
+#   scripts/install_capi.sh PREFIX [--debug] [--features llvm]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PREFIX="${1:?usage: scripts/install_capi.sh PREFIX [--debug] [--features llvm]}"
+shift
+PROFILE=release
+FEATURES=()
+while (($#)); do
+  case "$1" in
+    --debug) PROFILE=debug ;;
+    --features) FEATURES=(--features "$2"); shift ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+TARGET="${CARGO_TARGET_DIR:-target}"
+if [ "$PROFILE" = release ]; then
+  cargo build --release -p kiln-capi "${FEATURES[@]}"
+else
+  cargo build -p kiln-capi "${FEATURES[@]}"
+fi
+mkdir -p "$PREFIX/lib/pkgconfig" "$PREFIX/include"
+PREFIX="$(cd "$PREFIX" && pwd)"
+install -m 0644 crates/kiln-capi/include/kiln.h "$PREFIX/include/kiln.h"
+install -m 0755 "$TARGET/$PROFILE/libkiln_capi.so" "$PREFIX/lib/libkiln_capi.so"
+install -m 0644 "$TARGET/$PROFILE/libkiln_capi.a" "$PREFIX/lib/libkiln_capi.a"
+# The executor binary, for sessions that run code out of process.
+if [ -x "$TARGET/$PROFILE/kiln-executor" ]; then
+  mkdir -p "$PREFIX/bin"
+  install -m 0755 "$TARGET/$PROFILE/kiln-executor" "$PREFIX/bin/kiln-executor"
+fi
+CFLAGS_EXTRA=""
+LIBS_EXTRA=""
+if [ "${FEATURES[1]:-}" = llvm ]; then
+  # The LLVM-C part of the header, and the LLVM it was built against.
+  CFLAGS_EXTRA=" -DKILN_WITH_LLVM"
+  LLVM_CONFIG="${LLVM_SYS_140_PREFIX:-/usr/lib/llvm-14}/bin/llvm-config"
+  LIBS_EXTRA=" $("$LLVM_CONFIG" --ldflags) -lLLVM-14"
+fi
+VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
+cat > "$PREFIX/lib/pkgconfig/kiln.pc" <<PC
+prefix=$PREFIX
+libdir=\${prefix}/lib
+includedir=\${prefix}/include
+
+Name: kiln
+Description: Kiln, a JIT linker and executable-memory manager
+Version: $VERSION
+Cflags: -I\${includedir}$CFLAGS_EXTRA
+Libs: -L\${libdir} -Wl,-rpath,\${libdir} -lkiln_capi$LIBS_EXTRA
+Libs.private: -lpthread -ldl -lm -lgcc_s
+PC
+echo "installed kiln $VERSION ($PROFILE) in $PREFIX"
