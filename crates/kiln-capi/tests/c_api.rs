@@ -39,6 +39,9 @@ fn prefix() -> &'static Path {
         let dir = scratch();
         std::fs::create_dir_all(&dir).unwrap();
         let prefix = dir.join("prefix");
+        // The executor binary, installed with the library (for KILN_EXECUTOR_SPAWN).
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        run(Command::new(cargo).args(["build", "-p", "kiln-executor"]));
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/install_capi.sh");
         run(Command::new("bash").arg(script).arg(&prefix).arg("--debug"));
         for name in ["math", "user", "archived", "main", "twice"] {
@@ -76,7 +79,12 @@ fn build(test: &str, flags: &[&str], suffix: &str) -> PathBuf {
 
 fn check_plain(test: &str) {
     let binary = build(test, &[], "");
-    let out = run(Command::new(&binary).arg(scratch()));
+    let mut cmd = Command::new(&binary);
+    cmd.arg(scratch());
+    if test == "api" {
+        cmd.arg(prefix().join("bin/kiln-executor"));
+    }
+    let out = run(&mut cmd);
     assert!(out.contains(&format!("{test}: ok")), "{out}");
 }
 

@@ -47,10 +47,38 @@ static int on_load(void *context, const kiln_module_info *m)
 static int on_free(void *context, const kiln_module_info *m) { (void)context; (void)m; frees++; return 0; }
 static void on_destroy(void *context) { (void)context; listener_destroyed++; }
 
+/* The same program run by a kiln-executor child process. */
+static void out_of_process(const char *dir, const char *executor)
+{
+    kiln_error *e = NULL;
+    kiln_session_options options;
+    kiln_session_options_init(&options);
+    options.executor = KILN_EXECUTOR_SPAWN;
+    options.executor_path = executor;
+    options.transport = KILN_TRANSPORT_COPY;
+    kiln_session *s = NULL;
+    OK(kiln_session_create(&options, &s, &e));
+    uint64_t lib = kiln_main_library(s);
+    OK(kiln_add_object_file(s, lib, path(dir, "main.o"), &e));
+    OK(kiln_add_process_symbols(s, lib, &e));
+    const char *args[] = {"prog", "x"};
+    int status = -1;
+    OK(kiln_run_main(s, lib, 2, args, &status, &e));
+    CHECK(status == 2 + 40);
+    kiln_session_dispose(s);
+    /* A missing executor binary: an executor error, not a crash. */
+    options.executor_path = "/no/such/kiln-executor";
+    CHECK(kiln_session_create(&options, &s, &e) == KILN_ERR_EXECUTOR);
+    CHECK(strstr(kiln_error_message(e), "/no/such/kiln-executor") != NULL);
+    kiln_error_free(e);
+}
+
 int main(int argc, char **argv)
 {
-    CHECK(argc == 2);
+    CHECK(argc == 2 || argc == 3);
     const char *dir = argv[1];
+    if (argc == 3)
+        out_of_process(dir, argv[2]);
     CHECK(strcmp(kiln_version(), "0.1.0") == 0);
 
     /* Errors: NULL arguments, bad options. */
