@@ -25,6 +25,9 @@ declare -A needs=(
   [lldb-16]=lldb-16
   [perf]=linux-perf
   [llvm-jitlink-16]=llvm-16
+  # The object cache's Redis backend and the ccache comparison.
+  [redis-server]=redis-server
+  [ccache]=ccache
   [/usr/lib/x86_64-linux-gnu/libsqlite3.a]=libsqlite3-dev
   [/usr/lib/x86_64-linux-gnu/liblua5.4.a]=liblua5.4-dev
   [/usr/lib/x86_64-linux-gnu/libz.a]=zlib1g-dev

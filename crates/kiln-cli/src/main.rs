@@ -1,8 +1,8 @@
-//! `kiln`: the command-line front end of Kiln.
-//!
-//! Until the linker lands, `kiln demo` shows the memory layer at work: it writes many
-//! small functions in machine code into executable memory, calls them, frees some, and
-//! prints the memory figures and a W^X check of the process's mappings.
+//! `kiln`: the command-line front end of Kiln. `kiln run` compiles (through the object
+//! cache), links in memory and runs; `kiln cache` looks after the cache; `kiln demo` shows
+//! the memory layer alone.
+
+mod inputs;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kiln_memory::{
@@ -18,7 +18,18 @@ use std::time::Instant;
 #[command(
     name = "kiln",
     version,
-    about = "Kiln: a JIT linker and executable-memory manager"
+    about = "Kiln: a JIT linker and executable-memory manager",
+    after_help = "Examples:
+  kiln run prog.c                                  compile (cached), link in memory, run
+  kiln run -O2 prog.c util.cpp /usr/lib/x86_64-linux-gnu/libz.a -lm -- arg1 arg2
+  cc -c prog.c && kiln run prog.o libsqlite3.a -lm
+  kiln run --oop prog.o                            run the code in a kiln-executor process
+  kiln run --gdb prog.o                            debuggable (gdb, lldb); --perf-map, --jitdump
+  kiln run --noexec --map prog.o                   link only, show where symbols landed
+  kiln cache stats | clear | prune
+
+Exit status of `kiln run`: main's status (or exit()'s); 128 + N when the program dies of
+signal N; 1 when kiln itself fails (a link error, a missing file)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -30,6 +41,16 @@ enum Command {
     /// Links objects and archives in memory and runs their `main`, with main's exit code
     /// as this command's.
     Run(Box<RunArgs>),
+    /// The object cache of `kiln run`: its figures, emptying it, applying its limits.
+    Cache {
+        /// What to do.
+        #[arg(value_enum)]
+        action: CacheAction,
+        /// The cache directory (default: $KILN_CACHE_DIR, $XDG_CACHE_HOME/kiln or
+        /// ~/.cache/kiln).
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+    },
     /// Writes N small functions into executable memory, calls each, frees half, and prints
     /// memory figures.
     Demo {
@@ -40,6 +61,16 @@ enum Command {
         #[arg(long, value_enum, default_value_t = MapperKind::Default)]
         mapper: MapperKind,
     },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum CacheAction {
+    /// Entries, bytes and leftover temporary files.
+    Stats,
+    /// Removes every entry.
+    Clear,
+    /// Evicts least-recently-used entries beyond the limits, removes stale temporaries.
+    Prune,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -154,9 +185,55 @@ fn demo(modules: u32, kind: MapperKind) -> Result<(), String> {
 /// Options of `kiln run`.
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Object files (`cc -c` output) and static archives.
+    /// C and C++ sources (compiled with the system compiler, through the object cache),
+    /// object files, static archives and shared libraries.
     #[arg(required = true)]
     inputs: Vec<PathBuf>,
+    /// Optimization level for sources (`-O2`).
+    #[arg(short = 'O', value_name = "LEVEL")]
+    optimize: Option<String>,
+    /// Include directory for sources.
+    #[arg(short = 'I', value_name = "DIR")]
+    include: Vec<PathBuf>,
+    /// Macro definition for sources (`-DNAME` or `-DNAME=VALUE`).
+    #[arg(short = 'D', value_name = "NAME[=VALUE]")]
+    define: Vec<String>,
+    /// Language standard for sources (`--std=c11`).
+    #[arg(long = "std", value_name = "STD")]
+    standard: Option<String>,
+    /// Debug information in compiled sources.
+    #[arg(short = 'g')]
+    debug_info: bool,
+    /// More compiler flags for sources, space-separated (`--cflags='-Wall -march=native'`).
+    #[arg(long, value_name = "FLAGS", allow_hyphen_values = true)]
+    cflags: Option<String>,
+    /// Compile sources without the object cache.
+    #[arg(long)]
+    no_cache: bool,
+    /// The object cache's directory (default: $KILN_CACHE_DIR, $XDG_CACHE_HOME/kiln or
+    /// ~/.cache/kiln).
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// A Redis object cache shared by a fleet (`redis://host:port/`) instead of the disk;
+    /// when it is down, sources are compiled.
+    #[arg(long, value_name = "URL")]
+    cache_redis: Option<String>,
+    /// Every member of the archives is linked, not only those the program needs.
+    #[arg(long)]
+    whole_archive: bool,
+    /// Defines SYM at an absolute address (`--defsym SYM=0x1000`).
+    #[arg(long, value_name = "SYM=ADDR")]
+    defsym: Vec<String>,
+    /// Accepted for compatibility with compiler drivers (threads need nothing more).
+    #[arg(long)]
+    pthread: bool,
+    /// Says what is loaded from where: compiled or cached sources, archives, archive
+    /// members linked, shared libraries.
+    #[arg(short = 'v')]
+    verbose: bool,
+    /// Prints where every symbol landed (address, size, name) after the link.
+    #[arg(long, alias = "show-addrs")]
+    map: bool,
     /// Link against library NAME (`libNAME.so`, an ld script, or `libNAME.a`).
     #[arg(short = 'l', value_name = "NAME")]
     libraries: Vec<String>,
@@ -183,9 +260,10 @@ struct RunArgs {
     /// Run the code in a `kiln-executor` child process (out of process).
     #[arg(long)]
     oop: bool,
-    /// How code reaches the executor process: shared memory or copies.
-    #[arg(long, value_enum, default_value_t = TransportKind::Shm)]
-    transport: TransportKind,
+    /// How code reaches the executor process with --oop: shared memory (default) or
+    /// copies.
+    #[arg(long, value_enum)]
+    transport: Option<TransportKind>,
     /// Run the code in a `kiln-executor --listen` at HOST:PORT (copy transport; the
     /// program's output comes back here).
     #[arg(long, value_name = "HOST:PORT")]
@@ -216,7 +294,104 @@ struct RunArgs {
     args: Vec<String>,
 }
 
+/// Contradictory flags are errors, not ignored.
+fn check_flags(o: &RunArgs) -> Result<(), String> {
+    if o.transport.is_some() && !o.oop {
+        return Err("--transport applies to --oop (an executor child process)".into());
+    }
+    if o.oop && o.connect.is_some() {
+        return Err("--oop and --connect both choose the executor: use one".into());
+    }
+    if o.key_file.is_some() && o.connect.is_none() {
+        return Err("--key-file applies to --connect".into());
+    }
+    if o.executor.is_some() && !o.oop {
+        return Err("--executor applies to --oop".into());
+    }
+    if o.no_cache && (o.cache_dir.is_some() || o.cache_redis.is_some()) {
+        return Err("--no-cache contradicts --cache-dir and --cache-redis".into());
+    }
+    Ok(())
+}
+
+/// The flags sources are compiled with.
+fn compiler_flags(o: &RunArgs) -> Vec<String> {
+    let mut flags = Vec::new();
+    if let Some(level) = &o.optimize {
+        flags.push(format!("-O{level}"));
+    }
+    flags.extend(o.include.iter().map(|d| format!("-I{}", d.display())));
+    flags.extend(o.define.iter().map(|d| format!("-D{d}")));
+    if let Some(std) = &o.standard {
+        flags.push(format!("-std={std}"));
+    }
+    if o.debug_info {
+        flags.push("-g".into());
+    }
+    if o.pthread {
+        flags.push("-pthread".into());
+    }
+    if let Some(more) = &o.cflags {
+        flags.extend(more.split_whitespace().map(str::to_string));
+    }
+    flags
+}
+
+/// A link error as a C/C++ programmer wants it: undefined C++ names demangled, with the
+/// library that usually has them.
+fn explain(error: kiln::Error) -> String {
+    if let kiln::Error::Link(kiln::LinkError::UndefinedSymbols { symbols }) = &error {
+        let mut text = String::from("undefined symbols:");
+        let mut cxx = false;
+        for m in &symbols.0 {
+            let readable = inputs::demangle(&m.symbol);
+            cxx |= readable != m.symbol;
+            if readable == m.symbol {
+                text.push_str(&format!("\n  {} (wanted by {})", m.symbol, m.wanted_by));
+            } else {
+                text.push_str(&format!(
+                    "\n  {readable} [{}] (wanted by {})",
+                    m.symbol, m.wanted_by
+                ));
+            }
+        }
+        if cxx {
+            text.push_str("\nhint: C++ code needs the C++ library: add -lstdc++");
+        }
+        return text;
+    }
+    error.to_string()
+}
+
+/// Tells `-v` and `--map` what each module holds.
+struct Report {
+    verbose: bool,
+    map: bool,
+}
+
+impl kiln::Plugin for Report {
+    fn name(&self) -> &str {
+        "kiln run report"
+    }
+    fn module_loaded(&self, m: &kiln::LoadedModule) -> Result<(), kiln::PluginError> {
+        if self.verbose {
+            for object in &m.objects {
+                eprintln!("kiln: linked {}", object.name);
+            }
+        }
+        if self.map {
+            let mut symbols: Vec<&kiln::SymbolInfo> = m.symbols.iter().collect();
+            symbols.sort_by_key(|s| s.address);
+            for s in symbols {
+                println!("{:#018x} {:>8} {}", s.address, s.size, s.name);
+            }
+        }
+        Ok(())
+    }
+}
+
 fn run(o: RunArgs) -> Result<i32, String> {
+    check_flags(&o)?;
     let start = Instant::now();
     let timeouts = kiln::Timeouts::default();
     let executor = if let Some(address) = &o.connect {
@@ -231,7 +406,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
             .executor
             .clone()
             .unwrap_or_else(kiln::default_executor_path);
-        let transport = match o.transport {
+        let transport = match o.transport.unwrap_or(TransportKind::Shm) {
             TransportKind::Shm => kiln::Transport::SharedMemory,
             TransportKind::Copy => kiln::Transport::Copy,
         };
@@ -259,16 +434,98 @@ fn run(o: RunArgs) -> Result<i32, String> {
         .build()
         .map_err(|e| e.to_string())?;
     let lib = jit.main_library();
+    let _report = (o.verbose || o.map).then(|| {
+        jit.add_plugin(Arc::new(Report {
+            verbose: o.verbose,
+            map: o.map,
+        }))
+    });
+    let compiler = kiln_cache::SystemCompiler::new();
+    let cache: Option<Box<dyn kiln_cache::ObjectCache>> = if o.no_cache {
+        None
+    } else if let Some(url) = &o.cache_redis {
+        Some(Box::new(
+            kiln_cache::RedisCache::open(url, std::time::Duration::from_secs(2))
+                .map_err(|e| e.to_string())?,
+        ))
+    } else {
+        let root = o
+            .cache_dir
+            .clone()
+            .unwrap_or_else(kiln_cache::DiskCache::default_root);
+        match kiln_cache::DiskCache::open(&root, kiln_cache::DiskLimits::default()) {
+            Ok(cache) => Some(Box::new(cache)),
+            Err(e) => {
+                eprintln!("kiln: warning: no object cache ({e}); compiling");
+                None
+            }
+        }
+    };
+    let flags = compiler_flags(&o);
     for input in &o.inputs {
-        jit.add_file(lib, input).map_err(|e| e.to_string())?;
+        let bytes = (!kiln_cache::SystemCompiler::is_source(input))
+            .then(|| std::fs::read(input).ok())
+            .flatten();
+        let name = input.display().to_string();
+        match inputs::classify(input, bytes.as_deref())? {
+            inputs::InputKind::Source => {
+                let t = Instant::now();
+                let (object, hit) = inputs::compile(&compiler, cache.as_deref(), input, &flags)?;
+                if o.verbose {
+                    eprintln!(
+                        "kiln: {name}: {} in {:.1} ms",
+                        if hit { "from the cache" } else { "compiled" },
+                        t.elapsed().as_secs_f64() * 1e3
+                    );
+                }
+                jit.add_object(lib, &name, object).map_err(explain)?;
+            }
+            inputs::InputKind::Object => {
+                jit.add_object(lib, &name, bytes.unwrap_or_default())
+                    .map_err(explain)?;
+            }
+            inputs::InputKind::Archive if o.whole_archive => {
+                let bytes = bytes.unwrap_or_default();
+                for (member, data) in inputs::archive_members(input, &bytes)? {
+                    jit.add_object(lib, &member, data).map_err(explain)?;
+                }
+            }
+            inputs::InputKind::Archive => {
+                if o.verbose {
+                    eprintln!("kiln: archive {name}: members linked as needed");
+                }
+                jit.add_archive(lib, &name, bytes.unwrap_or_default())
+                    .map_err(explain)?;
+            }
+            inputs::InputKind::Shared => {
+                if o.verbose {
+                    eprintln!("kiln: shared library {name}");
+                }
+                jit.add_shared_library(lib, input).map_err(explain)?;
+            }
+        }
     }
     for name in &o.libraries {
+        if o.verbose {
+            eprintln!("kiln: -l{name}");
+        }
         jit.add_library_by_name(lib, name, &o.library_dirs)
-            .map_err(|e| e.to_string())?;
+            .map_err(explain)?;
+    }
+    for definition in &o.defsym {
+        let (symbol, value) = definition
+            .split_once('=')
+            .ok_or_else(|| format!("--defsym {definition}: expected SYM=ADDRESS"))?;
+        let address = match value.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16),
+            None => value.parse(),
+        }
+        .map_err(|_| format!("--defsym {definition}: {value} is not an address"))?;
+        jit.define_symbol(lib, symbol, address).map_err(explain)?;
     }
     jit.add_process_symbols(lib).map_err(|e| e.to_string())?;
     let load = start.elapsed();
-    let linked = jit.link_pending(lib).map_err(|e| e.to_string())?;
+    let linked = jit.link_pending(lib).map_err(explain)?;
     for failure in jit.plugin_failures() {
         eprintln!(
             "kiln: warning: {} ({} of {}): {}",
@@ -312,7 +569,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "a.out".into())];
     argv.extend(o.args.iter().cloned());
-    let address = jit.lookup(lib, &o.entry).map_err(|e| e.to_string())?;
+    let address = jit.lookup(lib, &o.entry).map_err(explain)?;
     jit.report_crashes();
     if o.connect.is_some() {
         // A remote program reads what is typed here, as a local one would.
@@ -350,10 +607,19 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    // `-pthread`, as compiler drivers spell it, is `--pthread` here.
+    let args = std::env::args().map(|a| {
+        if a == "-pthread" {
+            "--pthread".into()
+        } else {
+            a
+        }
+    });
+    let cli = Cli::parse_from(args);
     let result = match cli.command {
         Command::Demo { modules, mapper } => demo(modules, mapper).map(|()| 0),
         Command::Run(args) => run(*args),
+        Command::Cache { action, cache_dir } => cache(action, cache_dir).map(|()| 0),
     };
     match result {
         Ok(status) => {
@@ -365,4 +631,33 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `kiln cache ACTION`.
+fn cache(action: CacheAction, dir: Option<PathBuf>) -> Result<(), String> {
+    let root = dir.unwrap_or_else(kiln_cache::DiskCache::default_root);
+    let cache = kiln_cache::DiskCache::open(&root, kiln_cache::DiskLimits::default())
+        .map_err(|e| e.to_string())?;
+    match action {
+        CacheAction::Stats => {
+            let usage = cache.usage().map_err(|e| e.to_string())?;
+            let limits = kiln_cache::DiskLimits::default();
+            println!("cache: {}", cache.dir().display());
+            println!(
+                "entries: {} of at most {}",
+                usage.entries, limits.max_entries
+            );
+            println!("bytes: {} of at most {}", usage.bytes, limits.max_bytes);
+            println!("temporary files: {}", usage.temporaries);
+        }
+        CacheAction::Clear => {
+            let removed = cache.clear().map_err(|e| e.to_string())?;
+            println!("removed {removed} entries from {}", cache.dir().display());
+        }
+        CacheAction::Prune => {
+            let removed = cache.prune().map_err(|e| e.to_string())?;
+            println!("evicted {removed} entries from {}", cache.dir().display());
+        }
+    }
+    Ok(())
 }

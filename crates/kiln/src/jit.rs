@@ -548,21 +548,25 @@ impl Jit {
         for file in find_library(name, &all)? {
             match file {
                 LibraryFile::Archive(path) => self.add_archive_file(lib, path)?,
-                LibraryFile::Shared(path) => {
-                    let path = path.display().to_string();
-                    let handle = self.inner.executor.load_library(&path)?;
-                    self.add_generator(
-                        lib,
-                        Box::new(ExecutorSymbols {
-                            executor: self.inner.executor.clone(),
-                            library: handle,
-                            name: path,
-                        }),
-                    )?;
-                }
+                LibraryFile::Shared(path) => self.add_shared_library(lib, &path)?,
             }
         }
         Ok(())
+    }
+
+    /// Loads the shared library at `path` in the executor and resolves what `lib` does
+    /// not define from it (a `.so` given as an input, as a linker takes one).
+    pub fn add_shared_library(&self, lib: LibraryId, path: &Path) -> Result<(), Error> {
+        let path = path.display().to_string();
+        let handle = self.inner.executor.load_library(&path)?;
+        self.add_generator(
+            lib,
+            Box::new(ExecutorSymbols {
+                executor: self.inner.executor.clone(),
+                library: handle,
+                name: path,
+            }),
+        )
     }
 
     /// The executor the session runs code in.

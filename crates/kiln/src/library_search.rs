@@ -52,7 +52,20 @@ fn find_in(
     dirs: &[PathBuf],
     open: &mut Vec<PathBuf>,
 ) -> Result<Vec<LibraryFile>, Error> {
-    for dir in dirs {
+    // `-l:FILE`: that file name exactly, as ld takes it.
+    if let Some(file) = name.strip_prefix(':') {
+        for dir in dirs {
+            let path = dir.join(file);
+            if path.is_file() {
+                return if file.ends_with(".a") {
+                    Ok(vec![LibraryFile::Archive(path)])
+                } else {
+                    expand(&path, dirs, open)
+                };
+            }
+        }
+    }
+    for dir in dirs.iter().filter(|_| !name.starts_with(':')) {
         let shared = dir.join(format!("lib{name}.so"));
         if shared.is_file() {
             return expand(&shared, dirs, open);

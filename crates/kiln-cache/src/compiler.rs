@@ -1,0 +1,248 @@
+//! Source to object: the `Compiler` trait, the system compiler behind it, and the cached
+//! compile that ties compiler, signature and cache together.
+
+use crate::{io, note, CacheError, CacheKey, ObjectCache, Signature};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+/// Turns a source file into a relocatable object, and says what the object would be the
+/// product of (without compiling).
+pub trait Compiler: Send + Sync {
+    /// The signature of compiling `source` with `flags`.
+    fn signature(&self, source: &Path, flags: &[String]) -> Result<Signature, CacheError>;
+    /// Compiles `source` with `flags` into an ELF relocatable object.
+    fn compile(&self, source: &Path, flags: &[String]) -> Result<Vec<u8>, CacheError>;
+}
+
+/// The system's C and C++ compilers (`$CC` or `cc` for `.c`, `$CXX` or `c++` for `.cc`,
+/// `.cpp`, `.cxx`, `.C`).
+#[derive(Debug)]
+pub struct SystemCompiler {
+    c: String,
+    cxx: String,
+    environment: Vec<String>,
+    /// Driver → (identity, target triple), asked once.
+    identities: Mutex<HashMap<String, (String, String)>>,
+}
+
+impl Default for SystemCompiler {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SystemCompiler {
+    /// The system compilers, with no environment variable declared relevant.
+    pub fn new() -> Self {
+        SystemCompiler {
+            c: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
+            cxx: std::env::var("CXX").unwrap_or_else(|_| "c++".into()),
+            environment: Vec::new(),
+            identities: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Declares environment variables whose values change the compiler's output (they
+    /// become part of the signature).
+    pub fn with_environment(mut self, names: impl IntoIterator<Item = String>) -> Self {
+        self.environment.extend(names);
+        self
+    }
+
+    /// Whether `path` is a source this compiler takes.
+    pub fn is_source(path: &Path) -> bool {
+        matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("c" | "cc" | "cpp" | "cxx" | "C" | "c++")
+        )
+    }
+
+    fn driver(&self, source: &Path) -> &str {
+        match source.extension().and_then(|e| e.to_str()) {
+            Some("c") => &self.c,
+            _ => &self.cxx,
+        }
+    }
+
+    /// The driver's identity (its path and `--version`) and target (`-dumpmachine`).
+    fn identity(&self, driver: &str) -> Result<(String, String), CacheError> {
+        if let Some(known) = self.identities.lock().get(driver) {
+            return Ok(known.clone());
+        }
+        let run = |arg: &str| -> Result<String, CacheError> {
+            let out = Command::new(driver)
+                .arg(arg)
+                .output()
+                .map_err(io(format!("running {driver} {arg}")))?;
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        };
+        let version = run("--version")?;
+        let path = which(driver).unwrap_or_else(|| driver.to_string());
+        let identity = format!("{path} {}", version.lines().next().unwrap_or("").trim());
+        let target = run("-dumpmachine")?.trim().to_string();
+        self.identities
+            .lock()
+            .insert(driver.to_string(), (identity.clone(), target.clone()));
+        Ok((identity, target))
+    }
+}
+
+/// The absolute path `PATH` finds `program` at (its resolved target, so that a
+/// replaced compiler is a different identity).
+fn which(program: &str) -> Option<String> {
+    if program.contains('/') {
+        return std::fs::canonicalize(program)
+            .ok()
+            .map(|p| p.display().to_string());
+    }
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .find_map(|dir| {
+            let candidate = Path::new(dir).join(program);
+            candidate
+                .is_file()
+                .then(|| std::fs::canonicalize(&candidate).ok())
+                .flatten()
+                .map(|p| p.display().to_string())
+        })
+}
+
+/// The CPU's feature flags, when the flags ask for the host CPU.
+fn host_cpu(flags: &[String]) -> String {
+    let native = flags.iter().any(|f| {
+        matches!(
+            f.as_str(),
+            "-march=native" | "-mtune=native" | "-mcpu=native"
+        )
+    });
+    if !native {
+        return String::new();
+    }
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("flags") || l.starts_with("Features"))
+                .map(str::to_string)
+        })
+        .unwrap_or_default()
+}
+
+impl Compiler for SystemCompiler {
+    fn signature(&self, source: &Path, flags: &[String]) -> Result<Signature, CacheError> {
+        let driver = self.driver(source);
+        let (compiler, target) = self.identity(driver)?;
+        // Preprocessed: every header the source includes, expanded, is in the hash.
+        let out = Command::new(driver)
+            .arg("-E")
+            .args(flags)
+            .arg(source)
+            .output()
+            .map_err(io(format!("running {driver} -E")))?;
+        if !out.status.success() {
+            return Err(CacheError::Compile {
+                compiler: driver.to_string(),
+                source_file: source.display().to_string(),
+                output: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        Ok(Signature {
+            source: *blake3::hash(&out.stdout).as_bytes(),
+            compiler,
+            target,
+            cpu: host_cpu(flags),
+            flags: flags.to_vec(),
+            environment: self
+                .environment
+                .iter()
+                .map(|name| (name.clone(), std::env::var(name).unwrap_or_default()))
+                .collect(),
+        })
+    }
+
+    fn compile(&self, source: &Path, flags: &[String]) -> Result<Vec<u8>, CacheError> {
+        let driver = self.driver(source);
+        let dir = tempfile::tempdir().map_err(io("creating a temporary directory"))?;
+        let object = dir.path().join("out.o");
+        let out = Command::new(driver)
+            .arg("-c")
+            .args(flags)
+            .arg(source)
+            .arg("-o")
+            .arg(&object)
+            .output()
+            .map_err(io(format!("running {driver}")))?;
+        if !out.status.success() {
+            return Err(CacheError::Compile {
+                compiler: driver.to_string(),
+                source_file: source.display().to_string(),
+                output: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        std::fs::read(&object).map_err(io(format!("reading {}", object.display())))
+    }
+}
+
+/// What [`compile_cached`] did.
+#[derive(Debug, Clone)]
+pub struct CompileOutcome {
+    /// The object (with its signature note).
+    pub object: Vec<u8>,
+    /// Whether it came from the cache.
+    pub hit: bool,
+    /// The key it is cached under.
+    pub key: CacheKey,
+}
+
+/// Compiles `source` through `cache`: the entry for the signature if there is one whose
+/// note holds that very signature (a foreign or altered one is removed and counted as
+/// rejected), else a compile, whose object is stored with its note. A cache that fails
+/// (a full disk, a store that is down) is reported as a warning and the compile goes on.
+pub fn compile_cached(
+    compiler: &dyn Compiler,
+    cache: Option<&dyn ObjectCache>,
+    source: &Path,
+    flags: &[String],
+) -> Result<CompileOutcome, CacheError> {
+    let signature = compiler.signature(source, flags)?;
+    let canonical = signature.canonical();
+    let key = signature.key();
+    if let Some(cache) = cache {
+        match cache.get(&key) {
+            Ok(Some(object)) if note::read(&object).as_deref() == Some(canonical.as_str()) => {
+                return Ok(CompileOutcome {
+                    object,
+                    hit: true,
+                    key,
+                });
+            }
+            Ok(Some(_)) => {
+                tracing::warn!(cache = %cache.name(), key = %key.hex(),
+                    "a cache entry with a foreign signature: not loaded, removed");
+                cache.count_rejected();
+                let _ = cache.remove(&key);
+            }
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%error, cache = %cache.name(), "cache lookup failed"),
+        }
+    }
+    let object = note::embed(&compiler.compile(source, flags)?, &canonical)?;
+    if let Some(cache) = cache {
+        if let Err(error) = cache.put(&key, &object) {
+            tracing::warn!(%error, cache = %cache.name(), "not cached");
+        }
+    }
+    Ok(CompileOutcome {
+        object,
+        hit: false,
+        key,
+    })
+}
+
+/// The note's signature of an object (for tests and `kiln cache`).
+pub fn signature_of(object: &[u8]) -> Option<String> {
+    note::read(object)
+}

@@ -1,0 +1,68 @@
+//! A cache in this process's memory (a JIT that compiles the same code again within one
+//! run; also the reference the other backends are tested against).
+
+use crate::{entry, CacheError, CacheKey, CacheStats, Counters, ObjectCache};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+
+/// Entries in memory, stored sealed (checksummed) as the other backends store them.
+#[derive(Debug, Default)]
+pub struct MemoryCache {
+    entries: Mutex<HashMap<CacheKey, Vec<u8>>>,
+    counters: Counters,
+}
+
+impl MemoryCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl ObjectCache for MemoryCache {
+    fn name(&self) -> String {
+        "memory".into()
+    }
+
+    fn get(&self, key: &CacheKey) -> Result<Option<Vec<u8>>, CacheError> {
+        let mut entries = self.entries.lock();
+        match entries
+            .get(key)
+            .map(|stored| entry::open(stored).map(<[u8]>::to_vec))
+        {
+            Some(Some(object)) => {
+                self.counters.hit();
+                Ok(Some(object))
+            }
+            Some(None) => {
+                entries.remove(key);
+                self.counters.reject();
+                self.counters.miss();
+                Ok(None)
+            }
+            None => {
+                self.counters.miss();
+                Ok(None)
+            }
+        }
+    }
+
+    fn put(&self, key: &CacheKey, object: &[u8]) -> Result<(), CacheError> {
+        self.entries.lock().insert(*key, entry::seal(object));
+        self.counters.put();
+        Ok(())
+    }
+
+    fn remove(&self, key: &CacheKey) -> Result<(), CacheError> {
+        self.entries.lock().remove(key);
+        Ok(())
+    }
+
+    fn stats(&self) -> CacheStats {
+        self.counters.snapshot()
+    }
+
+    fn count_rejected(&self) {
+        self.counters.reject();
+    }
+}

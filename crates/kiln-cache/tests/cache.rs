@@ -1,0 +1,396 @@
+//! The object cache with the real system compiler: cold and warm, and every fault the
+//! issue names — corrupt, truncated, foreign and adversarial entries, a full disk (a small
+//! tmpfs), a read-only cache, two processes racing on one key, a writer that died
+//! mid-write, least-recently-used eviction, and a Redis server stopped mid-run. The run
+//! always succeeds and never loads a wrong object.
+
+use kiln_cache::{
+    compile_cached, signature_of, Compiler, DiskCache, DiskLimits, MemoryCache, ObjectCache,
+    RedisCache, SystemCompiler,
+};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("cache")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn source(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+fn flags() -> Vec<String> {
+    vec!["-O1".into()]
+}
+
+/// The single entry file of a disk cache.
+fn entry_file(cache: &DiskCache) -> PathBuf {
+    let files: Vec<PathBuf> = std::fs::read_dir(cache.dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "kobj"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files[0].clone()
+}
+
+#[test]
+fn cold_then_warm_gives_the_same_verified_object() {
+    let dir = scratch("warm");
+    let src = source(&dir, "f.c", "int f(int x) { return x * 3; }\n");
+    let cache = DiskCache::open(dir.join("cache"), DiskLimits::default()).unwrap();
+    let compiler = SystemCompiler::new();
+    let cold = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    assert!(!cold.hit);
+    let warm = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    assert!(warm.hit);
+    assert_eq!(cold.object, warm.object);
+    assert_eq!(cold.key, warm.key);
+    // The object carries its signature, and it is the compile's.
+    let signature = compiler.signature(&src, &flags()).unwrap();
+    assert_eq!(signature_of(&warm.object), Some(signature.canonical()));
+    // Another flag, another key; an edited source, another key.
+    let other = compile_cached(&compiler, Some(&cache), &src, &["-O2".into()]).unwrap();
+    assert!(!other.hit && other.key != cold.key);
+    source(&dir, "f.c", "int f(int x) { return x * 4; }\n");
+    let edited = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    assert!(!edited.hit && edited.key != cold.key);
+    let stats = cache.stats();
+    assert_eq!((stats.hits, stats.misses, stats.puts), (1, 3, 3));
+}
+
+#[test]
+fn a_header_change_is_a_different_key() {
+    let dir = scratch("header");
+    source(&dir, "h.h", "#define K 3\n");
+    let src = source(&dir, "g.c", "#include \"h.h\"\nint g(void) { return K; }\n");
+    let cache = MemoryCache::new();
+    let compiler = SystemCompiler::new();
+    let a = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    source(&dir, "h.h", "#define K 4\n");
+    let b = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    assert!(!b.hit && a.key != b.key, "the preprocessed input is hashed");
+}
+
+#[test]
+fn corrupt_truncated_foreign_and_adversarial_entries_are_misses_never_loaded() {
+    let dir = scratch("damaged");
+    let src = source(&dir, "f.c", "int f(int x) { return x + 1; }\n");
+    let cache = DiskCache::open(dir.join("cache"), DiskLimits::default()).unwrap();
+    let compiler = SystemCompiler::new();
+    let good = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    let file = entry_file(&cache);
+    let stored = std::fs::read(&file).unwrap();
+    // Corrupt: one byte flipped in the object.
+    let mut corrupt = stored.clone();
+    let at = corrupt.len() - 10;
+    corrupt[at] ^= 0xff;
+    // Truncated.
+    let truncated = stored[..stored.len() / 2].to_vec();
+    for (what, bytes) in [("corrupt", corrupt), ("truncated", truncated)] {
+        std::fs::write(&file, bytes).unwrap();
+        let again = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+        assert!(!again.hit, "{what}");
+        assert_eq!(
+            again.object, good.object,
+            "{what}: recompiled, the same object"
+        );
+        assert_eq!(std::fs::read(&file).unwrap(), stored, "{what}: replaced");
+    }
+    // Foreign: a well-formed entry (valid checksum) whose object was made from something
+    // else — the signature in its note is not this compile's.
+    let other_src = source(&dir, "other.c", "int f(int x) { return 666; }\n");
+    let foreign = compile_cached(&compiler, None, &other_src, &flags()).unwrap();
+    cache.put(&good.key, &foreign.object).unwrap();
+    let again = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    assert!(
+        !again.hit && again.object == good.object,
+        "foreign entry not loaded"
+    );
+    // Adversarial: a valid checksum over bytes that are no object at all.
+    cache.put(&good.key, b"\x7fELF not really").unwrap();
+    let again = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    assert!(!again.hit && again.object == good.object);
+    let stats = cache.stats();
+    assert_eq!(stats.rejected, 4, "{stats:?}");
+}
+
+/// Mounts a tmpfs of `size` at `dir` (read-only with `ro`); `None` where mounting is not
+/// allowed (the test then says so and checks what it can).
+fn tmpfs(dir: &Path, options: &str) -> Option<Mount> {
+    std::fs::create_dir_all(dir).unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+        .arg(dir)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    ok.then(|| Mount(dir.to_path_buf()))
+}
+
+struct Mount(PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_and_a_read_only_cache_never_fail_the_compile() {
+    let dir = scratch("full");
+    // Big enough to be slow to fill: a source whose object is far larger than the disk.
+    let mut body = String::new();
+    for i in 0..400 {
+        body.push_str(&format!("int big{i}(int x) {{ return x * {i} + {i}; }}\n"));
+    }
+    let src = source(&dir, "big.c", &body);
+    let compiler = SystemCompiler::new();
+    let root = dir.join("small");
+    let Some(_mount) = tmpfs(&root, "size=16k") else {
+        panic!("mounting a tmpfs failed: the test command runs as root");
+    };
+    let cache = DiskCache::open(&root, DiskLimits::default()).unwrap();
+    let outcome = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    assert!(!outcome.hit);
+    assert!(
+        outcome.object.len() > 16 << 10,
+        "the object does not fit the disk"
+    );
+    assert_eq!(cache.stats().errors, 1, "the failed store is counted");
+    assert_eq!(
+        cache.usage().unwrap().temporaries,
+        0,
+        "no half-written file left"
+    );
+    assert!(cache.get(&outcome.key).unwrap().is_none());
+    // Read-only: the same cache remounted read-only.
+    drop(_mount);
+    let ro = dir.join("ro");
+    let Some(_ro) = tmpfs(&ro, "size=1m") else {
+        panic!("mounting a tmpfs failed");
+    };
+    let writable = DiskCache::open(&ro, DiskLimits::default()).unwrap();
+    let small = source(&dir, "small.c", "int s(void) { return 1; }\n");
+    let stored = compile_cached(&compiler, Some(&writable), &small, &flags()).unwrap();
+    assert!(Command::new("mount")
+        .args(["-o", "remount,ro"])
+        .arg(&ro)
+        .status()
+        .unwrap()
+        .success());
+    let cache = DiskCache::open(&ro, DiskLimits::default()).unwrap();
+    let hit = compile_cached(&compiler, Some(&cache), &small, &flags()).unwrap();
+    assert!(
+        hit.hit && hit.object == stored.object,
+        "a read-only cache still serves"
+    );
+    let miss = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    assert!(
+        !miss.hit && cache.stats().errors == 1,
+        "and cannot store: counted"
+    );
+}
+
+#[test]
+fn least_recently_used_entries_are_evicted_beyond_the_limits() {
+    let dir = scratch("lru");
+    let cache = DiskCache::open(
+        dir.join("cache"),
+        DiskLimits {
+            max_bytes: 1 << 30,
+            max_entries: 2,
+        },
+    )
+    .unwrap();
+    let compiler = SystemCompiler::new();
+    let srcs: Vec<PathBuf> = (0..3)
+        .map(|i| {
+            source(
+                &dir,
+                &format!("s{i}.c"),
+                &format!("int s{i}(void) {{ return {i}; }}\n"),
+            )
+        })
+        .collect();
+    let first = compile_cached(&compiler, Some(&cache), &srcs[0], &flags()).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let second = compile_cached(&compiler, Some(&cache), &srcs[1], &flags()).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    // A hit makes the first the most recently used.
+    assert!(
+        compile_cached(&compiler, Some(&cache), &srcs[0], &flags())
+            .unwrap()
+            .hit
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    compile_cached(&compiler, Some(&cache), &srcs[2], &flags()).unwrap();
+    assert_eq!(cache.usage().unwrap().entries, 2);
+    assert!(
+        cache.get(&first.key).unwrap().is_some(),
+        "recently used: kept"
+    );
+    assert!(
+        cache.get(&second.key).unwrap().is_none(),
+        "least recently used: evicted"
+    );
+}
+
+#[test]
+fn a_writer_that_died_leaves_no_entry_and_its_file_is_pruned() {
+    let dir = scratch("killed");
+    let cache = DiskCache::open(dir.join("cache"), DiskLimits::default()).unwrap();
+    // What a writer killed between its write and its rename leaves: a temporary file.
+    let leftover = cache.dir().join(".tmpKILLED");
+    std::fs::write(&leftover, b"KILNOBJ1 half an ent").unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(7200);
+    std::fs::File::options()
+        .append(true)
+        .open(&leftover)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    assert_eq!(cache.usage().unwrap().entries, 0, "never an entry");
+    cache.prune().unwrap();
+    assert!(!leftover.exists(), "stale temporary files are pruned");
+}
+
+#[test]
+fn two_processes_racing_on_one_key_both_succeed_with_one_whole_entry() {
+    let dir = scratch("race");
+    let mut body = String::from("#include <stdio.h>\n");
+    for i in 0..300 {
+        body.push_str(&format!("int r{i}(int x) {{ return x ^ {i}; }}\n"));
+    }
+    body.push_str("int main(void) { printf(\"%d\\n\", r7(1)); return 0; }\n");
+    let src = source(&dir, "race.c", &body);
+    let kiln = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/kiln");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    assert!(Command::new(cargo)
+        .args(["build", "-p", "kiln-cli"])
+        .status()
+        .unwrap()
+        .success());
+    let kiln = std::env::var_os("CARGO_TARGET_DIR")
+        .map(|t| PathBuf::from(t).join("debug/kiln"))
+        .filter(|p| p.exists())
+        .unwrap_or(kiln);
+    let cache_dir = dir.join("cache");
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            Command::new(&kiln)
+                .args(["run", "--cache-dir"])
+                .arg(&cache_dir)
+                .arg(&src)
+                .output()
+        })
+        .collect();
+    for child in children {
+        let out = child.unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "6\n");
+    }
+    let cache = DiskCache::open(&cache_dir, DiskLimits::default()).unwrap();
+    let usage = cache.usage().unwrap();
+    assert_eq!((usage.entries, usage.temporaries), (1, 0));
+    let compiler = SystemCompiler::new();
+    let hit = compile_cached(&compiler, Some(&cache), &src, &[]).unwrap();
+    assert!(hit.hit, "the entry the race left is whole");
+}
+
+struct RedisServer(std::process::Child);
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn redis_server(port: u16, dir: &Path) -> RedisServer {
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+        ])
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server runs (the test command installs it)");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis-server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    RedisServer(child)
+}
+
+#[test]
+fn redis_cold_warm_corrupt_and_down() {
+    let dir = scratch("redis");
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    let server = redis_server(port, &dir);
+    let url = format!("redis://127.0.0.1:{port}/");
+    let cache = RedisCache::open(&url, Duration::from_millis(500)).unwrap();
+    let compiler = SystemCompiler::new();
+    let src = source(&dir, "r.c", "int r(int x) { return x - 1; }\n");
+    let cold = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    let warm = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    assert!(!cold.hit && warm.hit && cold.object == warm.object);
+    // Another process (a second cache object) sees the same entry.
+    let other = RedisCache::open(&url, Duration::from_millis(500)).unwrap();
+    assert!(
+        compile_cached(&compiler, Some(&other), &src, &flags())
+            .unwrap()
+            .hit
+    );
+    // A corrupt entry written by someone else is never loaded.
+    let redis_key = format!("kiln:v1:{}", cold.key.hex());
+    assert!(Command::new("redis-cli")
+        .args([
+            "-p",
+            &port.to_string(),
+            "SET",
+            &redis_key,
+            "KILNOBJ1garbage"
+        ])
+        .output()
+        .unwrap()
+        .status
+        .success());
+    let again = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    assert!(!again.hit && again.object == cold.object);
+    assert_eq!(cache.stats().rejected, 1);
+    // The server stopped mid-run: a miss and a compile, never a failure.
+    drop(server);
+    let t = std::time::Instant::now();
+    let down = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    assert!(!down.hit && down.object == cold.object);
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "bounded by the timeout"
+    );
+    assert!(cache.stats().errors >= 1);
+}

@@ -1,0 +1,124 @@
+//! What `kiln run` makes of its inputs: sources compiled through the object cache,
+//! objects, archives (whole or as needed), shared libraries; and the messages for inputs
+//! it cannot use.
+
+use kiln_cache::{compile_cached, ObjectCache, SystemCompiler};
+use object::read::archive::ArchiveFile;
+use std::path::Path;
+
+/// How an input file is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InputKind {
+    /// C or C++ source: compiled.
+    Source,
+    /// A relocatable object.
+    Object,
+    /// A static archive.
+    Archive,
+    /// A shared library.
+    Shared,
+}
+
+/// What `path` is, from its name and first bytes; an error that says what to do instead.
+pub(crate) fn classify(path: &Path, bytes: Option<&[u8]>) -> Result<InputKind, String> {
+    if SystemCompiler::is_source(path) {
+        return Ok(InputKind::Source);
+    }
+    let Some(bytes) = bytes else {
+        return Err(if path.exists() {
+            format!("{}: cannot be read", path.display())
+        } else {
+            format!(
+                "{}: no such file (if it is an argument for the program, put it after `--`: \
+                 kiln run prog.o -- ARGS)",
+                path.display()
+            )
+        });
+    };
+    if bytes.starts_with(b"!<arch>\n") {
+        return Ok(InputKind::Archive);
+    }
+    if !bytes.starts_with(b"\x7fELF") {
+        return Err(format!(
+            "{}: not an object, archive, shared library or C/C++ source (.c, .cc, .cpp)",
+            path.display()
+        ));
+    }
+    let file = object::File::parse(bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    use object::{Object, ObjectSection};
+    match file.kind() {
+        object::ObjectKind::Relocatable => {
+            let lto = file
+                .sections()
+                .any(|s| s.name().is_ok_and(|n| n.starts_with(".gnu.lto_")));
+            let code = file.sections().any(|s| {
+                s.kind() == object::SectionKind::Text && s.size() > 0
+            });
+            if lto && !code {
+                return Err(format!(
+                    "{}: compiled with -flto, it holds GCC's intermediate code and no machine \
+                     code; compile it without -flto (or with -ffat-lto-objects)",
+                    path.display()
+                ));
+            }
+            Ok(InputKind::Object)
+        }
+        object::ObjectKind::Dynamic => {
+            // A shared library, or a position-independent program (it has an interpreter).
+            let program = file.sections().any(|s| s.name() == Ok(".interp"));
+            if program {
+                Err(format!(
+                    "{}: a linked program, not an object: kiln runs relocatable objects \
+                     (cc -c) and archives",
+                    path.display()
+                ))
+            } else {
+                Ok(InputKind::Shared)
+            }
+        }
+        object::ObjectKind::Executable => Err(format!(
+            "{}: a linked program, not an object: kiln runs relocatable objects (cc -c) and archives",
+            path.display()
+        )),
+        _ => Err(format!("{}: an ELF file kiln cannot use", path.display())),
+    }
+}
+
+/// Compiles `source` with `flags` through `cache`; returns the object and whether it came
+/// from the cache.
+pub(crate) fn compile(
+    compiler: &SystemCompiler,
+    cache: Option<&dyn ObjectCache>,
+    source: &Path,
+    flags: &[String],
+) -> Result<(Vec<u8>, bool), String> {
+    compile_cached(compiler, cache, source, flags)
+        .map(|outcome| (outcome.object, outcome.hit))
+        .map_err(|e| e.to_string())
+}
+
+/// Every member of an archive, as (name, bytes) (`--whole-archive`).
+pub(crate) fn archive_members(path: &Path, bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let archive = ArchiveFile::parse(bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut members = Vec::new();
+    for member in archive.members() {
+        let member = member.map_err(|e| format!("{}: {e}", path.display()))?;
+        let name = String::from_utf8_lossy(member.name()).into_owned();
+        let data = member
+            .data(bytes)
+            .map_err(|e| format!("{}({name}): {e}", path.display()))?;
+        if data.starts_with(b"\x7fELF") {
+            members.push((format!("{}({name})", path.display()), data.to_vec()));
+        }
+    }
+    Ok(members)
+}
+
+/// A C++ name as a reader knows it (`_ZNSt6vectorIiSaIiEE9push_backERKi` →
+/// `std::vector<int, ...>::push_back(int const&)`), else the name itself.
+pub(crate) fn demangle(name: &str) -> String {
+    cpp_demangle::Symbol::new(name)
+        .ok()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|| name.to_string())
+}
