@@ -10,8 +10,13 @@ if [ ! -e /usr/lib/x86_64-linux-gnu/libsqlite3.a ] || ! command -v cc >/dev/null
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq gcc libsqlite3-dev
 fi
-cargo build --release -q -p kiln-cli -p kiln-executor
+echo "== building kiln and kiln-executor (release; the first build takes a few minutes)" >&2
+cargo build --release -p kiln-cli -p kiln-executor
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 cc -O2 -c tests/programs/sqlite_driver.c -o "$out/sqlite_driver.o"
-"$TARGET"/release/kiln run --show-times "$out/sqlite_driver.o" /usr/lib/x86_64-linux-gnu/libsqlite3.a -lm
+echo "== kiln run: sqlite_driver.o + Debian's libsqlite3.a + libm, linked in memory (no file is written)" >&2
+status=0
+"$TARGET"/release/kiln run -v --show-times "$out/sqlite_driver.o" /usr/lib/x86_64-linux-gnu/libsqlite3.a -lm || status=$?
+echo "== main returned $status (kiln is $TARGET/release/kiln; kiln --help for more)" >&2
+exit "$status"

@@ -81,6 +81,7 @@ cargo build --release -p kiln-cli -p kiln-executor
 "$TARGET"/release/session_scale --modules 200
 "$TARGET"/release/debug_support --rounds 2 --modules 200 --gdb-modules 50
 "$TARGET"/release/capi_overhead --rounds 3 --batches 1
+"$TARGET"/release/cache_figures --functions 200 --runs 2 >/dev/null
 cargo build --release -p kiln-llvm --features llvm --examples
 "$TARGET"/release/examples/shaders 20 >/dev/null
 

@@ -200,3 +200,13 @@ pub fn count_syscalls(args: &[String]) -> Result<u64, String> {
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| format!("no total in strace output: {text}"))
 }
+
+/// How a figure compares with its target, as the benchmarks print it: a miss is said,
+/// not left for the reader to work out.
+pub fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "MISSED"
+    }
+}

@@ -14,6 +14,15 @@ pub trait Compiler: Send + Sync {
     fn signature(&self, source: &Path, flags: &[String]) -> Result<Signature, CacheError>;
     /// Compiles `source` with `flags` into an ELF relocatable object.
     fn compile(&self, source: &Path, flags: &[String]) -> Result<Vec<u8>, CacheError>;
+
+    /// The text that, with the contents of the headers a previous compile read, decides
+    /// the object without preprocessing: the unpreprocessed source's hash, its path and
+    /// the working directory (which relative includes depend on), the compiler, target,
+    /// CPU, flags and environment (`None`: this compiler has no such shortcut).
+    fn direct_text(&self, source: &Path, flags: &[String]) -> Result<Option<String>, CacheError> {
+        let _ = (source, flags);
+        Ok(None)
+    }
 }
 
 /// The system's C and C++ compilers (`$CC` or `cc` for `.c`, `$CXX` or `c++` for `.cc`,
@@ -66,10 +75,33 @@ impl SystemCompiler {
         }
     }
 
-    /// The driver's identity (its path and `--version`) and target (`-dumpmachine`).
+    /// The driver's identity (its path and `--version`) and target (`-dumpmachine`),
+    /// remembered in this process and, by the compiler binary's path, size and
+    /// modification time, in a file under the default cache root (asking the driver costs
+    /// two process starts).
     fn identity(&self, driver: &str) -> Result<(String, String), CacheError> {
         if let Some(known) = self.identities.lock().get(driver) {
             return Ok(known.clone());
+        }
+        let binary = which(driver);
+        let memo = binary.as_ref().and_then(|path| {
+            let meta = std::fs::metadata(path).ok()?;
+            let stamp = format!("{path} {} {:?}", meta.len(), meta.modified().ok()?);
+            let name = blake3::hash(stamp.as_bytes()).to_hex();
+            Some(
+                crate::DiskCache::default_root()
+                    .join("compilers")
+                    .join(format!("{}.txt", &name[..32])),
+            )
+        });
+        if let Some(text) = memo.as_ref().and_then(|m| std::fs::read_to_string(m).ok()) {
+            if let Some((identity, target)) = text.split_once('\n') {
+                let known = (identity.to_string(), target.trim().to_string());
+                self.identities
+                    .lock()
+                    .insert(driver.to_string(), known.clone());
+                return Ok(known);
+            }
         }
         let run = |arg: &str| -> Result<String, CacheError> {
             let out = Command::new(driver)
@@ -82,6 +114,11 @@ impl SystemCompiler {
         let path = which(driver).unwrap_or_else(|| driver.to_string());
         let identity = format!("{path} {}", version.lines().next().unwrap_or("").trim());
         let target = run("-dumpmachine")?.trim().to_string();
+        if let Some(memo) = memo {
+            // Best effort: a cache root that cannot be written only costs the two runs.
+            let _ = std::fs::create_dir_all(memo.parent().unwrap_or(Path::new(".")));
+            let _ = std::fs::write(&memo, format!("{identity}\n{target}\n"));
+        }
         self.identities
             .lock()
             .insert(driver.to_string(), (identity.clone(), target.clone()));
@@ -110,6 +147,19 @@ fn which(program: &str) -> Option<String> {
         })
 }
 
+/// The files of a make dependency rule (`out.o: a.c b.h \\\n c.h`), the target excepted.
+fn make_dependencies(rule: &str) -> Vec<std::path::PathBuf> {
+    let joined = rule.replace("\\\n", " ");
+    let Some((_, files)) = joined.split_once(": ") else {
+        return Vec::new();
+    };
+    files
+        .split_whitespace()
+        .skip(1) // the source itself (its hash is in the direct text)
+        .map(std::path::PathBuf::from)
+        .collect()
+}
+
 /// The CPU's feature flags, when the flags ask for the host CPU.
 fn host_cpu(flags: &[String]) -> String {
     let native = flags.iter().any(|f| {
@@ -135,10 +185,16 @@ impl Compiler for SystemCompiler {
     fn signature(&self, source: &Path, flags: &[String]) -> Result<Signature, CacheError> {
         let driver = self.driver(source);
         let (compiler, target) = self.identity(driver)?;
-        // Preprocessed: every header the source includes, expanded, is in the hash.
+        // Preprocessed: every header the source includes, expanded, is in the hash; the
+        // preprocessor also lists the headers it read (-MD).
+        let deps_dir = tempfile::tempdir().map_err(io("creating a temporary directory"))?;
+        let deps = deps_dir.path().join("deps.d");
         let out = Command::new(driver)
             .arg("-E")
             .args(flags)
+            .arg("-MD")
+            .arg("-MF")
+            .arg(&deps)
             .arg(source)
             .output()
             .map_err(io(format!("running {driver} -E")))?;
@@ -160,7 +216,36 @@ impl Compiler for SystemCompiler {
                 .iter()
                 .map(|name| (name.clone(), std::env::var(name).unwrap_or_default()))
                 .collect(),
+            headers: std::fs::read_to_string(&deps)
+                .map(|d| make_dependencies(&d))
+                .unwrap_or_default(),
         })
+    }
+
+    fn direct_text(&self, source: &Path, flags: &[String]) -> Result<Option<String>, CacheError> {
+        let driver = self.driver(source);
+        let (compiler, target) = self.identity(driver)?;
+        let bytes = std::fs::read(source).map_err(io(format!("reading {}", source.display())))?;
+        let path = std::fs::canonicalize(source).unwrap_or_else(|_| source.to_path_buf());
+        let cwd = std::env::current_dir().unwrap_or_default();
+        let mut text = String::from("kiln-cache-direct 1\n");
+        text.push_str(&format!("source {}\n", blake3::hash(&bytes).to_hex()));
+        text.push_str(&format!("path {}\n", path.display()));
+        text.push_str(&format!("cwd {}\n", cwd.display()));
+        text.push_str(&format!(
+            "compiler {compiler}\ntarget {target}\ncpu {}\n",
+            host_cpu(flags)
+        ));
+        for flag in flags {
+            text.push_str(&format!("flag {flag}\n"));
+        }
+        for name in &self.environment {
+            text.push_str(&format!(
+                "env {name}={}\n",
+                std::env::var(name).unwrap_or_default()
+            ));
+        }
+        Ok(Some(text))
     }
 
     fn compile(&self, source: &Path, flags: &[String]) -> Result<Vec<u8>, CacheError> {
@@ -207,12 +292,50 @@ pub fn compile_cached(
     source: &Path,
     flags: &[String],
 ) -> Result<CompileOutcome, CacheError> {
+    let direct = match cache {
+        Some(_) => compiler.direct_text(source, flags)?,
+        None => None,
+    };
+    let manifest_key = direct
+        .as_ref()
+        .map(|text| CacheKey(*blake3::hash(format!("manifest\n{text}").as_bytes()).as_bytes()));
+    // The direct way: the manifest for this unpreprocessed source names the headers the
+    // last compile read and the signature it had; if every header is unchanged, that
+    // signature's object is this compile's (its note is checked as always).
+    if let (Some(cache), Some(manifest_key)) = (cache, &manifest_key) {
+        if let Ok(Some(manifest)) = cache.get(manifest_key) {
+            if let Some(canonical) = manifest::check(&manifest) {
+                let key = CacheKey(*blake3::hash(canonical.as_bytes()).as_bytes());
+                if let Ok(Some(object)) = cache.get(&key) {
+                    if note::read(&object).as_deref() == Some(canonical.as_str()) {
+                        return Ok(CompileOutcome {
+                            object,
+                            hit: true,
+                            key,
+                        });
+                    }
+                    cache.count_rejected();
+                    let _ = cache.remove(&key);
+                }
+            }
+        }
+    }
     let signature = compiler.signature(source, flags)?;
     let canonical = signature.canonical();
     let key = signature.key();
+    let record_manifest = |cache: &dyn ObjectCache| {
+        if let Some(manifest_key) = &manifest_key {
+            if let Some(manifest) = manifest::make(&signature) {
+                if let Err(error) = cache.put(manifest_key, &manifest) {
+                    tracing::warn!(%error, cache = %cache.name(), "manifest not cached");
+                }
+            }
+        }
+    };
     if let Some(cache) = cache {
         match cache.get(&key) {
             Ok(Some(object)) if note::read(&object).as_deref() == Some(canonical.as_str()) => {
+                record_manifest(cache);
                 return Ok(CompileOutcome {
                     object,
                     hit: true,
@@ -233,6 +356,8 @@ pub fn compile_cached(
     if let Some(cache) = cache {
         if let Err(error) = cache.put(&key, &object) {
             tracing::warn!(%error, cache = %cache.name(), "not cached");
+        } else {
+            record_manifest(cache);
         }
     }
     Ok(CompileOutcome {
@@ -240,6 +365,52 @@ pub fn compile_cached(
         hit: false,
         key,
     })
+}
+
+/// Manifests: what lets a run skip the preprocessor. A manifest lists the headers a
+/// compile read, each with the BLAKE3 of its contents, then the compile's signature.
+mod manifest {
+    use crate::Signature;
+
+    const HEAD: &str = "kiln-cache-manifest 1\n";
+
+    /// The manifest of a compile whose signature is `signature` (`None` if a header
+    /// cannot be read now).
+    pub(super) fn make(signature: &Signature) -> Option<Vec<u8>> {
+        let mut text = String::from(HEAD);
+        for header in &signature.headers {
+            let bytes = std::fs::read(header).ok()?;
+            let path = header.to_str()?;
+            if path.contains('\n') {
+                return None;
+            }
+            text.push_str(&format!(
+                "header {} {path}\n",
+                blake3::hash(&bytes).to_hex()
+            ));
+        }
+        text.push_str("signature\n");
+        text.push_str(&signature.canonical());
+        Some(text.into_bytes())
+    }
+
+    /// The signature a manifest records, if every header it lists is unchanged.
+    pub(super) fn check(manifest: &[u8]) -> Option<String> {
+        let text = std::str::from_utf8(manifest).ok()?;
+        let mut rest = text.strip_prefix(HEAD)?;
+        loop {
+            let (line, tail) = rest.split_once('\n')?;
+            if line == "signature" {
+                return Some(tail.to_string());
+            }
+            let (hash, path) = line.strip_prefix("header ")?.split_once(' ')?;
+            let bytes = std::fs::read(path).ok()?;
+            if blake3::hash(&bytes).to_hex().as_str() != hash {
+                return None;
+            }
+            rest = tail;
+        }
+    }
 }
 
 /// The note's signature of an object (for tests and `kiln cache`).

@@ -36,6 +36,10 @@ pub struct Signature {
     pub flags: Vec<String>,
     /// Environment variables the client declared relevant: (name, value or empty).
     pub environment: Vec<(String, String)>,
+    /// The headers the preprocessor read (not part of the canonical text: their contents
+    /// are in `source`); recorded in a manifest so that a later run can find the object
+    /// without preprocessing.
+    pub headers: Vec<std::path::PathBuf>,
 }
 
 impl Signature {
@@ -80,6 +84,7 @@ mod tests {
             cpu: String::new(),
             flags: vec!["-O2".into()],
             environment: vec![("LANG".into(), "C".into())],
+            headers: Vec::new(),
         }
     }
 

@@ -122,3 +122,51 @@ pub(crate) fn demangle(name: &str) -> String {
         .map(|s| s.to_string())
         .unwrap_or_else(|| name.to_string())
 }
+
+/// An object that refers to each of `symbols` (an absolute pointer to each, in data), so
+/// that the link must define them: what `ld -u SYM` does, pulling archive members.
+pub(crate) fn undefined_references(symbols: &[String]) -> Result<Vec<u8>, String> {
+    use object::write::{Object, Relocation, Symbol, SymbolSection};
+    use object::{
+        RelocationEncoding, RelocationFlags, RelocationKind, SymbolFlags, SymbolKind, SymbolScope,
+    };
+    let architecture = if cfg!(target_arch = "aarch64") {
+        object::Architecture::Aarch64
+    } else {
+        object::Architecture::X86_64
+    };
+    let mut obj = Object::new(
+        object::BinaryFormat::Elf,
+        architecture,
+        object::Endianness::Little,
+    );
+    let data = obj.section_id(object::write::StandardSection::Data);
+    let offset = obj.append_section_data(data, &vec![0u8; 8 * symbols.len()], 8);
+    for (i, name) in symbols.iter().enumerate() {
+        let symbol = obj.add_symbol(Symbol {
+            name: name.as_bytes().to_vec(),
+            value: 0,
+            size: 0,
+            kind: SymbolKind::Unknown,
+            scope: SymbolScope::Unknown,
+            weak: false,
+            section: SymbolSection::Undefined,
+            flags: SymbolFlags::None,
+        });
+        obj.add_relocation(
+            data,
+            Relocation {
+                offset: offset + 8 * i as u64,
+                symbol,
+                addend: 0,
+                flags: RelocationFlags::Generic {
+                    kind: RelocationKind::Absolute,
+                    encoding: RelocationEncoding::Generic,
+                    size: 64,
+                },
+            },
+        )
+        .map_err(|e| format!("-u {name}: {e}"))?;
+    }
+    obj.write().map_err(|e| format!("-u: {e}"))
+}

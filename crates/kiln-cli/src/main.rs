@@ -221,6 +221,9 @@ struct RunArgs {
     /// Every member of the archives is linked, not only those the program needs.
     #[arg(long)]
     whole_archive: bool,
+    /// Makes the link define SYM (pulling the archive member that does), as `ld -u`.
+    #[arg(short = 'u', value_name = "SYM")]
+    undefined: Vec<String>,
     /// Defines SYM at an absolute address (`--defsym SYM=0x1000`).
     #[arg(long, value_name = "SYM=ADDR")]
     defsym: Vec<String>,
@@ -504,6 +507,10 @@ fn run(o: RunArgs) -> Result<i32, String> {
                 jit.add_shared_library(lib, input).map_err(explain)?;
             }
         }
+    }
+    if !o.undefined.is_empty() {
+        let object = inputs::undefined_references(&o.undefined)?;
+        jit.add_object(lib, "-u", object).map_err(explain)?;
     }
     for name in &o.libraries {
         if o.verbose {

@@ -557,7 +557,11 @@ impl Jit {
     /// Loads the shared library at `path` in the executor and resolves what `lib` does
     /// not define from it (a `.so` given as an input, as a linker takes one).
     pub fn add_shared_library(&self, lib: LibraryId, path: &Path) -> Result<(), Error> {
-        let path = path.display().to_string();
+        // A relative path is the caller's (dlopen would search the system's directories).
+        let path = std::fs::canonicalize(path)
+            .unwrap_or_else(|_| path.to_path_buf())
+            .display()
+            .to_string();
         let handle = self.inner.executor.load_library(&path)?;
         self.add_generator(
             lib,

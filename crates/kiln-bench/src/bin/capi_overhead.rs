@@ -97,10 +97,11 @@ fn main() {
     }
     let (c, rust) = (median(c_times), median(rust_times));
     println!(
-        "SQLite link in process, median of {} links each: C API {:.3} ms, Rust API {:.3} ms: {:.3}x (target <= 1.02)",
+        "SQLite link in process, median of {} links each: C API {:.3} ms, Rust API {:.3} ms: {:.3}x (target <= 1.02: {})",
         args.rounds * args.batches,
         c.as_secs_f64() * 1e3,
         rust.as_secs_f64() * 1e3,
-        c.as_secs_f64() / rust.as_secs_f64()
+        c.as_secs_f64() / rust.as_secs_f64(),
+        kiln_bench::verdict(c.as_secs_f64() / rust.as_secs_f64() <= 1.02)
     );
 }

@@ -175,10 +175,11 @@ fn part_sqlite(args: &Args) {
     for (i, config) in CONFIGS.iter().enumerate() {
         let m = median(times[i].clone());
         let l = median(listening[i].clone());
+        let ratio = m.as_secs_f64() / off.as_secs_f64();
         let target = match *config {
-            "off" | "no-op plugin" => "",
-            "gdb" => "<= 1.25",
-            _ => "<= 1.10",
+            "off" | "no-op plugin" => String::new(),
+            "gdb" => format!("<= 1.25 {}", kiln_bench::verdict(ratio <= 1.25)),
+            _ => format!("<= 1.10 {}", kiln_bench::verdict(ratio <= 1.10)),
         };
         println!(
             "{config:<12} {:>10.2} {:>10.2} {:>12.2}  {target}",
@@ -290,11 +291,12 @@ fn part_registration(n: usize, support: DebugSupport, label: &str) {
     let first = mean(&times[start..start + window]);
     let last = mean(&times[n - window..]);
     println!(
-        "{label}: {n} modules, registration of modules {start}..{} {:.1} µs, of the last {window} {:.1} µs: {:.2}x (target <= 1.2)",
+        "{label}: {n} modules, registration of modules {start}..{} {:.1} µs, of the last {window} {:.1} µs: {:.2}x (target <= 1.2: {})",
         start + window,
         first * 1e6,
         last * 1e6,
-        last / first
+        last / first,
+        kiln_bench::verdict(last / first <= 1.2)
     );
     let t = Instant::now();
     for m in modules.into_iter().rev() {

@@ -1,0 +1,316 @@
+//! `kiln run` as a C programmer uses it: sources compiled through the object cache (cold,
+//! then warm), compiler flags passed through, and the options and messages of a linker's
+//! command line.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn kiln() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("cli")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn sources_compile_through_the_cache_cold_then_warm_with_flags() {
+    let dir = scratch("sources");
+    std::fs::write(
+        dir.join("prog.c"),
+        "#include <stdio.h>\n#include \"inc/k.h\"\nint twice(int);\n\
+         int main(int argc, char **argv) { printf(\"%d %s %d\\n\", K, argc > 1 ? argv[1] : \"-\", twice(VALUE)); return 0; }\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join("inc")).unwrap();
+    std::fs::write(dir.join("inc/k.h"), "#define K 7\n").unwrap();
+    std::fs::write(
+        dir.join("util.cpp"),
+        "extern \"C\" int twice(int x) { return 2 * x; }\n",
+    )
+    .unwrap();
+    let cache = dir.join("cache");
+    let run = || {
+        kiln()
+            .current_dir(&dir)
+            .args(["run", "-v", "-O2", "-DVALUE=21", "-I", "."])
+            .arg("--cache-dir")
+            .arg(&cache)
+            .args(["prog.c", "util.cpp", "--", "arg"])
+            .output()
+            .unwrap()
+    };
+    let cold = run();
+    let (stdout, stderr) = text(&cold);
+    assert!(cold.status.success(), "{stderr}");
+    assert_eq!(stdout, "7 arg 42\n");
+    assert!(
+        stderr.contains("prog.c: compiled") && stderr.contains("util.cpp: compiled"),
+        "{stderr}"
+    );
+    let warm = run();
+    let (stdout, stderr) = text(&warm);
+    assert_eq!(stdout, "7 arg 42\n");
+    assert!(
+        stderr.contains("prog.c: from the cache") && stderr.contains("util.cpp: from the cache"),
+        "{stderr}"
+    );
+    // A header changed: compiled again.
+    std::fs::write(dir.join("inc/k.h"), "#define K 8\n").unwrap();
+    let (stdout, stderr) = text(&run());
+    assert_eq!(stdout, "8 arg 42\n");
+    assert!(stderr.contains("prog.c: compiled"), "{stderr}");
+    // kiln cache stats sees the entries (an object and a manifest per source, the edited
+    // one's manifest replaced); clear empties the cache.
+    let stats = kiln()
+        .args(["cache", "stats", "--cache-dir"])
+        .arg(&cache)
+        .output()
+        .unwrap();
+    assert!(text(&stats).0.contains("entries: 5"), "{}", text(&stats).0);
+    let clear = kiln()
+        .args(["cache", "clear", "--cache-dir"])
+        .arg(&cache)
+        .output()
+        .unwrap();
+    assert!(
+        text(&clear).0.contains("removed 5 entries"),
+        "{}",
+        text(&clear).0
+    );
+    // A compile error is the compiler's message.
+    std::fs::write(dir.join("bad.c"), "int main(void) { return nope; }\n").unwrap();
+    let bad = kiln()
+        .current_dir(&dir)
+        .args(["run", "--no-cache", "bad.c"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(text(&bad).1.contains("nope"), "{}", text(&bad).1);
+}
+
+#[test]
+fn linker_options_map_defsym_whole_archive_and_shared_inputs() {
+    let dir = scratch("options");
+    let src = |name: &str, body: &str| {
+        let c = dir.join(format!("{name}.c"));
+        std::fs::write(&c, body).unwrap();
+        common::cc(&["-c", "-O1", "-fPIC"], &c, &dir.join(format!("{name}.o")));
+    };
+    src(
+        "main",
+        "#include <stdio.h>\nextern char magic[];\nint used(void);\n\
+         int main(void) { printf(\"%d %p\\n\", used(), (void *)magic); return 0; }\n",
+    );
+    src("used", "int used(void) { return 5; }\n");
+    src("unused", "int unused_fn(void) { return 6; }\n");
+    assert!(Command::new("ar")
+        .arg("rcs")
+        .arg(dir.join("lib.a"))
+        .arg(dir.join("used.o"))
+        .arg(dir.join("unused.o"))
+        .status()
+        .unwrap()
+        .success());
+    let out = kiln()
+        .current_dir(&dir)
+        .args([
+            "run",
+            "-v",
+            "--map",
+            "--defsym",
+            "magic=0x1234",
+            "main.o",
+            "lib.a",
+            "-pthread",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.ends_with("5 0x1234\n"), "{stdout}");
+    assert!(
+        stdout.lines().any(|l| l.ends_with(" main")),
+        "--map lists main:\n{stdout}"
+    );
+    assert!(stderr.contains("linked lib.a(used.o)"), "{stderr}");
+    assert!(
+        !stderr.contains("unused.o"),
+        "only needed members: {stderr}"
+    );
+    // --whole-archive: every member.
+    let out = kiln()
+        .current_dir(&dir)
+        .args([
+            "run",
+            "-v",
+            "--whole-archive",
+            "--defsym",
+            "magic=0x1234",
+            "main.o",
+            "lib.a",
+        ])
+        .output()
+        .unwrap();
+    assert!(text(&out).1.contains("lib.a(unused.o)"), "{}", text(&out).1);
+    // -u: the member defining the name is linked too.
+    let out = kiln()
+        .current_dir(&dir)
+        .args([
+            "run",
+            "-v",
+            "-u",
+            "unused_fn",
+            "--defsym",
+            "magic=0x1234",
+            "main.o",
+            "lib.a",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out).1);
+    assert!(text(&out).1.contains("lib.a(unused.o)"), "{}", text(&out).1);
+    // -l:FILE and a .so given as an input.
+    let out = kiln()
+        .current_dir(&dir)
+        .args([
+            "run",
+            "--defsym",
+            "magic=0x1234",
+            "main.o",
+            "-L",
+            ".",
+            "-l:lib.a",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out).1);
+    let so = dir.join("libused.so");
+    common::cc(&["-shared", "-fPIC"], &dir.join("used.c"), &so);
+    let out = kiln()
+        .current_dir(&dir)
+        .args(["run", "--defsym", "magic=0x1234", "main.o", "libused.so"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out).1);
+    assert!(text(&out).0.starts_with("5 "), "{}", text(&out).0);
+}
+
+#[test]
+fn messages_say_what_to_do() {
+    let dir = scratch("messages");
+    let run = |args: &[&str]| {
+        let out = kiln()
+            .current_dir(&dir)
+            .arg("run")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} should fail");
+        text(&out).1
+    };
+    // Contradictory flags.
+    assert!(run(&["--transport", "copy", "x.o"]).contains("--transport applies to --oop"));
+    assert!(run(&["--oop", "--connect", "h:1", "x.o"]).contains("use one"));
+    // Program arguments without `--`.
+    std::fs::write(dir.join("p.c"), "int main(void) { return 0; }\n").unwrap();
+    common::cc(&["-c"], &dir.join("p.c"), &dir.join("p.o"));
+    assert!(run(&["p.o", "arg1"]).contains("put it after `--`"));
+    // A linked program as an input.
+    common::cc(&[], &dir.join("p.c"), &dir.join("p"));
+    assert!(run(&["p"]).contains("a linked program, not an object"));
+    // An LTO-only object.
+    common::cc(&["-c", "-flto"], &dir.join("p.c"), &dir.join("lto.o"));
+    assert!(run(&["lto.o"]).contains("-flto"));
+    // Undefined C++ names, demangled, with a hint.
+    std::fs::write(
+        dir.join("cxx.cpp"),
+        "#include <string>\nint main() { std::string s(\"x\"); s += \"y\"; return (int)s.size(); }\n",
+    )
+    .unwrap();
+    Command::new("c++")
+        .args(["-c", "-O1", "-fPIC"])
+        .arg(dir.join("cxx.cpp"))
+        .arg("-o")
+        .arg(dir.join("cxx.o"))
+        .status()
+        .unwrap();
+    let message = run(&["--no-export-dynamic", "cxx.o"]);
+    assert!(
+        message.contains("std::") && message.contains("-lstdc++"),
+        "{message}"
+    );
+    // --help has examples and the exit statuses.
+    let help = kiln().arg("--help").output().unwrap();
+    let help = text(&help).0;
+    assert!(
+        help.contains("Examples:") && help.contains("Exit status"),
+        "{help}"
+    );
+}
+
+#[test]
+fn two_processes_racing_on_one_cache_key_both_succeed_with_one_whole_entry() {
+    let dir = scratch("race");
+    let mut body = String::from("#include <stdio.h>\n");
+    for i in 0..300 {
+        body.push_str(&format!("int r{i}(int x) {{ return x ^ {i}; }}\n"));
+    }
+    body.push_str("int main(void) { printf(\"%d\\n\", r7(1)); return 0; }\n");
+    std::fs::write(dir.join("race.c"), body).unwrap();
+    let cache = dir.join("cache");
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            kiln()
+                .current_dir(&dir)
+                .args(["run", "--cache-dir"])
+                .arg(&cache)
+                .arg("race.c")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out).1);
+        assert_eq!(text(&out).0, "6\n");
+    }
+    let stats = kiln()
+        .args(["cache", "stats", "--cache-dir"])
+        .arg(&cache)
+        .output()
+        .unwrap();
+    let stats = text(&stats).0;
+    assert!(
+        stats.contains("entries: 2") && stats.contains("temporary files: 0"),
+        "an object and its manifest, whole:\n{stats}"
+    );
+    let again = kiln()
+        .current_dir(&dir)
+        .args(["run", "-v", "--cache-dir"])
+        .arg(&cache)
+        .arg("race.c")
+        .output()
+        .unwrap();
+    assert!(
+        text(&again).1.contains("from the cache"),
+        "{}",
+        text(&again).1
+    );
+}
