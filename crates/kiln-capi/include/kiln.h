@@ -50,6 +50,8 @@ typedef enum kiln_status {
   KILN_ERR_LIBRARY = 9,
   // A panic inside Kiln, contained.
   KILN_ERR_PANIC = 10,
+  // A source did not compile (the compiler's message).
+  KILN_ERR_COMPILE = 11,
 } kiln_status;
 
 // What a symbol names.
@@ -284,6 +286,9 @@ typedef struct kiln_session_options {
   // Memory-manager callbacks (NULL: Kiln's memory manager). Copied; the callbacks'
   // `context` must stay valid until their `destroy` is called.
   const struct kiln_memory_callbacks *memory;
+  // The object cache directory of [`kiln_add_source`] (NULL: no cache, every source
+  // compiled).
+  const char *cache_dir;
 } kiln_session_options;
 
 // Called when Kiln no longer needs bytes it was lent (from any thread, once).
@@ -457,6 +462,15 @@ void kiln_session_options_init(struct kiln_session_options *options);
 // `options` is NULL or initialized by [`kiln_session_options_init`]; `session` is a valid
 // out-pointer; `error` is NULL or a valid out-pointer.
 enum kiln_status kiln_session_create(const struct kiln_session_options *options, struct kiln_session **session, struct kiln_error **error);
+
+// Compiles a C or C++ source with the system compiler and `flags` (`count` of them),
+// through the session's object cache (`options.cache_dir`), and adds the object to
+// `library`. `*from_cache` (if not NULL) is set to 1 when the object came from the cache.
+// A source that does not compile is `KILN_ERR_COMPILE` with the compiler's message.
+//
+// # Safety
+// `session` live; `path` a string; `flags` points to `count` strings.
+enum kiln_status kiln_add_source(const struct kiln_session *session, uint64_t library, const char *path, const char *const *flags, uintptr_t count, int *from_cache, struct kiln_error **error);
 
 // Disposes a session (NULL is ignored). Modules whose handles are still held stay
 // alive (and runnable) until released; the rest are freed, their finalizers run.

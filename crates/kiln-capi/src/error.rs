@@ -29,6 +29,8 @@ pub enum kiln_status {
     KILN_ERR_LIBRARY = 9,
     /// A panic inside Kiln, contained.
     KILN_ERR_PANIC = 10,
+    /// A source did not compile (the compiler's message).
+    KILN_ERR_COMPILE = 11,
 }
 
 /// An error: its status and message. Free it with [`kiln_error_free`].
@@ -68,6 +70,7 @@ impl From<kiln::Error> for kiln_error {
             E::Remote(_) | E::Executor(_) => kiln_status::KILN_ERR_EXECUTOR,
             E::UnknownLibrary(_) => kiln_status::KILN_ERR_INVALID_ARGUMENT,
             E::Redefinition { .. } => kiln_status::KILN_ERR_REDEFINITION,
+            E::Compile(_) => kiln_status::KILN_ERR_COMPILE,
             E::ModuleInUse { .. } | E::RemovedDuringLink { .. } => {
                 kiln_status::KILN_ERR_MODULE_IN_USE
             }

@@ -68,6 +68,9 @@ pub struct kiln_session_options {
     /// Memory-manager callbacks (NULL: Kiln's memory manager). Copied; the callbacks'
     /// `context` must stay valid until their `destroy` is called.
     pub memory: *const kiln_memory_callbacks,
+    /// The object cache directory of [`kiln_add_source`] (NULL: no cache, every source
+    /// compiled).
+    pub cache_dir: *const c_char,
 }
 
 /// A JIT session: libraries of definitions, objects and archives linked into modules,
@@ -134,6 +137,7 @@ pub unsafe extern "C" fn kiln_session_options_init(options: *mut kiln_session_op
         export_to_libraries: 0,
         noexec: 0,
         memory: std::ptr::null(),
+        cache_dir: std::ptr::null(),
     };
     // SAFETY: the caller's contract.
     unsafe { options.write(defaults) };
@@ -211,6 +215,10 @@ pub unsafe extern "C" fn kiln_session_create(
         if let Some(callbacks) = unsafe { options.memory.as_ref() } {
             builder = builder.memory(CallbackMemory::new(*callbacks)?);
         }
+        if let Some(dir) = opt_cstr(options.cache_dir, "cache_dir")? {
+            let disk = kiln_cache_disk(dir)?;
+            builder = builder.object_cache(disk);
+        }
         let jit = builder.build()?;
         let main = jit.main_library();
         let session = Box::new(kiln_session {
@@ -219,6 +227,47 @@ pub unsafe extern "C" fn kiln_session_create(
             resolvers: Mutex::new(Vec::new()),
         });
         *out = Box::into_raw(session);
+        Ok(())
+    })
+}
+
+fn kiln_cache_disk(dir: &str) -> Result<Arc<dyn kiln::ObjectCache>, kiln_error> {
+    kiln_cache::DiskCache::open(dir, kiln_cache::DiskLimits::default())
+        .map(|c| Arc::new(c) as Arc<dyn kiln::ObjectCache>)
+        .map_err(|e| kiln_error::new(kiln_status::KILN_ERR_IO, e.to_string()))
+}
+
+/// Compiles a C or C++ source with the system compiler and `flags` (`count` of them),
+/// through the session's object cache (`options.cache_dir`), and adds the object to
+/// `library`. `*from_cache` (if not NULL) is set to 1 when the object came from the cache.
+/// A source that does not compile is `KILN_ERR_COMPILE` with the compiler's message.
+///
+/// # Safety
+/// `session` live; `path` a string; `flags` points to `count` strings.
+#[no_mangle]
+pub unsafe extern "C" fn kiln_add_source(
+    session: *const kiln_session,
+    library: u64,
+    path: *const c_char,
+    flags: *const *const c_char,
+    count: usize,
+    from_cache: *mut c_int,
+    error: *mut *mut kiln_error,
+) -> kiln_status {
+    guard(error, || {
+        let s = self::session(session)?;
+        let path = cstr(path, "path")?;
+        let flags: Vec<String> = slice(flags, count, "flags")?
+            .iter()
+            .map(|&f| cstr(f, "flag").map(str::to_string))
+            .collect::<Result<_, _>>()?;
+        let hit = s
+            .jit
+            .add_source(LibraryId::from_raw(library), path, &flags)?;
+        if !from_cache.is_null() {
+            // SAFETY: a valid out-pointer (checked not NULL).
+            unsafe { *from_cache = c_int::from(hit) };
+        }
         Ok(())
     })
 }

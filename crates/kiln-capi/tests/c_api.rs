@@ -51,6 +51,12 @@ fn prefix() -> &'static Path {
                 .arg("-o")
                 .arg(dir.join(format!("{name}.o"))));
         }
+        std::fs::write(dir.join("source.c"), "int three(void) { return THREE; }\n").unwrap();
+        std::fs::write(
+            dir.join("broken.c"),
+            "int broken(void) { return nothing; }\n",
+        )
+        .unwrap();
         run(Command::new("ar")
             .arg("rcs")
             .arg(dir.join("archive.a"))

@@ -2,7 +2,7 @@
 //! objects, archives (whole or as needed), shared libraries; and the messages for inputs
 //! it cannot use.
 
-use kiln_cache::{compile_cached, ObjectCache, SystemCompiler};
+use kiln_cache::SystemCompiler;
 use object::read::archive::ArchiveFile;
 use std::path::Path;
 
@@ -82,19 +82,6 @@ pub(crate) fn classify(path: &Path, bytes: Option<&[u8]>) -> Result<InputKind, S
         )),
         _ => Err(format!("{}: an ELF file kiln cannot use", path.display())),
     }
-}
-
-/// Compiles `source` with `flags` through `cache`; returns the object and whether it came
-/// from the cache.
-pub(crate) fn compile(
-    compiler: &SystemCompiler,
-    cache: Option<&dyn ObjectCache>,
-    source: &Path,
-    flags: &[String],
-) -> Result<(Vec<u8>, bool), String> {
-    compile_cached(compiler, cache, source, flags)
-        .map(|outcome| (outcome.object, outcome.hit))
-        .map_err(|e| e.to_string())
 }
 
 /// Every member of an archive, as (name, bytes) (`--whole-archive`).

@@ -424,7 +424,31 @@ fn run(o: RunArgs) -> Result<i32, String> {
     } else {
         kiln::Executor::in_process()
     };
-    let jit = kiln::Jit::builder()
+    let cache: Option<Arc<dyn kiln_cache::ObjectCache>> = if o.no_cache {
+        None
+    } else if let Some(url) = &o.cache_redis {
+        Some(Arc::new(
+            kiln_cache::RedisCache::open(url, std::time::Duration::from_secs(2))
+                .map_err(|e| e.to_string())?,
+        ))
+    } else {
+        let root = o
+            .cache_dir
+            .clone()
+            .unwrap_or_else(kiln_cache::DiskCache::default_root);
+        match kiln_cache::DiskCache::open(&root, kiln_cache::DiskLimits::default()) {
+            Ok(cache) => Some(Arc::new(cache)),
+            Err(e) => {
+                eprintln!("kiln: warning: no object cache ({e}); compiling");
+                None
+            }
+        }
+    };
+    let mut builder = kiln::Jit::builder();
+    if let Some(cache) = cache {
+        builder = builder.object_cache(cache);
+    }
+    let jit = builder
         .executor(executor)
         .export_to_libraries(!o.no_export_dynamic && !o.noexec)
         .noexec(o.noexec)
@@ -443,27 +467,6 @@ fn run(o: RunArgs) -> Result<i32, String> {
             map: o.map,
         }))
     });
-    let compiler = kiln_cache::SystemCompiler::new();
-    let cache: Option<Box<dyn kiln_cache::ObjectCache>> = if o.no_cache {
-        None
-    } else if let Some(url) = &o.cache_redis {
-        Some(Box::new(
-            kiln_cache::RedisCache::open(url, std::time::Duration::from_secs(2))
-                .map_err(|e| e.to_string())?,
-        ))
-    } else {
-        let root = o
-            .cache_dir
-            .clone()
-            .unwrap_or_else(kiln_cache::DiskCache::default_root);
-        match kiln_cache::DiskCache::open(&root, kiln_cache::DiskLimits::default()) {
-            Ok(cache) => Some(Box::new(cache)),
-            Err(e) => {
-                eprintln!("kiln: warning: no object cache ({e}); compiling");
-                None
-            }
-        }
-    };
     let flags = compiler_flags(&o);
     for input in &o.inputs {
         let bytes = (!kiln_cache::SystemCompiler::is_source(input))
@@ -473,7 +476,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
         match inputs::classify(input, bytes.as_deref())? {
             inputs::InputKind::Source => {
                 let t = Instant::now();
-                let (object, hit) = inputs::compile(&compiler, cache.as_deref(), input, &flags)?;
+                let hit = jit.add_source(lib, input, &flags).map_err(explain)?;
                 if o.verbose {
                     eprintln!(
                         "kiln: {name}: {} in {:.1} ms",
@@ -481,7 +484,6 @@ fn run(o: RunArgs) -> Result<i32, String> {
                         t.elapsed().as_secs_f64() * 1e3
                     );
                 }
-                jit.add_object(lib, &name, object).map_err(explain)?;
             }
             inputs::InputKind::Object => {
                 jit.add_object(lib, &name, bytes.unwrap_or_default())

@@ -13,6 +13,10 @@ pub enum Error {
     /// The memory manager failed.
     #[error(transparent)]
     Memory(#[from] MemoryError),
+    /// A source could not be compiled (the compiler's message), or the cache failed in a
+    /// way that stops the compile.
+    #[error("{0}")]
+    Compile(String),
     /// A file could not be read.
     #[error("{path}: {source}")]
     Io {

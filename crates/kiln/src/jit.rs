@@ -98,6 +98,8 @@ struct Inner {
     /// The built-in debugger and profiler listener's registration, if on.
     _debug_support: Option<PluginRegistration>,
     next_module: AtomicU64,
+    compiler: Arc<dyn kiln_cache::Compiler>,
+    object_cache: Option<Arc<dyn kiln_cache::ObjectCache>>,
 }
 
 /// Memory in the low 2 GiB for non-PIC code, reserved on first use (most programs never
@@ -206,9 +208,24 @@ pub struct JitBuilder {
     memory: Option<Arc<dyn MemoryManager>>,
     low_memory: Option<Option<Arc<dyn MemoryManager>>>,
     debug_support: DebugSupport,
+    compiler: Option<Arc<dyn kiln_cache::Compiler>>,
+    object_cache: Option<Arc<dyn kiln_cache::ObjectCache>>,
 }
 
 impl JitBuilder {
+    /// The compiler of [`Jit::add_source`] (default: the system's `cc` and `c++`).
+    pub fn compiler(mut self, compiler: Arc<dyn kiln_cache::Compiler>) -> Self {
+        self.compiler = Some(compiler);
+        self
+    }
+
+    /// The object cache [`Jit::add_source`] consults before compiling and fills after
+    /// (default: none, every source is compiled).
+    pub fn object_cache(mut self, cache: Arc<dyn kiln_cache::ObjectCache>) -> Self {
+        self.object_cache = Some(cache);
+        self
+    }
+
     /// Tells debuggers and profilers of every module (default: all off): see
     /// [`DebugSupport`]. The outputs are written by the executor, in the process that
     /// runs the code.
@@ -300,6 +317,10 @@ impl JitBuilder {
                 plugins,
                 _debug_support: debug_support,
                 next_module: AtomicU64::new(1),
+                compiler: self
+                    .compiler
+                    .unwrap_or_else(|| Arc::new(kiln_cache::SystemCompiler::new())),
+                object_cache: self.object_cache,
             }),
         };
         jit.create_library("main");
@@ -469,6 +490,28 @@ impl Jit {
                 path: path.to_path_buf(),
             })
         }
+    }
+
+    /// Compiles a C or C++ source with the session's compiler and `flags` (through its
+    /// object cache, if it has one: an entry whose signature does not match this compile
+    /// is never loaded) and adds the object to `lib`. Returns whether the object came from
+    /// the cache.
+    pub fn add_source(
+        &self,
+        lib: LibraryId,
+        path: impl AsRef<Path>,
+        flags: &[String],
+    ) -> Result<bool, Error> {
+        let path = path.as_ref();
+        let outcome = kiln_cache::compile_cached(
+            &*self.inner.compiler,
+            self.inner.object_cache.as_deref(),
+            path,
+            flags,
+        )
+        .map_err(|e| Error::Compile(e.to_string()))?;
+        self.add_object(lib, &path.display().to_string(), outcome.object)?;
+        Ok(outcome.hit)
     }
 
     /// Defines `name` in `lib` at `address` (a host function or data). An error if the

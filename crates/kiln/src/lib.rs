@@ -28,6 +28,7 @@ pub use error::Error;
 pub use executor::{default_executor_path, Executor, ExecutorSymbols, Transport};
 pub use generator::{FnGenerator, Found, SymbolGenerator};
 pub use jit::{Jit, JitBuilder, LibraryId, LinkReport, Module};
+pub use kiln_cache::{Compiler, ObjectCache, SystemCompiler};
 pub use kiln_link::{LinkCounts, LinkError, LinkTimes};
 pub use kiln_link::{PlacedSection, SymbolInfo, SymbolKind};
 pub use kiln_memory::{

@@ -1,6 +1,8 @@
 /* api.c: every function of kiln.h, with its errors. Run with the object directory as
  * argv[1] (tests/c_api.rs compiles math.o, user.o, main.o, archive.a there). */
+#define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include "check.h"
@@ -203,6 +205,33 @@ int main(int argc, char **argv)
     CHECK(kiln_add_object_file(s, lib, "/no/such/file.o", &e) == KILN_ERR_IO);
     kiln_error_free(e);
     e = NULL;
+
+    /* A source through the cache: compiled, then from the cache; a bad one is the
+     * compiler's error. */
+    {
+        kiln_session_options o2;
+        kiln_session_options_init(&o2);
+        char cache_dir[4096];
+        snprintf(cache_dir, sizeof cache_dir, "%s/c-cache-%d", dir, (int)getpid());
+        o2.cache_dir = cache_dir;
+        for (int round = 0; round < 2; round++) {
+            kiln_session *s2 = NULL;
+            OK(kiln_session_create(&o2, &s2, &e));
+            uint64_t l2 = kiln_main_library(s2);
+            const char *flags[] = {"-O1", "-DTHREE=3"};
+            int from_cache = -1;
+            OK(kiln_add_source(s2, l2, path(dir, "source.c"), flags, 2, &from_cache, &e));
+            CHECK(from_cache == round);
+            uint64_t three;
+            OK(kiln_lookup(s2, l2, "three", &three, &e));
+            CHECK(((int (*)(void))(uintptr_t)three)() == 3);
+            CHECK(kiln_add_source(s2, l2, path(dir, "broken.c"), NULL, 0, NULL, &e) == KILN_ERR_COMPILE);
+            CHECK(strstr(kiln_error_message(e), "undeclared") != NULL);
+            kiln_error_free(e);
+            e = NULL;
+            kiln_session_dispose(s2);
+        }
+    }
 
     kiln_memory_stats stats;
     OK(kiln_session_memory_stats(s, &stats, &e));
