@@ -28,6 +28,9 @@ declare -A needs=(
   # The object cache's Redis backend and the ccache comparison.
   [redis-server]=redis-server
   [ccache]=ccache
+  # The C API's tests: compiled against the installed library, run under valgrind.
+  [pkg-config]=pkg-config
+  [valgrind]=valgrind
   [/usr/lib/x86_64-linux-gnu/libsqlite3.a]=libsqlite3-dev
   [/usr/lib/x86_64-linux-gnu/liblua5.4.a]=liblua5.4-dev
   [/usr/lib/x86_64-linux-gnu/libz.a]=zlib1g-dev
