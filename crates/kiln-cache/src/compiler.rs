@@ -147,6 +147,35 @@ fn which(program: &str) -> Option<String> {
         })
 }
 
+trait WithInputs {
+    fn with_inputs(
+        self,
+        files: impl Iterator<Item = std::path::PathBuf>,
+        started: std::time::SystemTime,
+    ) -> Signature;
+}
+
+impl WithInputs for Signature {
+    /// Records each input's hash now, and whether one changed since `started`.
+    fn with_inputs(
+        mut self,
+        files: impl Iterator<Item = std::path::PathBuf>,
+        started: std::time::SystemTime,
+    ) -> Signature {
+        for path in files {
+            match std::fs::read(&path) {
+                Ok(bytes) => {
+                    let modified = std::fs::metadata(&path).and_then(|m| m.modified());
+                    self.racy |= modified.map_or(true, |m| m >= started);
+                    self.inputs.push((path, *blake3::hash(&bytes).as_bytes()));
+                }
+                Err(_) => self.racy = true,
+            }
+        }
+        self
+    }
+}
+
 /// The files of a make dependency rule (`out.o: a.c b.h \\\n c.h`), the target excepted.
 fn make_dependencies(rule: &str) -> Vec<std::path::PathBuf> {
     let joined = rule.replace("\\\n", " ");
@@ -155,7 +184,7 @@ fn make_dependencies(rule: &str) -> Vec<std::path::PathBuf> {
     };
     files
         .split_whitespace()
-        .skip(1) // the source itself (its hash is in the direct text)
+        .skip(1) // the source itself (the caller lists it first)
         .map(std::path::PathBuf::from)
         .collect()
 }
@@ -189,6 +218,8 @@ impl Compiler for SystemCompiler {
         // preprocessor also lists the headers it read (-MD).
         let deps_dir = tempfile::tempdir().map_err(io("creating a temporary directory"))?;
         let deps = deps_dir.path().join("deps.d");
+        // A file modified from here on may have been read half old, half new.
+        let started = std::time::SystemTime::now();
         let out = Command::new(driver)
             .arg("-E")
             .args(flags)
@@ -216,17 +247,26 @@ impl Compiler for SystemCompiler {
                 .iter()
                 .map(|name| (name.clone(), std::env::var(name).unwrap_or_default()))
                 .collect(),
-            headers: std::fs::read_to_string(&deps)
-                .map(|d| make_dependencies(&d))
-                .unwrap_or_default(),
-        })
+            inputs: Vec::new(),
+            racy: false,
+        }
+        .with_inputs(
+            std::iter::once(source.to_path_buf()).chain(
+                std::fs::read_to_string(&deps)
+                    .map(|d| make_dependencies(&d))
+                    .unwrap_or_default(),
+            ),
+            started,
+        ))
     }
 
     fn direct_text(&self, source: &Path, flags: &[String]) -> Result<Option<String>, CacheError> {
         let driver = self.driver(source);
         let (compiler, target) = self.identity(driver)?;
         let bytes = std::fs::read(source).map_err(io(format!("reading {}", source.display())))?;
-        let path = std::fs::canonicalize(source).unwrap_or_else(|_| source.to_path_buf());
+        // The path as given: it is what the preprocessor writes in its line markers and
+        // the compiler in the debug information.
+        let path = source;
         let cwd = std::env::current_dir().unwrap_or_default();
         let mut text = String::from("kiln-cache-direct 1\n");
         text.push_str(&format!("source {}\n", blake3::hash(&bytes).to_hex()));
@@ -278,7 +318,7 @@ pub struct CompileOutcome {
     pub object: Vec<u8>,
     /// Whether it came from the cache.
     pub hit: bool,
-    /// The key it is cached under.
+    /// The key it is cached under (all zeros without a cache).
     pub key: CacheKey,
 }
 
@@ -292,10 +332,16 @@ pub fn compile_cached(
     source: &Path,
     flags: &[String],
 ) -> Result<CompileOutcome, CacheError> {
-    let direct = match cache {
-        Some(_) => compiler.direct_text(source, flags)?,
-        None => None,
+    let Some(cache) = cache else {
+        // No cache: no signature to compute, no note to add.
+        return Ok(CompileOutcome {
+            object: compiler.compile(source, flags)?,
+            hit: false,
+            key: CacheKey([0; 32]),
+        });
     };
+    let cache = Some(cache);
+    let direct = compiler.direct_text(source, flags)?;
     let manifest_key = direct
         .as_ref()
         .map(|text| CacheKey(*blake3::hash(format!("manifest\n{text}").as_bytes()).as_bytes()));
@@ -352,7 +398,28 @@ pub fn compile_cached(
             Err(error) => tracing::warn!(%error, cache = %cache.name(), "cache lookup failed"),
         }
     }
-    let object = note::embed(&compiler.compile(source, flags)?, &canonical)?;
+    let compiled = compiler.compile(source, flags)?;
+    // Cached only if no input changed while it was read: the object must be the product of
+    // exactly what the signature says.
+    if signature.racy || !signature.inputs_unchanged() {
+        tracing::warn!(source = %source.display(), "an input changed during the compile: not cached");
+        return Ok(CompileOutcome {
+            object: compiled,
+            hit: false,
+            key,
+        });
+    }
+    let object = match note::embed(&compiled, &canonical) {
+        Ok(object) => object,
+        Err(error) => {
+            tracing::warn!(%error, "not cached");
+            return Ok(CompileOutcome {
+                object: compiled,
+                hit: false,
+                key,
+            });
+        }
+    };
     if let Some(cache) = cache {
         if let Err(error) = cache.put(&key, &object) {
             tracing::warn!(%error, cache = %cache.name(), "not cached");
@@ -378,16 +445,15 @@ mod manifest {
     /// cannot be read now).
     pub(super) fn make(signature: &Signature) -> Option<Vec<u8>> {
         let mut text = String::from(HEAD);
-        for header in &signature.headers {
-            let bytes = std::fs::read(header).ok()?;
+        // The headers (the source, first, is in the direct text), with the hashes they had
+        // when the preprocessor read them.
+        for (header, hash) in signature.inputs.iter().skip(1) {
             let path = header.to_str()?;
             if path.contains('\n') {
                 return None;
             }
-            text.push_str(&format!(
-                "header {} {path}\n",
-                blake3::hash(&bytes).to_hex()
-            ));
+            let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+            text.push_str(&format!("header {hex} {path}\n"));
         }
         text.push_str("signature\n");
         text.push_str(&signature.canonical());

@@ -24,6 +24,13 @@ pub(crate) fn embed(object: &[u8], signature: &str) -> Result<Vec<u8>, CacheErro
     let sections = header.sections(e, object).map_err(malformed)?;
     let count = sections.len();
     let strtab_index = header.e_shstrndx(e).0 as usize;
+    // Extended numbering (a count or name-table index in section 0) is not rewritten.
+    if header.e_shnum(e) == 0
+        || header.e_shstrndx(e).0 == object::elf::SHN_XINDEX.0
+        || count + 1 >= usize::from(object::elf::SHN_LORESERVE)
+    {
+        return Err(malformed("too many sections for a 16-bit section count"));
+    }
     if count == 0 || strtab_index == 0 || strtab_index >= count {
         return Err(malformed("no section name table"));
     }

@@ -36,10 +36,14 @@ pub struct Signature {
     pub flags: Vec<String>,
     /// Environment variables the client declared relevant: (name, value or empty).
     pub environment: Vec<(String, String)>,
-    /// The headers the preprocessor read (not part of the canonical text: their contents
-    /// are in `source`); recorded in a manifest so that a later run can find the object
-    /// without preprocessing.
-    pub headers: Vec<std::path::PathBuf>,
+    /// The files the preprocessor read, the source first, with the BLAKE3 of their
+    /// contents just after it ran (not part of the canonical text: their contents are in
+    /// `source`); recorded in a manifest so that a later run can find the object without
+    /// preprocessing, and checked again after the compile.
+    pub inputs: Vec<(std::path::PathBuf, [u8; 32])>,
+    /// Whether an input changed while it was being read (modified at or after the
+    /// preprocessor started): such a compile is not cached.
+    pub racy: bool,
 }
 
 impl Signature {
@@ -72,6 +76,15 @@ impl Signature {
     }
 }
 
+impl Signature {
+    /// Whether every input still has the contents it had when the preprocessor ran.
+    pub fn inputs_unchanged(&self) -> bool {
+        self.inputs.iter().all(|(path, hash)| {
+            std::fs::read(path).is_ok_and(|bytes| blake3::hash(&bytes).as_bytes() == hash)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,7 +97,8 @@ mod tests {
             cpu: String::new(),
             flags: vec!["-O2".into()],
             environment: vec![("LANG".into(), "C".into())],
-            headers: Vec::new(),
+            inputs: Vec::new(),
+            racy: false,
         }
     }
 

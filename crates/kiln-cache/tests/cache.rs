@@ -84,6 +84,27 @@ fn a_header_change_is_a_different_key() {
 }
 
 #[test]
+fn a_file_changed_while_it_was_read_is_not_cached() {
+    let dir = scratch("racy");
+    source(&dir, "h.h", "#define K 3\n");
+    let src = source(&dir, "g.c", "#include \"h.h\"\nint g(void) { return K; }\n");
+    // A header modified "now or later" (as one being edited during the compile would be).
+    let future = std::time::SystemTime::now() + Duration::from_secs(60);
+    std::fs::File::options()
+        .append(true)
+        .open(dir.join("h.h"))
+        .unwrap()
+        .set_modified(future)
+        .unwrap();
+    let cache = MemoryCache::new();
+    let compiler = SystemCompiler::new();
+    let first = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    let second = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    assert!(!first.hit && !second.hit, "never cached while racy");
+    assert_eq!(cache.stats().puts, 0);
+}
+
+#[test]
 fn corrupt_truncated_foreign_and_adversarial_entries_are_misses_never_loaded() {
     let dir = scratch("damaged");
     let src = source(&dir, "f.c", "int f(int x) { return x + 1; }\n");

@@ -38,7 +38,7 @@ int main(int argc, char **argv)
     unsigned char *archive = read_file(argv[2], &archive_size);
     int rounds = atoi(argv[3]);
     kiln_session_options options;
-    kiln_session_options_init(&options);
+    kiln_session_options_init(&options, sizeof options);
     options.noexec = 1;
     for (int r = 0; r < rounds; r++) {
         kiln_session *s = NULL;

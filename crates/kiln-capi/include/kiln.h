@@ -64,16 +64,6 @@ typedef enum kiln_symbol_kind {
   KILN_SYMBOL_OTHER = 2,
 } kiln_symbol_kind;
 
-// A segment's final permission.
-typedef enum kiln_permission {
-  // Code.
-  KILN_PERMISSION_READ_EXECUTE = 0,
-  // Constants.
-  KILN_PERMISSION_READ = 1,
-  // Data.
-  KILN_PERMISSION_READ_WRITE = 2,
-} kiln_permission;
-
 // Where a session's code runs.
 typedef enum kiln_executor_kind {
   // This process (the default).
@@ -91,6 +81,16 @@ typedef enum kiln_transport {
   // Bytes copied over the socket.
   KILN_TRANSPORT_COPY = 1,
 } kiln_transport;
+
+// A segment's final permission.
+typedef enum kiln_permission {
+  // Code.
+  KILN_PERMISSION_READ_EXECUTE = 0,
+  // Constants.
+  KILN_PERMISSION_READ = 1,
+  // Data.
+  KILN_PERMISSION_READ_WRITE = 2,
+} kiln_permission;
 
 #if defined(KILN_WITH_LLVM)
 // LLVM-C's opaque memory manager (`LLVMMCJITMemoryManagerRef` is a pointer to it).
@@ -206,8 +206,8 @@ typedef struct kiln_segment {
   uint64_t size;
   // In: alignment of `target` (a power of two).
   uint64_t align;
-  // In: the permission the segment gets at finalize.
-  enum kiln_permission permission;
+  // In: the permission the segment gets at finalize (a `kiln_permission` value).
+  uint32_t permission;
   // In: whether the segment must start zeroed (`.bss`); Kiln zeroes `working` itself
   // after `allocate` returns, so an allocator need not.
   int zero_fill;
@@ -235,7 +235,8 @@ typedef struct kiln_segment {
 //   non-zero (the link fails, and `free` is called).
 // - `free(context, dflt, allocation, segments, count)`: the allocation's code will not
 //   run again (or it was never finalized): release it.
-// - `destroy(context)`: the session is disposed and every allocation freed.
+// - `destroy(context)`: the session is disposed and every allocation freed; or the
+//   session could not be made (`destroy` is called exactly once either way).
 //
 // Callbacks may be called from several threads at once (links into different libraries
 // run in parallel). The default guarantees: `kiln_default_allocate` fills the segments
@@ -257,14 +258,16 @@ typedef struct kiln_memory_callbacks {
   void (*destroy)(void *context);
 } kiln_memory_callbacks;
 
-// Options of [`kiln_session_create`]. Fill with [`kiln_session_options_init`] first, then
-// change what you need: fields added in later versions get their defaults that way.
+// Options of [`kiln_session_create`]. Fill with [`kiln_session_options_init`] first
+// (`kiln_session_options_init(&o, sizeof o)`), then change what you need. `size` says
+// which version of the struct the caller has: fields a later version adds take their
+// defaults for a caller built against an earlier header.
 typedef struct kiln_session_options {
   // `sizeof(kiln_session_options)` as the caller was compiled with (set by
   // [`kiln_session_options_init`]).
   uintptr_t size;
-  // Where the code runs.
-  enum kiln_executor_kind executor;
+  // Where the code runs (a `kiln_executor_kind` value).
+  uint32_t executor;
   // The `kiln-executor` binary for [`kiln_executor_kind::KILN_EXECUTOR_SPAWN`] (NULL:
   // `kiln-executor` next to the running program).
   const char *executor_path;
@@ -273,8 +276,8 @@ typedef struct kiln_session_options {
   // The executor's key file for CONNECT (NULL: plaintext, which only an executor
   // started with `--no-auth` accepts).
   const char *key_file;
-  // Transport for SPAWN.
-  enum kiln_transport transport;
+  // Transport for SPAWN (a `kiln_transport` value).
+  uint32_t transport;
   // `KILN_DEBUG_*` bits (default 0).
   uint32_t debug;
   // Directory of the jitdump file (NULL: `$JITDUMPDIR`, else `~/.debug/jit`).
@@ -307,7 +310,8 @@ typedef struct kiln_resolver {
   void *context;
   // The callback (required).
   kiln_resolve_fn resolve;
-  // Called once when Kiln no longer needs the resolver (NULL: nothing to free).
+  // Called exactly once when Kiln no longer needs the resolver, or before the call that
+  // was given it returns if that call fails (NULL: nothing to free).
   void (*destroy)(void *context);
 } kiln_resolver;
 
@@ -449,11 +453,13 @@ int kiln_default_finalize(struct kiln_default_memory *dflt, void *allocation);
 // `dflt` is the one a callback was given; the allocation's code will not run again.
 void kiln_default_free(struct kiln_default_memory *dflt, void *allocation);
 
-// Fills `options` with the defaults: in process, no debug output, Kiln's memory.
+// Fills the caller's `size` bytes of `options` (`sizeof` of its struct) with the
+// defaults: in process, no debug output, Kiln's memory, no cache. Writes nothing beyond
+// `size` (a caller built against an earlier, smaller struct).
 //
 // # Safety
-// `options` points to writable memory for a `kiln_session_options`.
-void kiln_session_options_init(struct kiln_session_options *options);
+// `options` points to `size` writable bytes.
+void kiln_session_options_init(struct kiln_session_options *options, uintptr_t size);
 
 // Creates a session (`options` NULL: the defaults). On success `*session` is the new
 // session, to be disposed with [`kiln_session_dispose`].
@@ -500,8 +506,9 @@ enum kiln_status kiln_set_search_order(const struct kiln_session *session, uint6
 
 // Adds an object file's bytes to `library` (linked by the next link of the library).
 // With `release` NULL the bytes are copied; otherwise they are lent: Kiln reads them in
-// place until it calls `release(release_context)` (once, from any thread, when no link
-// and no module needs them; the caller must not change them before).
+// place until it calls `release(release_context)`: exactly once, from any thread, when
+// no link and no module needs them, or before returning if the call fails (the caller
+// must not change them before).
 //
 // # Safety
 // `session` live; `name` a string; `bytes` valid for `size` bytes (for the call, or

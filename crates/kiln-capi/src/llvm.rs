@@ -59,18 +59,21 @@ pub unsafe extern "C" fn kiln_mcjit_create_memory_manager(
     mcjit: *const kiln_mcjit,
     code: *mut *mut kiln_module_code,
 ) -> *mut LLVMOpaqueMCJITMemoryManager {
-    // SAFETY: the caller's contract.
-    let (Some(mcjit), false) = (unsafe { mcjit.as_ref() }, code.is_null()) else {
-        return std::ptr::null_mut();
-    };
-    let (manager, module_code) = mcjit.jit.memory_manager();
-    let handle = Box::new(kiln_module_code {
-        code: module_code,
-        error: None,
-    });
-    // SAFETY: a valid out-pointer (checked).
-    unsafe { *code = Box::into_raw(handle) };
-    manager.cast()
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the caller's contract.
+        let (Some(mcjit), false) = (unsafe { mcjit.as_ref() }, code.is_null()) else {
+            return std::ptr::null_mut();
+        };
+        let (manager, module_code) = mcjit.jit.memory_manager();
+        let handle = Box::new(kiln_module_code {
+            code: module_code,
+            error: None,
+        });
+        // SAFETY: a valid out-pointer (checked).
+        unsafe { *code = Box::into_raw(handle) };
+        manager.cast()
+    }))
+    .unwrap_or(std::ptr::null_mut())
 }
 
 /// Why an allocation for this code failed (the engine then fails to finalize), or NULL.
@@ -80,15 +83,18 @@ pub unsafe extern "C" fn kiln_mcjit_create_memory_manager(
 /// `code` a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn kiln_module_code_error(code: *mut kiln_module_code) -> *const c_char {
-    // SAFETY: the caller's contract.
-    let Some(code) = (unsafe { code.as_mut() }) else {
-        return std::ptr::null();
-    };
-    code.error = code
-        .code
-        .error()
-        .map(|e| std::ffi::CString::new(e.replace('\0', " ")).unwrap_or_default());
-    code.error.as_ref().map_or(std::ptr::null(), |e| e.as_ptr())
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the caller's contract.
+        let Some(code) = (unsafe { code.as_mut() }) else {
+            return std::ptr::null();
+        };
+        code.error = code
+            .code
+            .error()
+            .map(|e| std::ffi::CString::new(e.replace('\0', " ")).unwrap_or_default());
+        code.error.as_ref().map_or(std::ptr::null(), |e| e.as_ptr())
+    }))
+    .unwrap_or(std::ptr::null())
 }
 
 /// Frees a module's code (NULL is ignored): its functions must not run any more.
@@ -116,20 +122,22 @@ pub unsafe extern "C" fn kiln_mcjit_memory(
     live_allocations: *mut u64,
     bytes_resident: *mut u64,
 ) {
-    // SAFETY: the caller's contract.
-    let Some(mcjit) = (unsafe { mcjit.as_ref() }) else {
-        return;
-    };
-    use kiln_memory::MemoryManager;
-    let stats = mcjit.jit.manager().stats();
-    if !live_allocations.is_null() {
-        // SAFETY: a valid out-pointer (checked).
-        unsafe { *live_allocations = stats.live_allocations };
-    }
-    if !bytes_resident.is_null() {
-        // SAFETY: as above.
-        unsafe { *bytes_resident = stats.bytes_resident.unwrap_or(u64::MAX) };
-    }
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the caller's contract.
+        let Some(mcjit) = (unsafe { mcjit.as_ref() }) else {
+            return;
+        };
+        use kiln_memory::MemoryManager;
+        let stats = mcjit.jit.manager().stats();
+        if !live_allocations.is_null() {
+            // SAFETY: a valid out-pointer (checked).
+            unsafe { *live_allocations = stats.live_allocations };
+        }
+        if !bytes_resident.is_null() {
+            // SAFETY: as above.
+            unsafe { *bytes_resident = stats.bytes_resident.unwrap_or(u64::MAX) };
+        }
+    }));
 }
 
 /// Disposes Kiln's MCJIT memory (NULL is ignored). Code handles still held keep their

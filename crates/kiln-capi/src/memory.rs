@@ -41,8 +41,8 @@ pub struct kiln_segment {
     pub size: u64,
     /// In: alignment of `target` (a power of two).
     pub align: u64,
-    /// In: the permission the segment gets at finalize.
-    pub permission: kiln_permission,
+    /// In: the permission the segment gets at finalize (a `kiln_permission` value).
+    pub permission: u32,
     /// In: whether the segment must start zeroed (`.bss`); Kiln zeroes `working` itself
     /// after `allocate` returns, so an allocator need not.
     pub zero_fill: c_int,
@@ -63,6 +63,9 @@ pub struct kiln_default_memory {
 
 enum DefaultAllocation {
     InFlight(InFlightAllocation),
+    /// Its finalize failed and its memory is gone; the handle stays reserved until
+    /// `kiln_default_free`, so that it is never reused while someone may still free it.
+    Failed,
     /// Held for its drop, which frees the memory.
     Finalized(#[allow(dead_code)] kiln_memory::FinalizedAllocation),
 }
@@ -84,7 +87,8 @@ enum DefaultAllocation {
 ///   non-zero (the link fails, and `free` is called).
 /// - `free(context, dflt, allocation, segments, count)`: the allocation's code will not
 ///   run again (or it was never finalized): release it.
-/// - `destroy(context)`: the session is disposed and every allocation freed.
+/// - `destroy(context)`: the session is disposed and every allocation freed; or the
+///   session could not be made (`destroy` is called exactly once either way).
 ///
 /// Callbacks may be called from several threads at once (links into different libraries
 /// run in parallel). The default guarantees: `kiln_default_allocate` fills the segments
@@ -167,6 +171,10 @@ pub(crate) struct CallbackMemory {
 impl CallbackMemory {
     pub(crate) fn new(callbacks: kiln_memory_callbacks) -> Result<Self, kiln_error> {
         let manager = SlabMemoryManager::new().map_err(|e| {
+            if let Some(destroy) = callbacks.destroy {
+                // SAFETY: the client's destructor: called exactly once, also on failure.
+                unsafe { destroy(callbacks.context) };
+            }
             kiln_error::new(crate::error::kiln_status::KILN_ERR_MEMORY, e.to_string())
         })?;
         Ok(CallbackMemory {
@@ -188,7 +196,7 @@ fn segments_of(request: &AllocationRequest) -> Vec<kiln_segment> {
         .map(|s| kiln_segment {
             size: s.size,
             align: s.align,
-            permission: s.permission.into(),
+            permission: kiln_permission::from(s.permission) as u32,
             zero_fill: c_int::from(s.zero_fill),
             target: 0,
             working: std::ptr::null_mut(),
@@ -374,9 +382,10 @@ pub unsafe extern "C" fn kiln_default_allocate(
         let mut request = AllocationRequest::new();
         for s in segments.iter() {
             let permission = match s.permission {
-                kiln_permission::KILN_PERMISSION_READ_EXECUTE => Permission::ReadExecute,
-                kiln_permission::KILN_PERMISSION_READ => Permission::Read,
-                kiln_permission::KILN_PERMISSION_READ_WRITE => Permission::ReadWrite,
+                0 => Permission::ReadExecute,
+                1 => Permission::Read,
+                2 => Permission::ReadWrite,
+                _ => return 4,
             };
             let mut r = SegmentRequest::new(permission, s.size, s.align.max(1));
             if s.zero_fill != 0 {
@@ -429,10 +438,7 @@ pub unsafe extern "C" fn kiln_default_finalize(
                     0
                 }
                 Err(_) => {
-                    drop(live);
-                    // The memory is gone; the handle too.
-                    // SAFETY: made by Box::into_raw in kiln_default_allocate, freed once.
-                    drop(unsafe { Box::from_raw(allocation.cast::<u8>()) });
+                    live.insert(allocation as usize, DefaultAllocation::Failed);
                     2
                 }
             },

@@ -37,16 +37,18 @@ pub const KILN_DEBUG_PERF_MAP: u32 = 2;
 /// Write a jitdump file for `perf inject --jit`.
 pub const KILN_DEBUG_JITDUMP: u32 = 4;
 
-/// Options of [`kiln_session_create`]. Fill with [`kiln_session_options_init`] first, then
-/// change what you need: fields added in later versions get their defaults that way.
+/// Options of [`kiln_session_create`]. Fill with [`kiln_session_options_init`] first
+/// (`kiln_session_options_init(&o, sizeof o)`), then change what you need. `size` says
+/// which version of the struct the caller has: fields a later version adds take their
+/// defaults for a caller built against an earlier header.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kiln_session_options {
     /// `sizeof(kiln_session_options)` as the caller was compiled with (set by
     /// [`kiln_session_options_init`]).
     pub size: usize,
-    /// Where the code runs.
-    pub executor: kiln_executor_kind,
+    /// Where the code runs (a `kiln_executor_kind` value).
+    pub executor: u32,
     /// The `kiln-executor` binary for [`kiln_executor_kind::KILN_EXECUTOR_SPAWN`] (NULL:
     /// `kiln-executor` next to the running program).
     pub executor_path: *const c_char,
@@ -55,8 +57,8 @@ pub struct kiln_session_options {
     /// The executor's key file for CONNECT (NULL: plaintext, which only an executor
     /// started with `--no-auth` accepts).
     pub key_file: *const c_char,
-    /// Transport for SPAWN.
-    pub transport: kiln_transport,
+    /// Transport for SPAWN (a `kiln_transport` value).
+    pub transport: u32,
     /// `KILN_DEBUG_*` bits (default 0).
     pub debug: u32,
     /// Directory of the jitdump file (NULL: `$JITDUMPDIR`, else `~/.debug/jit`).
@@ -77,10 +79,9 @@ pub struct kiln_session_options {
 /// lookups, code run in this process or an executor.
 pub struct kiln_session {
     pub(crate) jit: Jit,
-    /// Libraries created, for resolvers added to the whole session.
-    libraries: Mutex<Vec<LibraryId>>,
-    /// Resolvers of the whole session, added to every library.
-    resolvers: Mutex<Vec<Arc<CResolver>>>,
+    /// Libraries created and the resolvers of the whole session (added to every library),
+    /// under one lock: a library created while a session resolver is added gets it.
+    libraries: Mutex<(Vec<LibraryId>, Vec<Arc<CResolver>>)>,
 }
 
 /// A linked module. Holding it keeps its code; release it with [`kiln_module_release`].
@@ -116,31 +117,74 @@ fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T, kiln_error> {
     unsafe { p.as_mut() }.ok_or_else(|| kiln_error::invalid(format!("{what} is NULL")))
 }
 
-/// Fills `options` with the defaults: in process, no debug output, Kiln's memory.
-///
-/// # Safety
-/// `options` points to writable memory for a `kiln_session_options`.
-#[no_mangle]
-pub unsafe extern "C" fn kiln_session_options_init(options: *mut kiln_session_options) {
-    if options.is_null() {
-        return;
-    }
-    let defaults = kiln_session_options {
+fn default_options() -> kiln_session_options {
+    kiln_session_options {
         size: std::mem::size_of::<kiln_session_options>(),
-        executor: kiln_executor_kind::KILN_EXECUTOR_IN_PROCESS,
+        executor: kiln_executor_kind::KILN_EXECUTOR_IN_PROCESS as u32,
         executor_path: std::ptr::null(),
         address: std::ptr::null(),
         key_file: std::ptr::null(),
-        transport: kiln_transport::KILN_TRANSPORT_SHARED_MEMORY,
+        transport: kiln_transport::KILN_TRANSPORT_SHARED_MEMORY as u32,
         debug: 0,
         jitdump_dir: std::ptr::null(),
         export_to_libraries: 0,
         noexec: 0,
         memory: std::ptr::null(),
         cache_dir: std::ptr::null(),
+    }
+}
+
+/// Fills the caller's `size` bytes of `options` (`sizeof` of its struct) with the
+/// defaults: in process, no debug output, Kiln's memory, no cache. Writes nothing beyond
+/// `size` (a caller built against an earlier, smaller struct).
+///
+/// # Safety
+/// `options` points to `size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn kiln_session_options_init(
+    options: *mut kiln_session_options,
+    size: usize,
+) {
+    if options.is_null() {
+        return;
+    }
+    let mut defaults = default_options();
+    let n = size.min(std::mem::size_of::<kiln_session_options>());
+    defaults.size = n;
+    // SAFETY: the caller's `size` writable bytes; at most the struct's.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&defaults as *const kiln_session_options).cast::<u8>(),
+            options.cast::<u8>(),
+            n,
+        )
     };
-    // SAFETY: the caller's contract.
-    unsafe { options.write(defaults) };
+}
+
+/// The options a caller gave, its struct's missing tail (an earlier version) defaulted.
+fn read_options(options: *const kiln_session_options) -> Result<kiln_session_options, kiln_error> {
+    let mut all = default_options();
+    if options.is_null() {
+        return Ok(all);
+    }
+    // SAFETY: the caller's contract: at least `size` readable bytes, `size` first.
+    let size = unsafe { std::ptr::read_unaligned(options.cast::<usize>()) };
+    let full = std::mem::size_of::<kiln_session_options>();
+    if size < std::mem::size_of::<usize>() || size > full {
+        return Err(kiln_error::invalid(format!(
+            "options.size is {size} (this library's kiln_session_options is {full} bytes): \
+             initialize options with kiln_session_options_init(&o, sizeof o)"
+        )));
+    }
+    // SAFETY: `size` readable bytes (the caller's contract), at most the struct's.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            options.cast::<u8>(),
+            (&mut all as *mut kiln_session_options).cast::<u8>(),
+            size,
+        )
+    };
+    Ok(all)
 }
 
 /// Creates a session (`options` NULL: the defaults). On success `*session` is the new
@@ -156,40 +200,30 @@ pub unsafe extern "C" fn kiln_session_create(
     error: *mut *mut kiln_error,
 ) -> kiln_status {
     guard(error, || {
-        let out = out(session, "session")?;
-        // SAFETY: the caller's contract.
-        let options = match unsafe { options.as_ref() } {
-            Some(o) if o.size != std::mem::size_of::<kiln_session_options>() => {
-                return Err(kiln_error::invalid(format!(
-                    "options.size is {} (this library's kiln_session_options is {} bytes): \
-                     initialize options with kiln_session_options_init",
-                    o.size,
-                    std::mem::size_of::<kiln_session_options>()
-                )))
-            }
-            Some(o) => *o,
-            None => {
-                let mut o = std::mem::MaybeUninit::uninit();
-                // SAFETY: a writable options struct.
-                unsafe { kiln_session_options_init(o.as_mut_ptr()) };
-                // SAFETY: just initialized.
-                unsafe { o.assume_init() }
-            }
+        let options = read_options(options)?;
+        // The memory callbacks are taken first: from here on their `destroy` is called
+        // exactly once, whether the session is made or not.
+        // SAFETY: the caller's contract: NULL or valid callbacks.
+        let memory = match unsafe { options.memory.as_ref() } {
+            Some(callbacks) => Some(CallbackMemory::new(*callbacks)?),
+            None => None,
         };
+        let out = out(session, "session")?;
         let timeouts = kiln::Timeouts::default();
         let executor = match options.executor {
-            kiln_executor_kind::KILN_EXECUTOR_IN_PROCESS => kiln::Executor::in_process(),
-            kiln_executor_kind::KILN_EXECUTOR_SPAWN => {
+            0 => kiln::Executor::in_process(),
+            1 => {
                 let path = opt_cstr(options.executor_path, "executor_path")?
                     .map(std::path::PathBuf::from)
                     .unwrap_or_else(kiln::default_executor_path);
                 let transport = match options.transport {
-                    kiln_transport::KILN_TRANSPORT_SHARED_MEMORY => kiln::Transport::SharedMemory,
-                    kiln_transport::KILN_TRANSPORT_COPY => kiln::Transport::Copy,
+                    0 => kiln::Transport::SharedMemory,
+                    1 => kiln::Transport::Copy,
+                    other => return Err(kiln_error::invalid(format!("transport {other}"))),
                 };
                 kiln::Executor::spawn(&path, transport, timeouts)?
             }
-            kiln_executor_kind::KILN_EXECUTOR_CONNECT => {
+            2 => {
                 let address = cstr(options.address, "address")?;
                 let key = match opt_cstr(options.key_file, "key_file")? {
                     Some(path) => Some(
@@ -200,6 +234,7 @@ pub unsafe extern "C" fn kiln_session_create(
                 };
                 kiln::Executor::connect_with_key(address, key.as_ref(), timeouts)?
             }
+            other => return Err(kiln_error::invalid(format!("executor kind {other}"))),
         };
         let mut builder = Jit::builder()
             .executor(executor)
@@ -211,9 +246,8 @@ pub unsafe extern "C" fn kiln_session_create(
                 jitdump: options.debug & KILN_DEBUG_JITDUMP != 0,
                 jitdump_dir: opt_cstr(options.jitdump_dir, "jitdump_dir")?.map(Into::into),
             });
-        // SAFETY: the caller's contract: NULL or valid callbacks.
-        if let Some(callbacks) = unsafe { options.memory.as_ref() } {
-            builder = builder.memory(CallbackMemory::new(*callbacks)?);
+        if let Some(memory) = memory {
+            builder = builder.memory(memory);
         }
         if let Some(dir) = opt_cstr(options.cache_dir, "cache_dir")? {
             let disk = kiln_cache_disk(dir)?;
@@ -223,8 +257,7 @@ pub unsafe extern "C" fn kiln_session_create(
         let main = jit.main_library();
         let session = Box::new(kiln_session {
             jit,
-            libraries: Mutex::new(vec![main]),
-            resolvers: Mutex::new(Vec::new()),
+            libraries: Mutex::new((vec![main], Vec::new())),
         });
         *out = Box::into_raw(session);
         Ok(())
@@ -295,11 +328,14 @@ pub unsafe extern "C" fn kiln_session_dispose(session: *mut kiln_session) {
 /// `session` is a live session.
 #[no_mangle]
 pub unsafe extern "C" fn kiln_main_library(session: *const kiln_session) -> u64 {
-    // SAFETY: the caller's contract.
-    match unsafe { session.as_ref() } {
-        Some(s) => s.jit.main_library().to_raw(),
-        None => 0,
-    }
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the caller's contract.
+        match unsafe { session.as_ref() } {
+            Some(s) => s.jit.main_library().to_raw(),
+            None => 0,
+        }
+    }))
+    .unwrap_or(0)
 }
 
 /// Creates a library named `name`; `*library` receives its id.
@@ -317,9 +353,10 @@ pub unsafe extern "C" fn kiln_create_library(
         let s = self::session(session)?;
         let name = cstr(name, "name")?;
         let out = out(library, "library")?;
+        let mut libraries = s.libraries.lock();
         let id = s.jit.create_library(name);
-        s.libraries.lock().push(id);
-        for resolver in s.resolvers.lock().iter() {
+        libraries.0.push(id);
+        for resolver in libraries.1.iter() {
             s.jit
                 .add_generator(id, Box::new(ResolverGenerator(resolver.clone())))?;
         }
@@ -393,8 +430,9 @@ impl Drop for Lent {
 
 /// Adds an object file's bytes to `library` (linked by the next link of the library).
 /// With `release` NULL the bytes are copied; otherwise they are lent: Kiln reads them in
-/// place until it calls `release(release_context)` (once, from any thread, when no link
-/// and no module needs them; the caller must not change them before).
+/// place until it calls `release(release_context)`: exactly once, from any thread, when
+/// no link and no module needs them, or before returning if the call fails (the caller
+/// must not change them before).
 ///
 /// # Safety
 /// `session` live; `name` a string; `bytes` valid for `size` bytes (for the call, or
@@ -415,6 +453,10 @@ pub unsafe extern "C" fn kiln_add_object(
         let name = cstr(name, "name")?;
         let lib = LibraryId::from_raw(library);
         if bytes.is_null() {
+            if let Some(release) = release {
+                // SAFETY: the lender's callback: called exactly once, also on failure.
+                unsafe { release(release_context) };
+            }
             return Err(kiln_error::invalid("bytes is NULL"));
         }
         match release {
@@ -584,7 +626,8 @@ pub struct kiln_resolver {
     pub context: *mut c_void,
     /// The callback (required).
     pub resolve: kiln_resolve_fn,
-    /// Called once when Kiln no longer needs the resolver (NULL: nothing to free).
+    /// Called exactly once when Kiln no longer needs the resolver, or before the call that
+    /// was given it returns if that call fails (NULL: nothing to free).
     pub destroy: Option<unsafe extern "C" fn(context: *mut c_void)>,
 }
 
@@ -623,10 +666,12 @@ impl kiln::SymbolGenerator for ResolverGenerator {
 fn checked_resolver(resolver: *const kiln_resolver) -> Result<Arc<CResolver>, kiln_error> {
     // SAFETY: the caller passes NULL or a valid resolver.
     let r = unsafe { resolver.as_ref() }.ok_or_else(|| kiln_error::invalid("resolver is NULL"))?;
+    // From here its `destroy` is called exactly once, also on failure (CResolver's drop).
+    let resolver = Arc::new(CResolver(*r));
     if r.resolve.is_none() {
         return Err(kiln_error::invalid("resolver.resolve is NULL"));
     }
-    Ok(Arc::new(CResolver(*r)))
+    Ok(resolver)
 }
 
 /// Adds a resolver to `library`: asked, after the library's own definitions, the
@@ -665,12 +710,12 @@ pub unsafe extern "C" fn kiln_add_session_resolver(
     guard(error, || {
         let s = self::session(session)?;
         let r = checked_resolver(resolver)?;
-        let libraries = s.libraries.lock().clone();
-        for lib in libraries {
+        let mut libraries = s.libraries.lock();
+        for &lib in libraries.0.iter() {
             s.jit
                 .add_generator(lib, Box::new(ResolverGenerator(r.clone())))?;
         }
-        s.resolvers.lock().push(r);
+        libraries.1.push(r);
         Ok(())
     })
 }
@@ -833,14 +878,17 @@ pub unsafe extern "C" fn kiln_module_symbol(
     module: *const kiln_module,
     name: *const c_char,
 ) -> u64 {
-    // SAFETY: the caller's contract.
-    let Some(m) = (unsafe { module.as_ref() }) else {
-        return 0;
-    };
-    let Ok(name) = cstr(name, "name") else {
-        return 0;
-    };
-    m.module.symbol(name).unwrap_or(0)
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the caller's contract.
+        let Some(m) = (unsafe { module.as_ref() }) else {
+            return 0;
+        };
+        let Ok(name) = cstr(name, "name") else {
+            return 0;
+        };
+        m.module.symbol(name).unwrap_or(0)
+    }))
+    .unwrap_or(0)
 }
 
 /// Memory figures of a session.

@@ -83,11 +83,12 @@ impl Drop for Jitdump {
 }
 
 struct Outputs {
-    /// The process these outputs are for (a forked child opens its own files).
+    /// The process whose files are open (a forked child opens its own).
     pid: u32,
     settings: DebugOutputs,
-    perf_map: Option<File>,
-    jitdump: Option<Jitdump>,
+    /// Which perf files are open (they are in [`FILES`], the writer's).
+    perf_map_open: bool,
+    jitdump_open: bool,
     /// Each entry is boxed: the debugger's list points at it, so it must not move
     /// when the vector grows.
     #[allow(clippy::vec_box)]
@@ -105,10 +106,10 @@ static OUTPUTS: Mutex<Option<Outputs>> = Mutex::new(None);
 pub fn enable(settings: &DebugOutputs) -> Result<(), String> {
     let mut guard = OUTPUTS.lock();
     let outputs = guard.get_or_insert_with(|| Outputs {
-        pid: std::process::id(),
+        pid: 0,
         settings: DebugOutputs::default(),
-        perf_map: None,
-        jitdump: None,
+        perf_map_open: false,
+        jitdump_open: false,
         modules: FxHashMap::default(),
         perf_jobs: FxHashMap::default(),
         next_handle: 1,
@@ -123,26 +124,44 @@ pub fn enable(settings: &DebugOutputs) -> Result<(), String> {
 
 /// The jitdump file this process writes, if any.
 pub fn jitdump_path() -> Option<PathBuf> {
-    OUTPUTS
+    FILES
         .lock()
         .as_ref()
-        .and_then(|o| o.jitdump.as_ref().map(|j| j.path.clone()))
+        .and_then(|f| f.jitdump.as_ref().map(|j| j.path.clone()))
 }
+
+/// The perf files, used by the writer (under their own lock, so that registering a
+/// module never waits for a file write).
+struct PerfFiles {
+    perf_map: Option<File>,
+    jitdump: Option<Jitdump>,
+}
+
+static FILES: Mutex<Option<PerfFiles>> = Mutex::new(None);
 
 impl Outputs {
     /// Opens the files the settings ask for and this process has not opened yet.
     fn open_files(&mut self) -> Result<(), String> {
         let pid = std::process::id();
+        let wanted = (self.settings.perf_map, self.settings.jitdump_dir.is_some());
+        if pid == self.pid && (self.perf_map_open, self.jitdump_open) == wanted {
+            return Ok(());
+        }
+        let mut files = FILES.lock();
+        let files = files.get_or_insert_with(|| PerfFiles {
+            perf_map: None,
+            jitdump: None,
+        });
         if pid != self.pid {
             // A forked child: the parent's files are the parent's.
             self.pid = pid;
-            self.perf_map = None;
+            files.perf_map = None;
             // The parent's jitdump is left as it is (no close record from the child).
-            std::mem::forget(self.jitdump.take());
+            std::mem::forget(files.jitdump.take());
         }
-        if self.settings.perf_map && self.perf_map.is_none() {
+        if self.settings.perf_map && files.perf_map.is_none() {
             let path = format!("/tmp/perf-{pid}.map");
-            self.perf_map = Some(
+            files.perf_map = Some(
                 std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
@@ -150,9 +169,11 @@ impl Outputs {
                     .map_err(|e| format!("opening {path}: {e}"))?,
             );
         }
-        if let (Some(dir), None) = (&self.settings.jitdump_dir, &self.jitdump) {
-            self.jitdump = Some(Jitdump::create(dir, pid)?);
+        if let (Some(dir), None) = (&self.settings.jitdump_dir, &files.jitdump) {
+            files.jitdump = Some(Jitdump::create(dir, pid)?);
         }
+        self.perf_map_open = files.perf_map.is_some();
+        self.jitdump_open = files.jitdump.is_some();
         Ok(())
     }
 }
@@ -170,8 +191,8 @@ pub unsafe fn register(module: DebugModule) -> Result<u64, String> {
     outputs.open_files()?;
     let handle = outputs.next_handle;
     outputs.next_handle += 1;
-    let perf_map = module.perf_map && outputs.perf_map.is_some();
-    let jitdump = module.jitdump && outputs.jitdump.is_some();
+    let perf_map = module.perf_map && outputs.perf_map_open;
+    let jitdump = module.jitdump && outputs.jitdump_open;
     if (perf_map || jitdump) && !module.functions.is_empty() {
         let seq = queue_perf_job(PerfJob {
             seq: 0,
@@ -476,7 +497,13 @@ fn queue_perf_job(mut job: PerfJob) -> u64 {
     queue.jobs.push_back(job);
     let pid = std::process::id();
     if queue.writer_pid != pid {
+        if queue.writer_pid != 0 {
+            // A forked child: the parent's pending records are the parent's to write.
+            queue.jobs.retain(|j| j.seq == seq);
+            queue.written = seq - 1;
+        }
         queue.writer_pid = pid;
+        OWNER.store(pid, std::sync::atomic::Ordering::Relaxed);
         let started = std::thread::Builder::new()
             .name("kiln-perf-writer".into())
             .spawn(|| loop {
@@ -501,8 +528,14 @@ fn queue_perf_job(mut job: PerfJob) -> u64 {
     seq
 }
 
+/// The process whose writer thread writes the queue (a forked child's exit must not
+/// write its parent's records, nor wait on locks held by a thread it does not have).
+static OWNER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 extern "C" fn flush_at_exit() {
-    flush();
+    if OWNER.load(std::sync::atomic::Ordering::Relaxed) == std::process::id() {
+        flush();
+    }
 }
 
 /// Writes every perf record queued so far (what `exit` does too).
@@ -526,18 +559,25 @@ fn write_one() -> bool {
     let Some(job) = QUEUE.lock().jobs.pop_front() else {
         return false;
     };
-    let mut guard = OUTPUTS.lock();
-    if let Some(outputs) = guard.as_mut() {
-        if let Err(error) = write_job(outputs, &job) {
+    /// Marks the job written however `write_one` ends (a panic included), so that no
+    /// waiter spins on it.
+    struct Written(u64);
+    impl Drop for Written {
+        fn drop(&mut self) {
+            QUEUE.lock().written = self.0;
+        }
+    }
+    let _written = Written(job.seq);
+    let mut guard = FILES.lock();
+    if let Some(files) = guard.as_mut() {
+        if let Err(error) = write_job(files, &job) {
             tracing::warn!(%error, "writing perf records failed");
         }
     }
-    drop(guard);
-    QUEUE.lock().written = job.seq;
     true
 }
 
-fn write_job(outputs: &mut Outputs, job: &PerfJob) -> std::io::Result<()> {
+fn write_job(outputs: &mut PerfFiles, job: &PerfJob) -> std::io::Result<()> {
     if let (Some(map), true) = (&mut outputs.perf_map, job.perf_map) {
         let mut text = String::with_capacity(job.functions.len() * 48);
         for f in &job.functions {

@@ -832,6 +832,8 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
         }
         Request::Deinitialize { handle, start, end } => {
             let r = *state.pages(handle, start, end)?;
+            // Queued perf records copy code from these pages: written first.
+            crate::debug_outputs::flush();
             // Unwind registrations on these pages go first: their data is discarded.
             state.eh_frames.retain(|&a, _| !(start..end).contains(&a));
             state.unprepared_mut(handle).insert(start, end);
@@ -842,6 +844,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             ok
         }
         Request::Release { handle } => {
+            crate::debug_outputs::flush();
             let r = state
                 .reservations
                 .remove(&handle)

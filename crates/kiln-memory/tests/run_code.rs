@@ -400,4 +400,34 @@ fn a_debuggable_dual_mapped_mapper_takes_breakpoints_and_drops_them_with_freed_p
         }
     }
     assert!(seen, "the freed pages were reused");
+    // Data stays shared: what the program writes at a data segment's target and what the
+    // working view writes for the next allocation on the same page are one memory.
+    let mut modules = Vec::new();
+    for i in 0..8u64 {
+        let mut in_flight = manager
+            .allocate(&code_request(return_const(0).len()))
+            .unwrap();
+        in_flight
+            .working_memory(0)
+            .unwrap()
+            .copy_from_slice(&return_const(1));
+        in_flight.working_memory(2).unwrap()[..8].copy_from_slice(&(100 + i).to_le_bytes());
+        let module = in_flight.finalize().unwrap();
+        let data = module.target(2).unwrap();
+        // SAFETY: segment 2 is read-write data of a live allocation.
+        unsafe {
+            assert_eq!(
+                *(data as *const u64),
+                100 + i,
+                "the working view's write is seen"
+            );
+            *(data as *mut u64) += 1000; // the program writes its data
+            assert_eq!(*(data as *const u64), 1100 + i);
+        }
+        modules.push((module, data, i));
+    }
+    for (_, data, i) in &modules {
+        // SAFETY: as above.
+        assert_eq!(unsafe { *(*data as *const u64) }, 1100 + i, "no write lost");
+    }
 }

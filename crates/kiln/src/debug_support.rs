@@ -111,6 +111,13 @@ impl Plugin for DebugListener {
                 .symbols
                 .iter()
                 .filter(|s| s.kind == SymbolKind::Function && s.size > 0)
+                // Only code inside the module's memory (an object's st_size is its word).
+                .filter(|s| {
+                    module.segments.iter().any(|g| {
+                        g.target <= s.address
+                            && s.address.saturating_add(s.size) <= g.target + g.len
+                    })
+                })
                 .map(|s| DebugFunction {
                     name: s.name.clone(),
                     address: s.address,

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <unistd.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include "check.h"
 
@@ -54,7 +55,7 @@ static void out_of_process(const char *dir, const char *executor)
 {
     kiln_error *e = NULL;
     kiln_session_options options;
-    kiln_session_options_init(&options);
+    kiln_session_options_init(&options, sizeof options);
     options.executor = KILN_EXECUTOR_SPAWN;
     options.executor_path = executor;
     options.transport = KILN_TRANSPORT_COPY;
@@ -92,7 +93,7 @@ int main(int argc, char **argv)
     kiln_error_free(e);
     e = NULL;
     kiln_session_options options;
-    kiln_session_options_init(&options);
+    kiln_session_options_init(&options, sizeof options);
     options.size = 3;
     CHECK(kiln_session_create(&options, &s, &e) == KILN_ERR_INVALID_ARGUMENT);
     CHECK(strstr(kiln_error_message(e), "kiln_session_options_init") != NULL);
@@ -101,7 +102,19 @@ int main(int argc, char **argv)
     kiln_error_free(NULL);
     CHECK(strcmp(kiln_error_message(NULL), "") == 0);
 
-    kiln_session_options_init(&options);
+    /* A caller built against an earlier, smaller struct: the rest is defaulted. */
+    {
+        kiln_session_options older;
+        memset(&older, 0xee, sizeof older);
+        size_t old_size = offsetof(kiln_session_options, cache_dir);
+        kiln_session_options_init(&older, old_size);
+        CHECK(older.size == old_size);
+        CHECK(*(unsigned char *)&older.cache_dir == 0xee); /* nothing written past it */
+        kiln_session *old_session = NULL;
+        OK(kiln_session_create(&older, &old_session, &e));
+        kiln_session_dispose(old_session);
+    }
+    kiln_session_options_init(&options, sizeof options);
     OK(kiln_session_create(&options, &s, &e));
     uint64_t lib = kiln_main_library(s);
 
@@ -210,7 +223,7 @@ int main(int argc, char **argv)
      * compiler's error. */
     {
         kiln_session_options o2;
-        kiln_session_options_init(&o2);
+        kiln_session_options_init(&o2, sizeof o2);
         char cache_dir[4096];
         snprintf(cache_dir, sizeof cache_dir, "%s/c-cache-%d", dir, (int)getpid());
         o2.cache_dir = cache_dir;

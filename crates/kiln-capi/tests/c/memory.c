@@ -121,7 +121,7 @@ static kiln_status link_square(kiln_session *s, uint64_t lib, long *result)
 static kiln_session *session_with(const kiln_memory_callbacks *cb)
 {
     kiln_session_options o;
-    kiln_session_options_init(&o);
+    kiln_session_options_init(&o, sizeof o);
     o.memory = cb;
     kiln_session *s = NULL;
     kiln_error *e = NULL;

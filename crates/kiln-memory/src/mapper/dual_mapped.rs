@@ -100,10 +100,13 @@ impl DualMappedMapper {
     /// for a process a debugger may write breakpoints into: the kernel refuses a
     /// debugger's write to a shared read-only page, and copies a private one.
     ///
-    /// The target view still shows what the working view writes, until a debugger writes
-    /// to one of its pages; so a debuggable mapper does not share pages among allocations
-    /// ([`Mapper::shares_pages`] is `false`: nothing is written next to code that may
-    /// hold a breakpoint), and freed pages drop the target view's copies.
+    /// Only code pages stay private: constants and data pages are mapped shared when they
+    /// are prepared (the program writes its data through the target view, the linker the
+    /// next module's through the working view). A private code page shows what the working
+    /// view writes until a debugger writes to it; so a debuggable mapper does not share
+    /// code pages among allocations ([`Mapper::shares_pages`] is `false`: nothing is
+    /// written next to code that may hold a breakpoint), and freed pages drop the target
+    /// view's copies.
     pub fn with_private_target(mut self, private: bool) -> Self {
         self.private_target = private;
         self
@@ -212,6 +215,30 @@ unsafe impl Mapper for DualMappedMapper {
         permission: Permission,
     ) -> Result<(), MapperError> {
         debug_assert!(reservation.contains(start, end - start));
+        if self.private_target && permission != Permission::ReadExecute {
+            // Only code is private (for a debugger's breakpoints): constants and data are
+            // mapped shared again, so that what the program writes and what is written
+            // later through the working view (the next module's data, its GOT) meet in
+            // the same pages.
+            let offset = start - reservation.target;
+            let flags = libc::MAP_SHARED | libc::MAP_NORESERVE;
+            self.with_file(reservation, |fd| {
+                // SAFETY: the pages are inside our reservation and unused (the caller's
+                // contract); MAP_FIXED replaces only them.
+                unsafe {
+                    sys::mmap_replace(
+                        start,
+                        end - start,
+                        sys::prot_of(permission),
+                        flags,
+                        fd,
+                        offset,
+                    )
+                }
+            })?
+            .map_err(os("mmap (shared data pages)", start, end - start))?;
+            return Ok(());
+        }
         // SAFETY: the pages are inside our reservation and unused; giving the target view
         // its final permission affects no live code.
         unsafe { sys::mprotect(start, end - start, sys::prot_of(permission)) }.map_err(os(
