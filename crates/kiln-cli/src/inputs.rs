@@ -25,8 +25,14 @@ pub(crate) fn classify(path: &Path, bytes: Option<&[u8]>) -> Result<InputKind, S
         return Ok(InputKind::Source);
     }
     let Some(bytes) = bytes else {
+        let looks_like_input = matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("o" | "a" | "so" | "obj")
+        ) || path.to_string_lossy().contains(".so.");
         return Err(if path.exists() {
             format!("{}: cannot be read", path.display())
+        } else if looks_like_input {
+            format!("{}: no such file", path.display())
         } else {
             format!(
                 "{}: no such file (if it is an argument for the program, put it after `--`: \

@@ -218,7 +218,8 @@ struct RunArgs {
     /// when it is down, sources are compiled.
     #[arg(long, value_name = "URL")]
     cache_redis: Option<String>,
-    /// Every member of the archives is linked, not only those the program needs.
+    /// Every member of every archive input is linked, not only those the program needs
+    /// (for all archives: not positional as in ld).
     #[arg(long)]
     whole_archive: bool,
     /// Makes the link define SYM (pulling the archive member that does), as `ld -u`.
@@ -509,6 +510,17 @@ fn run(o: RunArgs) -> Result<i32, String> {
                 jit.add_shared_library(lib, input).map_err(explain)?;
             }
         }
+    }
+    // C++ sources link the C++ library, as the compiler driver (c++) would link them.
+    let cxx_source = o.inputs.iter().any(|p| {
+        kiln_cache::SystemCompiler::is_source(p) && p.extension().is_some_and(|e| e != "c")
+    });
+    if cxx_source && !o.libraries.iter().any(|l| l == "stdc++") {
+        if o.verbose {
+            eprintln!("kiln: -lstdc++ (for the C++ sources)");
+        }
+        jit.add_library_by_name(lib, "stdc++", &o.library_dirs)
+            .map_err(explain)?;
     }
     if !o.undefined.is_empty() {
         let object = inputs::undefined_references(&o.undefined)?;

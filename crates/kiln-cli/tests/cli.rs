@@ -314,3 +314,26 @@ fn two_processes_racing_on_one_cache_key_both_succeed_with_one_whole_entry() {
         text(&again).1
     );
 }
+
+#[test]
+fn cxx_sources_link_the_cxx_library_as_cxx_would() {
+    let dir = scratch("cxx");
+    std::fs::write(
+        dir.join("util.cpp"),
+        "#include <vector>\nextern \"C\" int vsum(int n) { std::vector<int> v; \
+         for (int i = 0; i < n; i++) v.push_back(i); int s = 0; for (int x : v) s += x; return s; }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("main.c"),
+        "#include <stdio.h>\nint vsum(int);\nint main(void) { printf(\"%d\\n\", vsum(5)); return 0; }\n",
+    )
+    .unwrap();
+    let out = kiln()
+        .current_dir(&dir)
+        .args(["run", "--no-cache", "-O2", "main.c", "util.cpp"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out).1);
+    assert_eq!(text(&out).0, "10\n");
+}
