@@ -147,35 +147,6 @@ fn which(program: &str) -> Option<String> {
         })
 }
 
-trait WithInputs {
-    fn with_inputs(
-        self,
-        files: impl Iterator<Item = std::path::PathBuf>,
-        started: std::time::SystemTime,
-    ) -> Signature;
-}
-
-impl WithInputs for Signature {
-    /// Records each input's hash now, and whether one changed since `started`.
-    fn with_inputs(
-        mut self,
-        files: impl Iterator<Item = std::path::PathBuf>,
-        started: std::time::SystemTime,
-    ) -> Signature {
-        for path in files {
-            match std::fs::read(&path) {
-                Ok(bytes) => {
-                    let modified = std::fs::metadata(&path).and_then(|m| m.modified());
-                    self.racy |= modified.map_or(true, |m| m >= started);
-                    self.inputs.push((path, *blake3::hash(&bytes).as_bytes()));
-                }
-                Err(_) => self.racy = true,
-            }
-        }
-        self
-    }
-}
-
 /// The files of a make dependency rule (`out.o: a.c b.h \\\n c.h`), the target excepted.
 fn make_dependencies(rule: &str) -> Vec<std::path::PathBuf> {
     let joined = rule.replace("\\\n", " ");

@@ -77,6 +77,25 @@ impl Signature {
 }
 
 impl Signature {
+    /// Records each input's hash now, and whether one changed since `started`.
+    pub(crate) fn with_inputs(
+        mut self,
+        files: impl Iterator<Item = std::path::PathBuf>,
+        started: std::time::SystemTime,
+    ) -> Self {
+        for path in files {
+            match std::fs::read(&path) {
+                Ok(bytes) => {
+                    let modified = std::fs::metadata(&path).and_then(|m| m.modified());
+                    self.racy |= modified.map_or(true, |m| m >= started);
+                    self.inputs.push((path, *blake3::hash(&bytes).as_bytes()));
+                }
+                Err(_) => self.racy = true,
+            }
+        }
+        self
+    }
+
     /// Whether every input still has the contents it had when the preprocessor ran.
     pub fn inputs_unchanged(&self) -> bool {
         self.inputs.iter().all(|(path, hash)| {

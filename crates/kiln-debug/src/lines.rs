@@ -274,9 +274,3 @@ fn file_path<R: gimli::Reader>(
     path.push(name);
     path.to_string_lossy().into_owned()
 }
-
-impl From<DebugError> for gimli::Error {
-    fn from(_: DebugError) -> Self {
-        gimli::Error::Io
-    }
-}

@@ -332,6 +332,18 @@ fn debugger_write(address: u64, bytes: &[u8]) -> std::io::Result<()> {
     mem.write_all(bytes)
 }
 
+/// A finalized allocation whose code returns `value`.
+fn returning(manager: &SlabMemoryManager, value: u32) -> FinalizedAllocation {
+    let mut in_flight = manager
+        .allocate(&code_request(return_const(0).len()))
+        .unwrap();
+    in_flight
+        .working_memory(0)
+        .unwrap()
+        .copy_from_slice(&return_const(value));
+    in_flight.finalize().unwrap()
+}
+
 #[test]
 fn a_debuggable_dual_mapped_mapper_takes_breakpoints_and_drops_them_with_freed_pages() {
     let shared = Arc::new(DualMappedMapper::new().expect("memfd mapper"));
@@ -344,14 +356,7 @@ fn a_debuggable_dual_mapped_mapper_takes_breakpoints_and_drops_them_with_freed_p
     let int3 = [0xccu8];
     // Shared target view: a debugger's write is refused.
     let manager = SlabMemoryManager::builder().mapper(shared).build().unwrap();
-    let mut in_flight = manager
-        .allocate(&code_request(return_const(0).len()))
-        .unwrap();
-    in_flight
-        .working_memory(0)
-        .unwrap()
-        .copy_from_slice(&return_const(5));
-    let module = in_flight.finalize().unwrap();
+    let module = returning(&manager, 5);
     let f = module.target(0).unwrap();
     assert!(debugger_write(f, &int3).is_err(), "shared pages refuse it");
     drop(module);
@@ -362,14 +367,7 @@ fn a_debuggable_dual_mapped_mapper_takes_breakpoints_and_drops_them_with_freed_p
         .mapper(private)
         .build()
         .unwrap();
-    let mut in_flight = manager
-        .allocate(&code_request(return_const(0).len()))
-        .unwrap();
-    in_flight
-        .working_memory(0)
-        .unwrap()
-        .copy_from_slice(&return_const(5));
-    let module = in_flight.finalize().unwrap();
+    let module = returning(&manager, 5);
     let f = module.target(0).unwrap();
     // SAFETY: the target view is readable.
     let original = unsafe { *(f as *const u8) };
@@ -383,14 +381,7 @@ fn a_debuggable_dual_mapped_mapper_takes_breakpoints_and_drops_them_with_freed_p
     drop(module);
     let mut seen = false;
     for _ in 0..64 {
-        let mut in_flight = manager
-            .allocate(&code_request(return_const(0).len()))
-            .unwrap();
-        in_flight
-            .working_memory(0)
-            .unwrap()
-            .copy_from_slice(&return_const(9));
-        let module = in_flight.finalize().unwrap();
+        let module = returning(&manager, 9);
         let g = module.target(0).unwrap();
         // SAFETY: segment 0 holds the function just written.
         assert_eq!(unsafe { call(g) }, 9, "new code is seen, not a stale copy");
