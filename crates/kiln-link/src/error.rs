@@ -52,12 +52,16 @@ pub enum LinkError {
         e_type: u16,
     },
     /// An object for another architecture or class.
-    #[error("{object}: wrong architecture: {found}; this linker handles ELF64 x86-64")]
+    #[error(
+        "{object}: wrong architecture: {found}, but this link is for {expected} (the executor's)"
+    )]
     WrongArchitecture {
         /// The object.
         object: String,
         /// What it is.
         found: String,
+        /// What the link is for.
+        expected: crate::Architecture,
     },
     /// A malformed archive.
     #[error("{archive}: malformed archive: {what}")]
@@ -126,6 +130,25 @@ pub enum LinkError {
         bits: u32,
         /// A hint.
         hint: &'static str,
+    },
+    /// A relocated value is not a multiple of what the instruction scales it by (an
+    /// AArch64 load or store of 2^n bytes addresses multiples of 2^n).
+    #[error("{object}: section {section} offset {offset:#x}: relocation {kind} against '{symbol}': value {value:#x} is not a multiple of {align}, as the instruction needs")]
+    Misaligned {
+        /// The object.
+        object: String,
+        /// The section.
+        section: String,
+        /// Offset.
+        offset: u64,
+        /// The relocation type name.
+        kind: &'static str,
+        /// The target symbol.
+        symbol: String,
+        /// The computed value.
+        value: i128,
+        /// The alignment the field needs.
+        align: u32,
     },
     /// Two strong definitions of one symbol.
     #[error("duplicate symbol '{symbol}': defined in {first} and in {second}")]

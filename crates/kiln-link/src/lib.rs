@@ -1,14 +1,17 @@
 //! # kiln-link
 //!
-//! Kiln's JIT linker for ELF x86-64 relocatable objects (`cc -c` output) and static
-//! archives. It parses objects with the `object` crate, loads archive members only when
+//! Kiln's JIT linker for ELF x86-64 and AArch64 relocatable objects (`cc -c` output) and
+//! static archives. It parses objects with the `object` crate, loads archive members only when
 //! they define a needed symbol, resolves symbols with a static linker's rules (strong over
 //! weak, duplicate strong definitions are an error, commons merged, COMDAT groups kept
 //! once, undefined weak is 0), asks its [`LinkContext`] for what the inputs do not define
 //! (other modules, host functions, shared libraries), lays sections out in four segments
 //! (code, constants, data, zero-filled data) with a GOT and PLT stubs, allocates them from
-//! a [`kiln_memory::MemoryManager`], applies every x86-64 relocation gcc and clang emit
-//! (overflow is an error naming object, section, offset and symbol) and finalizes.
+//! a [`kiln_memory::MemoryManager`], applies every relocation gcc and clang emit for the
+//! target [`Architecture`] (overflow is an error naming object, section, offset and
+//! symbol) and finalizes. Everything that differs between instruction sets — the
+//! relocation table, stubs, trap bytes, TLS-descriptor resolver, GOT relaxation — is
+//! behind one trait with an x86-64 and an AArch64 implementation (`src/arch/`).
 //!
 //! The result, a [`LinkedModule`], owns its memory and lists its exported symbols,
 //! initializers, finalizers, `.eh_frame` and TLS template; running those is the
@@ -18,20 +21,21 @@
 // large; they are returned once per failed link, never on a hot path.
 #![allow(clippy::result_large_err)]
 
+mod arch;
 mod error;
 mod input;
 mod link;
 mod object_file;
-mod x86_64;
 
+pub use arch::Architecture;
 pub use error::{LinkError, MissingSymbol, MissingSymbols};
 pub use input::{ArchiveInput, ObjectBytes, ObjectInput};
 pub use link::{
-    link, LinkContext, LinkCounts, LinkOptions, LinkTimes, LinkedModule, PlacedSection, SymbolInfo,
-    SymbolKind, TlsTemplate, MAX_TLS_BLOCK,
+    link, ImageSegment, LinkContext, LinkCounts, LinkOptions, LinkTimes, LinkedModule,
+    PlacedSection, SymbolInfo, SymbolKind, TlsTemplate, MAX_TLS_BLOCK,
 };
 
-/// Checks that `data` is an ELF x86-64 relocatable object, without linking it.
-pub fn check_object(name: &str, data: &[u8]) -> Result<(), LinkError> {
-    object_file::ObjectFile::parse(name.to_string(), data).map(|_| ())
+/// Checks that `data` is an ELF relocatable object for `architecture`, without linking it.
+pub fn check_object(name: &str, data: &[u8], architecture: Architecture) -> Result<(), LinkError> {
+    object_file::ObjectFile::parse(name.to_string(), data, architecture).map(|_| ())
 }

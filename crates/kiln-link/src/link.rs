@@ -2,12 +2,12 @@
 //! lay sections out in segments with a GOT and PLT stubs, allocate memory, copy and
 //! relocate, finalize.
 
+use crate::arch::{self, Arch, EncodeError, Relative, Relocation, Target};
 use crate::object_file::{
     Binding, ObjSym, ObjectFile, SymSection, SHF_ALLOC, SHF_EXCLUDE, SHF_EXECINSTR, SHF_TLS,
     SHF_WRITE, SHT_FINI_ARRAY, SHT_GROUP, SHT_INIT_ARRAY, SHT_NOBITS, SHT_NOTE, SHT_PREINIT_ARRAY,
 };
-use crate::x86_64::{self, RelocKind};
-use crate::{ArchiveInput, LinkError, MissingSymbol, MissingSymbols, ObjectInput};
+use crate::{Architecture, ArchiveInput, LinkError, MissingSymbol, MissingSymbols, ObjectInput};
 use kiln_memory::{
     AllocationRequest, FinalizedAllocation, MemoryManager, Permission, SegmentRequest,
 };
@@ -75,6 +75,41 @@ pub struct LinkOptions<'m> {
     /// ([`LinkedModule::sections`], [`LinkedModule::symbol_info`]): for plugins,
     /// debuggers and profilers; off, the link does not spend time on it.
     pub report_sections: bool,
+    /// The instruction set of the objects and of the executor that runs the code (the
+    /// trap pattern, stubs and relocations follow it, not the host).
+    pub architecture: Architecture,
+    /// Also keep a copy of the linked bytes with their target addresses
+    /// ([`LinkedModule::image`]): for a link-only run that writes what it linked to a
+    /// file, and for tests.
+    pub keep_image: bool,
+}
+
+impl<'m> LinkOptions<'m> {
+    /// Options for a link into `memory` for this process's architecture, nothing else
+    /// asked.
+    pub fn new(memory: &'m dyn MemoryManager) -> Self {
+        LinkOptions {
+            memory,
+            low_memory: None,
+            report_sections: false,
+            architecture: Architecture::host(),
+            keep_image: false,
+        }
+    }
+}
+
+/// One segment of a linked module as written, with its target address (see
+/// [`LinkOptions::keep_image`]).
+#[derive(Debug, Clone)]
+pub struct ImageSegment {
+    /// Its permission once finalized.
+    pub permission: Permission,
+    /// Its target address.
+    pub address: u64,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its contents (empty for zero-filled data).
+    pub bytes: Vec<u8>,
 }
 
 /// A section placed in memory.
@@ -136,11 +171,6 @@ pub struct TlsTemplate {
 
 /// Largest TLS block of one module (every thread gets a copy).
 pub const MAX_TLS_BLOCK: u64 = 1 << 28;
-
-/// The TLS-descriptor resolver for a block in static TLS (x86-64): the descriptor's second
-/// word is the variable's offset from the thread pointer; `%rax` holds the descriptor's
-/// address and every other register is preserved. `mov 8(%rax), %rax; ret`.
-const TLSDESC_STATIC_RESOLVER: [u8; 5] = [0x48, 0x8b, 0x40, 0x08, 0xc3];
 
 /// Time spent in each phase of a link.
 #[derive(Debug, Clone, Copy, Default)]
@@ -205,6 +235,11 @@ pub struct LinkedModule {
     /// Every named symbol with an address, local and global, TLS excepted (with
     /// [`LinkOptions::report_sections`]; else empty).
     pub symbol_info: Vec<SymbolInfo>,
+    /// The code, constants, data and zero-filled segments as written, with their target
+    /// addresses (with [`LinkOptions::keep_image`]; else empty).
+    pub image: Vec<ImageSegment>,
+    /// The instruction set it was linked for.
+    pub architecture: Architecture,
     /// Phase times.
     pub times: LinkTimes,
     /// Counts.
@@ -217,7 +252,6 @@ const SEG_RW: usize = 2;
 const SEG_BSS: usize = 3;
 const SEG_TLS: u8 = 4;
 const SEG_NONE: u8 = 255;
-const PLT_STUB: u64 = 16;
 
 #[derive(Debug, Clone, Copy)]
 struct Place {
@@ -285,6 +319,7 @@ struct Linker<'a, 'c> {
     loaded_members: FxHashSet<(usize, u64)>,
     /// Per object: where it came from (for [`LinkedModule::objects`]).
     origins: Vec<Origin>,
+    arch: &'static dyn Arch,
     ctx: &'c mut dyn LinkContext,
 }
 
@@ -467,7 +502,7 @@ impl<'a, 'c> Linker<'a, 'c> {
                 for &offset in archive.definers(name) {
                     if self.loaded_members.insert((ai, offset)) {
                         let (member_name, data) = archive.member(offset)?;
-                        let obj = ObjectFile::parse(member_name, data)?;
+                        let obj = ObjectFile::parse(member_name, data, self.arch.architecture())?;
                         self.origins.push(Origin::Member(ai, offset));
                         self.add_object(obj)?;
                     }
@@ -608,7 +643,11 @@ pub fn link(
     let t = Instant::now();
     let mut parsed = Vec::with_capacity(objects.len());
     for input in objects {
-        parsed.push(ObjectFile::parse(input.name.clone(), &input.data)?);
+        parsed.push(ObjectFile::parse(
+            input.name.clone(),
+            &input.data,
+            options.architecture,
+        )?);
     }
     times.parse = t.elapsed();
     let t = Instant::now();
@@ -623,6 +662,7 @@ pub fn link(
         archives,
         loaded_members: FxHashSet::default(),
         origins: Vec::new(),
+        arch: options.architecture.arch(),
         ctx,
     };
     for (i, obj) in parsed.into_iter().enumerate() {
@@ -727,6 +767,9 @@ impl Linker<'_, '_> {
         let mut needs_low = false;
         // Initial-exec, local-exec or TLS-descriptor code: the block goes to static TLS.
         let mut needs_static_tls = false;
+        let code_beyond_reach = seg_size[SEG_RX] >= self.arch.call_reach();
+        let stub_size = self.arch.stub_size();
+        let tlsdesc_resolver_code = self.arch.tlsdesc_static_resolver();
         for oi in 0..self.objs.len() {
             for ri in 0..self.objs[oi].relocations.len() {
                 let (target, relas) = self.objs[oi].relocations[ri];
@@ -742,7 +785,10 @@ impl Linker<'_, '_> {
                 for rela in relas {
                     let r_type = rela.r_type(LE, false).0;
                     let sym = rela.r_sym(LE, false);
-                    let kind = x86_64::kind(r_type);
+                    // Unknown types are reported when relocations are applied.
+                    let Some(row) = self.arch.relocation(r_type) else {
+                        continue;
+                    };
                     let key = self.key(oi as u32, sym);
                     let mut add_slot = |slot: Slot| {
                         if let std::collections::hash_map::Entry::Vacant(e) = slots.entry(slot) {
@@ -757,49 +803,50 @@ impl Linker<'_, '_> {
                             }
                         }
                     };
-                    match kind {
-                        RelocKind::Got => add_slot(Slot::Address(key)),
-                        RelocKind::TlsGd => add_slot(Slot::TlsGd(key)),
-                        RelocKind::TlsLd => add_slot(Slot::TlsLd),
-                        RelocKind::GotTpOff => {
+                    match row.target {
+                        Target::GotEntry => add_slot(Slot::Address(key)),
+                        Target::TlsGdEntry => add_slot(Slot::TlsGd(key)),
+                        Target::TlsLdEntry => add_slot(Slot::TlsLd),
+                        Target::TpOffEntry => {
                             needs_static_tls = true;
                             add_slot(Slot::TpOff(key));
                         }
-                        RelocKind::TpOff => needs_static_tls = true,
-                        RelocKind::TlsDesc => {
+                        Target::TpOff => needs_static_tls = true,
+                        Target::TlsDescEntry => {
                             needs_static_tls = true;
-                            if r_type == x86_64::R_GOTPC32_TLSDESC {
-                                add_slot(Slot::TlsDesc(key));
-                            }
+                            add_slot(Slot::TlsDesc(key));
                         }
-                        RelocKind::Branch
-                        | RelocKind::PcRel32
-                        | RelocKind::PltOff
-                        | RelocKind::Abs32
-                        | RelocKind::Abs32S => {
-                            if matches!(kind, RelocKind::Abs32 | RelocKind::Abs32S) {
+                        Target::Call | Target::Plt | Target::Symbol
+                            if row.target != Target::Symbol || row.check != arch::Check::None =>
+                        {
+                            if row.needs_low_memory() {
                                 needs_low = true;
                             }
                             // Calls to (and, in non-PIC code, addresses of) functions that
                             // may be out of reach go through a stub next to the code; an
                             // undefined weak function gets one too, jumping to 0 as a
-                            // static link's would.
-                            if let Key::Global(g) = key {
-                                let global = &self.globals[g as usize];
-                                let def = global.def;
-                                // Data is never reached through a stub: a call is assumed
-                                // to target a function, other references must know.
-                                let function = kind == RelocKind::Branch
-                                    || kind == RelocKind::PltOff
-                                    || global.external_function == Some(true);
-                                let far = function
-                                    && (matches!(def, Def::External(_))
-                                        || (def == Def::Zero && kind == RelocKind::Branch));
-                                if far && !stubs.contains_key(&key) {
-                                    add_slot(Slot::Address(key));
-                                    stubs.insert(key, stub_list.len() as u64);
-                                    stub_list.push(key);
+                            // static link's would. Code larger than a call reaches calls
+                            // its own functions through stubs too (range-extension
+                            // veneers).
+                            let call = row.target != Target::Symbol;
+                            let far = match key {
+                                Key::Global(g) => {
+                                    let global = &self.globals[g as usize];
+                                    let def = global.def;
+                                    // Data is never reached through a stub: a call is
+                                    // assumed to target a function, other references must
+                                    // know.
+                                    let function = call || global.external_function == Some(true);
+                                    function
+                                        && (matches!(def, Def::External(_))
+                                            || (def == Def::Zero && call))
                                 }
+                                Key::Local(..) => false,
+                            } || (call && code_beyond_reach);
+                            if far && !stubs.contains_key(&key) {
+                                add_slot(Slot::Address(key));
+                                stubs.insert(key, stub_list.len() as u64);
+                                stub_list.push(key);
                             }
                         }
                         _ => {}
@@ -810,7 +857,7 @@ impl Linker<'_, '_> {
         let plt_offset = place(
             &mut seg_size[SEG_RX],
             &mut seg_align[SEG_RX],
-            stub_list.len() as u64 * PLT_STUB,
+            stub_list.len() as u64 * stub_size,
             16,
         );
         let has_tlsdesc = slot_list.iter().any(|s| matches!(s, Slot::TlsDesc(_)));
@@ -818,7 +865,7 @@ impl Linker<'_, '_> {
             place(
                 &mut seg_size[SEG_RX],
                 &mut seg_align[SEG_RX],
-                TLSDESC_STATIC_RESOLVER.len() as u64,
+                tlsdesc_resolver_code.len() as u64,
                 16,
             )
         });
@@ -937,7 +984,10 @@ impl Linker<'_, '_> {
         let static_tp_offset;
         {
             let mut segs = in_flight.segments_mut();
-            segs[SEG_RX].bytes.fill(0xcc);
+            let trap = self.arch.trap();
+            for chunk in segs[SEG_RX].bytes.chunks_mut(4) {
+                chunk.copy_from_slice(&trap[..chunk.len()]);
+            }
             segs[SEG_R].bytes.fill(0);
             segs[SEG_RW].bytes.fill(0);
             for oi in 0..self.objs.len() {
@@ -998,8 +1048,8 @@ impl Linker<'_, '_> {
                     )?;
                     if let Some(at) = tlsdesc_offset {
                         let at = at as usize;
-                        segs[SEG_RX].bytes[at..at + TLSDESC_STATIC_RESOLVER.len()]
-                            .copy_from_slice(&TLSDESC_STATIC_RESOLVER);
+                        segs[SEG_RX].bytes[at..at + tlsdesc_resolver_code.len()]
+                            .copy_from_slice(tlsdesc_resolver_code);
                     }
                     if let Some(end) = eh_terminator {
                         segs[SEG_R].bytes[end as usize..end as usize + 4].fill(0);
@@ -1100,6 +1150,23 @@ impl Linker<'_, '_> {
             fini.extend(fini_forward.into_iter().rev());
             fini.extend(dtors);
         }
+        let image = if options.keep_image {
+            let segs = in_flight.segments_mut();
+            (0..4)
+                .map(|s| ImageSegment {
+                    permission: perms[s],
+                    address: bases[s],
+                    size: seg_size[s],
+                    bytes: if s == SEG_BSS {
+                        Vec::new()
+                    } else {
+                        segs[s].bytes[..seg_size[s] as usize].to_vec()
+                    },
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         times.fixup = t.elapsed();
 
         // Exported symbols.
@@ -1159,6 +1226,8 @@ impl Linker<'_, '_> {
             objects: linked_objects,
             sections,
             symbol_info,
+            image,
+            architecture: options.architecture,
             times,
             counts,
         })
@@ -1310,7 +1379,7 @@ fn write_got(
     }
 }
 
-/// Writes the PLT stubs: `jmp *slot(%rip)`.
+/// Writes the stubs, each jumping to the address in its symbol's GOT entry.
 fn write_plt(
     code: &mut [u8],
     stub_list: &[Key],
@@ -1318,24 +1387,24 @@ fn write_plt(
     resolver: &Resolver<'_, '_, '_>,
     plt_offset: u64,
 ) -> Result<(), LinkError> {
+    let arch = resolver.linker.arch;
+    let size = arch.stub_size();
     for (n, key) in stub_list.iter().enumerate() {
         let slot = slots[&Slot::Address(*key)];
-        let stub_addr = resolver.plt_base + n as u64 * PLT_STUB;
-        let disp = (resolver.got_base + slot * 8) as i64 - (stub_addr + 6) as i64;
-        let disp = i32::try_from(disp).map_err(|_| LinkError::Overflow {
-            object: "<plt>".into(),
-            section: ".plt".into(),
-            offset: n as u64 * PLT_STUB,
-            kind: "PLT stub",
-            symbol: lossy(resolver.name(*key)),
-            value: disp as i128,
-            bits: 32,
-            hint: "",
-        })?;
-        let at = (plt_offset + n as u64 * PLT_STUB) as usize;
-        let stub = &mut code[at..at + PLT_STUB as usize];
-        stub[..2].copy_from_slice(&[0xff, 0x25]);
-        stub[2..6].copy_from_slice(&disp.to_le_bytes());
+        let stub_addr = resolver.plt_base + n as u64 * size;
+        let at = (plt_offset + n as u64 * size) as usize;
+        let stub = &mut code[at..at + size as usize];
+        arch.write_stub(stub, stub_addr, resolver.got_base + slot * 8)
+            .map_err(|value| LinkError::Overflow {
+                object: "<plt>".into(),
+                section: ".plt".into(),
+                offset: n as u64 * size,
+                kind: "PLT stub",
+                symbol: lossy(resolver.name(*key)),
+                value,
+                bits: 32,
+                hint: "",
+            })?;
     }
     Ok(())
 }
@@ -1465,160 +1534,207 @@ impl Resolver<'_, '_, '_> {
                 o.symbols.len()
             )));
         }
-        let kind = x86_64::kind(r_type);
-        if kind == RelocKind::None {
+        let arch = self.linker.arch;
+        let Some(mut row) = arch.relocation(r_type) else {
+            return Err(LinkError::UnknownRelocation {
+                object: o.name.clone(),
+                section: lossy(sec.name),
+                offset,
+                r_type,
+                name: arch.relocation_name(r_type),
+                symbol: lossy(self.name(self.linker.key(obj, sym_index))),
+            });
+        };
+        if row.target == Target::Nothing {
             return Ok(());
         }
-        let width = x86_64::width(r_type);
+        let width = row.field.len();
         if offset
             .checked_add(width)
             .is_none_or(|end| end > bytes.len() as u64)
         {
             return Err(err_bad(format!(
                 "{} of {width} bytes does not fit the section ({} bytes)",
-                x86_64::name(r_type),
+                row.name,
                 bytes.len()
             )));
         }
         let key = self.linker.key(obj, sym_index);
         let (s, discarded) = self.address(key);
-        let p = section_addr + offset;
+        let mut offset = offset;
+        let mut p = section_addr + offset;
         let a = addend as i128;
         let slot_addr =
             |slot: Slot| -> u64 { self.got_base + slots.get(&slot).copied().unwrap_or(0) * 8 };
         let symbol_name = || lossy(self.name(key));
+        let reloc_offset = offset;
         let unsupported_tls = |model: &'static str| LinkError::UnsupportedTls {
             object: o.name.clone(),
             section: lossy(sec.name),
-            offset,
+            offset: reloc_offset,
             symbol: symbol_name(),
             model,
         };
-        let value: i128 = match kind {
-            RelocKind::None => return Ok(()),
-            RelocKind::Abs64 | RelocKind::Abs16 | RelocKind::Abs8 => s as i128 + a,
-            RelocKind::Abs32 | RelocKind::Abs32S => {
-                let direct = s as i128 + a;
-                let fits = if kind == RelocKind::Abs32 {
-                    u32::try_from(direct).is_ok()
-                } else {
-                    i32::try_from(direct).is_ok()
-                };
-                match self.stubs.get(&key) {
-                    // Non-PIC code taking a far function's address gets its stub's.
-                    Some(&n) if !fits => (self.plt_base + n * PLT_STUB) as i128 + a,
-                    _ => direct,
+        // A GOT load of a symbol this module defines, near enough for a direct reference,
+        // becomes that reference where the instruction allows it (x86-64 GOTPCRELX).
+        if row.target == Target::GotEntry && !discarded && self.is_defined_here(key) {
+            let direct = s as i128 + a - p as i128;
+            if i32::try_from(direct).is_ok() {
+                if let Some((relaxed, at)) = arch.relax_got(r_type, bytes, offset) {
+                    row = relaxed;
+                    offset = at;
+                    p = section_addr + offset;
                 }
             }
-            RelocKind::PcRel64 => s as i128 + a - p as i128,
-            RelocKind::PcRel32 | RelocKind::Branch | RelocKind::PcRel16 | RelocKind::PcRel8 => {
-                let direct = s as i128 + a - p as i128;
-                let fits = i32::try_from(direct).is_ok();
-                match self.stubs.get(&key) {
-                    Some(&n) if !fits => (self.plt_base + n * PLT_STUB) as i128 + a - p as i128,
-                    _ => direct,
+        }
+        let tls_checked = |model: &'static str| -> Result<(), LinkError> {
+            if !self.is_tls(key) || self.is_external(key) {
+                Err(unsupported_tls(model))
+            } else {
+                Ok(())
+            }
+        };
+        // T, the value the formula starts from.
+        let t: i128 = match row.target {
+            Target::Nothing => return Ok(()),
+            Target::Symbol | Target::Call => s as i128,
+            Target::GotEntry => slot_addr(Slot::Address(key)) as i128,
+            Target::GotBase => self.got_base as i128,
+            Target::Plt => match self.stubs.get(&key) {
+                Some(&n) => self.stub_address(n) as i128,
+                None => s as i128,
+            },
+            Target::Size => self.size(key) as i128,
+            Target::TlsGdEntry => {
+                tls_checked("general-dynamic access to a host (not JIT) thread-local")?;
+                slot_addr(Slot::TlsGd(key)) as i128
+            }
+            Target::TlsLdEntry => slot_addr(Slot::TlsLd) as i128,
+            Target::TpOffEntry => {
+                tls_checked("initial-exec access to a host (not JIT) thread-local")?;
+                slot_addr(Slot::TpOff(key)) as i128
+            }
+            Target::TlsDescEntry => {
+                tls_checked("TLS-descriptor access to a host (not JIT) thread-local")?;
+                slot_addr(Slot::TlsDesc(key)) as i128
+            }
+            Target::TpOff => {
+                tls_checked("local-exec access to a host (not JIT) thread-local")?;
+                match tls.tp_offset {
+                    Some(tp) => i128::from(tp) + s as i128,
+                    None => return Err(unsupported_tls("local-exec (in a TLS initializer)")),
                 }
             }
-            RelocKind::Got => {
-                let g = slot_addr(Slot::Address(key));
-                match r_type {
-                    x86_64::R_GOT32 | x86_64::R_GOT64 | x86_64::R_GOTPLT64 => {
-                        (g - self.got_base) as i128 + a
-                    }
-                    _ => g as i128 + a - p as i128,
-                }
+            Target::DtpOff => s as i128,
+            Target::DtpMod => {
+                return self.write(o, sec, bytes, offset, row, tls.module as i128, key, false)
             }
-            RelocKind::GotOff64 => s as i128 + a - self.got_base as i128,
-            RelocKind::GotPc => self.got_base as i128 + a - p as i128,
-            RelocKind::PltOff => {
-                let l = match self.stubs.get(&key) {
-                    Some(&n) => self.plt_base + n * PLT_STUB,
-                    None => s,
-                };
-                l as i128 - self.got_base as i128 + a
-            }
-            RelocKind::Size => self.size(key) as i128 + a,
-            RelocKind::TlsGd => {
-                if !self.is_tls(key) || self.is_external(key) {
-                    return Err(unsupported_tls(
-                        "general-dynamic access to a host (not JIT) thread-local",
-                    ));
-                }
-                slot_addr(Slot::TlsGd(key)) as i128 + a - p as i128
-            }
-            RelocKind::TlsLd => slot_addr(Slot::TlsLd) as i128 + a - p as i128,
-            RelocKind::DtpOff => s as i128 + a,
-            RelocKind::DtpMod64 => tls.module as i128,
-            RelocKind::GotTpOff | RelocKind::TpOff | RelocKind::TlsDesc
-                if !self.is_tls(key) || self.is_external(key) =>
-            {
-                let model = match kind {
-                    RelocKind::GotTpOff => "initial-exec access to a host (not JIT) thread-local",
-                    RelocKind::TpOff => "local-exec access to a host (not JIT) thread-local",
-                    _ => "TLS-descriptor access to a host (not JIT) thread-local",
-                };
+            Target::Unsupported(model) => {
+                tls_checked(model)?;
                 return Err(unsupported_tls(model));
             }
-            RelocKind::GotTpOff => slot_addr(Slot::TpOff(key)) as i128 + a - p as i128,
-            RelocKind::TpOff => match tls.tp_offset {
-                Some(tp) => i128::from(tp) + s as i128 + a,
-                None => return Err(unsupported_tls("local-exec (in a TLS initializer)")),
-            },
-            RelocKind::TlsDesc => match r_type {
-                x86_64::R_GOTPC32_TLSDESC => slot_addr(Slot::TlsDesc(key)) as i128 + a - p as i128,
-                // The call through the descriptor needs no change.
-                x86_64::R_TLSDESC_CALL => return Ok(()),
-                _ => return Err(unsupported_tls("TLS-descriptor (R_X86_64_TLSDESC in data)")),
-            },
-            RelocKind::Unknown => {
-                return Err(LinkError::UnknownRelocation {
-                    object: o.name.clone(),
-                    section: lossy(sec.name),
-                    offset,
-                    r_type,
-                    name: x86_64::name(r_type),
-                    symbol: symbol_name(),
-                })
+        };
+        let relative = |t: i128| -> i128 {
+            match row.relative {
+                Relative::Absolute => t + a,
+                Relative::Place => t + a - p as i128,
+                Relative::Page => ((t + a) & !0xfff) - (p & !0xfff) as i128,
+                Relative::GotBase => t + a - self.got_base as i128,
             }
         };
-        let at = offset as usize;
-        let field = &mut bytes[at..at + width as usize];
-        let (min, max): (i128, i128) = match (width, kind) {
-            (8, _) => (i128::from(i64::MIN), i128::from(u64::MAX)),
-            (4, RelocKind::Abs32) | (4, RelocKind::Size) => (0, i128::from(u32::MAX)),
-            (4, _) => (i128::from(i32::MIN), i128::from(i32::MAX)),
-            (2, RelocKind::Abs16) => (0, i128::from(u16::MAX)),
-            (2, _) => (i128::from(i16::MIN), i128::from(i16::MAX)),
-            (1, RelocKind::Abs8) => (0, i128::from(u8::MAX)),
-            _ => (i128::from(i8::MIN), i128::from(i8::MAX)),
+        let mut value = relative(t);
+        // A function out of the instruction's reach is reached through its stub.
+        if matches!(row.target, Target::Symbol | Target::Call) {
+            if let Some(&n) = self.stubs.get(&key) {
+                if !arch.reaches(row, value, s, addend, p) {
+                    value = relative(self.stub_address(n) as i128);
+                }
+            }
+        }
+        self.write(o, sec, bytes, offset, row, value, key, discarded)
+    }
+
+    fn stub_address(&self, n: u64) -> u64 {
+        self.plt_base + n * self.linker.arch.stub_size()
+    }
+
+    /// Whether `key` is defined by this link's objects (not a host's or another
+    /// module's symbol, not absolute, not undefined).
+    fn is_defined_here(&self, key: Key) -> bool {
+        let defined = |obj: u32, sym: u32| {
+            matches!(
+                self.linker.objs[obj as usize].symbols[sym as usize].section,
+                SymSection::Section(_)
+            )
         };
-        if (value < min || value > max) && !discarded {
-            return Err(LinkError::Overflow {
+        match key {
+            Key::Local(o, s) => defined(o, s),
+            Key::Global(g) => match self.linker.globals[g as usize].def {
+                Def::Defined { obj, sym, .. } => defined(obj, sym),
+                Def::Common { .. } => true,
+                _ => false,
+            },
+        }
+    }
+
+    /// Writes `value` into the relocation's field, or says why it cannot.
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        o: &ObjectFile<'_>,
+        sec: &crate::object_file::ObjSection<'_>,
+        bytes: &mut [u8],
+        offset: u64,
+        row: &Relocation,
+        value: i128,
+        key: Key,
+        discarded: bool,
+    ) -> Result<(), LinkError> {
+        // A reference from a discarded COMDAT copy's leftovers is written truncated: the
+        // copy is never run.
+        let check = if discarded {
+            arch::Check::None
+        } else {
+            row.check
+        };
+        let field = &mut bytes[offset as usize..];
+        match arch::encode(row.field, check, value, field) {
+            Ok(()) => Ok(()),
+            Err(EncodeError::Misaligned(align)) => Err(LinkError::Misaligned {
                 object: o.name.clone(),
                 section: lossy(sec.name),
                 offset,
-                kind: x86_64::name(r_type),
-                symbol: symbol_name(),
+                kind: row.name,
+                symbol: lossy(self.name(key)),
                 value,
-                bits: width as u32 * 8,
-                hint: match kind {
-                    RelocKind::Abs32 | RelocKind::Abs32S => {
-                        "; non-PIC code needs memory in the low 2 GiB (give the linker low_memory)"
-                    }
-                    RelocKind::PcRel32 if self.is_external(key) => {
-                        "; the host symbol is more than 2 GiB away. Non-PIC code (in the low 2 GiB) cannot reach a shared library's data: that needs a copy relocation, which a JIT cannot make. Compile with -fPIE or -fPIC"
-                    }
-                    _ => "",
-                },
-            });
+                align,
+            }),
+            Err(EncodeError::Range) => Err(LinkError::Overflow {
+                object: o.name.clone(),
+                section: lossy(sec.name),
+                offset,
+                kind: row.name,
+                symbol: lossy(self.name(key)),
+                value,
+                bits: row.check.bits(),
+                hint: self.overflow_hint(row, key),
+            }),
         }
-        let v = value as u64;
-        match width {
-            8 => field.copy_from_slice(&v.to_le_bytes()),
-            4 => field.copy_from_slice(&(v as u32).to_le_bytes()),
-            2 => field.copy_from_slice(&(v as u16).to_le_bytes()),
-            _ => field[0] = v as u8,
+    }
+
+    /// What the user can do about a value that does not fit.
+    fn overflow_hint(&self, row: &Relocation, key: Key) -> &'static str {
+        match (row.target, row.relative) {
+            (Target::Symbol, Relative::Absolute) if row.needs_low_memory() => {
+                "; non-PIC code needs memory in the low 2 GiB (give the linker low_memory)"
+            }
+            (Target::Symbol, Relative::Place | Relative::Page) if self.is_external(key) => {
+                "; the host symbol is more than 2 GiB away. Non-PIC code (in the low 2 GiB) cannot reach a shared library's data: that needs a copy relocation, which a JIT cannot make. Compile with -fPIE or -fPIC"
+            }
+            (Target::Call, _) => {
+                "; the branch reaches neither its target nor a stub: the module's code is larger than a branch reaches"
+            }
+            _ => "",
         }
-        Ok(())
     }
 }

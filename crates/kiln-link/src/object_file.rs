@@ -1,7 +1,7 @@
 //! One parsed relocatable object: its sections, symbols and relocation sections, checked
 //! against the file's bounds. Parsing uses the `object` crate's low-level ELF API.
 
-use crate::LinkError;
+use crate::{Architecture, LinkError};
 use object::elf;
 use object::read::elf::{FileHeader, SectionHeader, Sym as _};
 use object::LittleEndian as LE;
@@ -99,8 +99,8 @@ fn malformed(object: &str, what: impl std::fmt::Display) -> LinkError {
     }
 }
 
-/// Checks the ELF header: ELF64, little-endian, x86-64, `ET_REL`.
-pub(crate) fn check_header(name: &str, data: &[u8]) -> Result<(), LinkError> {
+/// Checks the ELF header: ELF64, little-endian, `arch`, `ET_REL`.
+pub(crate) fn check_header(name: &str, data: &[u8], arch: Architecture) -> Result<(), LinkError> {
     if data.len() < 4 || &data[..4] != b"\x7fELF" {
         return Err(malformed(name, "not an ELF file (bad magic)"));
     }
@@ -110,10 +110,12 @@ pub(crate) fn check_header(name: &str, data: &[u8]) -> Result<(), LinkError> {
     let class = data[4];
     let endian = data[5];
     let machine = u16::from_le_bytes([data[18], data[19]]);
-    if class != 2 || endian != 1 || machine != elf::EM_X86_64.0 {
+    if class != 2 || endian != 1 || machine != arch.elf_machine() {
+        let expected = arch;
         let arch = match machine {
             0x28 => "ARM".to_string(),
             0xb7 => "AArch64".to_string(),
+            0x3e => "x86-64".to_string(),
             0x03 => "i386".to_string(),
             0xf3 => "RISC-V".to_string(),
             other => format!("machine {other}"),
@@ -125,6 +127,7 @@ pub(crate) fn check_header(name: &str, data: &[u8]) -> Result<(), LinkError> {
                 if class == 2 { 64 } else { 32 },
                 if endian == 1 { "little" } else { "big" }
             ),
+            expected,
         });
     }
     let e_type = u16::from_le_bytes([data[16], data[17]]);
@@ -139,8 +142,12 @@ pub(crate) fn check_header(name: &str, data: &[u8]) -> Result<(), LinkError> {
 
 impl<'a> ObjectFile<'a> {
     /// Parses and checks an object.
-    pub(crate) fn parse(name: String, data: &'a [u8]) -> Result<Self, LinkError> {
-        check_header(&name, data)?;
+    pub(crate) fn parse(
+        name: String,
+        data: &'a [u8],
+        arch: Architecture,
+    ) -> Result<Self, LinkError> {
+        check_header(&name, data, arch)?;
         let header = Header::parse(data).map_err(|e| malformed(&name, e))?;
         let endian = header.endian().map_err(|e| malformed(&name, e))?;
         let table = header
@@ -220,7 +227,7 @@ impl<'a> ObjectFile<'a> {
             } else if s.sh_type == SHT_REL {
                 return Err(malformed(
                     &name,
-                    "SHT_REL relocations (without addends) are not used on x86-64",
+                    format!("SHT_REL relocations (without addends) are not used on {arch}"),
                 ));
             }
         }
@@ -354,7 +361,15 @@ impl<'a> ObjectFile<'a> {
 /// Names of the global symbols an object defines (for archives without a symbol index).
 /// Malformed members define nothing.
 pub(crate) fn defined_globals(data: &[u8]) -> Vec<Vec<u8>> {
-    match ObjectFile::parse(String::new(), data) {
+    let machine = data
+        .get(18..20)
+        .map_or(0, |m| u16::from_le_bytes([m[0], m[1]]));
+    let arch = if machine == Architecture::Aarch64.elf_machine() {
+        Architecture::Aarch64
+    } else {
+        Architecture::X86_64
+    };
+    match ObjectFile::parse(String::new(), data, arch) {
         Ok(obj) => obj
             .symbols
             .iter()

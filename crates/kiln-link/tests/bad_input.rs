@@ -61,11 +61,7 @@ fn try_link(objects: &[ObjectInput]) -> Result<kiln_link::LinkedModule, LinkErro
         objects,
         &[],
         &mut Ctx,
-        &LinkOptions {
-            memory: &m as &dyn MemoryManager,
-            low_memory: None,
-            report_sections: false,
-        },
+        &LinkOptions::new(&m as &dyn MemoryManager),
     )
 }
 
@@ -154,9 +150,19 @@ fn wrong_architecture_and_wrong_type() {
     let mut arm = good.clone();
     arm[18..20].copy_from_slice(&0xb7u16.to_le_bytes());
     match try_link(&[ObjectInput::new("arm.o", arm)]) {
-        Err(LinkError::WrongArchitecture { object, found }) => {
+        Err(e @ LinkError::WrongArchitecture { .. }) => {
+            let LinkError::WrongArchitecture {
+                object,
+                found,
+                expected,
+            } = &e
+            else {
+                unreachable!()
+            };
             assert_eq!(object, "arm.o");
             assert!(found.contains("AArch64"), "{found}");
+            assert_eq!(*expected, kiln_link::Architecture::X86_64);
+            assert!(e.to_string().contains("this link is for x86-64"), "{e}");
         }
         other => panic!("{other:?}"),
     }
@@ -287,11 +293,7 @@ fn out_of_range_target_is_an_error_not_a_truncation() {
         &[ObjectInput::new("far.o", obj)],
         &[],
         &mut Far,
-        &LinkOptions {
-            memory: &m,
-            low_memory: None,
-            report_sections: false,
-        },
+        &LinkOptions::new(&m),
     );
     match r {
         Err(e @ LinkError::Overflow { .. }) => {

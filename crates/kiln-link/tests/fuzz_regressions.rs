@@ -32,11 +32,7 @@ fn fuzz_regressions_never_panic() {
             &[ObjectInput::new(name.clone(), data)],
             &[],
             &mut Ctx,
-            &LinkOptions {
-                memory: &manager,
-                low_memory: None,
-                report_sections: false,
-            },
+            &LinkOptions::new(&manager),
         );
         if name.starts_with("seed-") {
             // Corpus seeds (the smallest inputs of the minimized corpus, each adding

@@ -56,7 +56,8 @@ pub use manager::{
     TRAP_PATTERN,
 };
 pub use mapper::{
-    default_mapper, DualMappedMapper, InProcessMapper, Mapper, Placement, Reservation, SegmentRange,
+    default_mapper, DualMappedMapper, InProcessMapper, Mapper, OfflineMapper, Placement,
+    Reservation, SegmentRange,
 };
 pub use page_runs::PageRuns;
 pub use permission::Permission;

@@ -14,11 +14,13 @@
 mod dual_mapped;
 mod fork;
 mod in_process;
+mod offline;
 mod placement;
 pub(crate) mod sys;
 
 pub use dual_mapped::DualMappedMapper;
 pub use in_process::InProcessMapper;
+pub use offline::OfflineMapper;
 pub use placement::Placement;
 
 use crate::{MapperError, Permission};

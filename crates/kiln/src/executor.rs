@@ -147,10 +147,22 @@ impl Executor {
     /// Whether the executor runs code of this process's architecture (its C library's
     /// archives are then usable for it).
     pub fn is_host_architecture(&self) -> bool {
+        self.architecture().ok() == Some(kiln_link::Architecture::host())
+    }
+
+    /// The instruction set of the code this executor runs: this process's, or the one
+    /// its handshake's target triple names. Links for it follow it (relocations, stubs,
+    /// trap bytes); an error if Kiln does not link for that triple.
+    pub fn architecture(&self) -> Result<kiln_link::Architecture, Error> {
         match &self.kind {
-            Kind::InProcess => true,
+            Kind::InProcess => Ok(kiln_link::Architecture::host()),
             Kind::Remote { remote, .. } => {
-                remote.hello().triple.starts_with(std::env::consts::ARCH)
+                let triple = &remote.hello().triple;
+                kiln_link::Architecture::from_triple(triple).ok_or_else(|| {
+                    Error::Executor(format!(
+                        "the executor runs {triple} code, which Kiln does not link for (x86_64 and aarch64 only)"
+                    ))
+                })
             }
         }
     }

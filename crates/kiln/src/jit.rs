@@ -87,6 +87,8 @@ struct Library {
 }
 
 struct Inner {
+    /// The executor's instruction set: what every link is for.
+    architecture: kiln_link::Architecture,
     session: u32,
     executor: Executor,
     export_to_libraries: bool,
@@ -276,6 +278,7 @@ impl JitBuilder {
     /// Builds the session.
     pub fn build(self) -> Result<Jit, Error> {
         let executor = self.executor.unwrap_or_else(Executor::in_process);
+        let architecture = executor.architecture()?;
         // Debug outputs are on before any memory is reserved: an executor maps the code
         // of a debuggable session privately.
         let debug_listener =
@@ -309,6 +312,7 @@ impl JitBuilder {
             inner: Arc::new(Inner {
                 session: NEXT_SESSION.fetch_add(1, Ordering::Relaxed),
                 executor,
+                architecture,
                 export_to_libraries: self.export_to_libraries,
                 noexec: self.noexec,
                 memory,
@@ -425,7 +429,7 @@ impl Jit {
     }
 
     fn add_input(&self, lib: LibraryId, input: ObjectInput) -> Result<(), Error> {
-        kiln_link::check_object(&input.name, input.bytes())?;
+        kiln_link::check_object(&input.name, input.bytes(), self.inner.architecture)?;
         self.library(lib)?.state.write().pending.push(input);
         Ok(())
     }
@@ -445,7 +449,7 @@ impl Jit {
         bytes: impl Into<Arc<[u8]>>,
     ) -> Result<Module, Error> {
         let input = ObjectInput::new(name, bytes);
-        kiln_link::check_object(&input.name, input.bytes())?;
+        kiln_link::check_object(&input.name, input.bytes(), self.inner.architecture)?;
         // Linked under the library's link lock with what is pending, so that a concurrent
         // lookup's link cannot take it away.
         match self.link(lib, Some(input))? {
@@ -686,6 +690,8 @@ impl Jit {
             memory: &*self.inner.memory,
             low_memory: Some(&self.inner.low_memory as &dyn MemoryManager),
             report_sections: !plugins.is_empty(),
+            architecture: self.inner.architecture,
+            keep_image: false,
         };
         let mut ctx = SessionContext::new(self, &library);
         let linked = link(&objects, &archives, &mut ctx, &options)?;
