@@ -38,6 +38,17 @@ declare -A needs=(
   [/usr/lib/llvm-14/bin/llvm-config]=llvm-14-dev
   # CPython's own test modules, run by a Kiln-linked interpreter (runtime tests).
   [/usr/lib/python3.11/test/test_json]=libpython3.11-testsuite
+  # AArch64: cross compilers for the link checks, and mold for the link-time figures.
+  [aarch64-linux-gnu-gcc]=gcc-aarch64-linux-gnu
+  [clang-16]=clang-16
+  [llvm-objdump-16]=llvm-16
+  [qemu-aarch64-static]=qemu-user-static
+  [mold]=mold
+  [hyperfine]=hyperfine
+  # Debian's arm64 static libraries (multiarch), linked for AArch64.
+  [/usr/lib/aarch64-linux-gnu/libz.a]=zlib1g-dev:arm64
+  [/usr/lib/aarch64-linux-gnu/libsqlite3.a]=libsqlite3-dev:arm64
+  [/usr/lib/aarch64-linux-gnu/liblua5.4.a]=liblua5.4-dev:arm64
 )
 missing=()
 for need in "${!needs[@]}"; do
@@ -50,6 +61,9 @@ done
 if ((${#missing[@]})); then
   echo "== installing: ${missing[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  if [[ " ${missing[*]}" == *":arm64"* ]] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    $SUDO dpkg --add-architecture arm64
+  fi
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi

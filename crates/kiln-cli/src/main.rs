@@ -1,8 +1,10 @@
 //! `kiln`: the command-line front end of Kiln. `kiln run` compiles (through the object
-//! cache), links in memory and runs; `kiln cache` looks after the cache; `kiln demo` shows
-//! the memory layer alone.
+//! cache), links in memory and runs; `kiln link` links for a chosen architecture and
+//! address and writes the image to a file; `kiln cache` looks after the cache; `kiln demo`
+//! shows the memory layer alone.
 
 mod inputs;
+mod link_only;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kiln_memory::{
@@ -26,6 +28,8 @@ use std::time::Instant;
   kiln run --oop prog.o                            run the code in a kiln-executor process
   kiln run --gdb prog.o                            debuggable (gdb, lldb); --perf-map, --jitdump
   kiln run --noexec --map prog.o                   link only, show where symbols landed
+  kiln link --target aarch64 -o image.elf prog.o   link for AArch64 at 0x10000000, write
+                                                   an ELF image (llvm-objdump -d image.elf)
   kiln cache stats | clear | prune
 
 Exit status of `kiln run`: main's status (or exit()'s); 128 + N when the program dies of
@@ -41,6 +45,9 @@ enum Command {
     /// Links objects and archives in memory and runs their `main`, with main's exit code
     /// as this command's.
     Run(Box<RunArgs>),
+    /// Links for a chosen architecture at chosen addresses, without running anything,
+    /// and writes the result as an ELF image to disassemble (`llvm-objdump -d FILE`).
+    Link(Box<link_only::LinkArgs>),
     /// The object cache of `kiln run`: its figures, emptying it, applying its limits.
     Cache {
         /// What to do.
@@ -640,6 +647,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo { modules, mapper } => demo(modules, mapper).map(|()| 0),
         Command::Run(args) => run(*args),
+        Command::Link(args) => link_only::link_only(*args).map(|()| 0),
         Command::Cache { action, cache_dir } => cache(action, cache_dir).map(|()| 0),
     };
     match result {

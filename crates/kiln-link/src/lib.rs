@@ -23,6 +23,7 @@
 
 mod arch;
 mod error;
+mod image_file;
 mod input;
 mod link;
 mod object_file;

@@ -1198,7 +1198,7 @@ impl Linker<'_, '_> {
         }
 
         let (linked_objects, sections, symbol_info) = if options.report_sections {
-            let (sections, symbols) = self.report(&resolver);
+            let (sections, symbols) = self.report(&resolver, &stub_list, tlsdesc_resolver);
             (self.linked_objects(objects)?, sections, symbols)
         } else {
             (Vec::new(), Vec::new(), Vec::new())
@@ -1246,7 +1246,12 @@ impl Linker<'_, '_> {
 
     /// Where every loaded section landed and every symbol with an address (for
     /// [`LinkOptions::report_sections`]).
-    fn report(&self, resolver: &Resolver<'_, '_, '_>) -> (Vec<PlacedSection>, Vec<SymbolInfo>) {
+    fn report(
+        &self,
+        resolver: &Resolver<'_, '_, '_>,
+        stub_list: &[Key],
+        tlsdesc_resolver: u64,
+    ) -> (Vec<PlacedSection>, Vec<SymbolInfo>) {
         let mut sections = Vec::new();
         let mut symbols = Vec::new();
         for (oi, obj) in self.objs.iter().enumerate() {
@@ -1302,6 +1307,52 @@ impl Linker<'_, '_> {
                         SymbolKind::Other
                     },
                     global,
+                });
+            }
+        }
+        // The code the link made: a stub per far function (`name@plt`), the
+        // TLS-descriptor resolver. On AArch64 a `$x` mapping symbol tells disassemblers
+        // that code starts there again (an object's `$d` may precede it).
+        let stub_size = self.arch.stub_size();
+        let mut code = |name: String, address: u64, size: u64| {
+            if self.arch.architecture() == Architecture::Aarch64 {
+                symbols.push(SymbolInfo {
+                    name: "$x".into(),
+                    address,
+                    size: 0,
+                    kind: SymbolKind::Other,
+                    global: false,
+                });
+            }
+            symbols.push(SymbolInfo {
+                name,
+                address,
+                size,
+                kind: SymbolKind::Function,
+                global: false,
+            });
+        };
+        for (n, key) in stub_list.iter().enumerate() {
+            let address = resolver.stub_address(n as u64);
+            code(
+                format!("{}@plt", lossy(resolver.name(*key))),
+                address,
+                stub_size,
+            );
+        }
+        if tlsdesc_resolver != 0 {
+            let size = self.arch.tlsdesc_static_resolver().len() as u64;
+            code("kiln_tlsdesc_static".into(), tlsdesc_resolver, size);
+        }
+        // Commons, placed by the link in the zero-filled segment.
+        for (id, g) in self.globals.iter().enumerate() {
+            if let Def::Common { size, .. } = g.def {
+                symbols.push(SymbolInfo {
+                    name: lossy(g.name),
+                    address: resolver.address(Key::Global(id as u32)).0,
+                    size,
+                    kind: SymbolKind::Data,
+                    global: true,
                 });
             }
         }
