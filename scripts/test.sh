@@ -46,6 +46,7 @@ declare -A needs=(
   [mold]=mold
   [hyperfine]=hyperfine
   # Debian's arm64 static libraries (multiarch), linked for AArch64.
+  [/lib/ld-linux-aarch64.so.1]=libc6:arm64
   [/usr/lib/aarch64-linux-gnu/libz.a]=zlib1g-dev:arm64
   [/usr/lib/aarch64-linux-gnu/libsqlite3.a]=libsqlite3-dev:arm64
   [/usr/lib/aarch64-linux-gnu/liblua5.4.a]=liblua5.4-dev:arm64

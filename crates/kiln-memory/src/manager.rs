@@ -106,7 +106,8 @@ pub const TRAP_PATTERN: [u8; 4] = [0x00, 0x00, 0x20, 0xd4];
 #[cfg(not(target_arch = "aarch64"))]
 pub const TRAP_PATTERN: [u8; 4] = [0xcc; 4];
 
-/// Fills `len` bytes at `ptr` with [`TRAP_PATTERN`].
+/// Fills `len` bytes at `ptr` with `pattern` (a manager's trap pattern: [`TRAP_PATTERN`]
+/// unless the code is for another architecture).
 ///
 /// One `memset` where the pattern is one repeated byte (x86-64): a loop of small stores
 /// into memory that was just executed through another view is ~10× slower on x86, where
@@ -115,12 +116,12 @@ pub const TRAP_PATTERN: [u8; 4] = [0xcc; 4];
 ///
 /// # Safety
 /// `ptr` must be valid for writes of `len` bytes and 4-byte aligned.
-unsafe fn fill_trap(ptr: *mut u8, len: usize) {
-    if TRAP_PATTERN.iter().all(|&b| b == TRAP_PATTERN[0]) {
+unsafe fn fill_trap(ptr: *mut u8, len: usize, pattern: [u8; 4]) {
+    if pattern.iter().all(|&b| b == pattern[0]) {
         // SAFETY: the caller's contract.
-        unsafe { std::ptr::write_bytes(ptr, TRAP_PATTERN[0], len) };
+        unsafe { std::ptr::write_bytes(ptr, pattern[0], len) };
     } else {
-        let word = u32::from_le_bytes(TRAP_PATTERN);
+        let word = u32::from_le_bytes(pattern);
         // SAFETY: the caller's contract: valid and 4-byte aligned; `len / 4` whole words.
         let words = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u32>(), len / 4) };
         words.fill(word);
@@ -179,6 +180,7 @@ pub struct SlabMemoryManagerBuilder {
     populate_chunk: u64,
     release_threshold: u64,
     poison: bool,
+    trap_pattern: [u8; 4],
     arenas: Option<usize>,
 }
 
@@ -192,6 +194,7 @@ impl Default for SlabMemoryManagerBuilder {
             populate_chunk: 256 << 10,
             release_threshold: 64 << 10,
             poison: true,
+            trap_pattern: TRAP_PATTERN,
             arenas: None,
         }
     }
@@ -248,6 +251,14 @@ impl SlabMemoryManagerBuilder {
         self
     }
 
+    /// The four bytes freed code is filled with (default [`TRAP_PATTERN`], this
+    /// machine's): the code's architecture's trap when it runs elsewhere (an AArch64
+    /// executor driven from x86-64 wants `brk #0`, not `int3`).
+    pub fn trap_pattern(mut self, pattern: [u8; 4]) -> Self {
+        self.trap_pattern = pattern;
+        self
+    }
+
     /// Arenas per pool (default: the number of CPUs, at most 4). Each arena has its own
     /// lock and address range, and each thread keeps to one while it has room, so threads
     /// that link at once neither wait for each other nor write into each other's pages.
@@ -283,6 +294,7 @@ impl SlabMemoryManagerBuilder {
             release_threshold: round(self.release_threshold.clamp(page, largest))?,
             granule: 16,
             poison: self.poison,
+            trap_pattern: self.trap_pattern,
             arenas: self.arenas.unwrap_or_else(|| {
                 std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
             }),
@@ -553,7 +565,7 @@ impl SlabBackend {
                 let working = self.slab.working(p.target);
                 // SAFETY: the range is still ours (not yet returned to the pool) and its
                 // working view is writable (shared pools keep it so).
-                unsafe { fill_trap(working, p.taken as usize) };
+                unsafe { fill_trap(working, p.taken as usize, self.slab.tuning.trap_pattern) };
                 // The trap bytes must be what a core fetches (AArch64 keeps stale lines).
                 crate::icache::make_coherent(p.target, p.taken);
                 poisoned = true;

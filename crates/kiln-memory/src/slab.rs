@@ -69,6 +69,8 @@ pub(crate) struct SlabTuning {
     pub(crate) granule: u64,
     /// Whether freed code on shared pages is filled with trap bytes.
     pub(crate) poison: bool,
+    /// What freed code is filled with.
+    pub(crate) trap_pattern: [u8; 4],
     /// Arenas per pool: each has its own lock and address range, and a thread keeps to
     /// one, so threads neither wait for each other nor write into each other's pages.
     pub(crate) arenas: usize,

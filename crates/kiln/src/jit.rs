@@ -3,7 +3,7 @@
 
 use crate::executor::{EhRegistration, Executor, ExecutorSymbols, ExportHandle};
 use crate::generator::{Found, SymbolGenerator};
-use crate::library_search::{default_search_dirs, find_library, LibraryFile};
+use crate::library_search::{find_library, search_dirs_for, LibraryFile};
 use crate::plugin::{LoadedModule, Plugin, PluginFailure, PluginRegistration, Plugins};
 use crate::{DebugSupport, Error};
 use kiln_link::{link, ArchiveInput, LinkContext, LinkCounts, LinkOptions, LinkTimes, ObjectInput};
@@ -108,6 +108,8 @@ struct Inner {
 /// need it, and reserving costs a round trip to a remote executor).
 struct LowMemory {
     given: Option<Option<Arc<dyn MemoryManager>>>,
+    /// The executor's architecture's trap bytes, for freed code.
+    trap: [u8; 4],
     mapper: Option<Arc<dyn kiln_memory::Mapper>>,
     built: std::sync::OnceLock<Option<SlabMemoryManager>>,
 }
@@ -120,6 +122,7 @@ impl LowMemory {
         self.built
             .get_or_init(|| {
                 let mut builder = SlabMemoryManager::builder()
+                    .trap_pattern(self.trap)
                     .placement(Placement::Low2GiB)
                     .layout(SlabLayout {
                         read_execute: 64 << 20,
@@ -294,7 +297,8 @@ impl JitBuilder {
         let memory: Arc<dyn MemoryManager> = match self.memory {
             Some(m) => m,
             None => {
-                let mut builder = SlabMemoryManager::builder();
+                let mut builder =
+                    SlabMemoryManager::builder().trap_pattern(architecture.trap_pattern());
                 if let Some(m) = &mapper {
                     builder = builder.mapper(m.clone());
                 }
@@ -303,6 +307,7 @@ impl JitBuilder {
         };
         let low_memory = LowMemory {
             given: self.low_memory,
+            trap: architecture.trap_pattern(),
             mapper,
             built: std::sync::OnceLock::new(),
         };
@@ -560,15 +565,14 @@ impl Jit {
     /// their handlers belong to the calling module (its own `__dso_handle`) and run when
     /// it is removed.
     pub fn add_process_symbols(&self, lib: LibraryId) -> Result<(), Error> {
-        if self.inner.executor.is_host_architecture() {
-            let found = default_search_dirs()
-                .into_iter()
-                .map(|d| d.join("libc_nonshared.a"))
-                .find(|p| p.is_file());
-            if let Some(path) = found {
-                if let Err(error) = self.add_archive_file(lib, &path) {
-                    tracing::debug!(%error, "libc_nonshared.a not used");
-                }
+        // The executor's architecture's archive (Debian multiarch).
+        let found = search_dirs_for(self.inner.architecture)
+            .into_iter()
+            .map(|d| d.join("libc_nonshared.a"))
+            .find(|p| p.is_file());
+        if let Some(path) = found {
+            if let Err(error) = self.add_archive_file(lib, &path) {
+                tracing::debug!(%error, "libc_nonshared.a not used");
             }
         }
         self.add_generator(
@@ -591,7 +595,7 @@ impl Jit {
         dirs: &[PathBuf],
     ) -> Result<(), Error> {
         let mut all = dirs.to_vec();
-        all.extend(default_search_dirs());
+        all.extend(search_dirs_for(self.inner.architecture));
         for file in find_library(name, &all)? {
             match file {
                 LibraryFile::Archive(path) => self.add_archive_file(lib, path)?,

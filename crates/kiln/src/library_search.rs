@@ -14,21 +14,29 @@ pub enum LibraryFile {
     Shared(PathBuf),
 }
 
-/// The system directories searched after the `-L` ones.
+/// The system directories searched after the `-L` ones, for this process's architecture.
 pub fn default_search_dirs() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = [
-        "/usr/local/lib/x86_64-linux-gnu",
-        "/usr/local/lib",
-        "/lib/x86_64-linux-gnu",
-        "/usr/lib/x86_64-linux-gnu",
-        "/lib",
-        "/usr/lib",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .collect();
+    search_dirs_for(kiln_link::Architecture::host())
+}
+
+/// The system directories searched after the `-L` ones for code of `architecture`:
+/// Debian's multiarch directories of that architecture (`/usr/lib/aarch64-linux-gnu`, as
+/// `dpkg --add-architecture arm64` fills it), then the plain ones, then its gcc's.
+pub fn search_dirs_for(architecture: kiln_link::Architecture) -> Vec<PathBuf> {
+    let multiarch = match architecture {
+        kiln_link::Architecture::X86_64 => "x86_64-linux-gnu",
+        kiln_link::Architecture::Aarch64 => "aarch64-linux-gnu",
+    };
+    let mut dirs: Vec<PathBuf> = vec![
+        format!("/usr/local/lib/{multiarch}").into(),
+        "/usr/local/lib".into(),
+        format!("/lib/{multiarch}").into(),
+        format!("/usr/lib/{multiarch}").into(),
+        "/lib".into(),
+        "/usr/lib".into(),
+    ];
     // gcc's own directory (libstdc++.so, libgcc.a live there), newest version first.
-    if let Ok(entries) = std::fs::read_dir("/usr/lib/gcc/x86_64-linux-gnu") {
+    if let Ok(entries) = std::fs::read_dir(format!("/usr/lib/gcc/{multiarch}")) {
         let mut versions: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
         versions.sort();
         dirs.extend(versions.into_iter().rev());

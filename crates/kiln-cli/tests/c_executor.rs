@@ -1,0 +1,358 @@
+//! The executor written in C (`executor-c/`), from docs/PROTOCOL.md alone: built for
+//! AArch64 with `aarch64-linux-gnu-gcc` and run under `qemu-aarch64-static`, `kiln run
+//! --connect` links on x86-64 and the program runs on AArch64 — the test programs and
+//! Debian's arm64 zlib, SQLite and Lua, each checked against the same program linked
+//! natively for AArch64 and run under qemu. Built for this machine too, it answers
+//! malformed messages without dying.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+fn kiln() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_kiln"))
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn tmp() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("c_executor");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn build_executor(name: &str, compiler: &str) -> PathBuf {
+    let out = tmp().join(name);
+    let status = Command::new("bash")
+        .arg(repo().join("executor-c/build.sh"))
+        .arg(&out)
+        .arg(compiler)
+        .status()
+        .expect("bash runs build.sh");
+    assert!(
+        status.success(),
+        "executor-c/build.sh with {compiler} failed"
+    );
+    out
+}
+
+/// A running executor and the port it listens on; killed on drop.
+struct Executor {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(command: &mut Command) -> Executor {
+    let mut child = command
+        .args(["--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the executor starts");
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    Executor { child, port }
+}
+
+/// The AArch64 executor under qemu, started for one test (each connection is served by a
+/// process of its own); the binary is built once per test process.
+fn aarch64_executor() -> Executor {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    let binary =
+        BINARY.get_or_init(|| build_executor("kiln-executor-c-aarch64", "aarch64-linux-gnu-gcc"));
+    // Debian's arm64 C library (multiarch) serves as the guest's: no -L sysroot.
+    start(Command::new("qemu-aarch64-static").arg(binary))
+}
+
+fn cross_compile(dir: &Path, source: &str, flags: &[&str]) -> PathBuf {
+    let out = dir.join(format!("{}.o", source.trim_end_matches(".c")));
+    let status = Command::new("aarch64-linux-gnu-gcc")
+        .args(flags)
+        .args(["-I/usr/include/lua5.4", "-c"])
+        .arg(repo().join("tests/programs").join(source))
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success(), "aarch64-linux-gnu-gcc {flags:?} {source}");
+    out
+}
+
+/// Links `inputs` natively for AArch64 (`libs` as the driver takes them) and runs the
+/// result under qemu with `args`.
+fn native_run(dir: &Path, inputs: &[PathBuf], libs: &[&str], args: &[&str]) -> Output {
+    let exe = dir.join("native");
+    let status = Command::new("aarch64-linux-gnu-gcc")
+        .args(inputs)
+        .args(libs)
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .unwrap();
+    assert!(status.success(), "native link of {inputs:?}");
+    Command::new("qemu-aarch64-static")
+        .arg(&exe)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn kiln_run(port: u16, inputs: &[PathBuf], libs: &[&str], args: &[&str]) -> Output {
+    Command::new(kiln())
+        .args(["run", "--no-export-dynamic", "--connect"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(inputs)
+        .args(libs)
+        .arg("--")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn assert_same(name: &str, native: &Output, kiln: &Output) {
+    assert_eq!(
+        String::from_utf8_lossy(&kiln.stdout),
+        String::from_utf8_lossy(&native.stdout),
+        "{name}: stdout differs (kiln's stderr: {})",
+        String::from_utf8_lossy(&kiln.stderr)
+    );
+    assert_eq!(
+        kiln.status.code(),
+        native.status.code(),
+        "{name}: status differs (kiln's stderr: {})",
+        String::from_utf8_lossy(&kiln.stderr)
+    );
+    assert!(
+        !native.stdout.is_empty(),
+        "{name}: the program printed nothing"
+    );
+}
+
+#[test]
+fn test_programs_run_on_aarch64_as_natively() {
+    let executor = aarch64_executor();
+    let port = executor.port;
+    for (label, flags) in [
+        ("O0", &["-O0", "-fcommon"][..]),
+        ("O2-pic", &["-O2", "-fPIC", "-fcommon"]),
+        (
+            "O2-large",
+            &["-O2", "-fno-pic", "-mcmodel=large", "-fcommon"],
+        ),
+    ] {
+        let dir = tmp().join(format!("relocs-{label}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let objects = vec![
+            cross_compile(&dir, "relocs.c", flags),
+            cross_compile(&dir, "relocs_other.c", flags),
+        ];
+        let native = native_run(&dir, &objects, &[], &[]);
+        let kiln = kiln_run(port, &objects, &[], &[]);
+        assert_same(&format!("relocs {label}"), &native, &kiln);
+    }
+}
+
+#[test]
+fn debian_arm64_libraries_run_on_aarch64_as_natively() {
+    let executor = aarch64_executor();
+    let port = executor.port;
+    let lib = Path::new("/usr/lib/aarch64-linux-gnu");
+    let script = repo().join("tests/programs/script.lua");
+    let script = script.to_str().unwrap();
+    for (driver, archive, libs, args) in [
+        ("zlib_driver.c", "libz.a", &[][..], &[][..]),
+        ("sqlite_driver.c", "libsqlite3.a", &["-lm"][..], &[][..]),
+        ("lua_driver.c", "liblua5.4.a", &["-lm"][..], &[script][..]),
+    ] {
+        let dir = tmp().join(archive);
+        std::fs::create_dir_all(&dir).unwrap();
+        let inputs = vec![cross_compile(&dir, driver, &["-O2"]), lib.join(archive)];
+        let native = native_run(&dir, &inputs, libs, args);
+        let kiln = kiln_run(port, &inputs, libs, args);
+        assert_same(archive, &native, &kiln);
+    }
+}
+
+#[test]
+fn exit_crash_and_unsupported_requests_on_aarch64() {
+    let executor = aarch64_executor();
+    let port = executor.port;
+    let dir = tmp().join("exit_and_crash");
+    std::fs::create_dir_all(&dir).unwrap();
+    let object = vec![cross_compile(&dir, "exit_and_crash.c", &["-O2"])];
+    for (how, status) in [("return", 3), ("exit", 7), ("crash", 139)] {
+        let out = kiln_run(port, &object, &[], &[how]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(status), "{how}: {stderr}");
+        assert!(
+            stdout.contains(&format!("ending by {how}")),
+            "{how}: {stdout}"
+        );
+        assert!(stderr.contains("a line on stderr"), "{how}: {stderr}");
+        if how == "crash" {
+            assert!(stderr.contains("SIGSEGV"), "{stderr}");
+        }
+    }
+    // Thread-locals need TLS requests the C executor does not implement: a clear error.
+    let tls = vec![cross_compile(&dir, "tls.c", &["-O2"])];
+    let out = kiln_run(port, &tls, &[], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("kiln-executor-c does not implement ReserveTlsModule"),
+        "{stderr}"
+    );
+    // An x86-64 object for an AArch64 executor: the link names both.
+    let x86 = dir.join("x86.o");
+    let status = Command::new("cc")
+        .args(["-c", "-O2"])
+        .arg(repo().join("tests/programs/exit_and_crash.c"))
+        .arg("-o")
+        .arg(&x86)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = kiln_run(port, &[x86], &[], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("x86.o") && stderr.contains("x86-64") && stderr.contains("AArch64"),
+        "{stderr}"
+    );
+}
+
+/// One frame: length, id, tag, fields.
+fn frame(id: u32, tag: u8, fields: &[u8]) -> Vec<u8> {
+    let mut f = ((fields.len() + 5) as u32).to_le_bytes().to_vec();
+    f.extend(id.to_le_bytes());
+    f.push(tag);
+    f.extend(fields);
+    f
+}
+
+/// Reads one frame: (id, tag, fields).
+fn read_frame(stream: &mut TcpStream) -> (u32, u8, Vec<u8>) {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).unwrap();
+    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+    stream.read_exact(&mut body).unwrap();
+    let id = u32::from_le_bytes(body[..4].try_into().unwrap());
+    (id, body[4], body[5..].to_vec())
+}
+
+/// Connects, checks the preamble and the hello; the stream is ready for requests.
+fn connect(port: u16) -> TcpStream {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut preamble = [0u8; 8];
+    stream.read_exact(&mut preamble).unwrap();
+    assert_eq!(&preamble, b"KILN\0\0\0P");
+    let (id, tag, hello) = read_frame(&mut stream);
+    assert_eq!((id, tag), (0, 0));
+    assert_eq!(&hello[..4], b"KILN");
+    assert_eq!(u32::from_le_bytes(hello[4..8].try_into().unwrap()), 2);
+    stream
+}
+
+fn error_text(stream: &mut TcpStream, id: u32) -> String {
+    let (got, tag, fields) = read_frame(stream);
+    assert_eq!(
+        (got, tag),
+        (id, 105),
+        "expected an Error answer to request {id}"
+    );
+    String::from_utf8_lossy(&fields[4..]).into_owned()
+}
+
+#[test]
+fn malformed_messages_get_errors_and_the_executor_lives_on() {
+    let binary = build_executor("kiln-executor-c", "cc");
+    let executor = start(&mut Command::new(&binary));
+    let mut s = connect(executor.port);
+    // An unknown tag, a truncated Reserve, a Write to a reservation that does not exist,
+    // a Reserve of a size that is not whole pages, a Lookup with a string longer than the
+    // frame: each an Error, and the connection goes on.
+    s.write_all(&frame(1, 77, &[])).unwrap();
+    assert!(error_text(&mut s, 1).contains("unknown request tag 77"));
+    s.write_all(&frame(2, 1, &[1, 2, 3])).unwrap();
+    assert!(error_text(&mut s, 2).contains("malformed Reserve"));
+    let mut write = 9u64.to_le_bytes().to_vec();
+    write.extend(0x1000u64.to_le_bytes());
+    write.extend(3u32.to_le_bytes());
+    write.extend([1, 2, 3]);
+    s.write_all(&frame(3, 6, &write)).unwrap();
+    assert!(error_text(&mut s, 3).contains("no reservation with handle 9"));
+    let mut reserve = 100u64.to_le_bytes().to_vec();
+    reserve.push(0);
+    reserve.extend([0u8; 16]);
+    reserve.push(0);
+    s.write_all(&frame(4, 1, &reserve)).unwrap();
+    assert!(error_text(&mut s, 4).contains("cannot reserve 0x64 bytes"));
+    let mut lookup = 0u64.to_le_bytes().to_vec();
+    lookup.extend(1000u32.to_le_bytes());
+    lookup.extend(b"printf");
+    s.write_all(&frame(5, 8, &lookup)).unwrap();
+    assert!(error_text(&mut s, 5).contains("malformed Lookup"));
+    // A well-formed Lookup still works on the same connection.
+    let mut lookup = 0u64.to_le_bytes().to_vec();
+    lookup.extend(6u32.to_le_bytes());
+    lookup.extend(b"printf");
+    s.write_all(&frame(6, 8, &lookup)).unwrap();
+    let (id, tag, fields) = read_frame(&mut s);
+    assert_eq!((id, tag), (6, 104));
+    assert_ne!(u64::from_le_bytes(fields[..8].try_into().unwrap()), 0);
+    assert_eq!(fields[8], 1, "printf is a function");
+    // A frame beyond the limit ends this connection, before anything is allocated...
+    s.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(s.read_to_end(&mut rest).unwrap_or(0), 0);
+    // ...and the executor serves the next one.
+    let mut s = connect(executor.port);
+    s.write_all(&frame(1, 19, &[])).unwrap();
+    let (id, tag, _) = read_frame(&mut s);
+    assert_eq!((id, tag), (1, 100));
+}
+
+#[test]
+fn the_c_executor_runs_x86_64_programs_too() {
+    let binary = build_executor("kiln-executor-c", "cc");
+    let executor = start(&mut Command::new(&binary));
+    let dir = tmp().join("native");
+    std::fs::create_dir_all(&dir).unwrap();
+    let object = dir.join("exit_and_crash.o");
+    let status = Command::new("cc")
+        .args(["-c", "-O2"])
+        .arg(repo().join("tests/programs/exit_and_crash.c"))
+        .arg("-o")
+        .arg(&object)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = kiln_run(executor.port, &[object], &[], &["exit"]);
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ending by exit\n");
+}

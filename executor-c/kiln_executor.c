@@ -1,0 +1,1018 @@
+/*
+ * kiln-executor-c: a Kiln executor written in C from docs/PROTOCOL.md alone, for targets
+ * where Rust is not available (here: AArch64 under qemu-user, built with
+ * aarch64-linux-gnu-gcc). It serves the copy transport over TCP, plaintext, on a loopback
+ * address:
+ *
+ *   kiln-executor-c --listen 127.0.0.1:PORT     (PORT 0: any; the address is printed)
+ *
+ * and each connection in a forked process of its own. It implements Reserve, Prepare,
+ * Initialize (permissions, then the instruction cache made coherent: DC CVAU / IC IVAU with
+ * the line sizes of CTR_EL0 on AArch64), Deinitialize, Release, Write, Read, Lookup,
+ * LookupMany, LoadLibrary, RegisterEhFrame, DeregisterEhFrame, RunInitializers,
+ * RunFinalizers, RunMain (the program's output forwarded as Output messages, its input
+ * taken from Input messages, exit() and fatal signals reported), Call, Input and
+ * Shutdown. Thread-local storage, exports, stdio adoption and debug outputs are answered
+ * with an Error naming the request.
+ *
+ * Code memory is dual-mapped, as Kiln's own executor does it: a memfd mapped twice, the
+ * target view with the final permission of each page (never writable and executable) and
+ * a writable working view that Write requests go to.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <link.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define PROTOCOL_VERSION 2
+#define MAX_FRAME (32u * 1024 * 1024 + 64 * 1024)
+#define MAX_STRING 65536
+#define MAX_RESERVATIONS 1024
+#define MAX_LIBRARIES 256
+
+#if defined(__aarch64__)
+#define TRIPLE "aarch64-unknown-linux-gnu"
+#elif defined(__x86_64__)
+#define TRIPLE "x86_64-unknown-linux-gnu"
+#else
+#error "kiln-executor-c knows the triples of AArch64 and x86-64"
+#endif
+
+/* Message tags (docs/PROTOCOL.md). */
+enum {
+    T_HELLO = 0, T_RESERVE = 1, T_PREPARE = 2, T_INITIALIZE = 3, T_DEINITIALIZE = 4,
+    T_RELEASE = 5, T_WRITE = 6, T_READ = 7, T_LOOKUP = 8, T_LOAD_LIBRARY = 9,
+    T_REGISTER_EH_FRAME = 10, T_DEREGISTER_EH_FRAME = 11, T_RUN_INITIALIZERS = 12,
+    T_RUN_FINALIZERS = 13, T_RUN_MAIN = 17, T_CALL = 18, T_SHUTDOWN = 19,
+    T_LOOKUP_MANY = 20, T_INPUT = 24,
+    A_OK = 100, A_VALUE = 101, A_RESERVED = 102, A_BYTES = 103, A_SYMBOL = 104,
+    A_ERROR = 105, A_CRASHED = 106, A_SYMBOLS = 107, A_EXITED = 108, A_OUTPUT = 109,
+};
+
+static const char *request_name(int tag) {
+    switch (tag) {
+    case 14: return "ReserveTlsModule (thread-local storage)";
+    case 15: return "InstallTls (thread-local storage)";
+    case 16: return "RemoveTls (thread-local storage)";
+    case 21: return "PlaceStaticTls (thread-local storage)";
+    case 22: return "ExportSymbols";
+    case 23: return "UnexportSymbols";
+    case 25: return "AdoptStdio";
+    case 26: return "EnableDebugOutputs";
+    case 27: return "RegisterDebug";
+    case 28: return "UnregisterDebug";
+    default: return NULL;
+    }
+}
+
+/* ---- encoding ------------------------------------------------------------------------ */
+
+struct reader {
+    const uint8_t *p;
+    size_t left;
+    const char *bad; /* the first field that did not fit, or NULL */
+};
+
+static int take(struct reader *r, void *out, size_t n, const char *field) {
+    if (r->bad) {
+        memset(out, 0, n);
+        return 0;
+    }
+    if (r->left < n) {
+        r->bad = field;
+        memset(out, 0, n);
+        return 0;
+    }
+    memcpy(out, r->p, n);
+    r->p += n;
+    r->left -= n;
+    return 1;
+}
+
+static uint8_t rd_u8(struct reader *r, const char *f) { uint8_t v; take(r, &v, 1, f); return v; }
+static uint32_t rd_u32(struct reader *r, const char *f) {
+    uint8_t b[4];
+    take(r, b, 4, f);
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+static uint64_t rd_u64(struct reader *r, const char *f) {
+    uint64_t lo = rd_u32(r, f), hi = rd_u32(r, f);
+    return lo | hi << 32;
+}
+/* A `bytes` field: points into the frame. */
+static const uint8_t *rd_bytes(struct reader *r, uint32_t *len, const char *f) {
+    *len = rd_u32(r, f);
+    if (r->bad) return NULL;
+    if (*len > r->left) {
+        r->bad = f;
+        *len = 0;
+        return NULL;
+    }
+    const uint8_t *at = r->p;
+    r->p += *len;
+    r->left -= *len;
+    return at;
+}
+/* A `string` field, copied with a terminating NUL (NULL if malformed). */
+static char *rd_string(struct reader *r, const char *f) {
+    uint32_t len;
+    const uint8_t *at = rd_bytes(r, &len, f);
+    if (!at && r->bad) return NULL;
+    if (len > MAX_STRING || memchr(at, 0, len)) {
+        r->bad = f;
+        return NULL;
+    }
+    char *s = malloc(len + 1);
+    if (!s) {
+        r->bad = "memory";
+        return NULL;
+    }
+    memcpy(s, at, len);
+    s[len] = 0;
+    return s;
+}
+/* A list count that cannot claim more items than bytes left (each at least `min_item`). */
+static uint32_t rd_count(struct reader *r, size_t min_item, const char *f) {
+    uint32_t n = rd_u32(r, f);
+    if (!r->bad && (uint64_t)n * min_item > r->left) r->bad = f;
+    return r->bad ? 0 : n;
+}
+
+struct writer {
+    uint8_t *p;
+    size_t len, cap;
+};
+
+static void wr_raw(struct writer *w, const void *data, size_t n) {
+    if (w->len + n > w->cap) {
+        size_t cap = w->cap ? w->cap : 256;
+        while (cap < w->len + n) cap *= 2;
+        uint8_t *p = realloc(w->p, cap);
+        if (!p) {
+            fprintf(stderr, "kiln-executor-c: out of memory\n");
+            _exit(70);
+        }
+        w->p = p;
+        w->cap = cap;
+    }
+    memcpy(w->p + w->len, data, n);
+    w->len += n;
+}
+static void wr_u8(struct writer *w, uint8_t v) { wr_raw(w, &v, 1); }
+static void wr_u32(struct writer *w, uint32_t v) {
+    uint8_t b[4] = {v, v >> 8, v >> 16, v >> 24};
+    wr_raw(w, b, 4);
+}
+static void wr_u64(struct writer *w, uint64_t v) { wr_u32(w, (uint32_t)v); wr_u32(w, v >> 32); }
+static void wr_bytes(struct writer *w, const void *data, uint32_t n) { wr_u32(w, n); wr_raw(w, data, n); }
+static void wr_string(struct writer *w, const char *s) { wr_bytes(w, s, (uint32_t)strlen(s)); }
+
+/* ---- the connection ------------------------------------------------------------------ */
+
+static int sock = -1;
+static pthread_mutex_t send_lock = PTHREAD_MUTEX_INITIALIZER;
+static int log_fd = 2; /* the executor's own stderr, kept when the program's is a pipe */
+
+static void logf_(const char *fmt, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n > 0) (void)!write(log_fd, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n) {
+    while (n > 0) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int read_all(int fd, uint8_t *p, size_t n) {
+    while (n > 0) {
+        ssize_t k = recv(fd, p, n, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Sends one frame: `body` starts with the tag. */
+static void send_frame(uint32_t id, const struct writer *body) {
+    uint8_t head[8];
+    uint32_t len = (uint32_t)body->len + 4;
+    for (int i = 0; i < 4; i++) head[i] = (uint8_t)(len >> (8 * i));
+    for (int i = 0; i < 4; i++) head[4 + i] = (uint8_t)(id >> (8 * i));
+    pthread_mutex_lock(&send_lock);
+    if (write_all(sock, head, 8) != 0 || write_all(sock, body->p, body->len) != 0) {
+        pthread_mutex_unlock(&send_lock);
+        _exit(0); /* the controller is gone */
+    }
+    pthread_mutex_unlock(&send_lock);
+}
+
+static void reply_simple(uint32_t id, uint8_t tag) {
+    struct writer w = {0};
+    wr_u8(&w, tag);
+    send_frame(id, &w);
+    free(w.p);
+}
+
+static void reply_value(uint32_t id, uint64_t v) {
+    struct writer w = {0};
+    wr_u8(&w, A_VALUE);
+    wr_u64(&w, v);
+    send_frame(id, &w);
+    free(w.p);
+}
+
+static void reply_error(uint32_t id, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    struct writer w = {0};
+    wr_u8(&w, A_ERROR);
+    wr_string(&w, msg);
+    send_frame(id, &w);
+    free(w.p);
+}
+
+/* ---- memory -------------------------------------------------------------------------- */
+
+struct reservation {
+    int used;
+    uint64_t target, len;
+    uint8_t *working;
+    int fd;
+};
+
+static struct reservation reservations[MAX_RESERVATIONS];
+static long page_size;
+static int tracing; /* KILN_EXECUTOR_TRACE=1: requests logged to stderr */
+
+static struct reservation *reservation(uint64_t handle) {
+    if (handle == 0 || handle > MAX_RESERVATIONS || !reservations[handle - 1].used) return NULL;
+    return &reservations[handle - 1];
+}
+
+/* Whether [addr, addr + len) lies inside reservation `r`. */
+static int inside(const struct reservation *r, uint64_t addr, uint64_t len) {
+    return addr >= r->target && len <= r->len && addr - r->target <= r->len - len;
+}
+
+/* The reservation holding [addr, addr + len), if any. */
+static struct reservation *holding(uint64_t addr, uint64_t len) {
+    for (int i = 0; i < MAX_RESERVATIONS; i++)
+        if (reservations[i].used && inside(&reservations[i], addr, len)) return &reservations[i];
+    return NULL;
+}
+
+static int prot_of(uint8_t permission) {
+    switch (permission) {
+    case 0: return PROT_READ | PROT_EXEC;
+    case 1: return PROT_READ;
+    case 2: return PROT_READ | PROT_WRITE;
+    default: return -1;
+    }
+}
+
+/* Makes the instruction cache coherent with the data cache for [start, end). */
+static void sync_icache(uintptr_t start, uintptr_t end) {
+#if defined(__aarch64__)
+    uint64_t ctr;
+    __asm__ volatile("mrs %0, ctr_el0" : "=r"(ctr));
+    uintptr_t dline = (uintptr_t)4 << ((ctr >> 16) & 0xf);
+    uintptr_t iline = (uintptr_t)4 << (ctr & 0xf);
+    for (uintptr_t a = start & ~(dline - 1); a < end; a += dline)
+        __asm__ volatile("dc cvau, %0" ::"r"(a) : "memory");
+    __asm__ volatile("dsb ish" ::: "memory");
+    for (uintptr_t a = start & ~(iline - 1); a < end; a += iline)
+        __asm__ volatile("ic ivau, %0" ::"r"(a) : "memory");
+    __asm__ volatile("dsb ish\n\tisb" ::: "memory");
+#else
+    __builtin___clear_cache((char *)start, (char *)end);
+#endif
+}
+
+/* An address in the C library, which code placed "near the libraries" must reach. */
+static uint64_t library_anchor(void) {
+    return (uint64_t)(uintptr_t)dlsym(RTLD_DEFAULT, "printf");
+}
+
+/* Maps `len` bytes of `fd` inaccessible, where `lo <= start` and `start + len <= hi`. */
+static void *map_target(int fd, uint64_t len, uint64_t lo, uint64_t hi) {
+    if (lo == 0 && hi == UINT64_MAX) {
+        void *p = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, 0);
+        return p == MAP_FAILED ? NULL : p;
+    }
+    /* Hints spread over the window, nearest the window's middle first. */
+    uint64_t mid = lo / 2 + hi / 2;
+    for (int k = 0; k < 128; k++) {
+        int64_t step = (int64_t)((k + 1) / 2) * (int64_t)(16 << 20) * (k % 2 ? 1 : -1);
+        uint64_t hint = (mid + (uint64_t)step) & ~(uint64_t)(page_size - 1);
+        if (hint < lo || hint + len > hi || hint < (uint64_t)page_size) continue;
+        void *p = mmap((void *)(uintptr_t)hint, len, PROT_NONE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+        if (p == MAP_FAILED) {
+            p = mmap((void *)(uintptr_t)hint, len, PROT_NONE, MAP_SHARED, fd, 0);
+            if (p == MAP_FAILED) continue;
+        }
+        uint64_t at = (uint64_t)(uintptr_t)p;
+        if (at >= lo && at + len <= hi) return p;
+        munmap(p, len);
+    }
+    return NULL;
+}
+
+static void do_reserve(uint32_t id, struct reader *r) {
+    uint64_t len = rd_u64(r, "len");
+    uint8_t placement = rd_u8(r, "placement");
+    uint64_t a = rd_u64(r, "a"), b = rd_u64(r, "b");
+    uint8_t share = rd_u8(r, "share");
+    if (r->bad || r->left) return reply_error(id, "malformed Reserve: %s", r->bad ? r->bad : "trailing bytes");
+    if (share) return reply_error(id, "shared memory needs a Unix socket to pass its descriptor: use the copy transport");
+    if (len == 0 || len % (uint64_t)page_size || len > ((uint64_t)1 << 40))
+        return reply_error(id, "cannot reserve %#llx bytes", (unsigned long long)len);
+    const uint64_t reach = ((uint64_t)1 << 31) - ((uint64_t)1 << 20);
+    uint64_t lo = 0, hi = UINT64_MAX;
+    switch (placement) {
+    case 0: break;
+    case 1: {
+        uint64_t anchor = library_anchor();
+        lo = anchor > reach ? anchor - reach : 0;
+        hi = anchor + reach;
+        break;
+    }
+    case 2:
+        if (a > b) return reply_error(id, "placement near %#llx..%#llx: the range is reversed", (unsigned long long)a, (unsigned long long)b);
+        lo = b > reach ? b - reach : 0;
+        hi = a + reach;
+        break;
+    case 3: lo = 1 << 20; hi = (uint64_t)1 << 31; break;
+    default: return reply_error(id, "unknown placement %u", placement);
+    }
+    int slot = -1;
+    for (int i = 0; i < MAX_RESERVATIONS; i++)
+        if (!reservations[i].used) { slot = i; break; }
+    if (slot < 0) return reply_error(id, "too many reservations (%d)", MAX_RESERVATIONS);
+    int fd = memfd_create("kiln-code", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        return reply_error(id, "memfd of %#llx bytes: %s", (unsigned long long)len, strerror(e));
+    }
+    void *target = map_target(fd, len, lo, hi);
+    if (!target) {
+        close(fd);
+        return reply_error(id, "no free address range of %#llx bytes satisfies placement %u", (unsigned long long)len, placement);
+    }
+    void *working = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (working == MAP_FAILED) {
+        int e = errno;
+        munmap(target, len);
+        close(fd);
+        return reply_error(id, "working view: %s", strerror(e));
+    }
+    reservations[slot] = (struct reservation){1, (uint64_t)(uintptr_t)target, len, working, fd};
+    if (tracing) logf_("kiln-executor-c: reserved %#llx bytes at %p (placement %u, window %#llx..%#llx)\n", (unsigned long long)len, target, placement, (unsigned long long)lo, (unsigned long long)hi);
+    struct writer w = {0};
+    wr_u8(&w, A_RESERVED);
+    wr_u64(&w, (uint64_t)(uintptr_t)target);
+    wr_u64(&w, (uint64_t)slot + 1);
+    send_frame(id, &w);
+    free(w.p);
+}
+
+/* Checks a page range of a reservation; NULL (after answering) if it is not one. */
+static struct reservation *pages(uint32_t id, uint64_t handle, uint64_t start, uint64_t end) {
+    struct reservation *res = reservation(handle);
+    if (!res) return reply_error(id, "no reservation with handle %llu", (unsigned long long)handle), NULL;
+    if (start % (uint64_t)page_size || end % (uint64_t)page_size || start >= end || !inside(res, start, end - start)) {
+        reply_error(id, "%#llx..%#llx is not a page range of reservation %llu", (unsigned long long)start, (unsigned long long)end, (unsigned long long)handle);
+        return NULL;
+    }
+    return res;
+}
+
+static void do_prepare(uint32_t id, struct reader *r) {
+    uint64_t handle = rd_u64(r, "handle"), start = rd_u64(r, "start"), end = rd_u64(r, "end");
+    uint8_t permission = rd_u8(r, "permission");
+    if (r->bad || r->left) return reply_error(id, "malformed Prepare: %s", r->bad ? r->bad : "trailing bytes");
+    int prot = prot_of(permission);
+    if (prot < 0) return reply_error(id, "unknown permission %u", permission);
+    if (!pages(id, handle, start, end)) return;
+    /* The target view gets its final permission now; writes go to the working view. */
+    if (mprotect((void *)(uintptr_t)start, end - start, prot) != 0)
+        return reply_error(id, "mprotect: %s", strerror(errno));
+    reply_simple(id, A_OK);
+}
+
+static void do_initialize(uint32_t id, struct reader *r) {
+    uint64_t handle = rd_u64(r, "handle");
+    uint32_t n = rd_count(r, 17, "segments");
+    struct reservation *res = reservation(handle);
+    uint64_t (*segs)[3] = calloc(n ? n : 1, sizeof *segs);
+    if (!segs) return reply_error(id, "out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        segs[i][0] = rd_u64(r, "target");
+        segs[i][1] = rd_u64(r, "len");
+        segs[i][2] = rd_u8(r, "permission");
+    }
+    if (r->bad || r->left) {
+        free(segs);
+        return reply_error(id, "malformed Initialize: %s", r->bad ? r->bad : "trailing bytes");
+    }
+    if (!res) {
+        free(segs);
+        return reply_error(id, "no reservation with handle %llu", (unsigned long long)handle);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (!inside(res, segs[i][0], segs[i][1]) || prot_of((uint8_t)segs[i][2]) < 0) {
+            free(segs);
+            return reply_error(id, "segment %#llx+%#llx is not in reservation %llu", (unsigned long long)segs[i][0], (unsigned long long)segs[i][1], (unsigned long long)handle);
+        }
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (segs[i][2] == 0 && segs[i][1] > 0) sync_icache((uintptr_t)segs[i][0], (uintptr_t)(segs[i][0] + segs[i][1]));
+    }
+    free(segs);
+    reply_simple(id, A_OK);
+}
+
+static void do_deinitialize(uint32_t id, struct reader *r) {
+    uint64_t handle = rd_u64(r, "handle"), start = rd_u64(r, "start"), end = rd_u64(r, "end");
+    if (r->bad || r->left) return reply_error(id, "malformed Deinitialize: %s", r->bad ? r->bad : "trailing bytes");
+    struct reservation *res = pages(id, handle, start, end);
+    if (!res) return;
+    mprotect((void *)(uintptr_t)start, end - start, PROT_NONE);
+    /* The pages' contents are discarded: they read as zeros when prepared again. */
+    memset(res->working + (start - res->target), 0, end - start);
+    madvise(res->working + (start - res->target), end - start, MADV_REMOVE);
+    reply_simple(id, A_OK);
+}
+
+static void do_release(uint32_t id, struct reader *r) {
+    uint64_t handle = rd_u64(r, "handle");
+    if (r->bad || r->left) return reply_error(id, "malformed Release: %s", r->bad ? r->bad : "trailing bytes");
+    struct reservation *res = reservation(handle);
+    if (!res) return reply_error(id, "no reservation with handle %llu", (unsigned long long)handle);
+    munmap((void *)(uintptr_t)res->target, res->len);
+    munmap(res->working, res->len);
+    close(res->fd);
+    memset(res, 0, sizeof *res);
+    reply_simple(id, A_OK);
+}
+
+static void do_write(uint32_t id, struct reader *r) {
+    uint64_t handle = rd_u64(r, "handle"), address = rd_u64(r, "address");
+    uint32_t len;
+    const uint8_t *bytes = rd_bytes(r, &len, "bytes");
+    if (r->bad || r->left) return reply_error(id, "malformed Write: %s", r->bad ? r->bad : "trailing bytes");
+    struct reservation *res = reservation(handle);
+    if (!res) return reply_error(id, "no reservation with handle %llu", (unsigned long long)handle);
+    if (!inside(res, address, len)) return reply_error(id, "write of %u bytes at %#llx is outside reservation %llu", len, (unsigned long long)address, (unsigned long long)handle);
+    memcpy(res->working + (address - res->target), bytes, len);
+    reply_simple(id, A_OK);
+}
+
+static void do_read(uint32_t id, struct reader *r) {
+    uint64_t handle = rd_u64(r, "handle"), address = rd_u64(r, "address"), len = rd_u64(r, "len");
+    if (r->bad || r->left) return reply_error(id, "malformed Read: %s", r->bad ? r->bad : "trailing bytes");
+    struct reservation *res = reservation(handle);
+    if (!res) return reply_error(id, "no reservation with handle %llu", (unsigned long long)handle);
+    if (len > 32u * 1024 * 1024 || !inside(res, address, len)) return reply_error(id, "read of %#llx bytes at %#llx is outside reservation %llu", (unsigned long long)len, (unsigned long long)address, (unsigned long long)handle);
+    struct writer w = {0};
+    wr_u8(&w, A_BYTES);
+    wr_bytes(&w, res->working + (address - res->target), (uint32_t)len);
+    send_frame(id, &w);
+    free(w.p);
+}
+
+/* ---- symbols ------------------------------------------------------------------------- */
+
+static void *libraries[MAX_LIBRARIES];
+static char *library_paths[MAX_LIBRARIES];
+static int library_count;
+
+static int library(uint64_t id, void **handle) {
+    if (id == 0) { *handle = RTLD_DEFAULT; return 1; }
+    if (id > (uint64_t)library_count) return 0;
+    *handle = libraries[id - 1];
+    return 1;
+}
+
+/* (address, kind: 0 unknown, 1 function, 2 data) of `name`. */
+static void lookup(void *handle, const char *name, uint64_t *address, uint8_t *kind) {
+    void *p = dlsym(handle, name);
+    *address = (uint64_t)(uintptr_t)p;
+    *kind = 0;
+    Dl_info info;
+    const ElfW(Sym) *sym = NULL;
+    if (p && dladdr1(p, &info, (void **)&sym, RTLD_DL_SYMENT) && sym) {
+        int type = ELF64_ST_TYPE(sym->st_info);
+        *kind = (type == STT_FUNC || type == STT_GNU_IFUNC) ? 1 : (type == STT_OBJECT || type == STT_TLS) ? 2 : 0;
+    }
+}
+
+static void do_lookup(uint32_t id, struct reader *r) {
+    uint64_t lib = rd_u64(r, "library");
+    char *name = rd_string(r, "name");
+    void *handle;
+    if (r->bad || r->left) {
+        free(name);
+        return reply_error(id, "malformed Lookup: %s", r->bad ? r->bad : "trailing bytes");
+    }
+    if (!library(lib, &handle)) {
+        free(name);
+        return reply_error(id, "no library with handle %llu", (unsigned long long)lib);
+    }
+    uint64_t address;
+    uint8_t kind;
+    lookup(handle, name, &address, &kind);
+    free(name);
+    struct writer w = {0};
+    wr_u8(&w, A_SYMBOL);
+    wr_u64(&w, address);
+    wr_u8(&w, kind);
+    send_frame(id, &w);
+    free(w.p);
+}
+
+static void do_lookup_many(uint32_t id, struct reader *r) {
+    uint64_t lib = rd_u64(r, "library");
+    uint32_t n = rd_count(r, 4, "names");
+    void *handle = RTLD_DEFAULT;
+    if (!r->bad && !library(lib, &handle)) return reply_error(id, "no library with handle %llu", (unsigned long long)lib);
+    struct writer w = {0};
+    wr_u8(&w, A_SYMBOLS);
+    wr_u32(&w, n);
+    for (uint32_t i = 0; i < n && !r->bad; i++) {
+        char *name = rd_string(r, "name");
+        uint64_t address = 0;
+        uint8_t kind = 0;
+        if (name) lookup(handle, name, &address, &kind);
+        free(name);
+        wr_u64(&w, address);
+        wr_u8(&w, kind);
+    }
+    if (r->bad || r->left) reply_error(id, "malformed LookupMany: %s", r->bad ? r->bad : "trailing bytes");
+    else send_frame(id, &w);
+    free(w.p);
+}
+
+static void do_load_library(uint32_t id, struct reader *r) {
+    char *path = rd_string(r, "path");
+    if (r->bad || r->left) {
+        free(path);
+        return reply_error(id, "malformed LoadLibrary: %s", r->bad ? r->bad : "trailing bytes");
+    }
+    for (int i = 0; i < library_count; i++)
+        if (strcmp(library_paths[i], path) == 0) {
+            free(path);
+            return reply_value(id, (uint64_t)i + 1);
+        }
+    if (library_count == MAX_LIBRARIES) {
+        free(path);
+        return reply_error(id, "too many libraries");
+    }
+    void *handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (!handle) {
+        reply_error(id, "dlopen %s: %s", path, dlerror());
+        free(path);
+        return;
+    }
+    libraries[library_count] = handle;
+    library_paths[library_count] = path;
+    reply_value(id, (uint64_t)++library_count);
+}
+
+/* ---- running code -------------------------------------------------------------------- */
+
+static char *empty_argv[] = {"kiln", NULL};
+extern char **environ;
+
+/* Checks that every address of a list lies in reserved memory; answers if not. */
+static int all_code(uint32_t id, const uint64_t *functions, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++)
+        if (!holding(functions[i], 1)) {
+            reply_error(id, "%#llx is not in memory this executor reserved", (unsigned long long)functions[i]);
+            return 0;
+        }
+    return 1;
+}
+
+static uint64_t *rd_addresses(struct reader *r, uint32_t *n) {
+    *n = rd_count(r, 8, "functions");
+    uint64_t *list = calloc(*n ? *n : 1, sizeof *list);
+    if (!list) { r->bad = "memory"; return NULL; }
+    for (uint32_t i = 0; i < *n; i++) list[i] = rd_u64(r, "function");
+    return list;
+}
+
+static void do_eh_frame(uint32_t id, struct reader *r, int reg) {
+    uint64_t address = rd_u64(r, "address");
+    if (r->bad || r->left) return reply_error(id, "malformed eh_frame request: %s", r->bad ? r->bad : "trailing bytes");
+    if (!holding(address, 4)) return reply_error(id, "eh_frame at %#llx is not in memory this executor reserved", (unsigned long long)address);
+    const char *name = reg ? "__register_frame" : "__deregister_frame";
+    void (*fn)(void *) = (void (*)(void *))dlsym(RTLD_DEFAULT, name);
+    if (!fn) {
+        /* The unwinder of C++ and of -fexceptions code: libgcc_s, loaded on first use. */
+        void *libgcc = dlopen("libgcc_s.so.1", RTLD_NOW | RTLD_GLOBAL);
+        if (libgcc) fn = (void (*)(void *))dlsym(libgcc, name);
+    }
+    if (!fn) return reply_error(id, "this process has no unwinder to register with (libgcc_s)");
+    fn((void *)(uintptr_t)address);
+    reply_simple(id, A_OK);
+}
+
+static void do_initializers(uint32_t id, struct reader *r) {
+    uint32_t n;
+    uint64_t *list = rd_addresses(r, &n);
+    if (r->bad || r->left) reply_error(id, "malformed RunInitializers: %s", r->bad ? r->bad : "trailing bytes");
+    else if (all_code(id, list, n)) {
+        for (uint32_t i = 0; i < n; i++) ((void (*)(int, char **, char **))(uintptr_t)list[i])(1, empty_argv, environ);
+        reply_simple(id, A_OK);
+    }
+    free(list);
+}
+
+static void do_finalizers(uint32_t id, struct reader *r) {
+    uint64_t dso = rd_u64(r, "dso_handle");
+    uint32_t n;
+    uint64_t *list = rd_addresses(r, &n);
+    if (r->bad || r->left) reply_error(id, "malformed RunFinalizers: %s", r->bad ? r->bad : "trailing bytes");
+    else if (all_code(id, list, n)) {
+        void (*finalize)(void *) = (void (*)(void *))dlsym(RTLD_DEFAULT, "__cxa_finalize");
+        if (finalize && dso) finalize((void *)(uintptr_t)dso);
+        for (uint32_t i = 0; i < n; i++) ((void (*)(void))(uintptr_t)list[i])();
+        reply_simple(id, A_OK);
+    }
+    free(list);
+}
+
+static void do_call(uint32_t id, struct reader *r) {
+    uint64_t address = rd_u64(r, "address");
+    uint32_t n = rd_count(r, 8, "arguments");
+    uint64_t a[6] = {0};
+    for (uint32_t i = 0; i < n && i < 6; i++) a[i] = rd_u64(r, "argument");
+    if (n > 6) return reply_error(id, "Call takes at most 6 arguments, not %u", n);
+    if (r->bad || r->left) return reply_error(id, "malformed Call: %s", r->bad ? r->bad : "trailing bytes");
+    if (!holding(address, 1)) return reply_error(id, "%#llx is not in memory this executor reserved", (unsigned long long)address);
+    uint64_t v = ((uint64_t(*)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t))(uintptr_t)address)(a[0], a[1], a[2], a[3], a[4], a[5]);
+    reply_value(id, v);
+}
+
+/* The program's standard streams: pipes whose other ends the forwarder reads. */
+static int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1}, in_pipe[2] = {-1, -1};
+static atomic_int forwarding_busy;
+static pid_t executor_pid;
+static volatile sig_atomic_t in_main;
+
+static void *forward_output(void *unused) {
+    (void)unused;
+    uint8_t buf[65536];
+    for (;;) {
+        struct pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+        if (poll(fds, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            return NULL;
+        }
+        for (int i = 0; i < 2; i++) {
+            if (!(fds[i].revents & (POLLIN | POLLHUP))) continue;
+            atomic_store(&forwarding_busy, 1);
+            ssize_t k = read(fds[i].fd, buf, sizeof buf);
+            if (k > 0) {
+                struct writer w = {0};
+                wr_u8(&w, A_OUTPUT);
+                wr_u8(&w, (uint8_t)(i + 1));
+                wr_bytes(&w, buf, (uint32_t)k);
+                send_frame(0, &w);
+                free(w.p);
+            }
+            atomic_store(&forwarding_busy, 0);
+        }
+    }
+}
+
+static int pending(int fd) {
+    int n = 0;
+    return ioctl(fd, FIONREAD, &n) == 0 ? n : 0;
+}
+
+/* Waits until everything the program wrote has been sent. */
+static void drain_output(void) {
+    fflush(NULL);
+    for (int spins = 0; spins < 5000; spins++) {
+        if (!pending(out_pipe[0]) && !pending(err_pipe[0]) && !atomic_load(&forwarding_busy)) return;
+        usleep(200);
+    }
+}
+
+static void setup_stdio(void) {
+    if (out_pipe[0] >= 0) return;
+    log_fd = dup(2);
+    if (pipe(out_pipe) || pipe(err_pipe) || pipe(in_pipe)) {
+        logf_("kiln-executor-c: pipes: %s\n", strerror(errno));
+        _exit(71);
+    }
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    dup2(in_pipe[0], 0);
+    pthread_t t;
+    pthread_create(&t, NULL, forward_output, NULL);
+    pthread_detach(t);
+}
+
+/* A frame `len, id 0, tag, u32 value`, built and sent without allocating. */
+static void report(uint8_t tag, uint32_t value) {
+    uint8_t frame[13] = {9, 0, 0, 0, 0, 0, 0, 0, tag};
+    for (int i = 0; i < 4; i++) frame[9 + i] = (uint8_t)(value >> (8 * i));
+    (void)write_all(sock, frame, sizeof frame);
+}
+
+static void on_fatal_signal(int signal) {
+    if (getpid() == executor_pid) report(A_CRASHED, (uint32_t)signal);
+    shutdown(sock, SHUT_WR);
+    raise(signal); /* SA_RESETHAND restored the default action */
+}
+
+static void on_program_exit(int status, void *unused) {
+    (void)unused;
+    if (getpid() != executor_pid || !in_main) return;
+    drain_output();
+    pthread_mutex_lock(&send_lock);
+    report(A_EXITED, (uint32_t)status);
+    shutdown(sock, SHUT_WR);
+}
+
+struct main_call {
+    uint64_t address;
+    int argc;
+    char **argv;
+    int status;
+    int done_fd;
+};
+
+static void *call_main(void *arg) {
+    struct main_call *m = arg;
+    m->status = ((int (*)(int, char **, char **))(uintptr_t)m->address)(m->argc, m->argv, environ);
+    fflush(NULL);
+    (void)!write(m->done_fd, "d", 1);
+    return NULL;
+}
+
+static void give_input(struct reader *r) {
+    uint32_t len;
+    const uint8_t *bytes = rd_bytes(r, &len, "bytes");
+    if (r->bad || in_pipe[1] < 0) return;
+    if (len == 0) {
+        close(in_pipe[1]);
+        in_pipe[1] = -1;
+        return;
+    }
+    while (len > 0) {
+        ssize_t k = write(in_pipe[1], bytes, len);
+        if (k <= 0) return;
+        bytes += k;
+        len -= (uint32_t)k;
+    }
+}
+
+static int read_frame(uint8_t **body, uint32_t *len);
+
+static void do_run_main(uint32_t id, struct reader *r) {
+    uint64_t address = rd_u64(r, "address");
+    uint32_t n = rd_count(r, 4, "argv");
+    char **argv = calloc((size_t)n + 1, sizeof *argv);
+    for (uint32_t i = 0; argv && i < n; i++) argv[i] = rd_string(r, "argument");
+    if (!argv || r->bad || r->left) {
+        if (argv) for (uint32_t i = 0; i < n; i++) free(argv[i]);
+        free(argv);
+        return reply_error(id, "malformed RunMain: %s", r->bad ? r->bad : "trailing bytes");
+    }
+    if (!holding(address, 1)) return reply_error(id, "main at %#llx is not in memory this executor reserved", (unsigned long long)address);
+    int done[2];
+    if (pipe(done)) return reply_error(id, "pipe: %s", strerror(errno));
+    struct main_call m = {address, (int)n, argv, 0, done[1]};
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 8 << 20);
+    pthread_t thread;
+    in_main = 1;
+    if (pthread_create(&thread, &attr, call_main, &m) != 0) {
+        in_main = 0;
+        close(done[0]);
+        close(done[1]);
+        return reply_error(id, "cannot start main's thread");
+    }
+    /* Serve Input while main runs; anything else is answered "main is running". */
+    for (;;) {
+        struct pollfd fds[2] = {{sock, POLLIN, 0}, {done[0], POLLIN, 0}};
+        if (poll(fds, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (fds[1].revents) break;
+        if (fds[0].revents) {
+            uint8_t *body;
+            uint32_t len;
+            if (read_frame(&body, &len) != 0) _exit(0);
+            struct reader fr = {body, len, NULL};
+            uint32_t fid = rd_u32(&fr, "id");
+            uint8_t tag = rd_u8(&fr, "tag");
+            if (tag == T_INPUT) give_input(&fr);
+            else reply_error(fid, "main is running");
+            free(body);
+        }
+    }
+    pthread_join(thread, NULL);
+    in_main = 0;
+    close(done[0]);
+    close(done[1]);
+    drain_output();
+    for (uint32_t i = 0; i < n; i++) free(argv[i]);
+    free(argv);
+    reply_value(id, (uint64_t)(uint32_t)m.status);
+}
+
+/* ---- serving ------------------------------------------------------------------------- */
+
+/* Reads one frame's body (id, tag, fields); -1 when the connection ends or the frame is
+ * beyond the limit (nothing is allocated for it). */
+static int read_frame(uint8_t **body, uint32_t *len) {
+    uint8_t head[4];
+    if (read_all(sock, head, 4) != 0) return -1;
+    *len = (uint32_t)head[0] | (uint32_t)head[1] << 8 | (uint32_t)head[2] << 16 | (uint32_t)head[3] << 24;
+    if (*len < 5 || *len > MAX_FRAME) {
+        logf_("kiln-executor-c: frame of %u bytes refused (limit %u): closing\n", *len, MAX_FRAME);
+        return -1;
+    }
+    *body = malloc(*len);
+    if (!*body || read_all(sock, *body, *len) != 0) {
+        free(*body);
+        return -1;
+    }
+    return 0;
+}
+
+static void send_hello(void) {
+    struct writer w = {0};
+    wr_u8(&w, T_HELLO);
+    wr_raw(&w, "KILN", 4);
+    wr_u32(&w, PROTOCOL_VERSION);
+    wr_u64(&w, (uint64_t)page_size);
+    wr_string(&w, TRIPLE);
+    wr_u32(&w, (uint32_t)getpid());
+    wr_u32(&w, MAX_FRAME);
+    wr_u32(&w, 0); /* no runtime symbols */
+    send_frame(0, &w);
+    free(w.p);
+}
+
+static int serve(int fd) {
+    sock = fd;
+    executor_pid = getpid();
+    tracing = getenv("KILN_EXECUTOR_TRACE") != NULL;
+    page_size = sysconf(_SC_PAGESIZE);
+    static const uint8_t preamble[8] = {'K', 'I', 'L', 'N', 0, 0, 0, 'P'};
+    if (write_all(sock, preamble, 8) != 0) return 1;
+    /* Reports go out on a stack of their own, so a stack overflow reports too. */
+    static uint8_t alt_stack[64 * 1024];
+    stack_t ss = {.ss_sp = alt_stack, .ss_size = sizeof alt_stack};
+    sigaltstack(&ss, NULL);
+    int fatal[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGABRT, SIGSYS};
+    for (size_t i = 0; i < sizeof fatal / sizeof *fatal; i++) {
+        struct sigaction sa = {0};
+        sa.sa_handler = on_fatal_signal;
+        sa.sa_flags = SA_RESETHAND | SA_ONSTACK | SA_NODEFER;
+        sigaction(fatal[i], &sa, NULL);
+    }
+    on_exit(on_program_exit, NULL);
+    /* The compiler's runtime is part of the process's symbols, as for a native program:
+     * the unwinder, and on AArch64 the 128-bit long double helpers (__addtf3, …). */
+    dlopen("libgcc_s.so.1", RTLD_NOW | RTLD_GLOBAL);
+    setup_stdio();
+    send_hello();
+    for (;;) {
+        uint8_t *body;
+        uint32_t len;
+        if (read_frame(&body, &len) != 0) return 0;
+        struct reader r = {body, len, NULL};
+        uint32_t id = rd_u32(&r, "id");
+        uint8_t tag = rd_u8(&r, "tag");
+        if (id & 0x80000000u) {
+            logf_("kiln-executor-c: a request id with the top bit set (%#x): closing\n", id);
+            free(body);
+            return 1;
+        }
+        if (tracing) logf_("kiln-executor-c: request %u (tag %u, %u bytes)\n", id, tag, len);
+        switch (tag) {
+        case T_RESERVE: do_reserve(id, &r); break;
+        case T_PREPARE: do_prepare(id, &r); break;
+        case T_INITIALIZE: do_initialize(id, &r); break;
+        case T_DEINITIALIZE: do_deinitialize(id, &r); break;
+        case T_RELEASE: do_release(id, &r); break;
+        case T_WRITE: do_write(id, &r); break;
+        case T_READ: do_read(id, &r); break;
+        case T_LOOKUP: do_lookup(id, &r); break;
+        case T_LOOKUP_MANY: do_lookup_many(id, &r); break;
+        case T_LOAD_LIBRARY: do_load_library(id, &r); break;
+        case T_REGISTER_EH_FRAME: do_eh_frame(id, &r, 1); break;
+        case T_DEREGISTER_EH_FRAME: do_eh_frame(id, &r, 0); break;
+        case T_RUN_INITIALIZERS: do_initializers(id, &r); break;
+        case T_RUN_FINALIZERS: do_finalizers(id, &r); break;
+        case T_RUN_MAIN: do_run_main(id, &r); break;
+        case T_CALL: do_call(id, &r); break;
+        case T_INPUT: give_input(&r); break;
+        case T_SHUTDOWN:
+            drain_output();
+            reply_simple(id, A_OK);
+            free(body);
+            shutdown(sock, SHUT_WR);
+            _exit(0);
+        default: {
+            const char *name = request_name(tag);
+            if (name) reply_error(id, "kiln-executor-c does not implement %s", name);
+            else reply_error(id, "unknown request tag %u", tag);
+        }
+        }
+        free(body);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3 || strcmp(argv[1], "--listen") != 0) {
+        fprintf(stderr, "usage: kiln-executor-c --listen 127.0.0.1:PORT\n");
+        return 2;
+    }
+    char host[64];
+    const char *colon = strrchr(argv[2], ':');
+    if (!colon || (size_t)(colon - argv[2]) >= sizeof host) {
+        fprintf(stderr, "kiln-executor-c: expected ADDRESS:PORT, not %s\n", argv[2]);
+        return 2;
+    }
+    memcpy(host, argv[2], (size_t)(colon - argv[2]));
+    host[colon - argv[2]] = 0;
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) {
+        fprintf(stderr, "kiln-executor-c: %s is not an IPv4 address\n", host);
+        return 2;
+    }
+    if ((ntohl(addr.sin_addr.s_addr) >> 24) != 127) {
+        fprintf(stderr, "kiln-executor-c: refusing to serve %s: it speaks plaintext, so it listens on loopback addresses only\n", host);
+        return 2;
+    }
+    int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (listener < 0 || bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(listener, 16) != 0) {
+        fprintf(stderr, "kiln-executor-c: cannot listen on %s: %s\n", argv[2], strerror(errno));
+        return 1;
+    }
+    socklen_t alen = sizeof addr;
+    getsockname(listener, (struct sockaddr *)&addr, &alen);
+    fprintf(stderr, "kiln-executor-c: listening on %s:%u (%s)\n", host, ntohs(addr.sin_port), TRIPLE);
+    fflush(stderr);
+    signal(SIGCHLD, SIG_IGN); /* children are reaped by the kernel */
+    for (;;) {
+        int fd = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR) continue;
+            fprintf(stderr, "kiln-executor-c: accept: %s\n", strerror(errno));
+            return 1;
+        }
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(listener);
+            _exit(serve(fd));
+        }
+        if (pid < 0) fprintf(stderr, "kiln-executor-c: fork: %s\n", strerror(errno));
+        close(fd);
+    }
+}
