@@ -40,6 +40,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PROTOCOL_VERSION 2
@@ -757,6 +758,14 @@ static void report(uint8_t tag, uint32_t value) {
 }
 
 static void on_fatal_signal(int signal) {
+    /* What the program wrote before it died goes out first: the forwarder thread runs on
+     * while this handler waits (a second at most) for the pipes to empty. Only
+     * async-signal-safe calls here: ioctl, nanosleep, write. */
+    struct timespec tick = {0, 1000000};
+    for (int i = 0; i < 1000 && out_pipe[0] >= 0; i++) {
+        if (!pending(out_pipe[0]) && !pending(err_pipe[0]) && !atomic_load(&forwarding_busy)) break;
+        nanosleep(&tick, NULL);
+    }
     if (getpid() == executor_pid) report(A_CRASHED, (uint32_t)signal);
     shutdown(sock, SHUT_WR);
     raise(signal); /* SA_RESETHAND restored the default action */

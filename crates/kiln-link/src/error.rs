@@ -150,6 +150,14 @@ pub enum LinkError {
         /// The alignment the field needs.
         align: u32,
     },
+    /// A pass of the link's client failed.
+    #[error("link pass '{pass}' failed: {message}")]
+    Pass {
+        /// The pass's name.
+        pass: String,
+        /// What it said.
+        message: String,
+    },
     /// Two strong definitions of one symbol.
     #[error("duplicate symbol '{symbol}': defined in {first} and in {second}")]
     DuplicateSymbol {

@@ -23,10 +23,15 @@
 
 mod arch;
 mod error;
+mod fixup;
+mod graph;
 mod image_file;
 mod input;
 mod link;
 mod object_file;
+mod pass;
+mod report;
+mod symbols;
 
 pub use arch::Architecture;
 pub use error::{LinkError, MissingSymbol, MissingSymbols};
@@ -35,6 +40,7 @@ pub use link::{
     link, ImageSegment, LinkContext, LinkCounts, LinkOptions, LinkTimes, LinkedModule,
     PlacedSection, SymbolInfo, SymbolKind, TlsTemplate, MAX_TLS_BLOCK,
 };
+pub use pass::{GraphEdge, GraphSection, GraphView, LinkPass, PassPoint};
 
 /// Checks that `data` is an ELF relocatable object for `architecture`, without linking it.
 pub fn check_object(name: &str, data: &[u8], architecture: Architecture) -> Result<(), LinkError> {

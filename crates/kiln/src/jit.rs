@@ -690,12 +690,14 @@ impl Jit {
             (objects, state.archives.clone())
         };
         let plugins: Vec<Arc<dyn Plugin>> = self.inner.plugins.snapshot();
+        let passes: Vec<_> = plugins.iter().flat_map(|p| p.link_passes()).collect();
         let options = LinkOptions {
             memory: &*self.inner.memory,
             low_memory: Some(&self.inner.low_memory as &dyn MemoryManager),
             report_sections: !plugins.is_empty(),
             architecture: self.inner.architecture,
             keep_image: false,
+            passes: &passes,
         };
         let mut ctx = SessionContext::new(self, &library);
         let linked = link(&objects, &archives, &mut ctx, &options)?;

@@ -29,8 +29,11 @@ pub use executor::{default_executor_path, Executor, ExecutorSymbols, Transport};
 pub use generator::{FnGenerator, Found, SymbolGenerator};
 pub use jit::{Jit, JitBuilder, LibraryId, LinkReport, Module};
 pub use kiln_cache::{Compiler, ObjectCache, SystemCompiler};
+pub use kiln_link::{
+    Architecture, GraphEdge, GraphSection, GraphView, LinkPass, PassPoint, PlacedSection,
+    SymbolInfo, SymbolKind,
+};
 pub use kiln_link::{LinkCounts, LinkError, LinkTimes};
-pub use kiln_link::{PlacedSection, SymbolInfo, SymbolKind};
 pub use kiln_memory::{
     FinalizedAllocation, MemoryManager, MemoryStats, Placement, SegmentRange, SlabMemoryManager,
 };

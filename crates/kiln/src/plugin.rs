@@ -58,6 +58,13 @@ pub trait Plugin: Send + Sync {
         let _ = module;
         Ok(())
     }
+
+    /// Passes to add to each link of the session, each at its point of the link (asked
+    /// once per link). Unlike a failing event, a failing pass fails the link: a pass may
+    /// change what is linked. See [`kiln_link::LinkPass`].
+    fn link_passes(&self) -> Vec<(kiln_link::PassPoint, Arc<dyn kiln_link::LinkPass>)> {
+        Vec::new()
+    }
 }
 
 /// A plugin's failure, as [`crate::Jit::plugin_failures`] reports it.

@@ -1,0 +1,406 @@
+//! Relocation arithmetic: the value each edge asks for (the architecture's row says from
+//! what, relative to what, checked how, written how), the GOT's entries and the stubs.
+
+use crate::arch::{self, EncodeError, Relative, Relocation, Target};
+use crate::graph::{Allocated, Edge};
+use crate::object_file::{ObjSection, ObjSym, ObjectFile, SymSection};
+use crate::symbols::{lossy, Def, Key, Linker, Slot, SEG_BSS, SEG_NONE, SEG_TLS};
+use crate::LinkError;
+use rustc_hash::FxHashMap;
+
+/// Where the module's TLS block is: its module id, and its offset from the thread pointer
+/// when it is in static TLS.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TlsPlace {
+    pub(crate) module: u64,
+    pub(crate) tp_offset: Option<i64>,
+}
+
+/// Writes the GOT: addresses, TLS index pairs, thread-pointer offsets, TLS descriptors.
+pub(crate) fn write_got(
+    got: &mut [u8],
+    slot_list: &[Slot],
+    resolver: &Resolver<'_, '_, '_>,
+    tls: TlsPlace,
+    tlsdesc_resolver: u64,
+) {
+    let mut put = |i: usize, v: u64| got[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    let tp_off = |key: Key| -> u64 {
+        let (offset, _) = resolver.address(key);
+        (tls.tp_offset.unwrap_or(0) as u64).wrapping_add(offset)
+    };
+    let mut i = 0;
+    while i < slot_list.len() {
+        match slot_list[i] {
+            Slot::Address(key) => {
+                put(i, resolver.address(key).0);
+                i += 1;
+            }
+            Slot::TpOff(key) => {
+                put(i, tp_off(key));
+                i += 1;
+            }
+            Slot::TlsGd(key) => {
+                put(i, tls.module);
+                put(i + 1, resolver.address(key).0);
+                i += 2;
+            }
+            Slot::TlsLd => {
+                put(i, tls.module);
+                put(i + 1, 0);
+                i += 2;
+            }
+            Slot::TlsDesc(key) => {
+                put(i, tlsdesc_resolver);
+                put(i + 1, tp_off(key));
+                i += 2;
+            }
+        }
+    }
+}
+
+/// Writes the stubs, each jumping to the address in its symbol's GOT entry.
+pub(crate) fn write_plt(
+    code: &mut [u8],
+    stub_list: &[Key],
+    slots: &FxHashMap<Slot, u64>,
+    resolver: &Resolver<'_, '_, '_>,
+    plt_offset: u64,
+) -> Result<(), LinkError> {
+    let arch = resolver.linker.arch;
+    let size = arch.stub_size();
+    for (n, key) in stub_list.iter().enumerate() {
+        let slot = slots[&Slot::Address(*key)];
+        let stub_addr = resolver.plt_base + n as u64 * size;
+        let at = (plt_offset + n as u64 * size) as usize;
+        let stub = &mut code[at..at + size as usize];
+        arch.write_stub(stub, stub_addr, resolver.got_base + slot * 8)
+            .map_err(|value| LinkError::Overflow {
+                object: "<plt>".into(),
+                section: ".plt".into(),
+                offset: n as u64 * size,
+                kind: "PLT stub",
+                symbol: lossy(resolver.name(*key)),
+                value,
+                bits: 32,
+                hint: "",
+            })?;
+    }
+    Ok(())
+}
+
+/// Computes addresses once the segments have their target addresses.
+pub(crate) struct Resolver<'l, 'a, 'c> {
+    pub(crate) linker: &'l Linker<'a, 'c>,
+    pub(crate) bases: [u64; 4],
+    pub(crate) got_base: u64,
+    pub(crate) plt_base: u64,
+    pub(crate) dso_handle: u64,
+    pub(crate) stubs: &'l FxHashMap<Key, u64>,
+}
+
+impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
+    /// A resolver for `linker`'s symbols in `allocated` memory.
+    pub(crate) fn new(
+        linker: &'l Linker<'a, 'c>,
+        allocated: &Allocated,
+        stubs: &'l FxHashMap<Key, u64>,
+    ) -> Self {
+        Resolver {
+            linker,
+            bases: allocated.bases,
+            got_base: allocated.got_base,
+            plt_base: allocated.plt_base,
+            dso_handle: allocated.dso_handle,
+            stubs,
+        }
+    }
+
+    pub(crate) fn name(&self, key: Key) -> &[u8] {
+        self.linker.name(key)
+    }
+
+    /// Address of an object's symbol (a TLS offset for thread-locals), and whether its
+    /// section was discarded.
+    pub(crate) fn sym_address(&self, obj: u32, sym: &ObjSym<'_>) -> (u64, bool) {
+        match sym.section {
+            SymSection::Section(i) => {
+                let p = self.linker.places[obj as usize][i as usize];
+                if p.offset == u64::MAX || p.seg == SEG_NONE {
+                    (0, true)
+                } else if p.seg == SEG_TLS {
+                    (p.offset.wrapping_add(sym.value), false)
+                } else {
+                    // Modulo 2^64 like any address; fields that cannot hold the result
+                    // are caught when relocations are applied.
+                    let base = self.bases[p.seg as usize].wrapping_add(p.offset);
+                    (base.wrapping_add(sym.value), false)
+                }
+            }
+            SymSection::Absolute => (sym.value, false),
+            _ => (0, false),
+        }
+    }
+
+    /// Address of a relocation target, and whether it lies in a discarded section.
+    pub(crate) fn address(&self, key: Key) -> (u64, bool) {
+        match key {
+            Key::Local(o, s) => {
+                let sym = &self.linker.objs[o as usize].symbols[s as usize];
+                self.sym_address(o, sym)
+            }
+            Key::Global(g) => match self.linker.globals[g as usize].def {
+                Def::Defined { obj, sym, .. } => {
+                    let s = &self.linker.objs[obj as usize].symbols[sym as usize];
+                    self.sym_address(obj, s)
+                }
+                Def::Common { .. } => (
+                    self.bases[SEG_BSS] + self.linker.globals[g as usize].common_place,
+                    false,
+                ),
+                Def::External(a) => (a, false),
+                Def::None | Def::Zero => (0, false),
+                Def::GotBase => (self.got_base, false),
+                Def::DsoHandle => (self.dso_handle, false),
+                Def::TlsModuleBase => (0, false),
+            },
+        }
+    }
+
+    fn size(&self, key: Key) -> u64 {
+        match key {
+            Key::Local(o, s) => self.linker.objs[o as usize].symbols[s as usize].size,
+            Key::Global(g) => match self.linker.globals[g as usize].def {
+                Def::Defined { obj, sym, .. } => {
+                    self.linker.objs[obj as usize].symbols[sym as usize].size
+                }
+                Def::Common { size, .. } => size,
+                _ => 0,
+            },
+        }
+    }
+
+    fn is_tls(&self, key: Key) -> bool {
+        match key {
+            Key::Local(o, s) => self.linker.objs[o as usize].symbols[s as usize].is_tls(),
+            Key::Global(g) => self.linker.globals[g as usize].tls,
+        }
+    }
+
+    fn is_external(&self, key: Key) -> bool {
+        matches!(key, Key::Global(g) if matches!(self.linker.globals[g as usize].def, Def::External(_)))
+    }
+
+    /// Applies one edge to its section's bytes (`bytes`, at target address
+    /// `section_addr`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn apply(
+        &self,
+        obj: u32,
+        sec: &ObjSection<'_>,
+        bytes: &mut [u8],
+        section_addr: u64,
+        edge: &Edge,
+        slots: &FxHashMap<Slot, u64>,
+        tls: TlsPlace,
+    ) -> Result<(), LinkError> {
+        let o = &self.linker.objs[obj as usize];
+        let (offset, addend, key) = (edge.offset, edge.addend, edge.key);
+        let r_type = edge.row.r_type;
+        let err_bad = |what: String| LinkError::BadRelocation {
+            object: o.name.clone(),
+            section: lossy(sec.name),
+            offset,
+            what,
+        };
+        let arch = self.linker.arch;
+        let mut row = edge.row;
+        let width = row.field.len();
+        if offset
+            .checked_add(width)
+            .is_none_or(|end| end > bytes.len() as u64)
+        {
+            return Err(err_bad(format!(
+                "{} of {width} bytes does not fit the section ({} bytes)",
+                row.name,
+                bytes.len()
+            )));
+        }
+        let (s, discarded) = self.address(key);
+        let mut offset = offset;
+        let mut p = section_addr + offset;
+        let a = addend as i128;
+        let slot_addr =
+            |slot: Slot| -> u64 { self.got_base + slots.get(&slot).copied().unwrap_or(0) * 8 };
+        let symbol_name = || lossy(self.name(key));
+        let reloc_offset = offset;
+        let unsupported_tls = |model: &'static str| LinkError::UnsupportedTls {
+            object: o.name.clone(),
+            section: lossy(sec.name),
+            offset: reloc_offset,
+            symbol: symbol_name(),
+            model,
+        };
+        // A GOT load of a symbol this module defines, near enough for a direct reference,
+        // becomes that reference where the instruction allows it (x86-64 GOTPCRELX).
+        if row.target == Target::GotEntry && !discarded && self.is_defined_here(key) {
+            let direct = s as i128 + a - p as i128;
+            if i32::try_from(direct).is_ok() {
+                if let Some((relaxed, at)) = arch.relax_got(r_type, bytes, offset) {
+                    row = relaxed;
+                    offset = at;
+                    p = section_addr + offset;
+                }
+            }
+        }
+        let tls_checked = |model: &'static str| -> Result<(), LinkError> {
+            if !self.is_tls(key) || self.is_external(key) {
+                Err(unsupported_tls(model))
+            } else {
+                Ok(())
+            }
+        };
+        // T, the value the formula starts from.
+        let t: i128 = match row.target {
+            Target::Nothing => return Ok(()),
+            Target::Symbol | Target::Call => s as i128,
+            Target::GotEntry => slot_addr(Slot::Address(key)) as i128,
+            Target::GotBase => self.got_base as i128,
+            Target::Plt => match self.stubs.get(&key) {
+                Some(&n) => self.stub_address(n) as i128,
+                None => s as i128,
+            },
+            Target::Size => self.size(key) as i128,
+            Target::TlsGdEntry => {
+                tls_checked("general-dynamic access to a host (not JIT) thread-local")?;
+                slot_addr(Slot::TlsGd(key)) as i128
+            }
+            Target::TlsLdEntry => slot_addr(Slot::TlsLd) as i128,
+            Target::TpOffEntry => {
+                tls_checked("initial-exec access to a host (not JIT) thread-local")?;
+                slot_addr(Slot::TpOff(key)) as i128
+            }
+            Target::TlsDescEntry => {
+                tls_checked("TLS-descriptor access to a host (not JIT) thread-local")?;
+                slot_addr(Slot::TlsDesc(key)) as i128
+            }
+            Target::TpOff => {
+                tls_checked("local-exec access to a host (not JIT) thread-local")?;
+                match tls.tp_offset {
+                    Some(tp) => i128::from(tp) + s as i128,
+                    None => return Err(unsupported_tls("local-exec (in a TLS initializer)")),
+                }
+            }
+            Target::DtpOff => s as i128,
+            Target::DtpMod => {
+                return self.write(o, sec, bytes, offset, row, tls.module as i128, key, false)
+            }
+            Target::Unsupported(model) => {
+                tls_checked(model)?;
+                return Err(unsupported_tls(model));
+            }
+        };
+        let relative = |t: i128| -> i128 {
+            match row.relative {
+                Relative::Absolute => t + a,
+                Relative::Place => t + a - p as i128,
+                Relative::Page => ((t + a) & !0xfff) - (p & !0xfff) as i128,
+                Relative::GotBase => t + a - self.got_base as i128,
+            }
+        };
+        let mut value = relative(t);
+        // A function out of the instruction's reach is reached through its stub.
+        if matches!(row.target, Target::Symbol | Target::Call) {
+            if let Some(&n) = self.stubs.get(&key) {
+                if !arch.reaches(row, value, s, addend, p) {
+                    value = relative(self.stub_address(n) as i128);
+                }
+            }
+        }
+        self.write(o, sec, bytes, offset, row, value, key, discarded)
+    }
+
+    pub(crate) fn stub_address(&self, n: u64) -> u64 {
+        self.plt_base + n * self.linker.arch.stub_size()
+    }
+
+    /// Whether `key` is defined by this link's objects (not a host's or another
+    /// module's symbol, not absolute, not undefined).
+    fn is_defined_here(&self, key: Key) -> bool {
+        let defined = |obj: u32, sym: u32| {
+            matches!(
+                self.linker.objs[obj as usize].symbols[sym as usize].section,
+                SymSection::Section(_)
+            )
+        };
+        match key {
+            Key::Local(o, s) => defined(o, s),
+            Key::Global(g) => match self.linker.globals[g as usize].def {
+                Def::Defined { obj, sym, .. } => defined(obj, sym),
+                Def::Common { .. } => true,
+                _ => false,
+            },
+        }
+    }
+
+    /// Writes `value` into the relocation's field, or says why it cannot.
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        o: &ObjectFile<'_>,
+        sec: &ObjSection<'_>,
+        bytes: &mut [u8],
+        offset: u64,
+        row: &Relocation,
+        value: i128,
+        key: Key,
+        discarded: bool,
+    ) -> Result<(), LinkError> {
+        // A reference from a discarded COMDAT copy's leftovers is written truncated: the
+        // copy is never run.
+        let check = if discarded {
+            arch::Check::None
+        } else {
+            row.check
+        };
+        let field = &mut bytes[offset as usize..];
+        match arch::encode(row.field, check, value, field) {
+            Ok(()) => Ok(()),
+            Err(EncodeError::Misaligned(align)) => Err(LinkError::Misaligned {
+                object: o.name.clone(),
+                section: lossy(sec.name),
+                offset,
+                kind: row.name,
+                symbol: lossy(self.name(key)),
+                value,
+                align,
+            }),
+            Err(EncodeError::Range) => Err(LinkError::Overflow {
+                object: o.name.clone(),
+                section: lossy(sec.name),
+                offset,
+                kind: row.name,
+                symbol: lossy(self.name(key)),
+                value,
+                bits: row.check.bits(),
+                hint: self.overflow_hint(row, key),
+            }),
+        }
+    }
+
+    /// What the user can do about a value that does not fit.
+    fn overflow_hint(&self, row: &Relocation, key: Key) -> &'static str {
+        match (row.target, row.relative) {
+            (Target::Symbol, Relative::Absolute) if row.needs_low_memory() => {
+                "; non-PIC code needs memory in the low 2 GiB (give the linker low_memory)"
+            }
+            (Target::Symbol, Relative::Place | Relative::Page) if self.is_external(key) => {
+                "; the host symbol is more than 2 GiB away. Non-PIC code (in the low 2 GiB) cannot reach a shared library's data: that needs a copy relocation, which a JIT cannot make. Compile with -fPIE or -fPIC"
+            }
+            (Target::Call, _) => {
+                "; the branch reaches neither its target nor a stub: the module's code is larger than a branch reaches"
+            }
+            _ => "",
+        }
+    }
+}

@@ -1,0 +1,436 @@
+//! Symbol resolution: objects added one by one (COMDAT groups kept once, strong over
+//! weak, commons merged), archive members loaded for what is undefined, and the rest asked
+//! of the link's context. The result is the symbol side of the link graph: every object's
+//! sections with their future place, and every global with its definition.
+
+use crate::arch::Arch;
+use crate::object_file::{
+    Binding, ObjectFile, SymSection, SHF_ALLOC, SHF_EXCLUDE, SHF_EXECINSTR, SHF_TLS, SHF_WRITE,
+    SHT_FINI_ARRAY, SHT_GROUP, SHT_INIT_ARRAY, SHT_NOBITS, SHT_NOTE, SHT_PREINIT_ARRAY,
+};
+use crate::{ArchiveInput, LinkContext, LinkError, MissingSymbol, MissingSymbols};
+use rustc_hash::{FxHashMap, FxHashSet};
+
+pub(crate) const SEG_RX: usize = 0;
+pub(crate) const SEG_R: usize = 1;
+pub(crate) const SEG_RW: usize = 2;
+pub(crate) const SEG_BSS: usize = 3;
+pub(crate) const SEG_TLS: u8 = 4;
+pub(crate) const SEG_NONE: u8 = 255;
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Place {
+    pub(crate) seg: u8,
+    pub(crate) offset: u64,
+}
+
+pub(crate) const NOWHERE: Place = Place {
+    seg: SEG_NONE,
+    offset: 0,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Def {
+    None,
+    Defined { obj: u32, sym: u32, weak: bool },
+    Common { size: u64, align: u64 },
+    External(u64),
+    Zero,
+    GotBase,
+    DsoHandle,
+    TlsModuleBase,
+}
+
+#[derive(Debug)]
+pub(crate) struct Global<'a> {
+    pub(crate) name: &'a [u8],
+    pub(crate) def: Def,
+    /// For externals: whether the host symbol is a function.
+    pub(crate) external_function: Option<bool>,
+    pub(crate) first_ref: Option<u32>,
+    pub(crate) strong_ref: bool,
+    pub(crate) tls: bool,
+    pub(crate) func: bool,
+    pub(crate) common_place: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Key {
+    Global(u32),
+    Local(u32, u32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Slot {
+    Address(Key),
+    TlsGd(Key),
+    TlsLd,
+    /// A thread-local's offset from the thread pointer (initial-exec).
+    TpOff(Key),
+    /// A TLS descriptor: resolver, argument.
+    TlsDesc(Key),
+}
+
+pub(crate) struct Linker<'a, 'c> {
+    pub(crate) objs: Vec<ObjectFile<'a>>,
+    pub(crate) places: Vec<Vec<Place>>,
+    /// Per object, per symbol: the global it binds to (u32::MAX for locals).
+    pub(crate) sym_globals: Vec<Vec<u32>>,
+    pub(crate) globals: Vec<Global<'a>>,
+    pub(crate) global_index: FxHashMap<&'a [u8], u32>,
+    pub(crate) comdats: FxHashSet<&'a [u8]>,
+    pub(crate) pending: Vec<u32>,
+    pub(crate) archives: &'a [ArchiveInput],
+    pub(crate) loaded_members: FxHashSet<(usize, u64)>,
+    /// Per object: where it came from (for [`crate::LinkedModule::objects`]).
+    pub(crate) origins: Vec<Origin>,
+    pub(crate) arch: &'static dyn Arch,
+    pub(crate) ctx: &'c mut dyn LinkContext,
+}
+
+/// Where a linked object came from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Origin {
+    /// The link's objects, by index.
+    Input(usize),
+    /// An archive's member: (archive index, member header offset).
+    Member(usize, u64),
+}
+
+pub(crate) fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+impl<'a, 'c> Linker<'a, 'c> {
+    /// An empty link of `archives`' members as needed, for `arch`, asking `ctx`.
+    pub(crate) fn new(
+        archives: &'a [ArchiveInput],
+        arch: &'static dyn Arch,
+        ctx: &'c mut dyn LinkContext,
+    ) -> Self {
+        Linker {
+            objs: Vec::new(),
+            places: Vec::new(),
+            sym_globals: Vec::new(),
+            globals: Vec::new(),
+            global_index: FxHashMap::default(),
+            comdats: FxHashSet::default(),
+            pending: Vec::new(),
+            archives,
+            loaded_members: FxHashSet::default(),
+            origins: Vec::new(),
+            arch,
+            ctx,
+        }
+    }
+
+    pub(crate) fn add_object(&mut self, obj: ObjectFile<'a>) -> Result<(), LinkError> {
+        let obj_index = self.objs.len() as u32;
+        let mut places = vec![NOWHERE; obj.sections.len()];
+        let mut discarded = vec![false; obj.sections.len()];
+        for (signature, members) in &obj.groups {
+            if !self.comdats.insert(signature) {
+                for &m in members {
+                    discarded[m as usize] = true;
+                }
+            }
+        }
+        // Sections stay NOWHERE until layout; discarded ones are marked now.
+        for (i, d) in discarded.iter().enumerate() {
+            if *d {
+                places[i] = Place {
+                    seg: SEG_NONE,
+                    offset: u64::MAX,
+                };
+            }
+        }
+        let mut sym_globals = vec![u32::MAX; obj.symbols.len()];
+        for (i, sym) in obj.symbols.iter().enumerate().skip(1) {
+            if sym.binding == Binding::Local {
+                continue;
+            }
+            let id = match self.global_index.get(sym.name) {
+                Some(&id) => id,
+                None => {
+                    let id = self.globals.len() as u32;
+                    self.globals.push(Global {
+                        name: sym.name,
+                        def: Def::None,
+                        external_function: None,
+                        first_ref: None,
+                        strong_ref: false,
+                        tls: false,
+                        func: false,
+                        common_place: 0,
+                    });
+                    self.global_index.insert(sym.name, id);
+                    id
+                }
+            };
+            sym_globals[i] = id;
+            let in_discarded =
+                matches!(sym.section, SymSection::Section(s) if discarded[s as usize]);
+            let g = &mut self.globals[id as usize];
+            g.tls |= sym.is_tls();
+            g.func |= sym.is_func();
+            match sym.section {
+                SymSection::Undefined => {
+                    if g.first_ref.is_none() {
+                        g.first_ref = Some(obj_index);
+                    }
+                    if sym.binding == Binding::Global && !g.strong_ref {
+                        g.strong_ref = true;
+                        if g.def == Def::None {
+                            self.pending.push(id);
+                        }
+                    }
+                }
+                _ if in_discarded => {
+                    // Defined in a COMDAT copy that is not kept: the kept copy defines it.
+                    if g.first_ref.is_none() {
+                        g.first_ref = Some(obj_index);
+                    }
+                }
+                SymSection::Common => match g.def {
+                    Def::None | Def::Zero => {
+                        g.def = Def::Common {
+                            size: sym.size,
+                            align: sym.value.max(1),
+                        }
+                    }
+                    Def::Common { size, align } => {
+                        g.def = Def::Common {
+                            size: size.max(sym.size),
+                            align: align.max(sym.value.max(1)),
+                        }
+                    }
+                    _ => {}
+                },
+                SymSection::Absolute | SymSection::Section(_) => {
+                    let weak = sym.binding == Binding::Weak;
+                    match g.def {
+                        Def::Defined {
+                            obj: other,
+                            weak: false,
+                            ..
+                        } if !weak => {
+                            return Err(LinkError::DuplicateSymbol {
+                                symbol: lossy(sym.name),
+                                // Both may be in this object (not yet in `objs`).
+                                first: self
+                                    .objs
+                                    .get(other as usize)
+                                    .map_or_else(|| obj.name.clone(), |o| o.name.clone()),
+                                second: obj.name.clone(),
+                            });
+                        }
+                        Def::Defined { weak: false, .. } => {}
+                        Def::Defined { weak: true, .. } if weak => {}
+                        _ => {
+                            g.def = Def::Defined {
+                                obj: obj_index,
+                                sym: i as u32,
+                                weak,
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.objs.push(obj);
+        self.places.push(places);
+        self.sym_globals.push(sym_globals);
+        Ok(())
+    }
+
+    /// Loads archive members for undefined symbols until none can be found; names that
+    /// earlier links define ([`LinkContext::resolve_defined`]) are taken from them instead.
+    pub(crate) fn load_archive_members(&mut self) -> Result<(), LinkError> {
+        loop {
+            // Ask about every name still undefined at once.
+            let batch: Vec<u32> = self
+                .pending
+                .iter()
+                .copied()
+                .filter(|&id| self.globals[id as usize].def == Def::None)
+                .collect();
+            if batch.is_empty() {
+                self.pending.clear();
+                return Ok(());
+            }
+            let names: Vec<String> = batch
+                .iter()
+                .map(|&id| lossy(self.globals[id as usize].name))
+                .collect();
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let found = self.ctx.resolve_defined(&refs);
+            for (&id, address) in batch.iter().zip(found) {
+                if let Some(address) = address {
+                    self.globals[id as usize].def = Def::External(address);
+                }
+            }
+            self.load_members_for_pending()?;
+            if self.pending.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// One pass of archive loading over the pending names (members may add more).
+    pub(crate) fn load_members_for_pending(&mut self) -> Result<(), LinkError> {
+        let pending = std::mem::take(&mut self.pending);
+        for id in pending.into_iter().rev() {
+            if self.globals[id as usize].def != Def::None {
+                continue;
+            }
+            let name = self.globals[id as usize].name;
+            let archives = self.archives;
+            'archives: for (ai, archive) in archives.iter().enumerate() {
+                for &offset in archive.definers(name) {
+                    if self.loaded_members.insert((ai, offset)) {
+                        let (member_name, data) = archive.member(offset)?;
+                        let obj = ObjectFile::parse(member_name, data, self.arch.architecture())?;
+                        self.origins.push(Origin::Member(ai, offset));
+                        self.add_object(obj)?;
+                    }
+                    if self.globals[id as usize].def != Def::None {
+                        break 'archives;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves what the inputs do not define through the context; lists what nobody
+    /// defines.
+    pub(crate) fn resolve_externals(&mut self) -> Result<(), LinkError> {
+        let mut missing = Vec::new();
+        // Everything the inputs leave undefined, asked for in one batch.
+        let mut wanted: Vec<u32> = Vec::new();
+        for (id, g) in self.globals.iter_mut().enumerate() {
+            if g.def != Def::None {
+                continue;
+            }
+            match g.name {
+                b"_GLOBAL_OFFSET_TABLE_" => g.def = Def::GotBase,
+                b"__dso_handle" => g.def = Def::DsoHandle,
+                // The start of the module's own TLS block (TLS-descriptor code reaches its
+                // local thread-locals as this plus their DTPOFF).
+                b"_TLS_MODULE_BASE_" => {
+                    g.def = Def::TlsModuleBase;
+                    g.tls = true;
+                }
+                _ => wanted.push(id as u32),
+            }
+        }
+        let names: Vec<String> = wanted
+            .iter()
+            .map(|&id| String::from_utf8_lossy(self.globals[id as usize].name).into_owned())
+            .collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let found = self.ctx.resolve_many(&refs);
+        for ((&id, name), address) in wanted.iter().zip(&names).zip(found) {
+            let g = &mut self.globals[id as usize];
+            g.def = match address {
+                Some(addr) => {
+                    g.external_function = self.ctx.is_function(name, addr);
+                    Def::External(addr)
+                }
+                None if !g.strong_ref => Def::Zero,
+                None => {
+                    if let Some(obj) = g.first_ref {
+                        missing.push(MissingSymbol {
+                            symbol: lossy(g.name),
+                            wanted_by: self.objs[obj as usize].name.clone(),
+                        });
+                    }
+                    Def::Zero
+                }
+            };
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            missing.sort_by(|a, b| a.symbol.cmp(&b.symbol));
+            Err(LinkError::UndefinedSymbols {
+                symbols: MissingSymbols(missing),
+            })
+        }
+    }
+
+    /// A symbol's name for messages (a section symbol's is its section's).
+    pub(crate) fn name(&self, key: Key) -> &[u8] {
+        match key {
+            Key::Global(g) => self.globals[g as usize].name,
+            Key::Local(o, s) => {
+                let sym = &self.objs[o as usize].symbols[s as usize];
+                if sym.is_section() {
+                    if let SymSection::Section(i) = sym.section {
+                        return self.objs[o as usize].sections[i as usize].name;
+                    }
+                }
+                sym.name
+            }
+        }
+    }
+
+    pub(crate) fn key(&self, obj: u32, sym: u32) -> Key {
+        match self.sym_globals[obj as usize].get(sym as usize) {
+            Some(&g) if g != u32::MAX => Key::Global(g),
+            _ => Key::Local(obj, sym),
+        }
+    }
+}
+
+/// The segment a section goes to, or `None` if it is not loaded.
+pub(crate) fn segment_of(sec: &crate::object_file::ObjSection<'_>) -> Option<u8> {
+    if sec.flags & SHF_ALLOC == 0 || sec.flags & SHF_EXCLUDE != 0 {
+        return None;
+    }
+    if sec.sh_type == SHT_NOTE || sec.sh_type == SHT_GROUP {
+        return None;
+    }
+    if sec.flags & SHF_TLS != 0 {
+        return Some(SEG_TLS);
+    }
+    if is_init_section(sec) {
+        return Some(SEG_R as u8);
+    }
+    if sec.flags & SHF_EXECINSTR != 0 {
+        return Some(SEG_RX as u8);
+    }
+    if sec.flags & SHF_WRITE != 0 {
+        return Some(if sec.sh_type == SHT_NOBITS {
+            SEG_BSS as u8
+        } else {
+            SEG_RW as u8
+        });
+    }
+    Some(if sec.sh_type == SHT_NOBITS {
+        SEG_BSS as u8
+    } else {
+        SEG_R as u8
+    })
+}
+
+pub(crate) fn is_init_section(sec: &crate::object_file::ObjSection<'_>) -> bool {
+    matches!(
+        sec.sh_type,
+        SHT_INIT_ARRAY | SHT_FINI_ARRAY | SHT_PREINIT_ARRAY
+    ) || sec.name.starts_with(b".ctors")
+        || sec.name.starts_with(b".dtors")
+}
+
+pub(crate) fn is_eh_frame(sec: &crate::object_file::ObjSection<'_>) -> bool {
+    sec.name == b".eh_frame"
+}
+
+/// Init-array priority from a section name: `.init_array.00100` → 100; plain → 65536.
+pub(crate) fn priority(name: &[u8], prefix: &[u8]) -> u32 {
+    name.strip_prefix(prefix)
+        .and_then(|rest| rest.strip_prefix(b"."))
+        .and_then(|digits| std::str::from_utf8(digits).ok())
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(65536)
+}

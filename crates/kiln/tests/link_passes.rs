@@ -1,0 +1,198 @@
+//! A plugin's passes in the link: they see the graph (sections, edges, addresses) at each
+//! point, may patch the code before it is finalized, and fail the link when they fail —
+//! leaving the library as it was.
+
+// kiln::Error wraps link errors, which are large by design (see kiln-link).
+#![allow(clippy::result_large_err)]
+
+use kiln::{Error, GraphView, Jit, LinkPass, PassPoint, Plugin};
+use parking_lot::Mutex;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+fn compile(name: &str, source: &str) -> Vec<u8> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("link_passes");
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = dir.join(format!("{name}.c"));
+    let o = dir.join(format!("{name}.o"));
+    std::fs::write(&c, source).unwrap();
+    let status = Command::new("cc")
+        .args(["-O2", "-fPIC", "-ffunction-sections", "-c"])
+        .arg(&c)
+        .arg("-o")
+        .arg(&o)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::read(&o).unwrap()
+}
+
+const SOURCE: &str = "extern int helper(int);\n\
+    int answer(void) { return 41; }\n\
+    int twice(int x) { return helper(x) * 2; }\n";
+const HELPER: &str = "int helper(int x) { return x + 1; }\n";
+
+/// What the passes saw.
+#[derive(Default)]
+struct Seen {
+    points: Vec<PassPoint>,
+    edges_of_twice: Vec<(String, String)>,
+    answer_at_allocation: Option<u64>,
+    patched: bool,
+}
+
+/// Records the graph at each point and makes `answer` return 42 instead of 41.
+struct Patcher(Arc<Mutex<Seen>>);
+
+impl LinkPass for Patcher {
+    fn name(&self) -> &str {
+        "patch-answer"
+    }
+    fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), String> {
+        let mut seen = self.0.lock();
+        seen.points.push(graph.point());
+        let sections = graph.sections();
+        match graph.point() {
+            PassPoint::Decoded => {
+                assert!(sections.iter().all(|s| s.address.is_none()));
+                let twice = sections
+                    .iter()
+                    .find(|s| s.name == ".text.twice")
+                    .ok_or("no .text.twice")?;
+                seen.edges_of_twice = graph
+                    .edges(twice.object, twice.index)
+                    .into_iter()
+                    .map(|e| (e.kind.to_string(), e.target))
+                    .collect();
+            }
+            PassPoint::Allocated => {
+                assert!(sections
+                    .iter()
+                    .all(|s| s.address.is_some() || s.thread_local));
+                seen.answer_at_allocation = graph.symbol_address("answer");
+            }
+            PassPoint::FixedUp => {
+                let answer = sections
+                    .iter()
+                    .find(|s| s.name == ".text.answer")
+                    .ok_or("no .text.answer")?;
+                let bytes = graph
+                    .section_bytes_mut(answer.object, answer.index)
+                    .ok_or("no bytes at FixedUp")?;
+                // mov $41, %eax
+                let at = bytes
+                    .windows(5)
+                    .position(|w| w == [0xb8, 41, 0, 0, 0])
+                    .ok_or("answer's code is not mov $41, %eax")?;
+                bytes[at + 1] = 42;
+                seen.patched = true;
+            }
+        }
+        Ok(())
+    }
+}
+
+struct PatchingPlugin(Arc<Mutex<Seen>>);
+
+impl Plugin for PatchingPlugin {
+    fn name(&self) -> &str {
+        "patching"
+    }
+    fn link_passes(&self) -> Vec<(PassPoint, Arc<dyn LinkPass>)> {
+        let pass: Arc<dyn LinkPass> = Arc::new(Patcher(self.0.clone()));
+        vec![
+            (PassPoint::Decoded, pass.clone()),
+            (PassPoint::Allocated, pass.clone()),
+            (PassPoint::FixedUp, pass),
+        ]
+    }
+}
+
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn a_plugin_pass_sees_the_graph_and_patches_code_before_it_runs() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let registration = jit.add_plugin(Arc::new(PatchingPlugin(seen.clone())));
+    jit.add_object(lib, "helper.o", compile("helper", HELPER))
+        .unwrap();
+    jit.add_object(lib, "answer.o", compile("answer", SOURCE))
+        .unwrap();
+    // SAFETY: `int answer(void)` of the object above.
+    let answer: extern "C" fn() -> i32 = unsafe { jit.lookup_fn(lib, "answer") }.unwrap();
+    // SAFETY: `int twice(int)` of the object above.
+    let twice: extern "C" fn(i32) -> i32 = unsafe { jit.lookup_fn(lib, "twice") }.unwrap();
+    assert_eq!(answer(), 42, "the FixedUp pass's patch runs");
+    assert_eq!(twice(4), 10);
+    let seen = seen.lock();
+    assert_eq!(
+        seen.points,
+        [PassPoint::Decoded, PassPoint::Allocated, PassPoint::FixedUp]
+    );
+    assert!(
+        seen.edges_of_twice
+            .iter()
+            .any(|(kind, target)| kind.starts_with("R_X86_64_") && target == "helper"),
+        "{:?}",
+        seen.edges_of_twice
+    );
+    assert_eq!(
+        seen.answer_at_allocation,
+        Some(jit.lookup(lib, "answer").unwrap())
+    );
+    assert!(seen.patched);
+    drop(registration);
+}
+
+/// Refuses every link.
+struct Refuser;
+
+impl LinkPass for Refuser {
+    fn name(&self) -> &str {
+        "refuser"
+    }
+    fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), String> {
+        Err(format!(
+            "{} objects are too many",
+            graph.object_names().len()
+        ))
+    }
+}
+
+struct RefusingPlugin;
+
+impl Plugin for RefusingPlugin {
+    fn name(&self) -> &str {
+        "refusing"
+    }
+    fn link_passes(&self) -> Vec<(PassPoint, Arc<dyn LinkPass>)> {
+        vec![(PassPoint::Allocated, Arc::new(Refuser))]
+    }
+}
+
+#[test]
+fn a_failing_pass_fails_the_link_and_leaves_the_library_as_it_was() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let registration = jit.add_plugin(Arc::new(RefusingPlugin));
+    let err = jit
+        .link_object(lib, "helper.o", compile("helper", HELPER))
+        .unwrap_err();
+    match &err {
+        Error::Link(kiln::LinkError::Pass { pass, message }) => {
+            assert_eq!(pass, "refuser");
+            assert!(message.contains("1 objects are too many"), "{message}");
+        }
+        other => panic!("{other}"),
+    }
+    assert!(jit.lookup(lib, "helper").is_err());
+    drop(registration);
+    // Without the plugin the same object links.
+    jit.link_object(lib, "helper.o", compile("helper", HELPER))
+        .unwrap();
+    // SAFETY: `int helper(int)`.
+    let helper: extern "C" fn(i32) -> i32 = unsafe { jit.lookup_fn(lib, "helper") }.unwrap();
+    assert_eq!(helper(1), 2);
+}
