@@ -333,6 +333,32 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
 
     /// GOT entries and stubs for the edges that need them.
     fn synthesize(&mut self, _: &LinkOptions<'_>) -> Result<(), LinkError> {
+        // A host symbol whose address a checked non-call reference takes gets a stub if it
+        // is a function: the context says which (asked once per symbol).
+        let mut ask = Vec::new();
+        for list in &self.edges {
+            for edge in &list.edges {
+                if let (Target::Symbol, Key::Global(g)) = (edge.row.target, edge.key) {
+                    let global = &self.linker.globals[g as usize];
+                    if edge.row.check != Check::None
+                        && matches!(global.def, Def::External(_))
+                        && global.external_function.is_none()
+                        && !ask.contains(&g)
+                    {
+                        ask.push(g);
+                    }
+                }
+            }
+        }
+        for g in ask {
+            let global = &self.linker.globals[g as usize];
+            let (name, Def::External(address)) = (lossy(global.name), global.def) else {
+                continue;
+            };
+            let function = self.linker.ctx.is_function(&name, address);
+            // Asked once: an unknown answer is remembered as "not a function".
+            self.linker.globals[g as usize].external_function = Some(function.unwrap_or(false));
+        }
         let linker = &self.linker;
         let s = &mut self.synthesized;
         let code_beyond_reach = self.layout.seg_size[SEG_RX] >= linker.arch.call_reach();

@@ -25,7 +25,7 @@ impl std::fmt::Debug for ObjectBytes {
 
 /// An archive member's bytes: a range of the archive's, shared.
 struct MemberBytes {
-    archive: Arc<[u8]>,
+    archive: ObjectBytes,
     range: std::ops::Range<usize>,
 }
 
@@ -74,7 +74,7 @@ impl ObjectInput {
 pub struct ArchiveInput {
     /// Name used in messages.
     pub name: String,
-    data: Arc<[u8]>,
+    data: ObjectBytes,
     /// Symbol → offsets of the members' headers that define it.
     index: FxHashMap<Box<[u8]>, Vec<u64>>,
     /// Member header offset → (member name, data range).
@@ -85,8 +85,18 @@ impl ArchiveInput {
     /// Parses an archive (GNU or BSD symbol table; an archive without one is indexed by
     /// scanning its members' symbol tables).
     pub fn parse(name: impl Into<String>, data: impl Into<Arc<[u8]>>) -> Result<Self, LinkError> {
-        let name = name.into();
         let data: Arc<[u8]> = data.into();
+        Self::parse_shared(name, Arc::new(data))
+    }
+
+    /// [`ArchiveInput::parse`] of bytes the caller shares (a memory-mapped archive), never
+    /// copied: members linked share them too.
+    pub fn parse_shared(
+        name: impl Into<String>,
+        data: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    ) -> Result<Self, LinkError> {
+        let name = name.into();
+        let data = ObjectBytes(data);
         let err = |what: String| LinkError::Archive {
             archive: name.clone(),
             what,

@@ -330,13 +330,12 @@ impl<'a, 'c> Linker<'a, 'c> {
             .collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let found = self.ctx.resolve_many(&refs);
-        for ((&id, name), address) in wanted.iter().zip(&names).zip(found) {
+        for (&id, address) in wanted.iter().zip(found) {
             let g = &mut self.globals[id as usize];
             g.def = match address {
-                Some(addr) => {
-                    g.external_function = self.ctx.is_function(name, addr);
-                    Def::External(addr)
-                }
+                // Whether it is a function is asked later, only for the few symbols
+                // whose address non-PIC code takes (a `dladdr` each).
+                Some(addr) => Def::External(addr),
                 None if !g.strong_ref => Def::Zero,
                 None => {
                     if let Some(obj) = g.first_ref {

@@ -337,11 +337,32 @@ impl JitBuilder {
     }
 }
 
-fn read_file(path: &Path) -> Result<Vec<u8>, Error> {
-    std::fs::read(path).map_err(|source| Error::Io {
+/// A file's bytes, shared: mapped when it is large (an archive: never copied, pages read
+/// as the link touches them), read when it is small.
+fn map_file(path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync>, Error> {
+    let io = |source| Error::Io {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len < 64 << 10 {
+        let mut bytes = Vec::with_capacity(len as usize);
+        std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(io)?;
+        return Ok(Arc::new(bytes));
+    }
+    // SAFETY: a private read-only mapping of a file Kiln only reads. Link inputs are build
+    // outputs that nothing writes while they are linked; one rewritten under a link reads
+    // as inconsistent bytes, which the linker checks like any input (bounds, tables), and
+    // one truncated under it would fault — the same contract every linker that maps its
+    // inputs (mold, lld) has.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    Ok(Arc::new(map))
+}
+
+/// The first bytes of shared file contents.
+fn starts_with(bytes: &Arc<dyn AsRef<[u8]> + Send + Sync>, prefix: &[u8]) -> bool {
+    (**bytes).as_ref().starts_with(prefix)
 }
 
 /// Figures of one link.
@@ -442,7 +463,7 @@ impl Jit {
     /// Adds a relocatable object file.
     pub fn add_object_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        self.add_object(lib, &path.display().to_string(), read_file(path)?)
+        self.add_object_shared(lib, &path.display().to_string(), map_file(path)?)
     }
 
     /// Adds and links one object at once: its module (or the link's error, the library
@@ -471,7 +492,21 @@ impl Jit {
         name: &str,
         bytes: impl Into<Arc<[u8]>>,
     ) -> Result<(), Error> {
-        let archive = ArchiveInput::parse(name, bytes)?;
+        self.push_archive(lib, ArchiveInput::parse(name, bytes)?)
+    }
+
+    /// Adds a static archive whose bytes the caller lends (a memory-mapped file): never
+    /// copied, its members linked share them.
+    pub fn add_archive_shared(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    ) -> Result<(), Error> {
+        self.push_archive(lib, ArchiveInput::parse_shared(name, bytes)?)
+    }
+
+    fn push_archive(&self, lib: LibraryId, archive: ArchiveInput) -> Result<(), Error> {
         let library = self.library(lib)?;
         let mut state = library.state.write();
         let mut archives = (*state.archives).clone();
@@ -483,17 +518,17 @@ impl Jit {
     /// Adds a static archive file.
     pub fn add_archive_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        self.add_archive(lib, &path.display().to_string(), read_file(path)?)
+        self.add_archive_shared(lib, &path.display().to_string(), map_file(path)?)
     }
 
     /// Adds an object or an archive, by its contents.
     pub fn add_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        let bytes = read_file(path)?;
-        if bytes.starts_with(b"!<arch>\n") {
-            self.add_archive(lib, &path.display().to_string(), bytes)
-        } else if bytes.starts_with(b"\x7fELF") {
-            self.add_object(lib, &path.display().to_string(), bytes)
+        let bytes = map_file(path)?;
+        if starts_with(&bytes, b"!<arch>\n") {
+            self.add_archive_shared(lib, &path.display().to_string(), bytes)
+        } else if starts_with(&bytes, b"\x7fELF") {
+            self.add_object_shared(lib, &path.display().to_string(), bytes)
         } else {
             Err(Error::UnknownInput {
                 path: path.to_path_buf(),

@@ -294,6 +294,28 @@ fn insert(bytes: &mut [u8], lsb: u32, width: u32, value: u32) {
     bytes[..4].copy_from_slice(&word.to_le_bytes());
 }
 
+/// The row of `r_type` in `table`, through an index by type number built on first use
+/// (a link looks a row up once per relocation).
+pub(crate) fn index(
+    cell: &'static std::sync::OnceLock<Vec<Option<&'static Relocation>>>,
+    table: &'static [Relocation],
+    r_type: u32,
+) -> Option<&'static Relocation> {
+    let index = cell.get_or_init(|| {
+        let len = table
+            .iter()
+            .map(|r| r.r_type as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let mut index = vec![None; len];
+        for row in table {
+            index[row.r_type as usize] = Some(row);
+        }
+        index
+    });
+    index.get(r_type as usize).copied().flatten()
+}
+
 /// What an instruction set brings to a link.
 pub(crate) trait Arch: Sync {
     /// Which one it is.

@@ -259,7 +259,9 @@ impl Arch for X86_64 {
     }
 
     fn relocation(&self, r_type: u32) -> Option<&'static Relocation> {
-        RELOCATIONS.iter().find(|r| r.r_type == r_type)
+        static INDEX: std::sync::OnceLock<Vec<Option<&'static Relocation>>> =
+            std::sync::OnceLock::new();
+        super::index(&INDEX, RELOCATIONS, r_type)
     }
 
     fn relocation_name(&self, r_type: u32) -> &'static str {

@@ -2,13 +2,14 @@
 //! caller, written to heap memory here, and never run. For linking ahead of time or for
 //! another machine ("show me what you linked"), and for tests that need known addresses.
 
+use super::sys;
 use super::{Mapper, Placement, Reservation, SegmentRange};
 use crate::{MapperError, Permission};
 use parking_lot::Mutex;
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 
 /// Places reservations at consecutive target addresses from a base the caller chooses;
-/// the working view is zeroed heap memory of this process. Nothing is mapped at the target
+/// the working view is anonymous memory of this process (zero until written, backed only
+/// where written). Nothing is mapped at the target
 /// addresses: finalizing changes no permission and runs nothing, so the bytes can only be
 /// read back (through a link's image) and written to a file.
 ///
@@ -37,22 +38,12 @@ impl OfflineMapper {
             next: Mutex::new(base.next_multiple_of(page_size)),
         }
     }
-
-    fn layout(&self, len: u64) -> Result<Layout, MapperError> {
-        usize::try_from(len)
-            .ok()
-            .and_then(|len| Layout::from_size_align(len, self.page_size as usize).ok())
-            .ok_or(MapperError::Refused {
-                operation: "reserve",
-                reason: format!("{len:#x} bytes do not fit this process's memory"),
-            })
-    }
 }
 
-// SAFETY: the working view of a reservation is a heap block of `len` bytes that this mapper
-// owns from `reserve` until `release` (it is freed nowhere else), and it is readable and
-// writable for all of that time, so every prepared page stays writable; nothing else has
-// its address.
+// SAFETY: the working view of a reservation is an anonymous read-write mapping of `len`
+// bytes that this mapper owns from `reserve` until `release` (unmapped nowhere else), and it
+// stays readable and writable for all of that time, so every prepared page stays writable;
+// nothing else has its address.
 unsafe impl Mapper for OfflineMapper {
     fn name(&self) -> &'static str {
         "offline"
@@ -67,7 +58,6 @@ unsafe impl Mapper for OfflineMapper {
     }
 
     fn reserve(&self, len: u64, placement: &Placement) -> Result<Reservation, MapperError> {
-        let layout = self.layout(len)?;
         let mut next = self.next.lock();
         let target = *next;
         let end = target
@@ -86,26 +76,25 @@ unsafe impl Mapper for OfflineMapper {
                 reason: format!("the next offline address is {target:#x}"),
             });
         }
-        if layout.size() == 0 {
-            return Err(MapperError::Refused {
-                operation: "reserve",
-                reason: "an empty reservation".into(),
-            });
-        }
-        // SAFETY: the layout has a non-zero size (checked above) and a power-of-two
-        // alignment.
-        let working = unsafe { alloc_zeroed(layout) };
-        if working.is_null() {
-            return Err(MapperError::Refused {
-                operation: "reserve",
-                reason: format!("no memory for a working view of {len:#x} bytes"),
-            });
-        }
+        let working = sys::mmap(
+            None,
+            None,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            None,
+        )
+        .map_err(|source| MapperError::Os {
+            operation: "mmap",
+            address: 0,
+            len,
+            source,
+        })?;
         *next = end;
         Ok(Reservation {
             target,
             len,
-            working,
+            working: working as *mut u8,
             handle: 0,
         })
     }
@@ -132,20 +121,28 @@ unsafe impl Mapper for OfflineMapper {
         _: Permission,
     ) -> Result<(), MapperError> {
         // Discarded contents read as zeros again, as fresh pages would.
-        if let Some(at) = reservation.working_address(start) {
-            // SAFETY: `[start, end)` lies inside the reservation (the caller's contract),
-            // whose working view is ours and writable, and nothing refers to it.
-            unsafe { std::ptr::write_bytes(at, 0, (end - start) as usize) };
-        }
-        Ok(())
+        let at = reservation.working as u64 + (start - reservation.target);
+        // SAFETY: `[start, end)` lies inside the reservation (the caller's contract), whose
+        // working view is our private anonymous mapping, and nothing refers to it.
+        unsafe { sys::madvise_dontneed(at, end - start) }.map_err(|source| MapperError::Os {
+            operation: "madvise",
+            address: start,
+            len: end - start,
+            source,
+        })
     }
 
     unsafe fn release(&self, reservation: &Reservation) -> Result<(), MapperError> {
-        let layout = self.layout(reservation.len)?;
-        // SAFETY: `working` was allocated by `reserve` with this layout (same length, same
-        // page size) and is released once (the caller's contract).
-        unsafe { dealloc(reservation.working, layout) };
-        Ok(())
+        // SAFETY: the working view was mapped by `reserve` with this length and is released
+        // once, with no reference into it (the caller's contract).
+        unsafe { sys::munmap(reservation.working as u64, reservation.len) }.map_err(|source| {
+            MapperError::Os {
+                operation: "munmap",
+                address: reservation.target,
+                len: reservation.len,
+                source,
+            }
+        })
     }
 
     fn resident_bytes(&self, reservation: &Reservation) -> Option<u64> {

@@ -1,0 +1,279 @@
+//! Figure of the link-graph issue: whole-process link time of Kiln against the *copy
+//! floor* — a process that only maps the same input files and copies every byte once into
+//! fresh memory, what any linker pays — and against mold invoked directly (the collect2
+//! command line of `gcc -fuse-ld=mold`, run as `mold …`, without the driver), for x86-64
+//! and AArch64 inputs, side by side in one run, interleaved.
+//!
+//! ```text
+//! cargo build --release -p kiln-bench -p kiln-cli && ./target/release/link_floor
+//! ```
+//!
+//! Kiln is `kiln run --noexec` for x86-64 (this machine) and `kiln link --target aarch64`
+//! for AArch64 (a link for chosen addresses, written to an ELF image file: no executor to
+//! ask). `link_floor copy FILE…` is the floor.
+
+use clap::Parser;
+use kiln_bench::sh;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// `copy FILE…`: be the copy floor (map the files, copy every byte once, exit).
+    #[arg(trailing_var_arg = true)]
+    copy: Vec<String>,
+    /// Runs per command (the median is reported).
+    #[arg(long, default_value_t = 21)]
+    runs: usize,
+    /// Scratch directory for the inputs.
+    #[arg(long, default_value = "/tmp/kiln-link-floor")]
+    dir: PathBuf,
+}
+
+/// The floor: every input byte read once from a mapping of its file and written once into
+/// fresh anonymous memory.
+fn copy_floor(files: &[String]) {
+    let maps: Vec<memmap2::Mmap> = files
+        .iter()
+        .map(|f| {
+            let file = std::fs::File::open(f).unwrap_or_else(|e| panic!("{f}: {e}"));
+            // SAFETY: the files are inputs nobody modifies while this short process runs.
+            unsafe { memmap2::Mmap::map(&file) }.unwrap_or_else(|e| panic!("{f}: {e}"))
+        })
+        .collect();
+    let total: usize = maps.iter().map(|m| m.len()).sum();
+    let mut out = memmap2::MmapMut::map_anon(total.max(1)).expect("anonymous memory");
+    let mut at = 0;
+    for m in &maps {
+        out[at..at + m.len()].copy_from_slice(m);
+        at += m.len();
+    }
+    // The copy is used (the optimizer cannot drop it).
+    let sum = out
+        .iter()
+        .step_by(4096)
+        .fold(0u8, |a, &b| a.wrapping_add(b));
+    std::hint::black_box(sum);
+}
+
+struct Input {
+    name: String,
+    files: Vec<PathBuf>,
+    kiln: Command,
+    mold: Option<Command>,
+}
+
+/// `mold` with the arguments gcc's driver would give its linker (`-###`), so that mold
+/// runs without the driver.
+fn mold_command(driver: &str, args: &[String], out: &Path) -> Option<Command> {
+    let output = Command::new(driver)
+        .arg("-fuse-ld=mold")
+        .arg("-###")
+        .args(args)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&output.stderr);
+    let line = text.lines().find(|l| l.contains("collect2"))?;
+    let words: Vec<String> = line
+        .split_whitespace()
+        .map(|w| w.trim_matches('"').to_string())
+        .skip(1)
+        .filter(|w| {
+            !w.starts_with("-plugin")
+                && !w.starts_with("-fuse-ld")
+                && !w.contains("liblto_plugin")
+                && !w.contains("lto-wrapper")
+                && w != "--fix-cortex-a53-843419"
+        })
+        .collect();
+    let mut cmd = Command::new("mold");
+    cmd.args(words);
+    // Check that it links before timing it.
+    let ok = Command::new("mold")
+        .args(cmd.get_args())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then_some(cmd)
+}
+
+fn many_objects(dir: &Path, compiler: &str, suffix: &str) -> Vec<PathBuf> {
+    // 20,000 functions in 4 objects, each function in its own section, called through
+    // tables from main.
+    let mut objects = Vec::new();
+    for part in 0..4 {
+        let c = dir.join(format!("many{part}.c"));
+        if !c.exists() {
+            let mut src = String::new();
+            for i in 0..5000 {
+                let n = part * 5000 + i;
+                src.push_str(&format!(
+                    "int f{n}(int x) {{ return x * {} + {n}; }}\n",
+                    n % 7 + 1
+                ));
+            }
+            src.push_str(&format!("typedef int (*fn)(int);\nfn table{part}[] = {{"));
+            for i in 0..5000 {
+                src.push_str(&format!("f{},", part * 5000 + i));
+            }
+            src.push_str("};\n");
+            if part == 0 {
+                src.push_str("#include <stdio.h>\nextern fn table1[], table2[], table3[];\nint main(void) { long s = 0; fn *t[] = {table0, table1, table2, table3}; for (int k = 0; k < 4; k++) for (int i = 0; i < 5000; i++) s += t[k][i](i); printf(\"%ld\\n\", s); return 0; }\n");
+            }
+            std::fs::write(&c, src).unwrap();
+        }
+        let o = dir.join(format!("many{part}{suffix}.o"));
+        sh(&format!(
+            "{compiler} -O1 -ffunction-sections -c {} -o {}",
+            c.display(),
+            o.display()
+        ));
+        objects.push(o);
+    }
+    objects
+}
+
+fn prepare(dir: &Path, kiln: &Path) -> Vec<Input> {
+    std::fs::create_dir_all(dir).unwrap();
+    let programs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs");
+    let d = dir.display();
+    let mut inputs = Vec::new();
+    for (arch, compiler, lib) in [
+        ("x86-64", "cc", "/usr/lib/x86_64-linux-gnu"),
+        (
+            "aarch64",
+            "aarch64-linux-gnu-gcc",
+            "/usr/lib/aarch64-linux-gnu",
+        ),
+    ] {
+        if Command::new(compiler).arg("--version").output().is_err()
+            || !Path::new(lib).join("libsqlite3.a").exists()
+        {
+            eprintln!("{arch}: {compiler} or {lib}/libsqlite3.a missing, skipped");
+            continue;
+        }
+        let suffix = if arch == "x86-64" { "" } else { "-a64" };
+        sh(&format!(
+            "{compiler} -O2 -c {}/sqlite_driver.c -o {d}/sqlite_driver{suffix}.o",
+            programs.display()
+        ));
+        let sqlite = vec![
+            dir.join(format!("sqlite_driver{suffix}.o")),
+            Path::new(lib).join("libsqlite3.a"),
+        ];
+        let many = many_objects(dir, compiler, suffix);
+        for (name, files, libs) in [("sqlite", sqlite, vec!["-lm"]), ("many", many, vec![])] {
+            let mut k = Command::new(kiln);
+            if arch == "x86-64" {
+                k.args(["run", "--noexec"]).args(&files).args(&libs);
+            } else {
+                k.args(["link", "--target", "aarch64", "--allow-undefined", "-o"])
+                    .arg(dir.join(format!("{name}{suffix}.elf")))
+                    .args(&files);
+            }
+            let mut args: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+            args.extend(libs.iter().map(|s| s.to_string()));
+            let mold = mold_command(compiler, &args, &dir.join(format!("{name}{suffix}.mold")));
+            if mold.is_none() {
+                eprintln!("{arch} {name}: mold could not link it directly; not compared");
+            }
+            inputs.push(Input {
+                name: format!("{name} {arch}"),
+                files,
+                kiln: k,
+                mold,
+            });
+        }
+    }
+    inputs
+}
+
+fn time(cmd: &mut Command) -> Option<Duration> {
+    let start = Instant::now();
+    let status = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .ok()?;
+    status.success().then(|| start.elapsed())
+}
+
+fn median(mut v: Vec<Duration>) -> Option<Duration> {
+    v.sort();
+    v.get(v.len() / 2).copied()
+}
+
+fn ms(d: Option<Duration>) -> String {
+    d.map_or_else(
+        || "failed".into(),
+        |d| format!("{:.2} ms", d.as_secs_f64() * 1e3),
+    )
+}
+
+fn main() {
+    let args = Args::parse();
+    if args.copy.first().map(String::as_str) == Some("copy") {
+        copy_floor(&args.copy[1..]);
+        return;
+    }
+    let me = std::env::current_exe().unwrap();
+    let kiln = me.with_file_name("kiln");
+    let inputs = prepare(&args.dir, &kiln);
+    println!("whole process, median of {} interleaved runs\n", args.runs);
+    println!(
+        "{:<16} {:>10} {:>10} {:>10} {:>11} {:>10}",
+        "input", "kiln", "floor", "mold", "kiln/floor", "kiln/mold"
+    );
+    let mut verdicts = Vec::new();
+    for mut input in inputs {
+        let mut floor = Command::new(&me);
+        floor.arg("copy").args(&input.files);
+        let (mut k, mut f, mut m) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..args.runs {
+            k.extend(time(&mut input.kiln));
+            f.extend(time(&mut floor));
+            if let Some(mold) = &mut input.mold {
+                m.extend(time(mold));
+            }
+        }
+        let (k, f, m) = (median(k), median(f), median(m));
+        let ratio = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.as_secs_f64() / b.as_secs_f64()),
+            _ => None,
+        };
+        let kf = ratio(k, f);
+        let km = ratio(k, m);
+        let show = |r: Option<f64>| r.map_or_else(|| "-".into(), |r| format!("{r:.2}x"));
+        println!(
+            "{:<16} {:>10} {:>10} {:>10} {:>11} {:>10}",
+            input.name,
+            ms(k),
+            ms(f),
+            ms(m),
+            show(kf),
+            show(km)
+        );
+        if let Some(r) = kf {
+            verdicts.push(format!(
+                "{}: kiln / copy floor {r:.2}x, target <= 2.00x: {}",
+                input.name,
+                kiln_bench::verdict(r <= 2.0)
+            ));
+        }
+        if let Some(r) = km {
+            verdicts.push(format!(
+                "{}: kiln / mold {r:.2}x, target < 1.00x: {}",
+                input.name,
+                kiln_bench::verdict(r < 1.0)
+            ));
+        }
+    }
+    println!();
+    for v in verdicts {
+        println!("{v}");
+    }
+}
