@@ -100,11 +100,11 @@ pub(crate) fn link_only(args: LinkArgs) -> Result<(), String> {
     let mut archives = Vec::new();
     for path in &args.inputs {
         let name = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| format!("{name}: {e}"))?;
-        if bytes.starts_with(b"!<arch>\n") {
-            archives.push(ArchiveInput::parse(name, bytes).map_err(|e| e.to_string())?);
+        let bytes = kiln::map_file(path).map_err(|e| e.to_string())?;
+        if (*bytes).as_ref().starts_with(b"!<arch>\n") {
+            archives.push(ArchiveInput::parse_shared(name, bytes).map_err(|e| e.to_string())?);
         } else {
-            objects.push(ObjectInput::new(name, bytes));
+            objects.push(ObjectInput::shared(name, bytes));
         }
     }
     let mut defined = Vec::new();

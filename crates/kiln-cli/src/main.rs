@@ -477,11 +477,13 @@ fn run(o: RunArgs) -> Result<i32, String> {
     });
     let flags = compiler_flags(&o);
     for input in &o.inputs {
+        // Mapped, not read: an archive's members are linked from the file's pages.
         let bytes = (!kiln_cache::SystemCompiler::is_source(input))
-            .then(|| std::fs::read(input).ok())
+            .then(|| kiln::map_file(input).ok())
             .flatten();
+        let contents = bytes.as_ref().map(|b| (**b).as_ref());
         let name = input.display().to_string();
-        match inputs::classify(input, bytes.as_deref())? {
+        match inputs::classify(input, contents)? {
             inputs::InputKind::Source => {
                 let t = Instant::now();
                 let hit = jit.add_source(lib, input, &flags).map_err(explain)?;
@@ -494,12 +496,11 @@ fn run(o: RunArgs) -> Result<i32, String> {
                 }
             }
             inputs::InputKind::Object => {
-                jit.add_object(lib, &name, bytes.unwrap_or_default())
-                    .map_err(explain)?;
+                let bytes = bytes.ok_or_else(|| format!("{name}: cannot be read"))?;
+                jit.add_object_shared(lib, &name, bytes).map_err(explain)?;
             }
             inputs::InputKind::Archive if o.whole_archive => {
-                let bytes = bytes.unwrap_or_default();
-                for (member, data) in inputs::archive_members(input, &bytes)? {
+                for (member, data) in inputs::archive_members(input, contents.unwrap_or(&[]))? {
                     jit.add_object(lib, &member, data).map_err(explain)?;
                 }
             }
@@ -507,8 +508,8 @@ fn run(o: RunArgs) -> Result<i32, String> {
                 if o.verbose {
                     eprintln!("kiln: archive {name}: members linked as needed");
                 }
-                jit.add_archive(lib, &name, bytes.unwrap_or_default())
-                    .map_err(explain)?;
+                let bytes = bytes.ok_or_else(|| format!("{name}: cannot be read"))?;
+                jit.add_archive_shared(lib, &name, bytes).map_err(explain)?;
             }
             inputs::InputKind::Shared => {
                 if o.verbose {
@@ -572,6 +573,9 @@ fn run(o: RunArgs) -> Result<i32, String> {
                 ("finalize", t.finalize),
             ] {
                 eprintln!("kiln: {name:<12} {:>9.3} ms", d.as_secs_f64() * 1e3);
+            }
+            for (pass, d) in &report.pass_times {
+                eprintln!("kiln:   pass {pass:<26} {:>9.3} ms", d.as_secs_f64() * 1e3);
             }
             let c = report.counts;
             eprintln!(

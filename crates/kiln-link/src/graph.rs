@@ -108,6 +108,8 @@ pub(crate) struct LinkGraph<'a, 'c> {
     pub(crate) image: Vec<ImageSegment>,
     pub(crate) counts: LinkCounts,
     pub(crate) times: LinkTimes,
+    /// Each pass's time, in order (plugins' passes under their own names).
+    pub(crate) pass_times: Vec<(String, std::time::Duration)>,
 }
 
 /// A built-in pass.
@@ -177,6 +179,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             image: Vec::new(),
             counts,
             times,
+            pass_times: Vec::new(),
         }
     }
 
@@ -187,7 +190,9 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             match step {
                 Step::Builtin(name, pass) => {
                     tracing::trace!(pass = name, "link pass");
+                    let start = Instant::now();
                     pass(self, options)?;
+                    self.pass_times.push((name.to_string(), start.elapsed()));
                     // Phase times, as LinkTimes reports them.
                     match *name {
                         "allocate" => {
@@ -201,11 +206,14 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 Step::Plugins(point) => {
                     for (at, pass) in options.passes {
                         if at == point {
+                            let start = Instant::now();
                             let mut view = GraphView::new(self, *point);
                             pass.run(&mut view).map_err(|message| LinkError::Pass {
                                 pass: pass.name().to_string(),
                                 message,
                             })?;
+                            self.pass_times
+                                .push((pass.name().to_string(), start.elapsed()));
                         }
                     }
                 }
@@ -567,25 +575,52 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             .expect("the allocate pass runs before the passes that write");
         let dso_handle = allocated.dso_handle;
         let mut segs = allocated.in_flight.segments_mut();
-        for chunk in segs[SEG_RX].bytes.chunks_mut(4) {
-            chunk.copy_from_slice(&trap[..chunk.len()]);
-        }
-        segs[SEG_R].bytes.fill(0);
-        segs[SEG_RW].bytes.fill(0);
+        // Each byte is written once: sections' contents, then what lies between them —
+        // the trap pattern in code, zeros elsewhere (the GOT, stubs and `.eh_frame`'s
+        // terminator are written by later passes).
+        let mut covered: [Vec<(usize, usize)>; 3] = Default::default();
         for oi in 0..linker.objs.len() {
             for (si, sec) in linker.objs[oi].sections.iter().enumerate() {
                 let p = linker.places[oi][si];
                 if p.seg == SEG_NONE || p.offset == u64::MAX || sec.sh_type == SHT_NOBITS {
                     continue;
                 }
-                let dest: &mut [u8] = if p.seg == SEG_TLS {
-                    &mut tls_image
-                } else {
-                    segs[p.seg as usize].bytes
-                };
                 let start = p.offset as usize;
-                dest[start..start + sec.data.len()].copy_from_slice(sec.data);
+                if p.seg == SEG_TLS {
+                    tls_image[start..start + sec.data.len()].copy_from_slice(sec.data);
+                    continue;
+                }
+                let seg = p.seg as usize;
+                segs[seg].bytes[start..start + sec.data.len()].copy_from_slice(sec.data);
+                if let Some(list) = covered.get_mut(seg) {
+                    list.push((start, start + sec.data.len()));
+                }
             }
+        }
+        for (seg, list) in covered.iter_mut().enumerate() {
+            list.sort_unstable();
+            let bytes = &mut *segs[seg].bytes;
+            let len = bytes.len();
+            let mut fill = |from: usize, to: usize| {
+                if from >= to {
+                    return;
+                }
+                if seg == SEG_RX {
+                    // The pattern repeats every 4 bytes from the segment's start (code is
+                    // 4-aligned on AArch64).
+                    for (i, b) in bytes[from..to].iter_mut().enumerate() {
+                        *b = trap[(from + i) % 4];
+                    }
+                } else {
+                    bytes[from..to].fill(0);
+                }
+            };
+            let mut at = 0;
+            for &(start, end) in list.iter() {
+                fill(at, start);
+                at = at.max(end);
+            }
+            fill(at, len);
         }
         // `__dso_handle` holds its own address, as crtbeginS.o's does: g++ passes its
         // address to `__cxa_atexit`, libc_nonshared's `atexit` passes its value.

@@ -244,6 +244,8 @@ pub struct LinkedModule {
     pub architecture: Architecture,
     /// Phase times.
     pub times: LinkTimes,
+    /// Each pass's time, in the order they ran (a client's passes under their names).
+    pub pass_times: Vec<(String, Duration)>,
     /// Counts.
     pub counts: LinkCounts,
 }
@@ -320,6 +322,7 @@ pub fn link(
         image: graph.image,
         architecture: options.architecture,
         times,
+        pass_times: graph.pass_times,
         counts: graph.counts,
     })
 }

@@ -232,9 +232,9 @@ impl Executor {
                 let handle = library as *mut c_void;
                 Ok(names
                     .iter()
-                    .map(|n| {
-                        runtime::dlsym(handle, n).map(|a| (a, runtime::host_symbol_is_function(a)))
-                    })
+                    // The kind is left unknown: in process it is asked for only when a
+                    // link needs it (`dladdr` per symbol is most of a lookup's cost).
+                    .map(|n| runtime::dlsym(handle, n).map(|a| (a, None)))
                     .collect())
             }
             Kind::Remote { remote, .. } => match remote.request(&Request::LookupMany {

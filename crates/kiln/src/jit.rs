@@ -338,8 +338,10 @@ impl JitBuilder {
 }
 
 /// A file's bytes, shared: mapped when it is large (an archive: never copied, pages read
-/// as the link touches them), read when it is small.
-fn map_file(path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync>, Error> {
+/// as the link touches them), read when it is small. What [`Jit::add_file`] and friends
+/// use; for a caller that looks at an input before adding it with
+/// [`Jit::add_object_shared`] or [`Jit::add_archive_shared`].
+pub fn map_file(path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync>, Error> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),
         source,
@@ -366,10 +368,12 @@ fn starts_with(bytes: &Arc<dyn AsRef<[u8]> + Send + Sync>, prefix: &[u8]) -> boo
 }
 
 /// Figures of one link.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct LinkReport {
     /// Phase times.
     pub times: LinkTimes,
+    /// Each pass of the link graph with its time, in order.
+    pub pass_times: Vec<(String, std::time::Duration)>,
     /// Counts.
     pub counts: LinkCounts,
 }
@@ -740,6 +744,7 @@ impl Jit {
         let uses: Vec<Module> = ctx.uses.into_values().collect();
         let report = LinkReport {
             times: linked.times,
+            pass_times: linked.pass_times.clone(),
             counts: linked.counts,
         };
         let executor = &self.inner.executor;
@@ -1281,8 +1286,18 @@ impl LinkContext for SessionContext<'_> {
             .map_err(|e| e.to_string())
     }
 
-    fn is_function(&mut self, name: &str, _address: u64) -> Option<bool> {
-        self.kinds.get(name).copied()
+    fn is_function(&mut self, name: &str, address: u64) -> Option<bool> {
+        self.kinds.get(name).copied().or_else(|| {
+            // In process, a symbol's kind is looked up only when the link asks (a
+            // `dladdr` each): few links need it.
+            self.jit
+                .inner
+                .executor
+                .remote()
+                .is_none()
+                .then(|| kiln_executor::runtime::host_symbol_is_function(address))
+                .flatten()
+        })
     }
 }
 

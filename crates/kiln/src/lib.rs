@@ -27,7 +27,7 @@ pub use debug_support::{DebugListener, DebugSupport};
 pub use error::Error;
 pub use executor::{default_executor_path, Executor, ExecutorSymbols, Transport};
 pub use generator::{FnGenerator, Found, SymbolGenerator};
-pub use jit::{Jit, JitBuilder, LibraryId, LinkReport, Module};
+pub use jit::{map_file, Jit, JitBuilder, LibraryId, LinkReport, Module};
 pub use kiln_cache::{Compiler, ObjectCache, SystemCompiler};
 pub use kiln_link::{
     Architecture, GraphEdge, GraphSection, GraphView, LinkPass, PassPoint, PlacedSection,
