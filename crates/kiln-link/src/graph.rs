@@ -834,40 +834,42 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         Ok(())
     }
 
-    /// Exported symbols (default or protected visibility) and the module's own hidden
-    /// ones, with their addresses.
-    pub(crate) fn exports(&mut self) -> (FxHashMap<String, u64>, FxHashMap<String, u64>) {
+    /// The global symbols the module defines, sorted by name (see
+    /// [`crate::LinkedModule::exports`]).
+    pub(crate) fn exports(&mut self) -> Vec<crate::Export> {
         let linker = &self.linker;
         let allocated = self
             .allocated
             .as_mut()
             .expect("exports are read after allocation");
         let resolver = Resolver::new(linker, allocated, &self.synthesized.stubs);
-        let mut symbols = FxHashMap::default();
-        let mut hidden_symbols = FxHashMap::default();
+        let mut exports = Vec::with_capacity(linker.globals.len());
         for (id, g) in linker.globals.iter().enumerate() {
-            let exported = match g.def {
+            let visible = match g.def {
                 Def::Defined { obj, sym, .. } => {
                     let s = &linker.objs[obj as usize].symbols[sym as usize];
-                    Some(
-                        s.visibility == object::elf::STV_DEFAULT.0
-                            || s.visibility == object::elf::STV_PROTECTED.0,
-                    )
+                    s.visibility == object::elf::STV_DEFAULT.0
+                        || s.visibility == object::elf::STV_PROTECTED.0
                 }
-                Def::Common { .. } => Some(true),
-                _ => None,
+                Def::Common { .. } => true,
+                _ => continue,
             };
-            if let (Some(exported), false) = (exported, g.tls) {
-                let (addr, _) = resolver.address(Key::Global(id as u32));
-                let map = if exported {
-                    &mut symbols
-                } else {
-                    &mut hidden_symbols
-                };
-                map.insert(lossy(g.name), addr);
+            if g.tls {
+                continue;
             }
+            let (address, _) = resolver.address(Key::Global(id as u32));
+            let name: std::sync::Arc<str> = match std::str::from_utf8(g.name) {
+                Ok(name) => name.into(),
+                Err(_) => lossy(g.name).into(),
+            };
+            exports.push(crate::Export {
+                name,
+                address,
+                visible,
+            });
         }
-        (symbols, hidden_symbols)
+        exports.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        exports
     }
 
     /// Where every section and symbol landed ([`LinkOptions::report_sections`]).

@@ -91,7 +91,6 @@ impl LinkedModule {
 
         // Layout: header, program headers, segment contents (offset ≡ address mod page),
         // symbol table, strings, section headers.
-        let mut out = Vec::new();
         let phnum = segments.len() as u64;
         let mut offset = EHDR + PHDR * phnum;
         let mut offsets = Vec::new();
@@ -101,8 +100,10 @@ impl LinkedModule {
             offsets.push(offset);
             offset += s.bytes.len() as u64;
         }
-        let mut strtab = vec![0u8];
-        let mut name_at = Vec::new();
+        let mut strtab =
+            Vec::with_capacity(1 + symbols.iter().map(|s| s.name.len() + 1).sum::<usize>());
+        strtab.push(0u8);
+        let mut name_at = Vec::with_capacity(symbols.len());
         for s in &symbols {
             name_at.push(strtab.len() as u32);
             strtab.extend(s.name.as_bytes());
@@ -129,13 +130,13 @@ impl LinkedModule {
         let shstrtab_offset = strtab_offset + strtab.len() as u64;
         let shoff = (shstrtab_offset + shstrtab.len() as u64).next_multiple_of(8);
         let shnum = segments.len() as u64 + 4;
+        // Written once into a buffer of its final size.
+        let mut out = Vec::with_capacity((shoff + SHDR * shnum) as usize);
 
         let entry = self
-            .symbols
-            .get("main")
-            .or_else(|| self.hidden_symbols.get("main"))
-            .copied()
-            .unwrap_or(0);
+            .exports
+            .binary_search_by(|e| (*e.name).cmp("main"))
+            .map_or(0, |i| self.exports[i].address);
         // ELF header.
         out.extend(b"\x7fELF");
         out.extend([2, 1, 1, 0]); // 64-bit, little-endian, version 1, System V

@@ -37,12 +37,14 @@ pub use arch::Architecture;
 pub use error::{LinkError, MissingSymbol, MissingSymbols};
 pub use input::{ArchiveInput, ObjectBytes, ObjectInput};
 pub use link::{
-    link, ImageSegment, LinkContext, LinkCounts, LinkOptions, LinkTimes, LinkedModule,
+    link, Export, ImageSegment, LinkContext, LinkCounts, LinkOptions, LinkTimes, LinkedModule,
     PlacedSection, SymbolInfo, SymbolKind, TlsTemplate, MAX_TLS_BLOCK,
 };
 pub use pass::{GraphEdge, GraphSection, GraphView, LinkPass, PassPoint};
 
-/// Checks that `data` is an ELF relocatable object for `architecture`, without linking it.
+/// Checks that `data` is an ELF relocatable object for `architecture` — its header and
+/// section table — without linking it. Everything else (symbols, relocations, groups) is
+/// checked when it is linked, with the same typed errors.
 pub fn check_object(name: &str, data: &[u8], architecture: Architecture) -> Result<(), LinkError> {
-    object_file::ObjectFile::parse(name.to_string(), data, architecture).map(|_| ())
+    object_file::check_quick(name, data, architecture)
 }

@@ -4,12 +4,11 @@
 //! and finalize.
 
 use crate::graph::LinkGraph;
-use crate::object_file::ObjectFile;
+use crate::object_file::{Binding, ObjectFile};
 use crate::pass::{LinkPass, PassPoint};
 use crate::symbols::{Linker, Origin};
 use crate::{Architecture, ArchiveInput, LinkError, ObjectInput};
 use kiln_memory::{FinalizedAllocation, MemoryManager, Permission};
-use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -206,17 +205,29 @@ pub struct LinkCounts {
     pub segment_bytes: [u64; 4],
 }
 
+/// A global symbol a module defines (see [`LinkedModule::exports`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Export {
+    /// Its name.
+    pub name: Arc<str>,
+    /// Its address.
+    pub address: u64,
+    /// Exported to other modules (default or protected visibility), or the module's own
+    /// (hidden or internal).
+    pub visible: bool,
+}
+
 /// A linked module: its memory, its exported symbols, what to run at start and end.
 #[derive(Debug)]
 pub struct LinkedModule {
     /// The memory, finalized.
     pub allocation: FinalizedAllocation,
-    /// Global symbols defined by the module (default or protected visibility), with
-    /// their addresses: what other modules may link against.
-    pub symbols: FxHashMap<String, u64>,
-    /// Global symbols with hidden or internal visibility: not for other modules, but the
-    /// module's own (a program's `main` is hidden in CPython's `python.o`).
-    pub hidden_symbols: FxHashMap<String, u64>,
+    /// Global symbols the module defines, sorted by name, with their addresses: exported
+    /// ones (default or protected visibility) are what other modules may link against;
+    /// the others (hidden, internal) are the module's own (a program's `main` is hidden
+    /// in CPython's `python.o`). Names are shared strings: a session indexes them without
+    /// copying.
+    pub exports: Vec<Export>,
     /// Initializers in the order to call them (`.preinit_array`, `.init_array` by
     /// priority, `.ctors`).
     pub init: Vec<u64>,
@@ -250,6 +261,18 @@ pub struct LinkedModule {
     pub counts: LinkCounts,
 }
 
+impl LinkedModule {
+    /// The address of `name` if the module exports it (default or protected visibility).
+    pub fn symbol(&self, name: &str) -> Option<u64> {
+        self.exports
+            .binary_search_by(|e| (*e.name).cmp(name))
+            .ok()
+            .map(|i| &self.exports[i])
+            .filter(|e| e.visible)
+            .map(|e| e.address)
+    }
+}
+
 /// Links `objects` (and the members of `archives` they need) into one module.
 pub fn link(
     objects: &[ObjectInput],
@@ -270,6 +293,18 @@ pub fn link(
     times.parse = t.elapsed();
     let t = Instant::now();
     let mut linker = Linker::new(archives, options.architecture.arch(), ctx);
+    // Room for every non-local symbol of the inputs at once (archive members add more).
+    let globals: usize = parsed
+        .iter()
+        .map(|o| {
+            o.symbols
+                .iter()
+                .filter(|s| s.binding != Binding::Local)
+                .count()
+        })
+        .sum();
+    linker.globals.reserve(globals);
+    linker.global_index.reserve(globals);
     for (i, obj) in parsed.into_iter().enumerate() {
         linker.origins.push(Origin::Input(i));
         linker.add_object(obj)?;
@@ -282,7 +317,7 @@ pub fn link(
 
     let mut graph = LinkGraph::new(linker, times);
     graph.run(options)?;
-    let (symbols, hidden_symbols) = graph.exports();
+    let exports = graph.exports();
     let (linked_objects, sections, symbol_info) = if options.report_sections {
         let (sections, symbols) = graph.report();
         (graph.linker.linked_objects(objects)?, sections, symbols)
@@ -307,8 +342,7 @@ pub fn link(
     });
     Ok(LinkedModule {
         allocation,
-        symbols,
-        hidden_symbols,
+        exports,
         init: graph.init,
         fini: graph.fini,
         eh_frame: l

@@ -103,7 +103,7 @@ fn sections(d: &[u8]) -> Vec<(u32, usize, usize, String)> {
 fn the_good_object_links() {
     let good = compile("good", GOOD);
     let module = try_link(&[ObjectInput::new("good.o", good)]).unwrap();
-    assert!(module.symbols.contains_key("work"));
+    assert!(module.symbol("work").is_some());
 }
 
 #[test]

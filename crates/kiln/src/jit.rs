@@ -739,7 +739,7 @@ impl Jit {
             passes: &passes,
         };
         let mut ctx = SessionContext::new(self, &library);
-        let linked = link(&objects, &archives, &mut ctx, &options)?;
+        let mut linked = link(&objects, &archives, &mut ctx, &options)?;
         let uses_thread_atexit = ctx.thread_atexit;
         let uses: Vec<Module> = ctx.uses.into_values().collect();
         let report = LinkReport {
@@ -754,12 +754,13 @@ impl Jit {
         {
             let state = library.state.read();
             if let Some((name, previous)) = linked
-                .symbols
+                .exports
                 .iter()
-                .find_map(|(n, _)| state.index.get(n.as_str()).map(|d| (n, d)))
+                .filter(|e| e.visible)
+                .find_map(|e| state.index.get(&*e.name).map(|d| (&e.name, d)))
             {
                 return Err(Error::Redefinition {
-                    symbol: name.clone(),
+                    symbol: name.to_string(),
                     library: library.name.clone(),
                     previous: describe(&state, previous),
                     new: objects.first().map(|o| o.name.clone()).unwrap_or_default(),
@@ -774,23 +775,23 @@ impl Jit {
             Some(address) => executor.register_eh_frame(address)?,
             None => None,
         };
-        let exports = if self.inner.export_to_libraries && !linked.symbols.is_empty() {
+        let exports = if self.inner.export_to_libraries && linked.exports.iter().any(|e| e.visible)
+        {
             let code = linked
                 .allocation
                 .segments()
                 .first()
                 .map(|c| c.target..c.target + c.len);
             let list = linked
-                .symbols
+                .exports
                 .iter()
-                .map(
-                    |(name, &address)| kiln_executor::shared_object::ExportedSymbol {
-                        name: name.clone(),
-                        address,
-                        size: 0,
-                        function: code.as_ref().is_some_and(|c| c.contains(&address)),
-                    },
-                )
+                .filter(|e| e.visible)
+                .map(|e| kiln_executor::shared_object::ExportedSymbol {
+                    name: e.name.to_string(),
+                    address: e.address,
+                    size: 0,
+                    function: code.as_ref().is_some_and(|c| c.contains(&e.address)),
+                })
                 .collect();
             Some(executor.export_symbols(list)?)
         } else {
@@ -812,21 +813,11 @@ impl Jit {
                 id,
                 name: name.into_boxed_str(),
                 library: lib,
-                symbols: {
-                    let mut all: Vec<(Arc<str>, u64, bool)> = linked
-                        .symbols
-                        .iter()
-                        .map(|(n, &a)| (n.as_str().into(), a, true))
-                        .chain(
-                            linked
-                                .hidden_symbols
-                                .iter()
-                                .map(|(n, &a)| (n.as_str().into(), a, false)),
-                        )
-                        .collect();
-                    all.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-                    all.into_boxed_slice()
-                },
+                // Sorted by name already; the names are shared with the index below.
+                symbols: std::mem::take(&mut linked.exports)
+                    .into_iter()
+                    .map(|e| (e.name, e.address, e.visible))
+                    .collect(),
                 fini: if self.inner.noexec {
                     Box::default()
                 } else {
@@ -871,6 +862,7 @@ impl Jit {
         }
         {
             let mut state = library.state.write();
+            state.index.reserve(module.inner.symbols.len());
             // The index shares the module's name strings (one allocation per name).
             for (name, address, exported) in module.inner.symbols.iter() {
                 let map = if *exported {
