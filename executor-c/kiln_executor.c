@@ -223,18 +223,24 @@ static int read_all(int fd, uint8_t *p, size_t n) {
     return 0;
 }
 
-/* Sends one frame: `body` starts with the tag. */
+/* Non-zero while a frame is being written (a crash report waits for it). */
+static atomic_int sending;
+
+/* Sends one frame, in one write: `body` starts with the tag. */
 static void send_frame(uint32_t id, const struct writer *body) {
-    uint8_t head[8];
     uint32_t len = (uint32_t)body->len + 4;
-    for (int i = 0; i < 4; i++) head[i] = (uint8_t)(len >> (8 * i));
-    for (int i = 0; i < 4; i++) head[4 + i] = (uint8_t)(id >> (8 * i));
+    uint8_t *frame = malloc(body->len + 8);
+    if (!frame) _exit(70);
+    for (int i = 0; i < 4; i++) frame[i] = (uint8_t)(len >> (8 * i));
+    for (int i = 0; i < 4; i++) frame[4 + i] = (uint8_t)(id >> (8 * i));
+    memcpy(frame + 8, body->p, body->len);
     pthread_mutex_lock(&send_lock);
-    if (write_all(sock, head, 8) != 0 || write_all(sock, body->p, body->len) != 0) {
-        pthread_mutex_unlock(&send_lock);
-        _exit(0); /* the controller is gone */
-    }
+    atomic_store(&sending, 1);
+    int failed = write_all(sock, frame, body->len + 8) != 0;
+    atomic_store(&sending, 0);
     pthread_mutex_unlock(&send_lock);
+    free(frame);
+    if (failed) _exit(0); /* the controller is gone */
 }
 
 static void reply_simple(uint32_t id, uint8_t tag) {
@@ -473,8 +479,8 @@ static void do_deinitialize(uint32_t id, struct reader *r) {
     if (!res) return;
     mprotect((void *)(uintptr_t)start, end - start, PROT_NONE);
     /* The pages' contents are discarded: they read as zeros when prepared again. */
-    memset(res->working + (start - res->target), 0, end - start);
-    madvise(res->working + (start - res->target), end - start, MADV_REMOVE);
+    if (fallocate(res->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(start - res->target), (off_t)(end - start)) != 0)
+        memset(res->working + (start - res->target), 0, end - start);
     reply_simple(id, A_OK);
 }
 
@@ -737,14 +743,18 @@ static void drain_output(void) {
 
 static void setup_stdio(void) {
     if (out_pipe[0] >= 0) return;
-    log_fd = dup(2);
-    if (pipe(out_pipe) || pipe(err_pipe) || pipe(in_pipe)) {
+    log_fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
+    /* Close-on-exec: a program's children must not hold the other ends (a child holding
+     * stdin's write end would never see end of input). dup2 onto 0-2 clears the flag. */
+    if (pipe2(out_pipe, O_CLOEXEC) || pipe2(err_pipe, O_CLOEXEC) || pipe2(in_pipe, O_CLOEXEC)) {
         logf_("kiln-executor-c: pipes: %s\n", strerror(errno));
         _exit(71);
     }
     dup2(out_pipe[1], 1);
     dup2(err_pipe[1], 2);
     dup2(in_pipe[0], 0);
+    /* Input is queued when the program does not read it: the serving thread never blocks. */
+    fcntl(in_pipe[1], F_SETFL, fcntl(in_pipe[1], F_GETFL) | O_NONBLOCK);
     pthread_t t;
     pthread_create(&t, NULL, forward_output, NULL);
     pthread_detach(t);
@@ -766,8 +776,13 @@ static void on_fatal_signal(int signal) {
         if (!pending(out_pipe[0]) && !pending(err_pipe[0]) && !atomic_load(&forwarding_busy)) break;
         nanosleep(&tick, NULL);
     }
-    if (getpid() == executor_pid) report(A_CRASHED, (uint32_t)signal);
-    shutdown(sock, SHUT_WR);
+    if (getpid() == executor_pid) {
+        /* Frames are sent whole under send_lock; a frame half sent by another thread
+         * would be cut by this one, so wait (bounded) for it to finish. */
+        for (int i = 0; i < 1000 && atomic_load(&sending); i++) nanosleep(&tick, NULL);
+        report(A_CRASHED, (uint32_t)signal);
+        shutdown(sock, SHUT_WR);
+    }
     raise(signal); /* SA_RESETHAND restored the default action */
 }
 
@@ -790,27 +805,44 @@ struct main_call {
 
 static void *call_main(void *arg) {
     struct main_call *m = arg;
+    /* Crash reports run on a stack of their own in this thread too (sigaltstack is per
+     * thread), so a stack overflow in main reports. */
+    static uint8_t main_alt_stack[64 * 1024];
+    stack_t ss = {.ss_sp = main_alt_stack, .ss_size = sizeof main_alt_stack};
+    sigaltstack(&ss, NULL);
     m->status = ((int (*)(int, char **, char **))(uintptr_t)m->address)(m->argc, m->argv, environ);
     fflush(NULL);
     (void)!write(m->done_fd, "d", 1);
     return NULL;
 }
 
+/* Input the program has not taken yet, and whether its end has come. */
+static struct writer input_queue;
+static size_t input_sent;
+static int input_ended;
+
+/* Moves queued input into the stdin pipe as far as it takes it without blocking; closes
+ * the pipe after the end of input. */
+static void flush_input(void) {
+    while (in_pipe[1] >= 0 && input_sent < input_queue.len) {
+        ssize_t k = write(in_pipe[1], input_queue.p + input_sent, input_queue.len - input_sent);
+        if (k <= 0) break;
+        input_sent += (size_t)k;
+    }
+    if (input_sent == input_queue.len) input_queue.len = input_sent = 0;
+    if (input_ended && input_queue.len == 0 && in_pipe[1] >= 0) {
+        close(in_pipe[1]);
+        in_pipe[1] = -1;
+    }
+}
+
 static void give_input(struct reader *r) {
     uint32_t len;
     const uint8_t *bytes = rd_bytes(r, &len, "bytes");
-    if (r->bad || in_pipe[1] < 0) return;
-    if (len == 0) {
-        close(in_pipe[1]);
-        in_pipe[1] = -1;
-        return;
-    }
-    while (len > 0) {
-        ssize_t k = write(in_pipe[1], bytes, len);
-        if (k <= 0) return;
-        bytes += k;
-        len -= (uint32_t)k;
-    }
+    if (r->bad || in_pipe[1] < 0 || input_ended) return;
+    if (len == 0) input_ended = 1;
+    else wr_raw(&input_queue, bytes, len);
+    flush_input();
 }
 
 static int read_frame(uint8_t **body, uint32_t *len);
@@ -825,9 +857,17 @@ static void do_run_main(uint32_t id, struct reader *r) {
         free(argv);
         return reply_error(id, "malformed RunMain: %s", r->bad ? r->bad : "trailing bytes");
     }
-    if (!holding(address, 1)) return reply_error(id, "main at %#llx is not in memory this executor reserved", (unsigned long long)address);
+    if (!holding(address, 1)) {
+        for (uint32_t i = 0; i < n; i++) free(argv[i]);
+        free(argv);
+        return reply_error(id, "main at %#llx is not in memory this executor reserved", (unsigned long long)address);
+    }
     int done[2];
-    if (pipe(done)) return reply_error(id, "pipe: %s", strerror(errno));
+    if (pipe2(done, O_CLOEXEC)) {
+        for (uint32_t i = 0; i < n; i++) free(argv[i]);
+        free(argv);
+        return reply_error(id, "pipe: %s", strerror(errno));
+    }
     struct main_call m = {address, (int)n, argv, 0, done[1]};
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -838,16 +878,20 @@ static void do_run_main(uint32_t id, struct reader *r) {
         in_main = 0;
         close(done[0]);
         close(done[1]);
+        for (uint32_t i = 0; i < n; i++) free(argv[i]);
+        free(argv);
         return reply_error(id, "cannot start main's thread");
     }
     /* Serve Input while main runs; anything else is answered "main is running". */
     for (;;) {
-        struct pollfd fds[2] = {{sock, POLLIN, 0}, {done[0], POLLIN, 0}};
-        if (poll(fds, 2, -1) < 0) {
+        int queued = in_pipe[1] >= 0 && input_queue.len > input_sent;
+        struct pollfd fds[3] = {{sock, POLLIN, 0}, {done[0], POLLIN, 0}, {queued ? in_pipe[1] : -1, POLLOUT, 0}};
+        if (poll(fds, 3, -1) < 0) {
             if (errno == EINTR) continue;
             break;
         }
         if (fds[1].revents) break;
+        if (fds[2].revents) flush_input();
         if (fds[0].revents) {
             uint8_t *body;
             uint32_t len;
@@ -855,6 +899,10 @@ static void do_run_main(uint32_t id, struct reader *r) {
             struct reader fr = {body, len, NULL};
             uint32_t fid = rd_u32(&fr, "id");
             uint8_t tag = rd_u8(&fr, "tag");
+            if (fid & 0x80000000u) {
+                logf_("kiln-executor-c: a request id with the top bit set (%#x): closing\n", fid);
+                _exit(1);
+            }
             if (tag == T_INPUT) give_input(&fr);
             else reply_error(fid, "main is running");
             free(body);
@@ -1019,6 +1067,7 @@ int main(int argc, char **argv) {
         pid_t pid = fork();
         if (pid == 0) {
             close(listener);
+            signal(SIGCHLD, SIG_DFL); /* the program's system() and waitpid() need it */
             _exit(serve(fd));
         }
         if (pid < 0) fprintf(stderr, "kiln-executor-c: fork: %s\n", strerror(errno));

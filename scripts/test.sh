@@ -100,6 +100,7 @@ cargo build --release -p kiln-cli -p kiln-executor
 "$TARGET"/release/debug_support --rounds 2 --modules 200 --gdb-modules 50
 "$TARGET"/release/capi_overhead --rounds 3 --batches 1
 "$TARGET"/release/cache_figures --functions 200 --runs 2 >/dev/null
+"$TARGET"/release/link_floor --runs 2 --dir "$TARGET"/link-floor >/dev/null
 cargo build --release -p kiln-llvm --features llvm --examples
 "$TARGET"/release/examples/shaders 20 >/dev/null
 

@@ -118,15 +118,17 @@ pub(crate) fn demangle(name: &str) -> String {
 
 /// An object that refers to each of `symbols` (an absolute pointer to each, in data), so
 /// that the link must define them: what `ld -u SYM` does, pulling archive members.
-pub(crate) fn undefined_references(symbols: &[String]) -> Result<Vec<u8>, String> {
+pub(crate) fn undefined_references(
+    symbols: &[String],
+    target: kiln::Architecture,
+) -> Result<Vec<u8>, String> {
     use object::write::{Object, Relocation, Symbol, SymbolSection};
     use object::{
         RelocationEncoding, RelocationFlags, RelocationKind, SymbolFlags, SymbolKind, SymbolScope,
     };
-    let architecture = if cfg!(target_arch = "aarch64") {
-        object::Architecture::Aarch64
-    } else {
-        object::Architecture::X86_64
+    let architecture = match target {
+        kiln::Architecture::Aarch64 => object::Architecture::Aarch64,
+        kiln::Architecture::X86_64 => object::Architecture::X86_64,
     };
     let mut obj = Object::new(
         object::BinaryFormat::Elf,

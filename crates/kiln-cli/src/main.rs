@@ -531,7 +531,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
             .map_err(explain)?;
     }
     if !o.undefined.is_empty() {
-        let object = inputs::undefined_references(&o.undefined)?;
+        let object = inputs::undefined_references(&o.undefined, jit.architecture())?;
         jit.add_object(lib, "-u", object).map_err(explain)?;
     }
     for name in &o.libraries {

@@ -109,7 +109,7 @@ pub(crate) struct LinkGraph<'a, 'c> {
     pub(crate) counts: LinkCounts,
     pub(crate) times: LinkTimes,
     /// Each pass's time, in order (plugins' passes under their own names).
-    pub(crate) pass_times: Vec<(String, std::time::Duration)>,
+    pub(crate) pass_times: Vec<(std::borrow::Cow<'static, str>, std::time::Duration)>,
 }
 
 /// A built-in pass.
@@ -179,7 +179,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             image: Vec::new(),
             counts,
             times,
-            pass_times: Vec::new(),
+            pass_times: Vec::with_capacity(16),
         }
     }
 
@@ -192,7 +192,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                     tracing::trace!(pass = name, "link pass");
                     let start = Instant::now();
                     pass(self, options)?;
-                    self.pass_times.push((name.to_string(), start.elapsed()));
+                    self.pass_times.push(((*name).into(), start.elapsed()));
                     // Phase times, as LinkTimes reports them.
                     match *name {
                         "allocate" => {
@@ -213,7 +213,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                                 message,
                             })?;
                             self.pass_times
-                                .push((pass.name().to_string(), start.elapsed()));
+                                .push((pass.name().to_string().into(), start.elapsed()));
                         }
                     }
                 }
@@ -369,7 +369,10 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         }
         let linker = &self.linker;
         let s = &mut self.synthesized;
-        let code_beyond_reach = self.layout.seg_size[SEG_RX] >= linker.arch.call_reach();
+        // Stubs and the TLS resolver come after the code: a margin for them (a module
+        // whose code alone nears a call's reach calls its own functions through stubs).
+        let code_beyond_reach =
+            self.layout.seg_size[SEG_RX].saturating_add(16 << 20) >= linker.arch.call_reach();
         for list in &self.edges {
             for edge in &list.edges {
                 let (row, key) = (edge.row, edge.key);

@@ -9,6 +9,7 @@ use crate::pass::{LinkPass, PassPoint};
 use crate::symbols::{Linker, Origin};
 use crate::{Architecture, ArchiveInput, LinkError, ObjectInput};
 use kiln_memory::{FinalizedAllocation, MemoryManager, Permission};
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -256,7 +257,7 @@ pub struct LinkedModule {
     /// Phase times.
     pub times: LinkTimes,
     /// Each pass's time, in the order they ran (a client's passes under their names).
-    pub pass_times: Vec<(String, Duration)>,
+    pub pass_times: Vec<(Cow<'static, str>, Duration)>,
     /// Counts.
     pub counts: LinkCounts,
 }

@@ -140,18 +140,6 @@ pub(crate) fn check_header(name: &str, data: &[u8], arch: Architecture) -> Resul
     Ok(())
 }
 
-/// Checks what can be checked without reading every table: the ELF header (class,
-/// byte order, machine, `ET_REL`) and that the section header table lies in the file.
-pub(crate) fn check_quick(name: &str, data: &[u8], arch: Architecture) -> Result<(), LinkError> {
-    check_header(name, data, arch)?;
-    let header = Header::parse(data).map_err(|e| malformed(name, e))?;
-    let endian = header.endian().map_err(|e| malformed(name, e))?;
-    header
-        .sections(endian, data)
-        .map_err(|e| malformed(name, e))?;
-    Ok(())
-}
-
 impl<'a> ObjectFile<'a> {
     /// Parses and checks an object.
     pub(crate) fn parse(

@@ -122,7 +122,9 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
         let bases = self.graph.allocated.as_ref().map(|a| a.bases);
         let mut edges = rustc_hash::FxHashMap::default();
         for list in &self.graph.edges {
-            edges.insert((list.obj as usize, list.section as usize), list.edges.len());
+            *edges
+                .entry((list.obj as usize, list.section as usize))
+                .or_insert(0) += list.edges.len();
         }
         let mut out = Vec::new();
         for (oi, obj) in linker.objs.iter().enumerate() {

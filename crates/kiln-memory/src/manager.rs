@@ -566,9 +566,12 @@ impl SlabBackend {
                 // SAFETY: the range is still ours (not yet returned to the pool) and its
                 // working view is writable (shared pools keep it so).
                 unsafe { fill_trap(working, p.taken as usize, self.slab.tuning.trap_pattern) };
-                // The trap bytes must be what a core fetches (AArch64 keeps stale lines).
-                crate::icache::make_coherent(p.target, p.taken);
-                poisoned = true;
+                // The trap bytes must be what a core fetches (AArch64 keeps stale lines):
+                // here when the code runs here; elsewhere its side does it.
+                if self.slab.mapper.target_is_local() {
+                    crate::icache::make_coherent(p.target, p.taken);
+                    poisoned = true;
+                }
             }
             if let Err(e) = self.slab.free(*p) {
                 result = Err(e);

@@ -187,6 +187,14 @@ pub unsafe trait Mapper: Send + Sync + fmt::Debug {
     /// Bytes of `reservation` that are resident in physical memory, counted once even when
     /// two views map them; `None` if the mapper cannot tell.
     fn resident_bytes(&self, reservation: &Reservation) -> Option<u64>;
+
+    /// Whether the target view is in this process, so that this process may make its
+    /// instruction cache coherent (default: yes). A mapper whose code runs elsewhere (an
+    /// executor process, or nowhere: an offline link) answers no; the code's own side
+    /// keeps its cache coherent.
+    fn target_is_local(&self) -> bool {
+        true
+    }
 }
 
 /// The default mapper: dual-mapped when the kernel allows an executable memfd, otherwise

@@ -306,6 +306,11 @@ unsafe impl Mapper for SharedMemoryMapper {
     fn resident_bytes(&self, _r: &Reservation) -> Option<u64> {
         None
     }
+
+    /// The code runs in the executor, which keeps its instruction cache coherent.
+    fn target_is_local(&self) -> bool {
+        false
+    }
 }
 
 /// The copy mapper: the linker writes into a local shadow; at initialize the segments'
@@ -422,5 +427,10 @@ unsafe impl Mapper for CopyMapper {
 
     fn resident_bytes(&self, _r: &Reservation) -> Option<u64> {
         None
+    }
+
+    /// The code runs in the executor, which keeps its instruction cache coherent.
+    fn target_is_local(&self) -> bool {
+        false
     }
 }

@@ -337,10 +337,22 @@ impl JitBuilder {
     }
 }
 
+/// A file's bytes, read once into memory the session shares (never copied again).
+fn read_file(path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync>, Error> {
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(Arc::new(bytes))
+}
+
 /// A file's bytes, shared: mapped when it is large (an archive: never copied, pages read
-/// as the link touches them), read when it is small. What [`Jit::add_file`] and friends
-/// use; for a caller that looks at an input before adding it with
-/// [`Jit::add_object_shared`] or [`Jit::add_archive_shared`].
+/// as the link touches them), read when it is small — for a short-lived tool that adds
+/// them with [`Jit::add_object_shared`] or [`Jit::add_archive_shared`] (`kiln run` does).
+///
+/// A mapped file must not change while the session may read it: one rewritten in place
+/// gives the link inconsistent bytes, and one truncated makes a later read of its pages
+/// fault (`SIGBUS`). [`Jit::add_file`] and friends read files instead.
 pub fn map_file(path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync>, Error> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),
@@ -373,7 +385,7 @@ pub struct LinkReport {
     /// Phase times.
     pub times: LinkTimes,
     /// Each pass of the link graph with its time, in order.
-    pub pass_times: Vec<(String, std::time::Duration)>,
+    pub pass_times: Vec<(std::borrow::Cow<'static, str>, std::time::Duration)>,
     /// Counts.
     pub counts: LinkCounts,
 }
@@ -382,6 +394,11 @@ impl Jit {
     /// A session with default memory managers.
     pub fn new() -> Result<Self, Error> {
         JitBuilder::default().build()
+    }
+
+    /// The instruction set the session links for: its executor's.
+    pub fn architecture(&self) -> kiln_link::Architecture {
+        self.inner.architecture
     }
 
     /// A builder.
@@ -467,7 +484,7 @@ impl Jit {
     /// Adds a relocatable object file.
     pub fn add_object_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        self.add_object_shared(lib, &path.display().to_string(), map_file(path)?)
+        self.add_object_shared(lib, &path.display().to_string(), read_file(path)?)
     }
 
     /// Adds and links one object at once: its module (or the link's error, the library
@@ -522,13 +539,13 @@ impl Jit {
     /// Adds a static archive file.
     pub fn add_archive_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        self.add_archive_shared(lib, &path.display().to_string(), map_file(path)?)
+        self.add_archive_shared(lib, &path.display().to_string(), read_file(path)?)
     }
 
     /// Adds an object or an archive, by its contents.
     pub fn add_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        let bytes = map_file(path)?;
+        let bytes = read_file(path)?;
         if starts_with(&bytes, b"!<arch>\n") {
             self.add_archive_shared(lib, &path.display().to_string(), bytes)
         } else if starts_with(&bytes, b"\x7fELF") {
@@ -744,7 +761,7 @@ impl Jit {
         let uses: Vec<Module> = ctx.uses.into_values().collect();
         let report = LinkReport {
             times: linked.times,
-            pass_times: linked.pass_times.clone(),
+            pass_times: std::mem::take(&mut linked.pass_times),
             counts: linked.counts,
         };
         let executor = &self.inner.executor;

@@ -35,7 +35,12 @@ impl OfflineMapper {
         let page_size = page_size.max(1).next_power_of_two();
         OfflineMapper {
             page_size,
-            next: Mutex::new(base.next_multiple_of(page_size)),
+            // A base at the very top of the address space stays there (reservations then
+            // fail with a typed error instead of wrapping).
+            next: Mutex::new(
+                base.checked_next_multiple_of(page_size)
+                    .unwrap_or(!(page_size - 1)),
+            ),
         }
     }
 }
@@ -122,14 +127,22 @@ unsafe impl Mapper for OfflineMapper {
     ) -> Result<(), MapperError> {
         // Discarded contents read as zeros again, as fresh pages would.
         let at = reservation.working as u64 + (start - reservation.target);
-        // SAFETY: `[start, end)` lies inside the reservation (the caller's contract), whose
-        // working view is our private anonymous mapping, and nothing refers to it.
-        unsafe { sys::madvise_dontneed(at, end - start) }.map_err(|source| MapperError::Os {
-            operation: "madvise",
-            address: start,
-            len: end - start,
-            source,
-        })
+        let host_page = sys::page_size();
+        if at % host_page == 0 && (end - start) % host_page == 0 {
+            // SAFETY: `[start, end)` lies inside the reservation (the caller's contract),
+            // whose working view is our private anonymous mapping, and nothing refers to it.
+            unsafe { sys::madvise_dontneed(at, end - start) }.map_err(|source| MapperError::Os {
+                operation: "madvise",
+                address: start,
+                len: end - start,
+                source,
+            })
+        } else {
+            // Target pages smaller than this machine's: zeroed in place.
+            // SAFETY: as above; the range is ours and writable.
+            unsafe { std::ptr::write_bytes(at as *mut u8, 0, (end - start) as usize) };
+            Ok(())
+        }
     }
 
     unsafe fn release(&self, reservation: &Reservation) -> Result<(), MapperError> {
@@ -143,6 +156,10 @@ unsafe impl Mapper for OfflineMapper {
                 source,
             }
         })
+    }
+
+    fn target_is_local(&self) -> bool {
+        false
     }
 
     fn resident_bytes(&self, reservation: &Reservation) -> Option<u64> {
