@@ -278,6 +278,9 @@ struct reservation {
     uint64_t target, len;
     uint8_t *working;
     int fd;
+    /* Per page: 0 unprepared, else 1 + the permission it was prepared with (0 RX, 1 R,
+     * 2 RW), so that nothing is run, read or flushed on a page that is not ready. */
+    uint8_t *pages;
 };
 
 static struct reservation reservations[MAX_RESERVATIONS];
@@ -299,6 +302,25 @@ static struct reservation *holding(uint64_t addr, uint64_t len) {
     for (int i = 0; i < MAX_RESERVATIONS; i++)
         if (reservations[i].used && inside(&reservations[i], addr, len)) return &reservations[i];
     return NULL;
+}
+
+/* Whether every page of [addr, addr + len) is prepared, with `permission` (0 RX, 1 R,
+ * 2 RW) or, for -1, with any readable one. */
+static int prepared(uint64_t addr, uint64_t len, int permission) {
+    struct reservation *r = holding(addr, len ? len : 1);
+    if (!r) return 0;
+    uint64_t first = (addr - r->target) / (uint64_t)page_size;
+    uint64_t last = (addr + (len ? len : 1) - 1 - r->target) / (uint64_t)page_size;
+    for (uint64_t p = first; p <= last; p++) {
+        if (r->pages[p] == 0) return 0;
+        if (permission >= 0 && r->pages[p] != permission + 1) return 0;
+    }
+    return 1;
+}
+
+/* Whether code at `addr` may run: its page is prepared read-execute. */
+static int runnable(uint64_t addr) {
+    return prepared(addr, 1, 0);
 }
 
 static int prot_of(uint8_t permission) {
@@ -406,7 +428,14 @@ static void do_reserve(uint32_t id, struct reader *r) {
         close(fd);
         return reply_error(id, "working view: %s", strerror(e));
     }
-    reservations[slot] = (struct reservation){1, (uint64_t)(uintptr_t)target, len, working, fd};
+    uint8_t *page_map = calloc((size_t)(len / (uint64_t)page_size), 1);
+    if (!page_map) {
+        munmap(target, len);
+        munmap(working, len);
+        close(fd);
+        return reply_error(id, "out of memory for the page map of %#llx bytes", (unsigned long long)len);
+    }
+    reservations[slot] = (struct reservation){1, (uint64_t)(uintptr_t)target, len, working, fd, page_map};
     if (tracing) logf_("kiln-executor-c: reserved %#llx bytes at %p (placement %u, window %#llx..%#llx)\n", (unsigned long long)len, target, placement, (unsigned long long)lo, (unsigned long long)hi);
     struct writer w = {0};
     wr_u8(&w, A_RESERVED);
@@ -433,10 +462,12 @@ static void do_prepare(uint32_t id, struct reader *r) {
     if (r->bad || r->left) return reply_error(id, "malformed Prepare: %s", r->bad ? r->bad : "trailing bytes");
     int prot = prot_of(permission);
     if (prot < 0) return reply_error(id, "unknown permission %u", permission);
-    if (!pages(id, handle, start, end)) return;
+    struct reservation *res = pages(id, handle, start, end);
+    if (!res) return;
     /* The target view gets its final permission now; writes go to the working view. */
     if (mprotect((void *)(uintptr_t)start, end - start, prot) != 0)
         return reply_error(id, "mprotect: %s", strerror(errno));
+    memset(res->pages + (start - res->target) / (uint64_t)page_size, permission + 1, (end - start) / (uint64_t)page_size);
     reply_simple(id, A_OK);
 }
 
@@ -464,6 +495,12 @@ static void do_initialize(uint32_t id, struct reader *r) {
             free(segs);
             return reply_error(id, "segment %#llx+%#llx is not in reservation %llu", (unsigned long long)segs[i][0], (unsigned long long)segs[i][1], (unsigned long long)handle);
         }
+        if (segs[i][1] > 0 && !prepared(segs[i][0], segs[i][1], (int)segs[i][2])) {
+            unsigned long long at = segs[i][0], n = segs[i][1];
+            unsigned p = (unsigned)segs[i][2];
+            free(segs);
+            return reply_error(id, "segment %#llx+%#llx is not on pages prepared with permission %u", at, n, p);
+        }
     }
     for (uint32_t i = 0; i < n; i++) {
         if (segs[i][2] == 0 && segs[i][1] > 0) sync_icache((uintptr_t)segs[i][0], (uintptr_t)(segs[i][0] + segs[i][1]));
@@ -478,6 +515,7 @@ static void do_deinitialize(uint32_t id, struct reader *r) {
     struct reservation *res = pages(id, handle, start, end);
     if (!res) return;
     mprotect((void *)(uintptr_t)start, end - start, PROT_NONE);
+    memset(res->pages + (start - res->target) / (uint64_t)page_size, 0, (end - start) / (uint64_t)page_size);
     /* The pages' contents are discarded: they read as zeros when prepared again. */
     if (fallocate(res->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(start - res->target), (off_t)(end - start)) != 0)
         memset(res->working + (start - res->target), 0, end - start);
@@ -492,6 +530,7 @@ static void do_release(uint32_t id, struct reader *r) {
     munmap((void *)(uintptr_t)res->target, res->len);
     munmap(res->working, res->len);
     close(res->fd);
+    free(res->pages);
     memset(res, 0, sizeof *res);
     reply_simple(id, A_OK);
 }
@@ -627,8 +666,8 @@ extern char **environ;
 /* Checks that every address of a list lies in reserved memory; answers if not. */
 static int all_code(uint32_t id, const uint64_t *functions, uint32_t n) {
     for (uint32_t i = 0; i < n; i++)
-        if (!holding(functions[i], 1)) {
-            reply_error(id, "%#llx is not in memory this executor reserved", (unsigned long long)functions[i]);
+        if (!runnable(functions[i])) {
+            reply_error(id, "%#llx is not code this executor prepared to run", (unsigned long long)functions[i]);
             return 0;
         }
     return 1;
@@ -645,7 +684,7 @@ static uint64_t *rd_addresses(struct reader *r, uint32_t *n) {
 static void do_eh_frame(uint32_t id, struct reader *r, int reg) {
     uint64_t address = rd_u64(r, "address");
     if (r->bad || r->left) return reply_error(id, "malformed eh_frame request: %s", r->bad ? r->bad : "trailing bytes");
-    if (!holding(address, 4)) return reply_error(id, "eh_frame at %#llx is not in memory this executor reserved", (unsigned long long)address);
+    if (!prepared(address, 4, -1)) return reply_error(id, "eh_frame at %#llx is not in prepared memory", (unsigned long long)address);
     const char *name = reg ? "__register_frame" : "__deregister_frame";
     void (*fn)(void *) = (void (*)(void *))dlsym(RTLD_DEFAULT, name);
     if (!fn) {
@@ -690,7 +729,7 @@ static void do_call(uint32_t id, struct reader *r) {
     for (uint32_t i = 0; i < n && i < 6; i++) a[i] = rd_u64(r, "argument");
     if (n > 6) return reply_error(id, "Call takes at most 6 arguments, not %u", n);
     if (r->bad || r->left) return reply_error(id, "malformed Call: %s", r->bad ? r->bad : "trailing bytes");
-    if (!holding(address, 1)) return reply_error(id, "%#llx is not in memory this executor reserved", (unsigned long long)address);
+    if (!runnable(address)) return reply_error(id, "%#llx is not code this executor prepared to run", (unsigned long long)address);
     uint64_t v = ((uint64_t(*)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t))(uintptr_t)address)(a[0], a[1], a[2], a[3], a[4], a[5]);
     reply_value(id, v);
 }
@@ -857,10 +896,10 @@ static void do_run_main(uint32_t id, struct reader *r) {
         free(argv);
         return reply_error(id, "malformed RunMain: %s", r->bad ? r->bad : "trailing bytes");
     }
-    if (!holding(address, 1)) {
+    if (!runnable(address)) {
         for (uint32_t i = 0; i < n; i++) free(argv[i]);
         free(argv);
-        return reply_error(id, "main at %#llx is not in memory this executor reserved", (unsigned long long)address);
+        return reply_error(id, "main at %#llx is not code this executor prepared to run", (unsigned long long)address);
     }
     int done[2];
     if (pipe2(done, O_CLOEXEC)) {

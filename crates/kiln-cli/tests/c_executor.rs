@@ -326,6 +326,27 @@ fn malformed_messages_get_errors_and_the_executor_lives_on() {
     assert_eq!((id, tag), (6, 104));
     assert_ne!(u64::from_le_bytes(fields[..8].try_into().unwrap()), 0);
     assert_eq!(fields[8], 1, "printf is a function");
+    // Memory reserved but not prepared is not run, and not made coherent.
+    let mut reserve = 0x10000u64.to_le_bytes().to_vec();
+    reserve.push(0);
+    reserve.extend([0u8; 16]);
+    reserve.push(0);
+    s.write_all(&frame(7, 1, &reserve)).unwrap();
+    let (id, tag, fields) = read_frame(&mut s);
+    assert_eq!((id, tag), (7, 102), "Reserved");
+    let target = u64::from_le_bytes(fields[..8].try_into().unwrap());
+    let handle = u64::from_le_bytes(fields[8..16].try_into().unwrap());
+    let mut call = target.to_le_bytes().to_vec();
+    call.extend(0u32.to_le_bytes());
+    s.write_all(&frame(8, 18, &call)).unwrap();
+    assert!(error_text(&mut s, 8).contains("not code this executor prepared to run"));
+    let mut initialize = handle.to_le_bytes().to_vec();
+    initialize.extend(1u32.to_le_bytes());
+    initialize.extend(target.to_le_bytes());
+    initialize.extend(0x1000u64.to_le_bytes());
+    initialize.push(0);
+    s.write_all(&frame(9, 3, &initialize)).unwrap();
+    assert!(error_text(&mut s, 9).contains("not on pages prepared"));
     // A frame beyond the limit ends this connection, before anything is allocated...
     s.write_all(&u32::MAX.to_le_bytes()).unwrap();
     let mut rest = Vec::new();
