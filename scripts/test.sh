@@ -44,7 +44,6 @@ declare -A needs=(
   [llvm-objdump-16]=llvm-16
   [qemu-aarch64-static]=qemu-user-static
   [mold]=mold
-  [hyperfine]=hyperfine
   # Debian's arm64 static libraries (multiarch), linked for AArch64.
   [/lib/ld-linux-aarch64.so.1]=libc6:arm64
   [/usr/lib/aarch64-linux-gnu/libz.a]=zlib1g-dev:arm64

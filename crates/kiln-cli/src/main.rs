@@ -432,7 +432,12 @@ fn run(o: RunArgs) -> Result<i32, String> {
     } else {
         kiln::Executor::in_process()
     };
-    let cache: Option<Arc<dyn kiln_cache::ObjectCache>> = if o.no_cache {
+    // The cache is opened only when there is something to compile.
+    let compiles = o
+        .inputs
+        .iter()
+        .any(|p| kiln_cache::SystemCompiler::is_source(p));
+    let cache: Option<Arc<dyn kiln_cache::ObjectCache>> = if o.no_cache || !compiles {
         None
     } else if let Some(url) = &o.cache_redis {
         Some(Arc::new(
