@@ -75,6 +75,14 @@ fn start(command: &mut Command) -> Executor {
     Executor { child, port }
 }
 
+/// The executor built for this machine, once per test process (tests run in parallel).
+fn native_executor() -> PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY
+        .get_or_init(|| build_executor("kiln-executor-c", "cc"))
+        .clone()
+}
+
 /// The AArch64 executor under qemu, started for one test (each connection is served by a
 /// process of its own); the binary is built once per test process.
 fn aarch64_executor() -> Executor {
@@ -290,7 +298,7 @@ fn error_text(stream: &mut TcpStream, id: u32) -> String {
 
 #[test]
 fn malformed_messages_get_errors_and_the_executor_lives_on() {
-    let binary = build_executor("kiln-executor-c", "cc");
+    let binary = native_executor();
     let executor = start(&mut Command::new(&binary));
     let mut s = connect(executor.port);
     // An unknown tag, a truncated Reserve, a Write to a reservation that does not exist,
@@ -360,7 +368,7 @@ fn malformed_messages_get_errors_and_the_executor_lives_on() {
 
 #[test]
 fn the_c_executor_runs_x86_64_programs_too() {
-    let binary = build_executor("kiln-executor-c", "cc");
+    let binary = native_executor();
     let executor = start(&mut Command::new(&binary));
     let dir = tmp().join("native");
     std::fs::create_dir_all(&dir).unwrap();

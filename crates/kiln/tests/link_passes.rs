@@ -14,8 +14,9 @@ use std::sync::Arc;
 fn compile(name: &str, source: &str) -> Vec<u8> {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("link_passes");
     std::fs::create_dir_all(&dir).unwrap();
-    let c = dir.join(format!("{name}.c"));
-    let o = dir.join(format!("{name}.o"));
+    // Each test compiles into files of its own (tests run in parallel).
+    let c = dir.join(format!("{name}-{:?}.c", std::thread::current().id()));
+    let o = dir.join(format!("{name}-{:?}.o", std::thread::current().id()));
     std::fs::write(&c, source).unwrap();
     let status = Command::new("cc")
         .args(["-O2", "-fPIC", "-ffunction-sections", "-c"])
