@@ -115,6 +115,14 @@ pub(crate) struct LinkGraph<'a, 'c> {
 /// A built-in pass.
 type BuiltinPass<'a, 'c> = fn(&mut LinkGraph<'a, 'c>, &LinkOptions<'_>) -> Result<(), LinkError>;
 
+/// The link's memory, which the `allocate` pass made: every pass after it writes there.
+/// Takes the field alone, so that the graph's other fields stay borrowable beside it.
+fn allocation(allocated: &mut Option<Allocated>) -> &mut Allocated {
+    allocated
+        .as_mut()
+        .expect("the allocate pass runs before the passes that use the memory")
+}
+
 /// One step of the link: a built-in pass, or the point where plugins' passes run.
 pub(crate) enum Step<'a, 'c> {
     Builtin(&'static str, BuiltinPass<'a, 'c>),
@@ -553,13 +561,6 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         Ok(())
     }
 
-    /// The allocation (after [`LinkGraph::allocate`]).
-    fn allocated(&mut self) -> &mut Allocated {
-        self.allocated
-            .as_mut()
-            .expect("the allocate pass runs before the passes that write")
-    }
-
     /// Copies every section's contents to its place; unused code is the architecture's
     /// trap pattern, `__dso_handle` holds its own address.
     fn write_contents(&mut self, _: &LinkOptions<'_>) -> Result<(), LinkError> {
@@ -577,10 +578,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let trap = self.linker.arch.trap();
         let dso_offset = self.layout.dso_offset as usize;
         let linker = &self.linker;
-        let allocated = self
-            .allocated
-            .as_mut()
-            .expect("the allocate pass runs before the passes that write");
+        let allocated = allocation(&mut self.allocated);
         let dso_handle = allocated.dso_handle;
         let mut segs = allocated.in_flight.segments_mut();
         // Each byte is written once: sections' contents, then what lies between them —
@@ -654,7 +652,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         if !self.synthesized.needs_static_tls || l.tls_size == 0 {
             return Ok(());
         }
-        let module = self.allocated().tls_module;
+        let module = allocation(&mut self.allocated).tls_module;
         let (size, align) = (self.layout.tls_size, self.layout.tls_align);
         let offset = self
             .linker
@@ -675,10 +673,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let linker = &self.linker;
         let l = &self.layout;
         let s = &self.synthesized;
-        let allocated = self
-            .allocated
-            .as_mut()
-            .expect("the allocate pass runs before the passes that write");
+        let allocated = allocation(&mut self.allocated);
         let resolver = Resolver::new(linker, allocated, &s.stubs);
         let tlsdesc_resolver = l.tlsdesc_offset.map_or(0, |o| allocated.bases[SEG_RX] + o);
         let mut segs = allocated.in_flight.segments_mut();
@@ -721,10 +716,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let tls = self.tls_place();
         let linker = &self.linker;
         let s = &self.synthesized;
-        let allocated = self
-            .allocated
-            .as_mut()
-            .expect("the allocate pass runs before the passes that write");
+        let allocated = allocation(&mut self.allocated);
         let resolver = Resolver::new(linker, allocated, &s.stubs);
         let bases = allocated.bases;
         let mut segs = allocated.in_flight.segments_mut();
@@ -772,10 +764,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
     /// call them.
     fn read_init_arrays(&mut self, _: &LinkOptions<'_>) -> Result<(), LinkError> {
         let linker = &self.linker;
-        let allocated = self
-            .allocated
-            .as_mut()
-            .expect("the allocate pass runs before the passes that write");
+        let allocated = allocation(&mut self.allocated);
         let segs = allocated.in_flight.segments_mut();
         let read_array = |oi: u32, si: u32| -> Vec<u64> {
             let p = linker.places[oi as usize][si as usize];
@@ -824,7 +813,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             return Ok(());
         }
         let seg_size = self.layout.seg_size;
-        let allocated = self.allocated();
+        let allocated = allocation(&mut self.allocated);
         let bases = allocated.bases;
         let segs = allocated.in_flight.segments_mut();
         self.image = (0..4)
@@ -846,10 +835,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
     /// [`crate::LinkedModule::exports`]).
     pub(crate) fn exports(&mut self) -> Vec<crate::Export> {
         let linker = &self.linker;
-        let allocated = self
-            .allocated
-            .as_mut()
-            .expect("exports are read after allocation");
+        let allocated = allocation(&mut self.allocated);
         let resolver = Resolver::new(linker, allocated, &self.synthesized.stubs);
         let mut exports = Vec::with_capacity(linker.globals.len());
         for (id, g) in linker.globals.iter().enumerate() {
@@ -883,10 +869,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
     /// Where every section and symbol landed ([`LinkOptions::report_sections`]).
     pub(crate) fn report(&mut self) -> (Vec<crate::PlacedSection>, Vec<crate::SymbolInfo>) {
         let linker = &self.linker;
-        let allocated = self
-            .allocated
-            .as_ref()
-            .expect("the report is made after allocation");
+        let allocated = allocation(&mut self.allocated);
         let resolver = Resolver::new(linker, allocated, &self.synthesized.stubs);
         let tlsdesc = self
             .layout

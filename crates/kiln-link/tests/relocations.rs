@@ -208,6 +208,14 @@ impl Linked {
     }
 }
 
+/// Asserts that the error's message names every one of `parts`.
+fn assert_mentions(error: &LinkError, parts: &[&str]) {
+    let text = error.to_string();
+    for part in parts {
+        assert!(text.contains(part), "{part} missing from: {text}");
+    }
+}
+
 fn link_object(arch: Architecture, bytes: Vec<u8>, ctx: &mut Ctx) -> Result<Linked, LinkError> {
     let memory = SlabMemoryManager::builder()
         .mapper(Arc::new(OfflineMapper::new(BASE, 4096)))
@@ -327,8 +335,7 @@ fn link_value(arch: Architecture, c: &Case, text: u64, value: i128) -> Result<Li
     };
     let addend = i64::try_from(addend).expect("addend fits");
     let mut code = vec![0u8; 0x80];
-    if let Holds::Word(_) = c.holds {
-    } else {
+    if !matches!(c.holds, Holds::Word(_)) {
         code[..4].copy_from_slice(&c.template.to_le_bytes());
     }
     let bytes = object(
@@ -382,10 +389,7 @@ fn check_cases(arch: Architecture, cases: &[Case]) {
             }
             match link_value(arch, c, text, outside) {
                 Err(e @ LinkError::Overflow { .. }) => {
-                    let text = e.to_string();
-                    for part in ["test.o", ".text", c.name, "abs_t"] {
-                        assert!(text.contains(part), "{part} missing from: {text}");
-                    }
+                    assert_mentions(&e, &["test.o", ".text", c.name, "abs_t"]);
                 }
                 Err(other) => panic!("{} with {outside:#x}: {other}", c.name),
                 Ok(_) => panic!(
@@ -838,17 +842,17 @@ fn aarch64_bad_input_gets_typed_errors_naming_object_section_offset_and_symbol()
     let bytes = object(arch, &[0; 8], &[reloc(4, 270, "data_sym", 0)], &[]);
     match link_object(arch, bytes, &mut Ctx::default()) {
         Err(e @ LinkError::UnknownRelocation { .. }) => {
-            let text = e.to_string();
-            for part in [
-                "test.o",
-                ".text",
-                "0x4",
-                "270",
-                "R_AARCH64_MOVW_SABS_G0",
-                "data_sym",
-            ] {
-                assert!(text.contains(part), "{part} missing from: {text}");
-            }
+            assert_mentions(
+                &e,
+                &[
+                    "test.o",
+                    ".text",
+                    "0x4",
+                    "270",
+                    "R_AARCH64_MOVW_SABS_G0",
+                    "data_sym",
+                ],
+            );
         }
         other => panic!("{:?}", other.err()),
     }
@@ -861,16 +865,16 @@ fn aarch64_bad_input_gets_typed_errors_naming_object_section_offset_and_symbol()
     );
     match link_object(arch, bytes, &mut Ctx::default()) {
         Err(e @ LinkError::Misaligned { align: 8, .. }) => {
-            let text = e.to_string();
-            for part in [
-                "test.o",
-                ".text",
-                "R_AARCH64_LDST64_ABS_LO12_NC",
-                "abs_t",
-                "0x1004",
-            ] {
-                assert!(text.contains(part), "{part} missing from: {text}");
-            }
+            assert_mentions(
+                &e,
+                &[
+                    "test.o",
+                    ".text",
+                    "R_AARCH64_LDST64_ABS_LO12_NC",
+                    "abs_t",
+                    "0x1004",
+                ],
+            );
         }
         other => panic!("{:?}", other.err()),
     }
@@ -1024,10 +1028,10 @@ fn x86_64_unknown_relocation_is_named() {
     let bytes = object(arch, &[0; 16], &[reloc(8, 7, "data_sym", 0)], &[]);
     match link_object(arch, bytes, &mut Ctx::default()) {
         Err(e @ LinkError::UnknownRelocation { .. }) => {
-            let text = e.to_string();
-            for part in ["test.o", ".text", "0x8", "R_X86_64_JUMP_SLOT", "data_sym"] {
-                assert!(text.contains(part), "{part} missing from: {text}");
-            }
+            assert_mentions(
+                &e,
+                &["test.o", ".text", "0x8", "R_X86_64_JUMP_SLOT", "data_sym"],
+            );
         }
         other => panic!("{:?}", other.err()),
     }
