@@ -31,6 +31,7 @@ mod link;
 mod object_file;
 mod pass;
 mod report;
+mod symbol_scan;
 mod symbols;
 
 pub use arch::Architecture;
@@ -41,6 +42,7 @@ pub use link::{
     PlacedSection, SymbolInfo, SymbolKind, TlsTemplate, MAX_TLS_BLOCK,
 };
 pub use pass::{GraphEdge, GraphSection, GraphView, LinkPass, PassPoint};
+pub use symbol_scan::{scan_symbols, ObjectSymbols};
 
 /// Checks that `data` is an ELF relocatable object for `architecture` — every table it
 /// has, as the link will read them — without linking it: a session refuses a bad object

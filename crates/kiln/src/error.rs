@@ -91,6 +91,20 @@ pub enum Error {
         /// The module it calls.
         used: String,
     },
+    /// A lazy function's compile or link failed.
+    #[error("lazy function {function}: {reason}")]
+    LazyCompile {
+        /// The function.
+        function: String,
+        /// Why.
+        reason: String,
+    },
+    /// A name that is not a lazy function of the library.
+    #[error("'{0}' is not a lazy function of this library")]
+    NotLazy(String),
+    /// Something this session or executor cannot do.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// A file is neither an ELF object nor an archive.
     #[error("{path}: not an ELF object or archive")]
     UnknownInput {

@@ -56,6 +56,10 @@ struct Definition {
 struct LibraryState {
     /// Objects added and not linked yet.
     pending: Vec<ObjectInput>,
+    /// Objects added with [`Jit::add_lazy_object`], by slot: `None` once linked.
+    lazy_objects: Vec<Option<LazyObject>>,
+    /// The names the lazy objects define, to their slot.
+    lazy: FxHashMap<Arc<str>, usize>,
     /// Archives, lent to every link.
     archives: Arc<Vec<ArchiveInput>>,
     /// Every exported definition of the library, by name: one hash lookup per name,
@@ -69,6 +73,61 @@ struct LibraryState {
     search_order: Vec<LibraryId>,
 }
 
+/// An object added lazily: its bytes and what its symbol table says.
+struct LazyObject {
+    input: ObjectInput,
+    symbols: kiln_link::ObjectSymbols,
+}
+
+impl LibraryState {
+    /// Takes the lazy object in `slot` out of the lazy set (its names go with it).
+    fn take_lazy(&mut self, slot: usize) -> Option<LazyObject> {
+        let object = self.lazy_objects.get_mut(slot)?.take()?;
+        for name in object.symbols.defined.iter().chain(&object.symbols.weak) {
+            if self.lazy.get(&**name) == Some(&slot) {
+                self.lazy.remove(&**name);
+            }
+        }
+        Some(object)
+    }
+
+    /// Puts lazy objects a failed link took back where they were.
+    fn restore_lazy(&mut self, taken: Vec<(usize, LazyObject)>) {
+        for (slot, object) in taken {
+            for name in object.symbols.defined.iter().chain(&object.symbols.weak) {
+                self.lazy.entry(Arc::from(&**name)).or_insert(slot);
+            }
+            self.lazy_objects[slot] = Some(object);
+        }
+    }
+
+    /// Takes the lazy objects that define `names` — and, transitively, those that define
+    /// what they leave undefined — out of the lazy set.
+    fn take_lazy_closure<'n>(
+        &mut self,
+        names: impl IntoIterator<Item = &'n str>,
+    ) -> Vec<(usize, LazyObject)> {
+        let mut taken = Vec::new();
+        if self.lazy.is_empty() {
+            return taken;
+        }
+        let mut work: Vec<Box<str>> = names.into_iter().map(Box::from).collect();
+        while let Some(name) = work.pop() {
+            if self.index.contains_key(&*name) {
+                continue;
+            }
+            let Some(slot) = self.lazy.get(&*name).copied() else {
+                continue;
+            };
+            if let Some(object) = self.take_lazy(slot) {
+                work.extend(object.symbols.undefined.iter().cloned());
+                taken.push((slot, object));
+            }
+        }
+        taken
+    }
+}
+
 /// The generators of a library and what they already answered.
 #[derive(Default)]
 struct Generators {
@@ -78,6 +137,7 @@ struct Generators {
 }
 
 struct Library {
+    id: LibraryId,
     name: String,
     /// Held for the whole of a link into this library (links of other libraries, and
     /// lookups, do not wait for it).
@@ -86,7 +146,9 @@ struct Library {
     generators: Mutex<Generators>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
+    /// Call-through stubs and the epochs that free replaced bodies.
+    pub(crate) lazy: crate::lazy::LazyFunctions,
     /// The executor's instruction set: what every link is for.
     architecture: kiln_link::Architecture,
     session: u32,
@@ -315,6 +377,7 @@ impl JitBuilder {
         let debug_support = debug_listener.map(|listener| plugins.add(Arc::new(listener)));
         let jit = Jit {
             inner: Arc::new(Inner {
+                lazy: Default::default(),
                 session: NEXT_SESSION.fetch_add(1, Ordering::Relaxed),
                 executor,
                 architecture,
@@ -391,6 +454,34 @@ pub struct LinkReport {
 }
 
 impl Jit {
+    pub(crate) fn from_inner(inner: Arc<Inner>) -> Self {
+        Jit { inner }
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
+    /// Links the body of a lazy function: `object`, which must define `name`, resolved as
+    /// `lib` resolves names, published nowhere. Its address and module.
+    pub(crate) fn link_body(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        object: Vec<u8>,
+    ) -> Result<(u64, Module), Error> {
+        let input = ObjectInput::new(format!("{name} (body)"), object);
+        kiln_link::check_object(&input.name, input.bytes(), self.inner.architecture)?;
+        let (module, _) = self
+            .link(lib, Some(input), &[], Publish::No)?
+            .ok_or_else(|| Error::SymbolNotFound(name.to_string()))?;
+        let address = module.symbol(name).ok_or_else(|| Error::LazyCompile {
+            function: name.to_string(),
+            reason: "the compiled object does not define it".into(),
+        })?;
+        Ok((address, module))
+    }
+
     /// A session with default memory managers.
     pub fn new() -> Result<Self, Error> {
         JitBuilder::default().build()
@@ -432,16 +523,18 @@ impl Jit {
     /// Creates a library.
     pub fn create_library(&self, name: &str) -> LibraryId {
         let mut libraries = self.inner.libraries.write();
+        let id = LibraryId {
+            session: self.inner.session,
+            index: libraries.len() as u32,
+        };
         libraries.push(Arc::new(Library {
+            id,
             name: name.to_string(),
             link: Mutex::new(()),
             state: RwLock::new(LibraryState::default()),
             generators: Mutex::new(Generators::default()),
         }));
-        LibraryId {
-            session: self.inner.session,
-            index: (libraries.len() - 1) as u32,
-        }
+        id
     }
 
     /// Libraries searched, in order, for what `lib` does not define.
@@ -487,6 +580,89 @@ impl Jit {
         self.add_object_shared(lib, &path.display().to_string(), read_file(path)?)
     }
 
+    /// Adds a relocatable object lazily: only its symbol table is read now, and it is
+    /// linked — as part of the link that needs it — when one of the names it defines is
+    /// first looked up in `lib` or needed by a link that searches `lib`. An object nobody
+    /// needs is never linked (nor is the rest of it read: a malformed section is reported
+    /// by the link that needs it, and the object then stays lazy).
+    ///
+    /// Lazy objects that need each other are linked together, as archive members are. A
+    /// link of `lib` takes the lazy objects its inputs need from `lib`; a lazy object of a
+    /// library in the search order is linked into that library, as a module of its own.
+    /// An error if `lib` (or one of its lazy objects) already defines a name the object
+    /// defines (weak definitions excepted).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), kiln::Error> {
+    /// let jit = kiln::Jit::new()?;
+    /// let lib = jit.main_library();
+    /// jit.add_process_symbols(lib)?;
+    /// for path in ["a.o", "b.o", "c.o"] {
+    ///     jit.add_lazy_object(lib, path, std::fs::read(path).unwrap())?;
+    /// }
+    /// // Links a.o only (and what a.o needs): b.o and c.o stay unread.
+    /// let f = jit.lookup(lib, "defined_in_a")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn add_lazy_object(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: impl Into<Arc<[u8]>>,
+    ) -> Result<(), Error> {
+        self.add_lazy_input(lib, ObjectInput::new(name, bytes))
+    }
+
+    /// [`Jit::add_lazy_object`] of bytes the caller lends (never copied).
+    pub fn add_lazy_object_shared(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    ) -> Result<(), Error> {
+        self.add_lazy_input(lib, ObjectInput::shared(name, bytes))
+    }
+
+    fn add_lazy_input(&self, lib: LibraryId, input: ObjectInput) -> Result<(), Error> {
+        let symbols = kiln_link::scan_symbols(&input.name, input.bytes(), self.inner.architecture)?;
+        let library = self.library(lib)?;
+        let mut state = library.state.write();
+        for name in &symbols.defined {
+            let previous = match (state.index.get(&**name), state.lazy.get(&**name)) {
+                (Some(d), _) => describe(&state, d),
+                (None, Some(&slot)) => match &state.lazy_objects[slot] {
+                    Some(o) if o.symbols.defined.contains(name) => {
+                        format!("lazy object {}", o.input.name)
+                    }
+                    _ => continue, // a weak definition gives way
+                },
+                (None, None) => continue,
+            };
+            return Err(Error::Redefinition {
+                symbol: name.to_string(),
+                library: library.name.clone(),
+                previous,
+                new: input.name.clone(),
+            });
+        }
+        let slot = state.lazy_objects.len();
+        for name in &symbols.defined {
+            state.lazy.insert(Arc::from(&**name), slot);
+        }
+        for name in &symbols.weak {
+            state.lazy.entry(Arc::from(&**name)).or_insert(slot);
+        }
+        state.lazy_objects.push(Some(LazyObject { input, symbols }));
+        Ok(())
+    }
+
+    /// The number of lazy objects of `lib` not linked yet.
+    pub fn lazy_objects_pending(&self, lib: LibraryId) -> Result<usize, Error> {
+        let library = self.library(lib)?;
+        let state = library.state.read();
+        Ok(state.lazy_objects.iter().filter(|o| o.is_some()).count())
+    }
+
     /// Adds and links one object at once: its module (or the link's error, the library
     /// left as it was). Objects added before and not linked yet are linked with it.
     pub fn link_object(
@@ -499,7 +675,7 @@ impl Jit {
         kiln_link::check_object(&input.name, input.bytes(), self.inner.architecture)?;
         // Linked under the library's link lock with what is pending, so that a concurrent
         // lookup's link cannot take it away.
-        match self.link(lib, Some(input))? {
+        match self.link(lib, Some(input), &[], Publish::Yes)? {
             Some((module, _)) => Ok(module),
             None => Err(Error::Executor("nothing was linked".into())),
         }
@@ -725,26 +901,79 @@ impl Jit {
     /// failed link are dropped (add them again, corrected, to retry), no definition of
     /// theirs is published, their memory is freed.
     pub fn link_pending(&self, lib: LibraryId) -> Result<Option<(Module, LinkReport)>, Error> {
-        self.link(lib, None)
+        self.link(lib, None, &[], Publish::Yes)
     }
 
-    /// Links what is pending in `lib`, and `extra`.
+    /// Links what is pending in `lib`, `extra`, and the lazy objects that define `wanted`
+    /// or what those need. A failed link puts the lazy objects it took back.
+    ///
+    /// With [`Publish::No`], links `extra` alone, resolving its names as `lib` would, into
+    /// a module kept out of every index (a body of a call-through stub).
     fn link(
         &self,
         lib: LibraryId,
         extra: Option<ObjectInput>,
+        wanted: &[&str],
+        publish: Publish,
     ) -> Result<Option<(Module, LinkReport)>, Error> {
         let library = self.library(lib)?;
-        let linking = library.link.lock();
-        let (objects, archives) = {
-            let mut state = library.state.write();
-            let mut objects = std::mem::take(&mut state.pending);
-            objects.extend(extra);
-            if objects.is_empty() {
-                return Ok(None);
-            }
-            (objects, state.archives.clone())
+        let linking = match publish {
+            Publish::Yes => Some(library.link.lock()),
+            Publish::No => None,
         };
+        let (mut objects, archives, taken) = {
+            let mut state = library.state.write();
+            let mut objects = match publish {
+                Publish::Yes => std::mem::take(&mut state.pending),
+                Publish::No => Vec::new(),
+            };
+            objects.extend(extra);
+            let taken = match publish {
+                Publish::Yes if !state.lazy.is_empty() => {
+                    let scanned: Vec<kiln_link::ObjectSymbols> = objects
+                        .iter()
+                        .filter_map(|o| {
+                            kiln_link::scan_symbols(&o.name, o.bytes(), self.inner.architecture)
+                                .ok()
+                        })
+                        .collect();
+                    let undefined = scanned.iter().flat_map(|s| s.undefined.iter());
+                    state.take_lazy_closure(
+                        wanted
+                            .iter()
+                            .copied()
+                            .chain(undefined.map(|n| &**n))
+                            .collect::<Vec<_>>(),
+                    )
+                }
+                _ => Vec::new(),
+            };
+            (objects, state.archives.clone(), taken)
+        };
+        if objects.is_empty() && taken.is_empty() {
+            return Ok(None);
+        }
+        // The lazy objects go after the inputs: the module is named after its first input.
+        let lazy_start = objects.len();
+        objects.extend(taken.iter().map(|(_, o)| o.input.clone()));
+        let result = self.link_objects(lib, &library, &objects, archives, publish, linking);
+        if result.is_err() && !taken.is_empty() {
+            objects.truncate(lazy_start);
+            library.state.write().restore_lazy(taken);
+        }
+        result.map(Some)
+    }
+
+    /// The link itself, under the library's link lock when it publishes.
+    fn link_objects(
+        &self,
+        lib: LibraryId,
+        library: &Arc<Library>,
+        objects: &[ObjectInput],
+        archives: Arc<Vec<ArchiveInput>>,
+        publish: Publish,
+        linking: Option<parking_lot::MutexGuard<'_, ()>>,
+    ) -> Result<(Module, LinkReport), Error> {
         let plugins: Vec<Arc<dyn Plugin>> = self.inner.plugins.snapshot();
         let passes: Vec<_> = plugins.iter().flat_map(|p| p.link_passes()).collect();
         let options = LinkOptions {
@@ -755,8 +984,12 @@ impl Jit {
             keep_image: false,
             passes: &passes,
         };
-        let mut ctx = SessionContext::new(self, &library);
-        let mut linked = link(&objects, &archives, &mut ctx, &options)?;
+        let mut ctx = SessionContext::new(self, library, publish);
+        let mut linked = match link(objects, &archives, &mut ctx, &options) {
+            Ok(linked) => linked,
+            // What a lazy object it needed said is the cause.
+            Err(error) => return Err(ctx.lazy_error.take().unwrap_or(error.into())),
+        };
         let uses_thread_atexit = ctx.thread_atexit;
         let uses: Vec<Module> = ctx.uses.into_values().collect();
         let report = LinkReport {
@@ -768,18 +1001,27 @@ impl Jit {
         let id = self.inner.next_module.fetch_add(1, Ordering::Relaxed);
         // Publishing checks for redefinitions first: on an error nothing is published and
         // the module (its memory) is dropped unrun.
-        {
+        if publish == Publish::Yes {
             let state = library.state.read();
-            if let Some((name, previous)) = linked
-                .exports
-                .iter()
-                .filter(|e| e.visible)
-                .find_map(|e| state.index.get(&*e.name).map(|d| (&e.name, d)))
+            if let Some((name, previous)) =
+                linked.exports.iter().filter(|e| e.visible).find_map(|e| {
+                    let previous = match state.index.get(&*e.name) {
+                        Some(d) => describe(&state, d),
+                        // A lazy object not linked yet that defines it (not weakly).
+                        None => state
+                            .lazy
+                            .get(&*e.name)
+                            .and_then(|&slot| state.lazy_objects[slot].as_ref())
+                            .filter(|o| o.symbols.defined.iter().any(|n| **n == *e.name))
+                            .map(|o| format!("lazy object {}", o.input.name))?,
+                    };
+                    Some((&e.name, previous))
+                })
             {
                 return Err(Error::Redefinition {
                     symbol: name.to_string(),
                     library: library.name.clone(),
-                    previous: describe(&state, previous),
+                    previous,
                     new: objects.first().map(|o| o.name.clone()).unwrap_or_default(),
                 });
             }
@@ -792,7 +1034,9 @@ impl Jit {
             Some(address) => executor.register_eh_frame(address)?,
             None => None,
         };
-        let exports = if self.inner.export_to_libraries && linked.exports.iter().any(|e| e.visible)
+        let exports = if self.inner.export_to_libraries
+            && publish == Publish::Yes
+            && linked.exports.iter().any(|e| e.visible)
         {
             let code = linked
                 .allocation
@@ -877,7 +1121,7 @@ impl Jit {
             let keep_alive: Arc<dyn std::any::Any + Send + Sync> = module.inner.clone();
             executor.register_module(linked.dso_handle, Arc::downgrade(&keep_alive));
         }
-        {
+        if publish == Publish::Yes {
             let mut state = library.state.write();
             state.index.reserve(module.inner.symbols.len());
             // The index shares the module's name strings (one allocation per name).
@@ -911,7 +1155,7 @@ impl Jit {
         if !self.inner.noexec {
             self.inner.executor.run_initializers(&linked.init)?;
         }
-        Ok(Some((module, report)))
+        Ok((module, report))
     }
 
     /// The address of `name` as `lib` sees it: its definitions and modules; else, after
@@ -944,8 +1188,8 @@ impl Jit {
                 return Ok(known);
             }
         }
-        self.link_pending(lib)?;
-        let mut ctx = SessionContext::new(self, &library);
+        self.link(lib, None, names, Publish::Yes)?;
+        let mut ctx = SessionContext::new(self, &library, Publish::Yes);
         let found = ctx.resolve_many(names);
         let state = library.state.read();
         names
@@ -1152,9 +1396,19 @@ struct Announced {
     event: Arc<LoadedModule>,
 }
 
+/// Whether a link publishes its module's definitions in its library.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Publish {
+    Yes,
+    No,
+}
+
 struct SessionContext<'s> {
     jit: &'s Jit,
     library: &'s Arc<Library>,
+    /// Whether the link publishes into `library` (it then holds the library's link lock:
+    /// the library's lazy objects were taken before the link, not during it).
+    publish: Publish,
     /// Whether the names generators resolved are functions, as far as they know.
     kinds: FxHashMap<String, bool>,
     /// The modules whose definitions the link used, by id.
@@ -1162,16 +1416,20 @@ struct SessionContext<'s> {
     /// Whether the link resolved `__cxa_thread_atexit` (the module registers thread-local
     /// destructors).
     thread_atexit: bool,
+    /// Why a lazy object of another library that this link needed could not be linked.
+    lazy_error: Option<Error>,
 }
 
 impl<'s> SessionContext<'s> {
-    fn new(jit: &'s Jit, library: &'s Arc<Library>) -> Self {
+    fn new(jit: &'s Jit, library: &'s Arc<Library>, publish: Publish) -> Self {
         SessionContext {
             jit,
             library,
+            publish,
             kinds: FxHashMap::default(),
             uses: FxHashMap::default(),
             thread_atexit: false,
+            lazy_error: None,
         }
     }
 
@@ -1183,10 +1441,34 @@ impl<'s> SessionContext<'s> {
         order
     }
 
-    /// Names found in the indexes of `order`; records the modules they come from.
+    /// Names found in the indexes of `order`; records the modules they come from. A name
+    /// that a library has only in a lazy object is linked there first (as a module of its
+    /// own), except in the library this link publishes into.
     fn search_indexes(&mut self, order: &[Arc<Library>], names: &[&str]) -> Vec<Option<u64>> {
         let mut out = vec![None; names.len()];
         for library in order {
+            let own = Arc::ptr_eq(library, self.library) && self.publish == Publish::Yes;
+            if !own {
+                let lazy: Vec<&str> = {
+                    let state = library.state.read();
+                    names
+                        .iter()
+                        .zip(&out)
+                        .filter(|(n, slot)| {
+                            slot.is_none()
+                                && !state.index.contains_key(**n)
+                                && state.lazy.contains_key(**n)
+                        })
+                        .map(|(n, _)| *n)
+                        .collect()
+                };
+                if !lazy.is_empty() {
+                    if let Err(error) = self.jit.link(library.id, None, &lazy, Publish::Yes) {
+                        // The names stay undefined; this link fails with this error.
+                        self.lazy_error.get_or_insert(error);
+                    }
+                }
+            }
             let state = library.state.read();
             for (slot, name) in out.iter_mut().zip(names) {
                 if slot.is_some() {

@@ -20,6 +20,7 @@ mod error;
 mod executor;
 mod generator;
 mod jit;
+pub mod lazy;
 pub mod library_search;
 mod plugin;
 
@@ -39,4 +40,5 @@ pub use kiln_memory::{
 };
 pub use kiln_remote::secure::Key;
 pub use kiln_remote::{RemoteError, Timeouts};
+pub use lazy::{CodeGuard, CodeThread, LazyCompiler, LazyFailure};
 pub use plugin::{LoadedModule, Plugin, PluginError, PluginFailure, PluginRegistration};

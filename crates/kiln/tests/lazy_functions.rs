@@ -1,0 +1,376 @@
+//! Call-through stubs: compile on first call, concurrent first calls, failed compiles, a
+//! lazy function calling another, and hot swap under threads calling in a loop.
+#![cfg(target_arch = "x86_64")]
+
+use kiln::lazy::testing::{constant_function, function_object};
+use kiln::{Error, Jit, LazyCompiler};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Duration;
+
+/// Compiles from a table of objects, counting compiles; optionally slowly.
+#[derive(Default)]
+struct Table {
+    objects: Mutex<HashMap<String, Vec<u8>>>,
+    compiles: AtomicUsize,
+    delay: Duration,
+    fallback: Option<u64>,
+}
+
+impl LazyCompiler for Table {
+    fn compile(&self, name: &str) -> Result<Vec<u8>, String> {
+        self.compiles.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(self.delay);
+        if name == "panics" {
+            panic!("the compiler panicked on purpose");
+        }
+        self.objects
+            .lock()
+            .unwrap()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| format!("no source for {name}"))
+    }
+
+    fn compile_failed(&self, _: &str, _: &Error) -> Option<u64> {
+        self.fallback
+    }
+}
+
+fn table(entries: &[(&str, Vec<u8>)]) -> Table {
+    Table {
+        objects: Mutex::new(
+            entries
+                .iter()
+                .map(|(n, o)| (n.to_string(), o.clone()))
+                .collect(),
+        ),
+        ..Table::default()
+    }
+}
+
+/// `long sum6(long a, …, long f)`: the six integer argument registers survive the stub.
+fn sum6() -> Vec<u8> {
+    function_object(
+        "sum6",
+        &[
+            0x48, 0x89, 0xf8, // mov %rdi,%rax
+            0x48, 0x01, 0xf0, // add %rsi,%rax
+            0x48, 0x01, 0xd0, // add %rdx,%rax
+            0x48, 0x01, 0xc8, // add %rcx,%rax
+            0x4c, 0x01, 0xc0, // add %r8,%rax
+            0x4c, 0x01, 0xc8, // add %r9,%rax
+            0xc3,
+        ],
+    )
+}
+
+/// `double fsub(double a, double b)`: xmm0 and xmm1 survive the stub.
+fn fsub() -> Vec<u8> {
+    function_object("fsub", &[0xf2, 0x0f, 0x5c, 0xc1, 0xc3]) // subsd %xmm1,%xmm0; ret
+}
+
+/// `long version(void)`: spins a while, then returns `v`. Freed code is trap bytes, so a
+/// body freed while a thread runs it kills the test.
+fn slow_version(v: i32) -> Vec<u8> {
+    let mut code = vec![0xb9, 0x00, 0x04, 0x00, 0x00]; // mov $1024,%ecx
+    code.extend_from_slice(&[0xff, 0xc9, 0x75, 0xfc]); // 1: dec %ecx; jnz 1b
+    code.push(0xb8); // mov $v,%eax
+    code.extend_from_slice(&v.to_le_bytes());
+    code.extend_from_slice(&[0x48, 0x63, 0xc0, 0xc3]); // movslq %eax,%rax; ret
+    function_object("version", &code)
+}
+
+#[test]
+fn compiled_on_first_call_with_the_callers_arguments() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let compiler = Arc::new(table(&[("sum6", sum6()), ("fsub", fsub())]));
+    jit.add_lazy_functions(lib, &["sum6", "fsub"], compiler.clone())
+        .unwrap();
+    assert_eq!(
+        compiler.compiles.load(Ordering::SeqCst),
+        0,
+        "nothing compiled yet"
+    );
+    assert!(!jit.is_compiled(lib, "sum6").unwrap());
+    // SAFETY: the signatures match the bodies above; this process runs them.
+    let (sum, sub) = unsafe {
+        (
+            jit.lookup_fn::<extern "C" fn(i64, i64, i64, i64, i64, i64) -> i64>(lib, "sum6")
+                .unwrap(),
+            jit.lookup_fn::<extern "C" fn(f64, f64) -> f64>(lib, "fsub")
+                .unwrap(),
+        )
+    };
+    assert_eq!(sum(1, 20, 300, 4000, 50000, 600000), 654321);
+    assert_eq!(compiler.compiles.load(Ordering::SeqCst), 1);
+    assert!(jit.is_compiled(lib, "sum6").unwrap());
+    assert!(!jit.is_compiled(lib, "fsub").unwrap());
+    assert_eq!(sub(10.5, 0.25), 10.25);
+    assert_eq!(sum(1, 1, 1, 1, 1, 1), 6);
+    assert_eq!(
+        compiler.compiles.load(Ordering::SeqCst),
+        2,
+        "each compiled once"
+    );
+    // The name resolved to the stub, which stays the address.
+    assert_eq!(jit.lookup(lib, "sum6").unwrap(), sum as usize as u64);
+}
+
+#[test]
+fn concurrent_first_calls_compile_once() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let mut compiler = table(&[("answer", constant_function("answer", 42))]);
+    compiler.delay = Duration::from_millis(100);
+    let compiler = Arc::new(compiler);
+    jit.add_lazy_functions(lib, &["answer"], compiler.clone())
+        .unwrap();
+    // SAFETY: `long answer(void)`, in this process, kept by the session.
+    let answer = unsafe {
+        jit.lookup_fn::<extern "C" fn() -> i64>(lib, "answer")
+            .unwrap()
+    };
+    let barrier = Arc::new(Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                answer()
+            })
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap(), 42);
+    }
+    assert_eq!(compiler.compiles.load(Ordering::SeqCst), 1);
+}
+
+extern "C" fn minus_one() -> i64 {
+    -1
+}
+
+#[test]
+fn a_failed_compile_reaches_the_fallback_not_a_crash() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    // No source for `missing`; `panics` panics; `unlinkable` calls what nobody defines.
+    let unlinkable = {
+        use object::write::{Object, Relocation, StandardSection, Symbol, SymbolSection};
+        use object::{elf, RelocationFlags, SymbolFlags, SymbolKind, SymbolScope};
+        let mut obj = Object::new(
+            object::BinaryFormat::Elf,
+            object::Architecture::X86_64,
+            object::Endianness::Little,
+        );
+        let text = obj.section_id(StandardSection::Text);
+        obj.append_section_data(text, &[0xe9, 0, 0, 0, 0], 16); // jmp nowhere
+        obj.add_symbol(Symbol {
+            name: b"unlinkable".to_vec(),
+            value: 0,
+            size: 5,
+            kind: SymbolKind::Text,
+            scope: SymbolScope::Dynamic,
+            weak: false,
+            section: SymbolSection::Section(text),
+            flags: SymbolFlags::None,
+        });
+        let nowhere = obj.add_symbol(Symbol {
+            name: b"nowhere_at_all".to_vec(),
+            value: 0,
+            size: 0,
+            kind: SymbolKind::Text,
+            scope: SymbolScope::Dynamic,
+            weak: false,
+            section: SymbolSection::Undefined,
+            flags: SymbolFlags::None,
+        });
+        obj.add_relocation(
+            text,
+            Relocation {
+                offset: 1,
+                symbol: nowhere,
+                addend: -4,
+                flags: RelocationFlags::Elf {
+                    r_type: elf::R_X86_64_PLT32,
+                },
+            },
+        )
+        .unwrap();
+        obj.write().unwrap()
+    };
+    let plain = Arc::new(table(&[("unlinkable", unlinkable)]));
+    jit.add_lazy_functions(lib, &["missing", "panics", "unlinkable"], plain.clone())
+        .unwrap();
+    let mut custom = table(&[]);
+    custom.fallback = Some(minus_one as *const () as u64);
+    jit.add_lazy_functions(lib, &["custom"], Arc::new(custom))
+        .unwrap();
+    let call = |name: &str| {
+        // SAFETY: every function here is `long f(void)` (or its fallback), in this process.
+        let f = unsafe { jit.lookup_fn::<extern "C" fn() -> i64>(lib, name).unwrap() };
+        f()
+    };
+    assert_eq!(call("missing"), 0, "Kiln's fallback returns 0");
+    assert_eq!(call("panics"), 0);
+    assert_eq!(call("unlinkable"), 0);
+    assert_eq!(call("custom"), -1, "the client's fallback");
+    assert_eq!(call("missing"), 0);
+    let failures = jit.lazy_failures();
+    let text: Vec<String> = failures
+        .iter()
+        .map(|f| format!("{}: {}", f.function, f.error))
+        .collect();
+    assert_eq!(failures.len(), 4, "{text:?}");
+    assert!(
+        text[0].contains("missing") && text[0].contains("no source"),
+        "{text:?}"
+    );
+    assert!(text[1].contains("panicked"), "{text:?}");
+    assert!(text[2].contains("nowhere_at_all"), "{text:?}");
+    // A failed function is compiled once; it is not retried on every call.
+    assert_eq!(plain.compiles.load(Ordering::SeqCst), 3);
+    // Replacing a failed function gives it a body.
+    jit.replace_function(lib, "missing", constant_function("missing", 5))
+        .unwrap();
+    assert_eq!(call("missing"), 5);
+    assert!(matches!(
+        jit.replace_function(lib, "not_lazy", constant_function("not_lazy", 1)),
+        Err(Error::NotLazy(_))
+    ));
+    // A replacement that does not define the name is refused; the body stays.
+    let error = jit
+        .replace_function(lib, "missing", constant_function("other", 6))
+        .unwrap_err();
+    assert!(error.to_string().contains("does not define"), "{error}");
+    assert_eq!(call("missing"), 5);
+}
+
+#[test]
+fn lazy_functions_call_each_other_through_their_stubs() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("lazy_functions");
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = dir.join("calls.c");
+    let o = dir.join("calls.o");
+    std::fs::write(
+        &c,
+        "long inner(long); long outer(long x) { return inner(x) * 10; }",
+    )
+    .unwrap();
+    let status = Command::new("cc")
+        .args(["-O2", "-fPIC", "-c"])
+        .arg(&c)
+        .arg("-o")
+        .arg(&o)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let compiler = Arc::new(table(&[
+        ("outer", std::fs::read(&o).unwrap()),
+        ("inner", constant_function("inner", 4)),
+    ]));
+    jit.add_lazy_functions(lib, &["outer", "inner"], compiler.clone())
+        .unwrap();
+    // SAFETY: `long outer(long)`, in this process.
+    let outer = unsafe {
+        jit.lookup_fn::<extern "C" fn(i64) -> i64>(lib, "outer")
+            .unwrap()
+    };
+    assert_eq!(outer(0), 40);
+    assert_eq!(compiler.compiles.load(Ordering::SeqCst), 2);
+    // outer's body calls inner's stub: a new inner reaches it without relinking outer.
+    jit.replace_function(lib, "inner", constant_function("inner", 7))
+        .unwrap();
+    assert_eq!(outer(0), 70);
+    assert_eq!(compiler.compiles.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn hot_swap_1000_times_under_two_calling_threads() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let compiler = Arc::new(table(&[("version", slow_version(0))]));
+    jit.add_lazy_functions(lib, &["version"], compiler).unwrap();
+    // SAFETY: `long version(void)`, in this process; calls are made under guards.
+    let version = unsafe {
+        jit.lookup_fn::<extern "C" fn() -> i64>(lib, "version")
+            .unwrap()
+    };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let callers: Vec<_> = (0..2)
+        .map(|_| {
+            let jit = jit.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let thread = jit.register_thread();
+                let (mut last, mut calls) = (0, 0u64);
+                while !stop.load(Ordering::SeqCst) {
+                    let _guard = thread.pin();
+                    for _ in 0..16 {
+                        let v = version();
+                        // Calls after a swap reach the new body: versions never go back.
+                        assert!(v >= last, "version {v} after {last}");
+                        last = v;
+                        calls += 1;
+                    }
+                }
+                (last, calls)
+            })
+        })
+        .collect();
+    let thread = jit.register_thread();
+    for v in 1..=1000 {
+        jit.replace_function(lib, "version", slow_version(v))
+            .unwrap();
+        // A caller that pins after the swap sees it.
+        let _guard = thread.pin();
+        assert_eq!(version(), i64::from(v));
+    }
+    stop.store(true, Ordering::SeqCst);
+    for c in callers {
+        let (last, calls) = c.join().unwrap();
+        assert!(calls > 0);
+        assert!(last <= 1000);
+    }
+    // With no guard held, every retired body can be freed.
+    assert_eq!(jit.reclaim(), 0, "retired bodies left");
+}
+
+#[test]
+fn a_retired_body_outlives_the_guards_that_could_reach_it() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    jit.add_lazy_functions(
+        lib,
+        &["version"],
+        Arc::new(table(&[("version", slow_version(1))])),
+    )
+    .unwrap();
+    // SAFETY: `long version(void)`, in this process.
+    let version = unsafe {
+        jit.lookup_fn::<extern "C" fn() -> i64>(lib, "version")
+            .unwrap()
+    };
+    let thread = jit.register_thread();
+    let guard = thread.pin();
+    assert_eq!(version(), 1);
+    let in_use = jit.memory_stats();
+    jit.replace_function(lib, "version", slow_version(2))
+        .unwrap();
+    assert_eq!(
+        jit.reclaim(),
+        1,
+        "a guard from before the swap holds the old body"
+    );
+    assert_eq!(version(), 2);
+    drop(guard);
+    assert_eq!(jit.reclaim(), 0, "freed once the guard is gone");
+    let _ = in_use;
+}

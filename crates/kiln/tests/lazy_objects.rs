@@ -1,0 +1,159 @@
+//! Lazy objects: read by symbol table when added, linked when first needed.
+
+use kiln::{Error, Jit};
+use std::path::PathBuf;
+use std::process::Command;
+
+fn compile(name: &str, source: &str) -> Vec<u8> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("lazy_objects");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Each test compiles into files of its own (tests run in parallel).
+    let c = dir.join(format!("{name}-{:?}.c", std::thread::current().id()));
+    let o = dir.join(format!("{name}-{:?}.o", std::thread::current().id()));
+    std::fs::write(&c, source).unwrap();
+    let status = Command::new("cc")
+        .args(["-O2", "-fPIC", "-c"])
+        .arg(&c)
+        .arg("-o")
+        .arg(&o)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::read(&o).unwrap()
+}
+
+fn call(jit: &Jit, name: &str, x: i64) -> i64 {
+    // SAFETY: the tests' functions are `long f(long)`, run in this process; the session
+    // keeps their modules.
+    let f = unsafe {
+        jit.lookup_fn::<extern "C" fn(i64) -> i64>(jit.main_library(), name)
+            .unwrap()
+    };
+    f(x)
+}
+
+#[test]
+fn only_what_is_needed_is_linked() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    jit.add_lazy_object(
+        lib,
+        "a.o",
+        compile("a", "long b(long); long a(long x) { return b(x) + 1; }"),
+    )
+    .unwrap();
+    jit.add_lazy_object(lib, "b.o", compile("b", "long b(long x) { return x * 2; }"))
+        .unwrap();
+    jit.add_lazy_object(lib, "c.o", compile("c", "long c(long x) { return x - 1; }"))
+        .unwrap();
+    // A lazy object that could never link: nobody needs it, so nobody minds.
+    jit.add_lazy_object(
+        lib,
+        "broken.o",
+        compile(
+            "broken",
+            "long nowhere(long); long broken(long x) { return nowhere(x); }",
+        ),
+    )
+    .unwrap();
+    assert_eq!(jit.lazy_objects_pending(lib).unwrap(), 4);
+    assert!(
+        jit.modules(lib).unwrap().is_empty(),
+        "nothing links when added"
+    );
+
+    assert_eq!(call(&jit, "a", 20), 41);
+    // a.o and the b.o it needs, in one module; c.o and broken.o untouched.
+    let modules = jit.modules(lib).unwrap();
+    assert_eq!(modules.len(), 1);
+    assert_eq!(jit.lazy_objects_pending(lib).unwrap(), 2);
+    assert!(modules[0].symbol("b").is_some());
+
+    assert_eq!(call(&jit, "c", 20), 19);
+    assert_eq!(jit.modules(lib).unwrap().len(), 2);
+    assert_eq!(jit.lazy_objects_pending(lib).unwrap(), 1);
+
+    // The broken one fails when needed, names what is missing, and stays lazy.
+    let error = jit.lookup(lib, "broken").unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains("nowhere") && message.contains("broken.o"),
+        "{message}"
+    );
+    assert_eq!(jit.lazy_objects_pending(lib).unwrap(), 1);
+    assert_eq!(jit.modules(lib).unwrap().len(), 2, "what was linked stays");
+    assert_eq!(call(&jit, "a", 1), 3);
+}
+
+#[test]
+fn pending_objects_pull_lazy_ones_and_search_order_libraries_link_theirs() {
+    let jit = Jit::new().unwrap();
+    let main = jit.main_library();
+    let runtime = jit.create_library("runtime");
+    jit.set_search_order(main, &[runtime]).unwrap();
+    jit.add_lazy_object(
+        runtime,
+        "twice.o",
+        compile("twice", "long twice(long x) { return 2 * x; }"),
+    )
+    .unwrap();
+    jit.add_lazy_object(
+        main,
+        "inc.o",
+        compile("inc", "long inc(long x) { return x + 1; }"),
+    )
+    .unwrap();
+    jit.add_object(
+        main,
+        "user.o",
+        compile(
+            "user",
+            "long twice(long); long inc(long); long user(long x) { return twice(inc(x)); }",
+        ),
+    )
+    .unwrap();
+    assert_eq!(call(&jit, "user", 4), 10);
+    // inc.o joined user.o's module; twice.o became a module of `runtime`.
+    assert_eq!(jit.modules(main).unwrap().len(), 1);
+    assert!(jit.modules(main).unwrap()[0].symbol("inc").is_some());
+    assert_eq!(jit.modules(runtime).unwrap().len(), 1);
+    assert_eq!(jit.lazy_objects_pending(main).unwrap(), 0);
+    assert_eq!(jit.lazy_objects_pending(runtime).unwrap(), 0);
+    // user's module refers to twice's: it cannot be removed under it.
+    let twice = jit.module_of(runtime, "twice").unwrap().unwrap();
+    assert!(matches!(
+        jit.remove_module(&twice),
+        Err(Error::ModuleInUse { .. })
+    ));
+}
+
+#[test]
+fn bad_lazy_objects_are_refused_when_added() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let one = compile("one", "long one(long x) { return x; }");
+    jit.add_lazy_object(lib, "one.o", one.clone()).unwrap();
+    let error = jit
+        .add_lazy_object(lib, "one-again.o", one.clone())
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::Redefinition { symbol, previous, .. } if symbol == "one" && previous.contains("one.o")),
+        "{error}"
+    );
+    let error = jit
+        .add_lazy_object(lib, "cut.o", one[..40].to_vec())
+        .unwrap_err();
+    assert!(error.to_string().contains("cut.o"), "{error}");
+    let mut wrong = one.clone();
+    wrong[18] = 183; // EM_AARCH64
+    let error = jit.add_lazy_object(lib, "wrong.o", wrong).unwrap_err();
+    assert!(error.to_string().contains("wrong.o"), "{error}");
+    // A definition linked eagerly is a redefinition too.
+    let error = jit.link_object(lib, "one-eager.o", one).unwrap_err();
+    assert!(
+        matches!(&error, Error::Redefinition { previous, .. } if previous == "lazy object one.o"),
+        "{error}"
+    );
+    assert_eq!(call(&jit, "one", 5), 5);
+    assert_eq!(jit.modules(lib).unwrap().len(), 1);
+}
