@@ -70,7 +70,9 @@ impl From<kiln::Error> for kiln_error {
             E::Remote(_) | E::Executor(_) => kiln_status::KILN_ERR_EXECUTOR,
             E::UnknownLibrary(_) => kiln_status::KILN_ERR_INVALID_ARGUMENT,
             E::Redefinition { .. } => kiln_status::KILN_ERR_REDEFINITION,
-            E::Compile(_) => kiln_status::KILN_ERR_COMPILE,
+            E::Compile(_) | E::LazyCompile { .. } => kiln_status::KILN_ERR_COMPILE,
+            E::NotLazy(_) => kiln_status::KILN_ERR_INVALID_ARGUMENT,
+            E::Unsupported(_) => kiln_status::KILN_ERR_EXECUTOR,
             E::ModuleInUse { .. } | E::RemovedDuringLink { .. } => {
                 kiln_status::KILN_ERR_MODULE_IN_USE
             }

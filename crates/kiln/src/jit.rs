@@ -473,7 +473,7 @@ impl Jit {
         let input = ObjectInput::new(format!("{name} (body)"), object);
         kiln_link::check_object(&input.name, input.bytes(), self.inner.architecture)?;
         let (module, _) = self
-            .link(lib, Some(input), &[], Publish::No)?
+            .link(lib, Some(input), None, &[], Publish::No)?
             .ok_or_else(|| Error::SymbolNotFound(name.to_string()))?;
         let address = module.symbol(name).ok_or_else(|| Error::LazyCompile {
             function: name.to_string(),
@@ -675,7 +675,7 @@ impl Jit {
         kiln_link::check_object(&input.name, input.bytes(), self.inner.architecture)?;
         // Linked under the library's link lock with what is pending, so that a concurrent
         // lookup's link cannot take it away.
-        match self.link(lib, Some(input), &[], Publish::Yes)? {
+        match self.link(lib, Some(input), None, &[], Publish::Yes)? {
             Some((module, _)) => Ok(module),
             None => Err(Error::Executor("nothing was linked".into())),
         }
@@ -901,18 +901,21 @@ impl Jit {
     /// failed link are dropped (add them again, corrected, to retry), no definition of
     /// theirs is published, their memory is freed.
     pub fn link_pending(&self, lib: LibraryId) -> Result<Option<(Module, LinkReport)>, Error> {
-        self.link(lib, None, &[], Publish::Yes)
+        self.link(lib, None, None, &[], Publish::Yes)
     }
 
     /// Links what is pending in `lib`, `extra`, and the lazy objects that define `wanted`
-    /// or what those need. A failed link puts the lazy objects it took back.
+    /// or what those need. A failed link puts the lazy objects it took back. Plugins are
+    /// shown `shown` in place of the object of the same name (same sections, other
+    /// symbols: call-through stubs are shown as `NAME.stub`).
     ///
     /// With [`Publish::No`], links `extra` alone, resolving its names as `lib` would, into
     /// a module kept out of every index (a body of a call-through stub).
-    fn link(
+    pub(crate) fn link(
         &self,
         lib: LibraryId,
         extra: Option<ObjectInput>,
+        shown: Option<ObjectInput>,
         wanted: &[&str],
         publish: Publish,
     ) -> Result<Option<(Module, LinkReport)>, Error> {
@@ -956,7 +959,7 @@ impl Jit {
         // The lazy objects go after the inputs: the module is named after its first input.
         let lazy_start = objects.len();
         objects.extend(taken.iter().map(|(_, o)| o.input.clone()));
-        let result = self.link_objects(lib, &library, &objects, archives, publish, linking);
+        let result = self.link_objects(&library, &objects, shown, archives, publish, linking);
         if result.is_err() && !taken.is_empty() {
             objects.truncate(lazy_start);
             library.state.write().restore_lazy(taken);
@@ -967,9 +970,9 @@ impl Jit {
     /// The link itself, under the library's link lock when it publishes.
     fn link_objects(
         &self,
-        lib: LibraryId,
         library: &Arc<Library>,
         objects: &[ObjectInput],
+        shown: Option<ObjectInput>,
         archives: Arc<Vec<ArchiveInput>>,
         publish: Publish,
         linking: Option<parking_lot::MutexGuard<'_, ()>>,
@@ -1066,14 +1069,22 @@ impl Jit {
                 segments: linked.allocation.segments().to_vec(),
                 sections: linked.sections,
                 symbols: linked.symbol_info,
-                objects: linked.objects,
+                objects: {
+                    let mut objects = linked.objects;
+                    if let Some(shown) = shown {
+                        if let Some(o) = objects.iter_mut().find(|o| o.name == shown.name) {
+                            *o = shown;
+                        }
+                    }
+                    objects
+                },
             })
         });
         let module = Module {
             inner: Arc::new(ModuleInner {
                 id,
                 name: name.into_boxed_str(),
-                library: lib,
+                library: library.id,
                 // Sorted by name already; the names are shared with the index below.
                 symbols: std::mem::take(&mut linked.exports)
                     .into_iter()
@@ -1188,7 +1199,7 @@ impl Jit {
                 return Ok(known);
             }
         }
-        self.link(lib, None, names, Publish::Yes)?;
+        self.link(lib, None, None, names, Publish::Yes)?;
         let mut ctx = SessionContext::new(self, &library, Publish::Yes);
         let found = ctx.resolve_many(names);
         let state = library.state.read();
@@ -1398,7 +1409,7 @@ struct Announced {
 
 /// Whether a link publishes its module's definitions in its library.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Publish {
+pub(crate) enum Publish {
     Yes,
     No,
 }
@@ -1463,7 +1474,7 @@ impl<'s> SessionContext<'s> {
                         .collect()
                 };
                 if !lazy.is_empty() {
-                    if let Err(error) = self.jit.link(library.id, None, &lazy, Publish::Yes) {
+                    if let Err(error) = self.jit.link(library.id, None, None, &lazy, Publish::Yes) {
                         // The names stay undefined; this link fails with this error.
                         self.lazy_error.get_or_insert(error);
                     }

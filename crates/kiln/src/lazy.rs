@@ -34,6 +34,7 @@
 use crate::jit::{Jit, LibraryId, Module};
 use crate::Error;
 use kiln_executor::lazy_entry;
+use kiln_link::ObjectInput;
 use parking_lot::{Condvar, Mutex, RwLock};
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -256,7 +257,10 @@ impl LazyFunction {
 /// The x86-64 stub object for `names`: each stub `jmp *slot(%rip)` (6 bytes) followed by
 /// its entry `push $id; jmp common` (10 bytes); `common` is `jmp *entry(%rip)`; `.data`
 /// holds the slots, then the entry's address.
-fn stub_object(names: &[&str], ids: &[u32], entry: u64) -> Result<Vec<u8>, Error> {
+///
+/// For debuggers (`shown`), the same object without the functions' names: only the local
+/// `NAME.stub` symbols, so that `break NAME` finds the body, not the stub.
+fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Result<Vec<u8>, Error> {
     use object::write::{Object, Relocation, StandardSection, Symbol, SymbolSection};
     use object::{elf, RelocationFlags, SymbolFlags, SymbolKind, SymbolScope};
     let mut obj = Object::new(
@@ -298,12 +302,26 @@ fn stub_object(names: &[&str], ids: &[u32], entry: u64) -> Result<Vec<u8>, Error
     for (i, name) in names.iter().enumerate() {
         let stub = text_offset + 16 * i as u64;
         let slot = data_offset + 8 * i as u64;
+        // The name resolves to the stub, but has no size: profilers and debuggers name
+        // the stub's 16 bytes `NAME.stub`, and the body `NAME`.
+        if !shown {
+            obj.add_symbol(Symbol {
+                name: name.as_bytes().to_vec(),
+                value: stub,
+                size: 0,
+                kind: SymbolKind::Text,
+                scope: SymbolScope::Dynamic,
+                weak: false,
+                section: SymbolSection::Section(text),
+                flags: SymbolFlags::None,
+            });
+        }
         obj.add_symbol(Symbol {
-            name: name.as_bytes().to_vec(),
+            name: format!("{name}.stub").into_bytes(),
             value: stub,
             size: 16,
             kind: SymbolKind::Text,
-            scope: SymbolScope::Dynamic,
+            scope: SymbolScope::Compilation,
             weak: false,
             section: SymbolSection::Section(text),
             flags: SymbolFlags::None,
@@ -407,8 +425,18 @@ impl Jit {
                 "more than 2^31 call-through stubs".into(),
             ));
         }
-        let object = stub_object(names, &ids, entry)?;
-        let stubs = self.link_object(lib, "(call-through stubs)", object)?;
+        const NAME: &str = "(call-through stubs)";
+        let object = ObjectInput::new(NAME, stub_object(names, &ids, entry, false)?);
+        let shown = ObjectInput::new(NAME, stub_object(names, &ids, entry, true)?);
+        let (stubs, _) = self
+            .link(
+                lib,
+                Some(object),
+                Some(shown),
+                &[],
+                crate::jit::Publish::Yes,
+            )?
+            .ok_or_else(|| Error::Unsupported("the stub object linked nothing".into()))?;
         let slots_name = slots_symbol(ids.first().copied().unwrap_or(0));
         let slots = stubs
             .symbol(&slots_name)

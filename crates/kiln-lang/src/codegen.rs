@@ -1,0 +1,446 @@
+//! From a function's syntax to Cranelift IR, into any `cranelift_module::Module`: an
+//! object file for Kiln (`cranelift-object`), or cranelift-jit's module (for comparing).
+
+use crate::syntax::{BinaryOp, Expr, Extern, Function, Position, Statement, Type, UnaryOp};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{types, AbiParam, InstBuilder, Signature, Value};
+use cranelift_codegen::isa::TargetIsa;
+use cranelift_codegen::Context;
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
+use cranelift_module::{FuncId, Linkage, Module};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A function or local that a program uses wrongly, or a failure of Cranelift.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{function}: {position}: {message}")]
+pub struct CompileError {
+    /// The function being compiled.
+    pub function: String,
+    /// Where.
+    pub position: Position,
+    /// What.
+    pub message: String,
+}
+
+/// What a call's name refers to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Callee {
+    /// A function of the language, with its number of parameters.
+    Function(usize),
+    /// A host or C library function.
+    Extern(Extern),
+}
+
+/// Names a program's calls may refer to.
+pub trait Callees {
+    /// What `name` is, if anything.
+    fn callee(&self, name: &str) -> Option<Callee>;
+}
+
+impl Callees for HashMap<String, Callee> {
+    fn callee(&self, name: &str) -> Option<Callee> {
+        self.get(name).cloned()
+    }
+}
+
+/// Checks `f`'s calls and variables against `callees` without compiling it.
+pub fn check(f: &Function, callees: &dyn Callees) -> Result<(), CompileError> {
+    fn walk(
+        f: &Function,
+        e: &Expr,
+        scopes: &mut Vec<Vec<String>>,
+        callees: &dyn Callees,
+    ) -> Result<(), CompileError> {
+        let err = |position, message: String| CompileError {
+            function: f.name.clone(),
+            position,
+            message,
+        };
+        let known =
+            |scopes: &Vec<Vec<String>>, n: &str| scopes.iter().any(|s| s.iter().any(|v| v == n));
+        match e {
+            Expr::Number(_) => Ok(()),
+            Expr::Var(n, p) => {
+                if known(scopes, n) {
+                    Ok(())
+                } else {
+                    Err(err(*p, format!("unknown variable '{n}'")))
+                }
+            }
+            Expr::Assign(n, v, p) => {
+                if !known(scopes, n) {
+                    return Err(err(*p, format!("assignment to unknown variable '{n}'")));
+                }
+                walk(f, v, scopes, callees)
+            }
+            Expr::Unary(_, a) => walk(f, a, scopes, callees),
+            Expr::Binary(_, a, b) | Expr::While(a, b) => {
+                walk(f, a, scopes, callees)?;
+                walk(f, b, scopes, callees)
+            }
+            Expr::If(c, a, b) => {
+                walk(f, c, scopes, callees)?;
+                walk(f, a, scopes, callees)?;
+                walk(f, b, scopes, callees)
+            }
+            Expr::Call(name, args, p) => {
+                let arity = match callees.callee(name) {
+                    Some(Callee::Function(n)) => n,
+                    Some(Callee::Extern(x)) => x.params.len(),
+                    None => return Err(err(*p, format!("unknown function '{name}'"))),
+                };
+                if arity != args.len() {
+                    return Err(err(
+                        *p,
+                        format!("'{name}' takes {arity} arguments, given {}", args.len()),
+                    ));
+                }
+                args.iter().try_for_each(|a| walk(f, a, scopes, callees))
+            }
+            Expr::Block(statements, value) => {
+                scopes.push(Vec::new());
+                for s in statements {
+                    match s {
+                        Statement::Let(n, v) => {
+                            walk(f, v, scopes, callees)?;
+                            if let Some(scope) = scopes.last_mut() {
+                                scope.push(n.clone());
+                            }
+                        }
+                        Statement::Expr(v) => walk(f, v, scopes, callees)?,
+                    }
+                }
+                if let Some(v) = value {
+                    walk(f, v, scopes, callees)?;
+                }
+                scopes.pop();
+                Ok(())
+            }
+        }
+    }
+    let mut scopes = vec![f.params.clone()];
+    walk(f, &f.body, &mut scopes, callees)
+}
+
+/// The signature of a function of the language with `arity` parameters.
+pub fn signature(module: &dyn ModuleSignatures, arity: usize) -> Signature {
+    let mut sig = module.new_signature();
+    sig.params
+        .extend(std::iter::repeat_n(AbiParam::new(types::I64), arity));
+    sig.returns.push(AbiParam::new(types::I64));
+    sig
+}
+
+/// What [`signature`] needs of a module (object-safe).
+pub trait ModuleSignatures {
+    /// An empty signature in the module's calling convention.
+    fn new_signature(&self) -> Signature;
+}
+
+impl<M: Module> ModuleSignatures for M {
+    fn new_signature(&self) -> Signature {
+        self.make_signature()
+    }
+}
+
+fn extern_signature(module: &dyn ModuleSignatures, x: &Extern) -> Signature {
+    let ty = |t: Type| match t {
+        Type::I64 => types::I64,
+        Type::I32 => types::I32,
+    };
+    let mut sig = module.new_signature();
+    sig.params
+        .extend(x.params.iter().map(|&t| AbiParam::new(ty(t))));
+    sig.returns.push(AbiParam::new(ty(x.result)));
+    sig
+}
+
+/// Declares `f` in `module` with `linkage` and compiles its body into it. Callees are
+/// declared as imports.
+pub fn define<M: Module>(
+    module: &mut M,
+    context: &mut Context,
+    builder_context: &mut FunctionBuilderContext,
+    f: &Function,
+    callees: &dyn Callees,
+    linkage: Linkage,
+) -> Result<FuncId, CompileError> {
+    check(f, callees)?;
+    let failed = |message: String| CompileError {
+        function: f.name.clone(),
+        position: f.position,
+        message,
+    };
+    let sig = signature(module, f.params.len());
+    let id = module
+        .declare_function(&f.name, linkage, &sig)
+        .map_err(|e| failed(e.to_string()))?;
+    context.clear();
+    context.func.signature = sig;
+    let config = module.target_config();
+    {
+        let mut b = FunctionBuilder::new(&mut context.func, builder_context);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        b.seal_block(entry);
+        let mut scopes = vec![HashMap::new()];
+        for (i, p) in f.params.iter().enumerate() {
+            let var = b.declare_var(types::I64);
+            let value = b.block_params(entry)[i];
+            b.def_var(var, value);
+            scopes[0].insert(p.clone(), var);
+        }
+        let mut gen = Generator {
+            module,
+            b,
+            scopes,
+            callees,
+            imports: HashMap::new(),
+        };
+        let result = gen.expr(&f.body).map_err(failed)?;
+        gen.b.ins().return_(&[result]);
+        gen.b.finalize(config);
+    }
+    module
+        .define_function(id, context)
+        .map_err(|e| failed(format!("{e:?}")))?;
+    Ok(id)
+}
+
+struct Generator<'a, 'f, M: Module> {
+    module: &'a mut M,
+    b: FunctionBuilder<'f>,
+    scopes: Vec<HashMap<String, Variable>>,
+    callees: &'a dyn Callees,
+    imports: HashMap<String, cranelift_codegen::ir::FuncRef>,
+}
+
+impl<M: Module> Generator<'_, '_, M> {
+    fn var(&self, name: &str) -> Result<Variable, String> {
+        self.scopes
+            .iter()
+            .rev()
+            .find_map(|s| s.get(name).copied())
+            .ok_or_else(|| format!("unknown variable '{name}'"))
+    }
+
+    fn bool_to_i64(&mut self, v: Value) -> Value {
+        self.b.ins().uextend(types::I64, v)
+    }
+
+    fn expr(&mut self, e: &Expr) -> Result<Value, String> {
+        Ok(match e {
+            Expr::Number(n) => self.b.ins().iconst(types::I64, *n),
+            Expr::Var(n, _) => {
+                let var = self.var(n)?;
+                self.b.use_var(var)
+            }
+            Expr::Assign(n, v, _) => {
+                let value = self.expr(v)?;
+                let var = self.var(n)?;
+                self.b.def_var(var, value);
+                value
+            }
+            Expr::Unary(UnaryOp::Neg, a) => {
+                let a = self.expr(a)?;
+                self.b.ins().ineg(a)
+            }
+            Expr::Unary(UnaryOp::Not, a) => {
+                let a = self.expr(a)?;
+                let c = self.b.ins().icmp_imm_s(IntCC::Equal, a, 0);
+                self.bool_to_i64(c)
+            }
+            Expr::Binary(op, a, b) => {
+                let a = self.expr(a)?;
+                let b = self.expr(b)?;
+                let ins = self.b.ins();
+                let cmp = |cc| Some(cc);
+                let cc = match op {
+                    BinaryOp::Eq => cmp(IntCC::Equal),
+                    BinaryOp::Ne => cmp(IntCC::NotEqual),
+                    BinaryOp::Lt => cmp(IntCC::SignedLessThan),
+                    BinaryOp::Le => cmp(IntCC::SignedLessThanOrEqual),
+                    BinaryOp::Gt => cmp(IntCC::SignedGreaterThan),
+                    BinaryOp::Ge => cmp(IntCC::SignedGreaterThanOrEqual),
+                    _ => None,
+                };
+                if let Some(cc) = cc {
+                    let c = ins.icmp(cc, a, b);
+                    return Ok(self.bool_to_i64(c));
+                }
+                match op {
+                    BinaryOp::Add => ins.iadd(a, b),
+                    BinaryOp::Sub => ins.isub(a, b),
+                    BinaryOp::Mul => ins.imul(a, b),
+                    BinaryOp::Div => ins.sdiv(a, b),
+                    BinaryOp::Rem => ins.srem(a, b),
+                    BinaryOp::And | BinaryOp::Or => {
+                        let x = self.b.ins().icmp_imm_s(IntCC::NotEqual, a, 0);
+                        let y = self.b.ins().icmp_imm_s(IntCC::NotEqual, b, 0);
+                        let c = if *op == BinaryOp::And {
+                            self.b.ins().band(x, y)
+                        } else {
+                            self.b.ins().bor(x, y)
+                        };
+                        self.bool_to_i64(c)
+                    }
+                    _ => unreachable!("comparisons are handled above"),
+                }
+            }
+            Expr::If(c, then, otherwise) => {
+                let c = self.expr(c)?;
+                let (then_block, else_block, merge) = (
+                    self.b.create_block(),
+                    self.b.create_block(),
+                    self.b.create_block(),
+                );
+                self.b.append_block_param(merge, types::I64);
+                self.b.ins().brif(c, then_block, &[], else_block, &[]);
+                self.b.switch_to_block(then_block);
+                self.b.seal_block(then_block);
+                let v = self.expr(then)?;
+                self.b.ins().jump(merge, &[v.into()]);
+                self.b.switch_to_block(else_block);
+                self.b.seal_block(else_block);
+                let v = self.expr(otherwise)?;
+                self.b.ins().jump(merge, &[v.into()]);
+                self.b.switch_to_block(merge);
+                self.b.seal_block(merge);
+                self.b.block_params(merge)[0]
+            }
+            Expr::While(c, body) => {
+                let (header, body_block, exit) = (
+                    self.b.create_block(),
+                    self.b.create_block(),
+                    self.b.create_block(),
+                );
+                self.b.ins().jump(header, &[]);
+                self.b.switch_to_block(header);
+                let cv = self.expr(c)?;
+                self.b.ins().brif(cv, body_block, &[], exit, &[]);
+                self.b.switch_to_block(body_block);
+                self.b.seal_block(body_block);
+                self.expr(body)?;
+                self.b.ins().jump(header, &[]);
+                self.b.seal_block(header);
+                self.b.switch_to_block(exit);
+                self.b.seal_block(exit);
+                self.b.ins().iconst(types::I64, 0)
+            }
+            Expr::Block(statements, value) => {
+                self.scopes.push(HashMap::new());
+                for s in statements {
+                    match s {
+                        Statement::Let(n, v) => {
+                            let value = self.expr(v)?;
+                            let var = self.b.declare_var(types::I64);
+                            self.b.def_var(var, value);
+                            if let Some(scope) = self.scopes.last_mut() {
+                                scope.insert(n.clone(), var);
+                            }
+                        }
+                        Statement::Expr(v) => {
+                            self.expr(v)?;
+                        }
+                    }
+                }
+                let v = match value {
+                    Some(v) => self.expr(v)?,
+                    None => self.b.ins().iconst(types::I64, 0),
+                };
+                self.scopes.pop();
+                v
+            }
+            Expr::Call(name, args, _) => {
+                let callee = self
+                    .callees
+                    .callee(name)
+                    .ok_or_else(|| format!("unknown function '{name}'"))?;
+                let mut values = Vec::with_capacity(args.len());
+                for a in args {
+                    values.push(self.expr(a)?);
+                }
+                let fref = match self.imports.get(name) {
+                    Some(&f) => f,
+                    None => {
+                        let sig = match &callee {
+                            Callee::Function(n) => signature(self.module, *n),
+                            Callee::Extern(x) => extern_signature(self.module, x),
+                        };
+                        let id = self
+                            .module
+                            .declare_function(name, Linkage::Import, &sig)
+                            .map_err(|e| e.to_string())?;
+                        let f = self.module.declare_func_in_func(id, self.b.func);
+                        self.imports.insert(name.clone(), f);
+                        f
+                    }
+                };
+                if let Callee::Extern(x) = &callee {
+                    for (v, t) in values.iter_mut().zip(&x.params) {
+                        if *t == Type::I32 {
+                            *v = self.b.ins().ireduce(types::I32, *v);
+                        }
+                    }
+                }
+                let call = self.b.ins().call(fref, &values);
+                let result = self.b.inst_results(call)[0];
+                match &callee {
+                    Callee::Extern(x) if x.result == Type::I32 => {
+                        self.b.ins().sextend(types::I64, result)
+                    }
+                    _ => result,
+                }
+            }
+        })
+    }
+}
+
+/// The host's instruction set, for position-independent objects (`pic`) or for
+/// cranelift-jit (which needs it off), optimizing for speed.
+pub fn host_isa(pic: bool) -> Result<Arc<dyn TargetIsa>, String> {
+    use cranelift_codegen::settings::{self, Configurable};
+    let mut flags = settings::builder();
+    flags
+        .set("is_pic", if pic { "true" } else { "false" })
+        .map_err(|e| e.to_string())?;
+    flags.set("opt_level", "speed").map_err(|e| e.to_string())?;
+    cranelift_native::builder()
+        .map_err(|e| e.to_string())?
+        .finish(settings::Flags::new(flags))
+        .map_err(|e| e.to_string())
+}
+
+/// Compiles `f` alone into an ELF relocatable object that defines it (global) and
+/// imports what it calls.
+pub fn compile_object(
+    isa: &Arc<dyn TargetIsa>,
+    f: &Function,
+    callees: &dyn Callees,
+) -> Result<Vec<u8>, CompileError> {
+    let failed = |message: String| CompileError {
+        function: f.name.clone(),
+        position: f.position,
+        message,
+    };
+    let builder = cranelift_object::ObjectBuilder::new(
+        isa.clone(),
+        f.name.as_bytes().to_vec(),
+        cranelift_module::default_libcall_names(),
+    )
+    .map_err(|e| failed(e.to_string()))?;
+    let mut module = cranelift_object::ObjectModule::new(builder);
+    let mut context = module.make_context();
+    let mut builder_context = FunctionBuilderContext::new();
+    define(
+        &mut module,
+        &mut context,
+        &mut builder_context,
+        f,
+        callees,
+        Linkage::Export,
+    )?;
+    module.finish().emit().map_err(|e| failed(e.to_string()))
+}

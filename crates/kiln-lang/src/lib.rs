@@ -1,0 +1,366 @@
+//! # kiln-lang
+//!
+//! A small expression language, compiled function by function with Cranelift into ELF
+//! objects and linked by Kiln — lazily: each function is a call-through stub until its
+//! first call compiles it ([`kiln::Jit::add_lazy_functions`]), and redefining a function
+//! replaces its body while the program runs ([`kiln::Jit::replace_function`]).
+//!
+//! ```
+//! # fn main() -> Result<(), kiln_lang::LangError> {
+//! # if !cfg!(target_arch = "x86_64") { return Ok(()); }
+//! let mut rt = kiln_lang::Runtime::new(kiln_lang::Options::default())?;
+//! rt.load("fn square(x) = x * x; fn unused(x) = x;")?;
+//! assert_eq!(rt.call("square", &[12])?, 144);
+//! assert_eq!(rt.compiled_functions(), 1); // `unused` never compiled
+//! assert_eq!(rt.load("square(3) + 1;")?, vec![Outcome::Value(10)]);
+//! # use kiln_lang::Outcome;
+//! # Ok(()) }
+//! ```
+//!
+//! The language is in [`syntax`]; the code generator, usable with any Cranelift module,
+//! in [`codegen`].
+
+// Errors wrap Kiln's, which are large by design (link errors carry their context).
+#![allow(clippy::result_large_err)]
+
+pub mod codegen;
+pub mod syntax;
+
+use codegen::{Callee, Callees, CompileError};
+use cranelift_codegen::isa::TargetIsa;
+use kiln::{CodeThread, Jit, LazyCompiler, LibraryId};
+use parking_lot::RwLock;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use syntax::{Extern, Function, Item, SyntaxError, Type};
+
+/// Why loading or running a program failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LangError {
+    /// The source does not parse.
+    #[error("syntax error at {0}")]
+    Syntax(#[from] SyntaxError),
+    /// A function uses a name wrongly, or Cranelift failed.
+    #[error("{0}")]
+    Compile(#[from] CompileError),
+    /// Kiln failed to link or run.
+    #[error(transparent)]
+    Kiln(#[from] kiln::Error),
+    /// A call the runtime cannot make, or a redefinition it refuses.
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// How a [`Runtime`] links.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Compile and link every function when it is defined, instead of on first call.
+    pub eager: bool,
+    /// Debugger and profiler support for the compiled functions (gdb, perf).
+    pub debug: kiln::DebugSupport,
+}
+
+/// What an item of a loaded source did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// A function was defined (lazily: it compiles on its first call).
+    Defined(String),
+    /// A function was given a new body (hot swap).
+    Replaced(String),
+    /// An `extern` was declared.
+    Declared(String),
+    /// An expression was evaluated.
+    Value(i64),
+}
+
+/// The functions and externs defined so far.
+#[derive(Default)]
+struct Definitions {
+    functions: HashMap<String, Function>,
+    externs: HashMap<String, Extern>,
+}
+
+impl Callees for Definitions {
+    fn callee(&self, name: &str) -> Option<Callee> {
+        if let Some(f) = self.functions.get(name) {
+            return Some(Callee::Function(f.params.len()));
+        }
+        self.externs.get(name).cloned().map(Callee::Extern)
+    }
+}
+
+/// Compiles a function from its definition, on its first call.
+struct Compiler {
+    definitions: Arc<RwLock<Definitions>>,
+    isa: Arc<dyn TargetIsa>,
+    compiled: AtomicUsize,
+}
+
+impl LazyCompiler for Compiler {
+    fn compile(&self, name: &str) -> Result<Vec<u8>, String> {
+        let definitions = self.definitions.read();
+        let f = definitions
+            .functions
+            .get(name)
+            .ok_or_else(|| format!("no function {name}"))?;
+        let object =
+            codegen::compile_object(&self.isa, f, &*definitions).map_err(|e| e.to_string())?;
+        self.compiled.fetch_add(1, Ordering::Relaxed);
+        Ok(object)
+    }
+}
+
+/// `print(x)`: prints `x` and a newline; returns `x`.
+extern "C" fn kiln_lang_print(x: i64) -> i64 {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{x}");
+    let _ = out.flush();
+    x
+}
+
+/// A program being run: a Kiln session, the definitions, the Cranelift ISA.
+pub struct Runtime {
+    jit: Jit,
+    lib: LibraryId,
+    compiler: Arc<Compiler>,
+    thread: CodeThread,
+    eager: bool,
+    expressions: usize,
+}
+
+impl Runtime {
+    /// A runtime with the built-in `print` and the process's C library as externs.
+    pub fn new(options: Options) -> Result<Self, LangError> {
+        let jit = Jit::builder().debug_support(options.debug).build()?;
+        let lib = jit.main_library();
+        jit.add_process_symbols(lib)?;
+        jit.define_symbol(lib, "print", kiln_lang_print as *const () as u64)?;
+        let definitions = Arc::new(RwLock::new(Definitions::default()));
+        definitions.write().externs.insert(
+            "print".into(),
+            Extern {
+                name: "print".into(),
+                params: vec![Type::I64],
+                result: Type::I64,
+            },
+        );
+        let isa = codegen::host_isa(true).map_err(LangError::Usage)?;
+        let thread = jit.register_thread();
+        Ok(Runtime {
+            lib,
+            compiler: Arc::new(Compiler {
+                definitions,
+                isa,
+                compiled: AtomicUsize::new(0),
+            }),
+            thread,
+            eager: options.eager,
+            expressions: 0,
+            jit,
+        })
+    }
+
+    /// The Kiln session (for its statistics, plugins, …).
+    pub fn jit(&self) -> &Jit {
+        &self.jit
+    }
+
+    /// Functions compiled so far (lazily or eagerly).
+    pub fn compiled_functions(&self) -> usize {
+        self.compiler.compiled.load(Ordering::Relaxed)
+    }
+
+    /// Functions defined so far.
+    pub fn defined_functions(&self) -> usize {
+        self.compiler.definitions.read().functions.len()
+    }
+
+    /// Whether `name` is a function of the program.
+    pub fn has_function(&self, name: &str) -> bool {
+        self.compiler
+            .definitions
+            .read()
+            .functions
+            .contains_key(name)
+    }
+
+    /// Loads a source: declares its externs, defines its functions (all checked first: a
+    /// source with an error defines nothing) and evaluates its expressions in order.
+    /// Redefining a function with the same number of parameters replaces its body.
+    pub fn load(&mut self, source: &str) -> Result<Vec<Outcome>, LangError> {
+        let items = syntax::parse(source)?;
+        let mut outcomes = Vec::new();
+        let mut new = Vec::new();
+        let mut replaced = Vec::new();
+        {
+            let mut definitions = self.compiler.definitions.write();
+            let before_externs = definitions.externs.clone();
+            let before_functions = definitions.functions.clone();
+            for item in &items {
+                match item {
+                    Item::Extern(x) => {
+                        definitions.externs.insert(x.name.clone(), x.clone());
+                        outcomes.push(Outcome::Declared(x.name.clone()));
+                    }
+                    Item::Function(f) => {
+                        if definitions.externs.contains_key(&f.name) {
+                            return Err(LangError::Usage(format!(
+                                "{}: '{}' is an extern",
+                                f.position, f.name
+                            )));
+                        }
+                        match definitions.functions.get(&f.name) {
+                            Some(old) if old.params.len() != f.params.len() => {
+                                return Err(LangError::Usage(format!(
+                                    "{}: '{}' had {} parameters; a new body must keep them (its callers are compiled)",
+                                    f.position, f.name, old.params.len()
+                                )))
+                            }
+                            Some(_) if self.eager => {
+                                return Err(LangError::Usage(format!(
+                                    "{}: '{}' is defined already (redefinition needs lazy mode)",
+                                    f.position, f.name
+                                )))
+                            }
+                            Some(_) => replaced.push(f.name.clone()),
+                            None => new.push(f.name.clone()),
+                        }
+                        definitions.functions.insert(f.name.clone(), f.clone());
+                    }
+                    Item::Expr(_) => {}
+                }
+            }
+            // Everything checked before anything is linked; on an error nothing changes.
+            let checked = items.iter().try_for_each(|item| match item {
+                Item::Function(f) => codegen::check(f, &*definitions),
+                _ => Ok(()),
+            });
+            if let Err(e) = checked {
+                definitions.externs = before_externs;
+                definitions.functions = before_functions;
+                return Err(e.into());
+            }
+        }
+        self.link_functions(&new, &replaced)?;
+        for item in &items {
+            match item {
+                Item::Function(f) if replaced.contains(&f.name) => {
+                    outcomes.push(Outcome::Replaced(f.name.clone()))
+                }
+                Item::Function(f) => outcomes.push(Outcome::Defined(f.name.clone())),
+                Item::Expr(e) => outcomes.push(Outcome::Value(self.evaluate(e)?)),
+                Item::Extern(_) => {}
+            }
+        }
+        Ok(outcomes)
+    }
+
+    fn link_functions(&mut self, new: &[String], replaced: &[String]) -> Result<(), LangError> {
+        let definitions = self.compiler.definitions.read();
+        if self.eager {
+            for name in new {
+                let object = codegen::compile_object(
+                    &self.compiler.isa,
+                    &definitions.functions[name],
+                    &*definitions,
+                )?;
+                self.compiler.compiled.fetch_add(1, Ordering::Relaxed);
+                self.jit.add_object(self.lib, name, object)?;
+            }
+            self.jit.link_pending(self.lib)?;
+            return Ok(());
+        }
+        if !new.is_empty() {
+            let names: Vec<&str> = new.iter().map(String::as_str).collect();
+            self.jit
+                .add_lazy_functions(self.lib, &names, self.compiler.clone())?;
+        }
+        for name in replaced {
+            let object = codegen::compile_object(
+                &self.compiler.isa,
+                &definitions.functions[name],
+                &*definitions,
+            )?;
+            self.compiler.compiled.fetch_add(1, Ordering::Relaxed);
+            self.jit.replace_function(self.lib, name, object)?;
+        }
+        Ok(())
+    }
+
+    /// Compiles `e` as a function of no parameters, links it, calls it and frees it.
+    fn evaluate(&mut self, e: &syntax::Expr) -> Result<i64, LangError> {
+        self.expressions += 1;
+        let f = Function {
+            name: format!("__kiln_lang_expression_{}", self.expressions),
+            params: Vec::new(),
+            body: e.clone(),
+            position: syntax::Position { line: 1, column: 1 },
+        };
+        let object = {
+            let definitions = self.compiler.definitions.read();
+            codegen::compile_object(&self.compiler.isa, &f, &*definitions)?
+        };
+        let module = self.jit.link_object(self.lib, &f.name, object)?;
+        let result = self.call(&f.name, &[]);
+        self.jit.remove_module(&module)?;
+        result
+    }
+
+    /// Calls function `name` (a function of the program, or an expression's) with `args`
+    /// (at most 6), under a guard of this thread: a body replaced meanwhile stays mapped
+    /// until the call returns.
+    pub fn call(&self, name: &str, args: &[i64]) -> Result<i64, LangError> {
+        let address = self.jit.lookup(self.lib, name)?;
+        let _guard = self.thread.pin();
+        type F0 = extern "C" fn() -> i64;
+        type F1 = extern "C" fn(i64) -> i64;
+        type F2 = extern "C" fn(i64, i64) -> i64;
+        type F3 = extern "C" fn(i64, i64, i64) -> i64;
+        type F4 = extern "C" fn(i64, i64, i64, i64) -> i64;
+        type F5 = extern "C" fn(i64, i64, i64, i64, i64) -> i64;
+        type F6 = extern "C" fn(i64, i64, i64, i64, i64, i64) -> i64;
+        let arity = self
+            .compiler
+            .definitions
+            .read()
+            .functions
+            .get(name)
+            .map_or(args.len(), |f| f.params.len());
+        if arity != args.len() {
+            return Err(LangError::Usage(format!(
+                "'{name}' takes {arity} arguments, given {}",
+                args.len()
+            )));
+        }
+        let a = |i: usize| args[i];
+        // SAFETY: every function of the language (and every expression) is compiled with
+        // the signature `extern "C" fn(i64 × arity) -> i64`, checked above; it runs in this
+        // process, kept by the session, and under this thread's guard.
+        let result = unsafe {
+            let p = address as usize;
+            match args.len() {
+                0 => std::mem::transmute::<usize, F0>(p)(),
+                1 => std::mem::transmute::<usize, F1>(p)(a(0)),
+                2 => std::mem::transmute::<usize, F2>(p)(a(0), a(1)),
+                3 => std::mem::transmute::<usize, F3>(p)(a(0), a(1), a(2)),
+                4 => std::mem::transmute::<usize, F4>(p)(a(0), a(1), a(2), a(3)),
+                5 => std::mem::transmute::<usize, F5>(p)(a(0), a(1), a(2), a(3), a(4)),
+                6 => std::mem::transmute::<usize, F6>(p)(a(0), a(1), a(2), a(3), a(4), a(5)),
+                n => {
+                    return Err(LangError::Usage(format!(
+                        "calls from the host take at most 6 arguments, given {n}"
+                    )))
+                }
+            }
+        };
+        if let Some(failure) = self.jit.lazy_failures().into_iter().next() {
+            return Err(LangError::Usage(format!(
+                "compiling {} failed: {}",
+                failure.function, failure.error
+            )));
+        }
+        Ok(result)
+    }
+}

@@ -1,0 +1,113 @@
+//! `kiln-lang`: runs a program of the language (`kiln-lang FILE`: loads it, then calls
+//! `main()` if it defines one, whose value is the exit status), or reads it line by line
+//! (`kiln-lang` alone: a REPL that prints each expression's value).
+
+// Errors wrap Kiln's, which are large by design.
+#![allow(clippy::result_large_err)]
+
+use clap::Parser;
+use kiln_lang::{LangError, Options, Outcome, Runtime};
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Runs a kiln-lang program, or a REPL without one.
+#[derive(Parser)]
+#[command(name = "kiln-lang", version)]
+struct Args {
+    /// The program (without it: a REPL on standard input).
+    file: Option<PathBuf>,
+    /// Compile and link every function when defined, not on its first call.
+    #[arg(long)]
+    eager: bool,
+    /// Register the code with the GDB JIT interface (gdb, lldb see its functions).
+    #[arg(long)]
+    gdb: bool,
+    /// Write /tmp/perf-PID.map for perf.
+    #[arg(long)]
+    perf_map: bool,
+    /// Print how many functions were defined and compiled (on standard error).
+    #[arg(long)]
+    stats: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let options = Options {
+        eager: args.eager,
+        debug: kiln::DebugSupport {
+            gdb: args.gdb,
+            perf_map: args.perf_map,
+            ..Default::default()
+        },
+    };
+    let result = Runtime::new(options).and_then(|mut rt| {
+        let status = match &args.file {
+            Some(path) => run_file(&mut rt, path),
+            None => repl(&mut rt),
+        };
+        if args.stats {
+            eprintln!(
+                "kiln-lang: {} functions defined, {} compiled",
+                rt.defined_functions(),
+                rt.compiled_functions()
+            );
+        }
+        status
+    });
+    match result {
+        Ok(status) => ExitCode::from(status),
+        Err(error) => {
+            eprintln!("kiln-lang: {error}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run_file(rt: &mut Runtime, path: &PathBuf) -> Result<u8, LangError> {
+    let source = std::fs::read_to_string(path)
+        .map_err(|e| LangError::Usage(format!("{}: {e}", path.display())))?;
+    rt.load(&source).map_err(|e| match e {
+        LangError::Syntax(s) => LangError::Usage(format!("{}:{s}", path.display())),
+        other => other,
+    })?;
+    if rt.has_function("main") {
+        Ok(rt.call("main", &[])? as u8)
+    } else {
+        Ok(0)
+    }
+}
+
+fn repl(rt: &mut Runtime) -> Result<u8, LangError> {
+    let interactive = std::io::stdin().is_terminal();
+    let mut input = String::new();
+    let mut lines = std::io::stdin().lock().lines();
+    loop {
+        if interactive {
+            print!("{}", if input.is_empty() { "> " } else { ". " });
+            let _ = std::io::stdout().flush();
+        }
+        let Some(line) = lines.next() else {
+            return Ok(0);
+        };
+        let line = line.map_err(|e| LangError::Usage(e.to_string()))?;
+        input.push_str(&line);
+        input.push('\n');
+        match rt.load(&input) {
+            // An unfinished item: read on.
+            Err(LangError::Syntax(e)) if e.message.ends_with("found the end") => continue,
+            Err(e) => println!("error: {e}"),
+            Ok(outcomes) => {
+                for outcome in outcomes {
+                    match outcome {
+                        Outcome::Value(v) => println!("= {v}"),
+                        Outcome::Defined(f) => println!("defined {f}"),
+                        Outcome::Replaced(f) => println!("replaced {f}"),
+                        Outcome::Declared(f) => println!("declared {f}"),
+                    }
+                }
+            }
+        }
+        input.clear();
+    }
+}
