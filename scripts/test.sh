@@ -100,6 +100,7 @@ cargo build --release -p kiln-cli -p kiln-executor
 "$TARGET"/release/capi_overhead --rounds 3 --batches 1
 "$TARGET"/release/cache_figures --functions 200 --runs 2 >/dev/null
 "$TARGET"/release/link_floor --runs 2 --dir "$TARGET"/link-floor >/dev/null
+"$TARGET"/release/lazy_figures --functions 1000 --runs 1 --calls 1000000 --swap-seconds 0.2 >/dev/null
 cargo build --release -p kiln-llvm --features llvm --examples
 "$TARGET"/release/examples/shaders 20 >/dev/null
 

@@ -53,6 +53,10 @@ extern "C" fn kiln_lazy_resolve(id: u64) -> u64 {
 std::arch::global_asm!(
     ".pushsection .text.kiln_lazy_entry,\"ax\",@progbits",
     ".p2align 4",
+    // Global (other crates' code refers to it once inlined), hidden (never exported).
+    ".globl kiln_lazy_entry",
+    ".hidden kiln_lazy_entry",
+    ".type kiln_lazy_entry, @function",
     "kiln_lazy_entry:",
     // [rsp] = the stub's id (pushed by the stub), [rsp+8] = the caller's return address.
     "push rbp",
@@ -99,6 +103,7 @@ std::arch::global_asm!(
     // Drop the id: the stack is the caller's again, its return address on top.
     "add rsp, 8",
     "jmp r11",
+    ".size kiln_lazy_entry, . - kiln_lazy_entry",
     ".popsection",
     resolve = sym kiln_lazy_resolve,
 );

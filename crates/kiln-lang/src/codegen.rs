@@ -36,6 +36,14 @@ pub enum Callee {
 pub trait Callees {
     /// What `name` is, if anything.
     fn callee(&self, name: &str) -> Option<Callee>;
+
+    /// How many arguments `name` takes, if it is a callee.
+    fn arity(&self, name: &str) -> Option<usize> {
+        self.callee(name).map(|c| match c {
+            Callee::Function(n) => n,
+            Callee::Extern(x) => x.params.len(),
+        })
+    }
 }
 
 impl Callees for HashMap<String, Callee> {
@@ -46,10 +54,10 @@ impl Callees for HashMap<String, Callee> {
 
 /// Checks `f`'s calls and variables against `callees` without compiling it.
 pub fn check(f: &Function, callees: &dyn Callees) -> Result<(), CompileError> {
-    fn walk(
-        f: &Function,
-        e: &Expr,
-        scopes: &mut Vec<Vec<String>>,
+    fn walk<'f>(
+        f: &'f Function,
+        e: &'f Expr,
+        scopes: &mut Vec<Vec<&'f str>>,
         callees: &dyn Callees,
     ) -> Result<(), CompileError> {
         let err = |position, message: String| CompileError {
@@ -57,8 +65,7 @@ pub fn check(f: &Function, callees: &dyn Callees) -> Result<(), CompileError> {
             position,
             message,
         };
-        let known =
-            |scopes: &Vec<Vec<String>>, n: &str| scopes.iter().any(|s| s.iter().any(|v| v == n));
+        let known = |scopes: &Vec<Vec<&str>>, n: &str| scopes.iter().any(|s| s.contains(&n));
         match e {
             Expr::Number(_) => Ok(()),
             Expr::Var(n, p) => {
@@ -85,10 +92,8 @@ pub fn check(f: &Function, callees: &dyn Callees) -> Result<(), CompileError> {
                 walk(f, b, scopes, callees)
             }
             Expr::Call(name, args, p) => {
-                let arity = match callees.callee(name) {
-                    Some(Callee::Function(n)) => n,
-                    Some(Callee::Extern(x)) => x.params.len(),
-                    None => return Err(err(*p, format!("unknown function '{name}'"))),
+                let Some(arity) = callees.arity(name) else {
+                    return Err(err(*p, format!("unknown function '{name}'")));
                 };
                 if arity != args.len() {
                     return Err(err(
@@ -105,7 +110,7 @@ pub fn check(f: &Function, callees: &dyn Callees) -> Result<(), CompileError> {
                         Statement::Let(n, v) => {
                             walk(f, v, scopes, callees)?;
                             if let Some(scope) = scopes.last_mut() {
-                                scope.push(n.clone());
+                                scope.push(n);
                             }
                         }
                         Statement::Expr(v) => walk(f, v, scopes, callees)?,
@@ -119,7 +124,7 @@ pub fn check(f: &Function, callees: &dyn Callees) -> Result<(), CompileError> {
             }
         }
     }
-    let mut scopes = vec![f.params.clone()];
+    let mut scopes = vec![f.params.iter().map(String::as_str).collect()];
     walk(f, &f.body, &mut scopes, callees)
 }
 

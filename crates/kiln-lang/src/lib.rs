@@ -30,7 +30,7 @@ use codegen::{Callee, Callees, CompileError};
 use cranelift_codegen::isa::TargetIsa;
 use kiln::{CodeThread, Jit, LazyCompiler, LibraryId};
 use parking_lot::RwLock;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use syntax::{Extern, Function, Item, SyntaxError, Type};
@@ -77,8 +77,8 @@ pub enum Outcome {
 /// The functions and externs defined so far.
 #[derive(Default)]
 struct Definitions {
-    functions: HashMap<String, Function>,
-    externs: HashMap<String, Extern>,
+    functions: FxHashMap<String, Function>,
+    externs: FxHashMap<String, Extern>,
 }
 
 impl Callees for Definitions {
@@ -87,6 +87,13 @@ impl Callees for Definitions {
             return Some(Callee::Function(f.params.len()));
         }
         self.externs.get(name).cloned().map(Callee::Extern)
+    }
+
+    fn arity(&self, name: &str) -> Option<usize> {
+        match self.functions.get(name) {
+            Some(f) => Some(f.params.len()),
+            None => self.externs.get(name).map(|x| x.params.len()),
+        }
     }
 }
 
@@ -108,6 +115,14 @@ impl LazyCompiler for Compiler {
             codegen::compile_object(&self.isa, f, &*definitions).map_err(|e| e.to_string())?;
         self.compiled.fetch_add(1, Ordering::Relaxed);
         Ok(object)
+    }
+}
+
+/// The name in the last outcome (an extern just declared).
+fn outcomes_name(outcomes: &[Outcome]) -> String {
+    match outcomes.last() {
+        Some(Outcome::Declared(name)) => name.clone(),
+        _ => String::new(),
     }
 }
 
@@ -167,6 +182,11 @@ impl Runtime {
         &self.jit
     }
 
+    /// The library the program's functions are defined in.
+    pub fn library(&self) -> LibraryId {
+        self.lib
+    }
+
     /// Functions compiled so far (lazily or eagerly).
     pub fn compiled_functions(&self) -> usize {
         self.compiler.compiled.load(Ordering::Relaxed)
@@ -191,68 +211,90 @@ impl Runtime {
     /// Redefining a function with the same number of parameters replaces its body.
     pub fn load(&mut self, source: &str) -> Result<Vec<Outcome>, LangError> {
         let items = syntax::parse(source)?;
-        let mut outcomes = Vec::new();
+        let mut outcomes = Vec::with_capacity(items.len());
         let mut new = Vec::new();
         let mut replaced = Vec::new();
+        let mut expressions = Vec::new();
         {
             let mut definitions = self.compiler.definitions.write();
-            let before_externs = definitions.externs.clone();
-            let before_functions = definitions.functions.clone();
-            for item in &items {
+            // What this load changed, to put back if it fails.
+            let mut previous_functions: Vec<(String, Option<Function>)> = Vec::new();
+            let mut previous_externs: Vec<(String, Option<Extern>)> = Vec::new();
+            let mut failure = None;
+            for item in items {
                 match item {
                     Item::Extern(x) => {
-                        definitions.externs.insert(x.name.clone(), x.clone());
                         outcomes.push(Outcome::Declared(x.name.clone()));
+                        let old = definitions.externs.insert(x.name.clone(), x);
+                        let name = outcomes_name(&outcomes);
+                        previous_externs.push((name, old));
                     }
                     Item::Function(f) => {
-                        if definitions.externs.contains_key(&f.name) {
-                            return Err(LangError::Usage(format!(
-                                "{}: '{}' is an extern",
-                                f.position, f.name
-                            )));
-                        }
-                        match definitions.functions.get(&f.name) {
-                            Some(old) if old.params.len() != f.params.len() => {
-                                return Err(LangError::Usage(format!(
+                        let refused = if definitions.externs.contains_key(&f.name) {
+                            Some(format!("{}: '{}' is an extern", f.position, f.name))
+                        } else {
+                            match definitions.functions.get(&f.name) {
+                                Some(old) if old.params.len() != f.params.len() => Some(format!(
                                     "{}: '{}' had {} parameters; a new body must keep them (its callers are compiled)",
                                     f.position, f.name, old.params.len()
-                                )))
-                            }
-                            Some(_) if self.eager => {
-                                return Err(LangError::Usage(format!(
+                                )),
+                                Some(_) if self.eager => Some(format!(
                                     "{}: '{}' is defined already (redefinition needs lazy mode)",
                                     f.position, f.name
-                                )))
+                                )),
+                                _ => None,
                             }
-                            Some(_) => replaced.push(f.name.clone()),
-                            None => new.push(f.name.clone()),
+                        };
+                        if let Some(message) = refused {
+                            failure = Some(LangError::Usage(message));
+                            break;
                         }
-                        definitions.functions.insert(f.name.clone(), f.clone());
+                        let name = f.name.clone();
+                        let old = definitions.functions.insert(name.clone(), f);
+                        if old.is_some() {
+                            replaced.push(name.clone());
+                            outcomes.push(Outcome::Replaced(name.clone()));
+                        } else {
+                            new.push(name.clone());
+                            outcomes.push(Outcome::Defined(name.clone()));
+                        }
+                        previous_functions.push((name, old));
                     }
-                    Item::Expr(_) => {}
+                    Item::Expr(e) => {
+                        expressions.push((outcomes.len(), e));
+                        outcomes.push(Outcome::Value(0));
+                    }
                 }
             }
             // Everything checked before anything is linked; on an error nothing changes.
-            let checked = items.iter().try_for_each(|item| match item {
-                Item::Function(f) => codegen::check(f, &*definitions),
-                _ => Ok(()),
-            });
-            if let Err(e) = checked {
-                definitions.externs = before_externs;
-                definitions.functions = before_functions;
-                return Err(e.into());
+            if failure.is_none() {
+                failure = previous_functions
+                    .iter()
+                    .try_for_each(|(name, _)| {
+                        codegen::check(&definitions.functions[name], &*definitions)
+                    })
+                    .err()
+                    .map(LangError::from);
+            }
+            if let Some(error) = failure {
+                for (name, old) in previous_functions.into_iter().rev() {
+                    match old {
+                        Some(f) => definitions.functions.insert(name, f),
+                        None => definitions.functions.remove(&name),
+                    };
+                }
+                for (name, old) in previous_externs.into_iter().rev() {
+                    match old {
+                        Some(x) => definitions.externs.insert(name, x),
+                        None => definitions.externs.remove(&name),
+                    };
+                }
+                return Err(error);
             }
         }
         self.link_functions(&new, &replaced)?;
-        for item in &items {
-            match item {
-                Item::Function(f) if replaced.contains(&f.name) => {
-                    outcomes.push(Outcome::Replaced(f.name.clone()))
-                }
-                Item::Function(f) => outcomes.push(Outcome::Defined(f.name.clone())),
-                Item::Expr(e) => outcomes.push(Outcome::Value(self.evaluate(e)?)),
-                Item::Extern(_) => {}
-            }
+        for (at, e) in expressions {
+            outcomes[at] = Outcome::Value(self.evaluate(e)?);
         }
         Ok(outcomes)
     }
@@ -290,12 +332,12 @@ impl Runtime {
     }
 
     /// Compiles `e` as a function of no parameters, links it, calls it and frees it.
-    fn evaluate(&mut self, e: &syntax::Expr) -> Result<i64, LangError> {
+    fn evaluate(&mut self, e: syntax::Expr) -> Result<i64, LangError> {
         self.expressions += 1;
         let f = Function {
             name: format!("__kiln_lang_expression_{}", self.expressions),
             params: Vec::new(),
-            body: e.clone(),
+            body: e,
             position: syntax::Position { line: 1, column: 1 },
         };
         let object = {

@@ -166,10 +166,10 @@ pub enum Item {
     Expr(Expr),
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum Token {
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Token<'s> {
     Number(i64),
-    Name(String),
+    Name(&'s str),
     Symbol(&'static str),
     End,
 }
@@ -183,96 +183,181 @@ const KEYWORDS: [&str; 9] = [
     "fn", "extern", "let", "if", "then", "else", "while", "do", "in",
 ];
 
-fn lex(source: &str) -> Result<Vec<(Token, Position)>, SyntaxError> {
-    let mut tokens = Vec::new();
-    let (mut line, mut column) = (1u32, 1u32);
-    let chars: Vec<char> = source.chars().collect();
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        let position = Position { line, column };
-        if c == '\n' {
-            line += 1;
-            column = 1;
-            i += 1;
-            continue;
+/// Byte offsets to positions.
+struct Lines<'s> {
+    source: &'s str,
+    /// Where each line starts.
+    starts: Vec<usize>,
+}
+
+impl Lines<'_> {
+    fn position(&self, offset: usize) -> Position {
+        let line = self.starts.partition_point(|&s| s <= offset).max(1);
+        let start = self.starts[line - 1];
+        Position {
+            line: line as u32,
+            column: (self.source[start..offset].chars().count() + 1) as u32,
         }
-        if c.is_whitespace() {
-            i += 1;
-            column += 1;
-            continue;
+    }
+}
+
+/// The tokens of a source, one at a time (a program's tokens are never all held at once),
+/// each with its byte offset (positions are worked out only for what needs one).
+struct Lexer<'s> {
+    source: &'s str,
+    at: usize,
+    lines: Lines<'s>,
+}
+
+impl<'s> Lexer<'s> {
+    fn new(source: &'s str) -> Self {
+        Lexer {
+            source,
+            at: 0,
+            lines: Lines {
+                source,
+                starts: vec![0],
+            },
         }
-        if c == '#' {
-            while i < chars.len() && chars[i] != '\n' {
+    }
+
+    fn token(&mut self) -> Result<(Token<'s>, usize), SyntaxError> {
+        let source = self.source;
+        let bytes = source.as_bytes();
+        let mut i = self.at;
+        while i < bytes.len() {
+            let c = bytes[i];
+            if c == b'\n' {
                 i += 1;
+                self.lines.starts.push(i);
+            } else if c.is_ascii_whitespace() {
+                i += 1;
+            } else if c == b'#' {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            } else {
+                break;
             }
-            continue;
         }
         let start = i;
-        if c.is_ascii_digit() {
-            while i < chars.len() && chars[i].is_ascii_alphanumeric() {
+        if i == bytes.len() {
+            self.at = i;
+            return Ok((Token::End, i));
+        }
+        let c = bytes[i];
+        let token = if c.is_ascii_digit() {
+            while i < bytes.len() && bytes[i].is_ascii_alphanumeric() {
                 i += 1;
             }
-            let text: String = chars[start..i].iter().collect();
+            let text = &source[start..i];
             let value = text.parse::<i64>().map_err(|_| SyntaxError {
-                position,
+                position: self.lines.position(start),
                 message: format!("'{text}' is not a 64-bit integer"),
             })?;
-            tokens.push((Token::Number(value), position));
-        } else if c.is_alphabetic() || c == '_' {
-            while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_') {
-                i += 1;
+            Token::Number(value)
+        } else if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 {
+            let rest = &source[start..];
+            let len = rest
+                .char_indices()
+                .find(|(_, ch)| !(ch.is_alphanumeric() || *ch == '_'))
+                .map_or(rest.len(), |(at, _)| at);
+            if len == 0 {
+                let ch = rest.chars().next().unwrap_or('?');
+                return Err(SyntaxError {
+                    position: self.lines.position(start),
+                    message: format!("unexpected character '{ch}'"),
+                });
             }
-            tokens.push((Token::Name(chars[start..i].iter().collect()), position));
+            i += len;
+            Token::Name(&source[start..i])
         } else {
-            let rest: String = chars[i..chars.len().min(i + 2)].iter().collect();
+            let rest = &bytes[i..bytes.len().min(i + 2)];
             let symbol = SYMBOLS
                 .iter()
-                .find(|s| rest.starts_with(**s))
+                .find(|s| rest.starts_with(s.as_bytes()))
                 .ok_or_else(|| SyntaxError {
-                    position,
-                    message: format!("unexpected character '{c}'"),
+                    position: self.lines.position(start),
+                    message: format!(
+                        "unexpected character '{}'",
+                        source[i..].chars().next().unwrap_or('?')
+                    ),
                 })?;
             i += symbol.len();
-            tokens.push((Token::Symbol(symbol), position));
-        }
-        column += (i - start) as u32;
+            Token::Symbol(symbol)
+        };
+        self.at = i;
+        Ok((token, start))
     }
-    tokens.push((Token::End, Position { line, column }));
-    Ok(tokens)
 }
 
 /// Parses a program (a file, or a line of the REPL).
 pub fn parse(source: &str) -> Result<Vec<Item>, SyntaxError> {
     let mut parser = Parser {
-        tokens: lex(source)?,
-        at: 0,
+        lexer: Lexer::new(source),
+        current: (Token::End, 0),
+        ahead: None,
+        lex_error: None,
     };
+    parser.current = parser.lex();
     let mut items = Vec::new();
-    while parser.peek() != &Token::End {
-        items.push(parser.item()?);
+    let parsed = (|| {
+        while parser.peek() != &Token::End {
+            items.push(parser.item()?);
+        }
+        Ok(())
+    })();
+    // A character the lexer refused ends the tokens early: its error is the one to
+    // report, whatever the parser made of the early end.
+    match (parser.lex_error.take(), parsed) {
+        (Some(error), _) | (None, Err(error)) => Err(error),
+        (None, Ok(())) => Ok(items),
     }
-    Ok(items)
 }
 
-struct Parser {
-    tokens: Vec<(Token, Position)>,
-    at: usize,
+struct Parser<'s> {
+    lexer: Lexer<'s>,
+    current: (Token<'s>, usize),
+    /// The token after `current`, once looked at.
+    ahead: Option<(Token<'s>, usize)>,
+    lex_error: Option<SyntaxError>,
 }
 
-impl Parser {
-    fn peek(&self) -> &Token {
-        &self.tokens[self.at].0
+impl<'s> Parser<'s> {
+    fn peek(&self) -> &Token<'s> {
+        &self.current.0
+    }
+
+    fn lex(&mut self) -> (Token<'s>, usize) {
+        if self.lex_error.is_some() {
+            return (Token::End, self.lexer.at);
+        }
+        self.lexer.token().unwrap_or_else(|error| {
+            let at = self.lexer.at;
+            self.lex_error = Some(error);
+            (Token::End, at)
+        })
+    }
+
+    /// The token after the current one.
+    fn peek_second(&mut self) -> Token<'s> {
+        if self.ahead.is_none() {
+            self.ahead = Some(self.lex());
+        }
+        self.ahead.map_or(Token::End, |(t, _)| t)
     }
 
     fn position(&self) -> Position {
-        self.tokens[self.at].1
+        self.lexer.lines.position(self.current.1)
     }
 
-    fn next(&mut self) -> Token {
-        let token = self.tokens[self.at].0.clone();
-        if token != Token::End {
-            self.at += 1;
+    fn next(&mut self) -> Token<'s> {
+        let token = self.current.0;
+        if token != Token::End || self.ahead.is_some() {
+            self.current = match self.ahead.take() {
+                Some(t) => t,
+                None => self.lex(),
+            };
         }
         token
     }
@@ -286,7 +371,7 @@ impl Parser {
 
     fn is(&self, symbol: &str) -> bool {
         matches!(self.peek(), Token::Symbol(s) if *s == symbol)
-            || matches!(self.peek(), Token::Name(n) if n == symbol)
+            || matches!(self.peek(), Token::Name(n) if *n == symbol)
     }
 
     fn eat(&mut self, symbol: &str) -> bool {
@@ -315,10 +400,10 @@ impl Parser {
     }
 
     fn name(&mut self) -> Result<String, SyntaxError> {
-        match self.peek().clone() {
-            Token::Name(n) if !KEYWORDS.contains(&n.as_str()) => {
+        match *self.peek() {
+            Token::Name(n) if !KEYWORDS.contains(&n) => {
                 self.next();
-                Ok(n)
+                Ok(n.to_string())
             }
             _ => self.error(format!("expected a name, found {}", self.describe())),
         }
@@ -402,15 +487,13 @@ impl Parser {
             let body = self.expr()?;
             return Ok(Expr::While(Box::new(c), Box::new(body)));
         }
-        if let (Token::Name(n), Token::Symbol("=")) =
-            (self.peek().clone(), self.tokens[self.at + 1].0.clone())
-        {
-            if !KEYWORDS.contains(&n.as_str()) {
+        if let (Token::Name(n), Token::Symbol("=")) = (*self.peek(), self.peek_second()) {
+            if !KEYWORDS.contains(&n) {
                 let position = self.position();
                 self.next();
                 self.next();
                 let value = self.expr()?;
-                return Ok(Expr::Assign(n, Box::new(value), position));
+                return Ok(Expr::Assign(n.to_string(), Box::new(value), position));
             }
         }
         self.binary(0)
@@ -440,19 +523,17 @@ impl Parser {
             return self.unary();
         }
         let mut left = self.binary(level + 1)?;
-        'more: loop {
-            for (symbol, op) in LEVELS[level] {
-                if self.eat(symbol) {
-                    let right = self.binary(level + 1)?;
-                    left = Expr::Binary(*op, Box::new(left), Box::new(right));
-                    // Comparisons do not chain.
-                    if level == 2 {
-                        break 'more;
-                    }
-                    continue 'more;
-                }
+        while let Token::Symbol(symbol) = *self.peek() {
+            let Some(&(_, op)) = LEVELS[level].iter().find(|(s, _)| *s == symbol) else {
+                break;
+            };
+            self.next();
+            let right = self.binary(level + 1)?;
+            left = Expr::Binary(op, Box::new(left), Box::new(right));
+            // Comparisons do not chain.
+            if level == 2 {
+                break;
             }
-            break;
         }
         Ok(left)
     }
@@ -468,8 +549,7 @@ impl Parser {
     }
 
     fn atom(&mut self) -> Result<Expr, SyntaxError> {
-        let position = self.position();
-        match self.peek().clone() {
+        match *self.peek() {
             Token::Number(n) => {
                 self.next();
                 Ok(Expr::Number(n))
@@ -503,6 +583,7 @@ impl Parser {
                 }
             }
             Token::Name(_) => {
+                let position = self.position();
                 let name = self.name()?;
                 if self.eat("(") {
                     let mut args = Vec::new();

@@ -158,7 +158,7 @@ pub(crate) struct Inner {
     memory: Arc<dyn MemoryManager>,
     low_memory: LowMemory,
     libraries: RwLock<Vec<Arc<Library>>>,
-    plugins: Arc<Plugins>,
+    pub(crate) plugins: Arc<Plugins>,
     /// The built-in debugger and profiler listener's registration, if on.
     _debug_support: Option<PluginRegistration>,
     next_module: AtomicU64,
