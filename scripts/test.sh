@@ -93,7 +93,7 @@ echo "== benchmarks, small workload (figures: see docs/BENCHMARKS.md)"
 cargo build --release -p kiln-bench
 "$TARGET"/release/many_modules --modules 500 --no-syscalls
 "$TARGET"/release/alloc_throughput --ops 5000
-cargo build --release -p kiln-cli -p kiln-executor
+cargo build --release -p kiln-cli -p kiln-executor -p kiln-lang
 "$TARGET"/release/tls_access --iterations 1000000 --runs 1
 "$TARGET"/release/session_scale --modules 200
 "$TARGET"/release/debug_support --rounds 2 --modules 200 --gdb-modules 50

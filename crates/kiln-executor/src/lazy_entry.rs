@@ -42,9 +42,14 @@ pub fn lazy_call_failed_address() -> u64 {
 /// Called by the assembly entry with the stub's id; returns where to jump.
 extern "C" fn kiln_lazy_resolve(id: u64) -> u64 {
     // A panic must not unwind into assembly: the call then goes to the fallback.
-    std::panic::catch_unwind(|| match RESOLVER.get() {
-        Some(resolve) => resolve(id),
-        None => lazy_call_failed_address(),
+    // A thread serving a controller asks it (the stub's session is there); any other
+    // thread asks this process's session.
+    std::panic::catch_unwind(|| match crate::server::resolve_if_serving(id) {
+        Some(target) => target,
+        None => match RESOLVER.get() {
+            Some(resolve) => resolve(id),
+            None => lazy_call_failed_address(),
+        },
     })
     .unwrap_or_else(|_| lazy_call_failed_address())
 }

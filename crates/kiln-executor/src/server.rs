@@ -12,6 +12,7 @@ use kiln_wire::protocol::{
     kind_to_wire, message_id, with_id, Hello, Request, Response, WirePlacement, EXECUTOR_REQUEST,
     VERSION,
 };
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::os::fd::AsFd;
@@ -620,6 +621,100 @@ pub fn serve(channel: Channel) -> Ending {
     serve_with(channel, &ServeOptions::default())
 }
 
+/// What the serving thread serves with. Shared, through [`SERVING`], with the resolver
+/// of call-through stubs: JIT code that the serving thread runs (a `Call`, `RunMain`,
+/// initializers) may call a stub with no body yet, and the resolver then asks the
+/// controller for it and serves the controller's requests (to link the body here) until
+/// the answer comes. So nothing holds a borrow of the channel or the state while JIT code
+/// runs.
+struct Serving<'o> {
+    channel: RefCell<Channel>,
+    state: RefCell<State>,
+    options: &'o ServeOptions,
+    /// The last id of a request this executor made of the controller.
+    last_request: Cell<u32>,
+    /// How the connection ended while JIT code waited for a stub's body.
+    ended: RefCell<Option<Ending>>,
+}
+
+thread_local! {
+    /// The connection this thread serves, while it serves one (a `*const Serving`).
+    static SERVING: Cell<*const ()> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Sets [`SERVING`] for the lifetime of the value, restoring the previous one after.
+struct CurrentServing(*const ());
+
+impl CurrentServing {
+    fn enter(serving: &Serving<'_>) -> Self {
+        let previous = SERVING.with(|s| s.replace((serving as *const Serving<'_>).cast()));
+        CurrentServing(previous)
+    }
+}
+
+impl Drop for CurrentServing {
+    fn drop(&mut self) {
+        SERVING.with(|s| s.set(self.0));
+    }
+}
+
+/// Resolves call-through stub `stub` through the controller, if this thread serves a
+/// connection (else `None`): sends [`Request::ResolveStub`], serves the controller's
+/// requests until its answer, stores the body's address in the stub's slot (after
+/// checking the slot is 8-byte aligned memory this executor reserved and prepared), and
+/// returns where the call continues.
+pub(crate) fn resolve_if_serving(stub: u64) -> Option<u64> {
+    let pointer = SERVING.with(Cell::get);
+    if pointer.is_null() {
+        return None;
+    }
+    // SAFETY: SERVING points at the `Serving` of the `serve_with` frame below us on this
+    // thread's stack (set by `CurrentServing`, cleared before that frame returns); it is
+    // used only through shared references and `RefCell`s, none borrowed while JIT code
+    // runs.
+    let serving: &Serving<'_> = unsafe { &*pointer.cast::<Serving<'_>>() };
+    let failed = crate::lazy_entry::lazy_call_failed_address();
+    let n = serving.last_request.get() % (EXECUTOR_REQUEST - 1) + 1;
+    serving.last_request.set(n);
+    let id = EXECUTOR_REQUEST | n;
+    let request = with_id(Request::ResolveStub { stub }.encode(), id);
+    if serving.channel.borrow_mut().send(&request).is_err() {
+        return Some(failed);
+    }
+    loop {
+        let received = serving.channel.borrow_mut().recv();
+        let Ok(body) = received else {
+            serving.ended.borrow_mut().get_or_insert(Ending::Closed);
+            return Some(failed);
+        };
+        if message_id(&body) != Some(id) {
+            // The controller's requests, made to link the body here.
+            if let Some(ending) = serve_one(serving, body) {
+                serving.ended.borrow_mut().get_or_insert(ending);
+                return Some(failed);
+            }
+            continue;
+        }
+        return Some(match Response::decode(&body) {
+            Ok(Response::StubResolved { target, slot }) => {
+                if slot != 0 {
+                    let usable =
+                        slot % 8 == 0 && serving.state.borrow().accessible(slot, 8).is_ok();
+                    if !usable {
+                        return Some(failed);
+                    }
+                    // SAFETY: an aligned slot on prepared pages of memory this executor
+                    // reserved: a stub's slot, which only atomic stores and the stub's
+                    // loads touch.
+                    unsafe { crate::lazy_entry::store_code_pointer(slot, target) };
+                }
+                target
+            }
+            _ => failed,
+        });
+    }
+}
+
 /// Serves one connection with `options`.
 pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
     let mut state = State::new();
@@ -630,13 +725,21 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
     }
     // The idle timeout bounds each whole frame, not only each read of it.
     channel.set_frame_deadline(options.idle_timeout.is_some());
+    let mut runtime_symbols = crate::thread_locals::runtime_symbols();
+    if let Some(entry) = crate::lazy_entry::lazy_entry_address() {
+        runtime_symbols.push(("__kiln_lazy_entry".into(), entry));
+        runtime_symbols.push((
+            "__kiln_lazy_call_failed".into(),
+            crate::lazy_entry::lazy_call_failed_address(),
+        ));
+    }
     let hello = Hello {
         version: VERSION,
         page_size: state.mapper.as_ref().map_or(4096, |m| m.page_size()),
         triple: format!("{}-unknown-linux-gnu", std::env::consts::ARCH),
         pid: std::process::id(),
         max_frame: kiln_wire::protocol::MAX_FRAME,
-        runtime_symbols: crate::thread_locals::runtime_symbols(),
+        runtime_symbols,
     };
     if let Err(e) = channel.send(&hello.encode()) {
         return Ending::Failed(e.to_string());
@@ -647,90 +750,182 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
         }
     }
     install_reporters(channel.sender());
+    let serving = Serving {
+        channel: RefCell::new(channel),
+        state: RefCell::new(state),
+        options,
+        last_request: Cell::new(0),
+        ended: RefCell::new(None),
+    };
+    let _current = CurrentServing::enter(&serving);
     loop {
-        let body = match channel.recv() {
+        let received = serving.channel.borrow_mut().recv();
+        let body = match received {
             Ok(body) => body,
             Err(ChannelError::Closed) => return Ending::Closed,
             Err(ChannelError::TooLarge(n)) => {
-                let _ = channel
+                let _ = serving
+                    .channel
+                    .borrow_mut()
                     .send(&Response::Error(format!("frame of {n} bytes is too large")).encode());
                 return Ending::Failed(format!("frame of {n} bytes"));
             }
             Err(e) => return Ending::Failed(e.to_string()),
         };
-        let id = message_id(&body).unwrap_or(0);
-        if id & EXECUTOR_REQUEST != 0 {
-            let _ = channel.send(
-                &Response::Error(format!(
-                    "message id {id:#x} is reserved for the executor's own requests"
-                ))
-                .encode(),
-            );
-            return Ending::Failed(format!("controller used a reserved id {id:#x}"));
+        if let Some(ending) = serve_one(&serving, body) {
+            return ending;
         }
-        let request = match Request::decode(&body) {
-            Ok(r) => r,
-            Err(e) => {
-                if channel
-                    .send(&with_id(
-                        Response::Error(format!("malformed request: {e}")).encode(),
-                        id,
-                    ))
-                    .is_err()
-                {
-                    return Ending::Closed;
+        if let Some(ending) = serving.ended.borrow_mut().take() {
+            return ending;
+        }
+    }
+}
+
+/// Serves one request; `Some` when the connection ends.
+fn serve_one(serving: &Serving<'_>, body: Vec<u8>) -> Option<Ending> {
+    let send = |frame: &[u8]| serving.channel.borrow_mut().send(frame);
+    let id = message_id(&body).unwrap_or(0);
+    if id & EXECUTOR_REQUEST != 0 {
+        let _ = send(
+            &Response::Error(format!(
+                "message id {id:#x} is reserved for the executor's own requests"
+            ))
+            .encode(),
+        );
+        return Some(Ending::Failed(format!(
+            "controller used a reserved id {id:#x}"
+        )));
+    }
+    let request = match Request::decode(&body) {
+        Ok(Request::ResolveStub { .. }) => {
+            let refused =
+                Response::Error("ResolveStub goes from the executor to the controller".into());
+            return send(&with_id(refused.encode(), id))
+                .is_err()
+                .then_some(Ending::Closed);
+        }
+        Ok(r) => r,
+        Err(e) => {
+            let reply = Response::Error(format!("malformed request: {e}"));
+            return send(&with_id(reply.encode(), id))
+                .is_err()
+                .then_some(Ending::Closed);
+        }
+    };
+    if let Request::Input { bytes } = request {
+        give_input(bytes);
+        return None;
+    }
+    if request == Request::AdoptStdio {
+        let mut channel = serving.channel.borrow_mut();
+        let reply = match (channel.take_fd(), channel.take_fd(), channel.take_fd()) {
+            (Some(input), Some(output), Some(error)) => {
+                runtime::flush_stdio();
+                for (fd, target) in [(&input, 0), (&output, 1), (&error, 2)] {
+                    // SAFETY: dup2 onto this process's standard descriptors, from
+                    // descriptors the controller sent us.
+                    unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(fd), target) };
                 }
-                continue;
+                Response::Ok
             }
+            _ => Response::Error("adopt stdio: three descriptors expected".into()),
         };
-        if let Request::Input { bytes } = request {
-            give_input(bytes);
-            continue;
-        }
-        if request == Request::AdoptStdio {
-            let reply = match (channel.take_fd(), channel.take_fd(), channel.take_fd()) {
-                (Some(input), Some(output), Some(error)) => {
-                    runtime::flush_stdio();
-                    for (fd, target) in [(&input, 0), (&output, 1), (&error, 2)] {
-                        // SAFETY: dup2 onto this process's standard descriptors, from
-                        // descriptors the controller sent us.
-                        unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(fd), target) };
-                    }
-                    Response::Ok
-                }
-                _ => Response::Error("adopt stdio: three descriptors expected".into()),
-            };
-            if channel.send(&with_id(reply.encode(), id)).is_err() {
-                return Ending::Closed;
-            }
-            continue;
-        }
-        if let (true, Request::RunMain { address, args }) = (options.forward_output, &request) {
-            let reply = match state.code(*address) {
-                Ok(()) => run_main_serving(&mut channel, *address, args.clone()),
-                Err(message) => Response::Error(message),
-            };
-            if channel.send(&with_id(reply.encode(), id)).is_err() {
-                return Ending::Closed;
-            }
-            continue;
-        }
-        if request == Request::Shutdown {
+        return channel
+            .send(&with_id(reply.encode(), id))
+            .is_err()
+            .then_some(Ending::Closed);
+    }
+    if let (true, Request::RunMain { address, args }) = (serving.options.forward_output, &request) {
+        let checked = serving.state.borrow().code(*address);
+        let mut channel = serving.channel.borrow_mut();
+        let reply = match checked {
+            Ok(()) => run_main_serving(&mut channel, *address, args.clone()),
+            Err(message) => Response::Error(message),
+        };
+        return channel
+            .send(&with_id(reply.encode(), id))
+            .is_err()
+            .then_some(Ending::Closed);
+    }
+    if request == Request::Shutdown {
+        runtime::flush_stdio();
+        finish_output();
+        let _ = send(&with_id(Response::Ok.encode(), id));
+        return Some(Ending::Shutdown);
+    }
+    let outcome = match request {
+        // Requests that run JIT code: no borrow is held while it runs (a stub it calls may
+        // serve requests meanwhile).
+        Request::RunMain { .. }
+        | Request::Call { .. }
+        | Request::RunInitializers { .. }
+        | Request::RunFinalizers { .. } => run_code(&serving.state, request),
+        other => handle(&mut serving.state.borrow_mut(), other),
+    };
+    let sent = match outcome {
+        Ok(Reply::Plain(response)) => send(&with_id(response.encode(), id)),
+        Ok(Reply::WithFd(response, fd)) => serving
+            .channel
+            .borrow_mut()
+            .send_with_fd(&with_id(response.encode(), id), fd.as_fd()),
+        Err(message) => send(&with_id(Response::Error(message).encode(), id)),
+    };
+    sent.is_err().then_some(Ending::Closed)
+}
+
+/// Runs the JIT code a request asks for, its addresses checked first; the state is not
+/// borrowed while the code runs.
+fn run_code(state: &RefCell<State>, request: Request) -> Result<Reply, String> {
+    let ok = Ok(Reply::Plain(Response::Ok));
+    match request {
+        Request::RunMain { address, args } => {
+            state.borrow().code(address)?;
+            // SAFETY: main lies in memory this executor reserved, linked by the controller.
+            let status = unsafe { runtime::call_main(address, &args) };
+            leave_if_forked_child(status);
             runtime::flush_stdio();
-            finish_output();
-            let _ = channel.send(&with_id(Response::Ok.encode(), id));
-            return Ending::Shutdown;
+            Ok(Reply::Plain(Response::Value(status as u32 as u64)))
         }
-        let sent = match handle(&mut state, request) {
-            Ok(Reply::Plain(response)) => channel.send(&with_id(response.encode(), id)),
-            Ok(Reply::WithFd(response, fd)) => {
-                channel.send_with_fd(&with_id(response.encode(), id), fd.as_fd())
+        Request::Call { address, args } => {
+            state.borrow().code(address)?;
+            let mut a = [0u64; 6];
+            a[..args.len()].copy_from_slice(&args);
+            // SAFETY: the function lies in memory this executor reserved; extra integer
+            // arguments are ignored by a callee with fewer parameters (SysV ABI).
+            let f: extern "C" fn(u64, u64, u64, u64, u64, u64) -> u64 =
+                unsafe { std::mem::transmute(address as usize) };
+            let v = f(a[0], a[1], a[2], a[3], a[4], a[5]);
+            leave_if_forked_child(v as i32);
+            runtime::flush_stdio();
+            Ok(Reply::Plain(Response::Value(v)))
+        }
+        Request::RunInitializers { functions } => {
+            {
+                let state = state.borrow();
+                for &f in &functions {
+                    state.code(f)?;
+                }
             }
-            Err(message) => channel.send(&with_id(Response::Error(message).encode(), id)),
-        };
-        if sent.is_err() {
-            return Ending::Closed;
+            // SAFETY: the functions lie in memory this executor reserved and the controller
+            // linked and finalized.
+            unsafe { runtime::run_initializers(&functions) };
+            ok
         }
+        Request::RunFinalizers {
+            dso_handle,
+            functions,
+        } => {
+            {
+                let state = state.borrow();
+                for &f in &functions {
+                    state.code(f)?;
+                }
+            }
+            // SAFETY: as for initializers.
+            unsafe { runtime::run_finalizers(dso_handle, &functions) };
+            ok
+        }
+        other => Err(format!("{other} does not run code")),
     }
 }
 
@@ -920,26 +1115,6 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             state.eh_frames.remove(&address);
             ok
         }
-        Request::RunInitializers { functions } => {
-            for &f in &functions {
-                state.code(f)?;
-            }
-            // SAFETY: the functions lie in memory this executor reserved and the controller
-            // linked and finalized.
-            unsafe { runtime::run_initializers(&functions) };
-            ok
-        }
-        Request::RunFinalizers {
-            dso_handle,
-            functions,
-        } => {
-            for &f in &functions {
-                state.code(f)?;
-            }
-            // SAFETY: as for initializers.
-            unsafe { runtime::run_finalizers(dso_handle, &functions) };
-            ok
-        }
         Request::ReserveTlsModule => Ok(Reply::Plain(Response::Value(
             crate::thread_locals::tls_reserve_module(),
         ))),
@@ -1044,26 +1219,12 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             }
             None => Err(format!("no exports with handle {handle}")),
         },
-        Request::RunMain { address, args } => {
-            state.code(address)?;
-            // SAFETY: main lies in memory this executor reserved, linked by the controller.
-            let status = unsafe { runtime::call_main(address, &args) };
-            leave_if_forked_child(status);
-            runtime::flush_stdio();
-            Ok(Reply::Plain(Response::Value(status as u32 as u64)))
-        }
-        Request::Call { address, args } => {
-            state.code(address)?;
-            let mut a = [0u64; 6];
-            a[..args.len()].copy_from_slice(&args);
-            // SAFETY: the function lies in memory this executor reserved; extra integer
-            // arguments are ignored by a callee with fewer parameters (SysV ABI).
-            let f: extern "C" fn(u64, u64, u64, u64, u64, u64) -> u64 =
-                unsafe { std::mem::transmute(address as usize) };
-            let v = f(a[0], a[1], a[2], a[3], a[4], a[5]);
-            leave_if_forked_child(v as i32);
-            runtime::flush_stdio();
-            Ok(Reply::Plain(Response::Value(v)))
+        Request::RunMain { .. }
+        | Request::Call { .. }
+        | Request::RunInitializers { .. }
+        | Request::RunFinalizers { .. } => Err("runs code: served by run_code".into()),
+        Request::ResolveStub { .. } => {
+            Err("ResolveStub goes from the executor to the controller".into())
         }
         Request::Shutdown => ok,
         Request::Input { bytes } => {

@@ -4,12 +4,14 @@
 
 use crate::channel::{Channel, ChannelError, Stream};
 use crate::protocol::{signal_name, DecodeError, Hello, Request, Response, VERSION};
-use parking_lot::Mutex;
+use parking_lot::{ReentrantMutex, RwLock};
+use std::cell::RefCell;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Child, Command};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Why talking to an executor failed.
@@ -133,10 +135,17 @@ struct Connection {
     timeout: Option<Option<Duration>>,
 }
 
+/// What answers the requests an executor makes of the controller
+/// ([`Request::ResolveStub`]); it may make requests of the executor meanwhile.
+pub type ExecutorRequestHandler = Arc<dyn Fn(&Request) -> Response + Send + Sync>;
+
 /// A connection to an executor process. Requests are sent one at a time (the connection
-/// is locked for a request and its response).
+/// is locked for a request and its response; the thread that holds it may make more
+/// requests while it answers one of the executor's).
 pub struct RemoteExecutor {
-    conn: Mutex<Connection>,
+    conn: ReentrantMutex<RefCell<Connection>>,
+    /// What serves the executor's requests, if anything does.
+    handler: RwLock<Option<ExecutorRequestHandler>>,
     hello: Hello,
     timeouts: Timeouts,
     /// The pid of a child executor not yet reaped (0 once reaped, or for one reached
@@ -210,7 +219,7 @@ impl RemoteExecutor {
         let pid = child.id();
         match Self::handshake(Channel::new(Stream::Unix(ours)), None, timeouts) {
             Ok(mut remote) => {
-                remote.conn.get_mut().child = Some(child);
+                remote.conn.get_mut().get_mut().child = Some(child);
                 remote.child_pid = std::sync::atomic::AtomicI32::new(pid as i32);
                 Ok(remote)
             }
@@ -244,7 +253,8 @@ impl RemoteExecutor {
         }
         let remote = Self::handshake(channel, None, timeouts)?;
         {
-            let mut conn = remote.conn.lock();
+            let guard = remote.conn.lock();
+            let mut conn = guard.borrow_mut();
             // SAFETY: descriptors 0, 1 and 2 stay open for the life of this process.
             let stdio = unsafe {
                 [
@@ -356,13 +366,14 @@ impl RemoteExecutor {
         let child_pid =
             std::sync::atomic::AtomicI32::new(child.as_ref().map_or(0, |c| c.id() as i32));
         Ok(RemoteExecutor {
-            conn: Mutex::new(Connection {
+            conn: ReentrantMutex::new(RefCell::new(Connection {
                 channel,
                 next_id: 0,
                 child,
                 broken: None,
                 timeout: None,
-            }),
+            })),
+            handler: RwLock::new(None),
             hello,
             timeouts,
             child_pid,
@@ -383,7 +394,7 @@ impl RemoteExecutor {
     /// serving `--listen` reads its standard input from these messages), from a thread
     /// that reads it until end of input; for `kiln run --connect`. Call it once.
     pub fn forward_stdin(&self) {
-        let sender = self.conn.lock().channel.sender();
+        let sender = self.conn.lock().borrow().channel.sender();
         std::thread::spawn(move || {
             use std::io::Read;
             let mut stdin = std::io::stdin().lock();
@@ -407,7 +418,7 @@ impl RemoteExecutor {
 
     /// Whether descriptors (shared memory) can be passed: a Unix socket.
     pub fn can_share_memory(&self) -> bool {
-        self.conn.lock().channel.can_pass_fds()
+        self.conn.lock().borrow().channel.can_pass_fds()
     }
 
     /// Sends `request`, returns the response (an error response, a crash, a death or a
@@ -421,7 +432,8 @@ impl RemoteExecutor {
         &self,
         request: &Request,
     ) -> Result<(Response, Option<OwnedFd>), RemoteError> {
-        let mut conn = self.conn.lock();
+        let guard = self.conn.lock();
+        let mut conn = guard.borrow_mut();
         if let Some(why) = &conn.broken {
             return Err(RemoteError::Broken(why.clone()));
         }
@@ -452,7 +464,8 @@ impl RemoteExecutor {
             conn.broken = Some(error.to_string());
             return Err(error);
         }
-        // The program's output may come before the answer.
+        // The program's output may come before the answer, and the executor's own
+        // requests (a call-through stub's first call while this request runs code).
         let response = loop {
             let body = match conn.channel.recv() {
                 Ok(body) => body,
@@ -463,6 +476,30 @@ impl RemoteExecutor {
                 }
             };
             let got = crate::protocol::message_id(&body).unwrap_or(0);
+            let handler = self.handler.read().clone();
+            if let (true, Some(handler)) = (got & crate::protocol::EXECUTOR_REQUEST != 0, handler) {
+                let asked = Request::decode(&body);
+                // The handler may make requests: the connection is not borrowed meanwhile.
+                drop(conn);
+                let answer = match asked {
+                    Ok(request) => handler(&request),
+                    Err(e) => Response::Error(format!("malformed request: {e}")),
+                };
+                conn = guard.borrow_mut();
+                if conn.timeout != Some(timeout) {
+                    conn.channel.set_timeout(timeout).map_err(io_err)?;
+                    conn.timeout = Some(timeout);
+                }
+                if let Err(e) = conn
+                    .channel
+                    .send(&crate::protocol::with_id(answer.encode(), got))
+                {
+                    let error = self.failure(&mut conn, &name, e);
+                    conn.broken = Some(error.to_string());
+                    return Err(error);
+                }
+                continue;
+            }
             match Response::decode(&body) {
                 Ok(Response::Output { stream, bytes }) => forward_output(stream, &bytes),
                 // What the executor says on its own (id 0), or the answer to this request.
@@ -580,9 +617,17 @@ impl RemoteExecutor {
         }
     }
 
+    /// Sets what answers the requests the executor makes of this controller (a
+    /// call-through stub's first call). Without one, such a request breaks the
+    /// connection.
+    pub fn set_request_handler(&self, handler: ExecutorRequestHandler) {
+        *self.handler.write() = Some(handler);
+    }
+
     /// Asks the executor to exit, and waits for a child executor.
     pub fn shutdown(&self) {
-        let mut conn = self.conn.lock();
+        let guard = self.conn.lock();
+        let mut conn = guard.borrow_mut();
         if conn.broken.is_none() {
             let _ = conn.channel.set_timeout(Some(Duration::from_secs(5)));
             if conn.channel.send(&Request::Shutdown.encode()).is_ok() {
@@ -623,7 +668,7 @@ impl Drop for RemoteExecutor {
         // A child executor is ours: ask it to exit and reap it. An executor reached over
         // TCP serves others after us: just close the connection (it releases what this
         // connection reserved).
-        let conn = self.conn.get_mut();
+        let conn = self.conn.get_mut().get_mut();
         if conn.child.is_some() {
             self.shutdown();
         } else {

@@ -350,9 +350,16 @@ pub enum Request {
         /// The handle.
         handle: u64,
     },
+    /// Executor → controller (an id with [`EXECUTOR_REQUEST`] set): JIT code called the
+    /// call-through stub `stub` (the id its code pushes) before it had a body. The
+    /// controller compiles and links the body and answers [`Response::StubResolved`].
+    ResolveStub {
+        /// The stub's id.
+        stub: u64,
+    },
 }
 
-/// A response from the executor.
+/// A response from the executor (or, to a [`Request::ResolveStub`], from the controller).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
     /// Done.
@@ -397,6 +404,15 @@ pub enum Response {
         /// The bytes.
         bytes: Vec<u8>,
     },
+    /// The controller's answer to [`Request::ResolveStub`]: where the call continues (the
+    /// body, or a fallback after a failed compile), and the stub's slot to store it in
+    /// (0: store nothing, the next call asks again).
+    StubResolved {
+        /// Where the call goes.
+        target: u64,
+        /// The stub's pointer slot, or 0.
+        slot: u64,
+    },
 }
 
 impl fmt::Display for Request {
@@ -430,6 +446,7 @@ impl fmt::Display for Request {
             Request::EnableDebugOutputs(_) => "enable debug outputs",
             Request::RegisterDebug(_) => "register debug information",
             Request::UnregisterDebug { .. } => "unregister debug information",
+            Request::ResolveStub { .. } => "resolve a call-through stub",
         };
         f.write_str(name)
     }
@@ -841,6 +858,11 @@ impl Request {
                 w.u64(*handle);
                 w
             }
+            Request::ResolveStub { stub } => {
+                let mut w = Writer::new(29);
+                w.u64(*stub);
+                w
+            }
         };
         w.finish()
     }
@@ -1073,6 +1095,9 @@ impl Request {
             28 => Request::UnregisterDebug {
                 handle: r.u64("handle")?,
             },
+            29 => Request::ResolveStub {
+                stub: r.u64("stub")?,
+            },
             other => return Err(DecodeError::UnknownTag(other)),
         };
         r.end()?;
@@ -1125,6 +1150,11 @@ impl Response {
                 w.u8(*stream).bytes(bytes);
                 w
             }
+            Response::StubResolved { target, slot } => {
+                let mut w = Writer::new(110);
+                w.u64(*target).u64(*slot);
+                w
+            }
             Response::Symbols(list) => {
                 let mut w = Writer::new(107);
                 w.u32(list.len() as u32);
@@ -1172,6 +1202,10 @@ impl Response {
                 }
                 Response::Symbols(list)
             }
+            110 => Response::StubResolved {
+                target: r.u64("target")?,
+                slot: r.u64("slot")?,
+            },
             other => return Err(DecodeError::UnknownTag(other)),
         };
         r.end()?;
@@ -1289,6 +1323,7 @@ mod tests {
                 args: vec![1, 2, 3],
             },
             Request::Shutdown,
+            Request::ResolveStub { stub: 7 },
             Request::LookupMany {
                 library: 2,
                 names: vec!["a".into(), "bc".into()],
@@ -1359,6 +1394,10 @@ mod tests {
         for resp in [
             Response::Ok,
             Response::Value(42),
+            Response::StubResolved {
+                target: 0x7000,
+                slot: 0x8000,
+            },
             Response::Reserved {
                 target: 0x7f00_0000_0000,
                 handle: 4,

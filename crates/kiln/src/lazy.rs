@@ -91,6 +91,11 @@ pub(crate) struct LazyFunction {
     compiler: Arc<dyn LazyCompiler>,
     /// The address of the stub's pointer slot.
     slot: u64,
+    /// Whether the code runs in an executor process (which stores the slot itself).
+    remote: bool,
+    /// Where a failed call goes when the compiler gives no fallback: a function that
+    /// returns 0, in the process that runs the code.
+    default_fallback: u64,
     body: Mutex<Body>,
     ready: Condvar,
 }
@@ -148,12 +153,32 @@ pub struct CodeGuard {
 
 /// The resolver the assembly entry calls: the body's address, compiled on first call.
 fn resolve(id: u64) -> u64 {
-    let function = u32::try_from(id)
-        .ok()
-        .and_then(|id| registry().read().get(&id).and_then(Weak::upgrade));
-    match function {
+    match function_of(id) {
         Some(function) => function.resolve(),
         None => lazy_entry::lazy_call_failed_address(),
+    }
+}
+
+/// The lazy function of stub `id`, if it lives.
+fn function_of(id: u64) -> Option<Arc<LazyFunction>> {
+    u32::try_from(id)
+        .ok()
+        .and_then(|id| registry().read().get(&id).and_then(Weak::upgrade))
+}
+
+/// Answers an executor's requests of the controller for a session's stubs.
+fn serve_executor_request(
+    session: &Weak<crate::jit::Inner>,
+    request: &kiln_remote::protocol::Request,
+) -> kiln_remote::protocol::Response {
+    use kiln_remote::protocol::{Request, Response};
+    match request {
+        Request::ResolveStub { stub } => match function_of(*stub) {
+            // Only this session's stubs: an id is no capability to another session's.
+            Some(f) if Weak::ptr_eq(&f.session, session) => f.resolve_for_executor(),
+            _ => Response::Error(format!("no call-through stub {stub} in this session")),
+        },
+        other => Response::Error(format!("the controller does not serve '{other}'")),
     }
 }
 
@@ -191,13 +216,15 @@ impl LazyFunction {
             // Replaced while it compiled: the replacement stands.
             Ok(_) if !matches!(&*body, Body::Compiling(t) if *t == me) => match &*body {
                 Body::Ready { address, .. } => *address,
-                _ => lazy_entry::lazy_call_failed_address(),
+                _ => self.default_fallback,
             },
             Ok((address, module)) => {
-                // SAFETY: `slot` is this function's stub slot, in the stub module that the
-                // library holds (and `module`, which uses it, keeps alive); only atomic
-                // stores and the stub's loads touch it.
-                unsafe { lazy_entry::store_code_pointer(self.slot, address) };
+                if !self.remote {
+                    // SAFETY: `slot` is this function's stub slot, in the stub module that
+                    // the library holds (and `module`, which uses it, keeps alive); only
+                    // atomic stores and the stub's loads touch it.
+                    unsafe { lazy_entry::store_code_pointer(self.slot, address) };
+                }
                 *body = Body::Ready { address, module };
                 address
             }
@@ -232,7 +259,18 @@ impl LazyFunction {
     fn fallback(&self, error: &Error) -> u64 {
         self.compiler
             .compile_failed(&self.name, error)
-            .unwrap_or_else(lazy_entry::lazy_call_failed_address)
+            .unwrap_or(self.default_fallback)
+    }
+
+    /// The answer to an executor's [`kiln_remote::protocol::Request::ResolveStub`]: where
+    /// the call goes, and the slot to store it in once there is a body.
+    fn resolve_for_executor(&self) -> kiln_remote::protocol::Response {
+        let target = self.resolve();
+        let slot = match &*self.body.lock() {
+            Body::Ready { address, .. } if *address == target => self.slot,
+            _ => 0,
+        };
+        kiln_remote::protocol::Response::StubResolved { target, slot }
     }
 
     fn record(&self, error: &Error) {
@@ -571,14 +609,35 @@ impl Jit {
         names: &[&str],
         compiler: Arc<dyn LazyCompiler>,
     ) -> Result<Module, Error> {
-        let entry = match (self.executor().remote(), lazy_entry::lazy_entry_address()) {
-            (None, Some(entry)) if self.architecture() == kiln_link::Architecture::X86_64 => entry,
-            _ => {
-                return Err(Error::Unsupported(
-                    "call-through stubs need the in-process executor on x86-64".into(),
-                ))
-            }
+        if self.architecture() != kiln_link::Architecture::X86_64 {
+            return Err(Error::Unsupported(
+                "call-through stubs are written for x86-64 executors only".into(),
+            ));
+        }
+        let remote = self.executor().remote().cloned();
+        let (entry, default_fallback) = match &remote {
+            None => (
+                lazy_entry::lazy_entry_address(),
+                lazy_entry::lazy_call_failed_address(),
+            ),
+            Some(r) => (
+                r.hello().runtime_symbol("__kiln_lazy_entry"),
+                r.hello()
+                    .runtime_symbol("__kiln_lazy_call_failed")
+                    .unwrap_or(0),
+            ),
         };
+        let Some(entry) = entry else {
+            return Err(Error::Unsupported(
+                "this executor has no entry for call-through stubs (its hello names no __kiln_lazy_entry)".into(),
+            ));
+        };
+        if let Some(r) = &remote {
+            let session = Arc::downgrade(self.inner());
+            r.set_request_handler(Arc::new(move |request| {
+                serve_executor_request(&session, request)
+            }));
+        }
         let registry = registry();
         let ids: Vec<u32> = names
             .iter()
@@ -622,6 +681,8 @@ impl Jit {
                 session: Arc::downgrade(self.inner()),
                 compiler: compiler.clone(),
                 slot,
+                remote: remote.is_some(),
+                default_fallback,
                 body: Mutex::new(Body::Unresolved),
                 ready: Condvar::new(),
             }));
@@ -657,6 +718,11 @@ impl Jit {
             .get(&(lib, Arc::from(name)))
             .cloned()
             .ok_or_else(|| Error::NotLazy(name.to_string()))?;
+        if function.remote {
+            return Err(Error::Unsupported(
+                "replacing a function whose code runs in another process".into(),
+            ));
+        }
         let (address, module) = self.link_body(lib, name, object.into().to_vec())?;
         let old = {
             let mut body = function.body.lock();

@@ -374,3 +374,92 @@ fn a_retired_body_outlives_the_guards_that_could_reach_it() {
     assert_eq!(jit.reclaim(), 0, "freed once the guard is gone");
     let _ = in_use;
 }
+
+/// The kiln-executor binary of this build (built on demand when only this package's
+/// tests were built).
+fn executor_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let path = dir.join("kiln-executor");
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "kiln-executor"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    path
+}
+
+#[test]
+fn out_of_process_a_stubs_first_call_asks_the_controller() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("lazy_functions");
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = dir.join("remote_calls.c");
+    let o = dir.join("remote_calls.o");
+    std::fs::write(
+        &c,
+        "long inner(long); long twice(long); long outer(long x) { return twice(inner(x)) * 10; }",
+    )
+    .unwrap();
+    assert!(Command::new("cc")
+        .args(["-O2", "-fPIC", "-c"])
+        .arg(&c)
+        .arg("-o")
+        .arg(&o)
+        .status()
+        .unwrap()
+        .success());
+    for transport in [kiln::Transport::SharedMemory, kiln::Transport::Copy] {
+        let executor =
+            kiln::Executor::spawn(&executor_binary(), transport, kiln::Timeouts::default())
+                .unwrap();
+        let jit = Jit::builder().executor(executor).build().unwrap();
+        let lib = jit.main_library();
+        let compiler = Arc::new(table(&[
+            ("outer", std::fs::read(&o).unwrap()),
+            ("inner", constant_function("inner", 4)),
+            ("sum6", sum6()),
+        ]));
+        jit.add_lazy_functions(
+            lib,
+            &["outer", "inner", "sum6", "missing"],
+            compiler.clone(),
+        )
+        .unwrap();
+        // `twice` is an ordinary module: a lazy body links against it.
+        jit.link_object(
+            lib,
+            "twice.o",
+            function_object("twice", &[0x48, 0x8d, 0x04, 0x3f, 0xc3]), // lea (%rdi,%rdi),%rax
+        )
+        .unwrap();
+        let call = |name: &str, args: &[u64]| {
+            let stub = jit.lookup(lib, name).unwrap();
+            // SAFETY: the functions take and return integers, in the executor's memory.
+            unsafe { jit.executor().call(stub, args) }.unwrap()
+        };
+        // The executor calls outer's stub, asks the controller, which compiles outer and
+        // links it into the executor while the call waits; outer's body calls inner's
+        // stub: a second request, nested.
+        assert_eq!(call("outer", &[0]), 80, "{transport:?}");
+        assert_eq!(compiler.compiles.load(Ordering::SeqCst), 2);
+        assert!(jit.is_compiled(lib, "inner").unwrap());
+        // Once resolved, the executor's slots lead straight to the bodies.
+        assert_eq!(call("outer", &[0]), 80);
+        assert_eq!(compiler.compiles.load(Ordering::SeqCst), 2);
+        assert_eq!(call("sum6", &[1, 2, 3, 4, 5, 6]), 21);
+        // A failed compile: the executor's fallback returns 0, the failure is kept.
+        assert_eq!(call("missing", &[]), 0);
+        let failures = jit.lazy_failures();
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(failures[0].error.contains("no source for missing"));
+        // Replacing a body in another process is refused, not half done.
+        assert!(matches!(
+            jit.replace_function(lib, "inner", constant_function("inner", 5)),
+            Err(Error::Unsupported(_))
+        ));
+        assert_eq!(call("outer", &[0]), 80);
+    }
+}
