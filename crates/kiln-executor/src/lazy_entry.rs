@@ -48,7 +48,14 @@ extern "C" fn kiln_lazy_resolve(id: u64) -> u64 {
         Some(target) => target,
         None => match RESOLVER.get() {
             Some(resolve) => resolve(id),
-            None => lazy_call_failed_address(),
+            None => {
+                // An executor's thread that does not serve the connection: nobody here
+                // can compile the body.
+                eprintln!(
+                    "kiln: call-through stub {id} called on a thread that cannot reach its session; the call returns 0"
+                );
+                lazy_call_failed_address()
+            }
         },
     })
     .unwrap_or_else(|_| lazy_call_failed_address())

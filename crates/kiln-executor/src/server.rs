@@ -674,6 +674,14 @@ pub(crate) fn resolve_if_serving(stub: u64) -> Option<u64> {
     // runs.
     let serving: &Serving<'_> = unsafe { &*pointer.cast::<Serving<'_>>() };
     let failed = crate::lazy_entry::lazy_call_failed_address();
+    // JIT code run while a request holds the state (a library's constructor run by
+    // `dlopen`) cannot have requests served meanwhile.
+    if serving.state.try_borrow_mut().is_err() || serving.channel.try_borrow_mut().is_err() {
+        eprintln!(
+            "kiln-executor: call-through stub {stub} called while a request is being served; the call returns 0"
+        );
+        return Some(failed);
+    }
     let n = serving.last_request.get() % (EXECUTOR_REQUEST - 1) + 1;
     serving.last_request.set(n);
     let id = EXECUTOR_REQUEST | n;

@@ -279,8 +279,26 @@ impl<M: Module> Generator<'_, '_, M> {
                     BinaryOp::Add => ins.iadd(a, b),
                     BinaryOp::Sub => ins.isub(a, b),
                     BinaryOp::Mul => ins.imul(a, b),
-                    BinaryOp::Div => ins.sdiv(a, b),
-                    BinaryOp::Rem => ins.srem(a, b),
+                    BinaryOp::Div | BinaryOp::Rem => {
+                        // No trap in the host: x / 0 and x % 0 are 0, and MIN / -1 wraps
+                        // to MIN (MIN % -1 is 0), so the divisor given to the machine is
+                        // never 0 or -1.
+                        let zero = self.b.ins().icmp_imm_s(IntCC::Equal, b, 0);
+                        let minus_one = self.b.ins().icmp_imm_s(IntCC::Equal, b, -1);
+                        let special = self.b.ins().bor(zero, minus_one);
+                        let one = self.b.ins().iconst(types::I64, 1);
+                        let divisor = self.b.ins().select(special, one, b);
+                        let nought = self.b.ins().iconst(types::I64, 0);
+                        if *op == BinaryOp::Div {
+                            let q = self.b.ins().sdiv(a, divisor);
+                            let negated = self.b.ins().ineg(a);
+                            let q = self.b.ins().select(minus_one, negated, q);
+                            self.b.ins().select(zero, nought, q)
+                        } else {
+                            let r = self.b.ins().srem(a, divisor);
+                            self.b.ins().select(special, nought, r)
+                        }
+                    }
                     BinaryOp::And | BinaryOp::Or => {
                         let x = self.b.ins().icmp_imm_s(IntCC::NotEqual, a, 0);
                         let y = self.b.ins().icmp_imm_s(IntCC::NotEqual, b, 0);

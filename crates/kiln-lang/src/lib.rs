@@ -118,6 +118,23 @@ impl LazyCompiler for Compiler {
     }
 }
 
+/// Puts back the definitions `previous` records (newest last) for the names `which` picks.
+fn undo(
+    definitions: &mut Definitions,
+    previous: Vec<(String, Option<Function>)>,
+    which: impl Fn(&str) -> bool,
+) {
+    for (name, old) in previous.into_iter().rev() {
+        if !which(&name) {
+            continue;
+        }
+        match old {
+            Some(f) => definitions.functions.insert(name, f),
+            None => definitions.functions.remove(&name),
+        };
+    }
+}
+
 /// The name in the last outcome (an extern just declared).
 fn outcomes_name(outcomes: &[Outcome]) -> String {
     match outcomes.last() {
@@ -215,7 +232,7 @@ impl Runtime {
         let mut new = Vec::new();
         let mut replaced = Vec::new();
         let mut expressions = Vec::new();
-        {
+        let previous = {
             let mut definitions = self.compiler.definitions.write();
             // What this load changed, to put back if it fails.
             let mut previous_functions: Vec<(String, Option<Function>)> = Vec::new();
@@ -277,12 +294,7 @@ impl Runtime {
                     .map(LangError::from);
             }
             if let Some(error) = failure {
-                for (name, old) in previous_functions.into_iter().rev() {
-                    match old {
-                        Some(f) => definitions.functions.insert(name, f),
-                        None => definitions.functions.remove(&name),
-                    };
-                }
+                undo(&mut definitions, previous_functions, |_| true);
                 for (name, old) in previous_externs.into_iter().rev() {
                     match old {
                         Some(x) => definitions.externs.insert(name, x),
@@ -291,42 +303,75 @@ impl Runtime {
                 }
                 return Err(error);
             }
+            previous_functions
+        };
+        if let Err((error, revert)) = self.link_functions(&new, &replaced) {
+            let mut definitions = self.compiler.definitions.write();
+            undo(&mut definitions, previous, |name| {
+                revert.iter().any(|r| r == name)
+            });
+            return Err(error);
         }
-        self.link_functions(&new, &replaced)?;
         for (at, e) in expressions {
             outcomes[at] = Outcome::Value(self.evaluate(e)?);
         }
         Ok(outcomes)
     }
 
-    fn link_functions(&mut self, new: &[String], replaced: &[String]) -> Result<(), LangError> {
+    /// Links the functions a load defined and replaced. On an error, the names whose
+    /// definitions must go back to what they were (nothing of theirs was linked).
+    fn link_functions(
+        &mut self,
+        new: &[String],
+        replaced: &[String],
+    ) -> Result<(), (LangError, Vec<String>)> {
         let definitions = self.compiler.definitions.read();
-        if self.eager {
-            for name in new {
-                let object = codegen::compile_object(
-                    &self.compiler.isa,
-                    &definitions.functions[name],
-                    &*definitions,
-                )?;
-                self.compiler.compiled.fetch_add(1, Ordering::Relaxed);
-                self.jit.add_object(self.lib, name, object)?;
-            }
-            self.jit.link_pending(self.lib)?;
-            return Ok(());
-        }
-        if !new.is_empty() {
-            let names: Vec<&str> = new.iter().map(String::as_str).collect();
-            self.jit
-                .add_lazy_functions(self.lib, &names, self.compiler.clone())?;
-        }
-        for name in replaced {
-            let object = codegen::compile_object(
+        let everything = || new.iter().chain(replaced).cloned().collect::<Vec<_>>();
+        let compile = |name: &String| {
+            codegen::compile_object(
                 &self.compiler.isa,
                 &definitions.functions[name],
                 &*definitions,
-            )?;
+            )
+            .map_err(LangError::from)
+        };
+        if self.eager {
+            // Every object compiled before any is added: an error leaves nothing pending.
+            let objects = new
+                .iter()
+                .map(compile)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| (e, everything()))?;
+            for (name, object) in new.iter().zip(objects) {
+                self.compiler.compiled.fetch_add(1, Ordering::Relaxed);
+                self.jit
+                    .add_object(self.lib, name, object)
+                    .map_err(|e| (e.into(), everything()))?;
+            }
+            // A failed link drops what was pending: nothing of this load stays.
+            self.jit
+                .link_pending(self.lib)
+                .map_err(|e| (e.into(), everything()))?;
+            return Ok(());
+        }
+        // Replacements compiled first: a compile error changes nothing.
+        let bodies = replaced
+            .iter()
+            .map(compile)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| (e, everything()))?;
+        if !new.is_empty() {
+            let names: Vec<&str> = new.iter().map(String::as_str).collect();
+            self.jit
+                .add_lazy_functions(self.lib, &names, self.compiler.clone())
+                .map_err(|e| (e.into(), everything()))?;
+        }
+        for (i, (name, object)) in replaced.iter().zip(bodies).enumerate() {
             self.compiler.compiled.fetch_add(1, Ordering::Relaxed);
-            self.jit.replace_function(self.lib, name, object)?;
+            // The new functions and the replacements before this one stand.
+            self.jit
+                .replace_function(self.lib, name, object)
+                .map_err(|e| (e.into(), replaced[i..].to_vec()))?;
         }
         Ok(())
     }

@@ -19,7 +19,8 @@
 //!            | "{" (("let" NAME "=" expr | expr) ";")* [expr] "}"
 //! ```
 //!
-//! Every value is a 64-bit integer; comparisons give 0 or 1; `if` and `while` test for
+//! Every value is a 64-bit integer (arithmetic wraps; `x / 0` and `x % 0` are 0);
+//! comparisons give 0 or 1; `if` and `while` test for
 //! non-zero; a block's value is its last expression (0 if it ends with `;`), a `while`'s
 //! is 0. `#` starts a comment.
 
@@ -59,9 +60,9 @@ pub enum BinaryOp {
     Sub,
     /// `*`
     Mul,
-    /// `/` (signed; division by zero traps)
+    /// `/` (signed, truncating; `x / 0` is 0, `MIN / -1` wraps to `MIN`)
     Div,
-    /// `%`
+    /// `%` (the remainder of `/`; `x % 0` is 0)
     Rem,
     /// `==`
     Eq,

@@ -212,3 +212,17 @@ fn perf_map_names_lazily_compiled_functions() {
     );
     assert!(!map.lines().any(|l| l.ends_with(" never_mapped")), "{map}");
 }
+
+#[test]
+fn division_never_traps() {
+    let mut rt = Runtime::new(Options::default()).unwrap();
+    let values: Vec<Outcome> = rt
+        .load("7 / 0; 7 % 0; (0 - 9223372036854775807 - 1) / (0 - 1); (0 - 9223372036854775807 - 1) % (0 - 1); 7 / 2; 0 - 7 / 2; (0 - 7) % 3; 7 % 3;")
+        .unwrap();
+    assert_eq!(
+        values,
+        [0, 0, i64::MIN, 0, 3, -3, -1, 1]
+            .map(Outcome::Value)
+            .to_vec()
+    );
+}

@@ -482,7 +482,13 @@ impl RemoteExecutor {
                 // The handler may make requests: the connection is not borrowed meanwhile.
                 drop(conn);
                 let answer = match asked {
-                    Ok(request) => handler(&request),
+                    // A panicking handler still answers: the executor waits for it.
+                    Ok(request) => {
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&request)))
+                            .unwrap_or_else(|_| {
+                                Response::Error("the controller's handler panicked".into())
+                            })
+                    }
                     Err(e) => Response::Error(format!("malformed request: {e}")),
                 };
                 conn = guard.borrow_mut();

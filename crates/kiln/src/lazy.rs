@@ -91,8 +91,14 @@ pub(crate) struct LazyFunction {
     compiler: Arc<dyn LazyCompiler>,
     /// The address of the stub's pointer slot.
     slot: u64,
-    /// Whether the code runs in an executor process (which stores the slot itself).
-    remote: bool,
+    /// What the slot held first: the stub's own entry into Kiln.
+    entry: u64,
+    /// The module of the stubs, held so that the slot's memory lives as long as this
+    /// function.
+    _stubs: Module,
+    /// The executor process the code runs in (its `RemoteExecutor`'s address), if not
+    /// this one: only that executor's requests may resolve the stub.
+    executor: Option<usize>,
     /// Where a failed call goes when the compiler gives no fallback: a function that
     /// returns 0, in the process that runs the code.
     default_fallback: u64,
@@ -103,6 +109,14 @@ pub(crate) struct LazyFunction {
 impl Drop for LazyFunction {
     fn drop(&mut self) {
         registry().write().remove(&self.id);
+        if self.executor.is_none() {
+            // Its session is gone: a call through a stub someone still holds goes back
+            // into Kiln, finds no function and returns 0, rather than into the body,
+            // which is freed next.
+            // SAFETY: the slot lies in `self._stubs`, still alive; only atomic stores and
+            // the stub's loads touch it.
+            unsafe { lazy_entry::store_code_pointer(self.slot, self.entry) };
+        }
     }
 }
 
@@ -116,6 +130,22 @@ fn registry() -> &'static RwLock<FxHashMap<u32, Weak<LazyFunction>>> {
 }
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(1);
+
+/// Stub ids linked but not registered yet, as `[first, end)` ranges: a call in that window
+/// waits for the registration instead of finding no function.
+static PENDING: parking_lot::Mutex<Vec<(u32, u32)>> = parking_lot::Mutex::new(Vec::new());
+static REGISTERED: Condvar = Condvar::new();
+
+/// Takes a range of ids out of [`PENDING`] when dropped (registered, or given up).
+struct PendingIds(u32, u32);
+
+impl Drop for PendingIds {
+    fn drop(&mut self) {
+        let mut pending = PENDING.lock();
+        pending.retain(|&r| r != (self.0, self.1));
+        REGISTERED.notify_all();
+    }
+}
 
 /// A lazy function's library and name.
 type LazyKey = (LibraryId, Arc<str>);
@@ -159,24 +189,37 @@ fn resolve(id: u64) -> u64 {
     }
 }
 
-/// The lazy function of stub `id`, if it lives.
+/// The lazy function of stub `id`, if it lives (waiting while its stubs are being
+/// registered).
 fn function_of(id: u64) -> Option<Arc<LazyFunction>> {
-    u32::try_from(id)
-        .ok()
-        .and_then(|id| registry().read().get(&id).and_then(Weak::upgrade))
+    let id = u32::try_from(id).ok()?;
+    let find = || registry().read().get(&id).and_then(Weak::upgrade);
+    if let Some(f) = find() {
+        return Some(f);
+    }
+    let mut pending = PENDING.lock();
+    while pending
+        .iter()
+        .any(|&(first, end)| (first..end).contains(&id))
+    {
+        REGISTERED.wait(&mut pending);
+    }
+    drop(pending);
+    find()
 }
 
 /// Answers an executor's requests of the controller for a session's stubs.
 fn serve_executor_request(
-    session: &Weak<crate::jit::Inner>,
+    executor: usize,
     request: &kiln_remote::protocol::Request,
 ) -> kiln_remote::protocol::Response {
     use kiln_remote::protocol::{Request, Response};
     match request {
         Request::ResolveStub { stub } => match function_of(*stub) {
-            // Only this session's stubs: an id is no capability to another session's.
-            Some(f) if Weak::ptr_eq(&f.session, session) => f.resolve_for_executor(),
-            _ => Response::Error(format!("no call-through stub {stub} in this session")),
+            // Only stubs whose code this executor runs: an id is no capability to
+            // another executor's.
+            Some(f) if f.executor == Some(executor) => f.resolve_for_executor(),
+            _ => Response::Error(format!("no call-through stub {stub} for this executor")),
         },
         other => Response::Error(format!("the controller does not serve '{other}'")),
     }
@@ -193,10 +236,15 @@ impl LazyFunction {
                 Body::Compiling(thread) if *thread == me => {
                     // The compiler called the function it is compiling.
                     drop(body);
-                    return self.fail(Error::LazyCompile {
+                    let error = Error::LazyCompile {
                         function: self.name.to_string(),
                         reason: "called while it is being compiled, on the compiling thread".into(),
-                    });
+                    };
+                    self.record(&error);
+                    return std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.fallback(&error)
+                    }))
+                    .unwrap_or(self.default_fallback);
                 }
                 Body::Compiling(_) => self.ready.wait(&mut body),
                 Body::Unresolved => break,
@@ -219,7 +267,7 @@ impl LazyFunction {
                 _ => self.default_fallback,
             },
             Ok((address, module)) => {
-                if !self.remote {
+                if self.executor.is_none() {
                     // SAFETY: `slot` is this function's stub slot, in the stub module that
                     // the library holds (and `module`, which uses it, keeps alive); only
                     // atomic stores and the stub's loads touch it.
@@ -228,11 +276,29 @@ impl LazyFunction {
                 *body = Body::Ready { address, module };
                 address
             }
+            // Replaced while it compiled: the replacement stands.
+            Err(_) if !matches!(&*body, Body::Compiling(t) if *t == me) => match &*body {
+                Body::Ready { address, .. } => *address,
+                _ => self.default_fallback,
+            },
             Err(error) => {
-                let fallback = self.fallback(&error);
+                // The client's hook runs with no lock held (it may call into the
+                // session); a panic in it gives Kiln's fallback.
+                drop(body);
                 self.record(&error);
-                *body = Body::Failed { fallback };
-                fallback
+                let fallback = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.fallback(&error)
+                }))
+                .unwrap_or(self.default_fallback);
+                body = self.body.lock();
+                match &*body {
+                    Body::Compiling(t) if *t == me => {
+                        *body = Body::Failed { fallback };
+                        fallback
+                    }
+                    Body::Ready { address, .. } => *address,
+                    _ => fallback,
+                }
             }
         };
         self.ready.notify_all();
@@ -284,11 +350,6 @@ impl LazyFunction {
                 });
             }
         }
-    }
-
-    fn fail(&self, error: Error) -> u64 {
-        self.record(&error);
-        self.fallback(&error)
     }
 }
 
@@ -632,11 +693,32 @@ impl Jit {
                 "this executor has no entry for call-through stubs (its hello names no __kiln_lazy_entry)".into(),
             ));
         };
-        if let Some(r) = &remote {
-            let session = Arc::downgrade(self.inner());
+        let executor = remote.as_ref().map(|r| Arc::as_ptr(r) as usize);
+        if let (Some(r), Some(executor)) = (&remote, executor) {
+            // Any session's stubs whose code runs in this executor (sessions may share
+            // one), found through the registry.
             r.set_request_handler(Arc::new(move |request| {
-                serve_executor_request(&session, request)
+                serve_executor_request(executor, request)
             }));
+        }
+        let mut seen = rustc_hash::FxHashSet::default();
+        {
+            let by_name = self.inner().lazy.by_name.lock();
+            for &name in names {
+                if name.is_empty() || name.contains('\0') {
+                    return Err(Error::Unsupported(format!(
+                        "{name:?} is not a function name"
+                    )));
+                }
+                if !seen.insert(name) || by_name.contains_key(&(lib, Arc::from(name))) {
+                    return Err(Error::Redefinition {
+                        symbol: name.to_string(),
+                        library: self.library_name(lib)?,
+                        previous: "a lazy function".into(),
+                        new: "add_lazy_functions".into(),
+                    });
+                }
+            }
         }
         let registry = registry();
         let ids: Vec<u32> = names
@@ -648,6 +730,9 @@ impl Jit {
                 "more than 2^31 call-through stubs".into(),
             ));
         }
+        let first = ids.first().copied().unwrap_or(0);
+        PENDING.lock().push((first, first + ids.len() as u32));
+        let _pending = PendingIds(first, first + ids.len() as u32);
         const NAME: &str = "(call-through stubs)";
         let object = ObjectInput::new(NAME, stub_object(names, &ids, entry, false)?);
         // Only plugins (debuggers, profilers) are shown the stubs under their own names.
@@ -662,18 +747,22 @@ impl Jit {
         let (stubs, _) = self
             .link(lib, Some(object), shown, &[], crate::jit::Publish::Yes)?
             .ok_or_else(|| Error::Unsupported("the stub object linked nothing".into()))?;
-        let slots_name = slots_symbol(ids.first().copied().unwrap_or(0));
-        let slots = stubs
-            .symbol(&slots_name)
-            .ok_or_else(|| Error::SymbolNotFound(slots_name.clone()))?;
+        let slots_name = slots_symbol(first);
+        let placed: Option<Vec<(u64, u64)>> = stubs.symbol(&slots_name).and_then(|slots| {
+            names
+                .iter()
+                .enumerate()
+                // The slots are in the stubs' order, at the hidden `slots` symbol.
+                .map(|(i, name)| Some((stubs.symbol(name)?, slots + 8 * i as u64)))
+                .collect()
+        });
+        let Some(placed) = placed else {
+            // Cannot happen with the object written above; leave nothing behind.
+            let _ = self.remove_module(&stubs);
+            return Err(Error::SymbolNotFound(slots_name));
+        };
         let mut functions = Vec::with_capacity(names.len());
-        for (&name, &id) in names.iter().zip(&ids) {
-            let stub = stubs
-                .symbol(name)
-                .ok_or_else(|| Error::SymbolNotFound(name.into()))?;
-            // The slots are in the stubs' order, after the hidden `slots` symbol.
-            let _ = stub;
-            let slot = slots + 8 * functions.len() as u64;
+        for ((&name, &id), (stub, slot)) in names.iter().zip(&ids).zip(placed) {
             functions.push(Arc::new(LazyFunction {
                 id,
                 name: name.into(),
@@ -681,7 +770,9 @@ impl Jit {
                 session: Arc::downgrade(self.inner()),
                 compiler: compiler.clone(),
                 slot,
-                remote: remote.is_some(),
+                entry: stub + 6,
+                _stubs: stubs.clone(),
+                executor,
                 default_fallback,
                 body: Mutex::new(Body::Unresolved),
                 ready: Condvar::new(),
@@ -718,7 +809,7 @@ impl Jit {
             .get(&(lib, Arc::from(name)))
             .cloned()
             .ok_or_else(|| Error::NotLazy(name.to_string()))?;
-        if function.remote {
+        if function.executor.is_some() {
             return Err(Error::Unsupported(
                 "replacing a function whose code runs in another process".into(),
             ));

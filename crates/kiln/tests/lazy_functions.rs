@@ -463,3 +463,34 @@ fn out_of_process_a_stubs_first_call_asks_the_controller() {
         assert_eq!(call("outer", &[0]), 80);
     }
 }
+
+#[test]
+fn stubs_outliving_their_session_return_zero_and_names_are_checked() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let compiler = Arc::new(table(&[("answer", constant_function("answer", 42))]));
+    // Names are checked first: duplicates, empty names.
+    for names in [&["answer", "answer"][..], &[""][..]] {
+        assert!(jit
+            .add_lazy_functions(lib, names, compiler.clone())
+            .is_err());
+    }
+    let stubs = jit
+        .add_lazy_functions(lib, &["answer"], compiler.clone())
+        .unwrap();
+    assert!(matches!(
+        jit.add_lazy_functions(lib, &["answer"], compiler),
+        Err(Error::Redefinition { .. })
+    ));
+    // SAFETY: `long answer(void)`, in this process.
+    let answer = unsafe {
+        jit.lookup_fn::<extern "C" fn() -> i64>(lib, "answer")
+            .unwrap()
+    };
+    assert_eq!(answer(), 42);
+    // The session goes; the stubs' module is still held. The body is freed, and the stub
+    // leads back into Kiln, which finds no function: 0, not freed memory.
+    drop(jit);
+    assert_eq!(answer(), 0);
+    drop(stubs);
+}

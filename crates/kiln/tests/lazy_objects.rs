@@ -157,3 +157,40 @@ fn bad_lazy_objects_are_refused_when_added() {
     assert_eq!(call(&jit, "one", 5), 5);
     assert_eq!(jit.modules(lib).unwrap().len(), 1);
 }
+
+#[test]
+fn lazy_objects_of_libraries_that_need_each_other_are_an_error_not_a_deadlock() {
+    let jit = Jit::new().unwrap();
+    let a = jit.main_library();
+    let b = jit.create_library("b");
+    jit.set_search_order(a, &[b]).unwrap();
+    jit.set_search_order(b, &[a]).unwrap();
+    jit.add_lazy_object(
+        b,
+        "b1.o",
+        compile("b1", "long a2(long); long b1(long x) { return a2(x) + 1; }"),
+    )
+    .unwrap();
+    jit.add_lazy_object(
+        a,
+        "a2.o",
+        compile("a2", "long a2(long x) { return x * 2; }"),
+    )
+    .unwrap();
+    jit.add_object(
+        a,
+        "user.o",
+        compile(
+            "cycle_user",
+            "long b1(long); long user(long x) { return b1(x); }",
+        ),
+    )
+    .unwrap();
+    // a's link needs b1 (lazy in b), whose object needs a2 (lazy in a, which this thread
+    // is linking into): refused with an error that says so.
+    let error = jit.lookup(a, "user").unwrap_err().to_string();
+    assert!(error.contains("being linked on this thread"), "{error}");
+    // The lazy objects are still there, and a2 alone links.
+    assert_eq!(jit.lazy_objects_pending(b).unwrap(), 1);
+    assert_eq!(call(&jit, "a2", 4), 8);
+}
