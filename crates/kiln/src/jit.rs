@@ -470,8 +470,8 @@ impl Jit {
         name: &str,
         object: Vec<u8>,
     ) -> Result<(u64, Module), Error> {
+        // Linked alone: a bad object fails only its own link.
         let input = ObjectInput::new(format!("{name} (body)"), object);
-        kiln_link::check_object(&input.name, input.bytes(), self.inner.architecture)?;
         let (module, _) = self
             .link(lib, Some(input), None, &[], Publish::No)?
             .ok_or_else(|| Error::SymbolNotFound(name.to_string()))?;
@@ -672,9 +672,9 @@ impl Jit {
         bytes: impl Into<Arc<[u8]>>,
     ) -> Result<Module, Error> {
         let input = ObjectInput::new(name, bytes);
-        kiln_link::check_object(&input.name, input.bytes(), self.inner.architecture)?;
         // Linked under the library's link lock with what is pending, so that a concurrent
-        // lookup's link cannot take it away.
+        // lookup's link cannot take it away (checked first when there is something pending:
+        // a bad object must not fail a link of good ones).
         match self.link(lib, Some(input), None, &[], Publish::Yes)? {
             Some((module, _)) => Ok(module),
             None => Err(Error::Executor("nothing was linked".into())),
@@ -929,6 +929,10 @@ impl Jit {
         let _linking_here = (publish == Publish::Yes).then(|| LinkingHere::enter(library.id));
         let (mut objects, archives, taken) = {
             let mut state = library.state.write();
+            if let (Some(extra), Publish::Yes, false) = (&extra, publish, state.pending.is_empty())
+            {
+                kiln_link::check_object(&extra.name, extra.bytes(), self.inner.architecture)?;
+            }
             let mut objects = match publish {
                 Publish::Yes => std::mem::take(&mut state.pending),
                 Publish::No => Vec::new(),
