@@ -257,7 +257,7 @@ pub unsafe fn run_finalizers(dso_handle: u64, functions: &[u64]) {
     }
 }
 
-/// Calls `main(argc, argv, envp)` at `address` with `args` (argv[0] included).
+/// Calls `main(argc, argv, envp)` at `address` with `args` (`argv[0]` included).
 ///
 /// # Safety
 /// `address` must be a finalized `int main(int, char**, char**)` of a live module.

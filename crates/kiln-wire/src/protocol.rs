@@ -293,7 +293,7 @@ pub enum Request {
     RunMain {
         /// Address of main.
         address: u64,
-        /// argv (argv[0] first).
+        /// argv (`argv[0]` first).
         args: Vec<String>,
     },
     /// Call `u64 f(u64, …)` with up to six integer arguments.

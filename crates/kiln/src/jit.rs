@@ -1268,7 +1268,7 @@ impl Jit {
         Ok(modules)
     }
 
-    /// Links what is pending and calls `main(argc, argv, envp)` with `args` (argv[0]
+    /// Links what is pending and calls `main(argc, argv, envp)` with `args` (`argv[0]`
     /// first); returns its status. The C library's buffered output is flushed after.
     ///
     /// # Safety
