@@ -52,6 +52,15 @@ impl Callees for HashMap<String, Callee> {
     }
 }
 
+/// "1 argument", "2 arguments".
+pub fn count(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
 /// Checks `f`'s calls and variables against `callees` without compiling it.
 pub fn check(f: &Function, callees: &dyn Callees) -> Result<(), CompileError> {
     fn walk<'f>(
@@ -98,7 +107,7 @@ pub fn check(f: &Function, callees: &dyn Callees) -> Result<(), CompileError> {
                 if arity != args.len() {
                     return Err(err(
                         *p,
-                        format!("'{name}' takes {arity} arguments, given {}", args.len()),
+                        format!("'{name}' takes {}, given {}", count(arity, "argument"), args.len()),
                     ));
                 }
                 args.iter().try_for_each(|a| walk(f, a, scopes, callees))

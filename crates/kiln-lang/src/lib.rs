@@ -252,8 +252,8 @@ impl Runtime {
                         } else {
                             match definitions.functions.get(&f.name) {
                                 Some(old) if old.params.len() != f.params.len() => Some(format!(
-                                    "{}: '{}' had {} parameters; a new body must keep them (its callers are compiled)",
-                                    f.position, f.name, old.params.len()
+                                    "{}: '{}' has {}; a new body must keep them (its callers are compiled)",
+                                    f.position, f.name, codegen::count(old.params.len(), "parameter")
                                 )),
                                 Some(_) if self.eager => Some(format!(
                                     "{}: '{}' is defined already (redefinition needs lazy mode)",
@@ -387,7 +387,11 @@ impl Runtime {
         };
         let object = {
             let definitions = self.compiler.definitions.read();
-            codegen::compile_object(&self.compiler.isa, &f, &*definitions)?
+            codegen::compile_object(&self.compiler.isa, &f, &*definitions).map_err(|mut e| {
+                // The wrapper's name means nothing to the user.
+                e.function = "expression".into();
+                e
+            })?
         };
         let module = self.jit.link_object(self.lib, &f.name, object)?;
         let result = self.call(&f.name, &[]);
@@ -417,7 +421,8 @@ impl Runtime {
             .map_or(args.len(), |f| f.params.len());
         if arity != args.len() {
             return Err(LangError::Usage(format!(
-                "'{name}' takes {arity} arguments, given {}",
+                "'{name}' takes {}, given {}",
+                codegen::count(arity, "argument"),
                 args.len()
             )));
         }

@@ -4,7 +4,7 @@
 //! program   := item*
 //! item      := "extern" "fn" NAME "(" [param ("," param)*] ")" ["->" type] ";"
 //!            | "fn" NAME "(" [NAME ("," NAME)*] ")" "=" expr ";"
-//!            | expr ";"                                 (evaluated, in the REPL)
+//!            | expr ";"                                 (evaluated when loaded)
 //! param     := NAME [":" type]          type := "i64" | "i32"
 //! expr      := "if" expr "then" expr "else" expr
 //!            | "while" expr "do" expr
@@ -457,6 +457,9 @@ impl<'s> Parser<'s> {
                 body,
                 position,
             }));
+        }
+        if self.is("let") {
+            return self.error("'let' belongs in a block: { let x = 1; x + 1 }");
         }
         let expr = self.expr()?;
         if !self.eat(";") && self.peek() != &Token::End {

@@ -95,7 +95,9 @@ fn the_repl_evaluates_redefines_and_reports_errors() {
          fn broken(x) = nothere(x);\n\
          1 +\n 2;\n\
          1 $ 2;\n\
-         extern fn labs(x) -> i64;\nlabs(-5);\n",
+         extern fn labs(x) -> i64;\nlabs(-5);\n\
+         nope(1);\n\
+         let i = 0;\n",
     );
     let stdout = text(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
@@ -108,12 +110,14 @@ fn the_repl_evaluates_redefines_and_reports_errors() {
             "replaced sq",
             // quad's compiled code calls sq's stub: the new body, no recompile of quad.
             "= 5",
-            "error: 1:1: 'sq' had 1 parameters; a new body must keep them (its callers are compiled)",
+            "error: 1:1: 'sq' has 1 parameter; a new body must keep them (its callers are compiled)",
             "error: broken: 1:16: unknown function 'nothere'",
             "= 3",
             "error: syntax error at 1:3: unexpected character '$'",
             "declared labs",
             "= 5",
+            "error: expression: 1:1: unknown function 'nope'",
+            "error: syntax error at 1:1: 'let' belongs in a block: { let x = 1; x + 1 }",
         ],
         "{stdout}"
     );

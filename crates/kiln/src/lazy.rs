@@ -641,9 +641,16 @@ impl Jit {
     /// resolve at once, for lookups and links, to their stubs; the returned module holds
     /// the stubs (one link for all of them).
     ///
-    /// In process, on x86-64; an error elsewhere (an executor in another process would
-    /// have to call the controller on a stub's first call, which the protocol reserves
-    /// ids for but no executor implements yet).
+    /// For x86-64 executors ([`Error::Unsupported`] on others). In process, the first
+    /// call compiles on the calling thread. Out of process, Kiln's executor asks this
+    /// controller on the thread that serves the connection (`Executor::call`,
+    /// `run_main` without output forwarding, initializers); its other threads get the
+    /// fallback (docs/PROTOCOL.md, `ResolveStub`).
+    ///
+    /// The body must have the signature its callers use (Kiln cannot check it), and
+    /// [`LazyCompiler::compile`] must not call the function it compiles. Names are checked
+    /// first: an empty name, a name given twice, or one that is already a lazy function
+    /// of `lib` is an error and defines nothing.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
