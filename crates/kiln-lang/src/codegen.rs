@@ -107,7 +107,11 @@ pub fn check(f: &Function, callees: &dyn Callees) -> Result<(), CompileError> {
                 if arity != args.len() {
                     return Err(err(
                         *p,
-                        format!("'{name}' takes {}, given {}", count(arity, "argument"), args.len()),
+                        format!(
+                            "'{name}' takes {}, given {}",
+                            count(arity, "argument"),
+                            args.len()
+                        ),
                     ));
                 }
                 args.iter().try_for_each(|a| walk(f, a, scopes, callees))

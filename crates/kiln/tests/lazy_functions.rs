@@ -2,11 +2,11 @@
 //! lazy function calling another, and hot swap under threads calling in a loop.
 #![cfg(target_arch = "x86_64")]
 
+mod common;
+
 use kiln::lazy::testing::{constant_function, function_object};
 use kiln::{Error, Jit, LazyCompiler};
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
@@ -253,27 +253,15 @@ fn a_failed_compile_reaches_the_fallback_not_a_crash() {
 
 #[test]
 fn lazy_functions_call_each_other_through_their_stubs() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("lazy_functions");
-    std::fs::create_dir_all(&dir).unwrap();
-    let c = dir.join("calls.c");
-    let o = dir.join("calls.o");
-    std::fs::write(
-        &c,
+    let calls = common::cc(
+        "calls",
         "long inner(long); long outer(long x) { return inner(x) * 10; }",
-    )
-    .unwrap();
-    let status = Command::new("cc")
-        .args(["-O2", "-fPIC", "-c"])
-        .arg(&c)
-        .arg("-o")
-        .arg(&o)
-        .status()
-        .unwrap();
-    assert!(status.success());
+        &["-O2", "-fPIC"],
+    );
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
     let compiler = Arc::new(table(&[
-        ("outer", std::fs::read(&o).unwrap()),
+        ("outer", calls),
         ("inner", constant_function("inner", 4)),
     ]));
     jit.add_lazy_functions(lib, &["outer", "inner"], compiler.clone())
@@ -375,50 +363,24 @@ fn a_retired_body_outlives_the_guards_that_could_reach_it() {
     let _ = in_use;
 }
 
-/// The kiln-executor binary of this build (built on demand when only this package's
-/// tests were built).
-fn executor_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let path = dir.join("kiln-executor");
-    if !path.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "kiln-executor"])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-    path
-}
-
 #[test]
 fn out_of_process_a_stubs_first_call_asks_the_controller() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("lazy_functions");
-    std::fs::create_dir_all(&dir).unwrap();
-    let c = dir.join("remote_calls.c");
-    let o = dir.join("remote_calls.o");
-    std::fs::write(
-        &c,
+    let calls = common::cc(
+        "remote_calls",
         "long inner(long); long twice(long); long outer(long x) { return twice(inner(x)) * 10; }",
-    )
-    .unwrap();
-    assert!(Command::new("cc")
-        .args(["-O2", "-fPIC", "-c"])
-        .arg(&c)
-        .arg("-o")
-        .arg(&o)
-        .status()
-        .unwrap()
-        .success());
+        &["-O2", "-fPIC"],
+    );
     for transport in [kiln::Transport::SharedMemory, kiln::Transport::Copy] {
-        let executor =
-            kiln::Executor::spawn(&executor_binary(), transport, kiln::Timeouts::default())
-                .unwrap();
+        let executor = kiln::Executor::spawn(
+            &common::executor_binary(),
+            transport,
+            kiln::Timeouts::default(),
+        )
+        .unwrap();
         let jit = Jit::builder().executor(executor).build().unwrap();
         let lib = jit.main_library();
         let compiler = Arc::new(table(&[
-            ("outer", std::fs::read(&o).unwrap()),
+            ("outer", calls.clone()),
             ("inner", constant_function("inner", 4)),
             ("sum6", sum6()),
         ]));

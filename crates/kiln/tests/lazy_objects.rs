@@ -1,25 +1,11 @@
 //! Lazy objects: read by symbol table when added, linked when first needed.
 
+mod common;
+
 use kiln::{Error, Jit};
-use std::path::PathBuf;
-use std::process::Command;
 
 fn compile(name: &str, source: &str) -> Vec<u8> {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("lazy_objects");
-    std::fs::create_dir_all(&dir).unwrap();
-    // Each test compiles into files of its own (tests run in parallel).
-    let c = dir.join(format!("{name}-{:?}.c", std::thread::current().id()));
-    let o = dir.join(format!("{name}-{:?}.o", std::thread::current().id()));
-    std::fs::write(&c, source).unwrap();
-    let status = Command::new("cc")
-        .args(["-O2", "-fPIC", "-c"])
-        .arg(&c)
-        .arg("-o")
-        .arg(&o)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    std::fs::read(&o).unwrap()
+    common::cc(name, source, &["-O2", "-fPIC"])
 }
 
 fn call(jit: &Jit, name: &str, x: i64) -> i64 {

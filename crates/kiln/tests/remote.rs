@@ -1,29 +1,14 @@
 //! Out-of-process execution through the session API: crashes, deaths, stalls and
 //! malformed messages become errors; nothing leaks; the controller goes on.
 
+mod common;
+
 use kiln::{Executor, Jit, RemoteError, Timeouts, Transport};
 use kiln_remote::protocol::{Request, Response};
 use std::io::{BufRead, Read, Write};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
-
-/// The kiln-executor binary of this build (built on demand when only this package's
-/// tests were built).
-fn executor_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let path = dir.join("kiln-executor");
-    if !path.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "kiln-executor"])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-    path
-}
 
 fn compile(name: &str, source: &str) -> Vec<u8> {
     compile_with(name, source, &["-O1"])
@@ -48,7 +33,7 @@ fn compile_with(name: &str, source: &str, flags: &[&str]) -> Vec<u8> {
 }
 
 fn spawn(transport: Transport) -> Executor {
-    Executor::spawn(&executor_binary(), transport, Timeouts::default()).unwrap()
+    Executor::spawn(&common::executor_binary(), transport, Timeouts::default()).unwrap()
 }
 
 fn open_fds() -> usize {
@@ -173,7 +158,12 @@ fn a_stalled_executor_times_out() {
         request: Duration::from_millis(700),
         run: Some(Duration::from_millis(700)),
     };
-    let executor = Executor::spawn(&executor_binary(), Transport::SharedMemory, timeouts).unwrap();
+    let executor = Executor::spawn(
+        &common::executor_binary(),
+        Transport::SharedMemory,
+        timeouts,
+    )
+    .unwrap();
     let pid = executor.pid().unwrap() as i32;
     let jit = Jit::builder().executor(executor).build().unwrap();
     let lib = jit.main_library();
@@ -310,7 +300,7 @@ fn malformed_and_out_of_range_requests_get_error_replies() {
         }
     }
     let mut child = KillOnDrop(
-        Command::new(executor_binary())
+        Command::new(common::executor_binary())
             .args(["--listen", "--no-auth"])
             .stderr(std::process::Stdio::piped())
             .spawn()
