@@ -6,7 +6,6 @@ mod common;
 use kiln::{Executor, Jit, RemoteError, Timeouts, Transport};
 use kiln_remote::protocol::{Request, Response};
 use std::io::{BufRead, Read, Write};
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -15,21 +14,7 @@ fn compile(name: &str, source: &str) -> Vec<u8> {
 }
 
 fn compile_with(name: &str, source: &str, flags: &[&str]) -> Vec<u8> {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("remote");
-    std::fs::create_dir_all(&dir).unwrap();
-    let c = dir.join(format!("{name}.c"));
-    let o = dir.join(format!("{name}.o"));
-    std::fs::write(&c, source).unwrap();
-    assert!(Command::new("cc")
-        .args(flags)
-        .arg("-c")
-        .arg(&c)
-        .arg("-o")
-        .arg(&o)
-        .status()
-        .unwrap()
-        .success());
-    std::fs::read(&o).unwrap()
+    common::cc(name, source, flags)
 }
 
 fn spawn(transport: Transport) -> Executor {
