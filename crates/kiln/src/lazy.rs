@@ -30,6 +30,10 @@
 //!   batch of calls; a thread that holds a guard for long only delays frees.
 //! - Freed bodies are filled with trap instructions: a call that broke the rule traps
 //!   rather than running stale code.
+//!
+//! When the session is dropped, its bodies are freed with it (drop it only when no thread
+//! runs its code, as for modules); a stub still held then leads back into Kiln, which
+//! finds no function and returns 0.
 
 use crate::jit::{Jit, LibraryId, Module};
 use crate::Error;
@@ -51,10 +55,12 @@ pub trait LazyCompiler: Send + Sync {
     /// (other lazy functions through their stubs).
     fn compile(&self, name: &str) -> Result<Vec<u8>, String>;
 
-    /// Where a call to `name` goes when its compile or link failed: the address of a
-    /// function with the same signature (one that returns an error value, say), or `None`
-    /// for Kiln's, which returns 0. Called for every call until the function is replaced;
-    /// the failure is also kept for [`crate::Jit::lazy_failures`].
+    /// Where calls to `name` go when its compile or link failed: the address of a
+    /// function with the same signature (one that returns an error value, say) in the
+    /// process that runs the code, or `None` for Kiln's, which returns 0. Called once, when
+    /// the compile fails, with no lock held (a panic here gives Kiln's fallback); the calls
+    /// go there until the function is replaced, and the failure is kept for
+    /// [`crate::Jit::lazy_failures`].
     fn compile_failed(&self, name: &str, error: &Error) -> Option<u64> {
         let _ = (name, error);
         None
