@@ -232,6 +232,13 @@ impl MemoryManager for LowMemory {
 /// # Ok::<(), kiln::Error>(())
 /// ```
 ///
+/// # Lazily
+///
+/// Objects can be added lazily ([`Jit::add_lazy_object`]: linked when first needed), and
+/// functions defined by a compiler called on their first call ([`Jit::add_lazy_functions`],
+/// call-through stubs) and replaced while they run ([`Jit::replace_function`]); see
+/// [`crate::lazy`].
+///
 /// # Locking
 ///
 /// Each library has its own locks, so that the session scales with threads:
@@ -1177,8 +1184,9 @@ impl Jit {
     }
 
     /// The address of `name` as `lib` sees it: its definitions and modules; else, after
-    /// linking what is pending, those again, the libraries in its search order, and its
-    /// generators.
+    /// linking what is pending (with the lazy objects that define `name` or what the link
+    /// needs), those again, the libraries in its search order (linking their lazy objects
+    /// that define it), and its generators. A lazy function's name gives its stub.
     pub fn lookup(&self, lib: LibraryId, name: &str) -> Result<u64, Error> {
         // The common case, one hash lookup under a read lock.
         if lib.session == self.inner.session {
