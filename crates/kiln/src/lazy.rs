@@ -268,10 +268,7 @@ impl LazyFunction {
         let mut body = self.body.lock();
         let result = match outcome {
             // Replaced while it compiled: the replacement stands.
-            Ok(_) if !matches!(&*body, Body::Compiling(t) if *t == me) => match &*body {
-                Body::Ready { address, .. } => *address,
-                _ => self.default_fallback,
-            },
+            _ if !matches!(&*body, Body::Compiling(t) if *t == me) => self.current(&body),
             Ok((address, module)) => {
                 if self.executor.is_none() {
                     // SAFETY: `slot` is this function's stub slot, in the stub module that
@@ -282,11 +279,6 @@ impl LazyFunction {
                 *body = Body::Ready { address, module };
                 address
             }
-            // Replaced while it compiled: the replacement stands.
-            Err(_) if !matches!(&*body, Body::Compiling(t) if *t == me) => match &*body {
-                Body::Ready { address, .. } => *address,
-                _ => self.default_fallback,
-            },
             Err(error) => {
                 // The client's hook runs with no lock held (it may call into the
                 // session); a panic in it gives Kiln's fallback.
@@ -297,18 +289,25 @@ impl LazyFunction {
                 }))
                 .unwrap_or(self.default_fallback);
                 body = self.body.lock();
-                match &*body {
-                    Body::Compiling(t) if *t == me => {
-                        *body = Body::Failed { fallback };
-                        fallback
-                    }
-                    Body::Ready { address, .. } => *address,
-                    _ => fallback,
+                if matches!(&*body, Body::Compiling(t) if *t == me) {
+                    *body = Body::Failed { fallback };
+                    fallback
+                } else {
+                    self.current(&body)
                 }
             }
         };
         self.ready.notify_all();
         result
+    }
+
+    /// Where a call goes now that another thread decided the body (a replacement).
+    fn current(&self, body: &Body) -> u64 {
+        match body {
+            Body::Ready { address, .. } => *address,
+            Body::Failed { fallback } => *fallback,
+            _ => self.default_fallback,
+        }
     }
 
     /// Compiles and links the body: its address and module.
@@ -370,7 +369,7 @@ impl LazyFunction {
 /// symbol, a sorted, suffix-merged string table) cost 2 µs per stub, ten times the rest of
 /// defining one; this object has one fixed shape (sections `.text`, `.data`, their
 /// `.rela`, `.symtab`, `.strtab`, `.shstrtab`).
-fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Result<Vec<u8>, Error> {
+fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Vec<u8> {
     use object::elf;
     let n = names.len();
     let common = 16 * n;
@@ -384,7 +383,8 @@ fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Result<V
         text.extend_from_slice(&((common - 16 * (i + 1)) as i32).to_le_bytes());
     }
     text.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0, 0xcc, 0xcc]); // jmp *entry(%rip)
-                                                                   // .data: the slots (relocated to the entries), then the entry's address.
+
+    // .data: the slots (relocated to the entries), then the entry's address.
     let mut data = vec![0u8; 8 * (n + 1)];
     data[8 * n..].copy_from_slice(&entry.to_le_bytes());
     // Symbols: null, the two section symbols, the locals, then the globals.
@@ -633,7 +633,7 @@ fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Result<V
         header.extend_from_slice(&half.to_le_bytes());
     }
     file[..64].copy_from_slice(&header);
-    Ok(file)
+    file
 }
 
 /// The hidden symbol at the slots of the stubs whose first id is `first`.
@@ -747,14 +747,14 @@ impl Jit {
         PENDING.lock().push((first, first + ids.len() as u32));
         let _pending = PendingIds(first, first + ids.len() as u32);
         const NAME: &str = "(call-through stubs)";
-        let object = ObjectInput::new(NAME, stub_object(names, &ids, entry, false)?);
+        let object = ObjectInput::new(NAME, stub_object(names, &ids, entry, false));
         // Only plugins (debuggers, profilers) are shown the stubs under their own names.
         let shown = if self.inner().plugins.snapshot().is_empty() {
             None
         } else {
             Some(ObjectInput::new(
                 NAME,
-                stub_object(names, &ids, entry, true)?,
+                stub_object(names, &ids, entry, true),
             ))
         };
         let (stubs, _) = self
@@ -953,8 +953,7 @@ mod tests {
     #[test]
     fn the_stub_object_is_an_elf_object_other_tools_read() {
         for shown in [false, true] {
-            let bytes = stub_object(&["alpha", "beta"], &[7, 8], 0x1122_3344_5566_7788, shown)
-                .expect("written");
+            let bytes = stub_object(&["alpha", "beta"], &[7, 8], 0x1122_3344_5566_7788, shown);
             let file = object::File::parse(&*bytes).expect("parses");
             let text = file.section_by_name(".text").expect(".text");
             assert_eq!(text.size(), 2 * 16 + 8);

@@ -101,7 +101,12 @@ fn run_program(n: usize, eager: bool) {
     }
     let total = t.elapsed();
     let after = ProcessMemory::now();
+    // The front end's parse alone, measured apart (it is part of `load` above).
+    let t = Instant::now();
+    black_box(kiln_lang::syntax::parse(&source).expect("parses"));
+    let parse = t.elapsed();
     result(&[
+        ("parse_ms", parse.as_secs_f64() * 1e3),
         ("startup_ms", startup.as_secs_f64() * 1e3),
         ("new_ms", new.as_secs_f64() * 1e3),
         ("load_ms", (loaded - new).as_secs_f64() * 1e3),
@@ -109,6 +114,24 @@ fn run_program(n: usize, eager: bool) {
         ("total_ms", total.as_secs_f64() * 1e3),
         ("compiled", rt.compiled_functions() as f64),
         ("rss_mb", after.rss.saturating_sub(before.rss) as f64 / 1e6),
+    ]);
+}
+
+/// The compile + link comparison's figures, per function.
+fn per_function_result(
+    n: usize,
+    compile: Duration,
+    link: Duration,
+    before: &ProcessMemory,
+    after: &ProcessMemory,
+) {
+    result(&[
+        ("compile_us", compile.as_secs_f64() * 1e6 / n as f64),
+        ("link_us", link.as_secs_f64() * 1e6 / n as f64),
+        (
+            "rss_per_fn_b",
+            after.rss.saturating_sub(before.rss) as f64 / n as f64,
+        ),
     ]);
 }
 
@@ -170,14 +193,7 @@ fn run_kiln_cranelift(n: usize) {
             .expect("lookup")
     };
     black_box(last(5));
-    result(&[
-        ("compile_us", compile.as_secs_f64() * 1e6 / n as f64),
-        ("link_us", link.as_secs_f64() * 1e6 / n as f64),
-        (
-            "rss_per_fn_b",
-            after.rss.saturating_sub(before.rss) as f64 / n as f64,
-        ),
-    ]);
+    per_function_result(n, compile, link, &before, &after);
 }
 
 fn run_cranelift_jit(n: usize) {
@@ -214,14 +230,7 @@ fn run_cranelift_jit(n: usize) {
         let f = unsafe { std::mem::transmute::<*const u8, extern "C" fn(i64) -> i64>(last) };
         black_box(f(5));
     }
-    result(&[
-        ("compile_us", compile.as_secs_f64() * 1e6 / n as f64),
-        ("link_us", link.as_secs_f64() * 1e6 / n as f64),
-        (
-            "rss_per_fn_b",
-            after.rss.saturating_sub(before.rss) as f64 / n as f64,
-        ),
-    ]);
+    per_function_result(n, compile, link, &before, &after);
 }
 
 fn run_stub_call(calls: u64) {
@@ -260,7 +269,25 @@ fn run_stub_call(calls: u64) {
         via_stub = via_stub.min(time(stub));
         direct = direct.min(time(body));
     }
-    result(&[("stub_ns", via_stub), ("direct_ns", direct)]);
+    // Defining 10,000 stubs alone (one object, one link), in a session of its own.
+    struct Never;
+    impl kiln::LazyCompiler for Never {
+        fn compile(&self, _: &str) -> Result<Vec<u8>, String> {
+            Err("not called".into())
+        }
+    }
+    let names: Vec<String> = (0..10_000).map(|i| format!("g{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let jit = kiln::Jit::new().expect("session");
+    let t = Instant::now();
+    jit.add_lazy_functions(jit.main_library(), &names, Arc::new(Never))
+        .expect("stubs");
+    let stubs = t.elapsed();
+    result(&[
+        ("stub_ns", via_stub),
+        ("direct_ns", direct),
+        ("stubs_10000_ms", stubs.as_secs_f64() * 1e3),
+    ]);
 }
 
 fn run_swap(seconds: f64) {
@@ -398,6 +425,15 @@ fn main() {
         kiln_bench::verdict(speedup >= 20.0),
         med("eager", "total_ms") / med("lazy", "total_ms")
     );
+    for c in ["lazy", "eager"] {
+        println!(
+            "  {c:<6} = Runtime::new {:.2} ms + load {:.2} ms (the parse alone, timed apart: {:.2} ms) + first call {:.2} ms",
+            med(c, "new_ms"),
+            med(c, "load_ms"),
+            med(c, "parse_ms"),
+            med(c, "first_call_ms")
+        );
+    }
     println!("\ncompile + link, one function at a time, same Cranelift IR:");
     for c in ["kiln", "cranelift-jit"] {
         println!(
@@ -429,6 +465,10 @@ fn main() {
                 field(&r, "stub_ns"),
                 field(&r, "direct_ns"),
                 kiln_bench::verdict(extra <= 1.0)
+            );
+            println!(
+                "defining 10,000 call-through stubs (one object, one link): {:.2} ms",
+                field(&r, "stubs_10000_ms")
             );
         }
         None => println!("stub: crashed or failed"),
