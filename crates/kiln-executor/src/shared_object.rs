@@ -16,12 +16,13 @@
 //!   extension modules) find them as they would find a native executable's `-Wl,-E`
 //!   exports.
 //!
-//! Why by hand: `object::write` writes relocatable objects; an `ET_DYN` needs only an ELF
-//! header, three program headers and a dynamic section, written here with `object`'s ELF
-//! structures. The object has no code and no relocations.
+//! Written with Kiln's one ELF writer ([`kiln_elf`]), which gives the file a
+//! non-executable `PT_GNU_STACK` (without one, glibc makes every thread's stack executable
+//! when it loads the object). The object has no code and no relocations but its TLS slot's.
 
+use kiln_elf::{ElfWriter, FileKind, Segment, SymbolTable};
 use object::elf;
-use object::endian::{LittleEndian as LE, I64, U16, U32, U64};
+use object::endian::{LittleEndian as LE, I64, U64};
 use object::pod::bytes_of;
 
 /// One exported definition.
@@ -48,14 +49,7 @@ pub struct StaticTlsSpec<'a> {
     pub align: u64,
 }
 
-const EHDR: usize = 64;
-const PHDR: usize = 56;
-const SYM: usize = 24;
-
-fn pad_to(out: &mut Vec<u8>, align: usize) {
-    let len = out.len().next_multiple_of(align.max(1));
-    out.resize(len, 0);
-}
+const SYM: u64 = kiln_elf::SYM_SIZE as u64;
 
 /// A built shared object.
 #[derive(Debug, Clone)]
@@ -76,41 +70,30 @@ pub fn build(
     tls: Option<StaticTlsSpec<'_>>,
 ) -> SharedObject {
     let e = LE;
-    let phnum = if tls.is_some() { 3 } else { 2 };
-    let mut out = vec![0u8; EHDR + PHDR * phnum];
+    let segments = if tls.is_some() { 3 } else { 2 };
+    let mut w = ElfWriter::new(FileKind::Shared, machine, segments);
 
-    // .dynstr
-    let mut dynstr = vec![0u8];
-    let soname_offset = dynstr.len();
-    dynstr.extend_from_slice(soname.as_bytes());
-    dynstr.push(0);
-    let mut name_offsets = Vec::with_capacity(symbols.len());
+    // .dynsym (the null symbol, then one absolute global per export) and .dynstr.
+    let name_bytes = soname.len() + symbols.iter().map(|s| s.name.len()).sum::<usize>();
+    let mut dynsym = SymbolTable::with_capacity(symbols.len(), name_bytes);
+    let soname_offset = dynsym.add_string(soname.as_bytes());
     for s in symbols {
-        name_offsets.push(dynstr.len());
-        dynstr.extend_from_slice(s.name.as_bytes());
-        dynstr.push(0);
-    }
-
-    // .dynsym: the null symbol, then one absolute global per export.
-    pad_to(&mut out, 8);
-    let dynsym_offset = out.len();
-    out.extend_from_slice(&[0u8; SYM]);
-    for (s, &name) in symbols.iter().zip(&name_offsets) {
         let kind = if s.function {
             elf::STT_FUNC
         } else {
             elf::STT_OBJECT
         };
-        let sym = elf::Sym64::<LE> {
-            st_name: U32::new(e, name as u32),
-            st_info: elf::SymbolInfo::new(elf::STB_GLOBAL, kind),
-            st_other: elf::STV_DEFAULT.into(),
-            st_shndx: U16::new(e, elf::SHN_ABS),
-            st_value: U64::new(e, s.address),
-            st_size: U64::new(e, s.size),
-        };
-        out.extend_from_slice(bytes_of(&sym));
+        dynsym.push(
+            s.name.as_bytes(),
+            elf::STB_GLOBAL,
+            kind,
+            elf::STV_DEFAULT,
+            elf::SHN_ABS,
+            s.address,
+            s.size,
+        );
     }
+    let dynsym_offset = w.append(dynsym.symbols(), 8);
 
     // .hash (SysV): nbucket, nchain, buckets, chains.
     let nsyms = symbols.len() + 1;
@@ -123,141 +106,89 @@ pub fn build(
         chains[index as usize] = buckets[b];
         buckets[b] = index;
     }
-    pad_to(&mut out, 8);
-    let hash_offset = out.len();
-    out.extend_from_slice(&(nbucket as u32).to_le_bytes());
-    out.extend_from_slice(&(nsyms as u32).to_le_bytes());
-    for w in buckets.iter().chain(&chains) {
-        out.extend_from_slice(&w.to_le_bytes());
+    let mut hash = Vec::with_capacity(4 * (2 + nbucket + nsyms));
+    hash.extend_from_slice(&(nbucket as u32).to_le_bytes());
+    hash.extend_from_slice(&(nsyms as u32).to_le_bytes());
+    for word in buckets.iter().chain(&chains) {
+        hash.extend_from_slice(&word.to_le_bytes());
     }
-
-    let dynstr_offset = out.len();
-    out.extend_from_slice(&dynstr);
+    let hash_offset = w.append(&hash, 8);
+    let dynstr_offset = w.append(dynsym.strings(), 1);
 
     // The TLS initialization image.
-    let tls_layout = tls.map(|t| {
-        pad_to(&mut out, t.align.clamp(1, 4096) as usize);
-        let offset = out.len();
-        out.extend_from_slice(t.image);
-        (offset, t)
-    });
+    let tls_layout = tls.map(|t| (w.append(t.image, t.align.clamp(1, 4096)), t));
 
     // The slot the loader fills with the block's thread-pointer offset, and its relocation.
     let tls_relocation = tls.map(|_| {
-        pad_to(&mut out, 8);
-        let slot = out.len();
-        out.extend_from_slice(&[0u8; 8]);
+        let slot = w.append(&[0u8; 8], 8);
         let r_type = if machine == elf::EM_AARCH64 {
             elf::R_AARCH64_TLS_TPREL
         } else {
             elf::R_X86_64_TPOFF64
         };
-        let rela_offset = out.len();
         let rela = elf::Rela64::<LE> {
-            r_offset: U64::new(e, slot as u64),
+            r_offset: U64::new(e, slot),
             r_info: U64::new(e, u64::from(r_type.0)),
-            r_addend: object::endian::I64::new(e, 0),
+            r_addend: I64::new(e, 0),
         };
-        out.extend_from_slice(bytes_of(&rela));
+        let rela_offset = w.append(bytes_of(&rela), 8);
         (slot, rela_offset)
     });
 
     // .dynamic
-    pad_to(&mut out, 8);
-    let dynamic_offset = out.len();
     let mut dynamic: Vec<(elf::DynamicTag, u64)> = vec![
-        (elf::DT_SONAME, soname_offset as u64),
-        (elf::DT_HASH, hash_offset as u64),
-        (elf::DT_STRTAB, dynstr_offset as u64),
-        (elf::DT_SYMTAB, dynsym_offset as u64),
-        (elf::DT_STRSZ, dynstr.len() as u64),
-        (elf::DT_SYMENT, SYM as u64),
+        (elf::DT_SONAME, u64::from(soname_offset)),
+        (elf::DT_HASH, hash_offset),
+        (elf::DT_STRTAB, dynstr_offset),
+        (elf::DT_SYMTAB, dynsym_offset),
+        (elf::DT_STRSZ, dynsym.strings().len() as u64),
+        (elf::DT_SYMENT, SYM),
     ];
     if let Some((_, rela_offset)) = tls_relocation {
         dynamic.push((elf::DT_FLAGS, elf::DF_STATIC_TLS.0));
-        dynamic.push((elf::DT_RELA, rela_offset as u64));
+        dynamic.push((elf::DT_RELA, rela_offset));
         dynamic.push((elf::DT_RELASZ, 24));
         dynamic.push((elf::DT_RELAENT, 24));
     }
     dynamic.push((elf::DT_NULL, 0));
+    let dynamic_offset = w.pad_to(8);
     for (tag, value) in dynamic {
         let d = elf::Dyn64::<LE> {
             d_tag: I64::new(e, tag),
             d_val: U64::new(e, value),
         };
-        out.extend_from_slice(bytes_of(&d));
+        w.append(bytes_of(&d), 8);
     }
-    let dynamic_size = out.len() - dynamic_offset;
-    let total = out.len() as u64;
+    let dynamic_size = w.offset() - dynamic_offset;
+    let total = w.offset();
 
     // Program headers: one writable load segment holding everything (the loader may
-    // adjust the dynamic section in place), the dynamic section, the TLS segment.
-    let mut phdrs = vec![
-        elf::ProgramHeader64::<LE> {
-            p_type: U32::new(e, elf::PT_LOAD),
-            p_flags: U32::new(e, elf::PF_R | elf::PF_W),
-            p_offset: U64::new(e, 0),
-            p_vaddr: U64::new(e, 0),
-            p_paddr: U64::new(e, 0),
-            p_filesz: U64::new(e, total),
-            p_memsz: U64::new(e, total),
-            p_align: U64::new(e, 0x1000),
-        },
-        elf::ProgramHeader64::<LE> {
-            p_type: U32::new(e, elf::PT_DYNAMIC),
-            p_flags: U32::new(e, elf::PF_R | elf::PF_W),
-            p_offset: U64::new(e, dynamic_offset as u64),
-            p_vaddr: U64::new(e, dynamic_offset as u64),
-            p_paddr: U64::new(e, dynamic_offset as u64),
-            p_filesz: U64::new(e, dynamic_size as u64),
-            p_memsz: U64::new(e, dynamic_size as u64),
-            p_align: U64::new(e, 8),
-        },
-    ];
+    // adjust the dynamic section in place), the dynamic section, the TLS segment (and the
+    // writer's PT_GNU_STACK).
+    w.segment(Segment::load(elf::PF_R | elf::PF_W, 0, 0, total, total));
+    w.segment(Segment {
+        kind: elf::PT_DYNAMIC,
+        flags: elf::PF_R | elf::PF_W,
+        offset: dynamic_offset,
+        address: dynamic_offset,
+        file_size: dynamic_size,
+        memory_size: dynamic_size,
+        align: 8,
+    });
     if let Some((offset, t)) = tls_layout {
-        phdrs.push(elf::ProgramHeader64::<LE> {
-            p_type: U32::new(e, elf::PT_TLS),
-            p_flags: U32::new(e, elf::PF_R),
-            p_offset: U64::new(e, offset as u64),
-            p_vaddr: U64::new(e, offset as u64),
-            p_paddr: U64::new(e, offset as u64),
-            p_filesz: U64::new(e, t.image.len() as u64),
-            p_memsz: U64::new(e, t.size.max(t.image.len() as u64)),
-            p_align: U64::new(e, t.align.max(1)),
+        w.segment(Segment {
+            kind: elf::PT_TLS,
+            flags: elf::PF_R,
+            offset,
+            address: offset,
+            file_size: t.image.len() as u64,
+            memory_size: t.size.max(t.image.len() as u64),
+            align: t.align.max(1),
         });
     }
-    let header = elf::FileHeader64::<LE> {
-        e_ident: elf::Ident {
-            magic: elf::ELFMAG,
-            class: elf::ELFCLASS64,
-            data: elf::ELFDATA2LSB,
-            version: elf::EV_CURRENT,
-            os_abi: elf::ELFOSABI_SYSV,
-            abi_version: 0,
-            padding: [0; 7],
-        },
-        e_type: U16::new(e, elf::ET_DYN),
-        e_machine: U16::new(e, machine),
-        e_version: U32::new(e, u32::from(elf::EV_CURRENT.0)),
-        e_entry: U64::new(e, 0),
-        e_phoff: U64::new(e, EHDR as u64),
-        e_shoff: U64::new(e, 0),
-        e_flags: U32::new(e, elf::FileFlags(0)),
-        e_ehsize: U16::new(e, EHDR as u16),
-        e_phentsize: U16::new(e, PHDR as u16),
-        e_phnum: U16::new(e, phnum as u16),
-        e_shentsize: U16::new(e, 64),
-        e_shnum: U16::new(e, 0),
-        e_shstrndx: U16::new(e, elf::SHN_UNDEF),
-    };
-    out[..EHDR].copy_from_slice(bytes_of(&header));
-    for (i, ph) in phdrs.iter().enumerate() {
-        let at = EHDR + i * PHDR;
-        out[at..at + PHDR].copy_from_slice(bytes_of(ph));
-    }
     SharedObject {
-        bytes: out,
-        tp_offset_slot: tls_relocation.map(|(slot, _)| slot as u64),
+        bytes: w.finish(0),
+        tp_offset_slot: tls_relocation.map(|(slot, _)| slot),
     }
 }
 
@@ -299,6 +230,28 @@ mod tests {
         assert_eq!(tls.p_memsz(LE), 64);
         assert_eq!(tls.p_align(LE), 16);
         assert_eq!(tls.data(LE, &*bytes).unwrap(), &image);
+    }
+
+    #[test]
+    fn every_shared_object_says_its_stack_is_not_executable() {
+        for tls in [
+            None,
+            Some(StaticTlsSpec {
+                image: &[7u8; 8],
+                size: 8,
+                align: 8,
+            }),
+        ] {
+            let bytes = build("libstack.so", host_machine(), &[], tls).bytes;
+            let file = ElfFile64::<LE>::parse(&*bytes).unwrap();
+            let stacks: Vec<elf::ProgramFlags> = file
+                .elf_program_headers()
+                .iter()
+                .filter(|p| p.p_type(LE) == elf::PT_GNU_STACK)
+                .map(|p| p.p_flags(LE))
+                .collect();
+            assert_eq!(stacks, [elf::PF_R | elf::PF_W], "tls: {}", tls.is_some());
+        }
     }
 
     #[test]

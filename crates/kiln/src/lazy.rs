@@ -365,11 +365,13 @@ impl LazyFunction {
 /// For debuggers (`shown`), the same object without the functions' names: only the local
 /// `NAME.stub` symbols, so that `break NAME` finds the body, not the stub.
 ///
-/// Written directly rather than with `object::write`: its general tables (a hash of every
-/// symbol, a sorted, suffix-merged string table) cost 2 µs per stub, ten times the rest of
-/// defining one; this object has one fixed shape (sections `.text`, `.data`, their
-/// `.rela`, `.symtab`, `.strtab`, `.shstrtab`).
+/// Written with Kiln's one ELF writer ([`kiln_elf`]) rather than `object::write`: its
+/// general tables (a hash of every symbol, a sorted, suffix-merged string table) cost 2 µs
+/// per stub, ten times the rest of defining one; this object has one fixed shape (sections
+/// `.text`, `.data`, their `.rela`, `.symtab`, `.strtab`, and the writer's
+/// `.note.GNU-stack` and `.shstrtab`).
 fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Vec<u8> {
+    use kiln_elf::{ElfWriter, FileKind, Section, SymbolTable};
     use object::elf;
     let n = names.len();
     let common = 16 * n;
@@ -388,58 +390,40 @@ fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Vec<u8> 
     let mut data = vec![0u8; 8 * (n + 1)];
     data[8 * n..].copy_from_slice(&entry.to_le_bytes());
     // Symbols: null, the two section symbols, the locals, then the globals.
-    const TEXT: u16 = 1;
-    const DATA: u16 = 2;
-    let mut strtab = vec![0u8];
-    let mut symtab = vec![0u8; 24];
-    let mut symbol = |strtab: &mut Vec<u8>,
-                      name: &str,
-                      info: u8,
-                      other: u8,
-                      shndx: u16,
-                      value: u64,
-                      size: u64| {
-        let offset = if name.is_empty() {
-            0
-        } else {
-            let offset = strtab.len() as u32;
-            strtab.extend_from_slice(name.as_bytes());
-            strtab.push(0);
-            offset
-        };
-        symtab.extend_from_slice(&offset.to_le_bytes());
-        symtab.push(info);
-        symtab.push(other);
-        symtab.extend_from_slice(&shndx.to_le_bytes());
-        symtab.extend_from_slice(&value.to_le_bytes());
-        symtab.extend_from_slice(&size.to_le_bytes());
-    };
-    let local = |kind: u8| (elf::STB_LOCAL.0 << 4) | kind;
-    let global = |kind: u8| (elf::STB_GLOBAL.0 << 4) | kind;
-    symbol(&mut strtab, "", local(elf::STT_SECTION.0), 0, TEXT, 0, 0);
-    symbol(&mut strtab, "", local(elf::STT_SECTION.0), 0, DATA, 0, 0);
+    const TEXT: elf::SymbolSection = elf::SymbolSection(1);
+    const DATA: elf::SymbolSection = elf::SymbolSection(2);
+    let name_bytes = names.iter().map(|n| 2 * n.len() + 5).sum::<usize>() + 32;
+    let symbols = 3 + if shown { n } else { 2 * n };
+    let mut symtab = SymbolTable::with_capacity(symbols, name_bytes);
+    for section in [TEXT, DATA] {
+        symtab.push(
+            b"",
+            elf::STB_LOCAL,
+            elf::STT_SECTION,
+            elf::STV_DEFAULT,
+            section,
+            0,
+            0,
+        );
+    }
     let mut stub_name = String::new();
     for (i, name) in names.iter().enumerate() {
         stub_name.clear();
         stub_name.push_str(name);
         stub_name.push_str(".stub");
-        symbol(
-            &mut strtab,
-            &stub_name,
-            local(elf::STT_FUNC.0),
-            0,
-            TEXT,
-            16 * i as u64,
-            16,
-        );
+        let at = 16 * i as u64;
+        let (bind, kind, visibility) = (elf::STB_LOCAL, elf::STT_FUNC, elf::STV_DEFAULT);
+        symtab.push(stub_name.as_bytes(), bind, kind, visibility, TEXT, at, 16);
     }
-    let first_global = 3 + n as u32;
+    let first_global = symtab.len();
     let slots = slots_symbol(ids.first().copied().unwrap_or(0));
-    symbol(
-        &mut strtab,
-        &slots,
-        global(elf::STT_OBJECT.0),
-        elf::STV_HIDDEN.0, // the module's, not the library's
+    // Hidden: the module's, not the library's.
+    let (bind, kind, visibility) = (elf::STB_GLOBAL, elf::STT_OBJECT, elf::STV_HIDDEN);
+    symtab.push(
+        slots.as_bytes(),
+        bind,
+        kind,
+        visibility,
         DATA,
         0,
         8 * n as u64,
@@ -448,11 +432,12 @@ fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Vec<u8> 
         // The name resolves to the stub, but has no size: profilers and debuggers name
         // the stub's 16 bytes `NAME.stub`, and the body `NAME`.
         for (i, name) in names.iter().enumerate() {
-            symbol(
-                &mut strtab,
-                name,
-                global(elf::STT_FUNC.0),
-                0,
+            let (bind, kind, visibility) = (elf::STB_GLOBAL, elf::STT_FUNC, elf::STV_DEFAULT);
+            symtab.push(
+                name.as_bytes(),
+                bind,
+                kind,
+                visibility,
                 TEXT,
                 16 * i as u64,
                 0,
@@ -468,172 +453,81 @@ fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Vec<u8> 
     let mut rela_text = Vec::with_capacity(24 * (n + 1));
     let mut rela_data = Vec::with_capacity(24 * n);
     for i in 0..n {
-        rela(
-            &mut rela_text,
-            16 * i + 2,
-            2,
-            elf::R_X86_64_PC32.0,
-            8 * i as i64 - 4,
-        );
-        rela(
-            &mut rela_data,
-            8 * i,
-            1,
-            elf::R_X86_64_64.0,
-            16 * i as i64 + 6,
-        );
+        let pc32 = elf::R_X86_64_PC32.0;
+        rela(&mut rela_text, 16 * i + 2, 2, pc32, 8 * i as i64 - 4);
+        let abs64 = elf::R_X86_64_64.0;
+        rela(&mut rela_data, 8 * i, 1, abs64, 16 * i as i64 + 6);
     }
-    rela(
-        &mut rela_text,
-        common + 2,
-        2,
-        elf::R_X86_64_PC32.0,
-        8 * n as i64 - 4,
-    );
-    // The file: header, contents, section headers.
-    let shstrtab = b"\0.text\0.data\0.rela.text\0.rela.data\0.symtab\0.strtab\0.shstrtab\0";
-    let name_at = |name: &[u8]| -> u32 {
-        shstrtab
-            .windows(name.len())
-            .position(|w| w == name)
-            .unwrap_or(0) as u32
-    };
-    let mut file = vec![0u8; 64];
-    let place = |file: &mut Vec<u8>, bytes: &[u8], align: usize| {
-        while file.len() % align != 0 {
-            file.push(0);
-        }
-        let offset = file.len() as u64;
-        file.extend_from_slice(bytes);
-        offset
-    };
-    let text_at = place(&mut file, &text, 16);
-    let data_at = place(&mut file, &data, 8);
-    let rela_text_at = place(&mut file, &rela_text, 8);
-    let rela_data_at = place(&mut file, &rela_data, 8);
-    let symtab_at = place(&mut file, &symtab, 8);
-    let strtab_at = place(&mut file, &strtab, 1);
-    let shstrtab_at = place(&mut file, shstrtab, 1);
-    let shoff = place(&mut file, &[], 8);
-    // (name, type, flags, offset, size, link, info, align, entsize)
-    type Row<'a> = (&'a [u8], u32, u64, u64, usize, u32, u32, u64, u64);
-    let headers: [Row<'_>; 8] = [
-        (b"", 0, 0, 0, 0, 0, 0, 0, 0),
-        (
-            b".text\0",
-            elf::SHT_PROGBITS.0,
-            (elf::SHF_ALLOC | elf::SHF_EXECINSTR).0,
-            text_at,
-            text.len(),
-            0,
-            0,
-            16,
-            0,
-        ),
-        (
-            b".data\0",
-            elf::SHT_PROGBITS.0,
-            (elf::SHF_ALLOC | elf::SHF_WRITE).0,
-            data_at,
-            data.len(),
-            0,
-            0,
-            8,
-            0,
-        ),
-        (
-            b".rela.text\0",
-            elf::SHT_RELA.0,
-            elf::SHF_INFO_LINK.0,
-            rela_text_at,
-            rela_text.len(),
-            5,
-            1,
-            8,
-            24,
-        ),
-        (
-            b".rela.data\0",
-            elf::SHT_RELA.0,
-            elf::SHF_INFO_LINK.0,
-            rela_data_at,
-            rela_data.len(),
-            5,
-            2,
-            8,
-            24,
-        ),
-        (
-            b".symtab\0",
-            elf::SHT_SYMTAB.0,
-            0,
-            symtab_at,
-            symtab.len(),
-            6,
-            first_global,
-            8,
-            24,
-        ),
-        (
-            b".strtab\0",
-            elf::SHT_STRTAB.0,
-            0,
-            strtab_at,
-            strtab.len(),
-            0,
-            0,
-            1,
-            0,
-        ),
-        (
-            b".shstrtab\0",
-            elf::SHT_STRTAB.0,
-            0,
-            shstrtab_at,
-            shstrtab.len(),
-            0,
-            0,
-            1,
-            0,
-        ),
-    ];
-    for (name, kind, flags, offset, size, link, info, align, entsize) in headers {
-        let name = if name.is_empty() { 0 } else { name_at(name) };
-        file.extend_from_slice(&name.to_le_bytes());
-        file.extend_from_slice(&kind.to_le_bytes());
-        file.extend_from_slice(&flags.to_le_bytes());
-        file.extend_from_slice(&0u64.to_le_bytes()); // sh_addr
-        file.extend_from_slice(&offset.to_le_bytes());
-        file.extend_from_slice(&(size as u64).to_le_bytes());
-        file.extend_from_slice(&link.to_le_bytes());
-        file.extend_from_slice(&info.to_le_bytes());
-        file.extend_from_slice(&align.to_le_bytes());
-        file.extend_from_slice(&entsize.to_le_bytes());
+    let pc32 = elf::R_X86_64_PC32.0;
+    rela(&mut rela_text, common + 2, 2, pc32, 8 * n as i64 - 4);
+
+    // The file: header, contents, section headers (1 .text, 2 .data, 3 .rela.text,
+    // 4 .rela.data, 5 .symtab, 6 .strtab).
+    let bytes = text.len() + data.len() + rela_text.len() + rela_data.len();
+    let bytes = bytes + symtab.symbols().len() + symtab.strings().len();
+    let mut w = ElfWriter::with_capacity(FileKind::Relocatable, elf::EM_X86_64, 0, bytes);
+    let no_flags = elf::SectionFlags(0);
+    let at = w.append(&text, 16);
+    let flags = elf::SHF_ALLOC | elf::SHF_EXECINSTR;
+    w.section(Section::new(
+        ".text",
+        elf::SHT_PROGBITS,
+        flags,
+        at,
+        text.len() as u64,
+        16,
+    ));
+    let at = w.append(&data, 8);
+    let flags = elf::SHF_ALLOC | elf::SHF_WRITE;
+    w.section(Section::new(
+        ".data",
+        elf::SHT_PROGBITS,
+        flags,
+        at,
+        data.len() as u64,
+        8,
+    ));
+    for (name, bytes, target) in [(".rela.text", &rela_text, 1), (".rela.data", &rela_data, 2)] {
+        let at = w.append(bytes, 8);
+        w.section(Section {
+            link: 5,
+            info: target,
+            entry_size: 24,
+            ..Section::new(
+                name,
+                elf::SHT_RELA,
+                elf::SHF_INFO_LINK,
+                at,
+                bytes.len() as u64,
+                8,
+            )
+        });
     }
-    let mut header = Vec::with_capacity(64);
-    header.extend_from_slice(&[
-        0x7f,
-        b'E',
-        b'L',
-        b'F',
-        elf::ELFCLASS64.0,
-        elf::ELFDATA2LSB.0,
-        elf::EV_CURRENT.0,
-    ]);
-    header.resize(16, 0);
-    header.extend_from_slice(&elf::ET_REL.0.to_le_bytes());
-    header.extend_from_slice(&elf::EM_X86_64.0.to_le_bytes());
-    header.extend_from_slice(&u32::from(elf::EV_CURRENT.0).to_le_bytes());
-    header.extend_from_slice(&0u64.to_le_bytes()); // e_entry
-    header.extend_from_slice(&0u64.to_le_bytes()); // e_phoff
-    header.extend_from_slice(&shoff.to_le_bytes());
-    header.extend_from_slice(&0u32.to_le_bytes()); // e_flags
-    for half in [64u16, 0, 0, 64, 8, 7] {
-        // e_ehsize, e_phentsize, e_phnum, e_shentsize, e_shnum, e_shstrndx
-        header.extend_from_slice(&half.to_le_bytes());
-    }
-    file[..64].copy_from_slice(&header);
-    file
+    let at = w.append(symtab.symbols(), 8);
+    w.section(Section {
+        link: 6,
+        info: first_global,
+        entry_size: kiln_elf::SYM_SIZE as u64,
+        ..Section::new(
+            ".symtab",
+            elf::SHT_SYMTAB,
+            no_flags,
+            at,
+            symtab.symbols().len() as u64,
+            8,
+        )
+    });
+    let at = w.append(symtab.strings(), 1);
+    let size = symtab.strings().len() as u64;
+    w.section(Section::new(
+        ".strtab",
+        elf::SHT_STRTAB,
+        no_flags,
+        at,
+        size,
+        1,
+    ));
+    w.finish(0)
 }
 
 /// The hidden symbol at the slots of the stubs whose first id is `first`.
