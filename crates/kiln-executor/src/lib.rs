@@ -12,6 +12,7 @@
 pub mod crash_report;
 pub mod debug_outputs;
 pub mod lazy_entry;
+pub mod listener;
 pub mod runtime;
 pub mod server;
 pub mod shared_object;

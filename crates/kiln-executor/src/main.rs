@@ -4,6 +4,7 @@
 //! kiln-executor --fd N
 //!     serve the Unix socket on descriptor N (started by a controller: already private)
 //! kiln-executor --listen [ADDR] [--key-file FILE] [--no-auth] [--idle-timeout SECS]
+//!     [--max-connections N] [--max-unauthenticated N]
 //!     accept controllers on TCP ADDR (default 127.0.0.1:0, loopback)
 //! kiln-executor --listen-unix PATH
 //!     a pre-started executor: accept controllers on the Unix socket PATH (its owner's
@@ -24,14 +25,15 @@
 //! handshake must complete within 10 s. The program's standard output and error go to the
 //! client.
 
+use kiln_executor::listener::{serve_forever, Limits, Notifier};
 use kiln_executor::server::{serve, serve_with, Ending, ServeOptions};
 use kiln_wire::channel::{Channel, Stream};
 use kiln_wire::secure::{Key, Role};
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Exits without running exit handlers: JIT code may have registered some (C++ and
 /// thread-local destructors) in memory that is unmapped by now.
@@ -41,21 +43,40 @@ fn exit(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+const USAGE: &str = "\
+usage: kiln-executor --fd N
+       kiln-executor --listen [ADDR] [--key-file FILE] [--no-auth] [--idle-timeout SECS]
+                     [--max-connections N] [--max-unauthenticated N]
+       kiln-executor --listen-unix PATH
+
+  --fd N                  serve the Unix socket on descriptor N (how kiln run --oop starts it)
+  --listen [ADDR]         accept controllers on TCP ADDR (default 127.0.0.1:0); each
+                          connection authenticates with the key and is encrypted
+  --key-file FILE         the key (read, or created mode 0600 if missing)
+  --no-auth               plaintext, loopback addresses only
+  --idle-timeout SECS     drop a controller silent this long (default 300)
+  --max-connections N     most authenticated connections at once (default 1024)
+  --max-unauthenticated N most connections still in their handshake (default 64; the
+                          oldest makes room for a new one)
+  --listen-unix PATH      a pre-started executor on a Unix socket of this user's
+                          (kiln run --oop uses it when KILN_EXECUTOR_SOCKET names it)
+";
+
 fn usage() -> ! {
-    eprintln!(
-        "usage: kiln-executor --fd N\n       kiln-executor --listen [ADDR] [--key-file FILE] [--no-auth] [--idle-timeout SECS]"
-    );
+    eprint!("{USAGE}");
     std::process::exit(2);
 }
 
-/// Most connections served at once; more wait in the listen queue.
-const MAX_CONNECTIONS: usize = 1024;
+/// How long a TCP client has from its connection to its first request (the handshake
+/// included): until then it is not authenticated.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct ListenOptions {
     address: String,
     key_file: Option<PathBuf>,
     no_auth: bool,
     idle_timeout: Duration,
+    limits: Limits,
 }
 
 fn parse_listen(args: &[String]) -> ListenOptions {
@@ -64,6 +85,7 @@ fn parse_listen(args: &[String]) -> ListenOptions {
         key_file: None,
         no_auth: false,
         idle_timeout: Duration::from_secs(300),
+        limits: Limits::default(),
     };
     let mut i = 0;
     while i < args.len() {
@@ -81,6 +103,19 @@ fn parse_listen(args: &[String]) -> ListenOptions {
                     .filter(|s| *s > 0.0)
                     .unwrap_or_else(|| usage());
                 options.idle_timeout = Duration::from_secs_f64(secs);
+            }
+            "--max-connections" | "--max-unauthenticated" => {
+                let n = args
+                    .get(i + 1)
+                    .and_then(|s| s.parse::<usize>().ok())
+                    .filter(|&n| n > 0)
+                    .unwrap_or_else(|| usage());
+                if args[i] == "--max-connections" {
+                    options.limits.max_connections = n;
+                } else {
+                    options.limits.max_unauthenticated = n;
+                }
+                i += 1;
             }
             a if !a.starts_with("--") && i == 0 => options.address = a.to_string(),
             _ => usage(),
@@ -120,19 +155,6 @@ fn listen_key(options: &ListenOptions, port: u16) -> Key {
     key
 }
 
-/// Reaps finished connection processes; returns how many are still running.
-fn reap(running: &mut usize) {
-    loop {
-        let mut status = 0;
-        // SAFETY: waiting for any child of ours without blocking.
-        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-        if pid <= 0 {
-            break;
-        }
-        *running = running.saturating_sub(1);
-    }
-}
-
 fn listen(args: &[String]) -> ! {
     let options = parse_listen(args);
     let listener = match std::net::TcpListener::bind(&options.address) {
@@ -163,42 +185,9 @@ fn listen(args: &[String]) -> ! {
     }
     eprintln!("kiln-executor: listening on {bound}");
     let _ = std::io::stderr().flush();
-    fork_per_connection(listener.as_raw_fd(), listener.incoming(), |stream| {
-        serve_connection(stream, key.as_ref(), options.idle_timeout)
+    serve_forever(listener, options.limits, |stream, notifier| {
+        serve_connection(stream, key.as_ref(), options.idle_timeout, notifier)
     })
-}
-
-/// Serves each accepted connection in a forked process of its own (`serve` gives its exit
-/// code), reaping finished ones, at most [`MAX_CONNECTIONS`] at once.
-fn fork_per_connection<S>(
-    listener: std::os::fd::RawFd,
-    incoming: impl Iterator<Item = std::io::Result<S>>,
-    serve: impl Fn(S) -> i32,
-) -> ! {
-    let mut running = 0usize;
-    for stream in incoming {
-        reap(&mut running);
-        let Ok(stream) = stream else { continue };
-        while running >= MAX_CONNECTIONS {
-            std::thread::sleep(Duration::from_millis(10));
-            reap(&mut running);
-        }
-        // SAFETY: the listener is single-threaded here; the child serves one connection
-        // and ends with _exit, the parent only closes its copy of the socket.
-        match unsafe { libc::fork() } {
-            0 => {
-                // SAFETY: the child's copy of the listening socket, not used here.
-                unsafe { libc::close(listener) };
-                exit(serve(stream));
-            }
-            pid if pid > 0 => running += 1,
-            _ => eprintln!(
-                "kiln-executor: cannot fork for a connection: {}",
-                std::io::Error::last_os_error()
-            ),
-        }
-    }
-    exit(0)
 }
 
 /// A pre-started executor on a Unix socket: what it saves a controller is the start of a
@@ -233,12 +222,14 @@ fn listen_unix(path: &std::path::Path) -> ! {
     };
     eprintln!("kiln-executor: listening on {}", path.display());
     let _ = std::io::stderr().flush();
-    fork_per_connection(listener.as_raw_fd(), listener.incoming(), |stream| {
+    serve_forever(listener, Limits::default(), |stream, notifier| {
         let channel = Channel::new(Stream::Unix(stream));
         if !channel.peer_is_same_user() {
             eprintln!("kiln-executor: refused a connection from another user");
             return 1;
         }
+        // A peer of this user is authenticated by the kernel.
+        notifier.authenticated();
         if matches!(serve(channel), Ending::Failed(_)) {
             1
         } else {
@@ -248,7 +239,13 @@ fn listen_unix(path: &std::path::Path) -> ! {
 }
 
 /// Serves one accepted connection (in its own process); the exit code.
-fn serve_connection(stream: std::net::TcpStream, key: Option<&Key>, idle: Duration) -> i32 {
+fn serve_connection(
+    stream: std::net::TcpStream,
+    key: Option<&Key>,
+    idle: Duration,
+    notifier: Notifier,
+) -> i32 {
+    let accepted = Instant::now();
     let peer = stream
         .peer_addr()
         .map(|a| a.to_string())
@@ -263,7 +260,7 @@ fn serve_connection(stream: std::net::TcpStream, key: Option<&Key>, idle: Durati
         return 1;
     }
     if let Some(key) = key {
-        if channel.set_timeout(Some(Duration::from_secs(10))).is_err() {
+        if channel.set_timeout(Some(HANDSHAKE_TIMEOUT)).is_err() {
             return 1;
         }
         if let Err(e) = channel.secure(key, Role::Responder) {
@@ -271,8 +268,18 @@ fn serve_connection(stream: std::net::TcpStream, key: Option<&Key>, idle: Durati
             return 1;
         }
     }
+    // Until its first request decrypts, the connection is not authenticated: it has what
+    // is left of the handshake's deadline, not the idle timeout.
+    let left = HANDSHAKE_TIMEOUT.saturating_sub(accepted.elapsed());
+    let notifier = std::sync::Mutex::new(Some(notifier));
     let options = ServeOptions {
         idle_timeout: Some(idle),
+        first_request_timeout: Some(left.min(idle).max(Duration::from_millis(1))),
+        on_first_request: Some(std::sync::Arc::new(move || {
+            if let Some(notifier) = notifier.lock().ok().and_then(|mut n| n.take()) {
+                notifier.authenticated();
+            }
+        })),
         forward_output: true,
     };
     match serve_with(channel, &options) {
@@ -309,6 +316,10 @@ fn main() {
             } else {
                 0
             });
+        }
+        Some("--help" | "-h") => {
+            print!("{USAGE}");
+            std::process::exit(0);
         }
         Some("--listen") => listen(&args[1..]),
         Some("--listen-unix") => match args.get(1) {

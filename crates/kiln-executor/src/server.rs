@@ -606,14 +606,32 @@ impl Drop for AlternateStack {
 }
 
 /// How a connection is served.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct ServeOptions {
     /// Longest wait for a request or for the next bytes of one (`None`: forever). A
     /// controller that stays silent longer is dropped.
     pub idle_timeout: Option<Duration>,
+    /// Until the first request has arrived: the longest wait for it, instead of the idle
+    /// timeout. A connection counts as authenticated only once its first request came (for
+    /// a keyed one, once the client's first transport message decrypted: a replayer of a
+    /// recorded handshake cannot make one), so it is held no longer than this before.
+    pub first_request_timeout: Option<Duration>,
+    /// Called once, when the first request has arrived.
+    pub on_first_request: Option<std::sync::Arc<dyn Fn() + Send + Sync>>,
     /// Send the program's standard output and error to the controller (for `--listen`:
     /// the executor's terminal is not the user's).
     pub forward_output: bool,
+}
+
+impl std::fmt::Debug for ServeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeOptions")
+            .field("idle_timeout", &self.idle_timeout)
+            .field("first_request_timeout", &self.first_request_timeout)
+            .field("on_first_request", &self.on_first_request.is_some())
+            .field("forward_output", &self.forward_output)
+            .finish()
+    }
 }
 
 /// Serves one connection until it closes or asks to shut down.
@@ -728,11 +746,12 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
     let mut state = State::new();
     state.can_pass_fds = channel.can_pass_fds();
     channel.set_max_frame(kiln_wire::protocol::MAX_FRAME);
-    if let Err(e) = channel.set_timeout(options.idle_timeout) {
+    let first_timeout = options.first_request_timeout.or(options.idle_timeout);
+    if let Err(e) = channel.set_timeout(first_timeout) {
         return Ending::Failed(e.to_string());
     }
-    // The idle timeout bounds each whole frame, not only each read of it.
-    channel.set_frame_deadline(options.idle_timeout.is_some());
+    // The timeouts bound each whole frame, not only each read of it.
+    channel.set_frame_deadline(first_timeout.is_some());
     let mut runtime_symbols = crate::thread_locals::runtime_symbols();
     if let Some(entry) = crate::lazy_entry::lazy_entry_address() {
         runtime_symbols.push(("__kiln_lazy_entry".into(), entry));
@@ -766,9 +785,23 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
         ended: RefCell::new(None),
     };
     let _current = CurrentServing::enter(&serving);
+    let mut first = true;
     loop {
         let received = serving.channel.borrow_mut().recv();
         let body = match received {
+            Ok(body) if first => {
+                first = false;
+                let mut channel = serving.channel.borrow_mut();
+                if let Err(e) = channel.set_timeout(options.idle_timeout) {
+                    return Ending::Failed(e.to_string());
+                }
+                channel.set_frame_deadline(options.idle_timeout.is_some());
+                drop(channel);
+                if let Some(notify) = &options.on_first_request {
+                    notify();
+                }
+                body
+            }
             Ok(body) => body,
             Err(ChannelError::Closed) => return Ending::Closed,
             Err(ChannelError::TooLarge(n)) => {

@@ -486,3 +486,192 @@ fn run_main(jit: &kiln::Jit, lib: kiln::LibraryId, args: &[String]) -> Result<i3
     // SAFETY: every test program defines a C `int main(int, char **)`.
     unsafe { jit.run_main(lib, args) }
 }
+
+/// The listener's children (connection processes) and how many are zombies.
+fn children_of(pid: u32) -> (Vec<u32>, usize) {
+    let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    let children: Vec<u32> = list
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    let zombies = children
+        .iter()
+        .filter(|c| {
+            std::fs::read_to_string(format!("/proc/{c}/stat"))
+                .map(|s| {
+                    s.rsplit(')')
+                        .next()
+                        .unwrap_or("")
+                        .trim_start()
+                        .starts_with('Z')
+                })
+                .unwrap_or(false)
+        })
+        .count();
+    (children, zombies)
+}
+
+/// Sum of the RSS of the listener and its children, in KiB.
+fn rss_of_tree_kib(pid: u32) -> u64 {
+    let (children, _) = children_of(pid);
+    process_rss_kib(pid)
+        + children
+            .iter()
+            .map(|&c| {
+                std::fs::read_to_string(format!("/proc/{c}/status"))
+                    .ok()
+                    .and_then(|s| {
+                        s.lines()
+                            .find_map(|l| l.strip_prefix("VmRSS:"))
+                            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                    })
+                    .unwrap_or(0)
+            })
+            .sum::<u64>()
+}
+
+/// Waits (up to `within`) until `pid` has at most `n` children; how many it has then.
+fn settle_children(pid: u32, n: usize, within: Duration) -> usize {
+    let start = Instant::now();
+    loop {
+        let count = children_of(pid).0.len();
+        if count <= n || start.elapsed() > within {
+            return count;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_flood_of_silent_connections_holds_few_processes_and_a_keyed_client_gets_in() {
+    let (path, key) = key_file("flood");
+    let listener = listen(&[
+        "127.0.0.1:0",
+        "--key-file",
+        path.to_str().unwrap(),
+        "--max-unauthenticated",
+        "32",
+    ]);
+    let pid = listener.child.id();
+    let flood: Vec<TcpStream> = (0..2_000)
+        .filter_map(|_| TcpStream::connect(&listener.address).ok())
+        .collect();
+    assert!(flood.len() > 1_900, "only {} connections", flood.len());
+    // Let the listener accept all of them.
+    std::thread::sleep(Duration::from_millis(500));
+    let held = children_of(pid).0.len();
+    let rss = rss_of_tree_kib(pid);
+    assert!(held <= 32, "{held} processes for 2,000 silent connections");
+    let start = Instant::now();
+    let remote = RemoteExecutor::connect_with_key(&listener.address, Some(&key), timeouts())
+        .expect("a keyed client gets in during the flood");
+    lookup_getpid(&remote).unwrap();
+    let served = start.elapsed();
+    eprintln!(
+        "2,000 silent connections: {held} processes, {rss} KiB RSS in all; a keyed client served in {served:?}"
+    );
+    assert!(served < Duration::from_secs(1), "served after {served:?}");
+    drop(remote);
+    drop(flood);
+    let left = settle_children(pid, 0, Duration::from_secs(5));
+    assert_eq!(left, 0, "connection processes left after the flood ended");
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A proxy that forwards one connection both ways and keeps the client's first record
+/// (the Noise handshake's first message, with its length).
+fn recording_proxy(upstream: String) -> (String, std::sync::mpsc::Receiver<Vec<u8>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let (send, recorded) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut client, _) = listener.accept().unwrap();
+        let mut server = TcpStream::connect(&upstream).unwrap();
+        let mut client_r = client.try_clone().unwrap();
+        let mut server_w = server.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut server, &mut client);
+            let _ = client.shutdown(std::net::Shutdown::Both);
+        });
+        let mut len = [0u8; 2];
+        client_r.read_exact(&mut len).unwrap();
+        let mut record = len.to_vec();
+        record.resize(2 + u16::from_be_bytes(len) as usize, 0);
+        client_r.read_exact(&mut record[2..]).unwrap();
+        server_w.write_all(&record).unwrap();
+        send.send(record).unwrap();
+        let _ = std::io::copy(&mut client_r, &mut server_w);
+    });
+    (address, recorded)
+}
+
+#[test]
+fn replayed_first_handshake_messages_are_held_no_longer_than_the_handshake() {
+    let (path, key) = key_file("replay");
+    let listener = listen(&[
+        "127.0.0.1:0",
+        "--key-file",
+        path.to_str().unwrap(),
+        "--idle-timeout",
+        "60",
+        "--max-unauthenticated",
+        "16",
+    ]);
+    let pid = listener.child.id();
+    // Watch one real handshake.
+    let (proxy, recorded) = recording_proxy(listener.address.clone());
+    let remote = RemoteExecutor::connect_with_key(&proxy, Some(&key), timeouts()).unwrap();
+    lookup_getpid(&remote).unwrap();
+    let message1 = recorded.recv().unwrap();
+    remote.shutdown();
+    // Replay it 100 times: the executor answers each (the handshake's first message has no
+    // replay protection), but no replayer can send a request it can decrypt.
+    let replayers: Vec<TcpStream> = (0..100)
+        .map(|_| {
+            let mut s = TcpStream::connect(&listener.address).unwrap();
+            s.write_all(&message1).unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let held = children_of(pid).0.len();
+    assert!(held <= 16, "{held} processes for 100 replayers");
+    // A keyed client is served meanwhile.
+    let start = Instant::now();
+    let remote =
+        RemoteExecutor::connect_with_key(&listener.address, Some(&key), timeouts()).unwrap();
+    let connected = start.elapsed();
+    lookup_getpid(&remote).unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?} (connected after {connected:?})",
+        start.elapsed()
+    );
+    remote.shutdown();
+    // Each replayer's process ends at the handshake deadline (10 s), not the idle timeout.
+    let start = Instant::now();
+    let left = settle_children(pid, 0, Duration::from_secs(15));
+    assert_eq!(left, 0, "replayers still held after {:?}", start.elapsed());
+    drop(replayers);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn finished_connections_leave_no_zombies() {
+    let listener = listen(&["127.0.0.1:0", "--no-auth"]);
+    let pid = listener.child.id();
+    for _ in 0..50 {
+        let mut s = TcpStream::connect(&listener.address).unwrap();
+        let mut preamble = [0u8; 8];
+        s.read_exact(&mut preamble).unwrap();
+        drop(s);
+    }
+    // No further connection comes: the listener must reap on its own.
+    let left = settle_children(pid, 0, Duration::from_secs(3));
+    let (_, zombies) = children_of(pid);
+    assert_eq!(
+        (left, zombies),
+        (0, 0),
+        "children left after the connections ended"
+    );
+}
