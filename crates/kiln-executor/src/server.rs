@@ -357,9 +357,38 @@ static PUMPS_RUNNING: AtomicUsize = AtomicUsize::new(0);
 static STDIN_QUEUE: parking_lot::Mutex<Option<std::sync::mpsc::Sender<Vec<u8>>>> =
     parking_lot::const_mutex(None);
 
-/// Passes `Input` bytes on to the program's standard input; empty bytes close it.
+/// Takes its bytes off [`STDIN_QUEUED`] when dropped.
+struct QueuedBytes(usize);
+
+impl Drop for QueuedBytes {
+    fn drop(&mut self) {
+        STDIN_QUEUED.fetch_sub(self.0, Ordering::SeqCst);
+    }
+}
+
+/// Bytes of `Input` queued and not yet written into the program's standard input.
+static STDIN_QUEUED: AtomicUsize = AtomicUsize::new(0);
+
+/// Most bytes of `Input` held for a program that does not read them.
+pub const MAX_QUEUED_INPUT: usize = 16 << 20;
+
+/// Passes `Input` bytes on to the program's standard input; empty bytes close it. Past
+/// [`MAX_QUEUED_INPUT`] unread bytes, input is dropped and the program's standard error
+/// (the controller's) says so once: the executor's memory is not the client's to fill.
 fn give_input(bytes: Vec<u8>) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if STDIN_QUEUED.load(Ordering::SeqCst) + bytes.len() > MAX_QUEUED_INPUT {
+        if !WARNED.swap(true, Ordering::SeqCst) {
+            let warning = format!(
+                "kiln-executor: the program left {MAX_QUEUED_INPUT} bytes of standard input unread; further input is dropped\n"
+            );
+            // SAFETY: writes a local buffer to descriptor 2 (the forwarded stderr pipe).
+            unsafe { libc::write(2, warning.as_ptr().cast(), warning.len()) };
+        }
+        return;
+    }
     if let Some(queue) = STDIN_QUEUE.lock().as_ref() {
+        STDIN_QUEUED.fetch_add(bytes.len(), Ordering::SeqCst);
         let _ = queue.send(bytes);
     }
 }
@@ -386,6 +415,8 @@ fn forward_output(sender: &Sender) -> std::io::Result<()> {
             if bytes.is_empty() {
                 break;
             }
+            // Counted as written whether or not the pipe takes it all.
+            let _queued = QueuedBytes(bytes.len());
             let mut done = 0;
             while done < bytes.len() {
                 // SAFETY: writing our buffer to our pipe's write end.
@@ -1195,7 +1226,8 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             align,
             image,
         } => {
-            if !align.is_power_of_two() || align > 1 << 16 || image.len() as u64 > size {
+            if size == 0 || !align.is_power_of_two() || align > 1 << 16 || image.len() as u64 > size
+            {
                 return Err(format!(
                     "invalid TLS block: size {size}, align {align}, image {}",
                     image.len()

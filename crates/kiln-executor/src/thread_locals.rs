@@ -291,6 +291,17 @@ pub fn tls_place_static(image: &TlsImage) -> Result<i64, String> {
     let slot = slot_of(image.module_id)
         .filter(|&s| matches!(TLS_ENTRIES.read().get(s), Some(TlsEntry::Reserved)))
         .ok_or_else(|| format!("TLS module id {:#x} not reserved", image.module_id))?;
+    if image.size == 0
+        || !image.align.max(1).is_power_of_two()
+        || image.image.len() as u64 > image.size
+    {
+        return Err(format!(
+            "invalid static TLS block: size {}, alignment {}, initial image {} bytes (a block has a size, a power-of-two alignment and an image no larger than itself)",
+            image.size,
+            image.align,
+            image.image.len()
+        ));
+    }
     if image.size > MAX_TLS_BLOCK {
         return Err(format!(
             "a TLS block of {} bytes is more than Kiln gives one module ({MAX_TLS_BLOCK})",

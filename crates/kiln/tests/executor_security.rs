@@ -675,3 +675,35 @@ fn finished_connections_leave_no_zombies() {
         "children left after the connections ended"
     );
 }
+
+#[test]
+fn every_static_tls_edge_gets_an_error_reply_and_the_connection_lives() {
+    let listener = listen(&["127.0.0.1:0", "--no-auth"]);
+    let remote = RemoteExecutor::connect_with_key(&listener.address, None, timeouts()).unwrap();
+    let module_id = match remote.request(&Request::ReserveTlsModule).unwrap() {
+        Response::Value(id) => id,
+        other => panic!("unexpected {other:?}"),
+    };
+    let edges: [(u64, u64, usize); 6] = [
+        (0, 8, 0),       // size 0 (glibc divides by it)
+        (0, 1, 0),       // size 0, alignment 1
+        (16, 0, 0),      // alignment 0
+        (16, 24, 0),     // alignment not a power of two
+        (8, 8, 16),      // an image larger than the block
+        (1 << 40, 8, 0), // more than a module gets
+    ];
+    for (size, align, image) in edges {
+        let reply = remote.request(&Request::PlaceStaticTls {
+            module_id,
+            size,
+            align,
+            image: vec![0; image],
+        });
+        assert!(
+            matches!(&reply, Err(RemoteError::Refused { .. })),
+            "size {size}, align {align}, image {image}: {reply:?}"
+        );
+        // The connection's process is alive and serving.
+        lookup_getpid(&remote).unwrap();
+    }
+}
