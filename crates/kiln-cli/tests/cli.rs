@@ -337,3 +337,31 @@ fn cxx_sources_link_the_cxx_library_as_cxx_would() {
     assert!(out.status.success(), "{}", text(&out).1);
     assert_eq!(text(&out).0, "10\n");
 }
+
+#[test]
+fn an_initializer_outside_the_module_is_refused_in_process_as_out_of_process() {
+    common::ensure_executor();
+    let dir = scratch("bad-init");
+    let src = dir.join("bad_init.c");
+    // An `.init_array` entry that points at a C library function, not at the module's code
+    // (what a corrupt or crafted array looks like to the linker).
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\n#include <stdlib.h>\n__attribute__((section(\".init_array\"), used)) static void (*bad)(void) = abort;\nint main(void) { puts(\"main ran\"); return 0; }\n",
+    )
+    .unwrap();
+    let obj = dir.join("bad_init.o");
+    common::cc(&["-c"], &src, &obj);
+    for flags in [&[][..], &["--oop"][..]] {
+        let out = kiln().arg("run").args(flags).arg(&obj).output().unwrap();
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{flags:?}: {stderr}");
+        assert_eq!(stdout, "", "nothing ran");
+        assert!(
+            stderr.contains("bad_init.o")
+                && stderr.contains(".init_array")
+                && stderr.contains("outside the module's code"),
+            "{flags:?}: {stderr}"
+        );
+    }
+}

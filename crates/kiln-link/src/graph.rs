@@ -765,15 +765,31 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
     fn read_init_arrays(&mut self, _: &LinkOptions<'_>) -> Result<(), LinkError> {
         let linker = &self.linker;
         let allocated = allocation(&mut self.allocated);
+        // Every entry must be code of this module: a pointer elsewhere (a corrupt or
+        // crafted array) is refused here, before anything runs, in process as out of it.
+        let code = allocated.bases[SEG_RX]..allocated.bases[SEG_RX] + self.layout.seg_size[SEG_RX];
         let segs = allocated.in_flight.segments_mut();
-        let read_array = |oi: u32, si: u32| -> Vec<u64> {
+        let read_array = |oi: u32, si: u32| -> Result<Vec<u64>, LinkError> {
             let p = linker.places[oi as usize][si as usize];
             let sec = linker.objs[oi as usize].sections[si as usize];
-            segs[p.seg as usize].bytes[p.offset as usize..(p.offset + sec.size) as usize]
+            let entries: Vec<u64> = segs[p.seg as usize].bytes
+                [p.offset as usize..(p.offset + sec.size) as usize]
                 .chunks_exact(8)
                 .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
                 .filter(|&f| f != 0 && f != u64::MAX)
-                .collect()
+                .collect();
+            if let Some((i, f)) = entries.iter().enumerate().find(|(_, f)| !code.contains(f)) {
+                return Err(LinkError::Malformed {
+                    object: linker.objs[oi as usize].name.clone(),
+                    what: format!(
+                        "section {}: entry {i} is {f:#x}, outside the module's code ({:#x}..{:#x}): an initializer or finalizer must be a function of the module",
+                        String::from_utf8_lossy(sec.name),
+                        code.start,
+                        code.end
+                    ),
+                });
+            }
+            Ok(entries)
         };
         let mut pre = Vec::new();
         let mut inits: Vec<(u32, usize, Vec<u64>)> = Vec::new();
@@ -782,7 +798,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let mut dtors = Vec::new();
         for (n, &(oi, si)) in self.layout.init_sections.iter().enumerate() {
             let sec = linker.objs[oi as usize].sections[si as usize];
-            let entries = read_array(oi, si);
+            let entries = read_array(oi, si)?;
             match sec.sh_type {
                 SHT_PREINIT_ARRAY => pre.extend(entries),
                 SHT_INIT_ARRAY => inits.push((priority(sec.name, b".init_array"), n, entries)),
