@@ -237,3 +237,44 @@ fn kiln_link_images_say_the_stack_is_not_executable() {
     use object::elf::{PF_R, PF_W};
     assert_eq!(gnu_stack_flags(&bytes), [PF_R | PF_W]);
 }
+
+/// `kiln run --perf-map` in a new pid namespace, where it is pid 1 and writes
+/// `/tmp/perf-1.map`: planted there as a symbolic link to another file, it is refused with a
+/// clear error and the other file is untouched.
+#[test]
+fn a_planted_perf_map_symlink_is_refused() {
+    let probe = probe();
+    // Only as root (a new pid namespace needs it), and only where nothing else of ours
+    // runs as pid 1 in a namespace of its own at the same time.
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
+    if !root {
+        eprintln!("skipped: needs root for a pid namespace");
+        return;
+    }
+    let victim = tmp().join("perf-victim.txt");
+    std::fs::write(&victim, "another user's file\n").unwrap();
+    let planted = Path::new("/tmp/perf-1.map");
+    let _ = std::fs::remove_file(planted);
+    std::os::unix::fs::symlink(&victim, planted).unwrap();
+    let out = Command::new("unshare")
+        .args(["--pid", "--fork"])
+        .arg(env!("CARGO_BIN_EXE_kiln"))
+        .args(["run", "--perf-map"])
+        .arg(&probe.plain)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_file(planted);
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "another user's file\n"
+    );
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("/tmp/perf-1.map") && stderr.contains("symbolic link"),
+        "{stderr}"
+    );
+}

@@ -161,13 +161,7 @@ impl Outputs {
         }
         if self.settings.perf_map && files.perf_map.is_none() {
             let path = format!("/tmp/perf-{pid}.map");
-            files.perf_map = Some(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&path)
-                    .map_err(|e| format!("opening {path}: {e}"))?,
-            );
+            files.perf_map = Some(create_own_file(Path::new(&path), false)?);
         }
         if let (Some(dir), None) = (&self.settings.jitdump_dir, &files.jitdump) {
             files.jitdump = Some(Jitdump::create(dir, pid)?);
@@ -345,6 +339,69 @@ fn default_jitdump_base() -> PathBuf {
     }
 }
 
+/// Creates `path` for writing (and reading, with `read`), in a directory others may write
+/// to (`/tmp`): never through a symbolic link another user planted, never into a file of
+/// theirs. A new file is made with `O_CREAT | O_EXCL` (which does not follow links), mode
+/// 0644 as perf expects; if the name is taken, only a regular file of this user's with one
+/// link (a stale one of an earlier process with the same pid) is reused, emptied, opened
+/// with `O_NOFOLLOW`; anything else is an error that says what is there.
+pub(crate) fn create_own_file(path: &Path, read: bool) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let shown = path.display();
+    let created = std::fs::OpenOptions::new()
+        .read(read)
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path);
+    match created {
+        Ok(file) => return Ok(file),
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(format!("creating {shown}: {e}"))
+        }
+        Err(_) => {}
+    }
+    let refuse = |what: String| {
+        Err(format!(
+            "refusing to write {shown}: {what} (another user may have planted it; remove it or choose another directory)"
+        ))
+    };
+    let existing = match std::fs::OpenOptions::new()
+        .read(read)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return refuse("it is a symbolic link".into())
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+            return refuse("it is not a regular file (a FIFO or a socket)".into())
+        }
+        Err(e) => return Err(format!("opening {shown}: {e}")),
+    };
+    let meta = existing
+        .metadata()
+        .map_err(|e| format!("reading {shown}'s status: {e}"))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !meta.file_type().is_file() {
+        return refuse("it is not a regular file".into());
+    }
+    if meta.uid() != me {
+        return refuse(format!("it belongs to uid {}, not to uid {me}", meta.uid()));
+    }
+    if meta.nlink() != 1 {
+        return refuse(format!("it has {} hard links", meta.nlink()));
+    }
+    existing
+        .set_len(0)
+        .map_err(|e| format!("emptying {shown}: {e}"))?;
+    Ok(existing)
+}
+
 impl Jitdump {
     fn create(dir: &str, pid: u32) -> Result<Self, String> {
         let dir = if dir.is_empty() {
@@ -355,13 +412,7 @@ impl Jitdump {
         };
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let path = dir.join(format!("jit-{pid}.dump"));
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| format!("creating {}: {e}", path.display()))?;
+        let mut file = create_own_file(&path, true)?;
         let mut header = Vec::with_capacity(40);
         for v in [JITDUMP_MAGIC, JITDUMP_VERSION, 40, ELF_MACHINE, 0, pid] {
             header.extend_from_slice(&v.to_le_bytes());
@@ -597,4 +648,67 @@ fn write_job(outputs: &mut PerfFiles, job: &PerfJob) -> std::io::Result<()> {
         jitdump.file.write_all(&records)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::create_own_file;
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("kiln-own-file-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_planted_symlink_is_refused_and_its_target_untouched() {
+        let dir = scratch("symlink");
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "precious\n").unwrap();
+        let path = dir.join("perf-1.map");
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        let error = create_own_file(&path, false).unwrap_err();
+        assert!(error.contains("symbolic link"), "{error}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_fifo_or_a_directory_is_refused() {
+        let dir = scratch("fifo");
+        let fifo = dir.join("fifo.map");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let error = create_own_file(&fifo, false).unwrap_err();
+        assert!(error.contains("not a regular file"), "{error}");
+        let sub = dir.join("sub.map");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(create_own_file(&sub, false).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_of_another_user_is_refused_and_a_stale_one_of_ours_reused_empty() {
+        let dir = scratch("owner");
+        let path = dir.join("perf-2.map");
+        std::fs::write(&path, "stale lines\n").unwrap();
+        let mut file = create_own_file(&path, false).unwrap();
+        file.write_all(b"new\n").unwrap();
+        drop(file);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\n");
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            // As root: give the file to `nobody` and try again.
+            std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+            let error = create_own_file(&path, false).unwrap_err();
+            assert!(error.contains("belongs to uid 65534"), "{error}");
+            assert_eq!(std::fs::metadata(&path).unwrap().uid(), 65534);
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\n");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
