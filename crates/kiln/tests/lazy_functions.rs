@@ -456,3 +456,51 @@ fn stubs_outliving_their_session_return_zero_and_names_are_checked() {
     assert_eq!(answer(), 0);
     drop(stubs);
 }
+
+/// The writable-and-executable mappings of this process.
+fn wx_mappings() -> Vec<String> {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1).and_then(|p| p.get(1..3)) == Some("wx"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn stubs_first_calls_and_a_hot_swap_leave_no_mapping_writable_and_executable() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let names: Vec<String> = (0..64).map(|i| format!("wx_f{i}")).collect();
+    let objects: Vec<(&str, Vec<u8>)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), constant_function(n, i as i32)))
+        .collect();
+    let compiler = Arc::new(table(&objects));
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    jit.add_lazy_functions(lib, &refs, compiler).unwrap();
+    assert_eq!(wx_mappings(), Vec::<String>::new(), "after defining stubs");
+    for (i, name) in names.iter().enumerate() {
+        // SAFETY: each is `long f(void)`, in this process.
+        let f = unsafe { jit.lookup_fn::<extern "C" fn() -> i64>(lib, name).unwrap() };
+        assert_eq!(f(), i as i64);
+    }
+    assert_eq!(wx_mappings(), Vec::<String>::new(), "after first calls");
+    jit.replace_function(lib, "wx_f3", constant_function("wx_f3", 333))
+        .unwrap();
+    // SAFETY: as above.
+    let f = unsafe {
+        jit.lookup_fn::<extern "C" fn() -> i64>(lib, "wx_f3")
+            .unwrap()
+    };
+    assert_eq!(f(), 333);
+    assert_eq!(wx_mappings(), Vec::<String>::new(), "after a hot swap");
+    // The stack of this thread and of a new one.
+    let stack = std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .find(|l| l.ends_with("[stack]"))
+        .map(|l| l.split_whitespace().nth(1).unwrap().to_string());
+    assert_eq!(stack.as_deref(), Some("rw-p"));
+}
