@@ -63,7 +63,7 @@ enum {
     T_RELEASE = 5, T_WRITE = 6, T_READ = 7, T_LOOKUP = 8, T_LOAD_LIBRARY = 9,
     T_REGISTER_EH_FRAME = 10, T_DEREGISTER_EH_FRAME = 11, T_RUN_INITIALIZERS = 12,
     T_RUN_FINALIZERS = 13, T_RUN_MAIN = 17, T_CALL = 18, T_SHUTDOWN = 19,
-    T_LOOKUP_MANY = 20, T_INPUT = 24,
+    T_LOOKUP_MANY = 20, T_INPUT = 24, T_SET_ENVIRONMENT = 30,
     A_OK = 100, A_VALUE = 101, A_RESERVED = 102, A_BYTES = 103, A_SYMBOL = 104,
     A_ERROR = 105, A_CRASHED = 106, A_SYMBOLS = 107, A_EXITED = 108, A_OUTPUT = 109,
 };
@@ -658,6 +658,49 @@ static void do_load_library(uint32_t id, struct reader *r) {
     reply_value(id, (uint64_t)++library_count);
 }
 
+/* SetEnvironment: the controller's environment (NAME=VALUE entries) replaces ours, and its
+ * working directory (unless empty) becomes ours. Checked whole before anything changes. */
+static void do_set_environment(uint32_t id, struct reader *r) {
+    uint32_t n = rd_count(r, 4, "variables");
+    char **vars = calloc(n + 1, sizeof *vars);
+    if (!vars) return reply_error(id, "SetEnvironment: out of memory");
+    uint32_t got = 0;
+    for (; got < n; got++) {
+        vars[got] = rd_string(r, "variable");
+        if (!vars[got]) break;
+        char *eq = strchr(vars[got], '=');
+        if (!eq || eq == vars[got]) {
+            reply_error(id, "environment entry '%s' is not NAME=VALUE", vars[got]);
+            goto done;
+        }
+    }
+    char *dir = r->bad ? NULL : rd_string(r, "directory");
+    if (r->bad || r->left) {
+        reply_error(id, "malformed SetEnvironment: %s", r->bad ? r->bad : "trailing bytes");
+        free(dir);
+        goto done;
+    }
+    if (dir[0] && chdir(dir) != 0) {
+        reply_error(id, "cannot enter the working directory %s: %s", dir, strerror(errno));
+        free(dir);
+        goto done;
+    }
+    free(dir);
+    clearenv();
+    for (uint32_t i = 0; i < n; i++) {
+        char *eq = strchr(vars[i], '=');
+        *eq = 0;
+        if (setenv(vars[i], eq + 1, 1) != 0) {
+            reply_error(id, "cannot set %s: %s", vars[i], strerror(errno));
+            goto done;
+        }
+    }
+    reply_simple(id, A_OK);
+done:
+    for (uint32_t i = 0; i < n; i++) free(vars[i]);
+    free(vars);
+}
+
 /* ---- running code -------------------------------------------------------------------- */
 
 static char *empty_argv[] = {"kiln", NULL};
@@ -1046,6 +1089,7 @@ static int serve(int fd) {
         case T_RUN_MAIN: do_run_main(id, &r); break;
         case T_CALL: do_call(id, &r); break;
         case T_INPUT: give_input(&r); break;
+        case T_SET_ENVIRONMENT: do_set_environment(id, &r); break;
         case T_SHUTDOWN:
             drain_output();
             reply_simple(id, A_OK);

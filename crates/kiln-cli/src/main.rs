@@ -279,6 +279,10 @@ struct RunArgs {
     /// program's output comes back here).
     #[arg(long, value_name = "HOST:PORT")]
     connect: Option<String>,
+    /// With --connect or a pre-started executor: keep the executor's environment and
+    /// working directory (by default the program gets this process's, as in process).
+    #[arg(long)]
+    no_env: bool,
     /// The executor's key file, for --connect (else $KILN_EXECUTOR_KEY_FILE, or the key
     /// itself in $KILN_EXECUTOR_KEY; with none, plaintext, which only an executor started
     /// with --no-auth accepts).
@@ -410,8 +414,17 @@ fn run(o: RunArgs) -> Result<i32, String> {
             Some(path) => Some(kiln::Key::read_file(path).map_err(|e| e.to_string())?),
             None => kiln::Key::from_env().map_err(|e| e.to_string())?,
         };
-        kiln::Executor::connect_with_key(address, key.as_ref(), timeouts)
-            .map_err(|e| e.to_string())?
+        let executor = kiln::Executor::connect_with_key(address, key.as_ref(), timeouts)
+            .map_err(|e| e.to_string())?;
+        if !o.no_env {
+            if o.verbose {
+                eprintln!("kiln: --connect: the program gets this environment and working directory (--no-env keeps the executor's)");
+            }
+            executor.adopt_environment().map_err(|e| {
+                format!("{e} (--no-env keeps the executor's environment and directory)")
+            })?;
+        }
+        executor
     } else if o.oop {
         let path = o
             .executor
@@ -424,8 +437,18 @@ fn run(o: RunArgs) -> Result<i32, String> {
         // A pre-started executor (kiln-executor --listen-unix PATH) saves starting one.
         match std::env::var_os("KILN_EXECUTOR_SOCKET") {
             Some(socket) if o.executor.is_none() => {
-                kiln::Executor::connect_unix(std::path::Path::new(&socket), transport, timeouts)
-                    .map_err(|e| e.to_string())?
+                let executor = kiln::Executor::connect_unix(
+                    std::path::Path::new(&socket),
+                    transport,
+                    timeouts,
+                )
+                .map_err(|e| e.to_string())?;
+                // A pre-started executor's world is its own: the program gets ours, as a
+                // child executor's does (it inherits them).
+                if !o.no_env {
+                    executor.adopt_environment().map_err(|e| e.to_string())?;
+                }
+                executor
             }
             _ => kiln::Executor::spawn(&path, transport, timeouts).map_err(|e| e.to_string())?,
         }

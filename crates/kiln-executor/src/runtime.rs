@@ -306,3 +306,59 @@ pub fn export_symbols(symbols: &[crate::shared_object::ExportedSymbol]) -> Resul
 pub fn unexport_symbols(exports: Exports) {
     exports.object.close();
 }
+
+/// Makes `variables` (`NAME=VALUE` each) this process's whole environment and enters
+/// `directory` (unless empty): how an executor's program gets its controller's world.
+/// Everything is checked before anything changes: a variable without `=` or a name, or any
+/// NUL byte, is an error and the environment stays as it was.
+///
+/// Call it before the program runs: the environment is the C library's, not thread-safe
+/// against `getenv` in other threads (an executor's own threads do not read it).
+pub fn adopt_environment(variables: &[Vec<u8>], directory: &[u8]) -> Result<(), String> {
+    use std::ffi::CString;
+    let mut parsed = Vec::with_capacity(variables.len());
+    for v in variables {
+        let shown = String::from_utf8_lossy(v);
+        let eq = v
+            .iter()
+            .position(|&b| b == b'=')
+            .filter(|&i| i > 0)
+            .ok_or_else(|| format!("environment entry '{shown}' is not NAME=VALUE"))?;
+        let name = CString::new(&v[..eq])
+            .map_err(|_| format!("environment entry '{shown}' holds a NUL byte"))?;
+        let value = CString::new(&v[eq + 1..])
+            .map_err(|_| format!("environment entry '{shown}' holds a NUL byte"))?;
+        parsed.push((name, value));
+    }
+    let directory = (!directory.is_empty())
+        .then(|| {
+            CString::new(directory)
+                .map_err(|_| "the working directory holds a NUL byte".to_string())
+        })
+        .transpose()?;
+    if let Some(dir) = &directory {
+        // SAFETY: chdir with a NUL-terminated path.
+        if unsafe { libc::chdir(dir.as_ptr()) } != 0 {
+            return Err(format!(
+                "cannot enter the working directory {}: {}",
+                dir.to_string_lossy(),
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    // SAFETY: clearenv and setenv change the C library's environment; the caller runs this
+    // before the program and no other thread of the executor reads the environment.
+    unsafe {
+        libc::clearenv();
+        for (name, value) in &parsed {
+            if libc::setenv(name.as_ptr(), value.as_ptr(), 1) != 0 {
+                return Err(format!(
+                    "cannot set {}: {}",
+                    name.to_string_lossy(),
+                    std::io::Error::last_os_error()
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1305,5 +1305,12 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             ok
         }
         Request::AdoptStdio => Err("adopt stdio: handled by the connection".into()),
+        Request::SetEnvironment {
+            variables,
+            directory,
+        } => {
+            crate::runtime::adopt_environment(&variables, &directory)?;
+            ok
+        }
     }
 }

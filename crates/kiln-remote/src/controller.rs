@@ -416,6 +416,35 @@ impl RemoteExecutor {
         });
     }
 
+    /// Gives the executor this process's environment and working directory, so that a
+    /// pre-started or remote executor's program sees `getenv` and relative paths as a
+    /// local one would (a child executor inherits them anyway). The executor answers an
+    /// error if it cannot enter the directory (another machine may not have it).
+    pub fn adopt_environment(&self) -> Result<(), RemoteError> {
+        use std::os::unix::ffi::OsStrExt;
+        let variables = std::env::vars_os()
+            .map(|(name, value)| {
+                let mut v = name.as_bytes().to_vec();
+                v.push(b'=');
+                v.extend_from_slice(value.as_bytes());
+                v
+            })
+            .collect();
+        let directory = std::env::current_dir()
+            .map(|d| d.as_os_str().as_bytes().to_vec())
+            .unwrap_or_default();
+        match self.request(&Request::SetEnvironment {
+            variables,
+            directory,
+        })? {
+            Response::Ok => Ok(()),
+            other => Err(RemoteError::Unexpected {
+                request: "set environment".into(),
+                response: other,
+            }),
+        }
+    }
+
     /// Whether descriptors (shared memory) can be passed: a Unix socket.
     pub fn can_share_memory(&self) -> bool {
         self.conn.lock().borrow().channel.can_pass_fds()

@@ -357,6 +357,15 @@ pub enum Request {
         /// The stub's id.
         stub: u64,
     },
+    /// The program's environment and working directory are the controller's: the
+    /// executor replaces its environment with `variables` and enters `directory` (unless
+    /// empty). Answers `Ok`, or an `Error` naming what it could not adopt.
+    SetEnvironment {
+        /// Each variable as `NAME=VALUE` (bytes: neither has to be UTF-8).
+        variables: Vec<Vec<u8>>,
+        /// The working directory (empty: unchanged).
+        directory: Vec<u8>,
+    },
 }
 
 /// A response from the executor (or, to a [`Request::ResolveStub`], from the controller).
@@ -447,6 +456,7 @@ impl fmt::Display for Request {
             Request::RegisterDebug(_) => "register debug information",
             Request::UnregisterDebug { .. } => "unregister debug information",
             Request::ResolveStub { .. } => "resolve a call-through stub",
+            Request::SetEnvironment { .. } => "set environment",
         };
         f.write_str(name)
     }
@@ -863,6 +873,18 @@ impl Request {
                 w.u64(*stub);
                 w
             }
+            Request::SetEnvironment {
+                variables,
+                directory,
+            } => {
+                let mut w = Writer::new(30);
+                w.u32(variables.len() as u32);
+                for v in variables {
+                    w.bytes(v);
+                }
+                w.bytes(directory);
+                w
+            }
         };
         w.finish()
     }
@@ -1098,6 +1120,17 @@ impl Request {
             29 => Request::ResolveStub {
                 stub: r.u64("stub")?,
             },
+            30 => {
+                let n = r.count("variables", 4)?;
+                let mut variables = Vec::with_capacity(n);
+                for _ in 0..n {
+                    variables.push(r.bytes("variable")?);
+                }
+                Request::SetEnvironment {
+                    variables,
+                    directory: r.bytes("directory")?,
+                }
+            }
             other => return Err(DecodeError::UnknownTag(other)),
         };
         r.end()?;
@@ -1324,6 +1357,10 @@ mod tests {
             },
             Request::Shutdown,
             Request::ResolveStub { stub: 7 },
+            Request::SetEnvironment {
+                variables: vec![b"A=1".to_vec(), b"B=\xff".to_vec()],
+                directory: b"/tmp".to_vec(),
+            },
             Request::LookupMany {
                 library: 2,
                 names: vec!["a".into(), "bc".into()],

@@ -136,6 +136,15 @@ impl Executor {
         })
     }
 
+    /// Gives a remote executor this process's environment and working directory (see
+    /// [`RemoteExecutor::adopt_environment`]); nothing to do in process.
+    pub fn adopt_environment(&self) -> Result<(), Error> {
+        match &self.kind {
+            Kind::InProcess => Ok(()),
+            Kind::Remote { remote, .. } => Ok(remote.adopt_environment()?),
+        }
+    }
+
     /// The executor process's id (`None` in-process).
     pub fn pid(&self) -> Option<u32> {
         match &self.kind {
