@@ -70,6 +70,8 @@ std::arch::global_asm!(
     ".hidden kiln_lazy_entry",
     ".type kiln_lazy_entry, @function",
     "kiln_lazy_entry:",
+    // Reached by the stubs' `jmp *entry(%rip)`: a landing pad under IBT.
+    "endbr64",
     // [rsp] = the stub's id (pushed by the stub), [rsp+8] = the caller's return address.
     "push rbp",
     "mov rbp, rsp",

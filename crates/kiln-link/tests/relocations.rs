@@ -756,12 +756,12 @@ fn aarch64_far_calls_go_through_a_veneer_and_near_ones_do_not() {
     assert_eq!(branch_target(&linked, text + 4), near);
     let stub = branch_target(&linked, text);
     assert_ne!(stub, far);
-    // ADRP x16 / LDR x16, [x16, lo12] / BR x16 / BRK.
-    assert_eq!(linked.u32_at(stub) & 0x9f00_001f, 0x9000_0010);
-    assert_eq!(linked.u32_at(stub + 4) & 0xffc0_03ff, 0xf940_0210);
-    assert_eq!(linked.u32_at(stub + 8), 0xd61f_0200);
-    assert_eq!(linked.u32_at(stub + 12), 0xd420_0000);
-    let slot = adrp_page(&linked, stub) + lo12(&linked, stub + 4, 3);
+    // BTI c (the landing pad) / ADRP x16 / LDR x16, [x16, lo12] / BR x16.
+    assert_eq!(linked.u32_at(stub), 0xd503_245f);
+    assert_eq!(linked.u32_at(stub + 4) & 0x9f00_001f, 0x9000_0010);
+    assert_eq!(linked.u32_at(stub + 8) & 0xffc0_03ff, 0xf940_0210);
+    assert_eq!(linked.u32_at(stub + 12), 0xd61f_0200);
+    let slot = adrp_page(&linked, stub + 4) + lo12(&linked, stub + 8, 3);
     assert_eq!(linked.u64_at(slot), far);
 }
 
@@ -804,8 +804,9 @@ fn aarch64_thread_locals_in_static_tls() {
     assert_eq!(desc, adrp_page(&linked, text) + lo12(&linked, text + 8, 0));
     let resolver = linked.u64_at(desc);
     assert_eq!(linked.u64_at(desc + 8), offset);
-    assert_eq!(linked.u32_at(resolver), 0xf940_0400, "ldr x0, [x0, #8]");
-    assert_eq!(linked.u32_at(resolver + 4), 0xd65f_03c0, "ret");
+    assert_eq!(linked.u32_at(resolver), 0xd503_245f, "bti c: reached by blr");
+    assert_eq!(linked.u32_at(resolver + 4), 0xf940_0400, "ldr x0, [x0, #8]");
+    assert_eq!(linked.u32_at(resolver + 8), 0xd65f_03c0, "ret");
     // Initial-exec: a GOT entry holding the offset.
     let slot = adrp_page(&linked, text + 0x10) + lo12(&linked, text + 0x14, 3);
     assert_eq!(linked.u64_at(slot), offset);
@@ -921,11 +922,16 @@ fn aarch64_unused_code_is_brk() {
     };
     let linked = link_object(arch, bytes, &mut ctx).expect("links");
     let code = &linked.module.image[0];
-    // The stub area is 16-aligned after 0x80 bytes of text: its fourth word is BRK, and
-    // so is any padding.
+    // The stub starts with its landing pad.
     let stub = branch_target(&linked, linked.section(".text"));
-    assert_eq!(linked.u32_at(stub + 12), 0xd420_0000);
+    assert_eq!(linked.u32_at(stub), 0xd503_245f);
     assert_eq!(code.bytes.len() % 4, 0);
+    // Past the last stub, to the end of the code segment: BRK.
+    let tail: Vec<u32> = (stub + 16..code.address + code.bytes.len() as u64)
+        .step_by(4)
+        .map(|a| linked.u32_at(a))
+        .collect();
+    assert!(tail.iter().all(|&w| w == 0xd420_0000), "{tail:x?}");
 }
 
 #[test]
@@ -990,10 +996,12 @@ fn x86_64_far_calls_go_through_a_stub() {
     let text = linked.section(".text");
     let disp = i32::from_le_bytes(linked.read(text + 1, 4).try_into().unwrap()) as i64;
     let stub = (text as i64 + 5 + disp) as u64;
-    assert_eq!(linked.read(stub, 2), [0xff, 0x25]);
-    let slot_disp = i32::from_le_bytes(linked.read(stub + 2, 4).try_into().unwrap()) as i64;
-    assert_eq!(linked.u64_at((stub as i64 + 6 + slot_disp) as u64), far);
-    assert_eq!(linked.read(stub + 6, 1), [0xcc]);
+    // endbr64 (the landing pad), jmp *slot(%rip), traps.
+    assert_eq!(linked.read(stub, 4), [0xf3, 0x0f, 0x1e, 0xfa]);
+    assert_eq!(linked.read(stub + 4, 2), [0xff, 0x25]);
+    let slot_disp = i32::from_le_bytes(linked.read(stub + 6, 4).try_into().unwrap()) as i64;
+    assert_eq!(linked.u64_at((stub as i64 + 10 + slot_disp) as u64), far);
+    assert_eq!(linked.read(stub + 10, 1), [0xcc]);
 }
 
 #[test]

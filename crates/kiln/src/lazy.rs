@@ -1,6 +1,6 @@
 //! Call-through stubs: functions compiled on first call, and replaced while they run.
 //!
-//! [`crate::Jit::add_lazy_functions`] gives each name a stub at once: 16 bytes of code,
+//! [`crate::Jit::add_lazy_functions`] gives each name a stub at once: 32 bytes of code (each part reached by an indirect branch starts with `endbr64`),
 //! `jmp *slot(%rip)`, and an 8-byte pointer slot in writable data. The stub is what the
 //! name resolves to, for lookups and for every link, so callers never need relinking.
 //! The slot first points back into the stub's own `push $id; jmp common` sequence, which
@@ -358,9 +358,12 @@ impl LazyFunction {
     }
 }
 
-/// The x86-64 stub object for `names`: each stub `jmp *slot(%rip)` (6 bytes) followed by
-/// its entry `push $id; jmp common` (10 bytes); `common` is `jmp *entry(%rip)`; `.data`
-/// holds the slots, then the entry's address.
+/// The x86-64 stub object for `names`: each stub ([`STUB_SIZE`] bytes) is `endbr64; jmp
+/// *slot(%rip)`, and at [`STUB_ENTRY`] its entry `endbr64; push $id; jmp common`; `common`
+/// is `jmp *entry(%rip)`; `.data` holds the slots (first pointing at the entries), then the
+/// entry's address. Both the stub (called through function pointers) and its entry
+/// (reached by `jmp *slot`) are indirect-branch targets, so both start with the landing
+/// pad IBT requires; the gaps are `int3`.
 ///
 /// For debuggers (`shown`), the same object without the functions' names: only the local
 /// `NAME.stub` symbols, so that `break NAME` finds the body, not the stub.
@@ -374,15 +377,22 @@ fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Vec<u8> 
     use kiln_elf::{ElfWriter, FileKind, Section, SymbolTable};
     use object::elf;
     let n = names.len();
-    let common = 16 * n;
+    const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+    let size = STUB_SIZE as usize;
+    let common = size * n;
     // .text
-    let mut text = Vec::with_capacity(16 * n + 8);
+    let mut text = Vec::with_capacity(size * n + 8);
     for (i, &id) in ids.iter().enumerate() {
+        text.extend_from_slice(&ENDBR64);
         text.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0]); // jmp *slot(%rip)
+        text.resize(size * i + STUB_ENTRY as usize, 0xcc);
+        text.extend_from_slice(&ENDBR64);
         text.push(0x68); // push $id
         text.extend_from_slice(&id.to_le_bytes());
         text.push(0xe9); // jmp common
-        text.extend_from_slice(&((common - 16 * (i + 1)) as i32).to_le_bytes());
+        let next = size * i + STUB_ENTRY as usize + 14;
+        text.extend_from_slice(&((common - next) as i32).to_le_bytes());
+        text.resize(size * (i + 1), 0xcc);
     }
     text.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0, 0xcc, 0xcc]); // jmp *entry(%rip)
 
@@ -411,9 +421,17 @@ fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Vec<u8> 
         stub_name.clear();
         stub_name.push_str(name);
         stub_name.push_str(".stub");
-        let at = 16 * i as u64;
+        let at = STUB_SIZE * i as u64;
         let (bind, kind, visibility) = (elf::STB_LOCAL, elf::STT_FUNC, elf::STV_DEFAULT);
-        symtab.push(stub_name.as_bytes(), bind, kind, visibility, TEXT, at, 16);
+        symtab.push(
+            stub_name.as_bytes(),
+            bind,
+            kind,
+            visibility,
+            TEXT,
+            at,
+            STUB_SIZE,
+        );
     }
     let first_global = symtab.len();
     let slots = slots_symbol(ids.first().copied().unwrap_or(0));
@@ -430,7 +448,7 @@ fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Vec<u8> 
     );
     if !shown {
         // The name resolves to the stub, but has no size: profilers and debuggers name
-        // the stub's 16 bytes `NAME.stub`, and the body `NAME`.
+        // the stub's 32 bytes `NAME.stub`, and the body `NAME`.
         for (i, name) in names.iter().enumerate() {
             let (bind, kind, visibility) = (elf::STB_GLOBAL, elf::STT_FUNC, elf::STV_DEFAULT);
             symtab.push(
@@ -439,7 +457,7 @@ fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Vec<u8> 
                 kind,
                 visibility,
                 TEXT,
-                16 * i as u64,
+                STUB_SIZE * i as u64,
                 0,
             );
         }
@@ -454,9 +472,10 @@ fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Vec<u8> 
     let mut rela_data = Vec::with_capacity(24 * n);
     for i in 0..n {
         let pc32 = elf::R_X86_64_PC32.0;
-        rela(&mut rela_text, 16 * i + 2, 2, pc32, 8 * i as i64 - 4);
+        rela(&mut rela_text, size * i + 6, 2, pc32, 8 * i as i64 - 4);
         let abs64 = elf::R_X86_64_64.0;
-        rela(&mut rela_data, 8 * i, 1, abs64, 16 * i as i64 + 6);
+        let entry = (size * i) as i64 + STUB_ENTRY as i64;
+        rela(&mut rela_data, 8 * i, 1, abs64, entry);
     }
     let pc32 = elf::R_X86_64_PC32.0;
     rela(&mut rela_text, common + 2, 2, pc32, 8 * n as i64 - 4);
@@ -529,6 +548,11 @@ fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Vec<u8> 
     ));
     w.finish(0)
 }
+
+/// Bytes per call-through stub.
+const STUB_SIZE: u64 = 32;
+/// Where a stub's entry (`endbr64; push $id; jmp common`) starts in it.
+const STUB_ENTRY: u64 = 16;
 
 /// The hidden symbol at the slots of the stubs whose first id is `first`.
 fn slots_symbol(first: u32) -> String {
@@ -677,7 +701,7 @@ impl Jit {
                 session: Arc::downgrade(self.inner()),
                 compiler: compiler.clone(),
                 slot,
-                entry: stub + 6,
+                entry: stub + STUB_ENTRY,
                 _stubs: stubs.clone(),
                 executor,
                 default_fallback,
@@ -850,10 +874,14 @@ mod tests {
             let bytes = stub_object(&["alpha", "beta"], &[7, 8], 0x1122_3344_5566_7788, shown);
             let file = object::File::parse(&*bytes).expect("parses");
             let text = file.section_by_name(".text").expect(".text");
-            assert_eq!(text.size(), 2 * 16 + 8);
+            assert_eq!(text.size(), 2 * STUB_SIZE + 8);
             let code = text.data().expect("data");
-            // The second stub's entry pushes its id.
-            assert_eq!(&code[16 + 6..16 + 11], &[0x68, 8, 0, 0, 0]);
+            // Every stub and every entry starts with a landing pad; the second stub's
+            // entry pushes its id.
+            for at in [0, 16, 32, 48] {
+                assert_eq!(&code[at..at + 4], &[0xf3, 0x0f, 0x1e, 0xfa], "at {at}");
+            }
+            assert_eq!(&code[32 + 20..32 + 25], &[0x68, 8, 0, 0, 0]);
             let names: Vec<String> = file
                 .symbols()
                 .filter_map(|s| s.name().ok().map(str::to_string))

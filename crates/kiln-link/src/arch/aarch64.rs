@@ -615,7 +615,12 @@ fn other_name(r_type: u32) -> &'static str {
 }
 
 /// `ADRP x16, 0`, `LDR x16, [x16, #0]`, `BR x16`, `BRK #0`.
-const STUB: [u32; 4] = [0x9000_0010, 0xf940_0210, 0xd61f_0200, 0xd420_0000];
+/// `BTI c` (a landing pad for `BR x16`/`BLR`: pages mapped `PROT_BTI` trap any other
+/// indirect branch target), `ADRP x16, slot`, `LDR x16, [x16, :lo12:slot]`, `BR x16`.
+const STUB: [u32; 4] = [BTI_C, 0x9000_0010, 0xf940_0210, 0xd61f_0200];
+
+/// `BTI c`: a hint (a `nop` where BTI is not implemented or the page is not guarded).
+const BTI_C: u32 = 0xd503_245f;
 
 impl Arch for Aarch64 {
     fn architecture(&self) -> Architecture {
@@ -637,8 +642,8 @@ impl Arch for Aarch64 {
         16
     }
 
-    /// `ADRP x16, slot; LDR x16, [x16, :lo12:slot]; BR x16` (x16 is IP0, the register
-    /// the procedure-call standard gives veneers), then `BRK`.
+    /// `BTI c; ADRP x16, slot; LDR x16, [x16, :lo12:slot]; BR x16` (x16 is IP0, the
+    /// register the procedure-call standard gives veneers).
     fn write_stub(
         &self,
         stub: &mut [u8],
@@ -648,9 +653,10 @@ impl Arch for Aarch64 {
         for (i, word) in STUB.iter().enumerate() {
             stub[i * 4..i * 4 + 4].copy_from_slice(&word.to_le_bytes());
         }
-        let page = (slot_address & !0xfff) as i128 - (stub_address & !0xfff) as i128;
-        super::encode(ADRP, Signed(33), page, &mut stub[0..4]).map_err(|_| page)?;
-        super::encode(lo12(3), Check::None, slot_address as i128, &mut stub[4..8])
+        // The ADRP is the second instruction: its page is that of its own address.
+        let page = (slot_address & !0xfff) as i128 - ((stub_address + 4) & !0xfff) as i128;
+        super::encode(ADRP, Signed(33), page, &mut stub[4..8]).map_err(|_| page)?;
+        super::encode(lo12(3), Check::None, slot_address as i128, &mut stub[8..12])
             .map_err(|_| slot_address as i128)?;
         Ok(())
     }
@@ -660,10 +666,13 @@ impl Arch for Aarch64 {
         0xd420_0000u32.to_le_bytes()
     }
 
-    /// `LDR x0, [x0, #8]; RET`: x0 holds the descriptor's address, the result is the
-    /// offset from the thread pointer, and no other register changes.
+    /// `BTI c; LDR x0, [x0, #8]; RET`: x0 holds the descriptor's address, the result is
+    /// the offset from the thread pointer, and no other register changes; reached by
+    /// `BLR`, so it starts with a landing pad.
     fn tlsdesc_static_resolver(&self) -> &'static [u8] {
-        &[0x00, 0x04, 0x40, 0xf9, 0xc0, 0x03, 0x5f, 0xd6]
+        &[
+            0x5f, 0x24, 0x03, 0xd5, 0x00, 0x04, 0x40, 0xf9, 0xc0, 0x03, 0x5f, 0xd6,
+        ]
     }
 
     fn call_reach(&self) -> u64 {
@@ -701,11 +710,12 @@ mod tests {
             .write_stub(&mut stub, 0x1000_0000, 0x1000_2008)
             .expect("in reach");
         let word = |i: usize| u32::from_le_bytes(stub[i * 4..i * 4 + 4].try_into().unwrap());
+        assert_eq!(word(0), BTI_C);
         // ADRP x16, +2 pages: immlo = 2 (bits 29-30), immhi = 0.
-        assert_eq!(word(0), 0x9000_0010 | (2 << 29));
+        assert_eq!(word(1), 0x9000_0010 | (2 << 29));
         // LDR x16, [x16, #8]: imm12 = 8 / 8 = 1.
-        assert_eq!(word(1), 0xf940_0210 | (1 << 10));
-        assert_eq!(word(2), 0xd61f_0200);
+        assert_eq!(word(2), 0xf940_0210 | (1 << 10));
+        assert_eq!(word(3), 0xd61f_0200);
         assert!(Aarch64.write_stub(&mut stub, 0, 1 << 33).is_err());
     }
 }

@@ -253,6 +253,10 @@ fn dynamic_name(r_type: u32) -> &'static str {
     }
 }
 
+/// `endbr64`: the landing pad of indirect branches under Intel CET's IBT (a `nop` on
+/// processors without it).
+pub(crate) const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
 impl Arch for X86_64 {
     fn architecture(&self) -> Architecture {
         Architecture::X86_64
@@ -273,18 +277,20 @@ impl Arch for X86_64 {
         16
     }
 
-    /// `jmp *slot(%rip)`, then traps.
+    /// `endbr64` (a landing pad: a stub may be reached by an indirect branch, and code
+    /// under IBT enforcement may only land on one), `jmp *slot(%rip)`, then traps.
     fn write_stub(
         &self,
         stub: &mut [u8],
         stub_address: u64,
         slot_address: u64,
     ) -> Result<(), i128> {
-        let disp = slot_address as i128 - (stub_address as i128 + 6);
+        let disp = slot_address as i128 - (stub_address as i128 + 10);
         let disp = i32::try_from(disp).map_err(|_| disp)?;
-        stub[..2].copy_from_slice(&[0xff, 0x25]);
-        stub[2..6].copy_from_slice(&disp.to_le_bytes());
-        stub[6..16].fill(0xcc);
+        stub[..4].copy_from_slice(&ENDBR64);
+        stub[4..6].copy_from_slice(&[0xff, 0x25]);
+        stub[6..10].copy_from_slice(&disp.to_le_bytes());
+        stub[10..16].fill(0xcc);
         Ok(())
     }
 
@@ -296,10 +302,11 @@ impl Arch for X86_64 {
         [0xcc; 4]
     }
 
-    /// `mov 8(%rax), %rax; ret`: `%rax` holds the descriptor's address and every other
-    /// register is preserved.
+    /// `endbr64; mov 8(%rax), %rax; ret`: `%rax` holds the descriptor's address and every
+    /// other register is preserved; reached by `call *(%rax)`, so it starts with a landing
+    /// pad.
     fn tlsdesc_static_resolver(&self) -> &'static [u8] {
-        &[0x48, 0x8b, 0x40, 0x08, 0xc3]
+        &[0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8b, 0x40, 0x08, 0xc3]
     }
 
     /// psABI §B.2: `mov foo@GOTPCREL(%rip), %reg` becomes `lea foo(%rip), %reg`;
