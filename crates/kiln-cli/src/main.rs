@@ -279,6 +279,18 @@ struct RunArgs {
     /// program's output comes back here).
     #[arg(long, value_name = "HOST:PORT")]
     connect: Option<String>,
+    /// With --oop: the executor enters a sandbox before it runs anything: the program
+    /// cannot start programs, trace others, listen for connections or change the system,
+    /// reads files only beneath system directories and --sandbox-read paths, and writes
+    /// only beneath --sandbox-write paths.
+    #[arg(long)]
+    sandbox: bool,
+    /// With --sandbox: a path the program may also read (repeatable).
+    #[arg(long, value_name = "PATH")]
+    sandbox_read: Vec<PathBuf>,
+    /// With --sandbox: a path the program may read and write (repeatable).
+    #[arg(long, value_name = "PATH")]
+    sandbox_write: Vec<PathBuf>,
     /// With --connect or a pre-started executor: keep the executor's environment and
     /// working directory (by default the program gets this process's, as in process).
     #[arg(long)]
@@ -319,6 +331,12 @@ fn check_flags(o: &RunArgs) -> Result<(), String> {
     }
     if o.key_file.is_some() && o.connect.is_none() {
         return Err("--key-file applies to --connect".into());
+    }
+    if o.sandbox && !o.oop {
+        return Err("--sandbox applies to --oop (start kiln-executor --listen with --sandbox for --connect)".into());
+    }
+    if !o.sandbox && !(o.sandbox_read.is_empty() && o.sandbox_write.is_empty()) {
+        return Err("--sandbox-read and --sandbox-write need --sandbox".into());
     }
     if o.executor.is_some() && !o.oop {
         return Err("--executor applies to --oop".into());
@@ -436,7 +454,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
         };
         // A pre-started executor (kiln-executor --listen-unix PATH) saves starting one.
         match std::env::var_os("KILN_EXECUTOR_SOCKET") {
-            Some(socket) if o.executor.is_none() => {
+            Some(socket) if o.executor.is_none() && !o.sandbox => {
                 let executor = kiln::Executor::connect_unix(
                     std::path::Path::new(&socket),
                     transport,
@@ -450,7 +468,14 @@ fn run(o: RunArgs) -> Result<i32, String> {
                 }
                 executor
             }
-            _ => kiln::Executor::spawn(&path, transport, timeouts).map_err(|e| e.to_string())?,
+            _ => {
+                let sandbox = o.sandbox.then(|| kiln::Sandbox {
+                    read: o.sandbox_read.clone(),
+                    write: o.sandbox_write.clone(),
+                });
+                kiln::Executor::spawn_with(&path, transport, sandbox.as_ref(), timeouts)
+                    .map_err(|e| e.to_string())?
+            }
         }
     } else {
         kiln::Executor::in_process()

@@ -14,6 +14,7 @@ pub mod debug_outputs;
 pub mod lazy_entry;
 pub mod listener;
 pub mod runtime;
+pub mod sandbox;
 pub mod server;
 pub mod shared_object;
 pub mod thread_locals;

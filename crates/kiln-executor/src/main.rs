@@ -26,6 +26,7 @@
 //! client.
 
 use kiln_executor::listener::{serve_forever, Limits, Notifier};
+use kiln_executor::sandbox::SandboxConfig;
 use kiln_executor::server::{serve, serve_with, Ending, ServeOptions};
 use kiln_wire::channel::{Channel, Stream};
 use kiln_wire::secure::{Key, Role};
@@ -60,6 +61,14 @@ usage: kiln-executor --fd N
                           oldest makes room for a new one)
   --listen-unix PATH      a pre-started executor on a Unix socket of this user's
                           (kiln run --oop uses it when KILN_EXECUTOR_SOCKET names it)
+
+In every mode:
+  --sandbox               JIT code cannot start programs (execve), trace others, listen
+                          for connections or change the system (seccomp), and reads
+                          files only beneath system directories and --sandbox-read
+                          paths, writes only beneath --sandbox-write paths (Landlock)
+  --sandbox-read PATH     also readable (repeatable)
+  --sandbox-write PATH    also readable and writable (repeatable)
 ";
 
 fn usage() -> ! {
@@ -155,7 +164,7 @@ fn listen_key(options: &ListenOptions, port: u16) -> Key {
     key
 }
 
-fn listen(args: &[String]) -> ! {
+fn listen(args: &[String], sandbox: Option<SandboxConfig>) -> ! {
     let options = parse_listen(args);
     let listener = match std::net::TcpListener::bind(&options.address) {
         Ok(l) => l,
@@ -186,6 +195,10 @@ fn listen(args: &[String]) -> ! {
     eprintln!("kiln-executor: listening on {bound}");
     let _ = std::io::stderr().flush();
     serve_forever(listener, options.limits, |stream, notifier| {
+        // Each connection's process enters the sandbox; the listener stays outside it.
+        if !enter_sandbox(sandbox.as_ref()) {
+            return 1;
+        }
         serve_connection(stream, key.as_ref(), options.idle_timeout, notifier)
     })
 }
@@ -193,7 +206,7 @@ fn listen(args: &[String]) -> ! {
 /// A pre-started executor on a Unix socket: what it saves a controller is the start of a
 /// process (exec, loading, the memory probe); each connection still gets a process of its
 /// own (forked), with shared memory and the controller's standard descriptors.
-fn listen_unix(path: &std::path::Path) -> ! {
+fn listen_unix(path: &std::path::Path, sandbox: Option<SandboxConfig>) -> ! {
     use std::os::unix::fs::FileTypeExt;
     // A stale socket of an earlier executor is replaced; any other file is left alone.
     if let Ok(meta) = std::fs::symlink_metadata(path) {
@@ -223,6 +236,9 @@ fn listen_unix(path: &std::path::Path) -> ! {
     eprintln!("kiln-executor: listening on {}", path.display());
     let _ = std::io::stderr().flush();
     serve_forever(listener, Limits::default(), |stream, notifier| {
+        if !enter_sandbox(sandbox.as_ref()) {
+            return 1;
+        }
         let channel = Channel::new(Stream::Unix(stream));
         if !channel.peer_is_same_user() {
             eprintln!("kiln-executor: refused a connection from another user");
@@ -293,8 +309,63 @@ fn serve_connection(
     }
 }
 
+/// Takes `--sandbox`, `--sandbox-read PATH` and `--sandbox-write PATH` (any mode) out of
+/// `args`; `Some` with `--sandbox` (the others alone are a usage error).
+fn take_sandbox(args: &mut Vec<String>) -> Option<SandboxConfig> {
+    let mut config = SandboxConfig::default();
+    let mut on = false;
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--sandbox" => {
+                on = true;
+                args.remove(i);
+            }
+            flag @ ("--sandbox-read" | "--sandbox-write") => {
+                let write = flag == "--sandbox-write";
+                args.remove(i);
+                if i >= args.len() {
+                    usage();
+                }
+                let path = PathBuf::from(args.remove(i));
+                if write {
+                    config.write.push(path);
+                } else {
+                    config.read.push(path);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    if !on && !(config.read.is_empty() && config.write.is_empty()) {
+        eprintln!("kiln-executor: --sandbox-read and --sandbox-write need --sandbox");
+        std::process::exit(2);
+    }
+    on.then_some(config)
+}
+
+/// Enters the sandbox, if asked for; a process that cannot must not serve.
+fn enter_sandbox(config: Option<&SandboxConfig>) -> bool {
+    let Some(config) = config else { return true };
+    match kiln_executor::sandbox::enter(config) {
+        Ok(report) => {
+            if !report.files_restricted {
+                eprintln!(
+                    "kiln-executor: --sandbox: this kernel has no Landlock: system calls are restricted, files are not"
+                );
+            }
+            true
+        }
+        Err(e) => {
+            eprintln!("kiln-executor: {e}");
+            false
+        }
+    }
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let sandbox = take_sandbox(&mut args);
     match args.first().map(String::as_str) {
         Some("--fd") => {
             let Some(fd) = args
@@ -310,6 +381,9 @@ fn main() {
             // SAFETY: the controller handed us this descriptor (a Unix socket) and nothing
             // else in this process owns it.
             let stream = unsafe { UnixStream::from_raw_fd(fd) };
+            if !enter_sandbox(sandbox.as_ref()) {
+                exit(1);
+            }
             let ending = serve(Channel::new(Stream::Unix(stream)));
             exit(if matches!(ending, Ending::Failed(_)) {
                 1
@@ -321,9 +395,9 @@ fn main() {
             print!("{USAGE}");
             std::process::exit(0);
         }
-        Some("--listen") => listen(&args[1..]),
+        Some("--listen") => listen(&args[1..], sandbox),
         Some("--listen-unix") => match args.get(1) {
-            Some(path) => listen_unix(std::path::Path::new(path)),
+            Some(path) => listen_unix(std::path::Path::new(path), sandbox),
             None => usage(),
         },
         _ => usage(),

@@ -804,7 +804,11 @@ fn aarch64_thread_locals_in_static_tls() {
     assert_eq!(desc, adrp_page(&linked, text) + lo12(&linked, text + 8, 0));
     let resolver = linked.u64_at(desc);
     assert_eq!(linked.u64_at(desc + 8), offset);
-    assert_eq!(linked.u32_at(resolver), 0xd503_245f, "bti c: reached by blr");
+    assert_eq!(
+        linked.u32_at(resolver),
+        0xd503_245f,
+        "bti c: reached by blr"
+    );
     assert_eq!(linked.u32_at(resolver + 4), 0xf940_0400, "ldr x0, [x0, #8]");
     assert_eq!(linked.u32_at(resolver + 8), 0xd65f_03c0, "ret");
     // Initial-exec: a GOT entry holding the offset.

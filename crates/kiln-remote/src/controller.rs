@@ -107,6 +107,36 @@ pub enum RemoteError {
     Io(String),
 }
 
+/// The sandbox a spawned executor enters before it serves (`kiln-executor --sandbox`):
+/// JIT code cannot `execve`, `ptrace`, `listen` or change the system (seccomp), reads files
+/// only beneath the system's directories and [`Sandbox::read`], and writes only beneath
+/// [`Sandbox::write`] (Landlock). See `kiln_executor::sandbox` for what it does not
+/// protect.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sandbox {
+    /// Paths JIT code may also read.
+    pub read: Vec<std::path::PathBuf>,
+    /// Paths JIT code may read and write.
+    pub write: Vec<std::path::PathBuf>,
+}
+
+impl Sandbox {
+    /// The executor's arguments for this sandbox.
+    fn args(&self) -> Vec<std::ffi::OsString> {
+        let mut args = vec!["--sandbox".into()];
+        for (flag, paths) in [
+            ("--sandbox-read", &self.read),
+            ("--sandbox-write", &self.write),
+        ] {
+            for path in paths {
+                args.push(flag.into());
+                args.push(path.into());
+            }
+        }
+        args
+    }
+}
+
 /// Timeouts of a connection.
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
@@ -191,10 +221,23 @@ impl RemoteExecutor {
     /// Starts `executor` (the `kiln-executor` binary) as a child connected by a
     /// socketpair; its stdout and stderr are this process's.
     pub fn spawn(executor: &Path, timeouts: Timeouts) -> Result<Self, RemoteError> {
+        Self::spawn_with(executor, None, timeouts)
+    }
+
+    /// As [`RemoteExecutor::spawn`], the executor in `sandbox` (if given) before it
+    /// serves.
+    pub fn spawn_with(
+        executor: &Path,
+        sandbox: Option<&Sandbox>,
+        timeouts: Timeouts,
+    ) -> Result<Self, RemoteError> {
         let (ours, theirs) = UnixStream::pair().map_err(|e| RemoteError::Start(e.to_string()))?;
         let their_fd = theirs.as_raw_fd();
         let mut command = Command::new(executor);
         command.arg("--fd").arg("3");
+        if let Some(sandbox) = sandbox {
+            command.args(sandbox.args());
+        }
         // SAFETY: between fork and exec only async-signal-safe calls: dup2 moves the socket
         // to descriptor 3 (without close-on-exec), as `--fd 3` tells the executor.
         unsafe {

@@ -86,7 +86,32 @@ impl Executor {
         transport: Transport,
         timeouts: Timeouts,
     ) -> Result<Self, Error> {
-        let remote = RemoteExecutor::spawn(executor_binary, timeouts)?;
+        Self::spawn_with(executor_binary, transport, None, timeouts)
+    }
+
+    /// As [`Executor::spawn`], the executor in `sandbox` (if given) before it serves: the
+    /// JIT code it runs cannot start programs, trace others, listen for connections or
+    /// change the system, and reaches files only where the sandbox says.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), kiln::Error> {
+    /// let sandbox = kiln::Sandbox { write: vec!["/tmp/out".into()], ..Default::default() };
+    /// let executor = kiln::Executor::spawn_with(
+    ///     &kiln::default_executor_path(),
+    ///     kiln::Transport::SharedMemory,
+    ///     Some(&sandbox),
+    ///     kiln::Timeouts::default(),
+    /// )?;
+    /// let jit = kiln::Jit::builder().executor(executor).build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn spawn_with(
+        executor_binary: &Path,
+        transport: Transport,
+        sandbox: Option<&kiln_remote::Sandbox>,
+        timeouts: Timeouts,
+    ) -> Result<Self, Error> {
+        let remote = RemoteExecutor::spawn_with(executor_binary, sandbox, timeouts)?;
         Ok(Executor {
             kind: Kind::Remote {
                 remote: Arc::new(remote),

@@ -39,6 +39,6 @@ pub use kiln_memory::{
     FinalizedAllocation, MemoryManager, MemoryStats, Placement, SegmentRange, SlabMemoryManager,
 };
 pub use kiln_remote::secure::Key;
-pub use kiln_remote::{RemoteError, Timeouts};
+pub use kiln_remote::{RemoteError, Sandbox, Timeouts};
 pub use lazy::{CodeGuard, CodeThread, LazyCompiler, LazyFailure};
 pub use plugin::{LoadedModule, Plugin, PluginError, PluginFailure, PluginRegistration};

@@ -1,0 +1,137 @@
+//! `--sandbox`: JIT code run by a sandboxed executor tries what the sandbox forbids —
+//! starting a program, tracing, listening, writing or reading outside the configured
+//! paths — and gets `EPERM` or `EACCES`, while what it allows still works; a sandboxed
+//! listener serves connection after connection.
+
+mod common;
+
+use common::{cc, ensure_executor};
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+struct Setup {
+    object: PathBuf,
+    allowed: PathBuf,
+    elsewhere: PathBuf,
+}
+
+fn setup(name: &str) -> Setup {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("sandbox")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    let allowed = dir.join("allowed");
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir_all(&allowed).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("secret"), "not for JIT code\n").unwrap();
+    let object = dir.join("sandbox_probe.o");
+    cc(&["-c", "-O1"], &common::source("sandbox_probe.c"), &object);
+    Setup {
+        object,
+        allowed,
+        elsewhere,
+    }
+}
+
+const REFUSED: &str = "execve: EPERM\nptrace: EPERM\nlisten: EPERM\nread /etc: ok\nwrite allowed: ok\nwrite elsewhere: EACCES\nread elsewhere: EACCES\n";
+
+fn probe_args(s: &Setup) -> Vec<String> {
+    vec![
+        s.allowed.join("out.txt").display().to_string(),
+        s.elsewhere.join("planted.txt").display().to_string(),
+        s.elsewhere.join("secret").display().to_string(),
+    ]
+}
+
+#[test]
+fn a_sandboxed_child_executor_refuses_each_forbidden_thing() {
+    ensure_executor();
+    let s = setup("child");
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["run", "--oop", "--sandbox", "--sandbox-write"])
+        .arg(&s.allowed)
+        .arg(&s.object)
+        .arg("--")
+        .args(probe_args(&s))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), REFUSED, "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(s.allowed.join("out.txt")).unwrap(),
+        "x\n"
+    );
+    assert!(!s.elsewhere.join("planted.txt").exists());
+}
+
+#[test]
+fn sandbox_flags_need_oop_and_each_other() {
+    let s = setup("flags");
+    for (flags, says) in [
+        (&["--sandbox"][..], "--sandbox applies to --oop"),
+        (&["--oop", "--sandbox-write", "/tmp"][..], "need --sandbox"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .arg("run")
+            .args(flags)
+            .arg(&s.object)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flags:?}: {stderr}");
+        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_sandboxed_listener_serves_connection_after_connection() {
+    ensure_executor();
+    let s = setup("listener");
+    let exe = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
+    let mut child = Command::new(exe)
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--no-auth",
+            "--sandbox",
+            "--sandbox-write",
+        ])
+        .arg(&s.allowed)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("listening on") {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "the executor ended"
+        );
+    }
+    let address = line.trim().rsplit(' ').next().unwrap().to_string();
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    for round in 0..3 {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["run", "--no-export-dynamic", "--connect", &address])
+            .arg(&s.object)
+            .arg("--")
+            .args(probe_args(&s))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            REFUSED,
+            "round {round}: {err}"
+        );
+    }
+    // The listener itself is not sandboxed and lives on.
+    assert!(child.try_wait().unwrap().is_none());
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
