@@ -393,6 +393,12 @@ fn explain(error: kiln::Error) -> String {
         }
         return text;
     }
+    if let kiln::Error::Redefinition { .. } = &error {
+        // The session's absolute definitions are this command's --defsym.
+        return error
+            .to_string()
+            .replace("(Jit::define_symbol)", "(--defsym)");
+    }
     error.to_string()
 }
 

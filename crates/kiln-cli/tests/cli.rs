@@ -365,3 +365,56 @@ fn an_initializer_outside_the_module_is_refused_in_process_as_out_of_process() {
         );
     }
 }
+
+#[test]
+fn defsym_reaches_its_address_through_the_got_or_says_why_not() {
+    let dir = scratch("defsym-pie");
+    let src = dir.join("defsym.c");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\nextern char mysym[];\nint main(void) { printf(\"%p\\n\", (void *)mysym); return 0; }\n",
+    )
+    .unwrap();
+    let pic = dir.join("pic.o");
+    let pie = dir.join("pie.o");
+    common::cc(&["-c", "-fPIC"], &src, &pic);
+    common::cc(&["-c", "-fPIE"], &src, &pie);
+    // -fPIC: the reference goes through a GOT entry holding the absolute address.
+    let out = kiln()
+        .args(["run", "--defsym", "mysym=0x1000"])
+        .arg(&pic)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(stdout, "0x1000\n", "{stderr}");
+    // -fPIE: a direct PC-relative reference cannot reach it; the error says why and
+    // what to do, with the distance as a signed number.
+    let out = kiln()
+        .args(["run", "--defsym", "mysym=0x1000"])
+        .arg(&pie)
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("mysym")
+            && stderr.contains("--defsym")
+            && stderr.contains("Compile with -fPIC"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("value -0x"), "{stderr}");
+    assert!(!stderr.contains("0xffffffffffffffff"), "{stderr}");
+    // A name an object defines too: both named, the definition as --defsym.
+    let out = kiln()
+        .args(["run", "--defsym", "mysym=0x1000", "--defsym", "main=0x1000"])
+        .arg(&pic)
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert!(
+        stderr.contains("'main' is defined twice")
+            && stderr.contains("absolute definition at 0x1000 (--defsym)")
+            && stderr.contains("pic.o"),
+        "{stderr}"
+    );
+}

@@ -112,7 +112,7 @@ pub enum LinkError {
         what: String,
     },
     /// A relocated value does not fit its field.
-    #[error("{object}: section {section} offset {offset:#x}: relocation {kind} against '{symbol}' out of range: value {value:#x} does not fit {bits} bits{hint}")]
+    #[error("{object}: section {section} offset {offset:#x}: relocation {kind} against '{symbol}' out of range: value {shown} does not fit {bits} bits{hint}", shown = SignedHex(*.value))]
     Overflow {
         /// The object.
         object: String,
@@ -133,7 +133,7 @@ pub enum LinkError {
     },
     /// A relocated value is not a multiple of what the instruction scales it by (an
     /// AArch64 load or store of 2^n bytes addresses multiples of 2^n).
-    #[error("{object}: section {section} offset {offset:#x}: relocation {kind} against '{symbol}': value {value:#x} is not a multiple of {align}, as the instruction needs")]
+    #[error("{object}: section {section} offset {offset:#x}: relocation {kind} against '{symbol}': value {shown} is not a multiple of {align}, as the instruction needs", shown = SignedHex(*.value))]
     Misaligned {
         /// The object.
         object: String,
@@ -208,4 +208,18 @@ pub enum LinkError {
     /// A symbol lookup by name found nothing.
     #[error("symbol '{0}' not found")]
     SymbolNotFound(String),
+}
+
+/// A relocated value in hex with its sign (`-0x7f15593e1ff5`, not a 128-bit two's
+/// complement).
+struct SignedHex(i128);
+
+impl std::fmt::Display for SignedHex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0 < 0 {
+            write!(f, "-{:#x}", self.0.unsigned_abs())
+        } else {
+            write!(f, "{:#x}", self.0)
+        }
+    }
 }

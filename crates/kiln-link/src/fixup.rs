@@ -392,10 +392,10 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
     fn overflow_hint(&self, row: &Relocation, key: Key) -> &'static str {
         match (row.target, row.relative) {
             (Target::Symbol, Relative::Absolute) if row.needs_low_memory() => {
-                "; non-PIC code needs memory in the low 2 GiB (give the linker low_memory)"
+                "; non-PIC code (-fno-pic, -mcmodel=kernel) needs its code and data in the low 2 GiB of the address space. Compile with -fPIE or -fPIC (from the Rust API, a session can be given low memory: JitBuilder::low_memory)"
             }
             (Target::Symbol, Relative::Place | Relative::Page) if self.is_external(key) => {
-                "; the host symbol is more than 2 GiB away. Non-PIC code (in the low 2 GiB) cannot reach a shared library's data: that needs a copy relocation, which a JIT cannot make. Compile with -fPIE or -fPIC"
+                "; the symbol (a host symbol, or an absolute definition such as --defsym) is more than 2 GiB from this code. Code compiled as a position-independent executable (-fPIE, gcc's default) or without PIC refers to data it does not define directly, expecting it in the executable (a copy relocation, which a JIT cannot make). Compile with -fPIC: such references then go through the GOT, which reaches any address"
             }
             (Target::Call, _) => {
                 "; the branch reaches neither its target nor a stub: the module's code is larger than a branch reaches"

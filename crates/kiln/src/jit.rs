@@ -772,7 +772,7 @@ impl Jit {
                 symbol: name.to_string(),
                 library: library.name.clone(),
                 previous: describe(&state, previous),
-                new: "define_symbol".into(),
+                new: format!("an absolute definition at {address:#x} (Jit::define_symbol)"),
             });
         }
         state.index.insert(
@@ -1411,7 +1411,10 @@ impl Jit {
 fn describe(state: &LibraryState, d: &Definition) -> String {
     match d.module.and_then(|id| state.modules.get(&id)) {
         Some(m) => format!("module {}", m.inner.name),
-        None => "define_symbol".into(),
+        None => format!(
+            "an absolute definition at {:#x} (Jit::define_symbol)",
+            d.address
+        ),
     }
 }
 
