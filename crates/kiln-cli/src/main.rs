@@ -676,11 +676,28 @@ fn run(o: RunArgs) -> Result<i32, String> {
         // (n, or 128 + the signal number, as a shell reports it).
         Err(kiln::Error::Remote(kiln::RemoteError::Exited { status, .. })) => return Ok(status),
         Err(kiln::Error::Remote(kiln::RemoteError::Crashed {
-            pid, signal, name, ..
+            pid,
+            signal,
+            name,
+            fault_address,
+            pc,
+            ..
         })) => {
-            eprintln!(
-                "kiln: JIT code crashed with {name} (signal {signal}) in the executor (pid {pid})"
-            );
+            // As in process: what was accessed, where, in which JIT function.
+            let mut line = format!("kiln: JIT code crashed with {name} (signal {signal})");
+            if fault_address != 0 || matches!(signal, 11 | 7) {
+                line.push_str(&format!(" accessing {fault_address:#x}"));
+            }
+            if pc != 0 {
+                line.push_str(&format!(" at {pc:#x}"));
+                match jit.function_at(pc) {
+                    Some((function, offset)) => {
+                        line.push_str(&format!(" in {function}+{offset:#x}"))
+                    }
+                    None => line.push_str(" (not in JIT code)"),
+                }
+            }
+            eprintln!("{line} in the executor (pid {pid})");
             return Ok(128 + signal);
         }
         Err(e) => return Err(e.to_string()),

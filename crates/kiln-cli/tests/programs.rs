@@ -452,5 +452,10 @@ fn out_of_process_crash_is_reported_and_kiln_survives() {
     // 128 + SIGSEGV, as a shell reports a program the signal killed (the same in process).
     assert_eq!(out.status.code(), Some(128 + 11), "{stderr}");
     assert!(stderr.contains("crashed with SIGSEGV"), "{stderr}");
+    // The faulting address and the JIT function, as in process.
+    assert!(
+        stderr.contains("accessing 0x10 at 0x") && stderr.contains(" in main+0x"),
+        "{stderr}"
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "about to crash\n");
 }

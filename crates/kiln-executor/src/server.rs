@@ -291,8 +291,57 @@ fn report(tag: u8, value: i32) {
     let _ = unsafe { &*reporter }.try_send_now(&frame);
 }
 
-extern "C" fn on_fatal_signal(signal: i32) {
-    report(106, signal);
+/// The `Crashed` frame with the faulting address and instruction: `len 25, id 0, 106,
+/// signal u32, fault u64, pc u64`, sent without allocating.
+fn report_crash(signal: i32, fault: u64, pc: u64) {
+    // SAFETY: getpid is async-signal-safe.
+    let me = unsafe { libc::getpid() };
+    let reporter = REPORTER.load(Ordering::Acquire);
+    if reporter.is_null() || me != CRASH_PID.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut frame = [0u8; 29];
+    frame[0] = 25;
+    frame[8] = 106;
+    frame[9..13].copy_from_slice(&(signal as u32).to_le_bytes());
+    frame[13..21].copy_from_slice(&fault.to_le_bytes());
+    frame[21..29].copy_from_slice(&pc.to_le_bytes());
+    // SAFETY: the sender was leaked for the life of the process when serving began.
+    let _ = unsafe { &*reporter }.try_send_now(&frame);
+}
+
+/// The faulting instruction's address from a signal's context.
+///
+/// # Safety
+/// `context` is the `ucontext_t` the kernel passed to an `SA_SIGINFO` handler (or null).
+unsafe fn faulting_pc(context: *mut c_void) -> u64 {
+    if context.is_null() {
+        return 0;
+    }
+    let context = context.cast::<libc::ucontext_t>();
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the kernel's context for this signal (the caller's contract).
+    return unsafe { (*context).uc_mcontext.gregs[libc::REG_RIP as usize] as u64 };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: as above.
+    return unsafe { (*context).uc_mcontext.pc };
+    #[allow(unreachable_code)]
+    0
+}
+
+extern "C" fn on_fatal_signal(signal: i32, info: *mut libc::siginfo_t, context: *mut c_void) {
+    // SAFETY: the kernel passes a valid siginfo and context to an SA_SIGINFO handler; the
+    // fault address is meaningful for SIGSEGV, SIGBUS, SIGILL and SIGFPE only.
+    let (fault, pc) = unsafe {
+        let fault = match signal {
+            libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE if !info.is_null() => {
+                (*info).si_addr() as u64
+            }
+            _ => 0,
+        };
+        (fault, faulting_pc(context))
+    };
+    report_crash(signal, fault, pc);
     // SA_RESETHAND restored the default action; raising again makes sure the process
     // dies with this signal even when returning would not re-fault (int3, raise, kill):
     // the signal is blocked in the handler and delivered as it returns.
@@ -341,7 +390,7 @@ fn install_reporters(sender: Sender) {
         // SAFETY: sigaction is plain data; zeroed is valid before the fields are set.
         let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
         action.sa_sigaction = on_fatal_signal as *const () as usize;
-        action.sa_flags = libc::SA_RESETHAND | libc::SA_ONSTACK;
+        action.sa_flags = libc::SA_RESETHAND | libc::SA_ONSTACK | libc::SA_SIGINFO;
         // SAFETY: installing a handler that only calls async-signal-safe functions.
         unsafe { libc::sigaction(signal, &action, std::ptr::null_mut()) };
     }

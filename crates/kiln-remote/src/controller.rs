@@ -37,6 +37,10 @@ pub enum RemoteError {
         signal: i32,
         /// Its name.
         name: &'static str,
+        /// The address whose access faulted (0: none, or not reported).
+        fault_address: u64,
+        /// The faulting instruction (0: not reported).
+        pc: u64,
         /// What it was doing.
         request: String,
     },
@@ -625,11 +629,17 @@ impl RemoteExecutor {
                 request: name,
                 message,
             }),
-            Response::Crashed { signal } => {
+            Response::Crashed {
+                signal,
+                fault_address,
+                pc,
+            } => {
                 let error = RemoteError::Crashed {
                     pid: self.hello.pid,
                     signal,
                     name: signal_name(signal),
+                    fault_address,
+                    pc,
                     request: name,
                 };
                 conn.broken = Some(error.to_string());
@@ -663,6 +673,8 @@ impl RemoteExecutor {
                                     pid,
                                     signal,
                                     name: signal_name(signal),
+                                    fault_address: 0,
+                                    pc: 0,
                                     request: request.to_string(),
                                 }
                             }

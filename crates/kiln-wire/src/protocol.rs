@@ -399,6 +399,11 @@ pub enum Response {
     Crashed {
         /// The signal number.
         signal: i32,
+        /// The address whose access faulted (`si_addr`; 0 if the signal has none or the
+        /// executor did not say).
+        fault_address: u64,
+        /// The instruction that faulted (0 if the executor did not say).
+        pc: u64,
     },
     /// JIT code called `exit(status)`: the executor is ending with that status.
     Exited {
@@ -587,6 +592,10 @@ impl<'a> Reader<'a> {
         }
         Ok(p)
     }
+    fn remaining(&self) -> usize {
+        self.data.len()
+    }
+
     fn end(&self) -> Result<(), DecodeError> {
         if self.data.is_empty() {
             Ok(())
@@ -1168,9 +1177,13 @@ impl Response {
                 w.bytes(m.as_bytes());
                 w
             }
-            Response::Crashed { signal } => {
+            Response::Crashed {
+                signal,
+                fault_address,
+                pc,
+            } => {
                 let mut w = Writer::new(106);
-                w.u32(*signal as u32);
+                w.u32(*signal as u32).u64(*fault_address).u64(*pc);
                 w
             }
             Response::Exited { status } => {
@@ -1219,6 +1232,17 @@ impl Response {
             105 => Response::Error(String::from_utf8_lossy(&r.bytes("message")?).into_owned()),
             106 => Response::Crashed {
                 signal: r.u32("signal")? as i32,
+                // Both optional: an executor may send the signal alone.
+                fault_address: if r.remaining() >= 16 {
+                    r.u64("fault address")?
+                } else {
+                    0
+                },
+                pc: if r.remaining() >= 8 {
+                    r.u64("instruction address")?
+                } else {
+                    0
+                },
             },
             108 => Response::Exited {
                 status: r.u32("status")? as i32,
@@ -1445,7 +1469,11 @@ mod tests {
                 kind: 1,
             },
             Response::Error("no".into()),
-            Response::Crashed { signal: 11 },
+            Response::Crashed {
+                signal: 11,
+                fault_address: 0x10,
+                pc: 0x7f00_0000_1234,
+            },
             Response::Exited { status: 3 },
             Response::Output {
                 stream: 2,

@@ -1396,6 +1396,35 @@ impl Jit {
         kiln_executor::crash_report::install(code, functions);
     }
 
+    /// The JIT function `address` falls in: its name and the offset into it (the nearest
+    /// definition at or below `address` in the code of a module of this session). For
+    /// reports of crashes in an executor process, which has no symbol table of its own.
+    pub fn function_at(&self, address: u64) -> Option<(String, u64)> {
+        let mut best: Option<(u64, String)> = None;
+        for library in self.inner.libraries.read().iter() {
+            let state = library.state.read();
+            let in_code = state.modules.values().any(|m| {
+                m.inner
+                    .allocation
+                    .segments()
+                    .first()
+                    .is_some_and(|t| (t.target..t.target + t.len).contains(&address))
+            });
+            if !in_code {
+                continue;
+            }
+            for (name, d) in state.index.iter().chain(&state.hidden) {
+                if d.module.is_some()
+                    && d.address <= address
+                    && best.as_ref().is_none_or(|(a, _)| d.address > *a)
+                {
+                    best = Some((d.address, name.to_string()));
+                }
+            }
+        }
+        best.map(|(start, name)| (name, address - start))
+    }
+
     /// Memory figures of the session's memory manager.
     pub fn memory_stats(&self) -> MemoryStats {
         self.inner.memory.stats()
