@@ -74,7 +74,7 @@ static const char *request_name(int tag) {
     case 15: return "InstallTls (thread-local storage)";
     case 16: return "RemoveTls (thread-local storage)";
     case 21: return "PlaceStaticTls (thread-local storage)";
-    case 22: return "ExportSymbols";
+    case 22: return "ExportSymbols (making the program's definitions visible to libraries it loads: run kiln run with --no-export-dynamic)";
     case 23: return "UnexportSymbols";
     case 25: return "AdoptStdio";
     case 26: return "EnableDebugOutputs";

@@ -29,8 +29,16 @@ pub(crate) fn classify(path: &Path, bytes: Option<&[u8]>) -> Result<InputKind, S
             path.extension().and_then(|e| e.to_str()),
             Some("o" | "a" | "so" | "obj")
         ) || path.to_string_lossy().contains(".so.");
-        return Err(if path.exists() {
-            format!("{}: cannot be read", path.display())
+        return Err(if path.is_dir() {
+            format!(
+                "{}: is a directory, not an input (give the object files, archives, shared libraries or sources in it)",
+                path.display()
+            )
+        } else if path.exists() {
+            let why = std::fs::File::open(path)
+                .err()
+                .map_or_else(|| "it vanished or changed".to_string(), |e| e.to_string());
+            format!("{}: cannot be read: {why}", path.display())
         } else if looks_like_input {
             format!("{}: no such file", path.display())
         } else {

@@ -240,7 +240,7 @@ struct RunArgs {
     pthread: bool,
     /// Says what is loaded from where: compiled or cached sources, archives, archive
     /// members linked, shared libraries.
-    #[arg(short = 'v')]
+    #[arg(short = 'v', long)]
     verbose: bool,
     /// Prints where every symbol landed (address, size, name) after the link.
     #[arg(long, alias = "show-addrs")]

@@ -381,7 +381,21 @@ fn the_c_executor_runs_x86_64_programs_too() {
         .status()
         .unwrap();
     assert!(status.success());
-    let out = kiln_run(executor.port, &[object], &[], &["exit"]);
+    let out = kiln_run(executor.port, std::slice::from_ref(&object), &[], &["exit"]);
     assert_eq!(out.status.code(), Some(7));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ending by exit\n");
+    // Without --no-export-dynamic, the missing request's error says to use it.
+    let out = Command::new(kiln())
+        .args(["run", "--connect"])
+        .arg(format!("127.0.0.1:{}", executor.port))
+        .arg(&object)
+        .args(["--", "exit"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("ExportSymbols") && stderr.contains("--no-export-dynamic"),
+        "{stderr}"
+    );
 }

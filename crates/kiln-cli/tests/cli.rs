@@ -230,6 +230,31 @@ fn messages_say_what_to_do() {
     std::fs::write(dir.join("p.c"), "int main(void) { return 0; }\n").unwrap();
     common::cc(&["-c"], &dir.join("p.c"), &dir.join("p.o"));
     assert!(run(&["p.o", "arg1"]).contains("put it after `--`"));
+    // A directory as an input; a misspelt long option.
+    std::fs::create_dir_all(dir.join("somedir")).unwrap();
+    assert!(run(&["somedir"]).contains("somedir: is a directory"));
+    assert!(run(&["--verbos", "p.o"]).contains("'--verbose'"));
+    // A C++ object compiled without PIC: what to do, not an option kiln run lacks.
+    std::fs::write(
+        dir.join("nopic.cpp"),
+        "#include <iostream>\nint main() { std::cout << \"hi\" << std::endl; return 0; }\n",
+    )
+    .unwrap();
+    let nopic = Command::new("c++")
+        .args(["-c", "-O1", "-fno-pic", "-mcmodel=small"])
+        .arg(dir.join("nopic.cpp"))
+        .arg("-o")
+        .arg(dir.join("nopic.o"))
+        .status()
+        .unwrap();
+    assert!(nopic.success());
+    let message = run(&["nopic.o", "-lstdc++"]);
+    assert!(
+        message.contains("copy relocation")
+            && message.contains("-fPIE")
+            && !message.contains("give the linker"),
+        "{message}"
+    );
     // A linked program as an input.
     common::cc(&[], &dir.join("p.c"), &dir.join("p"));
     assert!(run(&["p"]).contains("a linked program, not an object"));

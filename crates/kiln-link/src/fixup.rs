@@ -391,6 +391,9 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
     /// What the user can do about a value that does not fit.
     fn overflow_hint(&self, row: &Relocation, key: Key) -> &'static str {
         match (row.target, row.relative) {
+            (Target::Symbol, Relative::Absolute) if row.needs_low_memory() && self.is_external(key) => {
+                "; the symbol is in a shared library, far above the low 4 GiB. Non-PIC code (-fno-pic) refers to data with 32-bit absolute addresses, expecting a copy of it in the executable (a copy relocation, which a JIT cannot make). Compile with -fPIE or -fPIC"
+            }
             (Target::Symbol, Relative::Absolute) if row.needs_low_memory() => {
                 "; non-PIC code (-fno-pic, -mcmodel=kernel) needs its code and data in the low 2 GiB of the address space. Compile with -fPIE or -fPIC (from the Rust API, a session can be given low memory: JitBuilder::low_memory)"
             }

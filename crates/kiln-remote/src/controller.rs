@@ -720,7 +720,10 @@ impl RemoteExecutor {
         let mut conn = guard.borrow_mut();
         if conn.broken.is_none() {
             let _ = conn.channel.set_timeout(Some(Duration::from_secs(5)));
-            if conn.channel.send(&Request::Shutdown.encode()).is_ok() {
+            // Request ids are non-zero (docs/PROTOCOL.md); 0 is the executor's own.
+            conn.next_id = conn.next_id % (crate::protocol::EXECUTOR_REQUEST - 1) + 1;
+            let shutdown = crate::protocol::with_id(Request::Shutdown.encode(), conn.next_id);
+            if conn.channel.send(&shutdown).is_ok() {
                 // The program's last output may come before the answer.
                 while let Ok(body) = conn.channel.recv() {
                     match Response::decode(&body) {
