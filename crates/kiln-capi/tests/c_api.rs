@@ -159,3 +159,29 @@ fn the_static_library_links_too() {
     let out = run(Command::new(&binary).arg(scratch()));
     assert!(out.contains("api: ok"), "{out}");
 }
+
+/// W^X for the whole process through the C API: the probe program (and the host itself)
+/// finds no mapping writable and executable, in process with and without exports, with
+/// static TLS, and in a spawned executor.
+#[test]
+fn no_mapping_is_writable_and_executable_from_c() {
+    let dir = scratch();
+    let probe = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/wx_probe.c");
+    let objects = [("wx_probe.o", ""), ("wx_probe_tls.o", "-DSTATIC_TLS")];
+    for (name, define) in objects {
+        let mut cc = Command::new("cc");
+        cc.args(["-O1", "-c"]);
+        if !define.is_empty() {
+            cc.arg(define);
+        }
+        run(cc.arg(&probe).arg("-o").arg(dir.join(name)));
+    }
+    let binary = build("wx", &[], "");
+    let out = run(Command::new(&binary)
+        .arg(&dir)
+        .arg(prefix().join("bin/kiln-executor"))
+        .arg(dir.join("wx_probe.o"))
+        .arg(dir.join("wx_probe_tls.o")));
+    assert!(out.contains("wx: ok"), "{out}");
+    assert!(!out.contains("W+X"), "{out}");
+}
