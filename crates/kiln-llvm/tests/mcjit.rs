@@ -145,3 +145,27 @@ fn external_symbols_resolve_through_the_client_then_the_process() {
     assert_eq!(call(address, 1), 106);
     drop(code);
 }
+
+#[test]
+fn mcjit_code_in_kiln_memory_leaves_no_mapping_writable_and_executable() {
+    let jit = KilnMcjit::new(SlabMemoryManager::new().unwrap()).with_opt_level(0);
+    let mut modules = Vec::new();
+    for i in 0..16 {
+        let (code, address) = compile(&jit, i).unwrap();
+        assert_eq!(call(address, 3), ir::expected(i, ROUNDS, 3));
+        modules.push(code);
+    }
+    // The whole process, from a second thread too (its stack is a fresh mapping).
+    let scan = || -> Vec<String> {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter(|l| l.split_whitespace().nth(1).and_then(|p| p.get(1..3)) == Some("wx"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(scan(), Vec::<String>::new());
+    let from_thread = std::thread::spawn(scan).join().unwrap();
+    assert_eq!(from_thread, Vec::<String>::new());
+    drop(modules);
+}
