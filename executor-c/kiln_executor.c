@@ -63,7 +63,7 @@ enum {
     T_RELEASE = 5, T_WRITE = 6, T_READ = 7, T_LOOKUP = 8, T_LOAD_LIBRARY = 9,
     T_REGISTER_EH_FRAME = 10, T_DEREGISTER_EH_FRAME = 11, T_RUN_INITIALIZERS = 12,
     T_RUN_FINALIZERS = 13, T_RUN_MAIN = 17, T_CALL = 18, T_SHUTDOWN = 19,
-    T_LOOKUP_MANY = 20, T_INPUT = 24, T_SET_ENVIRONMENT = 30,
+    T_LOOKUP_MANY = 20, T_INPUT = 24, T_SET_ENVIRONMENT = 30, T_GUARD_BRANCH_TARGETS = 31,
     A_OK = 100, A_VALUE = 101, A_RESERVED = 102, A_BYTES = 103, A_SYMBOL = 104,
     A_ERROR = 105, A_CRASHED = 106, A_SYMBOLS = 107, A_EXITED = 108, A_OUTPUT = 109,
 };
@@ -506,6 +506,25 @@ static void do_initialize(uint32_t id, struct reader *r) {
         if (segs[i][2] == 0 && segs[i][1] > 0) sync_icache((uintptr_t)segs[i][0], (uintptr_t)(segs[i][0] + segs[i][1]));
     }
     free(segs);
+    reply_simple(id, A_OK);
+}
+
+/* GuardBranchTargets: whole pages of read-execute code built for BTI are mapped guarded
+ * (PROT_BTI): an indirect branch to anything but a landing pad traps with SIGILL. */
+#ifndef PROT_BTI
+#define PROT_BTI 0x10
+#endif
+static void do_guard_branch_targets(uint32_t id, struct reader *r) {
+    uint64_t addr = rd_u64(r, "address"), len = rd_u64(r, "length");
+    if (r->bad || r->left) return reply_error(id, "malformed GuardBranchTargets: %s", r->bad ? r->bad : "trailing bytes");
+    if (len == 0 || addr % (uint64_t)page_size || len % (uint64_t)page_size)
+        return reply_error(id, "guard branch targets: %#llx+%#llx is not whole pages", (unsigned long long)addr, (unsigned long long)len);
+    if (!prepared(addr, len, 0))
+        return reply_error(id, "guard branch targets: %#llx+%#llx is not code this executor prepared", (unsigned long long)addr, (unsigned long long)len);
+#if defined(__aarch64__)
+    if (mprotect((void *)(uintptr_t)addr, len, PROT_READ | PROT_EXEC | PROT_BTI) != 0)
+        return reply_error(id, "guard branch targets: mprotect: %s", strerror(errno));
+#endif
     reply_simple(id, A_OK);
 }
 
@@ -1090,6 +1109,7 @@ static int serve(int fd) {
         case T_CALL: do_call(id, &r); break;
         case T_INPUT: give_input(&r); break;
         case T_SET_ENVIRONMENT: do_set_environment(id, &r); break;
+        case T_GUARD_BRANCH_TARGETS: do_guard_branch_targets(id, &r); break;
         case T_SHUTDOWN:
             drain_output();
             reply_simple(id, A_OK);

@@ -335,7 +335,8 @@ fn check_flags(o: &RunArgs) -> Result<(), String> {
     if o.sandbox && !o.oop {
         return Err("--sandbox applies to --oop (start kiln-executor --listen with --sandbox for --connect)".into());
     }
-    if !o.sandbox && !(o.sandbox_read.is_empty() && o.sandbox_write.is_empty()) {
+    let sandbox_paths = !o.sandbox_read.is_empty() || !o.sandbox_write.is_empty();
+    if !o.sandbox && sandbox_paths {
         return Err("--sandbox-read and --sandbox-write need --sandbox".into());
     }
     if o.executor.is_some() && !o.oop {

@@ -337,7 +337,7 @@ fn take_sandbox(args: &mut Vec<String>) -> Option<SandboxConfig> {
             _ => i += 1,
         }
     }
-    if !on && !(config.read.is_empty() && config.write.is_empty()) {
+    if !on && config != SandboxConfig::default() {
         eprintln!("kiln-executor: --sandbox-read and --sandbox-write need --sandbox");
         std::process::exit(2);
     }

@@ -362,3 +362,35 @@ pub fn adopt_environment(variables: &[Vec<u8>], directory: &[u8]) -> Result<(), 
     }
     Ok(())
 }
+
+/// Maps the read-execute pages `[address, address + len)` with branch-target enforcement
+/// (AArch64 `PROT_BTI`): an indirect branch to anything but a landing pad (`BTI c`/`j`,
+/// `PACIASP`) then traps with `SIGILL`. Elsewhere there is no such guard: `Ok`.
+///
+/// # Safety
+/// The range must be whole pages of code this process mapped read-execute and owns (the
+/// permission is replaced by read + execute + guard).
+pub unsafe fn guard_branch_targets(address: u64, len: u64) -> Result<(), String> {
+    #[cfg(target_arch = "aarch64")]
+    {
+        const PROT_BTI: libc::c_int = 0x10;
+        // SAFETY: the caller's contract: whole pages of our own code.
+        let rc = unsafe {
+            libc::mprotect(
+                address as *mut libc::c_void,
+                len as usize,
+                libc::PROT_READ | libc::PROT_EXEC | PROT_BTI,
+            )
+        };
+        if rc != 0 {
+            return Err(format!(
+                "cannot guard branch targets in {address:#x}..{:#x}: {}",
+                address + len,
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    let _ = (address, len);
+    Ok(())
+}

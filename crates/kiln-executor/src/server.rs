@@ -1361,5 +1361,19 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             crate::runtime::adopt_environment(&variables, &directory)?;
             ok
         }
+        Request::GuardBranchTargets { address, len } => {
+            let page = state.mapper()?.page_size();
+            if address % page != 0 || len % page != 0 || len == 0 {
+                return Err(format!(
+                    "guard branch targets: {address:#x}+{len:#x} is not whole pages"
+                ));
+            }
+            state.accessible(address, len)?;
+            // SAFETY: whole prepared pages of a reservation of ours; the session asks for
+            // its modules' code only (replacing its permission by read + execute + guard,
+            // never adding write).
+            unsafe { crate::runtime::guard_branch_targets(address, len)? };
+            ok
+        }
     }
 }

@@ -254,6 +254,11 @@ pub struct LinkedModule {
     pub image: Vec<ImageSegment>,
     /// The instruction set it was linked for.
     pub architecture: Architecture,
+    /// Every object linked (archive members included) says its code is built for
+    /// branch-target enforcement (AArch64 BTI, in its GNU property note), and so is
+    /// Kiln's own (stubs, veneers and resolvers start with `BTI c`): its code may be mapped
+    /// guarded (`PROT_BTI`). Always `false` on x86-64.
+    pub branch_protected: bool,
     /// Phase times.
     pub times: LinkTimes,
     /// Each pass's time, in the order they ran (a client's passes under their names).
@@ -319,6 +324,9 @@ pub fn link(
     let mut graph = LinkGraph::new(linker, times);
     graph.run(options)?;
     let exports = graph.exports();
+    let branch_protected = options.architecture == Architecture::Aarch64
+        && !graph.linker.objs.is_empty()
+        && graph.linker.objs.iter().all(|o| o.branch_protected);
     let (linked_objects, sections, symbol_info) = if options.report_sections {
         let (sections, symbols) = graph.report();
         (graph.linker.linked_objects(objects)?, sections, symbols)
@@ -356,6 +364,7 @@ pub fn link(
         symbol_info,
         image: graph.image,
         architecture: options.architecture,
+        branch_protected,
         times,
         pass_times: graph.pass_times,
         counts: graph.counts,

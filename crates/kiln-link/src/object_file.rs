@@ -3,7 +3,7 @@
 
 use crate::{Architecture, LinkError};
 use object::elf;
-use object::read::elf::{FileHeader, SectionHeader, Sym as _};
+use object::read::elf::{FileHeader, SectionHeader, SectionTable, Sym as _};
 use object::LittleEndian as LE;
 
 type Header = elf::FileHeader64<LE>;
@@ -90,6 +90,36 @@ pub(crate) struct ObjectFile<'a> {
     pub(crate) relocations: Vec<(u32, &'a [Rela])>,
     /// COMDAT groups: (signature, member section indices).
     pub(crate) groups: Vec<(&'a [u8], Vec<u32>)>,
+    /// Its GNU property note says its code is built for branch-target enforcement
+    /// (AArch64 BTI: every indirect-branch target is a landing pad).
+    pub(crate) branch_protected: bool,
+}
+
+/// Whether an object's `.note.gnu.property` marks it BTI-compatible
+/// (`GNU_PROPERTY_AARCH64_FEATURE_1_AND` with the BTI bit). A malformed note is read as
+/// "no": the code is then mapped without the guard, which is always safe.
+fn branch_protected<'d>(data: &'d [u8], table: &SectionTable<'d, Header, &'d [u8]>) -> bool {
+    let endian = LE;
+    table.iter().any(|sh| {
+        let Ok(Some(mut notes)) = sh.notes(endian, data) else {
+            return false;
+        };
+        while let Ok(Some(note)) = notes.next() {
+            let Some(properties) = note.gnu_properties(endian) else {
+                continue;
+            };
+            for property in properties.flatten() {
+                if property.pr_type() == elf::GNU_PROPERTY_AARCH64_FEATURE_1_AND
+                    && property
+                        .data_u32(endian)
+                        .is_ok_and(|bits| bits & elf::GNU_PROPERTY_AARCH64_FEATURE_1_BTI != 0)
+                {
+                    return true;
+                }
+            }
+        }
+        false
+    })
 }
 
 fn malformed(object: &str, what: impl std::fmt::Display) -> LinkError {
@@ -354,6 +384,7 @@ impl<'a> ObjectFile<'a> {
             symbols,
             relocations,
             groups,
+            branch_protected: arch == Architecture::Aarch64 && branch_protected(data, &table),
         })
     }
 }

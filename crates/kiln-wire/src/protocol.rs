@@ -366,6 +366,16 @@ pub enum Request {
         /// The working directory (empty: unchanged).
         directory: Vec<u8>,
     },
+    /// The code in `[address, address + len)` (whole pages, already read-execute) was
+    /// built for branch-target enforcement (AArch64 BTI: every object's GNU property note
+    /// says so): map it guarded (`PROT_BTI`), so an indirect branch to anything but a
+    /// landing pad traps. Answers `Ok` (also where the architecture has no such guard).
+    GuardBranchTargets {
+        /// First byte (page-aligned).
+        address: u64,
+        /// Length (whole pages).
+        len: u64,
+    },
 }
 
 /// A response from the executor (or, to a [`Request::ResolveStub`], from the controller).
@@ -462,6 +472,7 @@ impl fmt::Display for Request {
             Request::UnregisterDebug { .. } => "unregister debug information",
             Request::ResolveStub { .. } => "resolve a call-through stub",
             Request::SetEnvironment { .. } => "set environment",
+            Request::GuardBranchTargets { .. } => "guard branch targets",
         };
         f.write_str(name)
     }
@@ -894,6 +905,11 @@ impl Request {
                 w.bytes(directory);
                 w
             }
+            Request::GuardBranchTargets { address, len } => {
+                let mut w = Writer::new(31);
+                w.u64(*address).u64(*len);
+                w
+            }
         };
         w.finish()
     }
@@ -1140,6 +1156,10 @@ impl Request {
                     directory: r.bytes("directory")?,
                 }
             }
+            31 => Request::GuardBranchTargets {
+                address: r.u64("address")?,
+                len: r.u64("length")?,
+            },
             other => return Err(DecodeError::UnknownTag(other)),
         };
         r.end()?;
@@ -1384,6 +1404,10 @@ mod tests {
             Request::SetEnvironment {
                 variables: vec![b"A=1".to_vec(), b"B=\xff".to_vec()],
                 directory: b"/tmp".to_vec(),
+            },
+            Request::GuardBranchTargets {
+                address: 0x7f00_0000_0000,
+                len: 0x2000,
             },
             Request::LookupMany {
                 library: 2,

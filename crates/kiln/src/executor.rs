@@ -319,6 +319,31 @@ impl Executor {
         }
     }
 
+    /// The page size where the code runs.
+    pub(crate) fn page_size(&self) -> u64 {
+        match &self.kind {
+            // SAFETY: sysconf has no preconditions.
+            Kind::InProcess => (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as u64,
+            Kind::Remote { remote, .. } => remote.hello().page_size.max(4096),
+        }
+    }
+
+    /// Maps whole pages of a module's code guarded (AArch64 `PROT_BTI`); nothing to do on
+    /// other architectures.
+    pub(crate) fn guard_branch_targets(&self, address: u64, len: u64) -> Result<(), Error> {
+        match &self.kind {
+            Kind::InProcess => {
+                // SAFETY: the session passes whole pages of the code of a module it just
+                // linked and finalized read-execute.
+                unsafe { runtime::guard_branch_targets(address, len) }.map_err(Error::Executor)
+            }
+            Kind::Remote { remote, .. } => {
+                remote.request(&Request::GuardBranchTargets { address, len })?;
+                Ok(())
+            }
+        }
+    }
+
     pub(crate) fn run_initializers(&self, functions: &[u64]) -> Result<(), Error> {
         match &self.kind {
             // SAFETY: the session passes initializers of a module it just linked and keeps.

@@ -1043,6 +1043,19 @@ impl Jit {
                 });
             }
         }
+        if linked.branch_protected {
+            // BTI-built code (and Kiln's stubs, which start with landing pads): the whole
+            // pages of its code are mapped guarded. Pages the slab shares with another
+            // module's code stay unguarded (guarding them could break that module).
+            if let Some(code) = linked.allocation.segments().first() {
+                let page = executor.page_size();
+                let start = code.target.next_multiple_of(page);
+                let end = (code.target + code.len) / page * page;
+                if end > start {
+                    executor.guard_branch_targets(start, end - start)?;
+                }
+            }
+        }
         let tls_module = linked.tls.as_ref().map(|t| t.module_id);
         if let Some(template) = linked.tls {
             executor.install_tls(template)?;

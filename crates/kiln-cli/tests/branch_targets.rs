@@ -1,0 +1,123 @@
+//! Branch-target enforcement on AArch64, for real under qemu (`-cpu max` has BTI):
+//! objects whose GNU property note says BTI are linked by `kiln run --connect` into an
+//! AArch64 executor-c, which maps their code `PROT_BTI`; an indirect call through a
+//! pointer to a landing pad works, one that skips it traps (SIGILL), and the same call in
+//! code built without BTI is not guarded. Skipped with KILN_TEST_SKIP_CROSS=1.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+/// The cross compiler's C library, qemu's guest root.
+const GUEST_ROOT: &str = "/usr/aarch64-linux-gnu";
+
+fn skipped() -> bool {
+    if std::env::var_os("KILN_TEST_SKIP_CROSS").is_some() {
+        eprintln!("skipped: KILN_TEST_SKIP_CROSS is set");
+        return true;
+    }
+    false
+}
+
+fn tmp() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("branch_targets");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+struct Executor(Child, String);
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// executor-c built for AArch64 and started under qemu with BTI (`-cpu max`).
+fn executor() -> Executor {
+    let binary = tmp().join("kiln-executor-c-aarch64");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let status = Command::new("bash")
+        .arg(repo.join("executor-c/build.sh"))
+        .arg(&binary)
+        .arg("aarch64-linux-gnu-gcc")
+        .status()
+        .unwrap();
+    assert!(status.success(), "executor-c for AArch64 builds");
+    let mut child = Command::new("qemu-aarch64-static")
+        .args(["-cpu", "max", "-L", GUEST_ROOT])
+        .arg(&binary)
+        .args(["--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("qemu-aarch64-static runs");
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let address = line
+        .split_whitespace()
+        .find(|w| w.starts_with("127.0.0.1:"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    Executor(child, address)
+}
+
+fn compile(flags: &[&str], out: &Path) {
+    let status = Command::new("aarch64-linux-gnu-gcc")
+        .args(["-O2", "-fPIC", "-c"])
+        .args(flags)
+        .arg(common::source("bti_probe.c"))
+        .arg("-o")
+        .arg(out)
+        .status()
+        .unwrap();
+    assert!(status.success(), "aarch64-linux-gnu-gcc {flags:?}");
+}
+
+fn run(executor: &Executor, object: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["run", "--no-export-dynamic", "--connect", &executor.1])
+        .arg(object)
+        .arg("--")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn bti_code_is_guarded_and_a_branch_past_a_landing_pad_traps() {
+    if skipped() {
+        return;
+    }
+    let dir = tmp();
+    let bti = dir.join("bti.o");
+    let plain = dir.join("plain.o");
+    compile(&["-mbranch-protection=bti"], &bti);
+    compile(&[], &plain);
+    let executor = executor();
+    // Through the landing pad: fine, guarded or not.
+    for object in [&bti, &plain] {
+        let out = run(&executor, object, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{}: {stderr}", object.display());
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "through the pointer: 42\n"
+        );
+    }
+    // Past it: the guarded code traps.
+    let out = run(&executor, &bti, &["skip"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + 4), "{stderr}");
+    assert!(stderr.contains("SIGILL"), "{stderr}");
+    // Code built without BTI is not guarded: the same branch runs.
+    let out = run(&executor, &plain, &["skip"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
