@@ -261,7 +261,14 @@ impl RemoteExecutor {
         }
         let mut child = command
             .spawn()
-            .map_err(|e| RemoteError::Start(format!("{}: {e}", executor.display())))?;
+            .map_err(|e| {
+                let hint = if e.kind() == std::io::ErrorKind::NotFound {
+                    " (build it with `cargo build -p kiln-executor` or install it with `cargo install --path crates/kiln-executor`, then give its path or set KILN_EXECUTOR)"
+                } else {
+                    ""
+                };
+                RemoteError::Start(format!("{}: {e}{hint}", executor.display()))
+            })?;
         drop(theirs);
         let pid = child.id();
         match Self::handshake(Channel::new(Stream::Unix(ours)), None, timeouts) {

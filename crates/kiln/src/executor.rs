@@ -49,11 +49,35 @@ impl std::fmt::Debug for Executor {
     }
 }
 
-/// The `kiln-executor` binary next to the running executable, if there is one.
+/// Where to find the `kiln-executor` binary: `$KILN_EXECUTOR` if set; else the one next
+/// to the running executable (`kiln`'s own, or a test's); else the one beside it one level
+/// up (a test or example binary in `target/*/deps` or `target/*/examples`); else the first
+/// `kiln-executor` on `PATH`; else the bare name. A project that depends on Kiln by path
+/// does not build the executor by itself: build it with `cargo build -p kiln-executor`
+/// (or install it: `cargo install --path crates/kiln-executor`), or set
+/// `KILN_EXECUTOR`. [`Executor::spawn`] names the path it tried when it is not there.
 pub fn default_executor_path() -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|d| d.join("kiln-executor")))
+    if let Some(path) = std::env::var_os("KILN_EXECUTOR") {
+        return PathBuf::from(path);
+    }
+    let beside = std::env::current_exe().ok().and_then(|exe| {
+        let dir = exe.parent()?;
+        [
+            dir.join("kiln-executor"),
+            dir.parent()?.join("kiln-executor"),
+        ]
+        .into_iter()
+        .find(|p| p.is_file())
+    });
+    let on_path = || {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join("kiln-executor"))
+                .find(|p| p.is_file())
+        })
+    };
+    beside
+        .or_else(on_path)
         .unwrap_or_else(|| PathBuf::from("kiln-executor"))
 }
 

@@ -586,3 +586,18 @@ fn run_main(jit: &kiln::Jit, lib: kiln::LibraryId, args: &[String]) -> Result<i3
     // SAFETY: every test program defines a C `int main(int, char **)`.
     unsafe { jit.run_main(lib, args) }
 }
+
+#[test]
+fn a_missing_executor_binary_says_how_to_build_it() {
+    let missing = std::path::Path::new("/nonexistent/kiln-executor");
+    let err = Executor::spawn(missing, Transport::SharedMemory, Timeouts::default()).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("/nonexistent/kiln-executor")
+            && text.contains("cargo build -p kiln-executor"),
+        "{text}"
+    );
+    // The default finds the executor this build made (beside the test binary's directory).
+    let path = kiln::default_executor_path();
+    assert!(path.is_file(), "{}", path.display());
+}
