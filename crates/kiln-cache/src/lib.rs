@@ -208,6 +208,9 @@ impl std::fmt::Display for CacheSkip {
     }
 }
 
+/// How the detail of an operation skipped without trying begins.
+pub(crate) const NOT_TRIED: &str = "not tried";
+
 /// How many skips a cache keeps until they are taken.
 const KEPT_SKIPS: usize = 32;
 
@@ -249,12 +252,18 @@ impl Counters {
         self.error();
         tracing::warn!(%cache, operation, %reason, %detail, "object cache skipped");
         let mut skips = self.skips.lock();
-        if skips.len() < KEPT_SKIPS {
+        let detail = detail.to_string();
+        // An operation not tried because the last one failed says nothing new.
+        let repeated = detail.starts_with(NOT_TRIED)
+            && skips
+                .last()
+                .is_some_and(|last| last.cache == cache && last.reason == reason);
+        if skips.len() < KEPT_SKIPS && !repeated {
             skips.push(CacheSkip {
                 cache,
                 operation,
                 reason,
-                detail: detail.to_string(),
+                detail,
             });
         }
     }

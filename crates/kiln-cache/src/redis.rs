@@ -127,8 +127,16 @@ impl RedisCache {
     fn run(&self, command: &redis::Cmd, limit: u64) -> Result<redis::Value, Failure> {
         let deadline = Instant::now() + self.timeout;
         if let Some((until, reason, why)) = self.unavailable.lock().clone() {
-            if Instant::now() < until {
-                return Err(Failure(reason, format!("not tried: {why}")));
+            let now = Instant::now();
+            if now < until {
+                let ago = (UNAVAILABLE_FOR - (until - now)).as_secs_f64();
+                return Err(Failure(
+                    reason,
+                    format!(
+                        "{} (it was {reason} {ago:.1} s ago: {why})",
+                        crate::NOT_TRIED
+                    ),
+                ));
             }
         }
         let mut slot = self.connection.lock();

@@ -134,9 +134,16 @@ fn a_server_that_accepts_and_never_answers_is_slow_not_a_hang() {
     // The next operations do not wait again: the store is skipped for a while.
     let started = Instant::now();
     assert!(cache.put(&CacheKey([3; 32]), b"object").is_err());
+    assert!(cache.get(&CacheKey([3; 32])).unwrap().is_none());
     assert!(started.elapsed() < Duration::from_millis(100));
     let skips = cache.take_skips();
+    assert_eq!(
+        skips.len(),
+        1,
+        "one word for operations not tried: {skips:?}"
+    );
     assert_eq!(skips[0].reason, SkipReason::Slow);
+    assert_eq!(cache.stats().errors, 3, "each counted");
     assert!(skips[0].detail.contains("not tried"), "{skips:?}");
 }
 
