@@ -233,6 +233,30 @@ fn a_full_disk_and_a_read_only_cache_never_fail_the_compile() {
 }
 
 #[test]
+fn a_cache_out_of_inodes_never_fails_the_compile_and_says_full() {
+    let dir = scratch("inodes");
+    let src = source(&dir, "i.c", "int i(void) { return 7; }\n");
+    let root = dir.join("cache");
+    // Three inodes: the root, its key and v1; no room for an entry.
+    let Some(_mount) = tmpfs(&root, "size=1m,nr_inodes=3,mode=0700") else {
+        panic!("mounting a tmpfs failed: the test command runs as root");
+    };
+    let cache = DiskCache::open(&root, DiskLimits::default()).unwrap();
+    let compiler = SystemCompiler::new();
+    let outcome = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    assert!(!outcome.hit);
+    assert!(
+        signature_of(&outcome.object).is_some(),
+        "compiled, with its note"
+    );
+    let skips = cache.take_skips();
+    assert_eq!(skips.len(), 1, "{skips:?}");
+    assert_eq!(skips[0].reason, SkipReason::Full, "{skips:?}");
+    assert!(skips[0].to_string().contains("(full)"), "{}", skips[0]);
+    assert_eq!(cache.usage().unwrap().temporaries, 0);
+}
+
+#[test]
 fn least_recently_used_entries_are_evicted_beyond_the_limits() {
     let dir = scratch("lru");
     let cache = DiskCache::open(
