@@ -310,7 +310,7 @@ impl ObjectCache for DiskCache {
             }
             Err(ReadRefusal::Io(e)) => {
                 self.counters
-                    .skip(self.name(), "lookup", SkipReason::of_io(&e), &e);
+                    .skip(self.name(), "lookup", SkipReason::of_read(&e), &e);
                 self.counters.miss();
                 return Err(io(format!("reading {}", path.display()))(e));
             }

@@ -160,6 +160,17 @@ impl std::fmt::Display for SkipReason {
 }
 
 impl SkipReason {
+    /// The reason a failed read stands for: as [`SkipReason::of_io`], but a read this
+    /// user may not make is refused, not read-only.
+    pub fn of_read(error: &std::io::Error) -> Self {
+        match Self::of_io(error) {
+            SkipReason::ReadOnly if error.kind() == std::io::ErrorKind::PermissionDenied => {
+                SkipReason::Refused
+            }
+            reason => reason,
+        }
+    }
+
     /// The reason an I/O error stands for.
     pub fn of_io(error: &std::io::Error) -> Self {
         use std::io::ErrorKind;

@@ -209,7 +209,15 @@ impl ObjectCache for RedisCache {
                 self.counters.miss();
                 return Ok(None);
             }
-            Ok(other) => Some(format!("{other:?}").into_bytes()), // never an entry: rejected
+            Ok(other) => {
+                // Not a string: nothing Kiln stores, whoever put it there.
+                tracing::warn!(store = %self.url, key = %name, value = ?other,
+                    "a cache key holding no entry: removed");
+                self.counters.reject();
+                self.counters.miss();
+                let _ = self.remove(key);
+                return Ok(None);
+            }
             Err(failure) => {
                 // Down, slow or refusing: a miss, and the run compiles.
                 self.skip("lookup", failure);
@@ -383,11 +391,7 @@ impl Connection {
             redis::ConnectionAddr::Tcp(host, port) => {
                 Stream::Tcp(connect_tcp(host, *port, deadline)?)
             }
-            redis::ConnectionAddr::Unix(path) => {
-                // A local socket's connect does not wait on the network.
-                let stream = UnixStream::connect(path).map_err(|e| Failure::io(&e))?;
-                Stream::Unix(stream)
-            }
+            redis::ConnectionAddr::Unix(path) => Stream::Unix(connect_unix(path, deadline)?),
             other => {
                 return Err(Failure(
                     SkipReason::Failed,
@@ -478,6 +482,48 @@ impl Connection {
     }
 }
 
+/// Runs `work` on a helper thread and waits for it until `deadline`: for the blocking
+/// calls that take no deadline (a name's resolution, a local socket's connect to a server
+/// whose backlog is full). One that outlives the deadline is left to finish alone.
+fn before<T: Send + 'static>(
+    deadline: Instant,
+    what: &str,
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, Failure> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("kiln-redis-connect".into())
+        .spawn(move || {
+            let _ = tx.send(work());
+        })
+        .map_err(|e| Failure::io(&e))?;
+    let wait = left(deadline).map_err(|e| Failure::io(&e))?;
+    match rx.recv_timeout(wait) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => {
+            let Failure(reason, detail) = Failure::io(&e);
+            Err(Failure(reason, format!("{what}: {detail}")))
+        }
+        Err(_) => Err(Failure(
+            SkipReason::Slow,
+            format!("{what}: no answer within the deadline"),
+        )),
+    }
+}
+
+/// A connection to the local socket `path`, made before `deadline`.
+fn connect_unix(path: &std::path::Path, deadline: Instant) -> Result<UnixStream, Failure> {
+    let target = path.to_path_buf();
+    before(deadline, &path.display().to_string(), move || {
+        UnixStream::connect(target)
+    })
+    .map_err(|Failure(reason, detail)| match reason {
+        // No socket there (NotFound): no server.
+        SkipReason::Failed => Failure(SkipReason::Down, detail),
+        other => Failure(other, detail),
+    })
+}
+
 /// A TCP connection to `host:port` made before `deadline`: the name is resolved on a
 /// helper thread (the resolver has no deadline of its own; one that outlives ours is left
 /// to finish alone), then each address is tried with what is left of the deadline.
@@ -485,24 +531,16 @@ fn connect_tcp(host: &str, port: u16, deadline: Instant) -> Result<TcpStream, Fa
     let addresses: Vec<SocketAddr> = match host.parse::<std::net::IpAddr>() {
         Ok(ip) => vec![SocketAddr::new(ip, port)],
         Err(_) => {
-            let (tx, rx) = std::sync::mpsc::channel();
             let name = (host.to_string(), port);
-            std::thread::Builder::new()
-                .name("kiln-redis-resolve".into())
-                .spawn(move || {
-                    let _ = tx.send(name.to_socket_addrs().map(|a| a.collect::<Vec<_>>()));
-                })
-                .map_err(|e| Failure::io(&e))?;
-            let wait = left(deadline).map_err(|e| Failure::io(&e))?;
-            match rx.recv_timeout(wait) {
-                Ok(Ok(addresses)) => addresses,
-                Ok(Err(e)) => return Err(Failure(SkipReason::Down, format!("{host}: {e}"))),
-                Err(_) => {
-                    return Err(Failure(
-                        SkipReason::Slow,
-                        format!("{host}: not resolved within the deadline"),
-                    ))
+            let resolved = before(deadline, host, move || {
+                name.to_socket_addrs().map(|a| a.collect::<Vec<_>>())
+            });
+            match resolved {
+                // A name that does not resolve: nothing to reach.
+                Err(Failure(SkipReason::Failed, detail)) => {
+                    return Err(Failure(SkipReason::Down, detail))
                 }
+                other => other?,
             }
         }
     };

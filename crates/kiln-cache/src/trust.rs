@@ -38,6 +38,13 @@ fn untrusted(path: &Path, why: impl Into<String>) -> CacheError {
 /// then uses: a link on the way cannot be changed to lead elsewhere afterwards.
 pub(crate) fn private_directory(dir: &Path) -> Result<PathBuf, CacheError> {
     if std::fs::symlink_metadata(dir).is_err() {
+        // Nothing is made under a directory others could write to: the nearest one that
+        // exists is checked first, as a directory above the cache.
+        if let Some(existing) = dir.ancestors().skip(1).find(|a| a.exists()) {
+            let canonical = std::fs::canonicalize(existing)
+                .map_err(io(format!("resolving {}", existing.display())))?;
+            check_levels(&canonical, false)?;
+        }
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -53,6 +60,12 @@ pub(crate) fn private_directory(dir: &Path) -> Result<PathBuf, CacheError> {
 /// Checks that `canonical` (an absolute path with no links) and every directory above it
 /// are out of other users' reach (see the module's rules).
 pub(crate) fn check_directory(canonical: &Path) -> Result<(), CacheError> {
+    check_levels(canonical, true)
+}
+
+/// Checks every level of `canonical`, the last one as the cache's own directory if
+/// `last_is_cache`, else as one above it.
+fn check_levels(canonical: &Path, last_is_cache: bool) -> Result<(), CacheError> {
     let me = effective_uid();
     let mut levels: Vec<&Path> = canonical.ancestors().collect();
     levels.reverse();
@@ -68,7 +81,7 @@ pub(crate) fn check_directory(canonical: &Path) -> Result<(), CacheError> {
             ));
         }
         let writable_by_others = mode & 0o022 != 0;
-        if depth == last {
+        if depth == last && last_is_cache {
             if meta.uid() != me {
                 return Err(untrusted(
                     level,
@@ -317,6 +330,15 @@ mod tests {
             let error = private_directory(&inner).unwrap_err().to_string();
             assert!(error.contains("owned by uid 65534"), "{error}");
         }
+        // Nothing is made under a directory others can write to.
+        let open = base.join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let error = private_directory(&open.join("cache"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("on the path writable"), "{error}");
+        assert!(!open.join("cache").exists(), "not made");
         // Through a link: the target is what is checked and used.
         let link = base.join("link");
         std::os::unix::fs::symlink(&mine, &link).unwrap();

@@ -182,6 +182,30 @@ fn a_value_over_the_entry_limit_is_not_read() {
 }
 
 #[test]
+fn a_local_socket_that_never_answers_is_slow_and_a_missing_one_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("redis.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let held = std::thread::spawn(move || {
+        // Accepts one connection and holds it, silent, until the test drops its end.
+        if let Ok((mut stream, _)) = listener.accept() {
+            let mut buf = [0u8; 4096];
+            while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+        }
+    });
+    let url = format!("redis+unix://{}", path.display());
+    let cache = RedisCache::open_with_key(&url, TIMEOUT, key()).unwrap();
+    let skip = lookup_skipped(&cache);
+    assert_eq!(skip.reason, SkipReason::Slow, "{skip}");
+    drop(cache);
+    held.join().unwrap();
+    let missing = format!("redis+unix://{}", dir.path().join("none.sock").display());
+    let cache = RedisCache::open_with_key(&missing, TIMEOUT, key()).unwrap();
+    let skip = lookup_skipped(&cache);
+    assert_eq!(skip.reason, SkipReason::Down, "{skip}");
+}
+
+#[test]
 fn no_server_is_down() {
     // A port nobody listens on: bind one, then close it.
     let port = TcpListener::bind("127.0.0.1:0")
