@@ -14,7 +14,9 @@
 //! any timeout (issue 23 saw 30 to 90 s). Here the deadline is checked, and the socket's
 //! timeout set to what is left of it, before every read and write, and a reply is never
 //! read past the entry limit. The `redis` crate still parses the URL, packs the commands
-//! and parses the replies.
+//! and parses the replies. The set-up is only what the URL asks for (`AUTH`, `SELECT`; no
+//! `CLIENT SETINFO`); resolving a host name and connecting to a local socket, which take
+//! no deadline of their own, run on a helper thread waited for until the deadline.
 
 use crate::{entry, trust, CacheError, CacheKey, CacheSkip, CacheStats, Counters, MacKey};
 use crate::{ObjectCache, SkipReason};
