@@ -489,6 +489,42 @@ mod manifest {
             rest = tail;
         }
     }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_header_that_became_a_fifo_or_a_device_is_a_change_not_a_hang() {
+            let dir = tempfile::tempdir().unwrap();
+            let header = dir.path().join("h.h");
+            std::fs::write(&header, "#define K 1\n").unwrap();
+            let hash = blake3::hash(b"#define K 1\n").to_hex();
+            let manifest = |path: &std::path::Path| {
+                format!(
+                    "{HEAD}header {hash} {}\nsignature\nthe signature\n",
+                    path.display()
+                )
+            };
+            assert_eq!(
+                check(manifest(&header).as_bytes()).as_deref(),
+                Some("the signature\n")
+            );
+            std::fs::remove_file(&header).unwrap();
+            assert!(std::process::Command::new("mkfifo")
+                .arg(&header)
+                .status()
+                .unwrap()
+                .success());
+            let started = std::time::Instant::now();
+            assert_eq!(check(manifest(&header).as_bytes()), None, "a FIFO");
+            assert_eq!(
+                check(manifest(std::path::Path::new("/dev/zero")).as_bytes()),
+                None
+            );
+            assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        }
+    }
 }
 
 /// The note's signature of an object (for tests and `kiln cache`).
