@@ -139,8 +139,6 @@ pub enum SkipReason {
     ReadOnly,
     /// The store is full (no space, no inodes, a quota, Redis out of memory).
     Full,
-    /// An entry could not be used: not a regular file, too big, a link.
-    BadEntry,
     /// Anything else.
     Failed,
 }
@@ -153,7 +151,6 @@ impl std::fmt::Display for SkipReason {
             SkipReason::Refused => "refused",
             SkipReason::ReadOnly => "read-only",
             SkipReason::Full => "full",
-            SkipReason::BadEntry => "a bad entry",
             SkipReason::Failed => "failed",
         })
     }
