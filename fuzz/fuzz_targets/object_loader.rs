@@ -26,14 +26,6 @@ fn manager() -> &'static SlabMemoryManager {
 
 fuzz_target!(|data: &[u8]| {
     let objects = [ObjectInput::new("fuzz.o", data.to_vec())];
-    let _ = link(
-        &objects,
-        &[],
-        &mut Ctx,
-        &LinkOptions {
-            memory: manager(),
-            low_memory: None,
-            report_sections: false,
-        },
-    );
+    // LinkOptions::new: the defaults, whatever fields the options gain.
+    let _ = link(&objects, &[], &mut Ctx, &LinkOptions::new(manager()));
 });

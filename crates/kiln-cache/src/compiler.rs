@@ -1,7 +1,8 @@
 //! Source to object: the `Compiler` trait, the system compiler behind it, and the cached
 //! compile that ties compiler, signature and cache together.
 
-use crate::{io, note, CacheError, CacheKey, ObjectCache, Signature};
+use crate::files::{self, Links};
+use crate::{io, note, trust, CacheError, CacheKey, ObjectCache, Signature};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::Path;
@@ -84,17 +85,22 @@ impl SystemCompiler {
             return Ok(known.clone());
         }
         let binary = which(driver);
-        let memo = binary.as_ref().and_then(|path| {
+        // Only under a cache root no other user can write to: the memo decides what the
+        // signature says of the compiler.
+        let memo_dir = crate::DiskCache::default_root()
+            .and_then(|root| trust::private_directory(&root).ok())
+            .map(|root| root.join("compilers"));
+        let memo = binary.as_ref().zip(memo_dir).and_then(|(path, dir)| {
             let meta = std::fs::metadata(path).ok()?;
             let stamp = format!("{path} {} {:?}", meta.len(), meta.modified().ok()?);
             let name = blake3::hash(stamp.as_bytes()).to_hex();
-            Some(
-                crate::DiskCache::default_root()
-                    .join("compilers")
-                    .join(format!("{}.txt", &name[..32])),
-            )
+            Some(dir.join(format!("{}.txt", &name[..32])))
         });
-        if let Some(text) = memo.as_ref().and_then(|m| std::fs::read_to_string(m).ok()) {
+        let remembered = memo
+            .as_ref()
+            .and_then(|m| files::read_regular(m, Links::Refuse, 4096).ok())
+            .and_then(|bytes| String::from_utf8(bytes).ok());
+        if let Some(text) = remembered {
             if let Some((identity, target)) = text.split_once('\n') {
                 let known = (identity.to_string(), target.trim().to_string());
                 self.identities
@@ -116,14 +122,28 @@ impl SystemCompiler {
         let target = run("-dumpmachine")?.trim().to_string();
         if let Some(memo) = memo {
             // Best effort: a cache root that cannot be written only costs the two runs.
-            let _ = std::fs::create_dir_all(memo.parent().unwrap_or(Path::new(".")));
-            let _ = std::fs::write(&memo, format!("{identity}\n{target}\n"));
+            let _ = remember(&memo, &format!("{identity}\n{target}\n"));
         }
         self.identities
             .lock()
             .insert(driver.to_string(), (identity.clone(), target.clone()));
         Ok((identity, target))
     }
+}
+
+/// Writes `text` to `memo` whole (a temporary file renamed over it), its directory made
+/// private if missing.
+fn remember(memo: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = memo.parent().unwrap_or(Path::new("."));
+    if std::fs::symlink_metadata(dir).is_err() {
+        std::fs::DirBuilder::new().mode(0o700).create(dir)?;
+    }
+    let mut file = tempfile::Builder::new().prefix(".tmp").tempfile_in(dir)?;
+    file.write_all(text.as_bytes())?;
+    file.persist(memo).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// The absolute path `PATH` finds `program` at (its resolved target, so that a
@@ -234,7 +254,13 @@ impl Compiler for SystemCompiler {
     fn direct_text(&self, source: &Path, flags: &[String]) -> Result<Option<String>, CacheError> {
         let driver = self.driver(source);
         let (compiler, target) = self.identity(driver)?;
-        let bytes = std::fs::read(source).map_err(io(format!("reading {}", source.display())))?;
+        let bytes =
+            files::read_regular(source, Links::Follow, crate::MAX_ENTRY_BYTES).map_err(|e| {
+                CacheError::Io {
+                    what: format!("reading {}", source.display()),
+                    source: std::io::Error::other(e.to_string()),
+                }
+            })?;
         // The path as given: it is what the preprocessor writes in its line markers and
         // the compiler in the debug information.
         let path = source;
@@ -280,6 +306,12 @@ impl Compiler for SystemCompiler {
         }
         std::fs::read(&object).map_err(io(format!("reading {}", object.display())))
     }
+}
+
+/// `object` with a note holding `signature`, as the cache stores objects (for tools and
+/// tests: [`compile_cached`] adds the note itself). An ELF64 little-endian object.
+pub fn embed_signature(object: &[u8], signature: &str) -> Result<Vec<u8>, CacheError> {
+    note::embed(object, signature)
 }
 
 /// What [`compile_cached`] did.
@@ -407,7 +439,11 @@ pub fn compile_cached(
 
 /// Manifests: what lets a run skip the preprocessor. A manifest lists the headers a
 /// compile read, each with the BLAKE3 of its contents, then the compile's signature.
+/// Headers are read as any file the cache reads: without blocking (a FIFO is a changed
+/// header, not a hang), only regular files of bounded size (links are followed, as the
+/// compiler followed them, but what they lead to is checked).
 mod manifest {
+    use crate::files::{self, Links};
     use crate::Signature;
 
     const HEAD: &str = "kiln-cache-manifest 1\n";
@@ -441,11 +477,52 @@ mod manifest {
                 return Some(tail.to_string());
             }
             let (hash, path) = line.strip_prefix("header ")?.split_once(' ')?;
-            let bytes = std::fs::read(path).ok()?;
+            let bytes = files::read_regular(
+                std::path::Path::new(path),
+                Links::Follow,
+                crate::MAX_ENTRY_BYTES,
+            )
+            .ok()?;
             if blake3::hash(&bytes).to_hex().as_str() != hash {
                 return None;
             }
             rest = tail;
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_header_that_became_a_fifo_or_a_device_is_a_change_not_a_hang() {
+            let dir = tempfile::tempdir().unwrap();
+            let header = dir.path().join("h.h");
+            std::fs::write(&header, "#define K 1\n").unwrap();
+            let hash = blake3::hash(b"#define K 1\n").to_hex();
+            let manifest = |path: &std::path::Path| {
+                format!(
+                    "{HEAD}header {hash} {}\nsignature\nthe signature\n",
+                    path.display()
+                )
+            };
+            assert_eq!(
+                check(manifest(&header).as_bytes()).as_deref(),
+                Some("the signature\n")
+            );
+            std::fs::remove_file(&header).unwrap();
+            assert!(std::process::Command::new("mkfifo")
+                .arg(&header)
+                .status()
+                .unwrap()
+                .success());
+            let started = std::time::Instant::now();
+            assert_eq!(check(manifest(&header).as_bytes()), None, "a FIFO");
+            assert_eq!(
+                check(manifest(std::path::Path::new("/dev/zero")).as_bytes()),
+                None
+            );
+            assert!(started.elapsed() < std::time::Duration::from_secs(2));
         }
     }
 }

@@ -1,25 +1,41 @@
 //! The disk cache: one file per entry under a versioned directory.
 //!
+//! - Only in a directory no other user can write to (checked at open, every level of its
+//!   path; see `trust.rs`), with entries sealed under this user's key (a `key` file in the
+//!   root, 0600, made on first use; or `$KILN_CACHE_KEY_FILE`).
+//! - Entries are read only if they are regular files of at most the entry limit, opened
+//!   without following links (`O_NOFOLLOW`) and without blocking (`O_NONBLOCK`), checked
+//!   with `fstat` on the descriptor; anything else under an entry's name is rejected and
+//!   removed (the name, never what a link points to).
 //! - Writes are atomic: a temporary file in the same directory, renamed over the entry,
 //!   so a reader sees a whole entry or none, and a writer killed mid-write leaves only a
 //!   temporary file (removed by [`DiskCache::prune`] once stale).
-//! - Every read verifies the entry's checksum; a corrupt or truncated entry is a miss and
-//!   is removed.
+//! - Every read verifies the entry's MAC; a corrupt, truncated or foreign entry is a miss
+//!   and is removed.
 //! - Several processes may read and write at once: the last rename of a key wins, and
 //!   every version is whole.
 //! - Size and count limits with least-recently-used eviction: a hit refreshes the
 //!   entry's modification time; after a store, the oldest entries go until both limits
-//!   hold.
-//! - A store that fails (a full disk, a read-only directory) is counted and reported to
-//!   the caller, who goes on without caching.
+//!   hold. Pruning never follows a link: a `v1` that is a link is refused.
+//! - A store that fails (a full disk, a read-only directory) is counted, kept as a
+//!   [`CacheSkip`](crate::CacheSkip) and reported to the caller, who goes on without
+//!   caching.
 
-use crate::{entry, io, CacheError, CacheKey, CacheStats, Counters, ObjectCache};
+use crate::files::{self, Links, ReadRefusal};
+use crate::{
+    entry, io, trust, CacheError, CacheKey, CacheSkip, CacheStats, Counters, MacKey, ObjectCache,
+    SkipReason,
+};
+use std::ffi::OsString;
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 /// The layout version: a different one is a different directory.
 const VERSION_DIR: &str = "v1";
+/// The default key file, in the cache root.
+const KEY_FILE: &str = "key";
 const SUFFIX: &str = ".kobj";
 /// A temporary file older than this belongs to a writer that died.
 const STALE_TEMPORARY: Duration = Duration::from_secs(3600);
@@ -36,6 +52,8 @@ pub struct DiskLimits {
     pub max_bytes: u64,
     /// Number of entries.
     pub max_entries: u64,
+    /// Bytes of one entry's object: a bigger file is not read (nor stored).
+    pub max_entry_bytes: u64,
 }
 
 impl Default for DiskLimits {
@@ -43,6 +61,7 @@ impl Default for DiskLimits {
         DiskLimits {
             max_bytes: 1 << 30,
             max_entries: 100_000,
+            max_entry_bytes: crate::MAX_ENTRY_BYTES,
         }
     }
 }
@@ -56,41 +75,84 @@ pub struct DiskUsage {
     pub bytes: u64,
     /// Temporary files (writes in progress, or left by a writer that died).
     pub temporaries: u64,
+    /// Names of entries that are not regular files (links, FIFOs, devices), which
+    /// [`DiskCache::prune`] removes.
+    pub strays: u64,
 }
 
 /// A cache in a directory.
 #[derive(Debug)]
 pub struct DiskCache {
+    root: PathBuf,
     dir: PathBuf,
     limits: DiskLimits,
+    mac_key: MacKey,
     counters: Counters,
 }
 
 impl DiskCache {
-    /// A cache in `root` (entries in `root/v1`), created if missing.
+    /// A cache in `root` (entries in `root/v1`), created (mode 0700) if missing, with the
+    /// key in `$KILN_CACHE_KEY_FILE` if that is set, else in `root/key` (made on first
+    /// use). Fails with [`CacheError::Untrusted`] if another user could write to `root` or
+    /// to a directory above it, and with [`CacheError::KeyFile`] if the key file is not
+    /// this user's alone.
     pub fn open(root: impl AsRef<Path>, limits: DiskLimits) -> Result<Self, CacheError> {
-        let dir = root.as_ref().join(VERSION_DIR);
-        std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
-        Ok(DiskCache {
+        Self::open_inner(root.as_ref(), limits, None)
+    }
+
+    /// A cache in `root` whose entries are sealed with `mac_key` (a key a fleet shares).
+    pub fn open_with_key(
+        root: impl AsRef<Path>,
+        limits: DiskLimits,
+        mac_key: MacKey,
+    ) -> Result<Self, CacheError> {
+        Self::open_inner(root.as_ref(), limits, Some(mac_key))
+    }
+
+    fn open_inner(
+        root: &Path,
+        limits: DiskLimits,
+        mac_key: Option<MacKey>,
+    ) -> Result<Self, CacheError> {
+        let root = trust::private_directory(root)?;
+        let mac_key = match mac_key {
+            Some(key) => key,
+            None => match MacKey::configured()? {
+                Some(key) => key,
+                None => MacKey::load_or_create(&root.join(KEY_FILE))?,
+            },
+        };
+        let dir = root.join(VERSION_DIR);
+        if std::fs::symlink_metadata(&dir).is_err() {
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io(format!("creating {}", dir.display()))(e)),
+            }
+        }
+        let cache = DiskCache {
+            root,
             dir,
             limits,
+            mac_key,
             counters: Counters::default(),
-        })
+        };
+        cache.check_entry_directory()?;
+        Ok(cache)
     }
 
     /// The default root: `$KILN_CACHE_DIR`, else `$XDG_CACHE_HOME/kiln`, else
-    /// `~/.cache/kiln`.
-    pub fn default_root() -> PathBuf {
-        if let Some(dir) = std::env::var_os("KILN_CACHE_DIR") {
-            return dir.into();
-        }
-        if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-            return Path::new(&dir).join("kiln");
-        }
-        match std::env::var_os("HOME") {
-            Some(home) => Path::new(&home).join(".cache").join("kiln"),
-            None => std::env::temp_dir().join("kiln-cache"),
-        }
+    /// `$HOME/.cache/kiln`, else `$XDG_RUNTIME_DIR/kiln` (a per-user directory the system
+    /// makes 0700); with none of them (cron, services, `env -i`), no cache at all: never a
+    /// directory in `/tmp` that another user could have made first. Empty values, and
+    /// relative ones other than `$KILN_CACHE_DIR`, count as unset.
+    pub fn default_root() -> Option<PathBuf> {
+        default_root_from(|name| std::env::var_os(name))
+    }
+
+    /// The root: the checked, canonical path of the directory given at open.
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     /// The directory entries are in.
@@ -98,46 +160,90 @@ impl DiskCache {
         &self.dir
     }
 
+    /// Checks that the entry directory is still a directory of this user's, not a link
+    /// (to be followed nowhere, pruned nowhere else).
+    fn check_entry_directory(&self) -> Result<(), CacheError> {
+        let meta = std::fs::symlink_metadata(&self.dir)
+            .map_err(io(format!("checking {}", self.dir.display())))?;
+        let why = if meta.file_type().is_symlink() {
+            Some("a symbolic link (not followed)".to_string())
+        } else if !meta.file_type().is_dir() {
+            Some(format!("{}, not a directory", files::kind_of(meta.mode())))
+        } else if meta.uid() != trust::effective_uid() {
+            Some(format!("owned by uid {}, not by this user", meta.uid()))
+        } else if meta.mode() & 0o022 != 0 {
+            Some(format!(
+                "writable by its group or by others (mode {:04o})",
+                meta.mode() & 0o7777
+            ))
+        } else {
+            None
+        };
+        match why {
+            Some(why) => Err(CacheError::Untrusted {
+                path: self.dir.clone(),
+                why,
+            }),
+            None => Ok(()),
+        }
+    }
+
     fn path(&self, key: &CacheKey) -> PathBuf {
         self.dir.join(format!("{}{SUFFIX}", key.hex()))
     }
 
-    /// Entries with their sizes and last use, oldest first; and the temporary files.
-    fn scan(&self) -> Result<(Vec<EntryFile>, Vec<TemporaryFile>), CacheError> {
-        let mut entries = Vec::new();
-        let mut temporaries = Vec::new();
+    /// Entries with their sizes and last use, oldest first; the temporary files; and the
+    /// names of ours that are not regular files. Nothing is followed: the entry directory
+    /// must not be a link, and each name is looked at with `lstat`.
+    fn scan(&self) -> Result<Scan, CacheError> {
+        self.check_entry_directory()?;
+        let mut scan = Scan::default();
         let listing =
             std::fs::read_dir(&self.dir).map_err(io(format!("reading {}", self.dir.display())))?;
         for item in listing.flatten() {
             let path = item.path();
+            // DirEntry::metadata does not follow links.
             let Ok(meta) = item.metadata() else { continue };
             let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
             let name = item.file_name();
             let name = name.to_string_lossy();
-            if name.ends_with(SUFFIX) {
-                entries.push((modified, meta.len(), path));
+            let ours = name.ends_with(SUFFIX) || name.starts_with(".tmp");
+            if ours && !meta.file_type().is_file() {
+                scan.strays.push(path);
+            } else if name.ends_with(SUFFIX) {
+                scan.entries.push((modified, meta.len(), path));
             } else if name.starts_with(".tmp") {
-                temporaries.push((modified, path));
+                scan.temporaries.push((modified, path));
             }
         }
-        entries.sort();
-        Ok((entries, temporaries))
+        scan.entries.sort();
+        Ok(scan)
     }
 
     /// What the cache holds now.
     pub fn usage(&self) -> Result<DiskUsage, CacheError> {
-        let (entries, temporaries) = self.scan()?;
+        let scan = self.scan()?;
         Ok(DiskUsage {
-            entries: entries.len() as u64,
-            bytes: entries.iter().map(|e| e.1).sum(),
-            temporaries: temporaries.len() as u64,
+            entries: scan.entries.len() as u64,
+            bytes: scan.entries.iter().map(|e| e.1).sum(),
+            temporaries: scan.temporaries.len() as u64,
+            strays: scan.strays.len() as u64,
         })
     }
 
     /// Evicts least-recently-used entries until the limits hold, and removes temporary
-    /// files left by writers that died. Returns how many entries went.
+    /// files left by writers that died and names of entries that are not regular files
+    /// (a link is removed, never what it points to). Returns how many entries went.
+    /// Fails, removing nothing, if the entry directory has become a link.
     pub fn prune(&self) -> Result<u64, CacheError> {
-        let (entries, temporaries) = self.scan()?;
+        let Scan {
+            entries,
+            temporaries,
+            strays,
+        } = self.scan()?;
+        for path in strays {
+            let _ = std::fs::remove_file(path);
+        }
         let now = SystemTime::now();
         for (modified, path) in temporaries {
             if now.duration_since(modified).unwrap_or_default() > STALE_TEMPORARY {
@@ -162,8 +268,15 @@ impl DiskCache {
 
     /// Removes every entry and temporary file. Returns how many entries went.
     pub fn clear(&self) -> Result<u64, CacheError> {
-        let (entries, temporaries) = self.scan()?;
-        for (_, path) in temporaries {
+        let Scan {
+            entries,
+            temporaries,
+            strays,
+        } = self.scan()?;
+        for path in strays
+            .into_iter()
+            .chain(temporaries.into_iter().map(|t| t.1))
+        {
             let _ = std::fs::remove_file(path);
         }
         let mut removed = 0;
@@ -183,29 +296,44 @@ impl ObjectCache for DiskCache {
 
     fn get(&self, key: &CacheKey) -> Result<Option<Vec<u8>>, CacheError> {
         let path = self.path(key);
-        let stored = match std::fs::read(&path) {
-            Ok(stored) => stored,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        let limit = self
+            .limits
+            .max_entry_bytes
+            .saturating_add(entry::HEADER as u64);
+        let read = files::open_regular(&path, Links::Refuse, limit)
+            .and_then(|(file, meta)| files::read_checked(&file, &meta, limit).map(|s| (file, s)));
+        let (file, stored) = match read {
+            Ok(read) => read,
+            Err(ReadRefusal::Missing) => {
                 self.counters.miss();
                 return Ok(None);
             }
-            Err(e) => {
-                self.counters.error();
+            Err(ReadRefusal::Io(e)) => {
+                self.counters
+                    .skip(self.name(), "lookup", SkipReason::of_read(&e), &e);
                 self.counters.miss();
                 return Err(io(format!("reading {}", path.display()))(e));
             }
+            Err(refusal) => {
+                // A link, a FIFO, a device, a giant: never read; the name is removed (a
+                // link's target is untouched).
+                tracing::warn!(entry = %path.display(), %refusal, "a cache entry that is no entry: removed");
+                let _ = std::fs::remove_file(&path);
+                self.counters.reject();
+                self.counters.miss();
+                return Ok(None);
+            }
         };
-        match entry::open(&stored) {
+        match entry::open(&self.mac_key, key, &stored) {
             Some(object) => {
                 self.counters.hit();
-                // Least recently used: a hit is a use (best effort on a read-only cache).
-                if let Ok(file) = std::fs::File::options().append(true).open(&path) {
-                    let _ = file.set_modified(SystemTime::now());
-                }
+                // Least recently used: a hit is a use (on the descriptor read, best effort
+                // on a read-only cache).
+                let _ = file.set_modified(SystemTime::now());
                 Ok(Some(object.to_vec()))
             }
             None => {
-                tracing::warn!(entry = %path.display(), "a corrupt cache entry: removed");
+                tracing::warn!(entry = %path.display(), "a cache entry not sealed with this cache's key, or corrupt: removed");
                 let _ = std::fs::remove_file(&path);
                 self.counters.reject();
                 self.counters.miss();
@@ -215,15 +343,25 @@ impl ObjectCache for DiskCache {
     }
 
     fn put(&self, key: &CacheKey, object: &[u8]) -> Result<(), CacheError> {
+        if object.len() as u64 > self.limits.max_entry_bytes {
+            return Err(CacheError::Store {
+                store: self.name(),
+                what: format!(
+                    "an object of {} bytes, more than the entry limit of {}",
+                    object.len(),
+                    self.limits.max_entry_bytes
+                ),
+            });
+        }
         let result = (|| {
             let mut file = tempfile::Builder::new()
                 .prefix(".tmp")
                 .tempfile_in(&self.dir)
-                .map_err(io(format!("creating a file in {}", self.dir.display())))?;
-            file.write_all(&entry::seal(object))
-                .map_err(io(format!("writing in {}", self.dir.display())))?;
+                .map_err(|e| (e, "creating a file in"))?;
+            file.write_all(&entry::seal(&self.mac_key, key, object))
+                .map_err(|e| (e, "writing in"))?;
             file.persist(self.path(key))
-                .map_err(|e| io(format!("renaming into {}", self.dir.display()))(e.error))?;
+                .map_err(|e| (e.error, "renaming into"))?;
             Ok(())
         })();
         match result {
@@ -232,9 +370,10 @@ impl ObjectCache for DiskCache {
                 self.prune()?;
                 Ok(())
             }
-            Err(e) => {
-                self.counters.error();
-                Err(e)
+            Err((e, what)) => {
+                self.counters
+                    .skip(self.name(), "store", SkipReason::of_io(&e), &e);
+                Err(io(format!("{what} {}", self.dir.display()))(e))
             }
         }
     }
@@ -253,5 +392,71 @@ impl ObjectCache for DiskCache {
 
     fn count_rejected(&self) {
         self.counters.reject();
+    }
+
+    fn take_skips(&self) -> Vec<CacheSkip> {
+        self.counters.take_skips()
+    }
+}
+
+/// What [`DiskCache::scan`] finds.
+#[derive(Default)]
+struct Scan {
+    entries: Vec<EntryFile>,
+    temporaries: Vec<TemporaryFile>,
+    strays: Vec<PathBuf>,
+}
+
+/// [`DiskCache::default_root`] with the environment given by `var`.
+fn default_root_from(var: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
+    let set = |name: &str| var(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let absolute = |name: &str| set(name).filter(|p| p.is_absolute());
+    if let Some(dir) = set("KILN_CACHE_DIR") {
+        return Some(dir);
+    }
+    if let Some(dir) = absolute("XDG_CACHE_HOME") {
+        return Some(dir.join("kiln"));
+    }
+    if let Some(home) = absolute("HOME") {
+        return Some(home.join(".cache").join("kiln"));
+    }
+    absolute("XDG_RUNTIME_DIR").map(|dir| dir.join("kiln"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_home_the_cache_is_the_runtime_directory_or_none_never_tmp() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| OsString::from(v))
+            }
+        };
+        assert_eq!(default_root_from(env(&[])), None);
+        assert_eq!(
+            default_root_from(env(&[("HOME", ""), ("XDG_CACHE_HOME", "relative")])),
+            None
+        );
+        assert_eq!(
+            default_root_from(env(&[("XDG_RUNTIME_DIR", "/run/user/1000")])),
+            Some(PathBuf::from("/run/user/1000/kiln"))
+        );
+        assert_eq!(
+            default_root_from(env(&[("HOME", "/home/u"), ("XDG_RUNTIME_DIR", "/run/u")])),
+            Some(PathBuf::from("/home/u/.cache/kiln"))
+        );
+        assert_eq!(
+            default_root_from(env(&[("HOME", "/home/u"), ("XDG_CACHE_HOME", "/c")])),
+            Some(PathBuf::from("/c/kiln"))
+        );
+        assert_eq!(
+            default_root_from(env(&[("KILN_CACHE_DIR", "here"), ("HOME", "/home/u")])),
+            Some(PathBuf::from("here"))
+        );
     }
 }

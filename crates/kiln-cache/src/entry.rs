@@ -1,31 +1,53 @@
-//! The stored form of an entry: a header with the payload's length and BLAKE3, so that a
-//! truncated or corrupt entry is detected on read, whoever wrote it.
+//! The stored form of an entry: a header with the payload's length and a keyed MAC
+//! (BLAKE3 keyed mode) over the cache key and the payload.
+//!
+//! The MAC is what makes an entry trusted: a checksum anyone can recompute would let
+//! whoever can write to the store have their object loaded. Binding the cache key as well
+//! means a genuine entry moved to another key (another source's object or manifest under
+//! this source's key) does not open either.
 
-/// `KILNOBJ` + format version.
-const MAGIC: &[u8; 8] = b"KILNOBJ1";
-const HEADER: usize = 8 + 8 + 32;
+use crate::{CacheKey, MacKey};
 
-/// The stored bytes of `object`.
-pub(crate) fn seal(object: &[u8]) -> Vec<u8> {
+/// `KILNOBJ` + format version (1 was an unkeyed checksum: such entries are misses).
+const MAGIC: &[u8; 8] = b"KILNOBJ2";
+/// Magic, payload length, MAC.
+pub(crate) const HEADER: usize = 8 + 8 + 32;
+/// What the MAC covers first: the format, so that no other use of the key collides.
+const DOMAIN: &[u8] = b"kiln-cache entry 2\0";
+
+fn tag(mac_key: &MacKey, key: &CacheKey, payload: &[u8]) -> blake3::Hash {
+    let mut hasher = mac_key.hasher();
+    hasher.update(DOMAIN);
+    hasher.update(&key.0);
+    hasher.update(&(payload.len() as u64).to_le_bytes());
+    hasher.update(payload);
+    hasher.finalize()
+}
+
+/// The stored bytes of `object` under `key`.
+pub(crate) fn seal(mac_key: &MacKey, key: &CacheKey, object: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER + object.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(object.len() as u64).to_le_bytes());
-    out.extend_from_slice(blake3::hash(object).as_bytes());
+    out.extend_from_slice(tag(mac_key, key, object).as_bytes());
     out.extend_from_slice(object);
     out
 }
 
-/// The object in stored bytes, if they are whole and unaltered.
-pub(crate) fn open(stored: &[u8]) -> Option<&[u8]> {
-    if stored.len() < HEADER || &stored[..8] != MAGIC {
+/// The object in stored bytes found under `key`, if they are whole, unaltered and were
+/// sealed with `mac_key` for `key`.
+pub(crate) fn open<'a>(mac_key: &MacKey, key: &CacheKey, stored: &'a [u8]) -> Option<&'a [u8]> {
+    if stored.len() < HEADER || stored.get(..8)? != MAGIC {
         return None;
     }
-    let len = u64::from_le_bytes(stored[8..16].try_into().ok()?) as usize;
-    let payload = &stored[HEADER..];
-    if payload.len() != len || blake3::hash(payload).as_bytes() != &stored[16..48] {
+    let len = u64::from_le_bytes(stored.get(8..16)?.try_into().ok()?);
+    let payload = stored.get(HEADER..)?;
+    if payload.len() as u64 != len {
         return None;
     }
-    Some(payload)
+    let found: [u8; 32] = stored.get(16..48)?.try_into().ok()?;
+    // blake3::Hash compares in constant time.
+    (tag(mac_key, key, payload) == blake3::Hash::from_bytes(found)).then_some(payload)
 }
 
 #[cfg(test)]
@@ -33,19 +55,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sealed_entries_open_and_damaged_ones_do_not() {
+    fn sealed_entries_open_and_damaged_foreign_or_moved_ones_do_not() {
+        let mine = MacKey::from_bytes([1; 32]);
+        let theirs = MacKey::from_bytes([2; 32]);
+        let key = CacheKey([7; 32]);
         let object = b"\x7fELF and the rest".to_vec();
-        let sealed = seal(&object);
-        assert_eq!(open(&sealed), Some(&object[..]));
-        assert_eq!(open(&sealed[..sealed.len() - 1]), None, "truncated");
+        let sealed = seal(&mine, &key, &object);
+        assert_eq!(open(&mine, &key, &sealed), Some(&object[..]));
+        assert_eq!(
+            open(&mine, &key, &sealed[..sealed.len() - 1]),
+            None,
+            "truncated"
+        );
         let mut flipped = sealed.clone();
         let last = flipped.len() - 1;
         flipped[last] ^= 1;
-        assert_eq!(open(&flipped), None, "corrupt");
+        assert_eq!(open(&mine, &key, &flipped), None, "corrupt");
         let mut longer = sealed.clone();
         longer.push(0);
-        assert_eq!(open(&longer), None, "trailing bytes");
-        assert_eq!(open(b"KILNOBJ1"), None);
-        assert_eq!(open(b""), None);
+        assert_eq!(open(&mine, &key, &longer), None, "trailing bytes");
+        assert_eq!(open(&mine, &key, b"KILNOBJ2"), None);
+        assert_eq!(open(&mine, &key, b""), None);
+        // Sealed by someone without the key: never opens.
+        assert_eq!(open(&mine, &key, &seal(&theirs, &key, &object)), None);
+        // A genuine entry moved to another key: never opens there.
+        assert_eq!(open(&mine, &CacheKey([8; 32]), &sealed), None);
+        // The old unkeyed format, checksum and all: a miss.
+        let mut old = b"KILNOBJ1".to_vec();
+        old.extend_from_slice(&(object.len() as u64).to_le_bytes());
+        old.extend_from_slice(blake3::hash(&object).as_bytes());
+        old.extend_from_slice(&object);
+        assert_eq!(open(&mine, &key, &old), None);
     }
 }

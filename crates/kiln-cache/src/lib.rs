@@ -11,28 +11,45 @@
 //! - The signature is also written into the cached object (a `.note.kiln.signature`
 //!   section, which linkers ignore) and checked when the object is loaded: an entry whose
 //!   signature does not match is a miss, never loaded, whoever wrote it.
-//! - Every stored entry carries a BLAKE3 checksum of its bytes, verified on read: a
-//!   truncated or corrupt entry is a miss (and removed).
+//! - Every stored entry carries a keyed MAC (BLAKE3 keyed mode, [`MacKey`]) over its cache
+//!   key and bytes, verified on read: an entry this user (or the fleet that shares the
+//!   key) did not make, a truncated or corrupt one, or one moved from another key, is a
+//!   miss (and removed). The key lives in a file only this user can read (`key` in the
+//!   cache root, made on first use, or `$KILN_CACHE_KEY_FILE`).
+//! - A disk cache is used only in a directory no other user can write to, nor any
+//!   directory above it (root's sticky directories excepted); entries are read only if
+//!   they are regular files of bounded size, opened without following links and without
+//!   blocking.
+//! - When a cache is skipped (down, slow, refused, read-only, full), the backend says why:
+//!   [`ObjectCache::take_skips`].
 //! - Backends implement [`ObjectCache`]: [`MemoryCache`], [`DiskCache`] (one file per entry,
 //!   atomic writes, size and count limits with least-recently-used eviction) and
-//!   [`RedisCache`] (a store a fleet already runs; timeouts; a store that is down is a
-//!   miss, never a failure).
+//!   [`RedisCache`] (a store a fleet already runs; one deadline per operation; a store that
+//!   is down or slow is a miss, never a failure nor a hang).
 //! - [`Compiler`] turns a source file into a relocatable object; [`SystemCompiler`] drives
 //!   `cc` and `c++`. [`compile_cached`] ties it together.
 
 mod compiler;
 mod disk;
 mod entry;
+mod files;
 mod memory;
 mod note;
 mod redis;
 mod signature;
+mod trust;
 
-pub use compiler::{compile_cached, signature_of, CompileOutcome, Compiler, SystemCompiler};
+pub use compiler::{
+    compile_cached, embed_signature, signature_of, CompileOutcome, Compiler, SystemCompiler,
+};
 pub use disk::{DiskCache, DiskLimits, DiskUsage};
 pub use memory::MemoryCache;
-pub use redis::RedisCache;
+pub use redis::{RedisCache, UNAVAILABLE_FOR};
 pub use signature::{CacheKey, Signature};
+pub use trust::{MacKey, KEY_FILE_VARIABLE};
+
+/// The largest object an entry may hold by default (a bigger file or value is not read).
+pub const MAX_ENTRY_BYTES: u64 = 128 << 20;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -69,6 +86,22 @@ pub enum CacheError {
     /// An object could not be given its signature note.
     #[error("{0}")]
     Object(String),
+    /// A cache directory other users could write to: not used.
+    #[error("{path}: not a safe place for an object cache: {why}")]
+    Untrusted {
+        /// The directory (the cache's own or one above it).
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A key file that cannot be used.
+    #[error("the cache key file {path}: {why}")]
+    KeyFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
 }
 
 pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CacheError {
@@ -92,6 +125,103 @@ pub struct CacheStats {
     pub errors: u64,
 }
 
+/// Why a cache operation was skipped (the run went on without the cache).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SkipReason {
+    /// The store cannot be reached (connection refused or reset, no such socket).
+    Down,
+    /// The store did not answer within the operation's deadline.
+    Slow,
+    /// The store refused the operation (authentication, permissions, an error reply).
+    Refused,
+    /// The store is read-only (a read-only file system or directory, a Redis replica).
+    ReadOnly,
+    /// The store is full (no space, no inodes, a quota, Redis out of memory).
+    Full,
+    /// Anything else.
+    Failed,
+}
+
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SkipReason::Down => "down",
+            SkipReason::Slow => "slow",
+            SkipReason::Refused => "refused",
+            SkipReason::ReadOnly => "read-only",
+            SkipReason::Full => "full",
+            SkipReason::Failed => "failed",
+        })
+    }
+}
+
+impl SkipReason {
+    /// The reason a failed read stands for: as [`SkipReason::of_io`], but a read this
+    /// user may not make is refused, not read-only.
+    pub fn of_read(error: &std::io::Error) -> Self {
+        match Self::of_io(error) {
+            SkipReason::ReadOnly if error.kind() == std::io::ErrorKind::PermissionDenied => {
+                SkipReason::Refused
+            }
+            reason => reason,
+        }
+    }
+
+    /// The reason an I/O error stands for.
+    pub fn of_io(error: &std::io::Error) -> Self {
+        use std::io::ErrorKind;
+        match error.raw_os_error() {
+            Some(libc::EROFS) => return SkipReason::ReadOnly,
+            Some(libc::ENOSPC | libc::EDQUOT) => return SkipReason::Full,
+            _ => {}
+        }
+        match error.kind() {
+            ErrorKind::TimedOut | ErrorKind::WouldBlock => SkipReason::Slow,
+            ErrorKind::ConnectionRefused
+            | ErrorKind::ConnectionReset
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::NotConnected
+            | ErrorKind::BrokenPipe
+            | ErrorKind::UnexpectedEof
+            | ErrorKind::AddrNotAvailable => SkipReason::Down,
+            // A directory this user may not write to (mode 0500) reads as read-only.
+            ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem => SkipReason::ReadOnly,
+            ErrorKind::StorageFull | ErrorKind::QuotaExceeded => SkipReason::Full,
+            _ => SkipReason::Failed,
+        }
+    }
+}
+
+/// A cache operation that was skipped, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheSkip {
+    /// The cache (as [`ObjectCache::name`] says).
+    pub cache: String,
+    /// What was being done: `lookup`, `store`, `remove`.
+    pub operation: &'static str,
+    /// Why, in one word.
+    pub reason: SkipReason,
+    /// The error, in full.
+    pub detail: String,
+}
+
+impl std::fmt::Display for CacheSkip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cache {} skipped ({}): {}: {}",
+            self.operation, self.reason, self.cache, self.detail
+        )
+    }
+}
+
+/// How the detail of an operation skipped without trying begins.
+pub(crate) const NOT_TRIED: &str = "not tried";
+
+/// How many skips a cache keeps until they are taken.
+const KEPT_SKIPS: usize = 32;
+
 /// Counters a backend keeps.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
@@ -100,6 +230,7 @@ pub(crate) struct Counters {
     puts: AtomicU64,
     rejected: AtomicU64,
     errors: AtomicU64,
+    skips: parking_lot::Mutex<Vec<CacheSkip>>,
 }
 
 impl Counters {
@@ -118,6 +249,35 @@ impl Counters {
     pub(crate) fn error(&self) {
         self.errors.fetch_add(1, Ordering::Relaxed);
     }
+    /// Counts an error and keeps why the operation was skipped.
+    pub(crate) fn skip(
+        &self,
+        cache: String,
+        operation: &'static str,
+        reason: SkipReason,
+        detail: impl std::fmt::Display,
+    ) {
+        self.error();
+        tracing::warn!(%cache, operation, %reason, %detail, "object cache skipped");
+        let mut skips = self.skips.lock();
+        let detail = detail.to_string();
+        // An operation not tried because the last one failed says nothing new.
+        let repeated = detail.starts_with(NOT_TRIED)
+            && skips
+                .last()
+                .is_some_and(|last| last.cache == cache && last.reason == reason);
+        if skips.len() < KEPT_SKIPS && !repeated {
+            skips.push(CacheSkip {
+                cache,
+                operation,
+                reason,
+                detail,
+            });
+        }
+    }
+    pub(crate) fn take_skips(&self) -> Vec<CacheSkip> {
+        std::mem::take(&mut *self.skips.lock())
+    }
     pub(crate) fn snapshot(&self) -> CacheStats {
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
@@ -129,9 +289,10 @@ impl Counters {
     }
 }
 
-/// A store of objects by key. Implementations verify each entry's checksum on `get` (a
-/// corrupt entry is `Ok(None)` and counted as rejected) and never fail a run for being
-/// unavailable: `get` of a store that is down is `Ok(None)` with an error counted.
+/// A store of objects by key. Implementations verify each entry's MAC on `get` (an entry
+/// they did not seal, or a corrupt one, is `Ok(None)` and counted as rejected) and never
+/// fail a run for being unavailable: `get` of a store that is down is `Ok(None)` with an
+/// error counted and a [`CacheSkip`] kept.
 pub trait ObjectCache: Send + Sync {
     /// A short name for messages (`disk:/path`, `redis://host:port`).
     fn name(&self) -> String;
@@ -145,4 +306,9 @@ pub trait ObjectCache: Send + Sync {
     fn stats(&self) -> CacheStats;
     /// Counts a rejected entry (a foreign signature found by [`compile_cached`]).
     fn count_rejected(&self);
+    /// The operations skipped since the last call, and why (a store down, slow,
+    /// read-only, full): what `kiln run -v` prints. A backend that never skips keeps none.
+    fn take_skips(&self) -> Vec<CacheSkip> {
+        Vec::new()
+    }
 }

@@ -40,7 +40,7 @@ pub(crate) fn embed(object: &[u8], signature: &str) -> Result<Vec<u8>, CacheErro
     let old_names = strtab.data(e, object).map_err(malformed)?;
     let mut out = object.to_vec();
     let pad = |out: &mut Vec<u8>, align: usize| {
-        while out.len() % align != 0 {
+        while !out.len().is_multiple_of(align) {
             out.push(0);
         }
     };

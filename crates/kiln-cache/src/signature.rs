@@ -84,7 +84,11 @@ impl Signature {
         started: std::time::SystemTime,
     ) -> Self {
         for path in files {
-            match std::fs::read(&path) {
+            match crate::files::read_regular(
+                &path,
+                crate::files::Links::Follow,
+                crate::MAX_ENTRY_BYTES,
+            ) {
                 Ok(bytes) => {
                     let modified = std::fs::metadata(&path).and_then(|m| m.modified());
                     self.racy |= modified.map_or(true, |m| m >= started);
@@ -99,7 +103,8 @@ impl Signature {
     /// Whether every input still has the contents it had when the preprocessor ran.
     pub fn inputs_unchanged(&self) -> bool {
         self.inputs.iter().all(|(path, hash)| {
-            std::fs::read(path).is_ok_and(|bytes| blake3::hash(&bytes).as_bytes() == hash)
+            crate::files::read_regular(path, crate::files::Links::Follow, crate::MAX_ENTRY_BYTES)
+                .is_ok_and(|bytes| blake3::hash(&bytes).as_bytes() == hash)
         })
     }
 }

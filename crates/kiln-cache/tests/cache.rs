@@ -6,7 +6,7 @@
 
 use kiln_cache::{
     compile_cached, signature_of, Compiler, DiskCache, DiskLimits, MemoryCache, ObjectCache,
-    RedisCache, SystemCompiler,
+    RedisCache, SkipReason, SystemCompiler,
 };
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -179,7 +179,7 @@ fn a_full_disk_and_a_read_only_cache_never_fail_the_compile() {
     let src = source(&dir, "big.c", &body);
     let compiler = SystemCompiler::new();
     let root = dir.join("small");
-    let Some(_mount) = tmpfs(&root, "size=16k") else {
+    let Some(_mount) = tmpfs(&root, "size=16k,mode=0700") else {
         panic!("mounting a tmpfs failed: the test command runs as root");
     };
     let cache = DiskCache::open(&root, DiskLimits::default()).unwrap();
@@ -190,6 +190,10 @@ fn a_full_disk_and_a_read_only_cache_never_fail_the_compile() {
         "the object does not fit the disk"
     );
     assert_eq!(cache.stats().errors, 1, "the failed store is counted");
+    let skips = cache.take_skips();
+    assert_eq!(skips.len(), 1, "{skips:?}");
+    assert_eq!(skips[0].reason, SkipReason::Full, "{skips:?}");
+    assert_eq!(skips[0].operation, "store");
     assert_eq!(
         cache.usage().unwrap().temporaries,
         0,
@@ -199,7 +203,7 @@ fn a_full_disk_and_a_read_only_cache_never_fail_the_compile() {
     // Read-only: the same cache remounted read-only.
     drop(_mount);
     let ro = dir.join("ro");
-    let Some(_ro) = tmpfs(&ro, "size=1m") else {
+    let Some(_ro) = tmpfs(&ro, "size=1m,mode=0700") else {
         panic!("mounting a tmpfs failed");
     };
     let writable = DiskCache::open(&ro, DiskLimits::default()).unwrap();
@@ -222,6 +226,34 @@ fn a_full_disk_and_a_read_only_cache_never_fail_the_compile() {
         !miss.hit && cache.stats().errors == 1,
         "and cannot store: counted"
     );
+    let skips = cache.take_skips();
+    assert_eq!(skips.len(), 1, "{skips:?}");
+    assert_eq!(skips[0].reason, SkipReason::ReadOnly, "{skips:?}");
+    assert!(skips[0].to_string().contains("(read-only)"), "{}", skips[0]);
+}
+
+#[test]
+fn a_cache_out_of_inodes_never_fails_the_compile_and_says_full() {
+    let dir = scratch("inodes");
+    let src = source(&dir, "i.c", "int i(void) { return 7; }\n");
+    let root = dir.join("cache");
+    // Three inodes: the root, its key and v1; no room for an entry.
+    let Some(_mount) = tmpfs(&root, "size=1m,nr_inodes=3,mode=0700") else {
+        panic!("mounting a tmpfs failed: the test command runs as root");
+    };
+    let cache = DiskCache::open(&root, DiskLimits::default()).unwrap();
+    let compiler = SystemCompiler::new();
+    let outcome = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
+    assert!(!outcome.hit);
+    assert!(
+        signature_of(&outcome.object).is_some(),
+        "compiled, with its note"
+    );
+    let skips = cache.take_skips();
+    assert_eq!(skips.len(), 1, "{skips:?}");
+    assert_eq!(skips[0].reason, SkipReason::Full, "{skips:?}");
+    assert!(skips[0].to_string().contains("(full)"), "{}", skips[0]);
+    assert_eq!(cache.usage().unwrap().temporaries, 0);
 }
 
 #[test]
@@ -232,6 +264,7 @@ fn least_recently_used_entries_are_evicted_beyond_the_limits() {
         DiskLimits {
             max_bytes: 1 << 30,
             max_entries: 4, // two compiles: an object and a manifest each
+            ..DiskLimits::default()
         },
     )
     .unwrap();
@@ -330,28 +363,30 @@ fn redis_cold_warm_corrupt_and_down() {
     let port = 20000 + (std::process::id() % 20000) as u16;
     let server = redis_server(port, &dir);
     let url = format!("redis://127.0.0.1:{port}/");
-    let cache = RedisCache::open(&url, Duration::from_millis(500)).unwrap();
+    // The key a fleet would share (KILN_CACHE_KEY_FILE); open() reads it from there.
+    let fleet = kiln_cache::MacKey::from_bytes([42; 32]);
+    let cache = RedisCache::open_with_key(&url, Duration::from_millis(500), fleet.clone()).unwrap();
     let compiler = SystemCompiler::new();
     let src = source(&dir, "r.c", "int r(int x) { return x - 1; }\n");
     let cold = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
     let warm = compile_cached(&compiler, Some(&cache), &src, &flags()).unwrap();
     assert!(!cold.hit && warm.hit && cold.object == warm.object);
     // Another process (a second cache object) sees the same entry.
-    let other = RedisCache::open(&url, Duration::from_millis(500)).unwrap();
+    let other = RedisCache::open_with_key(&url, Duration::from_millis(500), fleet).unwrap();
     assert!(
         compile_cached(&compiler, Some(&other), &src, &flags())
             .unwrap()
             .hit
     );
     // A corrupt entry written by someone else is never loaded.
-    let redis_key = format!("kiln:v1:{}", cold.key.hex());
+    let redis_key = format!("kiln:v2:{}", cold.key.hex());
     assert!(Command::new("redis-cli")
         .args([
             "-p",
             &port.to_string(),
             "SET",
             &redis_key,
-            "KILNOBJ1garbage"
+            "KILNOBJ2garbage"
         ])
         .output()
         .unwrap()

@@ -492,7 +492,8 @@ void kiln_session_dispose(struct kiln_session *session);
 // `session` is a live session.
 uint64_t kiln_main_library(const struct kiln_session *session);
 
-// Creates a library named `name`; `*library` receives its id.
+// Creates a library named `name`; `*library` receives its id. An empty name, or the name
+// of a library the session has (`main` included), is `KILN_ERR_INVALID_ARGUMENT`.
 //
 // # Safety
 // `session` live; `name` a string; `library` a valid out-pointer.
@@ -548,7 +549,8 @@ enum kiln_status kiln_add_library_by_name(const struct kiln_session *session, ui
 // `session` live.
 enum kiln_status kiln_add_process_symbols(const struct kiln_session *session, uint64_t library, struct kiln_error **error);
 
-// Defines `name` at an absolute `address` in `library` (an error if it is defined).
+// Defines `name` at an absolute `address` in `library` (an error if it is defined; an
+// empty name is `KILN_ERR_INVALID_ARGUMENT`).
 //
 // # Safety
 // `session` live; `name` a string.
@@ -595,7 +597,8 @@ enum kiln_status kiln_lookup_many(const struct kiln_session *session, uint64_t l
 
 // Calls `int main(int, char **, char **)` of `library` with `argv` (`argc` strings);
 // `*status` receives main's status. A program's `exit(n)` ends this process (in
-// process) or the executor (out of process, reported as an error).
+// process) or the executor (out of process, reported as an error). A negative `argc`,
+// or `argv` NULL with `argc` above 0, is `KILN_ERR_INVALID_ARGUMENT`.
 //
 // # Safety
 // `session` live; `argv` points to `argc` strings; `main` of `library` must be a C

@@ -209,6 +209,7 @@ pub unsafe extern "C" fn kiln_session_create(
             None => None,
         };
         let out = out(session, "session")?;
+        check_options(&options)?;
         let timeouts = kiln::Timeouts::default();
         let executor = match options.executor {
             0 => kiln::Executor::in_process(),
@@ -262,6 +263,31 @@ pub unsafe extern "C" fn kiln_session_create(
         *out = Box::into_raw(session);
         Ok(())
     })
+}
+
+/// Options that contradict each other or that this library does not know are argument
+/// errors, not ignored.
+fn check_options(options: &kiln_session_options) -> Result<(), kiln_error> {
+    let known = KILN_DEBUG_GDB | KILN_DEBUG_PERF_MAP | KILN_DEBUG_JITDUMP;
+    if options.debug & !known != 0 {
+        return Err(kiln_error::invalid(format!(
+            "options.debug has unknown bits {:#x} (KILN_DEBUG_* are {known:#x})",
+            options.debug & !known
+        )));
+    }
+    let spawn = kiln_executor_kind::KILN_EXECUTOR_SPAWN as u32;
+    let connect = kiln_executor_kind::KILN_EXECUTOR_CONNECT as u32;
+    if !options.executor_path.is_null() && options.executor != spawn {
+        return Err(kiln_error::invalid(
+            "options.executor_path applies to KILN_EXECUTOR_SPAWN only",
+        ));
+    }
+    if options.executor != connect && (!options.address.is_null() || !options.key_file.is_null()) {
+        return Err(kiln_error::invalid(
+            "options.address and options.key_file apply to KILN_EXECUTOR_CONNECT only",
+        ));
+    }
+    Ok(())
 }
 
 fn kiln_cache_disk(dir: &str) -> Result<Arc<dyn kiln::ObjectCache>, kiln_error> {
@@ -338,7 +364,8 @@ pub unsafe extern "C" fn kiln_main_library(session: *const kiln_session) -> u64 
     .unwrap_or(0)
 }
 
-/// Creates a library named `name`; `*library` receives its id.
+/// Creates a library named `name`; `*library` receives its id. An empty name, or the name
+/// of a library the session has (`main` included), is `KILN_ERR_INVALID_ARGUMENT`.
 ///
 /// # Safety
 /// `session` live; `name` a string; `library` a valid out-pointer.
@@ -353,7 +380,18 @@ pub unsafe extern "C" fn kiln_create_library(
         let s = self::session(session)?;
         let name = cstr(name, "name")?;
         let out = out(library, "library")?;
+        if name.is_empty() {
+            return Err(kiln_error::invalid("the library's name is empty"));
+        }
         let mut libraries = s.libraries.lock();
+        // Under the lock: two threads creating one name cannot both succeed.
+        for &existing in libraries.0.iter() {
+            if s.jit.library_name(existing)? == name {
+                return Err(kiln_error::invalid(format!(
+                    "the session already has a library named '{name}'"
+                )));
+            }
+        }
         let id = s.jit.create_library(name);
         libraries.0.push(id);
         for resolver in libraries.1.iter() {
@@ -452,12 +490,16 @@ pub unsafe extern "C" fn kiln_add_object(
         let s = self::session(session)?;
         let name = cstr(name, "name")?;
         let lib = LibraryId::from_raw(library);
-        if bytes.is_null() {
+        if bytes.is_null() || size == 0 {
             if let Some(release) = release {
                 // SAFETY: the lender's callback: called exactly once, also on failure.
                 unsafe { release(release_context) };
             }
-            return Err(kiln_error::invalid("bytes is NULL"));
+            return Err(kiln_error::invalid(if bytes.is_null() {
+                "bytes is NULL"
+            } else {
+                "size is 0: no object"
+            }));
         }
         match release {
             None => {
@@ -516,6 +558,9 @@ pub unsafe extern "C" fn kiln_add_archive(
         let name = cstr(name, "name")?;
         if bytes.is_null() {
             return Err(kiln_error::invalid("bytes is NULL"));
+        }
+        if size == 0 {
+            return Err(kiln_error::invalid("size is 0: no archive"));
         }
         let data = slice(bytes.cast::<u8>(), size, "bytes")?;
         s.jit
@@ -588,7 +633,8 @@ pub unsafe extern "C" fn kiln_add_process_symbols(
     })
 }
 
-/// Defines `name` at an absolute `address` in `library` (an error if it is defined).
+/// Defines `name` at an absolute `address` in `library` (an error if it is defined; an
+/// empty name is `KILN_ERR_INVALID_ARGUMENT`).
 ///
 /// # Safety
 /// `session` live; `name` a string.
@@ -603,6 +649,9 @@ pub unsafe extern "C" fn kiln_define_symbol(
     guard(error, || {
         let s = self::session(session)?;
         let name = cstr(name, "name")?;
+        if name.is_empty() {
+            return Err(kiln_error::invalid("the symbol's name is empty"));
+        }
         s.jit
             .define_symbol(LibraryId::from_raw(library), name, address)?;
         Ok(())
@@ -805,7 +854,8 @@ pub unsafe extern "C" fn kiln_lookup_many(
 
 /// Calls `int main(int, char **, char **)` of `library` with `argv` (`argc` strings);
 /// `*status` receives main's status. A program's `exit(n)` ends this process (in
-/// process) or the executor (out of process, reported as an error).
+/// process) or the executor (out of process, reported as an error). A negative `argc`,
+/// or `argv` NULL with `argc` above 0, is `KILN_ERR_INVALID_ARGUMENT`.
 ///
 /// # Safety
 /// `session` live; `argv` points to `argc` strings; `main` of `library` must be a C
@@ -822,7 +872,9 @@ pub unsafe extern "C" fn kiln_run_main(
     guard(error, || {
         let s = self::session(session)?;
         let out = out(status, "status")?;
-        let args: Vec<String> = slice(argv, argc.max(0) as usize, "argv")?
+        let argc = usize::try_from(argc)
+            .map_err(|_| kiln_error::invalid(format!("argc is {argc}: negative")))?;
+        let args: Vec<String> = slice(argv, argc, "argv")?
             .iter()
             .map(|&a| cstr(a, "argv[i]").map(str::to_string))
             .collect::<Result<_, _>>()?;

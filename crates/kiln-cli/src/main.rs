@@ -53,8 +53,8 @@ enum Command {
         /// What to do.
         #[arg(value_enum)]
         action: CacheAction,
-        /// The cache directory (default: $KILN_CACHE_DIR, $XDG_CACHE_HOME/kiln or
-        /// ~/.cache/kiln).
+        /// The cache directory (default: $KILN_CACHE_DIR, $XDG_CACHE_HOME/kiln,
+        /// ~/.cache/kiln or $XDG_RUNTIME_DIR/kiln).
         #[arg(long, value_name = "DIR")]
         cache_dir: Option<PathBuf>,
     },
@@ -217,12 +217,14 @@ struct RunArgs {
     /// Compile sources without the object cache.
     #[arg(long)]
     no_cache: bool,
-    /// The object cache's directory (default: $KILN_CACHE_DIR, $XDG_CACHE_HOME/kiln or
-    /// ~/.cache/kiln).
+    /// The object cache's directory (default: $KILN_CACHE_DIR, $XDG_CACHE_HOME/kiln,
+    /// ~/.cache/kiln or $XDG_RUNTIME_DIR/kiln; it must be yours and writable by no one
+    /// else, or it is not used).
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
     /// A Redis object cache shared by a fleet (`redis://host:port/`) instead of the disk;
-    /// when it is down, sources are compiled.
+    /// entries are sealed with the key in $KILN_CACHE_KEY_FILE (else your own); when it is
+    /// down, slow, read-only or full, sources are compiled (-v says why).
     #[arg(long, value_name = "URL")]
     cache_redis: Option<String>,
     /// Every member of every archive input is linked, not only those the program needs
@@ -494,27 +496,12 @@ fn run(o: RunArgs) -> Result<i32, String> {
         .any(|p| kiln_cache::SystemCompiler::is_source(p));
     let cache: Option<Arc<dyn kiln_cache::ObjectCache>> = if o.no_cache || !compiles {
         None
-    } else if let Some(url) = &o.cache_redis {
-        Some(Arc::new(
-            kiln_cache::RedisCache::open(url, std::time::Duration::from_secs(2))
-                .map_err(|e| e.to_string())?,
-        ))
     } else {
-        let root = o
-            .cache_dir
-            .clone()
-            .unwrap_or_else(kiln_cache::DiskCache::default_root);
-        match kiln_cache::DiskCache::open(&root, kiln_cache::DiskLimits::default()) {
-            Ok(cache) => Some(Arc::new(cache)),
-            Err(e) => {
-                eprintln!("kiln: warning: no object cache ({e}); compiling");
-                None
-            }
-        }
+        open_cache(&o)
     };
     let mut builder = kiln::Jit::builder();
-    if let Some(cache) = cache {
-        builder = builder.object_cache(cache);
+    if let Some(cache) = &cache {
+        builder = builder.object_cache(cache.clone());
     }
     let jit = builder
         .executor(executor)
@@ -553,6 +540,10 @@ fn run(o: RunArgs) -> Result<i32, String> {
                         if hit { "from the cache" } else { "compiled" },
                         t.elapsed().as_secs_f64() * 1e3
                     );
+                    // Why the cache was skipped (down, slow, refused, read-only, full).
+                    for skip in cache.iter().flat_map(|c| c.take_skips()) {
+                        eprintln!("kiln: {name}: {skip}");
+                    }
                 }
             }
             inputs::InputKind::Object => {
@@ -743,9 +734,47 @@ fn main() -> ExitCode {
     }
 }
 
+/// The object cache of `kiln run`: Redis or the disk. A cache that cannot be used (a
+/// directory other users can write to, a bad key file) is a warning and the sources are
+/// compiled; no cache directory at all (no home) is said with `-v`.
+fn open_cache(o: &RunArgs) -> Option<Arc<dyn kiln_cache::ObjectCache>> {
+    let opened: Result<Arc<dyn kiln_cache::ObjectCache>, String> = match &o.cache_redis {
+        Some(url) => kiln_cache::RedisCache::open(url, std::time::Duration::from_secs(2))
+            .map(|c| Arc::new(c) as Arc<dyn kiln_cache::ObjectCache>)
+            .map_err(|e| e.to_string()),
+        None => match o
+            .cache_dir
+            .clone()
+            .or_else(kiln_cache::DiskCache::default_root)
+        {
+            Some(root) => kiln_cache::DiskCache::open(&root, kiln_cache::DiskLimits::default())
+                .map(|c| Arc::new(c) as Arc<dyn kiln_cache::ObjectCache>)
+                .map_err(|e| e.to_string()),
+            None => {
+                if o.verbose {
+                    eprintln!(
+                        "kiln: no object cache (none of KILN_CACHE_DIR, XDG_CACHE_HOME, HOME, \
+                         XDG_RUNTIME_DIR is set); compiling"
+                    );
+                }
+                return None;
+            }
+        },
+    };
+    match opened {
+        Ok(cache) => Some(cache),
+        Err(e) => {
+            eprintln!("kiln: warning: no object cache ({e}); compiling");
+            None
+        }
+    }
+}
+
 /// `kiln cache ACTION`.
 fn cache(action: CacheAction, dir: Option<PathBuf>) -> Result<(), String> {
-    let root = dir.unwrap_or_else(kiln_cache::DiskCache::default_root);
+    let root = dir.or_else(kiln_cache::DiskCache::default_root).ok_or(
+        "no cache directory: none of KILN_CACHE_DIR, XDG_CACHE_HOME, HOME, XDG_RUNTIME_DIR is set",
+    )?;
     let cache = kiln_cache::DiskCache::open(&root, kiln_cache::DiskLimits::default())
         .map_err(|e| e.to_string())?;
     match action {

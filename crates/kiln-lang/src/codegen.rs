@@ -91,7 +91,15 @@ pub fn check(f: &Function, callees: &dyn Callees) -> Result<(), CompileError> {
                 walk(f, v, scopes, callees)
             }
             Expr::Unary(_, a) => walk(f, a, scopes, callees),
-            Expr::Binary(_, a, b) | Expr::While(a, b) => {
+            Expr::Binary(..) => {
+                // A chain as long as it likes, in a loop (only its operands recurse).
+                let (first, operators) = e.left_spine();
+                walk(f, first, scopes, callees)?;
+                operators
+                    .into_iter()
+                    .try_for_each(|(_, right)| walk(f, right, scopes, callees))
+            }
+            Expr::While(a, b) => {
                 walk(f, a, scopes, callees)?;
                 walk(f, b, scopes, callees)
             }
@@ -248,6 +256,61 @@ impl<M: Module> Generator<'_, '_, M> {
         self.b.ins().uextend(types::I64, v)
     }
 
+    /// `a op b`.
+    fn binary(&mut self, op: BinaryOp, a: Value, b: Value) -> Value {
+        let ins = self.b.ins();
+        let cmp = |cc| Some(cc);
+        let cc = match op {
+            BinaryOp::Eq => cmp(IntCC::Equal),
+            BinaryOp::Ne => cmp(IntCC::NotEqual),
+            BinaryOp::Lt => cmp(IntCC::SignedLessThan),
+            BinaryOp::Le => cmp(IntCC::SignedLessThanOrEqual),
+            BinaryOp::Gt => cmp(IntCC::SignedGreaterThan),
+            BinaryOp::Ge => cmp(IntCC::SignedGreaterThanOrEqual),
+            _ => None,
+        };
+        if let Some(cc) = cc {
+            let c = ins.icmp(cc, a, b);
+            return self.bool_to_i64(c);
+        }
+        match op {
+            BinaryOp::Add => ins.iadd(a, b),
+            BinaryOp::Sub => ins.isub(a, b),
+            BinaryOp::Mul => ins.imul(a, b),
+            BinaryOp::Div | BinaryOp::Rem => {
+                // No trap in the host: x / 0 and x % 0 are 0, and MIN / -1 wraps
+                // to MIN (MIN % -1 is 0), so the divisor given to the machine is
+                // never 0 or -1.
+                let zero = self.b.ins().icmp_imm_s(IntCC::Equal, b, 0);
+                let minus_one = self.b.ins().icmp_imm_s(IntCC::Equal, b, -1);
+                let special = self.b.ins().bor(zero, minus_one);
+                let one = self.b.ins().iconst(types::I64, 1);
+                let divisor = self.b.ins().select(special, one, b);
+                let nought = self.b.ins().iconst(types::I64, 0);
+                if op == BinaryOp::Div {
+                    let q = self.b.ins().sdiv(a, divisor);
+                    let negated = self.b.ins().ineg(a);
+                    let q = self.b.ins().select(minus_one, negated, q);
+                    self.b.ins().select(zero, nought, q)
+                } else {
+                    let r = self.b.ins().srem(a, divisor);
+                    self.b.ins().select(special, nought, r)
+                }
+            }
+            BinaryOp::And | BinaryOp::Or => {
+                let x = self.b.ins().icmp_imm_s(IntCC::NotEqual, a, 0);
+                let y = self.b.ins().icmp_imm_s(IntCC::NotEqual, b, 0);
+                let c = if op == BinaryOp::And {
+                    self.b.ins().band(x, y)
+                } else {
+                    self.b.ins().bor(x, y)
+                };
+                self.bool_to_i64(c)
+            }
+            _ => unreachable!("comparisons are handled above"),
+        }
+    }
+
     fn expr(&mut self, e: &Expr) -> Result<Value, String> {
         Ok(match e {
             Expr::Number(n) => self.b.ins().iconst(types::I64, *n),
@@ -270,60 +333,15 @@ impl<M: Module> Generator<'_, '_, M> {
                 let c = self.b.ins().icmp_imm_s(IntCC::Equal, a, 0);
                 self.bool_to_i64(c)
             }
-            Expr::Binary(op, a, b) => {
-                let a = self.expr(a)?;
-                let b = self.expr(b)?;
-                let ins = self.b.ins();
-                let cmp = |cc| Some(cc);
-                let cc = match op {
-                    BinaryOp::Eq => cmp(IntCC::Equal),
-                    BinaryOp::Ne => cmp(IntCC::NotEqual),
-                    BinaryOp::Lt => cmp(IntCC::SignedLessThan),
-                    BinaryOp::Le => cmp(IntCC::SignedLessThanOrEqual),
-                    BinaryOp::Gt => cmp(IntCC::SignedGreaterThan),
-                    BinaryOp::Ge => cmp(IntCC::SignedGreaterThanOrEqual),
-                    _ => None,
-                };
-                if let Some(cc) = cc {
-                    let c = ins.icmp(cc, a, b);
-                    return Ok(self.bool_to_i64(c));
+            Expr::Binary(..) => {
+                // A chain as long as it likes, in a loop (only its operands recurse).
+                let (first, operators) = e.left_spine();
+                let mut a = self.expr(first)?;
+                for (op, right) in operators {
+                    let b = self.expr(right)?;
+                    a = self.binary(op, a, b);
                 }
-                match op {
-                    BinaryOp::Add => ins.iadd(a, b),
-                    BinaryOp::Sub => ins.isub(a, b),
-                    BinaryOp::Mul => ins.imul(a, b),
-                    BinaryOp::Div | BinaryOp::Rem => {
-                        // No trap in the host: x / 0 and x % 0 are 0, and MIN / -1 wraps
-                        // to MIN (MIN % -1 is 0), so the divisor given to the machine is
-                        // never 0 or -1.
-                        let zero = self.b.ins().icmp_imm_s(IntCC::Equal, b, 0);
-                        let minus_one = self.b.ins().icmp_imm_s(IntCC::Equal, b, -1);
-                        let special = self.b.ins().bor(zero, minus_one);
-                        let one = self.b.ins().iconst(types::I64, 1);
-                        let divisor = self.b.ins().select(special, one, b);
-                        let nought = self.b.ins().iconst(types::I64, 0);
-                        if *op == BinaryOp::Div {
-                            let q = self.b.ins().sdiv(a, divisor);
-                            let negated = self.b.ins().ineg(a);
-                            let q = self.b.ins().select(minus_one, negated, q);
-                            self.b.ins().select(zero, nought, q)
-                        } else {
-                            let r = self.b.ins().srem(a, divisor);
-                            self.b.ins().select(special, nought, r)
-                        }
-                    }
-                    BinaryOp::And | BinaryOp::Or => {
-                        let x = self.b.ins().icmp_imm_s(IntCC::NotEqual, a, 0);
-                        let y = self.b.ins().icmp_imm_s(IntCC::NotEqual, b, 0);
-                        let c = if *op == BinaryOp::And {
-                            self.b.ins().band(x, y)
-                        } else {
-                            self.b.ins().bor(x, y)
-                        };
-                        self.bool_to_i64(c)
-                    }
-                    _ => unreachable!("comparisons are handled above"),
-                }
+                a
             }
             Expr::If(c, then, otherwise) => {
                 let c = self.expr(c)?;

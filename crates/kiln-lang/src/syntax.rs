@@ -23,6 +23,15 @@
 //! comparisons give 0 or 1; `if` and `while` test for
 //! non-zero; a block's value is its last expression (0 if it ends with `;`), a `while`'s
 //! is 0. `#` starts a comment.
+//!
+//! Nesting is limited ([`MAX_NESTING`]): parentheses, blocks, `if`s, `while`s,
+//! assignments, call arguments, unary operators and the right operands of binary operators
+//! each count one level, so that no program makes the parser, the checker or the code
+//! generator overflow a thread's stack (2 MiB for a test thread); a deeper program is a
+//! "too deeply nested" error at the place the limit was passed. A chain of binary
+//! operators (`1 + 1 + …`, as long as it likes) is read in a loop and built leaning left;
+//! whatever walks the tree walks such a left spine in a loop too ([`Expr::left_spine`]),
+//! and dropping a tree takes it apart with a work list.
 
 use std::fmt;
 
@@ -40,6 +49,13 @@ impl fmt::Display for Position {
         write!(f, "{}:{}", self.line, self.column)
     }
 }
+
+/// How deeply expressions may nest (see the module's documentation for what counts). C
+/// promises 63 levels of parentheses and 127 of blocks; this is 128 of either.
+pub const MAX_NESTING: u32 = 128;
+
+/// The precedence level of comparisons (which do not chain).
+const COMPARISON: usize = 2;
 
 /// A syntax error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -112,6 +128,64 @@ pub enum Expr {
     Assign(String, Box<Expr>, Position),
     /// `{ statements; value }`.
     Block(Vec<Statement>, Option<Box<Expr>>),
+}
+
+impl Expr {
+    /// A chain of binary operators leaning left, walked in a loop: the innermost left
+    /// operand, then each operator with its right operand, innermost first. For
+    /// `1 + 2 * 3 - 4` that is `1`, then `(+, 2 * 3)`, `(-, 4)`. Any other expression is its
+    /// own first operand with no operators.
+    pub fn left_spine(&self) -> (&Expr, Vec<(BinaryOp, &Expr)>) {
+        let mut operators = Vec::new();
+        let mut e = self;
+        while let Expr::Binary(op, left, right) = e {
+            operators.push((*op, &**right));
+            e = left;
+        }
+        operators.reverse();
+        (e, operators)
+    }
+
+    /// Moves this expression's operands into `out`, leaving it shallow.
+    fn take_operands(&mut self, out: &mut Vec<Expr>) {
+        fn take(out: &mut Vec<Expr>, e: &mut Expr) {
+            out.push(std::mem::replace(e, Expr::Number(0)));
+        }
+        match self {
+            Expr::Number(_) | Expr::Var(..) => {}
+            Expr::Unary(_, a) | Expr::Assign(_, a, _) => take(out, a),
+            Expr::Binary(_, a, b) | Expr::While(a, b) => {
+                take(out, a);
+                take(out, b);
+            }
+            Expr::If(c, a, b) => {
+                take(out, c);
+                take(out, a);
+                take(out, b);
+            }
+            Expr::Call(_, args, _) => out.append(args),
+            Expr::Block(statements, value) => {
+                out.extend(statements.drain(..).map(|s| match s {
+                    Statement::Let(_, e) | Statement::Expr(e) => e,
+                }));
+                if let Some(v) = value {
+                    take(out, v);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Expr {
+    /// Takes the tree apart with a work list: the drop the compiler writes recurses once
+    /// per level, and a chain of 20,000 operators is 20,000 levels.
+    fn drop(&mut self) {
+        let mut pending = Vec::new();
+        self.take_operands(&mut pending);
+        while let Some(mut e) = pending.pop() {
+            e.take_operands(&mut pending);
+        }
+    }
 }
 
 /// A statement of a block.
@@ -299,6 +373,7 @@ pub fn parse(source: &str) -> Result<Vec<Item>, SyntaxError> {
         current: (Token::End, 0),
         ahead: None,
         lex_error: None,
+        depth: 0,
     };
     parser.current = parser.lex();
     let mut items = Vec::new();
@@ -322,6 +397,8 @@ struct Parser<'s> {
     /// The token after `current`, once looked at.
     ahead: Option<(Token<'s>, usize)>,
     lex_error: Option<SyntaxError>,
+    /// How deeply the expression being parsed is nested (see [`MAX_NESTING`]).
+    depth: u32,
 }
 
 impl<'s> Parser<'s> {
@@ -476,35 +553,75 @@ impl<'s> Parser<'s> {
         }
     }
 
+    /// One level deeper, or a "too deeply nested" error here.
+    fn deeper(&mut self) -> Result<(), SyntaxError> {
+        if self.depth >= MAX_NESTING {
+            return self.too_deep();
+        }
+        self.depth += 1;
+        Ok(())
+    }
+
+    #[cold]
+    fn too_deep(&self) -> Result<(), SyntaxError> {
+        self.error(format!(
+            "too deeply nested (more than {MAX_NESTING} levels of parentheses, blocks, \
+             conditions, calls or operators)"
+        ))
+    }
+
     fn expr(&mut self) -> Result<Expr, SyntaxError> {
+        self.deeper()?;
+        let expr = self.expr_at_depth();
+        self.depth -= 1;
+        expr
+    }
+
+    // The parser's functions on the way down a nesting level (expr, expr_at_depth,
+    // binary, unary, atom) are kept small, each construct's own work in a function of
+    // its own: a debug build gives every local of a function its own stack slot, so one
+    // big function would make each level of nesting cost several kilobytes.
+    fn expr_at_depth(&mut self) -> Result<Expr, SyntaxError> {
         if self.eat("if") {
-            let c = self.expr()?;
-            self.expect("then")?;
-            let a = self.expr()?;
-            self.expect("else")?;
-            let b = self.expr()?;
-            return Ok(Expr::If(Box::new(c), Box::new(a), Box::new(b)));
+            return self.if_then_else();
         }
         if self.eat("while") {
-            let c = self.expr()?;
-            self.expect("do")?;
-            let body = self.expr()?;
-            return Ok(Expr::While(Box::new(c), Box::new(body)));
+            return self.while_do();
         }
         if let (Token::Name(n), Token::Symbol("=")) = (*self.peek(), self.peek_second()) {
             if !KEYWORDS.contains(&n) {
-                let position = self.position();
-                self.next();
-                self.next();
-                let value = self.expr()?;
-                return Ok(Expr::Assign(n.to_string(), Box::new(value), position));
+                return self.assignment(n);
             }
         }
         self.binary(0)
     }
 
-    /// Binary operators by precedence level (0 = loosest).
-    fn binary(&mut self, level: usize) -> Result<Expr, SyntaxError> {
+    fn if_then_else(&mut self) -> Result<Expr, SyntaxError> {
+        let c = self.expr()?;
+        self.expect("then")?;
+        let a = self.expr()?;
+        self.expect("else")?;
+        let b = self.expr()?;
+        Ok(Expr::If(Box::new(c), Box::new(a), Box::new(b)))
+    }
+
+    fn while_do(&mut self) -> Result<Expr, SyntaxError> {
+        let c = self.expr()?;
+        self.expect("do")?;
+        let body = self.expr()?;
+        Ok(Expr::While(Box::new(c), Box::new(body)))
+    }
+
+    fn assignment(&mut self, name: &str) -> Result<Expr, SyntaxError> {
+        let position = self.position();
+        self.next();
+        self.next();
+        let value = self.expr()?;
+        Ok(Expr::Assign(name.to_string(), Box::new(value), position))
+    }
+
+    /// The binary operator at the current token, with its precedence level (0 = loosest).
+    fn binary_operator(&self) -> Option<(usize, BinaryOp)> {
         const LEVELS: [&[(&str, BinaryOp)]; 5] = [
             &[("||", BinaryOp::Or)],
             &[("&&", BinaryOp::And)],
@@ -523,33 +640,63 @@ impl<'s> Parser<'s> {
                 ("%", BinaryOp::Rem),
             ],
         ];
-        if level == LEVELS.len() {
-            return self.unary();
-        }
-        let mut left = self.binary(level + 1)?;
-        while let Token::Symbol(symbol) = *self.peek() {
-            let Some(&(_, op)) = LEVELS[level].iter().find(|(s, _)| *s == symbol) else {
+        let Token::Symbol(symbol) = *self.peek() else {
+            return None;
+        };
+        LEVELS.iter().enumerate().find_map(|(level, operators)| {
+            operators
+                .iter()
+                .find(|(s, _)| *s == symbol)
+                .map(|&(_, op)| (level, op))
+        })
+    }
+
+    /// Binary operators of level `min` or tighter, by precedence climbing: a chain
+    /// (`1 + 1 + …`) is read in a loop and built leaning left, its right operands (of
+    /// tighter operators) one level deeper; one call whatever the number of levels.
+    fn binary(&mut self, min: usize) -> Result<Expr, SyntaxError> {
+        let mut left = self.unary()?;
+        while let Some((level, op)) = self.binary_operator() {
+            if level < min {
                 break;
-            };
+            }
             self.next();
-            let right = self.binary(level + 1)?;
-            left = Expr::Binary(op, Box::new(left), Box::new(right));
-            // Comparisons do not chain.
-            if level == 2 {
-                break;
+            self.deeper()?;
+            let right = self.binary(level + 1);
+            self.depth -= 1;
+            left = Expr::Binary(op, Box::new(left), Box::new(right?));
+            if level == COMPARISON && matches!(self.binary_operator(), Some((COMPARISON, _))) {
+                return self.error("comparisons do not chain: write (a < b) == c");
             }
         }
         Ok(left)
     }
 
+    /// Prefix operators, read in a loop (not one call each), then their operand.
     fn unary(&mut self) -> Result<Expr, SyntaxError> {
-        if self.eat("-") {
-            return Ok(Expr::Unary(UnaryOp::Neg, Box::new(self.unary()?)));
+        let depth = self.depth;
+        let mut operators = Vec::new();
+        let operand = (|| {
+            loop {
+                let op = if self.is("-") {
+                    UnaryOp::Neg
+                } else if self.is("!") {
+                    UnaryOp::Not
+                } else {
+                    break;
+                };
+                self.deeper()?;
+                self.next();
+                operators.push(op);
+            }
+            self.atom()
+        })();
+        self.depth = depth;
+        let mut expr = operand?;
+        for op in operators.into_iter().rev() {
+            expr = Expr::Unary(op, Box::new(expr));
         }
-        if self.eat("!") {
-            return Ok(Expr::Unary(UnaryOp::Not, Box::new(self.unary()?)));
-        }
-        self.atom()
+        Ok(expr)
     }
 
     fn atom(&mut self) -> Result<Expr, SyntaxError> {
@@ -558,53 +705,63 @@ impl<'s> Parser<'s> {
                 self.next();
                 Ok(Expr::Number(n))
             }
-            Token::Symbol("(") => {
-                self.next();
-                let e = self.expr()?;
-                self.expect(")")?;
-                Ok(e)
-            }
-            Token::Symbol("{") => {
-                self.next();
-                let mut statements = Vec::new();
-                loop {
-                    if self.eat("}") {
-                        return Ok(Expr::Block(statements, None));
-                    }
-                    let statement = if self.eat("let") {
-                        let name = self.name()?;
-                        self.expect("=")?;
-                        Statement::Let(name, self.expr()?)
-                    } else {
-                        let e = self.expr()?;
-                        if self.eat("}") {
-                            return Ok(Expr::Block(statements, Some(Box::new(e))));
-                        }
-                        Statement::Expr(e)
-                    };
-                    self.expect(";")?;
-                    statements.push(statement);
-                }
-            }
-            Token::Name(_) => {
-                let position = self.position();
-                let name = self.name()?;
-                if self.eat("(") {
-                    let mut args = Vec::new();
-                    while !self.is(")") {
-                        args.push(self.expr()?);
-                        if !self.eat(",") {
-                            break;
-                        }
-                    }
-                    self.expect(")")?;
-                    Ok(Expr::Call(name, args, position))
-                } else {
-                    Ok(Expr::Var(name, position))
-                }
-            }
-            _ => self.error(format!("expected an expression, found {}", self.describe())),
+            Token::Symbol("(") => self.parenthesized(),
+            Token::Symbol("{") => self.block(),
+            Token::Name(_) => self.variable_or_call(),
+            _ => self.not_an_expression(),
         }
+    }
+
+    fn parenthesized(&mut self) -> Result<Expr, SyntaxError> {
+        self.next();
+        let e = self.expr()?;
+        self.expect(")")?;
+        Ok(e)
+    }
+
+    fn block(&mut self) -> Result<Expr, SyntaxError> {
+        self.next();
+        let mut statements = Vec::new();
+        loop {
+            if self.eat("}") {
+                return Ok(Expr::Block(statements, None));
+            }
+            let statement = if self.eat("let") {
+                let name = self.name()?;
+                self.expect("=")?;
+                Statement::Let(name, self.expr()?)
+            } else {
+                let e = self.expr()?;
+                if self.eat("}") {
+                    return Ok(Expr::Block(statements, Some(Box::new(e))));
+                }
+                Statement::Expr(e)
+            };
+            self.expect(";")?;
+            statements.push(statement);
+        }
+    }
+
+    fn variable_or_call(&mut self) -> Result<Expr, SyntaxError> {
+        let position = self.position();
+        let name = self.name()?;
+        if !self.eat("(") {
+            return Ok(Expr::Var(name, position));
+        }
+        let mut args = Vec::new();
+        while !self.is(")") {
+            args.push(self.expr()?);
+            if !self.eat(",") {
+                break;
+            }
+        }
+        self.expect(")")?;
+        Ok(Expr::Call(name, args, position))
+    }
+
+    #[cold]
+    fn not_an_expression(&self) -> Result<Expr, SyntaxError> {
+        self.error(format!("expected an expression, found {}", self.describe()))
     }
 }
 
@@ -633,6 +790,48 @@ mod tests {
                 result: Type::I32
             })
         );
+    }
+
+    #[test]
+    fn deep_programs_are_errors_that_say_where_not_overflows() {
+        let deep = [
+            format!("{}1{}", "(".repeat(5_000), ")".repeat(5_000)),
+            format!("1{};", "+(1".repeat(20_000)),
+            format!("{}1;", "-".repeat(100_000)),
+            format!("{}1;", "!".repeat(100_000)),
+            format!("{}1{}", "{".repeat(20_000), "}".repeat(20_000)),
+            format!(
+                "{}1{};",
+                "if 1 then ".repeat(20_000),
+                " else 0".repeat(20_000)
+            ),
+            format!("fn f(x) = {}1;", "x = ".repeat(20_000)),
+            format!("fn f(x) = {}1{};", "f(".repeat(20_000), ")".repeat(20_000)),
+            format!("fn f(x) = {}1;", "while 1 do ".repeat(20_000)),
+        ];
+        for program in &deep {
+            let e = parse(program).unwrap_err();
+            assert!(e.message.contains("too deeply nested"), "{e}");
+            assert_eq!(e.position.line, 1, "{e}");
+            assert!(e.position.column > MAX_NESTING / 2, "{e}");
+        }
+        // Up to the limit, programs parse.
+        let n = MAX_NESTING as usize - 1;
+        assert!(parse(&format!("{}1{};", "(".repeat(n), ")".repeat(n))).is_ok());
+        assert!(parse(&format!("{}1;", "-".repeat(n - 1))).is_ok());
+        // A flat chain is not deep, however long: a loop builds it, a loop drops it.
+        let items = parse(&format!("1{};", "+1".repeat(199_999))).unwrap();
+        let Item::Expr(sum) = &items[0] else { panic!() };
+        let (first, operators) = sum.left_spine();
+        assert_eq!((first, operators.len()), (&Expr::Number(1), 199_999));
+        assert!(parse("1 < 2 < 3;")
+            .unwrap_err()
+            .message
+            .contains("do not chain"));
+        assert!(parse("(1 < 2) < 3;").is_ok());
+        // Many statements and arguments are flat, not deep.
+        let statements = format!("{{ {} 1 }};", "1;".repeat(50_000));
+        assert!(parse(&statements).is_ok());
     }
 
     #[test]

@@ -219,6 +219,24 @@ int main(int argc, char **argv)
     kiln_error_free(e);
     e = NULL;
 
+    /* Argument errors: a negative argc, a library name taken, an empty object. */
+    CHECK(kiln_run_main(s, lib, -5, args, &status, &e) == KILN_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(kiln_error_message(e), "argc is -5") != NULL);
+    kiln_error_free(e);
+    e = NULL;
+    uint64_t again = 0;
+    CHECK(kiln_create_library(s, "other", &again, &e) == KILN_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(kiln_error_message(e), "already has a library named 'other'") != NULL);
+    kiln_error_free(e);
+    e = NULL;
+    CHECK(kiln_create_library(s, "main", &again, &e) == KILN_ERR_INVALID_ARGUMENT);
+    kiln_error_free(e);
+    e = NULL;
+    CHECK(kiln_add_object(s, lib, "empty.o", garbage, 0, NULL, NULL, &e) ==
+          KILN_ERR_INVALID_ARGUMENT);
+    kiln_error_free(e);
+    e = NULL;
+
     /* A source through the cache: compiled, then from the cache; a bad one is the
      * compiler's error. */
     {

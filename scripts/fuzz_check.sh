@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The fuzz targets (fuzz/, a cargo workspace of its own) must build and run with the
+# toolchain this machine has (stable: no cargo-fuzz, no nightly). This script checks the
+# fuzz crate, builds its targets and runs each for a bounded time over its committed seed
+# corpus (fuzz/corpus/<target>/). A crash, a panic or a time-out fails it, and libFuzzer
+# leaves the input that did it in fuzz/artifacts/.
+#
+#   FUZZ_SECONDS    how long each target runs (default 10)
+#   FUZZ_COVERAGE=1 a coverage-guided build (the sanitizer-coverage pass, as cargo-fuzz
+#                   builds without a sanitizer; it works on stable), in fuzz/target:
+#                   slower to build (about 2 minutes on 2 cores), far better at finding
+#                   new inputs. Without it the targets are built as plain binaries (in
+#                   the workspace's target directory, sharing what the tests built):
+#                   libFuzzer runs the corpus and mutates it, unguided.
+#
+# Never writes to the committed corpus: inputs libFuzzer finds go to a scratch directory.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root/fuzz"
+seconds=${FUZZ_SECONDS:-10}
+targets=(object_loader protocol_decoder)
+
+echo "fuzz: cargo check"
+cargo check --bins --quiet
+
+if [[ ${FUZZ_COVERAGE:-0} == 1 ]]; then
+    host=$(rustc -vV | sed -n 's/^host: //p')
+    # --target keeps these flags off build scripts (which have no libFuzzer to link).
+    export RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module \
+        -Cllvm-args=-sanitizer-coverage-level=4 \
+        -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
+        -Cllvm-args=-sanitizer-coverage-pc-table \
+        -Cllvm-args=-sanitizer-coverage-trace-compares \
+        -Cdebug-assertions -Coverflow-checks"
+    export CARGO_TARGET_DIR="$root/fuzz/target"
+    echo "fuzz: coverage-guided build"
+    cargo build --release --target "$host" --bins --quiet
+    bin="$CARGO_TARGET_DIR/$host/release"
+else
+    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
+    echo "fuzz: plain build"
+    cargo build --bins --quiet
+    bin="$CARGO_TARGET_DIR/debug"
+fi
+
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+mkdir -p "$root/fuzz/artifacts"
+passed=0
+failed=0
+for target in "${targets[@]}"; do
+    corpus="$root/fuzz/corpus/$target"
+    if [[ ! -d $corpus ]] || [[ -z $(ls -A "$corpus") ]]; then
+        echo "fuzz: $target: no seed corpus in $corpus"
+        failed=$((failed + 1))
+        continue
+    fi
+    mkdir -p "$scratch/$target"
+    echo "fuzz: $target for ${seconds}s over $(ls "$corpus" | wc -l) seeds"
+    # New inputs go to the first directory (scratch); the corpus is only read.
+    if "$bin/$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+        -max_len=65536 -print_final_stats=1 \
+        -artifact_prefix="$root/fuzz/artifacts/$target-" \
+        "$scratch/$target" "$corpus" >"$scratch/$target.log" 2>&1; then
+        grep -E '^(Done|stat::number_of_executed_units)' "$scratch/$target.log" | sed "s/^/fuzz: $target: /"
+        passed=$((passed + 1))
+    else
+        echo "fuzz: $target FAILED; its output:"
+        tail -n 40 "$scratch/$target.log"
+        failed=$((failed + 1))
+    fi
+done
+echo "fuzz: $passed passed, $failed failed"
+[[ $failed == 0 ]]
