@@ -292,6 +292,21 @@ typedef struct kiln_session_options {
   // The object cache directory of [`kiln_add_source`] (NULL: no cache, every source
   // compiled).
   const char *cache_dir;
+  // For SPAWN: non-zero puts the executor in a sandbox before it runs anything (JIT
+  // code cannot `execve`, `ptrace`, `listen` or change the system; it reads files only
+  // beneath system directories and `sandbox_read`, writes only beneath
+  // `sandbox_write`). Default 0.
+  int sandbox;
+  // With `sandbox`: paths JIT code may also read (`sandbox_read_count` strings, or
+  // NULL).
+  const char *const *sandbox_read;
+  // How many strings `sandbox_read` holds.
+  uintptr_t sandbox_read_count;
+  // With `sandbox`: paths JIT code may read and write (`sandbox_write_count` strings,
+  // or NULL).
+  const char *const *sandbox_write;
+  // How many strings `sandbox_write` holds.
+  uintptr_t sandbox_write_count;
 } kiln_session_options;
 
 // Called when Kiln no longer needs bytes it was lent (from any thread, once).

@@ -73,6 +73,21 @@ pub struct kiln_session_options {
     /// The object cache directory of [`kiln_add_source`] (NULL: no cache, every source
     /// compiled).
     pub cache_dir: *const c_char,
+    /// For SPAWN: non-zero puts the executor in a sandbox before it runs anything (JIT
+    /// code cannot `execve`, `ptrace`, `listen` or change the system; it reads files only
+    /// beneath system directories and `sandbox_read`, writes only beneath
+    /// `sandbox_write`). Default 0.
+    pub sandbox: c_int,
+    /// With `sandbox`: paths JIT code may also read (`sandbox_read_count` strings, or
+    /// NULL).
+    pub sandbox_read: *const *const c_char,
+    /// How many strings `sandbox_read` holds.
+    pub sandbox_read_count: usize,
+    /// With `sandbox`: paths JIT code may read and write (`sandbox_write_count` strings,
+    /// or NULL).
+    pub sandbox_write: *const *const c_char,
+    /// How many strings `sandbox_write` holds.
+    pub sandbox_write_count: usize,
 }
 
 /// A JIT session: libraries of definitions, objects and archives linked into modules,
@@ -131,7 +146,38 @@ fn default_options() -> kiln_session_options {
         noexec: 0,
         memory: std::ptr::null(),
         cache_dir: std::ptr::null(),
+        sandbox: 0,
+        sandbox_read: std::ptr::null(),
+        sandbox_read_count: 0,
+        sandbox_write: std::ptr::null(),
+        sandbox_write_count: 0,
     }
+}
+
+/// `count` C strings at `list` as paths (NULL with a count of 0: none).
+///
+/// # Safety
+/// `list` is NULL or points to `count` valid C strings.
+unsafe fn paths(
+    list: *const *const c_char,
+    count: usize,
+    what: &str,
+) -> Result<Vec<std::path::PathBuf>, kiln_error> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    if list.is_null() {
+        return Err(kiln_error::invalid(format!(
+            "{what} is NULL with a count of {count}"
+        )));
+    }
+    (0..count)
+        .map(|i| {
+            // SAFETY: the caller's contract: `count` readable pointers.
+            let p = unsafe { *list.add(i) };
+            cstr(p, what).map(std::path::PathBuf::from)
+        })
+        .collect()
 }
 
 /// Fills the caller's `size` bytes of `options` (`sizeof` of its struct) with the
@@ -222,7 +268,29 @@ pub unsafe extern "C" fn kiln_session_create(
                     1 => kiln::Transport::Copy,
                     other => return Err(kiln_error::invalid(format!("transport {other}"))),
                 };
-                kiln::Executor::spawn(&path, transport, timeouts)?
+                let sandbox = if options.sandbox != 0 {
+                    Some(kiln::Sandbox {
+                        // SAFETY: the caller's contract for the options' string lists.
+                        read: unsafe {
+                            paths(
+                                options.sandbox_read,
+                                options.sandbox_read_count,
+                                "sandbox_read",
+                            )
+                        }?,
+                        // SAFETY: as above.
+                        write: unsafe {
+                            paths(
+                                options.sandbox_write,
+                                options.sandbox_write_count,
+                                "sandbox_write",
+                            )
+                        }?,
+                    })
+                } else {
+                    None
+                };
+                kiln::Executor::spawn_with(&path, transport, sandbox.as_ref(), timeouts)?
             }
             2 => {
                 let address = cstr(options.address, "address")?;
@@ -280,6 +348,17 @@ fn check_options(options: &kiln_session_options) -> Result<(), kiln_error> {
     if !options.executor_path.is_null() && options.executor != spawn {
         return Err(kiln_error::invalid(
             "options.executor_path applies to KILN_EXECUTOR_SPAWN only",
+        ));
+    }
+    let sandbox_paths = options.sandbox_read_count != 0 || options.sandbox_write_count != 0;
+    if (options.sandbox != 0 || sandbox_paths) && options.executor != spawn {
+        return Err(kiln_error::invalid(
+            "options.sandbox applies to KILN_EXECUTOR_SPAWN only (start kiln-executor --listen --sandbox for CONNECT)",
+        ));
+    }
+    if sandbox_paths && options.sandbox == 0 {
+        return Err(kiln_error::invalid(
+            "options.sandbox_read and sandbox_write need options.sandbox",
         ));
     }
     if options.executor != connect && (!options.address.is_null() || !options.key_file.is_null()) {

@@ -185,3 +185,41 @@ fn no_mapping_is_writable_and_executable_from_c() {
     assert!(out.contains("wx: ok"), "{out}");
     assert!(!out.contains("W+X"), "{out}");
 }
+
+/// A sandboxed executor from C (`options.sandbox`, `sandbox_write`): JIT code's forbidden
+/// attempts fail, what the options allow works.
+#[test]
+fn a_sandboxed_executor_from_c() {
+    let dir = scratch().join("sandbox-files");
+    let (allowed, elsewhere) = (dir.join("allowed"), dir.join("elsewhere"));
+    std::fs::create_dir_all(&allowed).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("secret"), "not for JIT code\n").unwrap();
+    let probe = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/sandbox_probe.c");
+    let object = dir.join("sandbox_probe.o");
+    run(Command::new("cc")
+        .args(["-O1", "-c"])
+        .arg(&probe)
+        .arg("-o")
+        .arg(&object));
+    let binary = build("sandbox", &[], "");
+    let out = run(Command::new(&binary)
+        .arg(scratch())
+        .arg(prefix().join("bin/kiln-executor"))
+        .arg(&object)
+        .arg(&allowed)
+        .arg(&elsewhere));
+    for line in [
+        "execve: EPERM",
+        "ptrace: EPERM",
+        "listen: EPERM",
+        "read /etc: ok",
+        "write allowed: ok",
+        "write elsewhere: EACCES",
+        "read elsewhere: EACCES",
+        "sandbox: ok",
+    ] {
+        assert!(out.contains(line), "{line} missing in:\n{out}");
+    }
+    assert!(!elsewhere.join("planted.txt").exists());
+}

@@ -27,7 +27,7 @@
     } while (0)
 
 /* Reads a whole file (exits on failure); *size receives its size. */
-static unsigned char *read_file(const char *path, size_t *size)
+static inline unsigned char *read_file(const char *path, size_t *size)
 {
     FILE *f = fopen(path, "rb");
     CHECK(f != NULL);
