@@ -230,3 +230,50 @@ fn division_never_traps() {
             .to_vec()
     );
 }
+
+/// W^X for the whole process, seen from outside: the REPL after lazily compiled functions,
+/// their first calls and a hot swap has no mapping writable and executable, and its stack
+/// is `rw-p`.
+#[test]
+fn the_repl_after_stubs_and_a_hot_swap_has_no_writable_executable_mapping() {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln-lang"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(
+            b"fn sq(x) = x * x;\nfn quad(x) = sq(sq(x));\nquad(3);\nfn sq(x) = x + 1;\nquad(3);\n",
+        )
+        .unwrap();
+    stdin.flush().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let mut line = String::new();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "the REPL ended: {seen:?}"
+        );
+        seen.push(line.trim().to_string());
+    }
+    assert_eq!(seen[2], "= 81");
+    assert_eq!(seen[4], "= 5", "the swapped body runs");
+    // The REPL is waiting for input: read its mappings now.
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
+    let wx: Vec<&str> = maps
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1).and_then(|p| p.get(1..3)) == Some("wx"))
+        .collect();
+    assert_eq!(wx, Vec::<&str>::new());
+    let stack = maps
+        .lines()
+        .find(|l| l.ends_with("[stack]"))
+        .and_then(|l| l.split_whitespace().nth(1));
+    assert_eq!(stack, Some("rw-p"));
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+}
