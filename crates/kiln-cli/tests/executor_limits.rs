@@ -5,8 +5,8 @@
 mod common;
 
 use common::{cc, ensure_executor};
-use std::io::{BufRead, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -34,21 +34,8 @@ fn unread_input_is_bounded_in_the_executor() {
     .unwrap();
     let obj = dir.join("sleeper.o");
     cc(&["-c"], &src, &obj);
-    let exe = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
-    let mut listener = Command::new(exe)
-        .args(["--listen", "127.0.0.1:0", "--no-auth"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = std::io::BufReader::new(listener.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("listening on") {
-        line.clear();
-        assert!(stderr.read_line(&mut line).unwrap() > 0);
-    }
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    let address = line.trim().rsplit(' ').next().unwrap().to_string();
+    let listener = common::start_executor(&["--listen", "127.0.0.1:0", "--no-auth"], None, &[]);
+    let address = listener.address.clone();
     let mut run = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["run", "--no-export-dynamic", "--connect", &address])
         .arg(&obj)
@@ -67,7 +54,7 @@ fn unread_input_is_bounded_in_the_executor() {
         }
     });
     // While the program sleeps, the connection's process must not hold the 64 MiB.
-    let pid = listener.id();
+    let pid = listener.child.id();
     let start = Instant::now();
     let mut peak = 0;
     while start.elapsed() < Duration::from_secs(3) {
@@ -88,6 +75,4 @@ fn unread_input_is_bounded_in_the_executor() {
         peak < 48 * 1024,
         "the connection's process reached {peak} KiB with unread input"
     );
-    listener.kill().unwrap();
-    listener.wait().unwrap();
 }

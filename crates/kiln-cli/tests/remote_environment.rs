@@ -6,9 +6,8 @@
 mod common;
 
 use common::{cc, ensure_executor};
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 const PROBE: &str = r#"#include <stdio.h>
 #include <stdlib.h>
@@ -58,29 +57,9 @@ fn kiln_run(obj: &Path, work: &Path, flags: &[&str], env: &[(&str, &str)]) -> St
 const CALLERS: &str = "KILN_ENV_PROBE=from the caller\ndata.txt: the caller's file\n";
 const EXECUTORS: &str = "KILN_ENV_PROBE=(unset)\ndata.txt: NOT FOUND\n";
 
-/// `kiln-executor ARGS`, started from `/` with no KILN_ENV_PROBE; its address.
-fn executor(args: &[&str]) -> (Child, String) {
-    ensure_executor();
-    let exe = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
-    let mut child = Command::new(exe)
-        .current_dir("/")
-        .env_remove("KILN_ENV_PROBE")
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("listening on") {
-        line.clear();
-        assert!(
-            stderr.read_line(&mut line).unwrap() > 0,
-            "the executor ended"
-        );
-    }
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    (child, line.trim().rsplit(' ').next().unwrap().to_string())
+/// `kiln-executor ARGS`, started from `/` with no KILN_ENV_PROBE.
+fn executor(args: &[&str]) -> common::ExecutorProcess {
+    common::start_executor(args, Some(Path::new("/")), &["KILN_ENV_PROBE"])
 }
 
 #[test]
@@ -97,7 +76,7 @@ fn a_pre_started_executor() {
     let socket = work.parent().unwrap().join("executor.sock");
     let _ = std::fs::remove_file(&socket);
     let socket_text = socket.display().to_string();
-    let (mut child, _) = executor(&["--listen-unix", &socket_text]);
+    let _executor = executor(&["--listen-unix", &socket_text]);
     let env = [("KILN_EXECUTOR_SOCKET", socket_text.as_str())];
     assert_eq!(kiln_run(&obj, &work, &["--oop"], &env), CALLERS);
     assert_eq!(
@@ -112,8 +91,6 @@ fn a_pre_started_executor() {
         kiln_run(&obj, &other, &["--oop"], &env),
         "KILN_ENV_PROBE=from the caller\ndata.txt: another caller's file\n"
     );
-    child.kill().unwrap();
-    child.wait().unwrap();
 }
 
 #[test]
@@ -122,16 +99,14 @@ fn an_executor_over_tcp() {
     let key = work.parent().unwrap().join("executor.key");
     let _ = std::fs::remove_file(&key);
     let key_text = key.display().to_string();
-    let (mut child, address) = executor(&["--listen", "127.0.0.1:0", "--key-file", &key_text]);
+    let listener = executor(&["--listen", "127.0.0.1:0", "--key-file", &key_text]);
     let connect = [
         "--connect",
-        address.as_str(),
+        listener.address.as_str(),
         "--key-file",
         key_text.as_str(),
     ];
     assert_eq!(kiln_run(&obj, &work, &connect, &[]), CALLERS);
     let no_env = [&connect[..], &["--no-env"]].concat();
     assert_eq!(kiln_run(&obj, &work, &no_env, &[]), EXECUTORS);
-    child.kill().unwrap();
-    child.wait().unwrap();
 }

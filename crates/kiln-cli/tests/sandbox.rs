@@ -6,9 +6,8 @@
 mod common;
 
 use common::{cc, ensure_executor};
-use std::io::BufRead;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
+use std::process::Command;
 
 struct Setup {
     object: PathBuf,
@@ -90,31 +89,20 @@ fn sandbox_flags_need_oop_and_each_other() {
 fn a_sandboxed_listener_serves_connection_after_connection() {
     ensure_executor();
     let s = setup("listener");
-    let exe = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
-    let mut child = Command::new(exe)
-        .args([
+    let allowed = s.allowed.display().to_string();
+    let listener = common::start_executor(
+        &[
             "--listen",
             "127.0.0.1:0",
             "--no-auth",
             "--sandbox",
             "--sandbox-write",
-        ])
-        .arg(&s.allowed)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("listening on") {
-        line.clear();
-        assert!(
-            stderr.read_line(&mut line).unwrap() > 0,
-            "the executor ended"
-        );
-    }
-    let address = line.trim().rsplit(' ').next().unwrap().to_string();
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+            &allowed,
+        ],
+        None,
+        &[],
+    );
+    let address = listener.address.clone();
     for round in 0..3 {
         let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
             .args(["run", "--no-export-dynamic", "--connect", &address])
@@ -131,7 +119,6 @@ fn a_sandboxed_listener_serves_connection_after_connection() {
         );
     }
     // The listener itself is not sandboxed and lives on.
-    assert!(child.try_wait().unwrap().is_none());
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let mut listener = listener;
+    assert!(listener.child.try_wait().unwrap().is_none());
 }

@@ -11,9 +11,8 @@ mod common;
 
 use common::{cc, ensure_executor};
 use object::read::elf::{FileHeader, ProgramHeader};
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 
 struct Probe {
@@ -134,34 +133,6 @@ fn out_of_process_with_debugger_and_profiler_outputs() {
     assert_no_wx("--oop debug outputs", &flags, &[]);
 }
 
-fn executor() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor")
-}
-
-/// Starts `kiln-executor ARGS` and waits for its "listening on ADDRESS" line.
-fn listen(args: &[&str]) -> (Child, String) {
-    ensure_executor();
-    let mut child = Command::new(executor())
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("listening on") {
-        line.clear();
-        assert!(
-            stderr.read_line(&mut line).unwrap() > 0,
-            "the executor ended"
-        );
-    }
-    let address = line.trim().rsplit(' ').next().unwrap().to_string();
-    // Keep draining its stderr so that it never blocks on a full pipe.
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    (child, address)
-}
-
 /// The writable-and-executable mappings of process `pid`, read from outside.
 fn wx_mappings_of(pid: u32) -> Vec<String> {
     std::fs::read_to_string(format!("/proc/{pid}/maps"))
@@ -180,15 +151,13 @@ fn pre_started_executor() {
     let socket = tmp().join(format!("executor-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&socket);
     let socket_text = socket.display().to_string();
-    let (mut child, _) = listen(&["--listen-unix", &socket_text]);
+    let executor = common::start_executor(&["--listen-unix", &socket_text], None, &[]);
     assert_no_wx(
         "pre-started",
         &["--oop"],
         &[("KILN_EXECUTOR_SOCKET", &socket_text)],
     );
-    assert_eq!(wx_mappings_of(child.id()), Vec::<String>::new());
-    child.kill().unwrap();
-    child.wait().unwrap();
+    assert_eq!(wx_mappings_of(executor.child.id()), Vec::<String>::new());
 }
 
 #[test]
@@ -196,13 +165,15 @@ fn over_tcp_with_a_key() {
     let key = tmp().join(format!("wx-{}.key", std::process::id()));
     let _ = std::fs::remove_file(&key);
     let key_text = key.display().to_string();
-    let (mut child, address) = listen(&["--listen", "127.0.0.1:0", "--key-file", &key_text]);
-    let flags = ["--connect", &address, "--key-file", &key_text];
+    let executor = common::start_executor(
+        &["--listen", "127.0.0.1:0", "--key-file", &key_text],
+        None,
+        &[],
+    );
+    let flags = ["--connect", &executor.address, "--key-file", &key_text];
     assert_no_wx("--connect", &flags, &[]);
     // The listener itself, from outside.
-    assert_eq!(wx_mappings_of(child.id()), Vec::<String>::new());
-    child.kill().unwrap();
-    child.wait().unwrap();
+    assert_eq!(wx_mappings_of(executor.child.id()), Vec::<String>::new());
 }
 
 /// The program headers' `PT_GNU_STACK` flags of an ELF file.

@@ -270,48 +270,36 @@ pub trait Listener {
     fn raw_fd(&self) -> RawFd;
 }
 
-impl Listener for std::net::TcpListener {
-    type Connection = std::net::TcpStream;
-    fn set_nonblocking(&self) -> std::io::Result<()> {
-        std::net::TcpListener::set_nonblocking(self, true)
-    }
-    fn accept(&self) -> Option<Self::Connection> {
-        loop {
-            match std::net::TcpListener::accept(self) {
-                Ok((stream, _)) => {
-                    if stream.set_nonblocking(false).is_ok() {
-                        return Some(stream);
+/// The same [`Listener`] for each of std's listening sockets.
+macro_rules! listener_for {
+    ($listener:ty, $stream:ty) => {
+        impl Listener for $listener {
+            type Connection = $stream;
+            fn set_nonblocking(&self) -> std::io::Result<()> {
+                <$listener>::set_nonblocking(self, true)
+            }
+            fn accept(&self) -> Option<Self::Connection> {
+                loop {
+                    match <$listener>::accept(self) {
+                        Ok((stream, _)) => {
+                            if stream.set_nonblocking(false).is_ok() {
+                                return Some(stream);
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => return accept_failed(e),
                     }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return accept_failed(e),
+            }
+            fn raw_fd(&self) -> RawFd {
+                self.as_raw_fd()
             }
         }
-    }
-    fn raw_fd(&self) -> RawFd {
-        self.as_raw_fd()
-    }
+    };
 }
 
-impl Listener for std::os::unix::net::UnixListener {
-    type Connection = std::os::unix::net::UnixStream;
-    fn set_nonblocking(&self) -> std::io::Result<()> {
-        std::os::unix::net::UnixListener::set_nonblocking(self, true)
-    }
-    fn accept(&self) -> Option<Self::Connection> {
-        loop {
-            match std::os::unix::net::UnixListener::accept(self) {
-                Ok((stream, _)) => {
-                    if stream.set_nonblocking(false).is_ok() {
-                        return Some(stream);
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return accept_failed(e),
-            }
-        }
-    }
-    fn raw_fd(&self) -> RawFd {
-        self.as_raw_fd()
-    }
-}
+listener_for!(std::net::TcpListener, std::net::TcpStream);
+listener_for!(
+    std::os::unix::net::UnixListener,
+    std::os::unix::net::UnixStream
+);

@@ -61,3 +61,60 @@ pub(crate) fn cc(flags: &[&str], src: &Path, out: &Path) {
         .expect("cc runs");
     assert!(status.success(), "cc {flags:?} {}", src.display());
 }
+
+/// A `kiln-executor` started by a test, killed when dropped.
+pub(crate) struct ExecutorProcess {
+    /// The process.
+    pub(crate) child: std::process::Child,
+    /// What it listens on (`HOST:PORT` or the socket's path), from its
+    /// "listening on" line.
+    pub(crate) address: String,
+}
+
+impl Drop for ExecutorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts this build's `kiln-executor ARGS` (from `cwd` if given, without `env_remove`'s
+/// variables) and waits for its "listening on" line; its stderr is drained after.
+pub(crate) fn start_executor(
+    args: &[&str],
+    cwd: Option<&Path>,
+    env_remove: &[&str],
+) -> ExecutorProcess {
+    use std::io::BufRead;
+    ensure_executor();
+    let exe = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
+    let mut command = Command::new(exe);
+    command
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    if let Some(dir) = cwd {
+        command.current_dir(dir);
+    }
+    for name in env_remove {
+        command.env_remove(name);
+    }
+    let mut child = command.spawn().expect("kiln-executor starts");
+    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    while !line.contains("listening on") {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).expect("stderr reads") > 0,
+            "the executor ended before listening"
+        );
+    }
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    let address = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    ExecutorProcess { child, address }
+}
