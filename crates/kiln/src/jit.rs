@@ -1035,11 +1035,24 @@ impl Jit {
                     Some((&e.name, previous))
                 })
             {
+                // The object (or archive member) that defines it: read on this error path
+                // only, from the inputs' symbol tables.
+                let new = objects
+                    .iter()
+                    .find(|o| {
+                        kiln_link::scan_symbols(&o.name, &o.data, linked.architecture)
+                            .is_ok_and(|s| s.defined.iter().chain(&s.weak).any(|n| **n == **name))
+                    })
+                    .map(|o| o.name.clone())
+                    .unwrap_or_else(|| {
+                        let names: Vec<&str> = objects.iter().map(|o| o.name.as_str()).collect();
+                        format!("the link of {}", names.join(", "))
+                    });
                 return Err(Error::Redefinition {
                     symbol: name.to_string(),
                     library: library.name.clone(),
                     previous,
-                    new: objects.first().map(|o| o.name.clone()).unwrap_or_default(),
+                    new,
                 });
             }
         }

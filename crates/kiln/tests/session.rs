@@ -298,3 +298,23 @@ fn a_removed_module_stays_mapped_until_other_threads_thread_local_destructors_ra
     // The worker's destructor has run: nothing holds the module any more.
     assert_eq!(jit.memory_stats().live_allocations, 0);
 }
+
+#[test]
+fn a_redefinition_names_the_object_that_defines_the_name_again() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    jit.define_symbol(lib, "second_fn", 0x1000).unwrap();
+    let first = compile("first", "int first_fn(void) { return 1; }");
+    let second = compile("second", "int second_fn(void) { return 2; }");
+    jit.add_object(lib, "first.o", first).unwrap();
+    jit.add_object(lib, "second.o", second).unwrap();
+    let error = jit.link_pending(lib).unwrap_err().to_string();
+    assert!(
+        error.contains("'second_fn' is defined twice")
+            && error.contains("absolute definition at 0x1000")
+            && error.contains("by second.o"),
+        "{error}"
+    );
+    // Nothing was published: first_fn is not there either.
+    assert!(jit.lookup(lib, "first_fn").is_err());
+}
