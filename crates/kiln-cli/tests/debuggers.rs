@@ -269,7 +269,12 @@ fn children_of(pid: u32) -> Vec<u32> {
 
 /// `perf record -k 1 -e cpu-clock` of `kiln run FLAGS perf_hot.o`, into `data`.
 fn perf_record(data: &Path, flags: &[&str]) {
-    let obj = object("perf_hot.c", &["-g", "-O1"]);
+    perf_record_of("perf_hot.c", data, flags)
+}
+
+/// As [`perf_record`], of the program `source`.
+fn perf_record_of(source: &str, data: &Path, flags: &[&str]) {
+    let obj = object(source, &["-g", "-O1"]);
     let out = Command::new("perf")
         .args(["record", "-q", "-k", "1", "-e", "cpu-clock", "-o"])
         .arg(data)
@@ -363,4 +368,32 @@ fn perf_report_names_jit_functions_from_the_perf_map() {
     perf_record(&data, &["--perf-map"]);
     let top = top_of_report(&data, "sym");
     assert!(top.contains("jit_hot_loop"), "top of the report: {top}");
+}
+
+#[test]
+fn a_function_written_on_one_line_gets_its_line_in_perf() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("jitdump-one-line");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("perf.data");
+    let jitdump = format!("--jitdump={}", dir.display());
+    perf_record_of("perf_one_line.c", &data, &[&jitdump]);
+    let injected = dir.join("perf.jit.data");
+    let out = Command::new("perf")
+        .args(["inject", "--jit", "-i"])
+        .arg(&data)
+        .arg("-o")
+        .arg(&injected)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let top = top_of_report(&injected, "sym,srcline");
+    assert!(
+        top.contains("jit_one_line") && top.contains("perf_one_line.c:5"),
+        "top by source line: {top}"
+    );
 }

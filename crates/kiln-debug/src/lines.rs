@@ -77,6 +77,19 @@ pub fn debug_module(
             function
                 .lines
                 .dedup_by(|b, a| a.line == b.line && a.file == b.file);
+            // perf's `inject --jit` ends each function's line table at its last row, so
+            // code after the last row — all of a function written on one line but its
+            // first instruction — had no line (`??:0`). A closing row at the function's
+            // last byte carries the last line to its end.
+            if let Some(&last) = function.lines.last() {
+                let end = function.address + function.size.max(1) - 1;
+                if last.address < end {
+                    function.lines.push(LineRow {
+                        address: end,
+                        ..last
+                    });
+                }
+            }
         }
         let mut names = vec![String::new(); files.len()];
         for (name, index) in files {
