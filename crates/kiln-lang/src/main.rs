@@ -7,7 +7,7 @@
 
 use clap::Parser;
 use kiln_lang::{LangError, Options, Outcome, Runtime};
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, IsTerminal};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -78,19 +78,54 @@ fn run_file(rt: &mut Runtime, path: &PathBuf) -> Result<u8, LangError> {
     }
 }
 
-fn repl(rt: &mut Runtime) -> Result<u8, LangError> {
-    let interactive = std::io::stdin().is_terminal();
-    let mut input = String::new();
-    let mut lines = std::io::stdin().lock().lines();
-    loop {
-        if interactive {
-            print!("{}", if input.is_empty() { "> " } else { ". " });
-            let _ = std::io::stdout().flush();
+/// Where the REPL's lines come from: a line editor (arrows, history, Ctrl-R) on a
+/// terminal, plain lines from a pipe or a file.
+enum LineSource {
+    Edited(Box<rustyline::DefaultEditor>),
+    Plain(std::io::Lines<std::io::StdinLock<'static>>),
+}
+
+impl LineSource {
+    fn new() -> Self {
+        if std::io::stdin().is_terminal() && std::io::stdout().is_terminal() {
+            if let Ok(editor) = rustyline::DefaultEditor::new() {
+                return LineSource::Edited(Box::new(editor));
+            }
         }
-        let Some(line) = lines.next() else {
+        LineSource::Plain(std::io::stdin().lock().lines())
+    }
+
+    /// The next line (`None` at the end of input), after `prompt` on a terminal.
+    fn next(&mut self, prompt: &str) -> Option<Result<String, LangError>> {
+        match self {
+            LineSource::Edited(editor) => match editor.readline(prompt) {
+                Ok(line) => {
+                    if !line.trim().is_empty() {
+                        let _ = editor.add_history_entry(line.as_str());
+                    }
+                    Some(Ok(line))
+                }
+                Err(rustyline::error::ReadlineError::Eof) => None,
+                // Ctrl-C drops the line being typed, as shells do.
+                Err(rustyline::error::ReadlineError::Interrupted) => Some(Ok(String::new())),
+                Err(e) => Some(Err(LangError::Usage(e.to_string()))),
+            },
+            LineSource::Plain(lines) => lines
+                .next()
+                .map(|l| l.map_err(|e| LangError::Usage(e.to_string()))),
+        }
+    }
+}
+
+fn repl(rt: &mut Runtime) -> Result<u8, LangError> {
+    let mut input = String::new();
+    let mut lines = LineSource::new();
+    loop {
+        let prompt = if input.is_empty() { "> " } else { ". " };
+        let Some(line) = lines.next(prompt) else {
             return Ok(0);
         };
-        let line = line.map_err(|e| LangError::Usage(e.to_string()))?;
+        let line = line?;
         input.push_str(&line);
         input.push('\n');
         match rt.load(&input) {

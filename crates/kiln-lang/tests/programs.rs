@@ -277,3 +277,35 @@ fn the_repl_after_stubs_and_a_hot_swap_has_no_writable_executable_mapping() {
     drop(stdin);
     assert!(child.wait().unwrap().success());
 }
+
+/// On a terminal the REPL edits lines: the up arrow brings back the last line (run on a
+/// pseudo-terminal made by `script`, with the keys typed a line at a time).
+#[test]
+fn on_a_terminal_the_up_arrow_recalls_the_last_line() {
+    use std::io::Read;
+    let command = format!("{} ", env!("CARGO_BIN_EXE_kiln-lang"));
+    let mut child = Command::new("script")
+        .args(["-qec", command.trim(), "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("script (util-linux) runs");
+    let mut stdin = child.stdin.take().unwrap();
+    for keys in ["fn f(x) = x + 1;\n", "f(1);\n", "\x1b[A\n", "\x04"] {
+        stdin.write_all(keys.as_bytes()).unwrap();
+        stdin.flush().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(400));
+    }
+    drop(stdin);
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    child.wait().unwrap();
+    assert_eq!(out.matches("= 2").count(), 2, "{out:?}");
+    assert!(!out.contains("error"), "{out:?}");
+}
