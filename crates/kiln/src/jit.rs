@@ -1148,7 +1148,10 @@ impl Jit {
             }),
         };
         for used in &module.inner.uses {
-            used.inner.users.lock().push(Arc::downgrade(&module.inner));
+            let mut users = used.inner.users.lock();
+            // Entries of users dropped without being removed go here at the latest.
+            users.retain(|u| u.strong_count() > 0);
+            users.push(Arc::downgrade(&module.inner));
         }
         // A module this one calls may have been removed while it linked (its removal saw
         // no user yet). Now that this one is a user, a removal is refused; one that came
@@ -1372,6 +1375,7 @@ impl Jit {
                 }
             }
         }
+        module.inner.leave_users_lists();
         module.inner.finalize();
         Ok(())
     }
@@ -1752,6 +1756,16 @@ struct ModuleInner {
 }
 
 impl ModuleInner {
+    /// Takes this module out of the user lists of the modules it uses (at removal and
+    /// when it is dropped): a JIT that churns modules calling a long-lived one must not
+    /// grow that one's list.
+    fn leave_users_lists(&self) {
+        let me = self as *const ModuleInner;
+        for used in self.uses.iter() {
+            used.inner.users.lock().retain(|u| u.as_ptr() != me);
+        }
+    }
+
     /// Whether the module is still in its library's index.
     fn is_listed(&self, state: &LibraryState) -> bool {
         state.modules.contains_key(&self.id)
@@ -1784,6 +1798,7 @@ impl ModuleInner {
 
 impl Drop for ModuleInner {
     fn drop(&mut self) {
+        self.leave_users_lists();
         self.finalize();
         // Thread-local storage goes last: other threads' thread-local destructors, which
         // kept the module alive until now, may have used it.

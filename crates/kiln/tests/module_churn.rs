@@ -1,0 +1,77 @@
+//! A JIT that keeps a runtime module and churns small modules calling it: linking and
+//! removing them must not grow the session (no record of a removed module is kept). The
+//! heap is measured with a counting allocator in this test binary.
+
+mod common;
+
+use kiln::Jit;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+/// The system allocator, counting live bytes.
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: forwards to the system allocator, only counting.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: the caller's layout, passed on.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: a block this allocator gave out with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+#[test]
+fn churning_modules_that_call_a_runtime_module_keeps_the_heap_flat() {
+    let runtime = common::cc(
+        "churn_runtime",
+        "int runtime_add(int a, int b) { return a + b; }",
+        &["-O1", "-fPIC"],
+    );
+    let user = common::cc(
+        "churn_user",
+        "extern int runtime_add(int, int); int user_fn(void) { return runtime_add(41, 1); }",
+        &["-O1", "-fPIC"],
+    );
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    jit.add_object(lib, "runtime.o", runtime).unwrap();
+    let (_runtime, _) = jit.link_pending(lib).unwrap().expect("the runtime module");
+    let round = |n: usize| {
+        for _ in 0..n {
+            jit.add_object(lib, "user.o", user.clone()).unwrap();
+            let (module, _) = jit.link_pending(lib).unwrap().expect("a user module");
+            let address = jit.lookup(lib, "user_fn").unwrap();
+            // SAFETY: `int user_fn(void)`, linked just now in this process.
+            let f: extern "C" fn() -> i32 = unsafe { std::mem::transmute(address as usize) };
+            assert_eq!(f(), 42);
+            jit.remove_module(&module).unwrap();
+        }
+    };
+    round(1_000); // warm: the session's tables and the slab reach their size
+    let before = LIVE.load(Ordering::Relaxed);
+    round(5_000);
+    let grown = LIVE.load(Ordering::Relaxed) - before;
+    assert!(
+        grown < 5_000 * 8,
+        "the heap grew by {grown} bytes over 5,000 links and removals ({} per link)",
+        grown / 5_000
+    );
+}
