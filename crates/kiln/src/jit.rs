@@ -1318,6 +1318,74 @@ impl Jit {
         unsafe { self.inner.executor.run_main(main, args) }
     }
 
+    /// Removes every module of `modules`, in an order that removes users before the
+    /// modules they use (as [`Jit::remove_module`] each). Refused before anything is
+    /// removed, with [`Error::ModuleInUse`] naming them, if live modules outside the set
+    /// use one of it.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # if !cfg!(target_arch = "x86_64") { return Ok(()); }
+    /// use kiln::lazy::testing::constant_function;
+    /// let jit = kiln::Jit::new()?;
+    /// let lib = jit.main_library();
+    /// jit.add_object(lib, "one.o", constant_function("one", 1))?;
+    /// let (one, _) = jit.link_pending(lib)?.expect("a module");
+    /// jit.add_object(lib, "two.o", constant_function("two", 2))?;
+    /// let (two, _) = jit.link_pending(lib)?.expect("a module");
+    /// jit.remove_modules(&[one, two])?;
+    /// assert!(jit.lookup(lib, "one").is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn remove_modules(&self, modules: &[Module]) -> Result<(), Error> {
+        let in_set = |m: &ModuleInner| modules.iter().any(|x| std::ptr::eq(&*x.inner, m));
+        // Users outside the set (live, or still listed) refuse the whole removal.
+        for module in modules {
+            let library = self.library(module.inner.library)?;
+            let state = library.state.read();
+            let outside: Vec<String> = module
+                .inner
+                .users
+                .lock()
+                .iter()
+                .filter_map(Weak::upgrade)
+                .filter(|u| !in_set(u))
+                .filter(|u| !*u.finalized.lock() || u.is_listed(&state))
+                .map(|u| u.name.to_string())
+                .collect();
+            if !outside.is_empty() {
+                return Err(Error::ModuleInUse {
+                    module: module.inner.name.to_string(),
+                    users: outside,
+                });
+            }
+        }
+        // Users first: repeatedly remove those no remaining member of the set uses.
+        let mut left: Vec<&Module> = modules.iter().collect();
+        while !left.is_empty() {
+            let used_by_left = |m: &Module| {
+                left.iter().any(|other| {
+                    !std::ptr::eq(&*other.inner, &*m.inner)
+                        && other
+                            .inner
+                            .uses
+                            .iter()
+                            .any(|u| std::ptr::eq(&*u.inner, &*m.inner))
+                })
+            };
+            let Some(at) = left.iter().position(|m| !used_by_left(m)) else {
+                // Modules cannot use each other in a cycle (a module uses only earlier ones).
+                return Err(Error::ModuleInUse {
+                    module: left[0].inner.name.to_string(),
+                    users: left.iter().map(|m| m.inner.name.to_string()).collect(),
+                });
+            };
+            let next = left.remove(at);
+            self.remove_module(next)?;
+        }
+        Ok(())
+    }
+
     /// Removes `module` from its library, as `dlclose` would: its definitions leave the
     /// library's index, its finalizers run now, and its memory is freed when the last
     /// handle to it (and the last module that refers to it) is gone.

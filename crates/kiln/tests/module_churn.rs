@@ -75,3 +75,43 @@ fn churning_modules_that_call_a_runtime_module_keeps_the_heap_flat() {
         grown / 5_000
     );
 }
+
+#[test]
+fn a_set_of_modules_is_removed_users_first_or_refused_naming_outside_users() {
+    let runtime = common::cc(
+        "set_runtime",
+        "int set_add(int a, int b) { return a + b; }",
+        &["-O1", "-fPIC"],
+    );
+    let user = |n: u32| {
+        common::cc(
+            &format!("set_user{n}"),
+            &format!(
+                "extern int set_add(int, int); int set_user{n}(void) {{ return set_add({n}, 1); }}"
+            ),
+            &["-O1", "-fPIC"],
+        )
+    };
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let mut link = |name: &str, bytes: Vec<u8>| {
+        jit.add_object(lib, name, bytes).unwrap();
+        jit.link_pending(lib).unwrap().expect("a module").0
+    };
+    let rt = link("runtime.o", runtime);
+    let one = link("user1.o", user(1));
+    let two = link("user2.o", user(2));
+    // user2 is outside the set: nothing is removed.
+    let error = jit
+        .remove_modules(&[rt.clone(), one.clone()])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("user2.o"), "{error}");
+    assert!(jit.lookup(lib, "set_user1").is_ok());
+    assert!(jit.lookup(lib, "set_add").is_ok());
+    // The whole set, the runtime first in the list: removed users first.
+    jit.remove_modules(&[rt, one, two]).unwrap();
+    for name in ["set_add", "set_user1", "set_user2"] {
+        assert!(jit.lookup(lib, name).is_err(), "{name} is still defined");
+    }
+}
