@@ -94,7 +94,7 @@ fn a_set_of_modules_is_removed_users_first_or_refused_naming_outside_users() {
     };
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    let mut link = |name: &str, bytes: Vec<u8>| {
+    let link = |name: &str, bytes: Vec<u8>| {
         jit.add_object(lib, name, bytes).unwrap();
         jit.link_pending(lib).unwrap().expect("a module").0
     };
