@@ -15,7 +15,7 @@
 #                            qemu, arm64 libraries; their tests skip and say so)
 #   CARGO_TARGET_DIR         where cargo builds (default target/); the private sysroots
 #                            are under it, in sysroot/
-#   KILN_TEST_LOGS           where each phase's full output goes (default
+#   KILN_TEST_LOGS           where the tests' and benchmarks' full output goes (default
 #                            $CARGO_TARGET_DIR/test-logs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +28,8 @@ mkdir -p "$LOGS"
 
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# One build from scratch: incremental caches would only cost time and ~1 GB of target/.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # kiln-llvm's feature `llvm` builds against Debian's LLVM 14 (llvm-14-dev).
 export LLVM_SYS_140_PREFIX="${LLVM_SYS_140_PREFIX:-/usr/lib/llvm-14}"
 # The private sysroots scripts/test_deps.sh fills, for the tests and benchmarks.
@@ -114,21 +116,32 @@ llvm_checks() {
 }
 phase "kiln-llvm with LLVM 14 (feature llvm)" llvm_checks
 
+phase "release build (kiln, executor, benchmarks)" \
+  cargo build --release -p kiln-bench -p kiln-cli -p kiln-executor -p kiln-lang
+
+# Their figures go to $LOGS/benchmarks.log (printed if one fails).
 benchmarks() {
-  cargo build --release -p kiln-bench -p kiln-cli -p kiln-executor -p kiln-lang &&
-    "$TARGET"/release/many_modules --modules 500 --no-syscalls &&
-    "$TARGET"/release/alloc_throughput --ops 5000 &&
-    "$TARGET"/release/tls_access --iterations 1000000 --runs 1 &&
-    "$TARGET"/release/session_scale --modules 200 &&
-    "$TARGET"/release/debug_support --rounds 2 --modules 200 --gdb-modules 50 &&
-    "$TARGET"/release/capi_overhead --rounds 3 --batches 1 &&
-    "$TARGET"/release/cache_figures --functions 200 --runs 2 >/dev/null &&
-    "$TARGET"/release/link_floor --runs 2 --dir "$TARGET"/link-floor >/dev/null &&
-    "$TARGET"/release/lazy_figures --functions 1000 --runs 1 --calls 1000000 --swap-seconds 0.2 >/dev/null &&
-    cargo build --release -p kiln-llvm --features llvm --examples &&
-    "$TARGET"/release/examples/shaders 20 >/dev/null
+  local log="$LOGS/benchmarks.log"
+  if ! (
+    set -e
+    "$TARGET"/release/many_modules --modules 500 --no-syscalls
+    "$TARGET"/release/alloc_throughput --ops 5000
+    "$TARGET"/release/tls_access --iterations 1000000 --runs 1
+    "$TARGET"/release/session_scale --modules 200
+    "$TARGET"/release/debug_support --rounds 2 --modules 200 --gdb-modules 50
+    "$TARGET"/release/capi_overhead --rounds 3 --batches 1
+    "$TARGET"/release/cache_figures --functions 200 --runs 2
+    "$TARGET"/release/link_floor --runs 2 --dir "$TARGET"/link-floor
+    "$TARGET"/release/lazy_figures --functions 1000 --runs 1 --calls 1000000 --swap-seconds 0.2
+    cargo build --release -p kiln-llvm --features llvm --examples
+    "$TARGET"/release/examples/shaders 20
+  ) >"$log" 2>&1; then
+    cat "$log"
+    return 1
+  fi
+  echo "figures in $log"
 }
-phase "benchmarks, small workload (docs/BENCHMARKS.md)" benchmarks
+phase "benchmarks, small workload" benchmarks
 phase "the main job (scripts/demo.sh)" bash -c './scripts/demo.sh >/dev/null'
 
 # --- more phases go here ------------------------------------------------------------------
