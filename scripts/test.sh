@@ -1,109 +1,176 @@
 #!/usr/bin/env bash
-# Kiln's test command: installs what the tests need that is missing (Debian packages via
-# apt-get, Rust components via rustup where possible), then runs format and lint checks,
-# every test, and the benchmarks on a small workload (so they keep working).
+# Kiln's test command (CI's .ci/run calls exactly this):
+#
+#   ./scripts/test.sh
+#
+# installs what the tests need without changing what the machine has
+# (scripts/test_deps.sh: no package removed, replaced or upgraded; Debian's arm64
+# libraries and anything apt could not install cleanly go into target/sysroot), then runs
+# format and lint checks, every test, the benchmarks on a small workload (so they keep
+# working) and the demo; then checks that no installed Debian package was removed or
+# changed version. One line per phase with its time, then the tests' totals.
+#
+# Environment:
+#   KILN_TEST_SKIP_CROSS=1   skip the cross-architecture parts (AArch64: cross compiler,
+#                            qemu, arm64 libraries; their tests skip and say so)
+#   CARGO_TARGET_DIR         where cargo builds (default target/); the private sysroots
+#                            are under it, in sysroot/
+#   KILN_TEST_LOGS           where the tests' and benchmarks' full output goes (default
+#                            $CARGO_TARGET_DIR/test-logs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Where cargo puts what it builds (CARGO_TARGET_DIR if set).
 TARGET="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$TARGET"
+TARGET="$(cd "$TARGET" && pwd)"
+LOGS="${KILN_TEST_LOGS:-$TARGET/test-logs}"
+mkdir -p "$LOGS"
 
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# One build from scratch: incremental caches would only cost time and ~1 GB of target/.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # kiln-llvm's feature `llvm` builds against Debian's LLVM 14 (llvm-14-dev).
 export LLVM_SYS_140_PREFIX="${LLVM_SYS_140_PREFIX:-/usr/lib/llvm-14}"
-
-# --- what the tests need --------------------------------------------------------------
-# command or file -> Debian package
-declare -A needs=(
-  [cc]=gcc
-  [g++]=g++
-  [ar]=binutils
-  [unshare]=util-linux
-  [strace]=strace
-  # Debuggers and profilers, driven by the listener tests.
-  [gdb]=gdb
-  [lldb-16]=lldb-16
-  [perf]=linux-perf
-  [llvm-jitlink-16]=llvm-16
-  # The object cache's Redis backend and the ccache comparison.
-  [redis-server]=redis-server
-  [ccache]=ccache
-  # The C API's tests: compiled against the installed library, run under valgrind.
-  [pkg-config]=pkg-config
-  [valgrind]=valgrind
-  [/usr/lib/x86_64-linux-gnu/libsqlite3.a]=libsqlite3-dev
-  [/usr/lib/x86_64-linux-gnu/liblua5.4.a]=liblua5.4-dev
-  [/usr/lib/x86_64-linux-gnu/libz.a]=zlib1g-dev
-  [/usr/lib/python3.11/config-3.11-x86_64-linux-gnu/libpython3.11-pic.a]=libpython3.11-dev
-  [/usr/lib/llvm-14/bin/llvm-config]=llvm-14-dev
-  # CPython's own test modules, run by a Kiln-linked interpreter (runtime tests).
-  [/usr/lib/python3.11/test/test_json]=libpython3.11-testsuite
-  # AArch64: cross compilers for the link checks, and mold for the link-time figures.
-  [aarch64-linux-gnu-gcc]=gcc-aarch64-linux-gnu
-  [clang-16]=clang-16
-  [llvm-objdump-16]=llvm-16
-  [qemu-aarch64-static]=qemu-user-static
-  [mold]=mold
-  # Debian's arm64 static libraries (multiarch), linked for AArch64.
-  [/lib/ld-linux-aarch64.so.1]=libc6:arm64
-  [/usr/lib/aarch64-linux-gnu/libz.a]=zlib1g-dev:arm64
-  [/usr/lib/aarch64-linux-gnu/libsqlite3.a]=libsqlite3-dev:arm64
-  [/usr/lib/aarch64-linux-gnu/liblua5.4.a]=liblua5.4-dev:arm64
-)
-missing=()
-for need in "${!needs[@]}"; do
-  if [[ $need == /* ]]; then
-    [ -e "$need" ] || missing+=("${needs[$need]}")
-  else
-    command -v "$need" >/dev/null 2>&1 || missing+=("${needs[$need]}")
-  fi
-done
-if ((${#missing[@]})); then
-  echo "== installing: ${missing[*]}"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  if [[ " ${missing[*]}" == *":arm64"* ]] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
-    $SUDO dpkg --add-architecture arm64
-  fi
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+# The private sysroots scripts/test_deps.sh fills, for the tests and benchmarks.
+export KILN_SYSROOT_DIR="${KILN_SYSROOT_DIR:-$TARGET/sysroot}"
+export KILN_AARCH64_SYSROOT="${KILN_AARCH64_SYSROOT:-$KILN_SYSROOT_DIR/aarch64}"
+export KILN_NATIVE_SYSROOT="${KILN_NATIVE_SYSROOT:-$KILN_SYSROOT_DIR/native}"
+if [ -n "${KILN_TEST_SKIP_CROSS:-}" ] && [ "$KILN_TEST_SKIP_CROSS" != 0 ]; then
+  export KILN_TEST_SKIP_CROSS=1
+else
+  unset KILN_TEST_SKIP_CROSS
 fi
-for component in rustfmt clippy; do
-  if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
-    rustup component add "$component"
+
+# --- phases -----------------------------------------------------------------------------
+# `phase NAME COMMAND...` runs COMMAND, then prints one line with NAME, its time and
+# whether it passed. A failed phase does not stop the run (the later phases still say
+# what they find); the command exits 1 at the end if any failed.
+started=$SECONDS
+summary=()
+failed_phases=()
+duration() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+phase() {
+  local name=$1 start=$SECONDS status=0
+  shift
+  echo "== $name"
+  "$@" || status=$?
+  local line
+  line="$(printf -- '-- %-44s %8s' "$name" "$(duration $((SECONDS - start)))")"
+  if [ "$status" -eq 0 ]; then
+    line+="  ok"
+  else
+    line+="  FAILED (exit $status)"
+    failed_phases+=("$name")
   fi
-done
+  echo "$line"
+  summary+=("$line")
+}
 
-# --- checks ---------------------------------------------------------------------------
-echo "== cargo fmt --check"
-cargo fmt --all -- --check
+# The installed Debian packages, `package:arch version` (to compare before and after).
+dpkg_snapshot() {
+  dpkg-query -W -f='${db:Status-Abbrev} ${Package}:${Architecture} ${Version}\n' |
+    awk '$1 == "ii" { print $2, $3 }' | sort
+}
+# Fails if a package of the snapshot `$1` is gone or has another version now (packages
+# added since are fine).
+dpkg_unchanged() {
+  local changed
+  changed="$(dpkg_snapshot | awk 'NR == FNR { now[$1] = $2; next }
+    !($1 in now) { print "removed: " $1 " " $2; next }
+    now[$1] != $2 { print "changed: " $1 " " $2 " -> " now[$1] }' - "$1")"
+  if [ -n "$changed" ]; then
+    echo "the test command changed installed packages:"
+    echo "$changed"
+    return 1
+  fi
+  echo "no installed package removed or changed ($(wc -l <"$1") before, $(dpkg_snapshot | wc -l) now)"
+}
 
-echo "== cargo clippy -D warnings"
-cargo clippy --workspace --all-targets -- -D warnings
+# cargo test with the passing tests' lines left out of the console (all of it is in
+# $LOGS/NAME.log); failures, panics and `test result:` lines stay visible.
+tests_log=()
+cargo_test() {
+  local name=$1
+  shift
+  local log="$LOGS/$name.log"
+  tests_log+=("$log")
+  cargo test "$@" 2>&1 | tee "$log" | { grep -v -E '^test .* \.\.\. ok$|^running [0-9]+ tests?$|^$' || true; }
+  return "${PIPESTATUS[0]}"
+}
 
-echo "== cargo test"
-cargo test --workspace
+# --- what the tests need ----------------------------------------------------------------
+dpkg_snapshot >"$LOGS/dpkg-before.txt"
+phase "dependencies (scripts/test_deps.sh)" ./scripts/test_deps.sh
 
-echo "== kiln-llvm with LLVM 14 (feature llvm)"
-cargo clippy -p kiln-llvm --features llvm --all-targets -- -D warnings
-cargo test -p kiln-llvm --features llvm
-cargo clippy -p kiln-capi --features llvm --all-targets -- -D warnings
-cargo test -p kiln-capi --features llvm --test llvm_c
+# --- checks -----------------------------------------------------------------------------
+phase "cargo fmt --check" cargo fmt --all -- --check
+phase "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
+phase "cargo test --workspace" cargo_test workspace --workspace --no-fail-fast
 
-echo "== benchmarks, small workload (figures: see docs/BENCHMARKS.md)"
-cargo build --release -p kiln-bench
-"$TARGET"/release/many_modules --modules 500 --no-syscalls
-"$TARGET"/release/alloc_throughput --ops 5000
-cargo build --release -p kiln-cli -p kiln-executor -p kiln-lang
-"$TARGET"/release/tls_access --iterations 1000000 --runs 1
-"$TARGET"/release/session_scale --modules 200
-"$TARGET"/release/debug_support --rounds 2 --modules 200 --gdb-modules 50
-"$TARGET"/release/capi_overhead --rounds 3 --batches 1
-"$TARGET"/release/cache_figures --functions 200 --runs 2 >/dev/null
-"$TARGET"/release/link_floor --runs 2 --dir "$TARGET"/link-floor >/dev/null
-"$TARGET"/release/lazy_figures --functions 1000 --runs 1 --calls 1000000 --swap-seconds 0.2 >/dev/null
-cargo build --release -p kiln-llvm --features llvm --examples
-"$TARGET"/release/examples/shaders 20 >/dev/null
+llvm_checks() {
+  cargo clippy -p kiln-llvm --features llvm --all-targets -- -D warnings &&
+    cargo clippy -p kiln-capi --features llvm --all-targets -- -D warnings &&
+    cargo_test llvm -p kiln-llvm --features llvm --no-fail-fast &&
+    cargo_test capi-llvm -p kiln-capi --features llvm --test llvm_c --no-fail-fast
+}
+phase "kiln-llvm with LLVM 14 (feature llvm)" llvm_checks
 
-echo "== the main job"
-./scripts/demo.sh >/dev/null
+phase "release build (kiln, executor, benchmarks)" \
+  cargo build --release -p kiln-bench -p kiln-cli -p kiln-executor -p kiln-lang
+
+# Their figures go to $LOGS/benchmarks.log (printed if one fails).
+benchmarks() {
+  local log="$LOGS/benchmarks.log"
+  if ! (
+    set -e
+    "$TARGET"/release/many_modules --modules 500 --no-syscalls
+    "$TARGET"/release/alloc_throughput --ops 5000
+    "$TARGET"/release/tls_access --iterations 1000000 --runs 1
+    "$TARGET"/release/session_scale --modules 200
+    "$TARGET"/release/debug_support --rounds 2 --modules 200 --gdb-modules 50
+    "$TARGET"/release/capi_overhead --rounds 3 --batches 1
+    "$TARGET"/release/cache_figures --functions 200 --runs 2
+    "$TARGET"/release/link_floor --runs 2 --dir "$TARGET"/link-floor
+    "$TARGET"/release/lazy_figures --functions 1000 --runs 1 --calls 1000000 --swap-seconds 0.2
+    cargo build --release -p kiln-llvm --features llvm --examples
+    "$TARGET"/release/examples/shaders 20
+  ) >"$log" 2>&1; then
+    cat "$log"
+    return 1
+  fi
+  echo "figures in $log"
+}
+phase "benchmarks, small workload" benchmarks
+phase "the main job (scripts/demo.sh)" bash -c './scripts/demo.sh >/dev/null'
+
+# --- more phases go here ------------------------------------------------------------------
+# Add a phase as `phase "what it checks" COMMAND ARGS...` (a shell function for several
+# commands); its time and result join the summary. Keep them above the package check.
+
+# --- the machine as it was ------------------------------------------------------------------
+phase "installed packages unchanged (dpkg -l)" dpkg_unchanged "$LOGS/dpkg-before.txt"
+
+# --- summary ------------------------------------------------------------------------------
+echo
+echo "== summary"
+printf '%s\n' "${summary[@]}"
+echo "-- total $(duration $((SECONDS - started)))"
+if ((${#tests_log[@]})); then
+  cat "${tests_log[@]}" | awk '/^test result:/ {
+      for (i = 1; i <= NF; i++) {
+        if ($(i) ~ /^passed/) p += $(i - 1)
+        if ($(i) ~ /^failed/) f += $(i - 1)
+        if ($(i) ~ /^ignored/) g += $(i - 1)
+      }
+    }
+    END { printf "-- tests: %d passed, %d failed, %d ignored\n", p, f, g }'
+fi
+if [ -n "${KILN_TEST_SKIP_CROSS:-}" ]; then
+  echo "-- skipped (KILN_TEST_SKIP_CROSS): AArch64 cross compiler, qemu and arm64 libraries; their tests passed without running (kiln-cli tests aarch64, c_executor's AArch64 ones)"
+fi
+if ((${#failed_phases[@]})); then
+  echo "FAILED: ${failed_phases[*]}"
+  exit 1
+fi
 echo "all checks passed"

@@ -267,7 +267,7 @@ fn main_exit_status_is_kilns() {
 fn cpython_from_debian_libpython3_11_pic_a() {
     // Debian's python.o (LTO-built: fat-LTO sections, a hidden `main`) and
     // libpython3.11-pic.a, with libm, libz and libexpat from the system.
-    let config = Path::new("/usr/lib/python3.11/config-3.11-x86_64-linux-gnu");
+    let config = common::python_config_dir();
     let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .arg("run")
         .arg(config.join("python.o"))

@@ -249,13 +249,14 @@ fn exit_status_and_fatal_signals_are_the_same_in_and_out_of_process() {
 }
 
 fn kiln_python(args: &[&str]) -> Output {
-    let config = Path::new("/usr/lib/python3.11/config-3.11-x86_64-linux-gnu");
+    let config = common::python_config_dir();
     Command::new(env!("CARGO_BIN_EXE_kiln"))
         .arg("run")
         .arg(config.join("python.o"))
         .arg(config.join("libpython3.11-pic.a"))
         .args(["-lm", "-lz", "-lexpat", "--"])
         .args(args)
+        .envs(common::python_tests_env())
         .output()
         .unwrap()
 }
@@ -290,6 +291,7 @@ fn cpython_extension_modules_pass_their_own_test_suites() {
     args.extend(tests);
     let native = Command::new("/usr/bin/python3.11")
         .args(&args)
+        .envs(common::python_tests_env())
         .output()
         .unwrap();
     let out = kiln_python(&args);

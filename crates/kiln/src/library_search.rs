@@ -21,7 +21,9 @@ pub fn default_search_dirs() -> Vec<PathBuf> {
 
 /// The system directories searched after the `-L` ones for code of `architecture`:
 /// Debian's multiarch directories of that architecture (`/usr/lib/aarch64-linux-gnu`, as
-/// `dpkg --add-architecture arm64` fills it), then the plain ones, then its gcc's.
+/// `dpkg --add-architecture arm64` fills it), its cross compiler's C library
+/// (`/usr/aarch64-linux-gnu/lib`, from libc6-dev-arm64-cross), then the plain ones, then
+/// its gcc's.
 pub fn search_dirs_for(architecture: kiln_link::Architecture) -> Vec<PathBuf> {
     let multiarch = match architecture {
         kiln_link::Architecture::X86_64 => "x86_64-linux-gnu",
@@ -32,6 +34,7 @@ pub fn search_dirs_for(architecture: kiln_link::Architecture) -> Vec<PathBuf> {
         "/usr/local/lib".into(),
         format!("/lib/{multiarch}").into(),
         format!("/usr/lib/{multiarch}").into(),
+        format!("/usr/{multiarch}/lib").into(),
         "/lib".into(),
         "/usr/lib".into(),
     ];

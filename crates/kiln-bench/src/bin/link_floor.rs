@@ -142,18 +142,23 @@ fn prepare(dir: &Path, kiln: &Path) -> Vec<Input> {
     let programs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs");
     let d = dir.display();
     let mut inputs = Vec::new();
+    // Debian's arm64 libraries: the private sysroot scripts/test_deps.sh fills, or the
+    // machine's multiarch directory.
+    let arm64 = std::env::var_os("KILN_AARCH64_SYSROOT")
+        .map(|root| PathBuf::from(root).join("usr/lib/aarch64-linux-gnu"))
+        .unwrap_or_else(|| "/usr/lib/aarch64-linux-gnu".into());
     for (arch, compiler, lib) in [
-        ("x86-64", "cc", "/usr/lib/x86_64-linux-gnu"),
-        (
-            "aarch64",
-            "aarch64-linux-gnu-gcc",
-            "/usr/lib/aarch64-linux-gnu",
-        ),
+        ("x86-64", "cc", PathBuf::from("/usr/lib/x86_64-linux-gnu")),
+        ("aarch64", "aarch64-linux-gnu-gcc", arm64),
     ] {
+        let lib = lib.as_path();
         if Command::new(compiler).arg("--version").output().is_err()
-            || !Path::new(lib).join("libsqlite3.a").exists()
+            || !lib.join("libsqlite3.a").exists()
         {
-            eprintln!("{arch}: {compiler} or {lib}/libsqlite3.a missing, skipped");
+            eprintln!(
+                "{arch}: {compiler} or {}/libsqlite3.a missing, skipped",
+                lib.display()
+            );
             continue;
         }
         let suffix = if arch == "x86-64" { "" } else { "-a64" };
@@ -163,7 +168,7 @@ fn prepare(dir: &Path, kiln: &Path) -> Vec<Input> {
         ));
         let sqlite = vec![
             dir.join(format!("sqlite_driver{suffix}.o")),
-            Path::new(lib).join("libsqlite3.a"),
+            lib.join("libsqlite3.a"),
         ];
         let many = many_objects(dir, compiler, suffix);
         for (name, files, libs) in [("sqlite", sqlite, vec!["-lm"]), ("many", many, vec![])] {
