@@ -334,11 +334,16 @@ fn verify(inputs: &[PathBuf], image_path: &Path) -> Tally {
 }
 
 /// The GOT entry a veneer (`adrp x16; ldr x16, [x16, #off]; br x16`) jumps through.
+/// The GOT slot a veneer loads: `bti c` (its landing pad), `adrp x16`, `ldr x16`, `br x16`.
 fn veneer_slot(insns: &HashMap<u64, Insn>, veneer: u64) -> Option<u64> {
-    let adrp = insns.get(&veneer)?;
-    let ldr = insns.get(&(veneer + 4))?;
-    let br = insns.get(&(veneer + 8))?;
-    if !adrp.text.starts_with("adrp") || !ldr.text.starts_with("ldr") || !br.text.starts_with("br")
+    let bti = insns.get(&veneer)?;
+    let adrp = insns.get(&(veneer + 4))?;
+    let ldr = insns.get(&(veneer + 8))?;
+    let br = insns.get(&(veneer + 12))?;
+    if !bti.text.starts_with("bti")
+        || !adrp.text.starts_with("adrp")
+        || !ldr.text.starts_with("ldr")
+        || !br.text.starts_with("br")
     {
         return None;
     }

@@ -13,14 +13,6 @@ use std::process::{Child, Command, Output, Stdio};
 /// The cross compiler's C library, qemu's guest root.
 const GUEST_ROOT: &str = "/usr/aarch64-linux-gnu";
 
-fn skipped() -> bool {
-    if std::env::var_os("KILN_TEST_SKIP_CROSS").is_some() {
-        eprintln!("skipped: KILN_TEST_SKIP_CROSS is set");
-        return true;
-    }
-    false
-}
-
 fn tmp() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("branch_targets");
     std::fs::create_dir_all(&dir).unwrap();
@@ -92,7 +84,7 @@ fn run(executor: &Executor, object: &Path, args: &[&str]) -> Output {
 
 #[test]
 fn bti_code_is_guarded_and_a_branch_past_a_landing_pad_traps() {
-    if skipped() {
+    if common::skip_cross("bti_code_is_guarded_and_a_branch_past_a_landing_pad_traps") {
         return;
     }
     let dir = tmp();
