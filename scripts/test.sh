@@ -133,6 +133,7 @@ benchmarks() {
     "$TARGET"/release/cache_figures --functions 200 --runs 2
     "$TARGET"/release/link_floor --runs 2 --dir "$TARGET"/link-floor
     "$TARGET"/release/lazy_figures --functions 1000 --runs 1 --calls 1000000 --swap-seconds 0.2
+    "$TARGET"/release/executor_security --connections 300 --runs 1 --dir "$TARGET"/executor-security
     cargo build --release -p kiln-llvm --features llvm --examples
     "$TARGET"/release/examples/shaders 20
   ) >"$log" 2>&1; then
@@ -143,6 +144,8 @@ benchmarks() {
 }
 phase "benchmarks, small workload" benchmarks
 phase "the main job (scripts/demo.sh)" bash -c './scripts/demo.sh >/dev/null'
+
+phase "fuzz targets (scripts/fuzz_check.sh)" ./scripts/fuzz_check.sh
 
 # --- more phases go here ------------------------------------------------------------------
 # Add a phase as `phase "what it checks" COMMAND ARGS...` (a shell function for several
