@@ -443,3 +443,51 @@ fn defsym_reaches_its_address_through_the_got_or_says_why_not() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_cache_that_is_down_or_untrusted_costs_a_compile_and_says_why_with_v() {
+    let dir = scratch("cache-skips");
+    std::fs::write(
+        dir.join("p.c"),
+        "#include <stdio.h>\nint main(void) { puts(\"ran\"); return 0; }\n",
+    )
+    .unwrap();
+    // A Redis that is not there (a port nothing listens on).
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let out = kiln()
+        .current_dir(&dir)
+        .args(["run", "-v", "--cache-redis"])
+        .arg(format!("redis://127.0.0.1:{port}/"))
+        .arg("p.c")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(stdout, "ran\n", "{stderr}");
+    assert!(stderr.contains("compiled"), "{stderr}");
+    assert!(
+        stderr.contains("skipped") && stderr.contains("down"),
+        "{stderr}"
+    );
+    // A cache directory anyone may write to: refused with a warning, and a compile.
+    let open = dir.join("open-cache");
+    std::fs::create_dir_all(&open).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = kiln()
+        .current_dir(&dir)
+        .args(["run", "--cache-dir"])
+        .arg(&open)
+        .arg("p.c")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(stdout, "ran\n", "{stderr}");
+    assert!(stderr.contains("warning"), "{stderr}");
+    assert_eq!(
+        std::fs::read_dir(&open).unwrap().count(),
+        0,
+        "nothing written there"
+    );
+}
