@@ -688,6 +688,33 @@ impl Jit {
         }
     }
 
+    /// As [`Jit::link_object`], with bytes the caller lends for as long as the session
+    /// needs them (a compiler's buffer, a memory-mapped file): never copied.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # if !cfg!(target_arch = "x86_64") { return Ok(()); }
+    /// use std::sync::Arc;
+    /// let jit = kiln::Jit::new()?;
+    /// let lib = jit.main_library();
+    /// let object: Arc<Vec<u8>> = Arc::new(kiln::lazy::testing::constant_function("seven", 7));
+    /// let module = jit.link_object_shared(lib, "seven.o", object)?;
+    /// assert!(module.symbol("seven").is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn link_object_shared(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    ) -> Result<Module, Error> {
+        let input = ObjectInput::shared(name, bytes);
+        match self.link(lib, Some(input), None, &[], Publish::Yes)? {
+            Some((module, _)) => Ok(module),
+            None => Err(Error::Executor("nothing was linked".into())),
+        }
+    }
+
     /// Adds a static archive from bytes: its members are linked when they define a symbol
     /// the link needs.
     pub fn add_archive(
