@@ -478,6 +478,55 @@ impl fmt::Display for Request {
     }
 }
 
+/// Every message of the protocol, tag and name, as docs/PROTOCOL.md and executor-c name
+/// them: the one list a tag is written against. A test holds the encoders, the document's
+/// tables and executor-c's enum to it, so a tag cannot drift in one place alone.
+pub const MESSAGES: &[(u8, &str)] = &[
+    (0, "Hello"),
+    (1, "Reserve"),
+    (2, "Prepare"),
+    (3, "Initialize"),
+    (4, "Deinitialize"),
+    (5, "Release"),
+    (6, "Write"),
+    (7, "Read"),
+    (8, "Lookup"),
+    (9, "LoadLibrary"),
+    (10, "RegisterEhFrame"),
+    (11, "DeregisterEhFrame"),
+    (12, "RunInitializers"),
+    (13, "RunFinalizers"),
+    (14, "ReserveTlsModule"),
+    (15, "InstallTls"),
+    (16, "RemoveTls"),
+    (17, "RunMain"),
+    (18, "Call"),
+    (19, "Shutdown"),
+    (20, "LookupMany"),
+    (21, "PlaceStaticTls"),
+    (22, "ExportSymbols"),
+    (23, "UnexportSymbols"),
+    (24, "Input"),
+    (25, "AdoptStdio"),
+    (26, "EnableDebugOutputs"),
+    (27, "RegisterDebug"),
+    (28, "UnregisterDebug"),
+    (29, "ResolveStub"),
+    (30, "SetEnvironment"),
+    (31, "GuardBranchTargets"),
+    (100, "Ok"),
+    (101, "Value"),
+    (102, "Reserved"),
+    (103, "Bytes"),
+    (104, "Symbol"),
+    (105, "Error"),
+    (106, "Crashed"),
+    (107, "Symbols"),
+    (108, "Exited"),
+    (109, "Output"),
+    (110, "StubResolved"),
+];
+
 // --- encoding ---------------------------------------------------------------------------
 
 /// The id of a frame's body (see the module documentation).
@@ -1333,9 +1382,9 @@ mod tests {
         &frame[4..]
     }
 
-    #[test]
-    fn requests_round_trip() {
-        let all = vec![
+    /// One request of every kind.
+    fn sample_requests() -> Vec<Request> {
+        vec![
             Request::Reserve {
                 len: 1 << 28,
                 placement: WirePlacement::Near(1, 2),
@@ -1452,7 +1501,12 @@ mod tests {
                 jitdump: true,
             }),
             Request::UnregisterDebug { handle: 4 },
-        ];
+        ]
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        let all = sample_requests();
         for req in all {
             let frame = req.encode();
             assert_eq!(Request::decode(body(&frame)).unwrap(), req);
@@ -1474,9 +1528,9 @@ mod tests {
         assert!(Request::decode(&[1, 2]).is_err());
     }
 
-    #[test]
-    fn responses_and_hello_round_trip() {
-        for resp in [
+    /// One response of every kind.
+    fn sample_responses() -> Vec<Response> {
+        vec![
             Response::Ok,
             Response::Value(42),
             Response::StubResolved {
@@ -1504,7 +1558,12 @@ mod tests {
                 bytes: b"hello".to_vec(),
             },
             Response::Symbols(vec![(1, 1), (0, 0)]),
-        ] {
+        ]
+    }
+
+    #[test]
+    fn responses_and_hello_round_trip() {
+        for resp in sample_responses() {
             assert_eq!(Response::decode(body(&resp.encode())).unwrap(), resp);
         }
         let hello = Hello {
@@ -1562,5 +1621,138 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A message's name: its variant's, as `Debug` prints it.
+    fn variant(debug: String) -> String {
+        debug
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect()
+    }
+
+    /// UpperCamel to UPPER_SNAKE (`RegisterEhFrame` → `REGISTER_EH_FRAME`).
+    fn upper_snake(name: &str) -> String {
+        let mut out = String::new();
+        for (i, c) in name.chars().enumerate() {
+            if c.is_ascii_uppercase() && i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_uppercase());
+        }
+        out
+    }
+
+    fn table_name(tag: u8) -> Option<&'static str> {
+        MESSAGES.iter().find(|(t, _)| *t == tag).map(|(_, n)| *n)
+    }
+
+    #[test]
+    fn every_encoder_writes_the_tag_of_the_message_table() {
+        let mut seen: Vec<u8> = vec![0];
+        let hello = Hello {
+            version: VERSION,
+            page_size: 4096,
+            triple: String::new(),
+            pid: 1,
+            max_frame: MAX_FRAME,
+            runtime_symbols: Vec::new(),
+        };
+        assert_eq!(body(&hello.encode())[4], 0, "Hello is tag 0");
+        let frames = sample_requests()
+            .into_iter()
+            .map(|r| (variant(format!("{r:?}")), r.encode()))
+            .chain(
+                sample_responses()
+                    .into_iter()
+                    .map(|r| (variant(format!("{r:?}")), r.encode())),
+            );
+        for (name, frame) in frames {
+            let tag = body(&frame)[4];
+            assert_eq!(table_name(tag), Some(name.as_str()), "tag {tag}");
+            seen.push(tag);
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        let table: Vec<u8> = MESSAGES.iter().map(|(t, _)| *t).collect();
+        assert_eq!(
+            seen, table,
+            "every message of the table has a sample, and no other"
+        );
+    }
+
+    #[test]
+    fn protocol_md_lists_exactly_the_message_table() {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/PROTOCOL.md"),
+        )
+        .expect("docs/PROTOCOL.md");
+        assert!(doc.contains("first frame, tag 0)"), "the hello's tag");
+        let mut rows: Vec<(u8, String)> = doc
+            .lines()
+            .filter_map(|line| {
+                let mut cells = line.split('|').map(str::trim).skip(1);
+                let tag = cells.next()?.parse::<u8>().ok()?;
+                let name = cells.next()?.split_whitespace().next()?.to_string();
+                // Message rows only (the frame layout's rows name fields, in backquotes).
+                let message = name.starts_with(|c: char| c.is_ascii_uppercase())
+                    && name.chars().all(|c| c.is_ascii_alphanumeric());
+                message.then_some((tag, name))
+            })
+            .collect();
+        rows.push((0, "Hello".into()));
+        rows.sort();
+        let table: Vec<(u8, String)> = MESSAGES.iter().map(|(t, n)| (*t, n.to_string())).collect();
+        assert_eq!(rows, table);
+    }
+
+    #[test]
+    fn executor_c_names_every_tag_it_knows_as_the_table_does() {
+        let c = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../executor-c/kiln_executor.c"),
+        )
+        .expect("executor-c/kiln_executor.c");
+        // The enum: `T_NAME = N` (requests, and T_HELLO) and `A_NAME = N` (answers).
+        let mut checked = 0;
+        for word in c.split([',', '{', '}', '\n']) {
+            let Some((name, value)) = word.split_once('=') else {
+                continue;
+            };
+            let name = name.trim();
+            let Some(short) = name.strip_prefix("T_").or_else(|| name.strip_prefix("A_")) else {
+                continue;
+            };
+            let Ok(tag) = value.trim().parse::<u8>() else {
+                continue;
+            };
+            let expected = table_name(tag).map(upper_snake);
+            assert_eq!(
+                expected.as_deref(),
+                Some(short),
+                "executor-c's {name} = {tag}"
+            );
+            checked += 1;
+        }
+        assert!(checked >= 25, "read {checked} tags of executor-c's enum");
+        // The names it gives requests it does not implement: `case N: return "Name…`.
+        for line in c.lines().map(str::trim) {
+            let Some(rest) = line.strip_prefix("case ") else {
+                continue;
+            };
+            let Some((tag, text)) = rest.split_once(": return \"") else {
+                continue;
+            };
+            let Ok(tag) = tag.parse::<u8>() else { continue };
+            let name: String = text
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .collect();
+            assert_eq!(
+                table_name(tag),
+                Some(name.as_str()),
+                "executor-c's case {tag}"
+            );
+        }
     }
 }
