@@ -88,15 +88,21 @@ dpkg_unchanged() {
 }
 
 # cargo test with the passing tests' lines left out of the console (all of it is in
-# $LOGS/NAME.log); failures, panics and `test result:` lines stay visible.
+# $LOGS/NAME.log); failures, panics and `test result:` lines stay visible. The output goes
+# to the file, and the console follows the file until cargo exits: a process a failed
+# test leaves behind (an executor it did not get to kill) cannot hold the phase open.
 tests_log=()
 cargo_test() {
   local name=$1
   shift
   local log="$LOGS/$name.log"
   tests_log+=("$log")
-  cargo test "$@" 2>&1 | tee "$log" | { grep -v -E '^test .* \.\.\. ok$|^running [0-9]+ tests?$|^$' || true; }
-  return "${PIPESTATUS[0]}"
+  : >"$log"
+  cargo test "$@" >"$log" 2>&1 &
+  local pid=$!
+  tail -n +1 -f --pid="$pid" "$log" |
+    { grep --line-buffered -v -E '^test .* \.\.\. ok$|^running [0-9]+ tests?$|^$' || true; }
+  wait "$pid"
 }
 
 # --- what the tests need ----------------------------------------------------------------

@@ -17,7 +17,8 @@
 #   /usr/aarch64-linux-gnu) and qemu-user-static are native packages, installed as above.
 #
 # Environment:
-#   KILN_TEST_SKIP_CROSS=1   install nothing for AArch64 (the tests then skip those parts)
+#   KILN_TEST_SKIP_CROSS=1   install nothing for other architectures: AArch64 today, and
+#                            the Wine parts when they come (their tests skip and say so)
 #   KILN_SYSROOT_DIR         where private files go (default: $CARGO_TARGET_DIR/sysroot,
 #                            or target/sysroot)
 #   KILN_TEST_DEPS_LOG       apt's output (default: $KILN_SYSROOT_DIR/test_deps.log),

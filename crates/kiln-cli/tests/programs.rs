@@ -397,18 +397,20 @@ fn out_of_process_twenty_thousand_functions() {
 #[test]
 fn out_of_process_over_tcp() {
     ensure_executor();
-    use std::io::BufRead;
+    use std::io::{BufRead, Read};
     let executor = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
     let key = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("tcp-test-{}.key", std::process::id()));
     let _ = std::fs::remove_file(&key);
-    let mut child = Command::new(&executor)
-        .args(["--listen", "127.0.0.1:0", "--key-file"])
-        .arg(&key)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::KillOnDrop(
+        Command::new(&executor)
+            .args(["--listen", "127.0.0.1:0", "--key-file"])
+            .arg(&key)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     while !line.contains("listening on") {
@@ -430,8 +432,14 @@ fn out_of_process_over_tcp() {
         assert_eq!(String::from_utf8_lossy(&out.stdout), p.expected);
     }
     child.kill().unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&output.stdout), "");
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    assert_eq!(stdout, "");
     let _ = std::fs::remove_file(&key);
 }
 

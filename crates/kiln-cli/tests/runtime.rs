@@ -378,12 +378,14 @@ fn a_remote_program_behaves_like_a_local_one() {
     let key = tmp.join(format!("stdio-{}.key", std::process::id()));
     let _ = std::fs::remove_file(&key);
     let executor = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
-    let mut listener = Command::new(&executor)
-        .args(["--listen", "127.0.0.1:0", "--key-file"])
-        .arg(&key)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut listener = common::KillOnDrop(
+        Command::new(&executor)
+            .args(["--listen", "127.0.0.1:0", "--key-file"])
+            .arg(&key)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let mut stderr = std::io::BufReader::new(listener.stderr.take().unwrap());
     let mut line = String::new();
     while !line.starts_with("kiln-executor: listening on") {
@@ -424,10 +426,10 @@ fn a_remote_program_behaves_like_a_local_one() {
     );
     assert_eq!(out.status.code(), Some(7));
     let out = run("crash");
-    assert_eq!(out.status.code(), Some(128 + 11));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("SIGSEGV"));
-    let _ = listener.kill();
-    let _ = listener.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + 11), "{stderr}");
+    assert!(stderr.contains("SIGSEGV"), "{stderr}");
+    drop(listener);
     let _ = std::fs::remove_file(&key);
 }
 
@@ -443,12 +445,14 @@ fn a_pre_started_executor_serves_kiln_run_oop() {
     let socket = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("executor-{}.sock", std::process::id()));
     let executor = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
-    let mut daemon = Command::new(&executor)
-        .arg("--listen-unix")
-        .arg(&socket)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let daemon = common::KillOnDrop(
+        Command::new(&executor)
+            .arg("--listen-unix")
+            .arg(&socket)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     for _ in 0..200 {
         if socket.exists() {
             break;
@@ -497,7 +501,6 @@ fn a_pre_started_executor_serves_kiln_run_oop() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "3 lines\n");
     assert_eq!(out.status.code(), Some(3));
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    drop(daemon);
     let _ = std::fs::remove_file(&socket);
 }

@@ -219,3 +219,27 @@ pub(crate) fn python_tests_env() -> Vec<(String, PathBuf)> {
     let lib = private.parent().unwrap().parent().unwrap().to_path_buf();
     vec![("PYTHONPATH".into(), lib)]
 }
+
+/// A child process (an executor a test started) killed and reaped when dropped, also when
+/// the test panics first: left running, it would hold the test run's output open.
+pub(crate) struct KillOnDrop(pub(crate) std::process::Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
