@@ -65,17 +65,10 @@ pub(crate) fn cc(flags: &[&str], src: &Path, out: &Path) {
 /// A `kiln-executor` started by a test, killed when dropped.
 pub(crate) struct ExecutorProcess {
     /// The process.
-    pub(crate) child: std::process::Child,
+    pub(crate) child: KillOnDrop,
     /// What it listens on (`HOST:PORT` or the socket's path), from its
     /// "listening on" line.
     pub(crate) address: String,
-}
-
-impl Drop for ExecutorProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Starts this build's `kiln-executor ARGS` (from `cwd` if given, without `env_remove`'s
@@ -99,7 +92,7 @@ pub(crate) fn start_executor(
     for name in env_remove {
         command.env_remove(name);
     }
-    let mut child = command.spawn().expect("kiln-executor starts");
+    let mut child = KillOnDrop(command.spawn().expect("kiln-executor starts"));
     let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
     let mut line = String::new();
     while !line.contains("listening on") {
