@@ -317,7 +317,9 @@ fn perf_inject_jit_names_the_hot_function_run_by_the_executor() {
     perf_inject_jit("out-of-process", &["--oop"]);
 }
 
-fn perf_inject_jit(name: &str, flags: &[&str]) {
+/// `perf record` of `kiln run --jitdump=DIR FLAGS SOURCE's object`, then `perf inject
+/// --jit`: the injected data's path.
+fn perf_inject(name: &str, source: &str, flags: &[&str]) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("jitdump-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -325,7 +327,7 @@ fn perf_inject_jit(name: &str, flags: &[&str]) {
     let jitdump = format!("--jitdump={}", dir.display());
     let mut all = flags.to_vec();
     all.push(&jitdump);
-    perf_record(&data, &all);
+    perf_record_of(source, &data, &all);
     let injected = dir.join("perf.jit.data");
     let out = Command::new("perf")
         .args(["inject", "--jit", "-i"])
@@ -339,6 +341,11 @@ fn perf_inject_jit(name: &str, flags: &[&str]) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    injected
+}
+
+fn perf_inject_jit(name: &str, flags: &[&str]) {
+    let injected = perf_inject(name, "perf_hot.c", flags);
     // The process that ran the code (kiln, or its executor) wrote the dump.
     let comm = if flags.contains(&"--oop") {
         "kiln-executor"
@@ -372,25 +379,7 @@ fn perf_report_names_jit_functions_from_the_perf_map() {
 
 #[test]
 fn a_function_written_on_one_line_gets_its_line_in_perf() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("jitdump-one-line");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let data = dir.join("perf.data");
-    let jitdump = format!("--jitdump={}", dir.display());
-    perf_record_of("perf_one_line.c", &data, &[&jitdump]);
-    let injected = dir.join("perf.jit.data");
-    let out = Command::new("perf")
-        .args(["inject", "--jit", "-i"])
-        .arg(&data)
-        .arg("-o")
-        .arg(&injected)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let injected = perf_inject("one-line", "perf_one_line.c", &[]);
     let top = top_of_report(&injected, "sym,srcline");
     assert!(
         top.contains("jit_one_line") && top.contains("perf_one_line.c:5"),
