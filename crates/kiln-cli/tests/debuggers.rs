@@ -17,7 +17,16 @@ fn kiln() -> &'static str {
 fn object(src: &str, flags: &[&str]) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("debuggers");
     std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(Path::new(src).with_extension("o").file_name().unwrap());
+    // One file per call: tests run in parallel, and one test compiling the object must
+    // not rewrite it while another one's kiln reads it.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let stem = Path::new(src)
+        .file_stem()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let out = dir.join(format!("{stem}-{n}.o"));
     let mut all = vec!["-c"];
     all.extend_from_slice(flags);
     common::cc(&all, &common::source(src), &out);
