@@ -8,7 +8,14 @@ TARGET="${CARGO_TARGET_DIR:-target}"
 if [ ! -e /usr/lib/x86_64-linux-gnu/libsqlite3.a ] || ! command -v cc >/dev/null; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq gcc libsqlite3-dev
+  # Only if nothing installed would be removed or upgraded (as scripts/test_deps.sh).
+  changes="$(apt-get -s install --no-install-recommends gcc libsqlite3-dev | grep -E '^(Remv |Inst [^ ]+ \[)' || true)"
+  if [ -n "$changes" ]; then
+    echo "installing gcc and libsqlite3-dev would change installed packages; install them yourself:" >&2
+    echo "$changes" >&2
+    exit 1
+  fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends gcc libsqlite3-dev >/dev/null
 fi
 echo "== building kiln and kiln-executor (release; the first build takes a few minutes)" >&2
 cargo build --release -p kiln-cli -p kiln-executor

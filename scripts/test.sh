@@ -108,6 +108,10 @@ cargo_test() {
 # --- what the tests need ----------------------------------------------------------------
 dpkg_snapshot >"$LOGS/dpkg-before.txt"
 phase "dependencies (scripts/test_deps.sh)" ./scripts/test_deps.sh
+if ((${#failed_phases[@]})); then
+  echo "FAILED: what the tests need could not be installed without changing the machine"
+  exit 1
+fi
 
 # --- checks -----------------------------------------------------------------------------
 phase "cargo fmt --check" cargo fmt --all -- --check
