@@ -54,6 +54,6 @@ Description: Kiln, a JIT linker and executable-memory manager
 Version: $VERSION
 Cflags: -I\${includedir}$CFLAGS_EXTRA
 Libs: -L\${libdir} -Wl,-rpath,\${libdir} -lkiln_capi$LIBS_EXTRA
-Libs.private: -lpthread -ldl -lm -lgcc_s
+Libs.private: -lpthread -ldl -lm -lgcc_s -lstdc++
 PC
 echo "installed kiln $VERSION ($PROFILE) in $PREFIX"

@@ -155,7 +155,9 @@ fn the_static_library_links_too() {
         .arg("-o")
         .arg(&binary)
         .arg(prefix.join("lib/libkiln_capi.a"))
-        .args(["-lpthread", "-ldl", "-lm", "-lgcc_s"]));
+        // What kiln.pc's Libs.private lists (the C++ runtime: the frame that calls a
+        // program's main is C++).
+        .args(["-lpthread", "-ldl", "-lm", "-lgcc_s", "-lstdc++"]));
     let out = run(Command::new(&binary).arg(scratch()));
     assert!(out.contains("api: ok"), "{out}");
 }

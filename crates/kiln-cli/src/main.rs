@@ -473,6 +473,9 @@ fn run(o: RunArgs) -> Result<i32, String> {
                 // A pre-started executor's world is its own: the program gets ours, as a
                 // child executor's does (it inherits them).
                 if !o.no_env {
+                    if o.verbose {
+                        eprintln!("kiln: pre-started executor: the program gets this environment and working directory (--no-env keeps the executor's)");
+                    }
                     executor.adopt_environment().map_err(|e| e.to_string())?;
                 }
                 executor
@@ -676,18 +679,22 @@ fn run(o: RunArgs) -> Result<i32, String> {
             ..
         })) => {
             // As in process: what was accessed, where, in which JIT function.
-            let mut line = format!("kiln: JIT code crashed with {name} (signal {signal})");
+            let function = (pc != 0).then(|| jit.function_at(pc)).flatten();
+            let mut line = if pc != 0 && function.is_none() {
+                format!(
+                    "kiln: the program crashed (outside JIT code) with {name} (signal {signal})"
+                )
+            } else {
+                format!("kiln: JIT code crashed with {name} (signal {signal})")
+            };
             if fault_address != 0 || matches!(signal, 11 | 7) {
                 line.push_str(&format!(" accessing {fault_address:#x}"));
             }
             if pc != 0 {
                 line.push_str(&format!(" at {pc:#x}"));
-                match jit.function_at(pc) {
-                    Some((function, offset)) => {
-                        line.push_str(&format!(" in {function}+{offset:#x}"))
-                    }
-                    None => line.push_str(" (not in JIT code)"),
-                }
+            }
+            if let Some((function, offset)) = function {
+                line.push_str(&format!(" in {function}+{offset:#x}"));
             }
             eprintln!("{line} in the executor (pid {pid})");
             return Ok(128 + signal);

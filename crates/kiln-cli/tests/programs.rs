@@ -467,3 +467,44 @@ fn out_of_process_crash_is_reported_and_kiln_survives() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "about to crash\n");
 }
+
+#[test]
+fn an_uncaught_cxx_exception_terminates_as_natively() {
+    ensure_executor();
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("uncaught");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let src = tmp.join("uncaught.cpp");
+    std::fs::write(
+        &src,
+        "#include <cstdio>\n#include <stdexcept>\nint main() { std::puts(\"before\"); std::fflush(stdout); throw std::runtime_error(\"uncaught\"); }\n",
+    )
+    .unwrap();
+    let obj = tmp.join("uncaught.o");
+    let status = Command::new("c++")
+        .args(["-c", "-O1"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&obj)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for flags in [&[][..], &["--oop"][..]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .arg("run")
+            .args(flags)
+            .arg(&obj)
+            .arg("-lstdc++")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // std::terminate's handler, as a natively linked program prints it, then SIGABRT.
+        assert!(
+            stderr.contains("terminate called after throwing an instance of 'std::runtime_error'")
+                && stderr.contains("what():  uncaught"),
+            "{flags:?}: {stderr}"
+        );
+        assert!(!stderr.contains("Rust cannot catch"), "{flags:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(128 + 6), "{flags:?}: {stderr}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "before\n");
+    }
+}

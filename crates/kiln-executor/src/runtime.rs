@@ -271,11 +271,22 @@ pub unsafe fn call_main(address: u64, args: &[String]) -> i32 {
         .collect();
     let mut argv: Vec<*mut c_char> = c_args.iter().map(|a| a.as_ptr() as *mut c_char).collect();
     argv.push(std::ptr::null_mut());
+    type Main = extern "C" fn(c_int, *mut *mut c_char, *mut *mut c_char) -> c_int;
+    extern "C" {
+        /// csrc/call_main.cc: calls `entry` in a `noexcept` frame, so that an exception
+        /// `main` lets escape ends in `std::terminate`, as natively.
+        fn kiln_call_main(
+            entry: Main,
+            argc: c_int,
+            argv: *mut *mut c_char,
+            envp: *mut *mut c_char,
+        ) -> c_int;
+    }
     // SAFETY: the caller's contract.
-    let main: extern "C" fn(c_int, *mut *mut c_char, *mut *mut c_char) -> c_int =
-        unsafe { std::mem::transmute(address as usize) };
-    // SAFETY: reading the process's environment pointer.
-    main(c_args.len() as c_int, argv.as_mut_ptr(), unsafe { environ })
+    let main: Main = unsafe { std::mem::transmute(address as usize) };
+    // SAFETY: `main` is the program's entry (the caller's contract); the arguments live
+    // until it returns; reading the process's environment pointer.
+    unsafe { kiln_call_main(main, c_args.len() as c_int, argv.as_mut_ptr(), environ) }
 }
 
 /// Flushes every C stdio stream (what `exit` would do for the JIT program).
