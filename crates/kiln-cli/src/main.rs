@@ -381,7 +381,13 @@ fn explain(error: kiln::Error) -> String {
         let mut cxx = false;
         for m in &symbols.0 {
             let readable = inputs::demangle(&m.symbol);
-            cxx |= readable != m.symbol;
+            // Names of the C++ library itself (a missing user function is not helped by it).
+            cxx |= readable.starts_with("std::")
+                || readable.starts_with("operator new")
+                || readable.starts_with("operator delete")
+                || m.symbol.starts_with("__cxa_")
+                || m.symbol.starts_with("_ZTV")
+                || m.symbol.starts_with("_ZTI");
             if readable == m.symbol {
                 text.push_str(&format!("\n  {} (wanted by {})", m.symbol, m.wanted_by));
             } else {

@@ -261,10 +261,11 @@ fn messages_say_what_to_do() {
     // An LTO-only object.
     common::cc(&["-c", "-flto"], &dir.join("p.c"), &dir.join("lto.o"));
     assert!(run(&["lto.o"]).contains("-flto"));
-    // Undefined C++ names, demangled, with a hint.
+    // Undefined C++ names, demangled. (The C++ library itself is in every kiln process,
+    // as `c++` links it into every program: a missing name is the program's own.)
     std::fs::write(
         dir.join("cxx.cpp"),
-        "#include <string>\nint main() { std::string s(\"x\"); s += \"y\"; return (int)s.size(); }\n",
+        "#include <string>\nint missing_fn(const std::string &);\nint main() { std::string s(\"x\"); return missing_fn(s); }\n",
     )
     .unwrap();
     Command::new("c++")
@@ -276,8 +277,12 @@ fn messages_say_what_to_do() {
         .unwrap();
     let message = run(&["--no-export-dynamic", "cxx.o"]);
     assert!(
-        message.contains("std::") && message.contains("-lstdc++"),
+        message.contains("missing_fn(std::") && message.contains("cxx.o"),
         "{message}"
+    );
+    assert!(
+        !message.contains("-lstdc++"),
+        "no library hint for the program's own name: {message}"
     );
     // --help has examples and the exit statuses.
     let help = kiln().arg("--help").output().unwrap();

@@ -874,7 +874,9 @@ mod tests {
             let bytes = stub_object(&["alpha", "beta"], &[7, 8], 0x1122_3344_5566_7788, shown);
             let file = object::File::parse(&*bytes).expect("parses");
             // A relocatable object says its stack is not executable.
-            let stack = file.section_by_name(".note.GNU-stack").expect(".note.GNU-stack");
+            let stack = file
+                .section_by_name(".note.GNU-stack")
+                .expect(".note.GNU-stack");
             assert_eq!(stack.size(), 0);
             let text = file.section_by_name(".text").expect(".text");
             assert_eq!(text.size(), 2 * STUB_SIZE + 8);
