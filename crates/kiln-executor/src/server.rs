@@ -278,36 +278,35 @@ static CRASH_PID: AtomicI32 = AtomicI32::new(0);
 /// Sends a report built without allocating (a signal handler or an exit handler may be
 /// running): the frame `len, tag, u32` as the protocol encodes `Crashed` and `Exited`.
 fn report(tag: u8, value: i32) {
-    // SAFETY: getpid is async-signal-safe.
-    let me = unsafe { libc::getpid() };
-    let reporter = REPORTER.load(Ordering::Acquire);
-    if reporter.is_null() || me != CRASH_PID.load(Ordering::Relaxed) {
-        return;
-    }
     // Length 9: id 0 (a message of the executor's own), the tag, the value.
     let mut frame = [9u8, 0, 0, 0, 0, 0, 0, 0, tag, 0, 0, 0, 0];
     frame[9..13].copy_from_slice(&(value as u32).to_le_bytes());
-    // SAFETY: the sender was leaked for the life of the process when serving began.
-    let _ = unsafe { &*reporter }.try_send_now(&frame);
+    send_own(&frame);
 }
 
 /// The `Crashed` frame with the faulting address and instruction: `len 25, id 0, 106,
 /// signal u32, fault u64, pc u64`, sent without allocating.
 fn report_crash(signal: i32, fault: u64, pc: u64) {
-    // SAFETY: getpid is async-signal-safe.
-    let me = unsafe { libc::getpid() };
-    let reporter = REPORTER.load(Ordering::Acquire);
-    if reporter.is_null() || me != CRASH_PID.load(Ordering::Relaxed) {
-        return;
-    }
     let mut frame = [0u8; 29];
     frame[0] = 25;
     frame[8] = 106;
     frame[9..13].copy_from_slice(&(signal as u32).to_le_bytes());
     frame[13..21].copy_from_slice(&fault.to_le_bytes());
     frame[21..29].copy_from_slice(&pc.to_le_bytes());
+    send_own(&frame);
+}
+
+/// Sends a frame of the executor's own through the reporter, from the executor process only
+/// (not from a forked child of the program); allocates nothing (a signal handler calls it).
+fn send_own(frame: &[u8]) {
+    // SAFETY: getpid is async-signal-safe.
+    let me = unsafe { libc::getpid() };
+    let reporter = REPORTER.load(Ordering::Acquire);
+    if reporter.is_null() || me != CRASH_PID.load(Ordering::Relaxed) {
+        return;
+    }
     // SAFETY: the sender was leaked for the life of the process when serving began.
-    let _ = unsafe { &*reporter }.try_send_now(&frame);
+    let _ = unsafe { &*reporter }.try_send_now(frame);
 }
 
 /// The faulting instruction's address from a signal's context.

@@ -1299,20 +1299,20 @@ impl Response {
                 kind: r.u8("kind")?,
             },
             105 => Response::Error(String::from_utf8_lossy(&r.bytes("message")?).into_owned()),
-            106 => Response::Crashed {
-                signal: r.u32("signal")? as i32,
-                // Both optional: an executor may send the signal alone.
-                fault_address: if r.remaining() >= 16 {
-                    r.u64("fault address")?
+            106 => {
+                let signal = r.u32("signal")? as i32;
+                // Both or neither: an executor may send the signal alone.
+                let (fault_address, pc) = if r.remaining() > 0 {
+                    (r.u64("fault address")?, r.u64("instruction address")?)
                 } else {
-                    0
-                },
-                pc: if r.remaining() >= 8 {
-                    r.u64("instruction address")?
-                } else {
-                    0
-                },
-            },
+                    (0, 0)
+                };
+                Response::Crashed {
+                    signal,
+                    fault_address,
+                    pc,
+                }
+            }
             108 => Response::Exited {
                 status: r.u32("status")? as i32,
             },

@@ -394,13 +394,17 @@ fn a_silent_client_is_dropped_after_the_idle_timeout_and_a_huge_frame_before_all
     );
 }
 
-fn process_rss_kib(pid: u32) -> u64 {
+/// VmRSS of `pid` in KiB (`None` if it is gone).
+fn rss_kib(pid: u32) -> Option<u64> {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
+        .ok()?
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
-        .unwrap()
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+fn process_rss_kib(pid: u32) -> u64 {
+    rss_kib(pid).expect("the process is alive")
 }
 
 fn process_fds(pid: u32) -> usize {
@@ -514,20 +518,7 @@ fn children_of(pid: u32) -> (Vec<u32>, usize) {
 /// Sum of the RSS of the listener and its children, in KiB.
 fn rss_of_tree_kib(pid: u32) -> u64 {
     let (children, _) = children_of(pid);
-    process_rss_kib(pid)
-        + children
-            .iter()
-            .map(|&c| {
-                std::fs::read_to_string(format!("/proc/{c}/status"))
-                    .ok()
-                    .and_then(|s| {
-                        s.lines()
-                            .find_map(|l| l.strip_prefix("VmRSS:"))
-                            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-                    })
-                    .unwrap_or(0)
-            })
-            .sum::<u64>()
+    process_rss_kib(pid) + children.iter().filter_map(|&c| rss_kib(c)).sum::<u64>()
 }
 
 /// Waits (up to `within`) until `pid` has at most `n` children; how many it has then.
