@@ -210,3 +210,52 @@ pub fn verdict(met: bool) -> &'static str {
         "MISSED"
     }
 }
+
+/// A global allocator that forwards to the system's and counts calls and live bytes, for
+/// benchmarks that report allocations per operation and heap growth. Install it in a
+/// benchmark binary with `#[global_allocator] static A: CountingAllocator = CountingAllocator;`.
+pub struct CountingAllocator;
+
+static ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static LIVE_BYTES: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+impl CountingAllocator {
+    /// Allocation calls (`alloc`, `alloc_zeroed`, `realloc`) so far, in every thread.
+    pub fn allocations() -> u64 {
+        ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// Heap bytes allocated and not freed.
+    pub fn live_bytes() -> i64 {
+        LIVE_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; only counters change.
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        use std::sync::atomic::Ordering::Relaxed;
+        ALLOCATIONS.fetch_add(1, Relaxed);
+        LIVE_BYTES.fetch_add(layout.size() as i64, Relaxed);
+        // SAFETY: the caller's layout, passed on.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        use std::sync::atomic::Ordering::Relaxed;
+        ALLOCATIONS.fetch_add(1, Relaxed);
+        LIVE_BYTES.fetch_add(layout.size() as i64, Relaxed);
+        // SAFETY: the caller's layout, passed on.
+        unsafe { std::alloc::System.alloc_zeroed(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        LIVE_BYTES.fetch_sub(layout.size() as i64, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: a block this allocator gave out with this layout.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new: usize) -> *mut u8 {
+        use std::sync::atomic::Ordering::Relaxed;
+        ALLOCATIONS.fetch_add(1, Relaxed);
+        LIVE_BYTES.fetch_add(new as i64 - layout.size() as i64, Relaxed);
+        // SAFETY: a block this allocator gave out with this layout, and the caller's size.
+        unsafe { std::alloc::System.realloc(ptr, layout, new) }
+    }
+}

@@ -1,4 +1,4 @@
-//! Figures of the session-at-scale issue, side by side in one run: a JIT that compiles one
+//! Figures of the session-at-scale issue (30), side by side in one run: a JIT that compiles one
 //! function per module with Cranelift 0.135 and keeps them all.
 //!
 //! N one-function modules (a quarter compute and read a global shared through a runtime
@@ -19,10 +19,15 @@ use clap::Parser;
 use cranelift_codegen::ir::{types::I64, AbiParam, InstBuilder, MemFlagsData};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
-use cranelift_module::{default_libcall_names, DataDescription, Linkage, Module};
-use kiln_bench::{field, run_child, ProcessMemory};
+use cranelift_module::{
+    default_libcall_names, DataDescription, FuncId, Linkage, Module, ModuleReloc,
+};
+use kiln_bench::{field, run_child, verdict, CountingAllocator, ProcessMemory};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -64,8 +69,14 @@ fn isa(pic: bool) -> Arc<dyn cranelift_codegen::isa::TargetIsa> {
         .expect("ISA")
 }
 
-/// Declares and defines module `i`'s function `f_i` in `module`.
-fn define_function<M: Module>(module: &mut M, i: usize, ctx_builder: &mut FunctionBuilderContext) {
+/// Builds module `i`'s function `f_i` in `module`'s namespace and compiles it (the JIT's
+/// own work, the same for both contenders): its id, alignment, code and relocations.
+fn compile<M: Module>(
+    module: &mut M,
+    i: usize,
+    fbc: &mut FunctionBuilderContext,
+    ctx: &mut cranelift_codegen::Context,
+) -> (FuncId, u64, Vec<u8>, Vec<ModuleReloc>) {
     let mut sig = module.make_signature();
     sig.params.push(AbiParam::new(I64));
     sig.returns.push(AbiParam::new(I64));
@@ -88,10 +99,10 @@ fn define_function<M: Module>(module: &mut M, i: usize, ctx_builder: &mut Functi
             .declare_data("shared_value", Linkage::Import, true, false)
             .expect("declare data")
     });
-    let mut ctx = module.make_context();
+    ctx.clear();
     ctx.func.signature = sig;
     {
-        let mut b = FunctionBuilder::new(&mut ctx.func, ctx_builder);
+        let mut b = FunctionBuilder::new(&mut ctx.func, fbc);
         let block = b.create_block();
         b.append_block_params_for_function_params(block);
         b.switch_to_block(block);
@@ -122,7 +133,21 @@ fn define_function<M: Module>(module: &mut M, i: usize, ctx_builder: &mut Functi
         b.ins().return_(&[result]);
         b.finalize(module.target_config());
     }
-    module.define_function(id, &mut ctx).expect("define");
+    let isa = module.isa();
+    ctx.compile(isa, &mut Default::default())
+        .expect("compile");
+    let compiled = ctx.compiled_code().expect("compiled");
+    let align = (compiled.buffer.alignment as u64)
+        .max(isa.function_alignment().minimum as u64)
+        .max(isa.symbol_alignment());
+    let code = compiled.code_buffer().to_vec();
+    let relocs = compiled
+        .buffer
+        .relocs()
+        .iter()
+        .map(|r| ModuleReloc::from_mach_reloc(r, &ctx.func, id))
+        .collect();
+    (id, align, code, relocs)
 }
 
 /// The runtime module's object: `shared_value`, an i64 of 7.
@@ -144,13 +169,25 @@ fn define_shared<M: Module>(module: &mut M) {
     module.define_data(id, &data).expect("define data");
 }
 
-fn object_for(isa: &Arc<dyn cranelift_codegen::isa::TargetIsa>, i: usize) -> Vec<u8> {
+/// Module `i`'s object as a JIT using Kiln makes it: compile (timed apart), then emit an
+/// ELF object with cranelift-object.
+fn object_for(
+    isa: &Arc<dyn cranelift_codegen::isa::TargetIsa>,
+    i: usize,
+    fbc: &mut FunctionBuilderContext,
+    ctx: &mut cranelift_codegen::Context,
+    codegen: &mut Duration,
+) -> Vec<u8> {
     let mut module = cranelift_object::ObjectModule::new(
         cranelift_object::ObjectBuilder::new(isa.clone(), format!("m{i}"), default_libcall_names())
             .expect("builder"),
     );
-    let mut fbc = FunctionBuilderContext::new();
-    define_function(&mut module, i, &mut fbc);
+    let t = Instant::now();
+    let (id, align, code, relocs) = compile(&mut module, i, fbc, ctx);
+    *codegen += t.elapsed();
+    module
+        .define_function_bytes(id, align, &code, &relocs)
+        .expect("define");
     module.finish().emit().expect("emit")
 }
 
@@ -172,60 +209,116 @@ fn tenths(times: &[Duration]) -> (f64, f64) {
     )
 }
 
-fn run_kiln(n: usize, two_threads: bool) {
-    let isa = isa(true);
-    let t = Instant::now();
-    let runtime = runtime_object(&isa);
-    let objects: Vec<Vec<u8>> = (0..n).map(|i| object_for(&isa, i)).collect();
-    let codegen = t.elapsed();
-    let before = ProcessMemory::now();
+/// The session every Kiln contender starts from: the host function, the process's
+/// symbols, the runtime module.
+fn kiln_session(isa: &Arc<dyn cranelift_codegen::isa::TargetIsa>) -> (kiln::Jit, kiln::Module) {
     let jit = kiln::Jit::new().expect("session");
     let main = jit.main_library();
     jit.define_symbol(main, "kiln_bench_host", kiln_bench_host as *const () as u64)
         .expect("host");
     jit.add_process_symbols(main).expect("process symbols");
-    jit.link_object(main, "runtime.o", runtime)
+    let runtime = jit
+        .link_object(main, "runtime.o", runtime_object(isa))
         .expect("runtime");
-    if two_threads {
-        // Two libraries, each searching main (host, libc, the runtime), linked at once.
-        let libs: Vec<_> = (0..2)
-            .map(|k| jit.create_library(&format!("half{k}")))
-            .collect();
-        for &lib in &libs {
+    (jit, runtime)
+}
+
+/// Link throughput with `threads` threads, each linking its share of the N modules (made
+/// before, in that thread) into a library of its own: the contention figure. Every thread
+/// links as fast as it can, so what serializes shows.
+fn run_kiln_threads(n: usize, threads: usize) {
+    let isa = isa(true);
+    let (jit, _runtime) = kiln_session(&isa);
+    let main = jit.main_library();
+    let libs: Vec<_> = (0..threads)
+        .map(|k| {
+            let lib = jit.create_library(&format!("part{k}"));
             jit.set_search_order(lib, &[main]).expect("order");
-        }
-        let start = Instant::now();
-        std::thread::scope(|scope| {
-            for (k, &lib) in libs.iter().enumerate() {
+            lib
+        })
+        .collect();
+    let barrier = std::sync::Barrier::new(threads);
+    let times: Vec<Duration> = std::thread::scope(|scope| {
+        let handles: Vec<_> = libs
+            .iter()
+            .enumerate()
+            .map(|(k, &lib)| {
                 let jit = jit.clone();
-                let objects = &objects;
+                let isa = isa.clone();
+                let barrier = &barrier;
                 scope.spawn(move || {
-                    // Halves are contiguous ranges starting at a multiple of 4, so every
+                    // Parts are contiguous ranges starting at a multiple of 4, so every
                     // module that calls its predecessor finds it in its own library.
-                    let (lo, hi) = (k * n / 2, (k + 1) * n / 2);
-                    for (i, bytes) in objects.iter().enumerate().take(hi).skip(lo) {
-                        jit.link_object(lib, &format!("m{i}.o"), bytes.clone())
-                            .expect("link");
+                    let (lo, hi) = (k * n / threads, (k + 1) * n / threads);
+                    let mut fbc = FunctionBuilderContext::new();
+                    let mut ctx = cranelift_codegen::Context::new();
+                    let mut codegen = Duration::ZERO;
+                    let objects: Vec<Vec<u8>> = (lo..hi)
+                        .map(|i| object_for(&isa, i, &mut fbc, &mut ctx, &mut codegen))
+                        .collect();
+                    barrier.wait();
+                    let start = Instant::now();
+                    let mut modules = Vec::with_capacity(objects.len());
+                    for (i, bytes) in (lo..hi).zip(objects) {
+                        modules.push(
+                            jit.link_object(lib, &format!("m{i}.o"), bytes)
+                                .expect("link"),
+                        );
                     }
-                });
-            }
-        });
-        let elapsed = start.elapsed();
-        result(&[("n", n as f64), ("link_total_s", elapsed.as_secs_f64())]);
-        return;
-    }
+                    let elapsed = start.elapsed();
+                    barrier.wait();
+                    elapsed
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    let slowest = times.iter().max().copied().unwrap_or_default();
+    result(&[
+        ("n", n as f64),
+        ("threads", threads as f64),
+        ("link_total_s", slowest.as_secs_f64()),
+    ]);
+}
+
+/// One contender's run as a JIT runs: for each module, compile, make what the linker
+/// takes, link, and go on (the caches see the compiler's work between links).
+fn run_kiln(n: usize) {
+    let isa = isa(true);
+    let (jit, _runtime) = kiln_session(&isa);
+    let main = jit.main_library();
+    let mut fbc = FunctionBuilderContext::new();
+    let mut ctx = cranelift_codegen::Context::new();
+    // Warm the compiler once, then read memory before any module's object exists.
+    let _ = object_for(&isa, 0, &mut fbc, &mut ctx, &mut Duration::default());
+    let before = ProcessMemory::now();
+    let heap_before = CountingAllocator::live_bytes();
+    let mut codegen = Duration::ZERO;
+    let mut emit = Duration::ZERO;
     let mut link_times = Vec::with_capacity(n);
     let mut modules = Vec::with_capacity(n);
-    for (i, bytes) in objects.into_iter().enumerate() {
+    let mut allocations = 0;
+    for i in 0..n {
         let t = Instant::now();
-        let module = jit
-            .link_object(main, &format!("m{i}.o"), bytes)
-            .expect("link");
+        let mut compile_time = Duration::ZERO;
+        let bytes = object_for(&isa, i, &mut fbc, &mut ctx, &mut compile_time);
+        codegen += compile_time;
+        emit += t.elapsed() - compile_time;
+        let name = format!("m{i}.o");
+        let a = CountingAllocator::allocations();
+        let t = Instant::now();
+        let module = jit.link_object(main, &name, bytes).expect("link");
         link_times.push(t.elapsed());
+        allocations += CountingAllocator::allocations() - a;
         modules.push(module);
     }
     let link_total: f64 = link_times.iter().map(Duration::as_secs_f64).sum();
     let after = ProcessMemory::now();
+    let heap_after = CountingAllocator::live_bytes();
+    let stats = jit.memory_stats();
     let names: Vec<String> = (0..n).map(|i| format!("f_{i}")).collect();
     let t = Instant::now();
     let mut addresses = Vec::with_capacity(n);
@@ -243,17 +336,15 @@ fn run_kiln(n: usize, two_threads: bool) {
         let f: extern "C" fn(i64) -> i64 = unsafe { std::mem::transmute(address as usize) };
         assert_eq!(f(-5), expected(i, -5), "f_{i}");
     }
-    let stats = jit.memory_stats();
     let t = Instant::now();
-    for module in modules.iter().rev() {
-        jit.remove_module(module).expect("remove");
-    }
+    jit.remove_modules(&modules).expect("remove");
     drop(modules);
     let removal = t.elapsed();
     let (first, last) = tenths(&link_times);
     result(&[
         ("n", n as f64),
         ("codegen_us", codegen.as_secs_f64() * 1e6 / n as f64),
+        ("emit_us", emit.as_secs_f64() * 1e6 / n as f64),
         ("link_us", link_total * 1e6 / n as f64),
         ("first_tenth_us", first),
         ("last_tenth_us", last),
@@ -265,9 +356,14 @@ fn run_kiln(n: usize, two_threads: bool) {
             after.rss.saturating_sub(before.rss) as f64 / n as f64,
         ),
         (
+            "heap_per_module_b",
+            (heap_after - heap_before) as f64 / n as f64,
+        ),
+        (
             "kiln_bytes_per_module_b",
             stats.bytes_allocated as f64 / n as f64,
         ),
+        ("allocations_per_link", allocations as f64 / n as f64),
     ]);
 }
 
@@ -275,30 +371,37 @@ fn run_cranelift_jit(n: usize) {
     let isa = isa(false);
     let mut builder = cranelift_jit::JITBuilder::with_isa(isa.clone(), default_libcall_names());
     builder.symbol("kiln_bench_host", kiln_bench_host as *const u8);
-    let before = ProcessMemory::now();
     let mut module = cranelift_jit::JITModule::new(builder);
     define_shared(&mut module);
     module.finalize_definitions().expect("finalize");
     let mut fbc = FunctionBuilderContext::new();
+    let mut ctx = cranelift_codegen::Context::new();
+    let before = ProcessMemory::now();
+    let heap_before = CountingAllocator::live_bytes();
     let mut codegen = Duration::ZERO;
     let mut link_times = Vec::with_capacity(n);
     let mut ids = Vec::with_capacity(n);
+    let mut allocations = 0;
     for i in 0..n {
         let t = Instant::now();
-        define_function(&mut module, i, &mut fbc);
+        let (id, align, code, relocs) = compile(&mut module, i, &mut fbc, &mut ctx);
         codegen += t.elapsed();
+        let a = CountingAllocator::allocations();
         let t = Instant::now();
+        // cranelift-jit's own link: the bytes into its memory, relocations applied,
+        // permissions set, the address read back.
+        module
+            .define_function_bytes(id, align, &code, &relocs)
+            .expect("define");
         module.finalize_definitions().expect("finalize");
-        let id = match module.get_name(&format!("f_{i}")) {
-            Some(cranelift_module::FuncOrDataId::Func(id)) => id,
-            _ => panic!("f_{i} not declared"),
-        };
         let _ = module.get_finalized_function(id);
         link_times.push(t.elapsed());
+        allocations += CountingAllocator::allocations() - a;
         ids.push(id);
     }
     let link_total: f64 = link_times.iter().map(Duration::as_secs_f64).sum();
     let after = ProcessMemory::now();
+    let heap_after = CountingAllocator::live_bytes();
     let t = Instant::now();
     let mut addresses = Vec::with_capacity(n);
     for i in 0..n {
@@ -323,6 +426,7 @@ fn run_cranelift_jit(n: usize) {
     result(&[
         ("n", n as f64),
         ("codegen_us", codegen.as_secs_f64() * 1e6 / n as f64),
+        ("emit_us", 0.0),
         ("link_us", link_total * 1e6 / n as f64),
         ("first_tenth_us", first),
         ("last_tenth_us", last),
@@ -333,7 +437,12 @@ fn run_cranelift_jit(n: usize) {
             "rss_per_module_b",
             after.rss.saturating_sub(before.rss) as f64 / n as f64,
         ),
+        (
+            "heap_per_module_b",
+            (heap_after - heap_before) as f64 / n as f64,
+        ),
         ("kiln_bytes_per_module_b", 0.0),
+        ("allocations_per_link", allocations as f64 / n as f64),
     ]);
 }
 
@@ -342,27 +451,31 @@ fn main() {
     if let Some(contender) = &args.contender {
         let n = args.modules[0];
         match contender.as_str() {
-            "kiln" => run_kiln(n, false),
-            "kiln2" => run_kiln(n, true),
+            "kiln" => run_kiln(n),
+            "kiln1" => run_kiln_threads(n, 1),
+            "kiln2" => run_kiln_threads(n, 2),
             "cranelift-jit" => run_cranelift_jit(n),
             other => panic!("unknown contender {other}"),
         }
         return;
     }
-    println!("one function per module, Cranelift 0.135 code; per module unless said; each contender in its own process\n");
+    println!("one function per module, Cranelift 0.135 code, compiled between links as a JIT does;");
+    println!("per module unless said; each contender in its own process; memory read before the first module's object exists\n");
     for &n in &args.modules {
         println!("N = {n}");
         println!(
-            "  {:<14} {:>9} {:>9} {:>11} {:>11} {:>12} {:>10} {:>10} {:>11}",
+            "  {:<14} {:>9} {:>8} {:>9} {:>10} {:>10} {:>11} {:>9} {:>8} {:>9} {:>7}",
             "contender",
             "codegen",
+            "emit",
             "link",
             "first 10%",
             "last 10%",
             "lookup all",
             "remove",
             "RSS/mod",
-            "strlen"
+            "heap/mod",
+            "allocs"
         );
         let mut rows = Vec::new();
         for contender in ["kiln", "cranelift-jit"] {
@@ -376,22 +489,26 @@ fn main() {
                 "--modules".into(),
                 n.to_string(),
             ]);
-            match run.ok().and_then(|r| r.into_iter().next()) {
-                Some(r) => {
+            match run {
+                Ok(r) if !r.is_empty() => {
+                    let r = r.into_iter().next().unwrap_or_default();
                     println!(
-                        "  {contender:<14} {:>7.1}µs {:>7.1}µs {:>9.1}µs {:>9.1}µs {:>10.2}ms {:>8.2}µs {:>8.0} B {:>9.2}µs",
+                        "  {contender:<14} {:>7.1}µs {:>6.1}µs {:>7.2}µs {:>8.2}µs {:>8.2}µs {:>9.2}ms {:>7.2}µs {:>6.0} B {:>7.0} B {:>7.1}",
                         field(&r, "codegen_us"),
+                        field(&r, "emit_us"),
                         field(&r, "link_us"),
                         field(&r, "first_tenth_us"),
                         field(&r, "last_tenth_us"),
                         field(&r, "lookup_all_ms"),
                         field(&r, "remove_us"),
                         field(&r, "rss_per_module_b"),
-                        field(&r, "process_lookup_us"),
+                        field(&r, "heap_per_module_b"),
+                        field(&r, "allocations_per_link"),
                     );
                     rows.push((contender, r));
                 }
-                None => println!("  {contender:<14} crashed or failed"),
+                Ok(_) => println!("  {contender:<14} printed no result"),
+                Err(e) => println!("  {contender:<14} failed: {e}"),
             }
         }
         let kiln = rows.iter().find(|(c, _)| *c == "kiln").map(|(_, r)| r);
@@ -401,32 +518,52 @@ fn main() {
             .map(|(_, r)| r);
         if let Some(k) = kiln {
             let flat = field(k, "last_tenth_us") / field(k, "first_tenth_us");
+            let allocs = field(k, "allocations_per_link");
+            let rss = field(k, "rss_per_module_b");
             println!(
-                "  kiln: last 10% / first 10% link time {flat:.2} (target <= 1.2); {:.0} B of Kiln's own memory per module",
-                field(k, "kiln_bytes_per_module_b")
+                "  kiln: flat (last 10% / first 10% link time) {flat:.2}, target <= 1.2: {}",
+                verdict(flat <= 1.2)
+            );
+            println!(
+                "  kiln: heap allocations per link {allocs:.1}, target <= 5: {}",
+                verdict(allocs <= 5.0)
+            );
+            println!(
+                "  kiln: resident per module {rss:.0} B (heap {:.0} B, Kiln's memory {:.0} B), target <= 512 B: {}",
+                field(k, "heap_per_module_b"),
+                field(k, "kiln_bytes_per_module_b"),
+                verdict(rss <= 512.0)
             );
             if let Some(j) = jit {
+                let link = field(k, "link_us") / field(j, "link_us");
+                let lookup = field(k, "lookup_all_ms") / field(j, "lookup_all_ms");
                 println!(
-                    "  kiln / cranelift-jit: link {:.2}x (target <= 0.5), lookup all {:.2}x (target <= 1), RSS per module {:.2}x",
-                    field(k, "link_us") / field(j, "link_us"),
-                    field(k, "lookup_all_ms") / field(j, "lookup_all_ms"),
-                    field(k, "rss_per_module_b") / field(j, "rss_per_module_b"),
+                    "  kiln / cranelift-jit: link {link:.2}x, target <= 0.5: {}; lookup of all N one at a time {lookup:.2}x, target <= 1: {}; RSS per module {:.2}x",
+                    verdict(link <= 0.5),
+                    verdict(lookup <= 1.0),
+                    rss / field(j, "rss_per_module_b"),
                 );
             }
-            let one = field(k, "link_us") * n as f64 / 1e6;
-            if let Ok(Some(two)) = run_child(&[
+        }
+        let threads = |t: &str| {
+            run_child(&[
                 "--contender".into(),
-                "kiln2".into(),
+                t.into(),
                 "--modules".into(),
                 n.to_string(),
             ])
-            .map(|r| r.into_iter().next())
-            {
-                println!(
-                    "  kiln, two threads into two libraries: {:.2}x the throughput of one (target >= 1.7)",
-                    one / field(&two, "link_total_s")
-                );
-            }
+            .ok()
+            .and_then(|r| r.into_iter().next())
+            .map(|r| field(&r, "link_total_s"))
+        };
+        if let (Some(one), Some(two)) = (threads("kiln1"), threads("kiln2")) {
+            let ratio = one / two;
+            println!(
+                "  kiln, two threads into two libraries: {ratio:.2}x the link throughput of one ({:.2} ms vs {:.2} ms), target >= 1.8: {}",
+                two * 1e3,
+                one * 1e3,
+                verdict(ratio >= 1.8)
+            );
         }
         println!();
     }
