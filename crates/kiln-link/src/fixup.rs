@@ -208,7 +208,7 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
         let (offset, addend, key) = (edge.offset, edge.addend, edge.key);
         let r_type = edge.row.r_type;
         let err_bad = |what: String| LinkError::BadRelocation {
-            object: o.name.clone(),
+            object: o.name.to_string(),
             section: lossy(sec.name),
             offset,
             what,
@@ -235,7 +235,7 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
         let symbol_name = || lossy(self.name(key));
         let reloc_offset = offset;
         let unsupported_tls = |model: &'static str| LinkError::UnsupportedTls {
-            object: o.name.clone(),
+            object: o.name.to_string(),
             section: lossy(sec.name),
             offset: reloc_offset,
             symbol: symbol_name(),
@@ -367,7 +367,7 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
         match arch::encode(row.field, check, value, field) {
             Ok(()) => Ok(()),
             Err(EncodeError::Misaligned(align)) => Err(LinkError::Misaligned {
-                object: o.name.clone(),
+                object: o.name.to_string(),
                 section: lossy(sec.name),
                 offset,
                 kind: row.name,
@@ -376,7 +376,7 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
                 align,
             }),
             Err(EncodeError::Range) => Err(LinkError::Overflow {
-                object: o.name.clone(),
+                object: o.name.to_string(),
                 section: lossy(sec.name),
                 offset,
                 kind: row.name,

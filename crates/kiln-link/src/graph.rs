@@ -21,7 +21,6 @@ use crate::{ImageSegment, LinkCounts, LinkError, LinkOptions, LinkTimes, MAX_TLS
 use kiln_memory::{AllocationRequest, InFlightAllocation, Permission, SegmentRequest};
 use object::LittleEndian as LE;
 use rustc_hash::FxHashMap;
-use std::time::Instant;
 
 /// One relocation, decoded: where, what (the architecture's table row), to what.
 #[derive(Debug, Clone, Copy)]
@@ -187,14 +186,15 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             image: Vec::new(),
             counts,
             times,
-            pass_times: Vec::with_capacity(16),
+            pass_times: Vec::new(),
         }
     }
 
-    /// Runs every step of the pipeline, with the plugins' passes of `options`. One clock
-    /// reading per pass boundary (a small module's link is a few microseconds).
+    /// Runs every step of the pipeline, with the plugins' passes of `options`. With
+    /// [`LinkOptions::times`], one clock reading per pass boundary; else none.
     pub(crate) fn run(&mut self, options: &LinkOptions<'_>) -> Result<(), LinkError> {
-        let phase_start = Instant::now();
+        let clock = crate::link::Clock(options.times);
+        let phase_start = clock.now();
         let mut last = phase_start;
         let mut fixup_start = phase_start;
         for step in &pipeline::<'a, 'c>() {
@@ -202,16 +202,17 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 Step::Builtin(name, pass) => {
                     tracing::trace!(pass = name, "link pass");
                     pass(self, options)?;
-                    let now = Instant::now();
-                    self.pass_times.push(((*name).into(), now - last));
-                    last = now;
+                    let Some(now) = clock.now() else { continue };
+                    self.pass_times
+                        .push(((*name).into(), now - last.unwrap_or(now)));
+                    last = Some(now);
                     // Phase times, as LinkTimes reports them.
                     match *name {
                         "allocate" => {
-                            self.times.layout = now - phase_start;
-                            fixup_start = now;
+                            self.times.layout = now - phase_start.unwrap_or(now);
+                            fixup_start = Some(now);
                         }
-                        "keep-image" => self.times.fixup = now - fixup_start,
+                        "keep-image" => self.times.fixup = now - fixup_start.unwrap_or(now),
                         _ => {}
                     }
                 }
@@ -223,10 +224,10 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                                 pass: pass.name().to_string(),
                                 message,
                             })?;
-                            let now = Instant::now();
+                            let Some(now) = clock.now() else { continue };
                             self.pass_times
-                                .push((pass.name().to_string().into(), now - last));
-                            last = now;
+                                .push((pass.name().to_string().into(), now - last.unwrap_or(now)));
+                            last = Some(now);
                         }
                     }
                 }
@@ -239,7 +240,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         self.linker
             .objs
             .first()
-            .map_or_else(String::new, |o| o.name.clone())
+            .map_or_else(String::new, |o| o.name.to_string())
     }
 
     /// Gives each loaded section its segment and offset; `.eh_frame` waits until the end
@@ -263,7 +264,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 if is_init_section(&sec) {
                     if seg == SEG_TLS {
                         return Err(LinkError::Malformed {
-                            object: linker.objs[oi].name.clone(),
+                            object: linker.objs[oi].name.to_string(),
                             what: format!(
                                 "initializer section {} is marked thread-local (SHF_TLS)",
                                 lossy(sec.name)
@@ -324,7 +325,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                     let offset = rela.r_offset.get(LE);
                     let Some(row) = arch.relocation(r_type) else {
                         return Err(LinkError::UnknownRelocation {
-                            object: obj.name.clone(),
+                            object: obj.name.to_string(),
                             section: lossy(sec.name),
                             offset,
                             r_type,
@@ -737,7 +738,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             };
             let Some(section_bytes) = section_bytes.filter(|_| sec.sh_type != SHT_NOBITS) else {
                 return Err(LinkError::Malformed {
-                    object: obj.name.clone(),
+                    object: obj.name.to_string(),
                     what: format!(
                         "relocations for section {}, which has no contents",
                         lossy(sec.name)
@@ -780,7 +781,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 .collect();
             if let Some((i, f)) = entries.iter().enumerate().find(|(_, f)| !code.contains(f)) {
                 return Err(LinkError::Malformed {
-                    object: linker.objs[oi as usize].name.clone(),
+                    object: linker.objs[oi as usize].name.to_string(),
                     what: format!(
                         "section {}: entry {i} is {f:#x}, outside the module's code ({:#x}..{:#x}): an initializer or finalizer must be a function of the module",
                         String::from_utf8_lossy(sec.name),

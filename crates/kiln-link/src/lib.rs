@@ -48,5 +48,5 @@ pub use symbol_scan::{scan_symbols, ObjectSymbols};
 /// has, as the link will read them — without linking it: a session refuses a bad object
 /// when it is added, before it can fail a link of good ones.
 pub fn check_object(name: &str, data: &[u8], architecture: Architecture) -> Result<(), LinkError> {
-    object_file::ObjectFile::parse(name.to_string(), data, architecture).map(|_| ())
+    object_file::ObjectFile::parse(name, data, architecture).map(|_| ())
 }

@@ -83,6 +83,10 @@ pub struct LinkOptions<'m> {
     /// Passes of the link's client (a session's plugins), each run at its point of the
     /// link ([`PassPoint`]); an error from one fails the link.
     pub passes: &'m [(PassPoint, Arc<dyn LinkPass>)],
+    /// Measure each phase and pass ([`LinkedModule::times`], [`LinkedModule::pass_times`]);
+    /// off, the link reads no clock (a small module's link is a few microseconds, and a
+    /// clock read costs tens of nanoseconds).
+    pub times: bool,
 }
 
 impl<'m> LinkOptions<'m> {
@@ -96,6 +100,7 @@ impl<'m> LinkOptions<'m> {
             architecture: Architecture::host(),
             keep_image: false,
             passes: &[],
+            times: false,
         }
     }
 }
@@ -259,9 +264,10 @@ pub struct LinkedModule {
     /// Kiln's own (stubs, veneers and resolvers start with `BTI c`): its code may be mapped
     /// guarded (`PROT_BTI`). Always `false` on x86-64.
     pub branch_protected: bool,
-    /// Phase times.
+    /// Phase times (zero unless [`LinkOptions::times`]).
     pub times: LinkTimes,
-    /// Each pass's time, in the order they ran (a client's passes under their names).
+    /// Each pass's time, in the order they ran (a client's passes under their names;
+    /// empty unless [`LinkOptions::times`]).
     pub pass_times: Vec<(Cow<'static, str>, Duration)>,
     /// Counts.
     pub counts: LinkCounts,
@@ -279,6 +285,19 @@ impl LinkedModule {
     }
 }
 
+/// A clock read only when times were asked for.
+#[derive(Clone, Copy)]
+pub(crate) struct Clock(pub(crate) bool);
+
+impl Clock {
+    pub(crate) fn now(self) -> Option<Instant> {
+        self.0.then(Instant::now)
+    }
+    pub(crate) fn since(self, start: Option<Instant>) -> Duration {
+        start.map_or(Duration::ZERO, |t| t.elapsed())
+    }
+}
+
 /// Links `objects` (and the members of `archives` they need) into one module.
 pub fn link(
     objects: &[ObjectInput],
@@ -287,17 +306,18 @@ pub fn link(
     options: &LinkOptions<'_>,
 ) -> Result<LinkedModule, LinkError> {
     let mut times = LinkTimes::default();
-    let t = Instant::now();
+    let clock = Clock(options.times);
+    let t = clock.now();
     let mut parsed = Vec::with_capacity(objects.len());
     for input in objects {
         parsed.push(ObjectFile::parse(
-            input.name.clone(),
+            input.name.as_str(),
             &input.data,
             options.architecture,
         )?);
     }
-    times.parse = t.elapsed();
-    let t = Instant::now();
+    times.parse = clock.since(t);
+    let t = clock.now();
     let mut linker = Linker::new(archives, options.architecture.arch(), ctx);
     // Room for every non-local symbol of the inputs at once (archive members add more).
     let globals: usize = parsed
@@ -319,7 +339,7 @@ pub fn link(
     linker.pending.reverse();
     linker.load_archive_members()?;
     linker.resolve_externals()?;
-    times.resolve = t.elapsed();
+    times.resolve = clock.since(t);
 
     let mut graph = LinkGraph::new(linker, times);
     graph.run(options)?;
@@ -337,10 +357,10 @@ pub fn link(
         .allocated
         .take()
         .expect("the pipeline allocates before it ends");
-    let t = Instant::now();
+    let t = clock.now();
     let allocation = allocated.in_flight.finalize()?;
     let mut times = graph.times;
-    times.finalize = t.elapsed();
+    times.finalize = clock.since(t);
     let l = &graph.layout;
     let tls = (l.tls_size > 0).then(|| TlsTemplate {
         module_id: allocated.tls_module,

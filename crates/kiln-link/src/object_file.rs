@@ -83,7 +83,8 @@ pub(crate) const SHT_NOTE: u32 = elf::SHT_NOTE.0;
 /// A parsed object.
 #[derive(Debug)]
 pub(crate) struct ObjectFile<'a> {
-    pub(crate) name: String,
+    /// Its name, borrowed from the input (an archive member's is made from the archive's).
+    pub(crate) name: std::borrow::Cow<'a, str>,
     pub(crate) sections: Vec<ObjSection<'a>>,
     pub(crate) symbols: Vec<ObjSym<'a>>,
     /// (relocated section index, relocations).
@@ -173,10 +174,11 @@ pub(crate) fn check_header(name: &str, data: &[u8], arch: Architecture) -> Resul
 impl<'a> ObjectFile<'a> {
     /// Parses and checks an object.
     pub(crate) fn parse(
-        name: String,
+        name: impl Into<std::borrow::Cow<'a, str>>,
         data: &'a [u8],
         arch: Architecture,
     ) -> Result<Self, LinkError> {
+        let name = name.into();
         check_header(&name, data, arch)?;
         let header = Header::parse(data).map_err(|e| malformed(&name, e))?;
         let endian = header.endian().map_err(|e| malformed(&name, e))?;
@@ -295,7 +297,7 @@ impl<'a> ObjectFile<'a> {
                 if let SymSection::Section(i) = section {
                     if i as usize >= count {
                         return Err(LinkError::SectionIndexOutOfRange {
-                            object: name.clone(),
+                            object: name.to_string(),
                             symbol: String::from_utf8_lossy(sym_name).into_owned(),
                             index: i,
                             count,
@@ -325,7 +327,7 @@ impl<'a> ObjectFile<'a> {
                 let sym = rela.r_sym(endian, false) as usize;
                 if sym >= symbols.len() {
                     return Err(LinkError::BadRelocation {
-                        object: name.clone(),
+                        object: name.to_string(),
                         section: String::from_utf8_lossy(sections[target as usize].name)
                             .into_owned(),
                         offset: rela.r_offset.get(endian),
@@ -400,7 +402,7 @@ pub(crate) fn defined_globals(data: &[u8]) -> Vec<Vec<u8>> {
     } else {
         Architecture::X86_64
     };
-    match ObjectFile::parse(String::new(), data, arch) {
+    match ObjectFile::parse("", data, arch) {
         Ok(obj) => obj
             .symbols
             .iter()

@@ -108,12 +108,7 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
 
     /// The names of the objects linked, by index.
     pub fn object_names(&self) -> Vec<&str> {
-        self.graph
-            .linker
-            .objs
-            .iter()
-            .map(|o| o.name.as_str())
-            .collect()
+        self.graph.linker.objs.iter().map(|o| &*o.name).collect()
     }
 
     /// Every loaded section.

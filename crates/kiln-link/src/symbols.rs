@@ -220,8 +220,8 @@ impl<'a, 'c> Linker<'a, 'c> {
                                 first: self
                                     .objs
                                     .get(other as usize)
-                                    .map_or_else(|| obj.name.clone(), |o| o.name.clone()),
-                                second: obj.name.clone(),
+                                    .map_or_else(|| obj.name.to_string(), |o| o.name.to_string()),
+                                second: obj.name.to_string(),
                             });
                         }
                         Def::Defined { weak: false, .. } => {}
@@ -258,11 +258,11 @@ impl<'a, 'c> Linker<'a, 'c> {
                 self.pending.clear();
                 return Ok(());
             }
-            let names: Vec<String> = batch
+            let names: Vec<std::borrow::Cow<'a, str>> = batch
                 .iter()
-                .map(|&id| lossy(self.globals[id as usize].name))
+                .map(|&id| String::from_utf8_lossy(self.globals[id as usize].name))
                 .collect();
-            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let refs: Vec<&str> = names.iter().map(|n| &**n).collect();
             let found = self.ctx.resolve_defined(&refs);
             for (&id, address) in batch.iter().zip(found) {
                 if let Some(address) = address {
@@ -324,11 +324,15 @@ impl<'a, 'c> Linker<'a, 'c> {
                 _ => wanted.push(id as u32),
             }
         }
-        let names: Vec<String> = wanted
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        // Names borrowed from the inputs (copied only if not UTF-8).
+        let names: Vec<std::borrow::Cow<'a, str>> = wanted
             .iter()
-            .map(|&id| String::from_utf8_lossy(self.globals[id as usize].name).into_owned())
+            .map(|&id| String::from_utf8_lossy(self.globals[id as usize].name))
             .collect();
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let refs: Vec<&str> = names.iter().map(|n| &**n).collect();
         let found = self.ctx.resolve_many(&refs);
         for (&id, address) in wanted.iter().zip(found) {
             let g = &mut self.globals[id as usize];
@@ -341,7 +345,7 @@ impl<'a, 'c> Linker<'a, 'c> {
                     if let Some(obj) = g.first_ref {
                         missing.push(MissingSymbol {
                             symbol: lossy(g.name),
-                            wanted_by: self.objs[obj as usize].name.clone(),
+                            wanted_by: self.objs[obj as usize].name.to_string(),
                         });
                     }
                     Def::Zero

@@ -3,7 +3,12 @@
 //! not compile.
 
 use crate::{MemoryError, Permission, SegmentRange};
+use smallvec::SmallVec;
 use std::fmt;
+
+/// Segments of one allocation, inline up to the four a link asks for (code, constants,
+/// data, zero-filled data): no heap allocation for them.
+pub type Segments<T> = SmallVec<[T; 4]>;
 
 /// One segment of an in-flight allocation: where it will run and where to write it.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -79,9 +84,9 @@ pub trait FinalizedBackend: Send + Sync {
 /// through working memory, nothing may run it yet. Dropping it without
 /// [`finalize`](InFlightAllocation::finalize) frees it.
 pub struct InFlightAllocation {
-    ranges: Vec<SegmentRange>,
+    ranges: Segments<SegmentRange>,
     /// Working-memory pointer of each segment, in the same order.
-    working: Vec<*mut u8>,
+    working: Segments<*mut u8>,
     backend: Option<Box<dyn InFlightBackend>>,
 }
 
@@ -105,7 +110,7 @@ impl InFlightAllocation {
     /// bytes, exclusively owned by this allocation, until `backend` is called; segments
     /// must not overlap.
     pub unsafe fn from_parts(
-        segments: Vec<WorkingSegment>,
+        segments: impl IntoIterator<Item = WorkingSegment>,
         backend: Box<dyn InFlightBackend>,
     ) -> Self {
         let (ranges, working) = segments.into_iter().map(|s| (s.range, s.working)).unzip();
@@ -136,7 +141,7 @@ impl InFlightAllocation {
 
     /// Working memory of every segment at once, so that a linker can write one segment
     /// while reading addresses of the others.
-    pub fn segments_mut(&mut self) -> Vec<SegmentMut<'_>> {
+    pub fn segments_mut(&mut self) -> Segments<SegmentMut<'_>> {
         self.ranges
             .iter()
             .zip(&self.working)
@@ -175,7 +180,7 @@ impl Drop for InFlightAllocation {
 /// which a stale call traps), and lives independently of the manager, linker or session
 /// that made it.
 pub struct FinalizedAllocation {
-    segments: Vec<SegmentRange>,
+    segments: Segments<SegmentRange>,
     backend: Option<Box<dyn FinalizedBackend>>,
 }
 

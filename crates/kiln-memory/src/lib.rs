@@ -47,7 +47,7 @@ mod stats;
 
 pub use allocation::{
     FinalizedAllocation, FinalizedBackend, InFlightAllocation, InFlightBackend, SegmentMut,
-    WorkingSegment,
+    Segments, WorkingSegment,
 };
 pub use error::{MapperError, MemoryError};
 pub use free_list::{FreeList, NotAllocated};

@@ -1,7 +1,7 @@
 //! The memory manager: what a linker talks to. Allocate a request of segments, write them,
 //! finalize, and keep an owning handle.
 
-use crate::allocation::{FinalizedBackend, InFlightBackend, WorkingSegment};
+use crate::allocation::{FinalizedBackend, InFlightBackend, Segments, WorkingSegment};
 use crate::slab::{Placed, Slab, SlabLayout, SlabTuning};
 use crate::stats::{MemoryStats, PoolStats};
 use crate::{
@@ -52,7 +52,7 @@ impl SegmentRequest {
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AllocationRequest {
-    segments: Vec<SegmentRequest>,
+    segments: Segments<SegmentRequest>,
     allow_out_of_range: bool,
 }
 
@@ -397,8 +397,8 @@ impl SlabMemoryManager {
     fn place_in(
         slab: &Slab,
         request: &AllocationRequest,
-    ) -> Result<Result<Vec<Placed>, usize>, MemoryError> {
-        let mut placed = Vec::with_capacity(request.segments.len());
+    ) -> Result<Result<Segments<Placed>, usize>, MemoryError> {
+        let mut placed = Segments::new();
         for (index, s) in request.segments.iter().enumerate() {
             let outcome = slab.allocate(s.permission, s.size, s.align, index == 0);
             match outcome {
@@ -444,9 +444,9 @@ impl SlabMemoryManager {
         &self,
         slab: Arc<Slab>,
         request: &AllocationRequest,
-        placed: Vec<Placed>,
+        placed: Segments<Placed>,
     ) -> InFlightAllocation {
-        let mut segments = Vec::with_capacity(placed.len());
+        let mut segments: Segments<WorkingSegment> = Segments::new();
         for (p, s) in placed.iter().zip(&request.segments) {
             let working = slab.working(p.target);
             if s.zero_fill {
@@ -547,7 +547,7 @@ impl MemoryManager for SlabMemoryManager {
 /// The backend of the slab manager's allocations: frees into the slab, keeps it alive.
 struct SlabBackend {
     slab: Arc<Slab>,
-    placed: Vec<Placed>,
+    placed: Segments<Placed>,
 }
 
 impl SlabBackend {

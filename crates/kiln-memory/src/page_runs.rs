@@ -36,6 +36,17 @@ impl PageRuns {
         self.runs.range(start..end).next().is_none()
     }
 
+    /// Where the set next covers a byte at or after `at` (`at` itself if a run holds it),
+    /// or `None` if nothing at or after `at` is in the set.
+    pub fn next_covered(&self, at: u64) -> Option<u64> {
+        if let Some((_, &e)) = self.runs.range(..=at).next_back() {
+            if e > at {
+                return Some(at);
+            }
+        }
+        self.runs.range(at..).next().map(|(&s, _)| s)
+    }
+
     /// Bytes of `[start, end)` that are in the set.
     pub fn covered(&self, start: u64, end: u64) -> u64 {
         if start >= end {
@@ -160,5 +171,15 @@ mod tests {
         assert_eq!(runs.covered(0, 0x5000), 0x2000);
         assert_eq!(runs.covered(0x1000, 0x4000), 0);
         assert!(!runs.is_disjoint(0x1000, 0x4001));
+    }
+
+    #[test]
+    fn next_covered_finds_the_run_holding_or_after() {
+        let mut runs = PageRuns::new(0x1000, 0x2000);
+        runs.insert(0x5000, 0x6000);
+        assert_eq!(runs.next_covered(0), Some(0x1000));
+        assert_eq!(runs.next_covered(0x1800), Some(0x1800));
+        assert_eq!(runs.next_covered(0x2000), Some(0x5000));
+        assert_eq!(runs.next_covered(0x6000), None);
     }
 }

@@ -322,9 +322,17 @@ impl Slab {
             // whole chunk ahead.
             let used = (pool.free.end() - pool.free.start()) - pool.free.free_bytes();
             let chunk = (used / 4).clamp(64 << 10, tuning.populate_chunk.max(64 << 10));
+            // Only prepared pages: a page populated while unprepared would hold memory
+            // that no release gives back (releases punch out what they unprepare), and
+            // resident would exceed mapped.
+            let prepared_end = pool
+                .unprepared
+                .next_covered(page_end)
+                .unwrap_or(pool.free.end());
             let ahead = page_end
                 .max(page_start.saturating_add(chunk))
-                .min(pool.free.end());
+                .min(pool.free.end())
+                .min(prepared_end.max(page_end));
             for (start, end) in pool.unpopulated.remove(page_start, ahead) {
                 self.mapper.populate(&self.reservation, start, end);
             }

@@ -480,7 +480,7 @@ impl Jit {
         // Linked alone: a bad object fails only its own link.
         let input = ObjectInput::new(format!("{name} (body)"), object);
         let (module, _) = self
-            .link(lib, Some(input), None, &[], Publish::No)?
+            .link(lib, Some(input), None, &[], Publish::No, false)?
             .ok_or_else(|| Error::SymbolNotFound(name.to_string()))?;
         let address = module.symbol(name).ok_or_else(|| Error::LazyCompile {
             function: name.to_string(),
@@ -682,7 +682,7 @@ impl Jit {
         // Linked under the library's link lock with what is pending, so that a concurrent
         // lookup's link cannot take it away (checked first when there is something pending:
         // a bad object must not fail a link of good ones).
-        match self.link(lib, Some(input), None, &[], Publish::Yes)? {
+        match self.link(lib, Some(input), None, &[], Publish::Yes, false)? {
             Some((module, _)) => Ok(module),
             None => Err(Error::Executor("nothing was linked".into())),
         }
@@ -709,7 +709,7 @@ impl Jit {
         bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
     ) -> Result<Module, Error> {
         let input = ObjectInput::shared(name, bytes);
-        match self.link(lib, Some(input), None, &[], Publish::Yes)? {
+        match self.link(lib, Some(input), None, &[], Publish::Yes, false)? {
             Some((module, _)) => Ok(module),
             None => Err(Error::Executor("nothing was linked".into())),
         }
@@ -935,7 +935,7 @@ impl Jit {
     /// failed link are dropped (add them again, corrected, to retry), no definition of
     /// theirs is published, their memory is freed.
     pub fn link_pending(&self, lib: LibraryId) -> Result<Option<(Module, LinkReport)>, Error> {
-        self.link(lib, None, None, &[], Publish::Yes)
+        self.link(lib, None, None, &[], Publish::Yes, true)
     }
 
     /// Links what is pending in `lib`, `extra`, and the lazy objects that define `wanted`
@@ -944,7 +944,8 @@ impl Jit {
     /// symbols: call-through stubs are shown as `NAME.stub`).
     ///
     /// With [`Publish::No`], links `extra` alone, resolving its names as `lib` would, into
-    /// a module kept out of every index (a body of a call-through stub).
+    /// a module kept out of every index (a body of a call-through stub). With `times`, the
+    /// report has the link's phase and pass times (else no clock is read).
     pub(crate) fn link(
         &self,
         lib: LibraryId,
@@ -952,6 +953,7 @@ impl Jit {
         shown: Option<ObjectInput>,
         wanted: &[&str],
         publish: Publish,
+        times: bool,
     ) -> Result<Option<(Module, LinkReport)>, Error> {
         let library = self.library(lib)?;
         let linking = match publish {
@@ -1000,7 +1002,14 @@ impl Jit {
         // The lazy objects go after the inputs: the module is named after its first input.
         let lazy_start = objects.len();
         objects.extend(taken.iter().map(|(_, o)| o.input.clone()));
-        let result = self.link_objects(&library, &objects, shown, archives, publish, linking);
+        let result = self.link_objects(
+            &library,
+            &objects,
+            shown,
+            archives,
+            LinkMode { publish, times },
+            linking,
+        );
         if result.is_err() && !taken.is_empty() {
             objects.truncate(lazy_start);
             library.state.write().restore_lazy(taken);
@@ -1015,9 +1024,10 @@ impl Jit {
         objects: &[ObjectInput],
         shown: Option<ObjectInput>,
         archives: Arc<Vec<ArchiveInput>>,
-        publish: Publish,
+        mode: LinkMode,
         linking: Option<parking_lot::MutexGuard<'_, ()>>,
     ) -> Result<(Module, LinkReport), Error> {
+        let LinkMode { publish, times } = mode;
         let plugins: Vec<Arc<dyn Plugin>> = self.inner.plugins.snapshot();
         let passes: Vec<_> = plugins.iter().flat_map(|p| p.link_passes()).collect();
         let options = LinkOptions {
@@ -1027,6 +1037,7 @@ impl Jit {
             architecture: self.inner.architecture,
             keep_image: false,
             passes: &passes,
+            times,
         };
         let mut ctx = SessionContext::new(self, library, publish);
         let mut linked = match link(objects, &archives, &mut ctx, &options) {
@@ -1176,8 +1187,12 @@ impl Jit {
         };
         for used in &module.inner.uses {
             let mut users = used.inner.users.lock();
-            // Entries of users dropped without being removed go here at the latest.
-            users.retain(|u| u.strong_count() > 0);
+            // Entries of users dropped without being removed go when the list is full,
+            // before it grows: amortized constant time per link, however many users a
+            // long-lived runtime module has.
+            if users.len() == users.capacity() {
+                users.retain(|u| u.strong_count() > 0);
+            }
             users.push(Arc::downgrade(&module.inner));
         }
         // A module this one calls may have been removed while it linked (its removal saw
@@ -1227,11 +1242,11 @@ impl Jit {
         drop(linking);
         if let Some(event) = event {
             self.inner.plugins.announce(&plugins, &event, true);
-            *module.inner.announced.lock() = Some(Announced {
+            *module.inner.announced.lock() = Some(Box::new(Announced {
                 plugins: self.inner.plugins.clone(),
                 told: plugins,
                 event,
-            });
+            }));
         }
         if !self.inner.noexec {
             self.inner.executor.run_initializers(&linked.init)?;
@@ -1270,7 +1285,7 @@ impl Jit {
                 return Ok(known);
             }
         }
-        self.link(lib, None, None, names, Publish::Yes)?;
+        self.link(lib, None, None, names, Publish::Yes, false)?;
         let mut ctx = SessionContext::new(self, &library, Publish::Yes);
         let found = ctx.resolve_many(names);
         let state = library.state.read();
@@ -1365,7 +1380,17 @@ impl Jit {
     /// # Ok(()) }
     /// ```
     pub fn remove_modules(&self, modules: &[Module]) -> Result<(), Error> {
-        let in_set = |m: &ModuleInner| modules.iter().any(|x| std::ptr::eq(&*x.inner, m));
+        // Members by id (a module listed twice counts once).
+        let index: FxHashMap<u64, usize> = modules
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.inner.id, i))
+            .collect();
+        let in_set = |m: &ModuleInner| {
+            index
+                .get(&m.id)
+                .is_some_and(|&i| std::ptr::eq(&*modules[i].inner, m))
+        };
         // Users outside the set (live, or still listed) refuse the whole removal.
         for module in modules {
             let library = self.library(module.inner.library)?;
@@ -1387,28 +1412,45 @@ impl Jit {
                 });
             }
         }
-        // Users first: repeatedly remove those no remaining member of the set uses.
-        let mut left: Vec<&Module> = modules.iter().collect();
-        while !left.is_empty() {
-            let used_by_left = |m: &Module| {
-                left.iter().any(|other| {
-                    !std::ptr::eq(&*other.inner, &*m.inner)
-                        && other
-                            .inner
-                            .uses
-                            .iter()
-                            .any(|u| std::ptr::eq(&*u.inner, &*m.inner))
-                })
-            };
-            let Some(at) = left.iter().position(|m| !used_by_left(m)) else {
-                // Modules cannot use each other in a cycle (a module uses only earlier ones).
-                return Err(Error::ModuleInUse {
-                    module: left[0].inner.name.to_string(),
-                    users: left.iter().map(|m| m.inner.name.to_string()).collect(),
-                });
-            };
-            let next = left.remove(at);
-            self.remove_module(next)?;
+        // Users first (Kahn's order): a member goes once no remaining member uses it.
+        let mut users_left = vec![0usize; modules.len()];
+        for (i, m) in modules.iter().enumerate() {
+            if index.get(&m.inner.id) != Some(&i) {
+                continue; // a repeat
+            }
+            for used in m.inner.uses.iter() {
+                if let Some(&j) = index.get(&used.inner.id) {
+                    users_left[j] += 1;
+                }
+            }
+        }
+        let mut ready: Vec<usize> = (0..modules.len())
+            .filter(|&i| index.get(&modules[i].inner.id) == Some(&i) && users_left[i] == 0)
+            .collect();
+        let mut removed = 0;
+        while let Some(i) = ready.pop() {
+            self.remove_module(&modules[i])?;
+            removed += 1;
+            for used in modules[i].inner.uses.iter() {
+                if let Some(&j) = index.get(&used.inner.id) {
+                    users_left[j] -= 1;
+                    if users_left[j] == 0 {
+                        ready.push(j);
+                    }
+                }
+            }
+        }
+        if removed < index.len() {
+            // Modules cannot use each other in a cycle (a module uses only earlier ones).
+            let left: Vec<String> = index
+                .values()
+                .filter(|&&i| users_left[i] > 0)
+                .map(|&i| modules[i].inner.name.to_string())
+                .collect();
+            return Err(Error::ModuleInUse {
+                module: left.first().cloned().unwrap_or_default(),
+                users: left,
+            });
         }
         Ok(())
     }
@@ -1632,6 +1674,13 @@ fn lock_for_link(library: &Library) -> Result<parking_lot::MutexGuard<'_, ()>, E
         })
 }
 
+/// How a link runs: whether it publishes, whether it reads the clock for its report.
+#[derive(Debug, Clone, Copy)]
+struct LinkMode {
+    publish: Publish,
+    times: bool,
+}
+
 /// Whether a link publishes its module's definitions in its library.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Publish {
@@ -1654,7 +1703,12 @@ struct SessionContext<'s> {
     thread_atexit: bool,
     /// Why a lazy object of another library that this link needed could not be linked.
     lazy_error: Option<Error>,
+    /// The search order, once read.
+    order: Option<SearchOrder>,
 }
+
+/// A link's libraries in search order.
+type SearchOrder = smallvec::SmallVec<[Arc<Library>; 4]>;
 
 impl<'s> SessionContext<'s> {
     fn new(jit: &'s Jit, library: &'s Arc<Library>, publish: Publish) -> Self {
@@ -1666,14 +1720,27 @@ impl<'s> SessionContext<'s> {
             uses: FxHashMap::default(),
             thread_atexit: false,
             lazy_error: None,
+            order: None,
         }
     }
 
-    /// The libraries whose indexes resolve names for this link, in order.
-    fn order(&self) -> Vec<Arc<Library>> {
-        let mut order = vec![self.library.clone()];
-        let search = self.library.state.read().search_order.clone();
-        order.extend(search.into_iter().filter_map(|l| self.jit.library(l).ok()));
+    /// The libraries whose indexes resolve names for this link, in order (read once per
+    /// link; inline for up to four libraries).
+    fn order(&mut self) -> SearchOrder {
+        if let Some(order) = &self.order {
+            return order.clone();
+        }
+        let mut order = SearchOrder::new();
+        order.push(self.library.clone());
+        let state = self.library.state.read();
+        order.extend(
+            state
+                .search_order
+                .iter()
+                .filter_map(|&l| self.jit.library(l).ok()),
+        );
+        drop(state);
+        self.order = Some(order.clone());
         order
     }
 
@@ -1699,7 +1766,10 @@ impl<'s> SessionContext<'s> {
                         .collect()
                 };
                 if !lazy.is_empty() {
-                    if let Err(error) = self.jit.link(library.id, None, None, &lazy, Publish::Yes) {
+                    if let Err(error) =
+                        self.jit
+                            .link(library.id, None, None, &lazy, Publish::Yes, false)
+                    {
                         // The names stay undefined; this link fails with this error.
                         self.lazy_error.get_or_insert(error);
                     }
@@ -1846,7 +1916,8 @@ struct ModuleInner {
     /// The modules that refer to this one.
     users: Mutex<Vec<Weak<ModuleInner>>>,
     /// The plugins told of the module's load, to be told of its free.
-    announced: Mutex<Option<Announced>>,
+    /// (Boxed: most sessions have no plugin, and every module pays for the field.)
+    announced: Mutex<Option<Box<Announced>>>,
     allocation: FinalizedAllocation,
 }
 

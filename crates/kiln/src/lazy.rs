@@ -676,7 +676,14 @@ impl Jit {
             ))
         };
         let (stubs, _) = self
-            .link(lib, Some(object), shown, &[], crate::jit::Publish::Yes)?
+            .link(
+                lib,
+                Some(object),
+                shown,
+                &[],
+                crate::jit::Publish::Yes,
+                false,
+            )?
             .ok_or_else(|| Error::Unsupported("the stub object linked nothing".into()))?;
         let slots_name = slots_symbol(first);
         let placed: Option<Vec<(u64, u64)>> = stubs.symbol(&slots_name).and_then(|slots| {

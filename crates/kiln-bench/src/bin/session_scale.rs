@@ -34,6 +34,9 @@ struct Args {
     /// Module counts to measure.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
     modules: Vec<usize>,
+    /// Link-and-remove cycles of the churn figure (0: not run).
+    #[arg(long, default_value_t = 100_000)]
+    churn: usize,
     /// Largest count cranelift-jit is run with.
     #[arg(long, default_value_t = 100_000)]
     jit_max: usize,
@@ -134,8 +137,7 @@ fn compile<M: Module>(
         b.finalize(module.target_config());
     }
     let isa = module.isa();
-    ctx.compile(isa, &mut Default::default())
-        .expect("compile");
+    ctx.compile(isa, &mut Default::default()).expect("compile");
     let compiled = ctx.compiled_code().expect("compiled");
     let align = (compiled.buffer.alignment as u64)
         .max(isa.function_alignment().minimum as u64)
@@ -367,6 +369,49 @@ fn run_kiln(n: usize) {
     ]);
 }
 
+/// A JIT that keeps a runtime module and churns small modules: `n` cycles of compile,
+/// link, call, remove. Heap and RSS are read after the first tenth and at the end (they
+/// must stay flat), and the session's memory figures after the last removal (resident
+/// never above mapped).
+fn run_kiln_churn(n: usize) {
+    let isa = isa(true);
+    let (jit, _runtime) = kiln_session(&isa);
+    let main = jit.main_library();
+    let mut fbc = FunctionBuilderContext::new();
+    let mut ctx = cranelift_codegen::Context::new();
+    let mut marks = Vec::new();
+    for k in 0..n {
+        // Module 4 * k' computes with the runtime's global (a module that uses another).
+        let i = (k % 1000) * 4;
+        let bytes = object_for(&isa, i, &mut fbc, &mut ctx, &mut Duration::default());
+        let module = jit.link_object(main, "churn.o", bytes).expect("link");
+        let address = module.symbol(&format!("f_{i}")).expect("f_i");
+        // SAFETY: f_i is `i64 f(i64)`, linked just now, alive until removed below.
+        let f: extern "C" fn(i64) -> i64 = unsafe { std::mem::transmute(address as usize) };
+        assert_eq!(f(-5), expected(i, -5), "f_{i}");
+        jit.remove_module(&module).expect("remove");
+        drop(module);
+        if (k + 1) % (n / 10).max(1) == 0 {
+            marks.push((ProcessMemory::now().rss, CountingAllocator::live_bytes()));
+        }
+    }
+    let stats = jit.memory_stats();
+    let (rss_first, heap_first) = marks.first().copied().unwrap_or_default();
+    let (rss_last, heap_last) = marks.last().copied().unwrap_or_default();
+    result(&[
+        ("n", n as f64),
+        ("rss_first_kib", rss_first as f64 / 1024.0),
+        ("rss_last_kib", rss_last as f64 / 1024.0),
+        ("heap_first_kib", heap_first as f64 / 1024.0),
+        ("heap_last_kib", heap_last as f64 / 1024.0),
+        ("mapped_kib", stats.bytes_mapped as f64 / 1024.0),
+        (
+            "resident_kib",
+            stats.bytes_resident.unwrap_or(0) as f64 / 1024.0,
+        ),
+    ]);
+}
+
 fn run_cranelift_jit(n: usize) {
     let isa = isa(false);
     let mut builder = cranelift_jit::JITBuilder::with_isa(isa.clone(), default_libcall_names());
@@ -454,12 +499,15 @@ fn main() {
             "kiln" => run_kiln(n),
             "kiln1" => run_kiln_threads(n, 1),
             "kiln2" => run_kiln_threads(n, 2),
+            "churn" => run_kiln_churn(n),
             "cranelift-jit" => run_cranelift_jit(n),
             other => panic!("unknown contender {other}"),
         }
         return;
     }
-    println!("one function per module, Cranelift 0.135 code, compiled between links as a JIT does;");
+    println!(
+        "one function per module, Cranelift 0.135 code, compiled between links as a JIT does;"
+    );
     println!("per module unless said; each contender in its own process; memory read before the first module's object exists\n");
     for &n in &args.modules {
         println!("N = {n}");
@@ -566,5 +614,35 @@ fn main() {
             );
         }
         println!();
+    }
+    if args.churn > 0 {
+        let n = args.churn;
+        match run_child(&[
+            "--contender".into(),
+            "churn".into(),
+            "--modules".into(),
+            n.to_string(),
+        ]) {
+            Ok(r) if !r.is_empty() => {
+                let r = &r[0];
+                let heap = field(r, "heap_last_kib") - field(r, "heap_first_kib");
+                let rss = field(r, "rss_last_kib") - field(r, "rss_first_kib");
+                let (mapped, resident) = (field(r, "mapped_kib"), field(r, "resident_kib"));
+                println!(
+                    "churn: {n} cycles of compile, link, call, remove (a runtime module kept)"
+                );
+                println!(
+                    "  heap from the first tenth to the end: {heap:+.0} KiB ({:.1} B per cycle), RSS {rss:+.0} KiB; flat (< 8 B per cycle): {}",
+                    heap * 1024.0 / (n as f64 * 0.9),
+                    verdict(heap * 1024.0 / (n as f64 * 0.9) < 8.0)
+                );
+                println!(
+                    "  after the last removal: mapped {mapped:.0} KiB, resident {resident:.0} KiB; resident <= mapped: {}",
+                    verdict(resident <= mapped)
+                );
+            }
+            Ok(_) => println!("churn: printed no result"),
+            Err(e) => println!("churn: failed: {e}"),
+        }
     }
 }
