@@ -137,7 +137,7 @@ benchmarks() {
     "$TARGET"/release/many_modules --modules 500 --no-syscalls
     "$TARGET"/release/alloc_throughput --ops 5000
     "$TARGET"/release/tls_access --iterations 1000000 --runs 1
-    "$TARGET"/release/session_scale --modules 200
+    "$TARGET"/release/session_scale --modules 200 --churn 2000
     "$TARGET"/release/debug_support --rounds 2 --modules 200 --gdb-modules 50
     "$TARGET"/release/capi_overhead --rounds 3 --batches 1
     "$TARGET"/release/cache_figures --functions 200 --runs 2
