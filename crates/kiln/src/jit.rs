@@ -1380,17 +1380,14 @@ impl Jit {
     /// # Ok(()) }
     /// ```
     pub fn remove_modules(&self, modules: &[Module]) -> Result<(), Error> {
-        // Members by id (a module listed twice counts once).
-        let index: FxHashMap<u64, usize> = modules
+        // Members by identity (a module listed twice counts once).
+        let key = |m: &ModuleInner| m as *const ModuleInner;
+        let index: FxHashMap<*const ModuleInner, usize> = modules
             .iter()
             .enumerate()
-            .map(|(i, m)| (m.inner.id, i))
+            .map(|(i, m)| (key(&m.inner), i))
             .collect();
-        let in_set = |m: &ModuleInner| {
-            index
-                .get(&m.id)
-                .is_some_and(|&i| std::ptr::eq(&*modules[i].inner, m))
-        };
+        let in_set = |m: &ModuleInner| index.contains_key(&key(m));
         // Users outside the set (live, or still listed) refuse the whole removal.
         for module in modules {
             let library = self.library(module.inner.library)?;
@@ -1415,24 +1412,24 @@ impl Jit {
         // Users first (Kahn's order): a member goes once no remaining member uses it.
         let mut users_left = vec![0usize; modules.len()];
         for (i, m) in modules.iter().enumerate() {
-            if index.get(&m.inner.id) != Some(&i) {
+            if index.get(&key(&m.inner)) != Some(&i) {
                 continue; // a repeat
             }
             for used in m.inner.uses.iter() {
-                if let Some(&j) = index.get(&used.inner.id) {
+                if let Some(&j) = index.get(&key(&used.inner)) {
                     users_left[j] += 1;
                 }
             }
         }
         let mut ready: Vec<usize> = (0..modules.len())
-            .filter(|&i| index.get(&modules[i].inner.id) == Some(&i) && users_left[i] == 0)
+            .filter(|&i| index.get(&key(&modules[i].inner)) == Some(&i) && users_left[i] == 0)
             .collect();
         let mut removed = 0;
         while let Some(i) = ready.pop() {
             self.remove_module(&modules[i])?;
             removed += 1;
             for used in modules[i].inner.uses.iter() {
-                if let Some(&j) = index.get(&used.inner.id) {
+                if let Some(&j) = index.get(&key(&used.inner)) {
                     users_left[j] -= 1;
                     if users_left[j] == 0 {
                         ready.push(j);
