@@ -55,6 +55,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why a cache or compiler operation failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CacheError {
     /// A file or socket operation.
     #[error("{what}: {source}")]

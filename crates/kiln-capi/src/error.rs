@@ -56,26 +56,19 @@ impl kiln_error {
 
 impl From<kiln::Error> for kiln_error {
     fn from(error: kiln::Error) -> Self {
-        use kiln::Error as E;
-        let status = match &error {
-            E::Link(kiln::LinkError::UndefinedSymbols { .. }) | E::SymbolNotFound(_) => {
-                kiln_status::KILN_ERR_UNDEFINED_SYMBOL
-            }
-            E::Link(kiln::LinkError::Memory(_)) | E::Memory(_) => kiln_status::KILN_ERR_MEMORY,
-            E::Link(_) | E::UnknownInput { .. } => kiln_status::KILN_ERR_LINK,
-            E::Io { .. } => kiln_status::KILN_ERR_IO,
-            E::LibraryNotFound { .. } | E::SharedLibrary { .. } | E::LinkerScript { .. } => {
-                kiln_status::KILN_ERR_LIBRARY
-            }
-            E::Remote(_) | E::Executor(_) => kiln_status::KILN_ERR_EXECUTOR,
-            E::UnknownLibrary(_) => kiln_status::KILN_ERR_INVALID_ARGUMENT,
-            E::Redefinition { .. } => kiln_status::KILN_ERR_REDEFINITION,
-            E::Compile(_) | E::LazyCompile { .. } => kiln_status::KILN_ERR_COMPILE,
-            E::NotLazy(_) => kiln_status::KILN_ERR_INVALID_ARGUMENT,
-            E::Unsupported(_) => kiln_status::KILN_ERR_EXECUTOR,
-            E::ModuleInUse { .. } | E::RemovedDuringLink { .. } => {
-                kiln_status::KILN_ERR_MODULE_IN_USE
-            }
+        // Matched on the kind, exhaustively: a new kind of error needs a status here.
+        use kiln::ErrorKind as K;
+        let status = match error.kind() {
+            K::UndefinedSymbol => kiln_status::KILN_ERR_UNDEFINED_SYMBOL,
+            K::Memory => kiln_status::KILN_ERR_MEMORY,
+            K::Link => kiln_status::KILN_ERR_LINK,
+            K::Io => kiln_status::KILN_ERR_IO,
+            K::Library => kiln_status::KILN_ERR_LIBRARY,
+            K::Executor | K::Unsupported => kiln_status::KILN_ERR_EXECUTOR,
+            K::InvalidArgument => kiln_status::KILN_ERR_INVALID_ARGUMENT,
+            K::Redefinition => kiln_status::KILN_ERR_REDEFINITION,
+            K::Compile => kiln_status::KILN_ERR_COMPILE,
+            K::ModuleInUse => kiln_status::KILN_ERR_MODULE_IN_USE,
         };
         kiln_error::new(status, error.to_string())
     }

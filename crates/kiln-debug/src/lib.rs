@@ -40,6 +40,7 @@ pub use lines::{debug_module, ObjectPlacement};
 
 /// Why debug information could not be built for an object.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DebugError {
     /// The object is not a well-formed ELF64 little-endian object.
     #[error("{object}: {what}")]

@@ -37,6 +37,7 @@ use syntax::{Extern, Function, Item, SyntaxError, Type};
 
 /// Why loading or running a program failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LangError {
     /// The source does not parse.
     #[error("syntax error at {0}")]
@@ -105,14 +106,13 @@ struct Compiler {
 }
 
 impl LazyCompiler for Compiler {
-    fn compile(&self, name: &str) -> Result<Vec<u8>, String> {
+    fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::CompileError> {
         let definitions = self.definitions.read();
         let f = definitions
             .functions
             .get(name)
             .ok_or_else(|| format!("no function {name}"))?;
-        let object =
-            codegen::compile_object(&self.isa, f, &*definitions).map_err(|e| e.to_string())?;
+        let object = codegen::compile_object(&self.isa, f, &*definitions)?;
         self.compiled.fetch_add(1, Ordering::Relaxed);
         Ok(object)
     }

@@ -34,6 +34,7 @@ impl fmt::Display for MissingSymbols {
 
 /// Why a link failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LinkError {
     /// The bytes are not a valid ELF file, or a table in it is out of bounds.
     #[error("{object}: malformed object: {what}")]
@@ -151,12 +152,13 @@ pub enum LinkError {
         align: u32,
     },
     /// A pass of the link's client failed.
-    #[error("link pass '{pass}' failed: {message}")]
+    #[error("link pass '{pass}' failed: {source}")]
     Pass {
         /// The pass's name.
         pass: String,
         /// What it said.
-        message: String,
+        #[source]
+        source: crate::PassError,
     },
     /// Two strong definitions of one symbol.
     #[error("duplicate symbol '{symbol}': defined in {first} and in {second}")]

@@ -220,9 +220,9 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                     for (at, pass) in options.passes {
                         if at == point {
                             let mut view = GraphView::new(self, *point);
-                            pass.run(&mut view).map_err(|message| LinkError::Pass {
+                            pass.run(&mut view).map_err(|source| LinkError::Pass {
                                 pass: pass.name().to_string(),
-                                message,
+                                source,
                             })?;
                             let Some(now) = clock.now() else { continue };
                             self.pass_times
@@ -377,9 +377,9 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             let (name, Def::External(address)) = (lossy(global.name), global.def) else {
                 continue;
             };
-            let function = self.linker.ctx.is_function(&name, address);
-            // Asked once: an unknown answer is remembered as "not a function".
-            self.linker.globals[g as usize].external_function = Some(function.unwrap_or(false));
+            // Asked once: an unknown answer (`Other`) is remembered as "not a function".
+            let kind = self.linker.ctx.symbol_kind(&name, address);
+            self.linker.globals[g as usize].external_function = Some(kind);
         }
         let linker = &self.linker;
         let s = &mut self.synthesized;
@@ -433,7 +433,9 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                                 let global = &linker.globals[g as usize];
                                 // Data is never reached through a stub: a call is assumed
                                 // to target a function, other references must know.
-                                let function = call || global.external_function == Some(true);
+                                let function = call
+                                    || global.external_function
+                                        == Some(crate::SymbolKind::Function);
                                 function
                                     && (matches!(global.def, Def::External(_))
                                         || (global.def == Def::Zero && call))

@@ -41,7 +41,7 @@ pub use link::{
     link, Export, ImageSegment, LinkContext, LinkCounts, LinkOptions, LinkTimes, LinkedModule,
     PlacedSection, SymbolInfo, SymbolKind, TlsTemplate, MAX_TLS_BLOCK,
 };
-pub use pass::{GraphEdge, GraphSection, GraphView, LinkPass, PassPoint};
+pub use pass::{GraphEdge, GraphSection, GraphView, LinkPass, PassError, PassPoint};
 pub use symbol_scan::{scan_symbols, ObjectSymbols};
 
 /// Checks that `data` is an ELF relocatable object for `architecture` — every table it

@@ -52,12 +52,12 @@ pub trait LinkContext {
         Err("this executor has no static TLS".into())
     }
 
-    /// Whether the symbol `name`, which [`LinkContext::resolve`] found at `address`, is a
-    /// function (so that a far reference may go through a stub) rather than data. `None`
-    /// if unknown; such symbols get stubs only for calls.
-    fn is_function(&mut self, name: &str, address: u64) -> Option<bool> {
+    /// The kind of the symbol `name`, which [`LinkContext::resolve`] found at `address`:
+    /// a [`SymbolKind::Function`] may be reached through a stub by any far reference,
+    /// anything else ([`SymbolKind::Other`] when unknown) only by calls.
+    fn symbol_kind(&mut self, name: &str, address: u64) -> SymbolKind {
         let _ = (name, address);
-        None
+        SymbolKind::Other
     }
 }
 

@@ -2,17 +2,17 @@
 //! stubs, a check of what is linked), and the view of the link graph they get.
 //!
 //! ```
-//! use kiln_link::{GraphView, LinkPass, PassPoint};
+//! use kiln_link::{GraphView, LinkPass, PassError, PassPoint};
 //!
 //! /// Fails any link that would put more than `limit` bytes of code in memory.
 //! struct CodeBudget { limit: u64 }
 //!
 //! impl LinkPass for CodeBudget {
 //!     fn name(&self) -> &str { "code-budget" }
-//!     fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), String> {
+//!     fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), PassError> {
 //!         let code: u64 = graph.sections().iter().filter(|s| s.code).map(|s| s.size).sum();
 //!         if code > self.limit {
-//!             return Err(format!("{code} bytes of code, over the budget of {}", self.limit));
+//!             return Err(format!("{code} bytes of code, over the budget of {}", self.limit).into());
 //!         }
 //!         Ok(())
 //!     }
@@ -45,8 +45,12 @@ pub trait LinkPass: Send + Sync {
     fn name(&self) -> &str;
     /// Runs it. An error fails the link with [`LinkError::Pass`](crate::LinkError::Pass);
     /// nothing of the link is kept.
-    fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), String>;
+    fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), PassError>;
 }
+
+/// Why a pass failed: any error (a string converts: `Err("why".into())`); kept as the
+/// [`LinkError::Pass`](crate::LinkError::Pass)'s source.
+pub type PassError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A loaded section, as a pass sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -46,7 +46,7 @@ pub(crate) struct Global<'a> {
     pub(crate) name: &'a [u8],
     pub(crate) def: Def,
     /// For externals: whether the host symbol is a function.
-    pub(crate) external_function: Option<bool>,
+    pub(crate) external_function: Option<crate::SymbolKind>,
     pub(crate) first_ref: Option<u32>,
     pub(crate) strong_ref: bool,
     pub(crate) tls: bool,

@@ -49,8 +49,12 @@ impl LinkContext for Ctx {
     fn place_static_tls(&mut self, _: u64, _: &[u8], _: u64, _: u64) -> Result<i64, String> {
         self.tp_offset.ok_or_else(|| "no static TLS here".into())
     }
-    fn is_function(&mut self, name: &str, _: u64) -> Option<bool> {
-        Some(name.starts_with("fn_"))
+    fn symbol_kind(&mut self, name: &str, _: u64) -> kiln_link::SymbolKind {
+        if name.starts_with("fn_") {
+            kiln_link::SymbolKind::Function
+        } else {
+            kiln_link::SymbolKind::Data
+        }
     }
 }
 

@@ -18,6 +18,7 @@ use std::sync::{Arc, Once};
 
 /// Why compiling with Kiln's memory failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// LLVM refused to create the engine.
     #[error("creating the MCJIT engine: {0}")]

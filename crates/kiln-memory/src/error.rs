@@ -6,6 +6,7 @@ use std::io;
 /// An error from a [`Mapper`](crate::Mapper): a system call that failed, or a request the
 /// mapper cannot honour.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum MapperError {
     /// A system call failed.
     #[error("{operation} of {len:#x} bytes at {address:#x} failed: {source}")]
@@ -56,6 +57,7 @@ impl MapperError {
 /// An error from the memory manager: an allocation that cannot be made, or a mapper that
 /// failed underneath.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum MemoryError {
     /// A size plus its alignment padding overflows the address space.
     #[error("segment {segment}: size {size:#x} with alignment {align:#x} overflows")]

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 /// Why talking to an executor failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RemoteError {
     /// Starting or reaching the executor failed.
     #[error("cannot start or reach the executor: {0}")]

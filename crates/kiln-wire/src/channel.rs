@@ -25,6 +25,7 @@ pub enum Stream {
 
 /// Why a channel operation failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ChannelError {
     /// The peer closed the connection.
     #[error("connection closed by the peer")]

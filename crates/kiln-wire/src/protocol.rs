@@ -45,6 +45,7 @@ pub const MAX_ITEMS: usize = 1 << 20;
 
 /// Why a frame could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DecodeError {
     /// The frame ended before a field.
     #[error("message truncated: {0}")]

@@ -44,6 +44,7 @@ pub const KEY_FILE_ENV: &str = "KILN_EXECUTOR_KEY_FILE";
 
 /// Why a key could not be had.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeyError {
     /// The file could not be read or written.
     #[error("{path}: {source}")]

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 /// Why a session operation failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// Linking failed.
     #[error(transparent)]
@@ -92,12 +93,13 @@ pub enum Error {
         used: String,
     },
     /// A lazy function's compile or link failed.
-    #[error("lazy function {function}: {reason}")]
+    #[error("lazy function {function}: {source}")]
     LazyCompile {
         /// The function.
         function: String,
-        /// Why.
-        reason: String,
+        /// Why: the compiler's error, or Kiln's words.
+        #[source]
+        source: crate::lazy::CompileError,
     },
     /// A name that is not a lazy function of the library.
     #[error("'{0}' is not a lazy function of this library")]
@@ -111,4 +113,63 @@ pub enum Error {
         /// The file.
         path: PathBuf,
     },
+}
+
+/// What kind of failure an [`Error`] is: a classification that callers mapping errors to
+/// their own codes (the C API's statuses) match exhaustively, while [`Error`] itself may
+/// grow variants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// A name nobody defines (in a link or a lookup).
+    UndefinedSymbol,
+    /// Memory could not be reserved, mapped or protected.
+    Memory,
+    /// A malformed or unsupported input, or a link that failed.
+    Link,
+    /// A file could not be read.
+    Io,
+    /// A library (`-l`, a shared library, a linker script) was not found or not usable.
+    Library,
+    /// The executor failed or answered something unexpected.
+    Executor,
+    /// An argument that cannot be right (another session's library, a name that is not
+    /// a lazy function).
+    InvalidArgument,
+    /// A name defined twice in one library.
+    Redefinition,
+    /// A source or a lazy function did not compile.
+    Compile,
+    /// A module that live modules use.
+    ModuleInUse,
+    /// Something this session or executor cannot do.
+    Unsupported,
+}
+
+impl Error {
+    /// The error's kind.
+    ///
+    /// ```
+    /// let error = kiln::Error::SymbolNotFound("nowhere".into());
+    /// assert_eq!(error.kind(), kiln::ErrorKind::UndefinedSymbol);
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        use ErrorKind as K;
+        match self {
+            Error::Link(LinkError::UndefinedSymbols { .. }) | Error::SymbolNotFound(_) => {
+                K::UndefinedSymbol
+            }
+            Error::Link(LinkError::Memory(_)) | Error::Memory(_) => K::Memory,
+            Error::Link(_) | Error::UnknownInput { .. } => K::Link,
+            Error::Io { .. } => K::Io,
+            Error::LibraryNotFound { .. }
+            | Error::SharedLibrary { .. }
+            | Error::LinkerScript { .. } => K::Library,
+            Error::Remote(_) | Error::Executor(_) => K::Executor,
+            Error::UnknownLibrary(_) | Error::NotLazy(_) => K::InvalidArgument,
+            Error::Redefinition { .. } => K::Redefinition,
+            Error::Compile(_) | Error::LazyCompile { .. } => K::Compile,
+            Error::ModuleInUse { .. } | Error::RemovedDuringLink { .. } => K::ModuleInUse,
+            Error::Unsupported(_) => K::Unsupported,
+        }
+    }
 }

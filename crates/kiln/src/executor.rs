@@ -292,7 +292,7 @@ impl Executor {
                     .iter()
                     // The kind is left unknown: in process it is asked for only when a
                     // link needs it (`dladdr` per symbol is most of a lookup's cost).
-                    .map(|n| runtime::dlsym(handle, n).map(|a| (a, None)))
+                    .map(|n| runtime::dlsym(handle, n).map(|a| (a, kiln_link::SymbolKind::Other)))
                     .collect())
             }
             Kind::Remote { remote, .. } => match remote.request(&Request::LookupMany {
@@ -301,7 +301,7 @@ impl Executor {
             })? {
                 Response::Symbols(list) if list.len() == names.len() => Ok(list
                     .into_iter()
-                    .map(|(a, k)| (a != 0).then_some((a, kind_from_wire(k))))
+                    .map(|(a, k)| (a != 0).then_some((a, symbol_kind(kind_from_wire(k)))))
                     .collect()),
                 other => Err(Error::Executor(format!("unexpected answer {other:?}"))),
             },
@@ -638,5 +638,14 @@ impl crate::SymbolGenerator for ExecutorSymbols {
         self.executor
             .lookup_many(self.library, symbols)
             .unwrap_or_else(|_| vec![None; symbols.len()])
+    }
+}
+
+/// A symbol's kind from what the executor knows (whether it is a function, if it knows).
+pub(crate) fn symbol_kind(is_function: Option<bool>) -> kiln_link::SymbolKind {
+    match is_function {
+        Some(true) => kiln_link::SymbolKind::Function,
+        Some(false) => kiln_link::SymbolKind::Data,
+        None => kiln_link::SymbolKind::Other,
     }
 }

@@ -1,7 +1,10 @@
 //! Symbol generators: where a library finds definitions its modules do not have.
 
-/// A symbol found by a generator: its address and whether it is a function, if known.
-pub type Found = (u64, Option<bool>);
+use kiln_link::SymbolKind;
+
+/// A symbol found by a generator: its address and its kind ([`SymbolKind::Other`] when
+/// the generator does not know: the link asks the executor if it needs to).
+pub type Found = (u64, SymbolKind);
 
 /// Supplies addresses for names nobody in a library defines.
 ///
@@ -15,7 +18,7 @@ pub trait SymbolGenerator: Send {
     /// The address of `symbol` and whether it is a function (if the generator knows: a
     /// far reference to a function can go through a stub, to data it cannot).
     fn generate_with_kind(&mut self, symbol: &str) -> Option<Found> {
-        self.generate(symbol).map(|a| (a, None))
+        self.generate(symbol).map(|a| (a, SymbolKind::Other))
     }
 
     /// [`SymbolGenerator::generate_with_kind`] for many names at once, in order.

@@ -19,20 +19,26 @@ mod debug_support;
 mod error;
 mod executor;
 mod generator;
+mod inputs;
 mod jit;
 pub mod lazy;
+mod library;
 pub mod library_search;
+mod link_job;
+mod module;
 mod plugin;
+mod resolve;
 
 pub use debug_support::{DebugListener, DebugSupport};
-pub use error::Error;
+pub use error::{Error, ErrorKind};
 pub use executor::{default_executor_path, Executor, ExecutorSymbols, Transport};
 pub use generator::{FnGenerator, Found, SymbolGenerator};
-pub use jit::{map_file, Jit, JitBuilder, LibraryId, LinkReport, Module};
+pub use inputs::map_file;
+pub use jit::{Jit, JitBuilder};
 pub use kiln_cache::{Compiler, ObjectCache, SystemCompiler};
 pub use kiln_link::{
-    Architecture, GraphEdge, GraphSection, GraphView, LinkPass, PassPoint, PlacedSection,
-    SymbolInfo, SymbolKind,
+    Architecture, GraphEdge, GraphSection, GraphView, LinkPass, PassError, PassPoint,
+    PlacedSection, SymbolInfo, SymbolKind,
 };
 pub use kiln_link::{LinkCounts, LinkError, LinkTimes};
 pub use kiln_memory::{
@@ -40,5 +46,8 @@ pub use kiln_memory::{
 };
 pub use kiln_remote::secure::Key;
 pub use kiln_remote::{RemoteError, Sandbox, Timeouts};
-pub use lazy::{CodeGuard, CodeThread, LazyCompiler, LazyFailure};
+pub use lazy::{CodeGuard, CodeThread, CompileError, LazyCompiler, LazyFailure};
+pub use library::LibraryId;
+pub use link_job::LinkReport;
+pub use module::Module;
 pub use plugin::{LoadedModule, Plugin, PluginError, PluginFailure, PluginRegistration};

@@ -21,7 +21,7 @@ struct Table {
 }
 
 impl LazyCompiler for Table {
-    fn compile(&self, name: &str) -> Result<Vec<u8>, String> {
+    fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::CompileError> {
         self.compiles.fetch_add(1, Ordering::SeqCst);
         std::thread::sleep(self.delay);
         if name == "panics" {
@@ -32,7 +32,7 @@ impl LazyCompiler for Table {
             .unwrap()
             .get(name)
             .cloned()
-            .ok_or_else(|| format!("no source for {name}"))
+            .ok_or_else(|| format!("no source for {name}").into())
     }
 
     fn compile_failed(&self, _: &str, _: &Error) -> Option<u64> {

@@ -50,7 +50,7 @@ impl LinkPass for Patcher {
     fn name(&self) -> &str {
         "patch-answer"
     }
-    fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), String> {
+    fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), kiln::PassError> {
         let mut seen = self.0.lock();
         seen.points.push(graph.point());
         let sections = graph.sections();
@@ -150,15 +150,17 @@ fn a_plugin_pass_sees_the_graph_and_patches_code_before_it_runs() {
 /// Refuses every link.
 struct Refuser;
 
+/// The refuser's own error type: it reaches the caller as the link error's source.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} objects are too many")]
+struct TooMany(usize);
+
 impl LinkPass for Refuser {
     fn name(&self) -> &str {
         "refuser"
     }
-    fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), String> {
-        Err(format!(
-            "{} objects are too many",
-            graph.object_names().len()
-        ))
+    fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), kiln::PassError> {
+        Err(Box::new(TooMany(graph.object_names().len())))
     }
 }
 
@@ -182,9 +184,11 @@ fn a_failing_pass_fails_the_link_and_leaves_the_library_as_it_was() {
         .link_object(lib, "helper.o", compile("helper", HELPER))
         .unwrap_err();
     match &err {
-        Error::Link(kiln::LinkError::Pass { pass, message }) => {
+        Error::Link(kiln::LinkError::Pass { pass, source }) => {
             assert_eq!(pass, "refuser");
-            assert!(message.contains("1 objects are too many"), "{message}");
+            // The pass's own error, typed, with its words in the message.
+            assert_eq!(source.downcast_ref::<TooMany>().map(|e| e.0), Some(1));
+            assert!(err.to_string().contains("1 objects are too many"), "{err}");
         }
         other => panic!("{other}"),
     }

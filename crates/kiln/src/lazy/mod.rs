@@ -35,7 +35,10 @@
 //! runs its code, as for modules); a stub still held then leads back into Kiln, which
 //! finds no function and returns 0.
 
-use crate::jit::{Jit, LibraryId, Module};
+use crate::jit::Jit;
+use crate::library::LibraryId;
+use crate::link_job::LinkRequest;
+use crate::module::Module;
 use crate::Error;
 use kiln_executor::lazy_entry;
 use kiln_link::ObjectInput;
@@ -44,6 +47,7 @@ use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::ThreadId;
+use stub_object::{slots_symbol, stub_object, STUB_ENTRY};
 
 /// Compiles the functions of call-through stubs, on their first call.
 ///
@@ -53,7 +57,7 @@ pub trait LazyCompiler: Send + Sync {
     /// An ELF relocatable object for the session's architecture that defines `name` (a
     /// global function); its other names resolve as the stub's library resolves them
     /// (other lazy functions through their stubs).
-    fn compile(&self, name: &str) -> Result<Vec<u8>, String>;
+    fn compile(&self, name: &str) -> Result<Vec<u8>, CompileError>;
 
     /// Where calls to `name` go when its compile or link failed: the address of a
     /// function with the same signature (one that returns an error value, say) in the
@@ -66,6 +70,10 @@ pub trait LazyCompiler: Send + Sync {
         None
     }
 }
+
+/// Why a [`LazyCompiler`] could not compile a function: any error (a string converts:
+/// `Err("why".into())`), kept as [`Error::LazyCompile`]'s source.
+pub type CompileError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A compile or link of a lazy function that failed.
 #[derive(Debug, Clone)]
@@ -244,7 +252,7 @@ impl LazyFunction {
                     drop(body);
                     let error = Error::LazyCompile {
                         function: self.name.to_string(),
-                        reason: "called while it is being compiled, on the compiling thread".into(),
+                        source: "called while it is being compiled, on the compiling thread".into(),
                     };
                     self.record(&error);
                     return std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -262,7 +270,7 @@ impl LazyFunction {
             .unwrap_or_else(|_| {
                 Err(Error::LazyCompile {
                     function: self.name.to_string(),
-                    reason: "the compiler panicked".into(),
+                    source: "the compiler panicked".into(),
                 })
             });
         let mut body = self.body.lock();
@@ -314,15 +322,15 @@ impl LazyFunction {
     fn build(&self) -> Result<(u64, Module), Error> {
         let inner = self.session.upgrade().ok_or_else(|| Error::LazyCompile {
             function: self.name.to_string(),
-            reason: "its session is gone".into(),
+            source: "its session is gone".into(),
         })?;
         let jit = Jit::from_inner(inner);
         let object = self
             .compiler
             .compile(&self.name)
-            .map_err(|reason| Error::LazyCompile {
+            .map_err(|source| Error::LazyCompile {
                 function: self.name.to_string(),
-                reason,
+                source,
             })?;
         jit.link_body(self.library, &self.name, object)
     }
@@ -347,7 +355,8 @@ impl LazyFunction {
     fn record(&self, error: &Error) {
         tracing::warn!(function = %self.name, %error, "lazy compile failed");
         if let Some(inner) = self.session.upgrade() {
-            let mut failures = inner.lazy.failures.lock();
+            let lazy = inner.extensions.get::<LazyFunctions>();
+            let mut failures = lazy.failures.lock();
             if failures.len() < 1024 {
                 failures.push(LazyFailure {
                     function: self.name.to_string(),
@@ -358,205 +367,11 @@ impl LazyFunction {
     }
 }
 
-/// The x86-64 stub object for `names`: each stub ([`STUB_SIZE`] bytes) is `endbr64; jmp
-/// *slot(%rip)`, and at [`STUB_ENTRY`] its entry `endbr64; push $id; jmp common`; `common`
-/// is `jmp *entry(%rip)`; `.data` holds the slots (first pointing at the entries), then the
-/// entry's address. Both the stub (called through function pointers) and its entry
-/// (reached by `jmp *slot`) are indirect-branch targets, so both start with the landing
-/// pad IBT requires; the gaps are `int3`.
-///
-/// For debuggers (`shown`), the same object without the functions' names: only the local
-/// `NAME.stub` symbols, so that `break NAME` finds the body, not the stub.
-///
-/// Written with Kiln's one ELF writer ([`kiln_elf`]) rather than `object::write`: its
-/// general tables (a hash of every symbol, a sorted, suffix-merged string table) cost 2 µs
-/// per stub, ten times the rest of defining one; this object has one fixed shape (sections
-/// `.text`, `.data`, their `.rela`, `.symtab`, `.strtab`, and the writer's
-/// `.note.GNU-stack` and `.shstrtab`).
-fn stub_object(names: &[&str], ids: &[u32], entry: u64, shown: bool) -> Vec<u8> {
-    use kiln_elf::{ElfWriter, FileKind, Section, SymbolTable};
-    use object::elf;
-    let n = names.len();
-    const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
-    let size = STUB_SIZE as usize;
-    let common = size * n;
-    // .text
-    let mut text = Vec::with_capacity(size * n + 8);
-    for (i, &id) in ids.iter().enumerate() {
-        text.extend_from_slice(&ENDBR64);
-        text.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0]); // jmp *slot(%rip)
-        text.resize(size * i + STUB_ENTRY as usize, 0xcc);
-        text.extend_from_slice(&ENDBR64);
-        text.push(0x68); // push $id
-        text.extend_from_slice(&id.to_le_bytes());
-        text.push(0xe9); // jmp common
-        let next = size * i + STUB_ENTRY as usize + 14;
-        text.extend_from_slice(&((common - next) as i32).to_le_bytes());
-        text.resize(size * (i + 1), 0xcc);
+impl Jit {
+    /// The session's lazy functions (made on first use).
+    fn lazy_functions(&self) -> Arc<LazyFunctions> {
+        self.inner().extensions.get::<LazyFunctions>()
     }
-    text.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0, 0xcc, 0xcc]); // jmp *entry(%rip)
-
-    // .data: the slots (relocated to the entries), then the entry's address.
-    let mut data = vec![0u8; 8 * (n + 1)];
-    data[8 * n..].copy_from_slice(&entry.to_le_bytes());
-    // Symbols: null, the two section symbols, the locals, then the globals.
-    const TEXT: elf::SymbolSection = elf::SymbolSection(1);
-    const DATA: elf::SymbolSection = elf::SymbolSection(2);
-    let name_bytes = names.iter().map(|n| 2 * n.len() + 5).sum::<usize>() + 32;
-    let symbols = 3 + if shown { n } else { 2 * n };
-    let mut symtab = SymbolTable::with_capacity(symbols, name_bytes);
-    for section in [TEXT, DATA] {
-        symtab.push(
-            b"",
-            elf::STB_LOCAL,
-            elf::STT_SECTION,
-            elf::STV_DEFAULT,
-            section,
-            0,
-            0,
-        );
-    }
-    let mut stub_name = String::new();
-    for (i, name) in names.iter().enumerate() {
-        stub_name.clear();
-        stub_name.push_str(name);
-        stub_name.push_str(".stub");
-        let at = STUB_SIZE * i as u64;
-        let (bind, kind, visibility) = (elf::STB_LOCAL, elf::STT_FUNC, elf::STV_DEFAULT);
-        symtab.push(
-            stub_name.as_bytes(),
-            bind,
-            kind,
-            visibility,
-            TEXT,
-            at,
-            STUB_SIZE,
-        );
-    }
-    let first_global = symtab.len();
-    let slots = slots_symbol(ids.first().copied().unwrap_or(0));
-    // Hidden: the module's, not the library's.
-    let (bind, kind, visibility) = (elf::STB_GLOBAL, elf::STT_OBJECT, elf::STV_HIDDEN);
-    symtab.push(
-        slots.as_bytes(),
-        bind,
-        kind,
-        visibility,
-        DATA,
-        0,
-        8 * n as u64,
-    );
-    if !shown {
-        // The name resolves to the stub, but has no size: profilers and debuggers name
-        // the stub's 32 bytes `NAME.stub`, and the body `NAME`.
-        for (i, name) in names.iter().enumerate() {
-            let (bind, kind, visibility) = (elf::STB_GLOBAL, elf::STT_FUNC, elf::STV_DEFAULT);
-            symtab.push(
-                name.as_bytes(),
-                bind,
-                kind,
-                visibility,
-                TEXT,
-                STUB_SIZE * i as u64,
-                0,
-            );
-        }
-    }
-    // Relocations against the section symbols (1: .text, 2: .data).
-    let rela = |out: &mut Vec<u8>, offset: usize, sym: u64, kind: u32, addend: i64| {
-        out.extend_from_slice(&(offset as u64).to_le_bytes());
-        out.extend_from_slice(&((sym << 32) | u64::from(kind)).to_le_bytes());
-        out.extend_from_slice(&addend.to_le_bytes());
-    };
-    let mut rela_text = Vec::with_capacity(24 * (n + 1));
-    let mut rela_data = Vec::with_capacity(24 * n);
-    for i in 0..n {
-        let pc32 = elf::R_X86_64_PC32.0;
-        rela(&mut rela_text, size * i + 6, 2, pc32, 8 * i as i64 - 4);
-        let abs64 = elf::R_X86_64_64.0;
-        let entry = (size * i) as i64 + STUB_ENTRY as i64;
-        rela(&mut rela_data, 8 * i, 1, abs64, entry);
-    }
-    let pc32 = elf::R_X86_64_PC32.0;
-    rela(&mut rela_text, common + 2, 2, pc32, 8 * n as i64 - 4);
-
-    // The file: header, contents, section headers (1 .text, 2 .data, 3 .rela.text,
-    // 4 .rela.data, 5 .symtab, 6 .strtab).
-    let bytes = text.len() + data.len() + rela_text.len() + rela_data.len();
-    let bytes = bytes + symtab.symbols().len() + symtab.strings().len();
-    let mut w = ElfWriter::with_capacity(FileKind::Relocatable, elf::EM_X86_64, 0, bytes);
-    let no_flags = elf::SectionFlags(0);
-    let at = w.append(&text, 16);
-    let flags = elf::SHF_ALLOC | elf::SHF_EXECINSTR;
-    w.section(Section::new(
-        ".text",
-        elf::SHT_PROGBITS,
-        flags,
-        at,
-        text.len() as u64,
-        16,
-    ));
-    let at = w.append(&data, 8);
-    let flags = elf::SHF_ALLOC | elf::SHF_WRITE;
-    w.section(Section::new(
-        ".data",
-        elf::SHT_PROGBITS,
-        flags,
-        at,
-        data.len() as u64,
-        8,
-    ));
-    for (name, bytes, target) in [(".rela.text", &rela_text, 1), (".rela.data", &rela_data, 2)] {
-        let at = w.append(bytes, 8);
-        w.section(Section {
-            link: 5,
-            info: target,
-            entry_size: 24,
-            ..Section::new(
-                name,
-                elf::SHT_RELA,
-                elf::SHF_INFO_LINK,
-                at,
-                bytes.len() as u64,
-                8,
-            )
-        });
-    }
-    let at = w.append(symtab.symbols(), 8);
-    w.section(Section {
-        link: 6,
-        info: first_global,
-        entry_size: kiln_elf::SYM_SIZE as u64,
-        ..Section::new(
-            ".symtab",
-            elf::SHT_SYMTAB,
-            no_flags,
-            at,
-            symtab.symbols().len() as u64,
-            8,
-        )
-    });
-    let at = w.append(symtab.strings(), 1);
-    let size = symtab.strings().len() as u64;
-    w.section(Section::new(
-        ".strtab",
-        elf::SHT_STRTAB,
-        no_flags,
-        at,
-        size,
-        1,
-    ));
-    w.finish(0)
-}
-
-/// Bytes per call-through stub.
-const STUB_SIZE: u64 = 32;
-/// Where a stub's entry (`endbr64; push $id; jmp common`) starts in it.
-const STUB_ENTRY: u64 = 16;
-
-/// The hidden symbol at the slots of the stubs whose first id is `first`.
-fn slots_symbol(first: u32) -> String {
-    format!("__kiln_stub_slots.{first}")
 }
 
 impl Jit {
@@ -582,7 +397,7 @@ impl Jit {
     /// use std::sync::Arc;
     /// struct Answer;
     /// impl kiln::LazyCompiler for Answer {
-    ///     fn compile(&self, name: &str) -> Result<Vec<u8>, String> {
+    ///     fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::CompileError> {
     ///         // A real client runs its compiler here (Cranelift, LLVM, cc -c …).
     ///         Ok(kiln::lazy::testing::constant_function(name, 42))
     ///     }
@@ -634,7 +449,8 @@ impl Jit {
         }
         let mut seen = rustc_hash::FxHashSet::default();
         {
-            let by_name = self.inner().lazy.by_name.lock();
+            let lazy = self.lazy_functions();
+            let by_name = lazy.by_name.lock();
             for &name in names {
                 if name.is_empty() || name.contains('\0') {
                     return Err(Error::Unsupported(format!(
@@ -678,11 +494,10 @@ impl Jit {
         let (stubs, _) = self
             .link(
                 lib,
-                Some(object),
-                shown,
-                &[],
-                crate::jit::Publish::Yes,
-                false,
+                LinkRequest {
+                    shown,
+                    ..LinkRequest::module().with(object)
+                },
             )?
             .ok_or_else(|| Error::Unsupported("the stub object linked nothing".into()))?;
         let slots_name = slots_symbol(first);
@@ -722,7 +537,8 @@ impl Jit {
                 registry.insert(f.id, Arc::downgrade(f));
             }
         }
-        let mut by_name = self.inner().lazy.by_name.lock();
+        let lazy = self.lazy_functions();
+        let mut by_name = lazy.by_name.lock();
         for f in functions {
             by_name.insert((lib, f.name.clone()), f);
         }
@@ -739,9 +555,8 @@ impl Jit {
         name: &str,
         object: impl Into<Arc<[u8]>>,
     ) -> Result<u64, Error> {
-        let function = self
-            .inner()
-            .lazy
+        let lazy = self.lazy_functions();
+        let function = lazy
             .by_name
             .lock()
             .get(&(lib, Arc::from(name)))
@@ -763,7 +578,7 @@ impl Jit {
             old
         };
         if let Body::Ready { module, .. } = old {
-            let lazy = &self.inner().lazy;
+            let lazy = self.lazy_functions();
             lazy.retired.fetch_add(1, Ordering::SeqCst);
             let retired = lazy.retired.clone();
             let handle = lazy.collector.register();
@@ -781,14 +596,14 @@ impl Jit {
     /// ([`CodeThread::pin`]) around calls.
     pub fn register_thread(&self) -> CodeThread {
         CodeThread {
-            handle: self.inner().lazy.collector.register(),
+            handle: self.lazy_functions().collector.register(),
         }
     }
 
     /// Frees the retired bodies that no guard can reach any more (replacements do this
     /// too, as they go); returns how many are still retired.
     pub fn reclaim(&self) -> usize {
-        let handle = self.inner().lazy.collector.register();
+        let handle = self.lazy_functions().collector.register();
         // Each flush may advance the epoch once (a body is freed two epochs after it was
         // retired) and frees a bounded number of retired batches: flush until nothing
         // more comes free.
@@ -805,12 +620,14 @@ impl Jit {
 
     /// Replaced bodies not freed yet (a guard taken before their replacement is held).
     pub fn retired_bodies(&self) -> usize {
-        self.inner().lazy.retired.load(Ordering::SeqCst)
+        self.lazy_functions().retired.load(Ordering::SeqCst)
     }
 
     /// The lazy compiles that failed since the last call, oldest first (at most 1,024).
     pub fn lazy_failures(&self) -> Vec<LazyFailure> {
-        std::mem::take(&mut *self.inner().lazy.failures.lock())
+        let lazy = self.lazy_functions();
+        let failures = std::mem::take(&mut *lazy.failures.lock());
+        failures
     }
 
     /// Whether the lazy function `name` of `lib` has a body yet.
@@ -822,7 +639,8 @@ impl Jit {
     /// one (its stub is what [`Jit::lookup`] gives). Valid while the body is current, or
     /// while a [`CodeGuard`] taken before its replacement is held.
     pub fn body_address(&self, lib: LibraryId, name: &str) -> Result<Option<u64>, Error> {
-        let by_name = self.inner().lazy.by_name.lock();
+        let lazy = self.lazy_functions();
+        let by_name = lazy.by_name.lock();
         let function = by_name
             .get(&(lib, Arc::from(name)))
             .ok_or_else(|| Error::NotLazy(name.to_string()))?;
@@ -834,80 +652,5 @@ impl Jit {
     }
 }
 
-/// Helpers for examples and tests: tiny x86-64 objects without a compiler.
-pub mod testing {
-    /// An x86-64 ELF object defining `long name(void) { return value; }`.
-    pub fn constant_function(name: &str, value: i32) -> Vec<u8> {
-        let mut code = vec![0xb8]; // mov $value, %eax (sign-extended below)
-        code.extend_from_slice(&value.to_le_bytes());
-        code.extend_from_slice(&[0x48, 0x63, 0xc0, 0xc3]); // movslq %eax, %rax; ret
-        function_object(name, &code)
-    }
-
-    /// An x86-64 ELF object defining `name` as the global function `code`.
-    pub fn function_object(name: &str, code: &[u8]) -> Vec<u8> {
-        use object::write::{Object, StandardSection, Symbol, SymbolSection};
-        use object::{SymbolFlags, SymbolKind, SymbolScope};
-        let mut obj = Object::new(
-            object::BinaryFormat::Elf,
-            object::Architecture::X86_64,
-            object::Endianness::Little,
-        );
-        let text = obj.section_id(StandardSection::Text);
-        let offset = obj.append_section_data(text, code, 16);
-        obj.add_symbol(Symbol {
-            name: name.as_bytes().to_vec(),
-            value: offset,
-            size: code.len() as u64,
-            kind: SymbolKind::Text,
-            scope: SymbolScope::Dynamic,
-            weak: false,
-            section: SymbolSection::Section(text),
-            flags: SymbolFlags::None,
-        });
-        // Writing an object of one section and one symbol cannot fail.
-        obj.write().unwrap_or_default()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use object::{Object, ObjectSection, ObjectSymbol};
-
-    #[test]
-    fn the_stub_object_is_an_elf_object_other_tools_read() {
-        for shown in [false, true] {
-            let bytes = stub_object(&["alpha", "beta"], &[7, 8], 0x1122_3344_5566_7788, shown);
-            let file = object::File::parse(&*bytes).expect("parses");
-            // A relocatable object says its stack is not executable.
-            let stack = file
-                .section_by_name(".note.GNU-stack")
-                .expect(".note.GNU-stack");
-            assert_eq!(stack.size(), 0);
-            let text = file.section_by_name(".text").expect(".text");
-            assert_eq!(text.size(), 2 * STUB_SIZE + 8);
-            let code = text.data().expect("data");
-            // Every stub and every entry starts with a landing pad; the second stub's
-            // entry pushes its id.
-            for at in [0, 16, 32, 48] {
-                assert_eq!(&code[at..at + 4], &[0xf3, 0x0f, 0x1e, 0xfa], "at {at}");
-            }
-            assert_eq!(&code[32 + 20..32 + 25], &[0x68, 8, 0, 0, 0]);
-            let names: Vec<String> = file
-                .symbols()
-                .filter_map(|s| s.name().ok().map(str::to_string))
-                .collect();
-            assert!(names.contains(&"alpha.stub".to_string()), "{names:?}");
-            assert!(names.contains(&slots_symbol(7)), "{names:?}");
-            assert_eq!(names.contains(&"beta".to_string()), !shown, "{names:?}");
-            let data = file.section_by_name(".data").expect(".data");
-            assert_eq!(data.relocations().count(), 2);
-            assert_eq!(text.relocations().count(), 3);
-            assert_eq!(
-                &data.data().expect("data")[16..24],
-                &0x1122_3344_5566_7788u64.to_le_bytes()
-            );
-        }
-    }
-}
+mod stub_object;
+pub mod testing;

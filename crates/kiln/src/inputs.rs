@@ -1,0 +1,325 @@
+//! What a library is given: relocatable objects (now or lazily), static archives, C and
+//! C++ sources, symbol generators, the executor's process symbols and shared libraries.
+
+use crate::executor::ExecutorSymbols;
+use crate::generator::SymbolGenerator;
+use crate::jit::Jit;
+use crate::library::{describe, LazyObject, LibraryId};
+use crate::library_search::{find_library, search_dirs_for, LibraryFile};
+use crate::Error;
+use kiln_link::{ArchiveInput, ObjectInput};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A file's bytes, read once into memory the session shares (never copied again).
+pub(crate) fn read_file(path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync>, Error> {
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(Arc::new(bytes))
+}
+
+/// A file's bytes, shared: mapped when it is large (an archive: never copied, pages read
+/// as the link touches them), read when it is small — for a short-lived tool that adds
+/// them with [`Jit::add_object_shared`] or [`Jit::add_archive_shared`] (`kiln run` does).
+///
+/// A mapped file must not change while the session may read it: one rewritten in place
+/// gives the link inconsistent bytes, and one truncated makes a later read of its pages
+/// fault (`SIGBUS`). [`Jit::add_file`] and friends read files instead.
+pub fn map_file(path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync>, Error> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len < 64 << 10 {
+        let mut bytes = Vec::with_capacity(len as usize);
+        std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(io)?;
+        return Ok(Arc::new(bytes));
+    }
+    // SAFETY: a private read-only mapping of a file Kiln only reads. Link inputs are build
+    // outputs that nothing writes while they are linked; one rewritten under a link reads
+    // as inconsistent bytes, which the linker checks like any input (bounds, tables), and
+    // one truncated under it would fault — the same contract every linker that maps its
+    // inputs (mold, lld) has.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    Ok(Arc::new(map))
+}
+
+/// The first bytes of shared file contents.
+pub(crate) fn starts_with(bytes: &Arc<dyn AsRef<[u8]> + Send + Sync>, prefix: &[u8]) -> bool {
+    (**bytes).as_ref().starts_with(prefix)
+}
+
+impl Jit {
+    /// Adds a relocatable object from bytes (copied once, or shared if given as an
+    /// `Arc<[u8]>`); it is linked with the library's next link.
+    pub fn add_object(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: impl Into<Arc<[u8]>>,
+    ) -> Result<(), Error> {
+        self.add_input(lib, ObjectInput::new(name, bytes))
+    }
+
+    /// Adds a relocatable object whose bytes the caller lends for as long as the session
+    /// needs them (a memory-mapped file, a buffer of a compiler): never copied.
+    pub fn add_object_shared(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    ) -> Result<(), Error> {
+        self.add_input(lib, ObjectInput::shared(name, bytes))
+    }
+
+    pub(crate) fn add_input(&self, lib: LibraryId, input: ObjectInput) -> Result<(), Error> {
+        kiln_link::check_object(&input.name, input.bytes(), self.inner.architecture)?;
+        self.library(lib)?.state.write().pending.push(input);
+        Ok(())
+    }
+
+    /// Adds a relocatable object file.
+    pub fn add_object_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
+        let path = path.as_ref();
+        self.add_object_shared(lib, &path.display().to_string(), read_file(path)?)
+    }
+
+    /// Adds a relocatable object lazily: only its symbol table is read now, and it is
+    /// linked — as part of the link that needs it — when one of the names it defines is
+    /// first looked up in `lib` or needed by a link that searches `lib`. An object nobody
+    /// needs is never linked (nor is the rest of it read: a malformed section is reported
+    /// by the link that needs it, and the object then stays lazy).
+    ///
+    /// Lazy objects that need each other are linked together, as archive members are. A
+    /// link of `lib` takes the lazy objects its inputs need from `lib`; a lazy object of a
+    /// library in the search order is linked into that library, as a module of its own.
+    /// An error if `lib` (or one of its lazy objects) already defines a name the object
+    /// defines (weak definitions excepted).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), kiln::Error> {
+    /// let jit = kiln::Jit::new()?;
+    /// let lib = jit.main_library();
+    /// jit.add_process_symbols(lib)?;
+    /// for path in ["a.o", "b.o", "c.o"] {
+    ///     jit.add_lazy_object(lib, path, std::fs::read(path).unwrap())?;
+    /// }
+    /// // Links a.o only (and what a.o needs): b.o and c.o stay unread.
+    /// let f = jit.lookup(lib, "defined_in_a")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn add_lazy_object(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: impl Into<Arc<[u8]>>,
+    ) -> Result<(), Error> {
+        self.add_lazy_input(lib, ObjectInput::new(name, bytes))
+    }
+
+    /// [`Jit::add_lazy_object`] of bytes the caller lends (never copied).
+    pub fn add_lazy_object_shared(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    ) -> Result<(), Error> {
+        self.add_lazy_input(lib, ObjectInput::shared(name, bytes))
+    }
+
+    pub(crate) fn add_lazy_input(&self, lib: LibraryId, input: ObjectInput) -> Result<(), Error> {
+        let symbols = kiln_link::scan_symbols(&input.name, input.bytes(), self.inner.architecture)?;
+        let library = self.library(lib)?;
+        let mut state = library.state.write();
+        for name in &symbols.defined {
+            let previous = match (state.index.get(&**name), state.lazy.get(&**name)) {
+                (Some(d), _) => describe(&state, d),
+                (None, Some(&slot)) => match &state.lazy_objects[slot] {
+                    Some(o) if o.symbols.defined.contains(name) => {
+                        format!("lazy object {}", o.input.name)
+                    }
+                    _ => continue, // a weak definition gives way
+                },
+                (None, None) => continue,
+            };
+            return Err(Error::Redefinition {
+                symbol: name.to_string(),
+                library: library.name.clone(),
+                previous,
+                new: input.name.clone(),
+            });
+        }
+        let slot = state.lazy_objects.len();
+        for name in &symbols.defined {
+            state.lazy.insert(Arc::from(&**name), slot);
+        }
+        for name in &symbols.weak {
+            state.lazy.entry(Arc::from(&**name)).or_insert(slot);
+        }
+        state.lazy_objects.push(Some(LazyObject { input, symbols }));
+        Ok(())
+    }
+
+    /// The number of lazy objects of `lib` not linked yet.
+    pub fn lazy_objects_pending(&self, lib: LibraryId) -> Result<usize, Error> {
+        let library = self.library(lib)?;
+        let state = library.state.read();
+        Ok(state.lazy_objects.iter().filter(|o| o.is_some()).count())
+    }
+
+    /// Adds a static archive from bytes: its members are linked when they define a symbol
+    /// the link needs.
+    pub fn add_archive(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: impl Into<Arc<[u8]>>,
+    ) -> Result<(), Error> {
+        self.push_archive(lib, ArchiveInput::parse(name, bytes)?)
+    }
+
+    /// Adds a static archive whose bytes the caller lends (a memory-mapped file): never
+    /// copied, its members linked share them.
+    pub fn add_archive_shared(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    ) -> Result<(), Error> {
+        self.push_archive(lib, ArchiveInput::parse_shared(name, bytes)?)
+    }
+
+    pub(crate) fn push_archive(&self, lib: LibraryId, archive: ArchiveInput) -> Result<(), Error> {
+        let library = self.library(lib)?;
+        let mut state = library.state.write();
+        let mut archives = (*state.archives).clone();
+        archives.push(archive);
+        state.archives = Arc::new(archives);
+        Ok(())
+    }
+
+    /// Adds a static archive file.
+    pub fn add_archive_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
+        let path = path.as_ref();
+        self.add_archive_shared(lib, &path.display().to_string(), read_file(path)?)
+    }
+
+    /// Adds an object or an archive, by its contents.
+    pub fn add_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
+        let path = path.as_ref();
+        let bytes = read_file(path)?;
+        if starts_with(&bytes, b"!<arch>\n") {
+            self.add_archive_shared(lib, &path.display().to_string(), bytes)
+        } else if starts_with(&bytes, b"\x7fELF") {
+            self.add_object_shared(lib, &path.display().to_string(), bytes)
+        } else {
+            Err(Error::UnknownInput {
+                path: path.to_path_buf(),
+            })
+        }
+    }
+
+    /// Compiles a C or C++ source with the session's compiler and `flags` (through its
+    /// object cache, if it has one: an entry whose signature does not match this compile
+    /// is never loaded) and adds the object to `lib`. Returns whether the object came from
+    /// the cache.
+    pub fn add_source(
+        &self,
+        lib: LibraryId,
+        path: impl AsRef<Path>,
+        flags: &[String],
+    ) -> Result<bool, Error> {
+        let path = path.as_ref();
+        let outcome = kiln_cache::compile_cached(
+            &*self.inner.compiler,
+            self.inner.object_cache.as_deref(),
+            path,
+            flags,
+        )
+        .map_err(|e| Error::Compile(e.to_string()))?;
+        self.add_object(lib, &path.display().to_string(), outcome.object)?;
+        Ok(outcome.hit)
+    }
+
+    /// Adds a generator for names `lib` does not define.
+    pub fn add_generator(
+        &self,
+        lib: LibraryId,
+        generator: Box<dyn SymbolGenerator>,
+    ) -> Result<(), Error> {
+        self.library(lib)?.generators.lock().list.push(generator);
+        Ok(())
+    }
+
+    /// Resolves what `lib` does not define from the executor's process symbols (this
+    /// process's, for the in-process executor).
+    ///
+    /// The C library's few functions that a native link takes from `libc_nonshared.a`
+    /// rather than `libc.so.6` — `atexit`, `at_quick_exit`, `pthread_atfork` — are linked
+    /// from that archive into the module that calls them, as a native link does, so that
+    /// their handlers belong to the calling module (its own `__dso_handle`) and run when
+    /// it is removed.
+    pub fn add_process_symbols(&self, lib: LibraryId) -> Result<(), Error> {
+        // The executor's architecture's archive (Debian multiarch).
+        let found = search_dirs_for(self.inner.architecture)
+            .into_iter()
+            .map(|d| d.join("libc_nonshared.a"))
+            .find(|p| p.is_file());
+        if let Some(path) = found {
+            if let Err(error) = self.add_archive_file(lib, &path) {
+                tracing::debug!(%error, "libc_nonshared.a not used");
+            }
+        }
+        self.add_generator(
+            lib,
+            Box::new(ExecutorSymbols {
+                executor: self.inner.executor.clone(),
+                library: 0,
+                name: "process symbols".into(),
+            }),
+        )
+    }
+
+    /// `-l name`: finds the library in `dirs` and then the system directories; adds an
+    /// archive, or opens a shared library in the executor (following GNU ld scripts) as a
+    /// generator.
+    pub fn add_library_by_name(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        dirs: &[PathBuf],
+    ) -> Result<(), Error> {
+        let mut all = dirs.to_vec();
+        all.extend(search_dirs_for(self.inner.architecture));
+        for file in find_library(name, &all)? {
+            match file {
+                LibraryFile::Archive(path) => self.add_archive_file(lib, path)?,
+                LibraryFile::Shared(path) => self.add_shared_library(lib, &path)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads the shared library at `path` in the executor and resolves what `lib` does
+    /// not define from it (a `.so` given as an input, as a linker takes one).
+    pub fn add_shared_library(&self, lib: LibraryId, path: &Path) -> Result<(), Error> {
+        // A relative path is the caller's (dlopen would search the system's directories).
+        let path = std::fs::canonicalize(path)
+            .unwrap_or_else(|_| path.to_path_buf())
+            .display()
+            .to_string();
+        let handle = self.inner.executor.load_library(&path)?;
+        self.add_generator(
+            lib,
+            Box::new(ExecutorSymbols {
+                executor: self.inner.executor.clone(),
+                library: handle,
+                name: path,
+            }),
+        )
+    }
+}

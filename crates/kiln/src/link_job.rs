@@ -1,0 +1,654 @@
+//! One link into a library, as named steps: gather what the link takes (pending objects,
+//! the lazy objects they need), link (names resolved by [`crate::resolve`]), check the
+//! new definitions against the library's, install what the executor keeps (unwind
+//! information, thread-locals, exports to shared libraries), make the module and record
+//! what it uses, publish its definitions, and start it (plugins told, initializers run)
+//! with no lock held.
+
+use crate::executor::{EhRegistration, ExportHandle};
+use crate::jit::Jit;
+use crate::library::{describe, Definition, LazyObject, Library, LibraryId};
+use crate::module::{Announced, Module, ModuleInner};
+use crate::plugin::{LoadedModule, Plugin};
+use crate::resolve::SessionContext;
+use crate::Error;
+use kiln_link::{link, ArchiveInput, LinkCounts, LinkOptions, LinkTimes, ObjectInput};
+use kiln_memory::MemoryManager;
+use parking_lot::Mutex;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Figures of one link.
+#[derive(Debug, Clone, Default)]
+pub struct LinkReport {
+    /// Phase times.
+    pub times: LinkTimes,
+    /// Each pass of the link graph with its time, in order.
+    pub pass_times: Vec<(std::borrow::Cow<'static, str>, std::time::Duration)>,
+    /// Counts.
+    pub counts: LinkCounts,
+}
+
+thread_local! {
+    /// The libraries this thread is linking into, outermost first (a link may link the
+    /// lazy objects of another library it needs).
+    static LINKING: std::cell::RefCell<Vec<LibraryId>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Marks a library as being linked into by this thread, while the value lives.
+pub(crate) struct LinkingHere;
+
+impl LinkingHere {
+    pub(crate) fn enter(lib: LibraryId) -> Self {
+        LINKING.with(|l| l.borrow_mut().push(lib));
+        LinkingHere
+    }
+}
+
+impl Drop for LinkingHere {
+    fn drop(&mut self) {
+        LINKING.with(|l| l.borrow_mut().pop());
+    }
+}
+
+/// Takes a library's link lock. A link nested in another (lazy objects of a library in
+/// the search order) neither waits for a library this thread is already linking into
+/// (libraries whose lazy objects need each other) nor forever for one another thread
+/// links into (two threads each linking into one library of such a pair): both are
+/// errors, not deadlocks.
+pub(crate) fn lock_for_link(library: &Library) -> Result<parking_lot::MutexGuard<'_, ()>, Error> {
+    let nested = LINKING.with(|l| {
+        let l = l.borrow();
+        if l.contains(&library.id) {
+            Err(Error::Unsupported(format!(
+                "library {} is being linked on this thread already: its lazy objects and another library's need each other",
+                library.name
+            )))
+        } else {
+            Ok(!l.is_empty())
+        }
+    })?;
+    if !nested {
+        return Ok(library.link.lock());
+    }
+    library
+        .link
+        .try_lock_for(std::time::Duration::from_secs(10))
+        .ok_or_else(|| {
+            Error::Unsupported(format!(
+                "waited 10 s to link lazy objects of library {} (another thread links into it and may wait for this one)",
+                library.name
+            ))
+        })
+}
+
+/// Whether a link publishes its module's definitions in its library.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Publish {
+    /// A module of the library: it takes what is pending, holds the library's link lock,
+    /// and its exports join the library's index.
+    Yes,
+    /// A module kept out of every index (the body of a call-through stub): linked alone,
+    /// its names resolved as the library resolves them, no lock held (it may link the
+    /// library's lazy objects).
+    No,
+}
+
+/// What a link takes and makes.
+pub(crate) struct LinkRequest<'w> {
+    /// An object linked with what is pending (or alone, for a body).
+    pub(crate) extra: Option<ObjectInput>,
+    /// Shown to plugins in place of the object of the same name (same sections, other
+    /// symbols: call-through stubs are shown as `NAME.stub`).
+    pub(crate) shown: Option<ObjectInput>,
+    /// Names whose lazy objects the link takes (with what those need).
+    pub(crate) wanted: &'w [&'w str],
+    pub(crate) publish: Publish,
+    /// Whether the report has the link's phase and pass times (else no clock is read).
+    pub(crate) times: bool,
+}
+
+impl LinkRequest<'_> {
+    /// A module of the library, of what is pending.
+    pub(crate) fn module() -> Self {
+        LinkRequest {
+            extra: None,
+            shown: None,
+            wanted: &[],
+            publish: Publish::Yes,
+            times: false,
+        }
+    }
+
+    /// The body of a lazy function: `object` alone.
+    pub(crate) fn body(object: ObjectInput) -> Self {
+        LinkRequest {
+            extra: Some(object),
+            publish: Publish::No,
+            ..Self::module()
+        }
+    }
+
+    /// With `object` too.
+    pub(crate) fn with(mut self, object: ObjectInput) -> Self {
+        self.extra = Some(object);
+        self
+    }
+}
+
+/// What a link took from its library: given back if it fails.
+struct Gathered {
+    /// The inputs, then the lazy objects taken (the module is named after its first).
+    objects: Vec<ObjectInput>,
+    archives: Arc<Vec<ArchiveInput>>,
+    /// The lazy objects taken, by slot.
+    taken: Vec<(usize, LazyObject)>,
+}
+
+/// What resolution found besides addresses.
+struct Resolved {
+    /// The modules whose definitions the link used.
+    uses: Vec<Module>,
+    /// Whether the module registers thread-local destructors.
+    thread_atexit: bool,
+}
+
+/// What the executor keeps for a module, installed before it is made.
+struct Installed {
+    tls_module: Option<u64>,
+    eh: Option<EhRegistration>,
+    exports: Option<ExportHandle>,
+}
+
+/// One link into one library.
+struct LinkJob<'j> {
+    jit: &'j Jit,
+    library: &'j Arc<Library>,
+    publish: Publish,
+    times: bool,
+}
+
+impl Jit {
+    /// Links what `request` asks for into `lib`: `None` if there was nothing to link. A
+    /// failed link leaves the library as it was (the lazy objects it took put back).
+    pub(crate) fn link(
+        &self,
+        lib: LibraryId,
+        request: LinkRequest<'_>,
+    ) -> Result<Option<(Module, LinkReport)>, Error> {
+        let library = self.library(lib)?;
+        let job = LinkJob {
+            jit: self,
+            library: &library,
+            publish: request.publish,
+            times: request.times,
+        };
+        let lock = match job.publish {
+            Publish::Yes => Some(lock_for_link(&library)?),
+            Publish::No => None,
+        };
+        let _linking_here = (job.publish == Publish::Yes).then(|| LinkingHere::enter(library.id));
+        let Some(gathered) = job.gather(request.extra, request.wanted)? else {
+            return Ok(None);
+        };
+        let result = job.run(&gathered, request.shown, lock);
+        if result.is_err() && !gathered.taken.is_empty() {
+            library.state.write().restore_lazy(gathered.taken);
+        }
+        result.map(Some)
+    }
+}
+
+impl LinkJob<'_> {
+    /// The steps after gathering, in order; the lock is let go before the module starts.
+    fn run(
+        &self,
+        gathered: &Gathered,
+        shown: Option<ObjectInput>,
+        lock: Option<parking_lot::MutexGuard<'_, ()>>,
+    ) -> Result<(Module, LinkReport), Error> {
+        // No plugin registered: no walk over plugins, no event built.
+        let plugins: Vec<Arc<dyn Plugin>> = self.jit.inner.plugins.snapshot();
+        let (mut linked, resolved) = self.link_objects(gathered, &plugins)?;
+        let report = LinkReport {
+            times: linked.times,
+            pass_times: std::mem::take(&mut linked.pass_times),
+            counts: linked.counts,
+        };
+        if self.publish == Publish::Yes {
+            self.check_redefinitions(&linked, &gathered.objects)?;
+        }
+        let installed = self.install(&mut linked)?;
+        let id = self.jit.inner.next_module.fetch_add(1, Ordering::Relaxed);
+        let name = gathered
+            .objects
+            .first()
+            .map(|o| o.name.clone())
+            .unwrap_or_default();
+        let init = std::mem::take(&mut linked.init);
+        let event = (!plugins.is_empty()).then(|| loaded_event(id, &name, &mut linked, shown));
+        let module = self.make_module(id, name, linked, installed, resolved.uses);
+        self.record_uses(&module)?;
+        if resolved.thread_atexit {
+            // Its thread-local destructors will keep it mapped (a global registry: only
+            // for modules that register such destructors).
+            let keep_alive: Arc<dyn std::any::Any + Send + Sync> = module.inner.clone();
+            self.jit
+                .inner
+                .executor
+                .register_module(module.inner.dso_handle, Arc::downgrade(&keep_alive));
+        }
+        if self.publish == Publish::Yes {
+            self.publish(&module);
+        }
+        // No lock while plugins and JIT code run: an initializer may call back into the
+        // session, even to link into this library.
+        drop(lock);
+        self.start(&module, event, plugins, &init)?;
+        Ok((module, report))
+    }
+
+    /// Step 1: takes what the link links out of the library — what is pending (for a
+    /// module), `extra`, and the lazy objects that define `wanted` or what the inputs
+    /// leave undefined (transitively). `None` if there is nothing to link.
+    fn gather(
+        &self,
+        extra: Option<ObjectInput>,
+        wanted: &[&str],
+    ) -> Result<Option<Gathered>, Error> {
+        let architecture = self.jit.inner.architecture;
+        let mut state = self.library.state.write();
+        if let (Some(extra), Publish::Yes, false) = (&extra, self.publish, state.pending.is_empty())
+        {
+            // Checked first when something is pending: a bad object must not fail a link
+            // of good ones.
+            kiln_link::check_object(&extra.name, extra.bytes(), architecture)?;
+        }
+        let mut objects = match self.publish {
+            Publish::Yes => std::mem::take(&mut state.pending),
+            Publish::No => Vec::new(),
+        };
+        objects.extend(extra);
+        let taken = match self.publish {
+            // The symbol tables are read only when the library has lazy objects.
+            Publish::Yes if !state.lazy.is_empty() => {
+                let scanned: Vec<kiln_link::ObjectSymbols> = objects
+                    .iter()
+                    .filter_map(|o| kiln_link::scan_symbols(&o.name, o.bytes(), architecture).ok())
+                    .collect();
+                let undefined = scanned.iter().flat_map(|s| s.undefined.iter());
+                state.take_lazy_closure(
+                    wanted
+                        .iter()
+                        .copied()
+                        .chain(undefined.map(|n| &**n))
+                        .collect::<Vec<_>>(),
+                )
+            }
+            _ => Vec::new(),
+        };
+        if objects.is_empty() && taken.is_empty() {
+            return Ok(None);
+        }
+        objects.extend(taken.iter().map(|(_, o)| o.input.clone()));
+        Ok(Some(Gathered {
+            objects,
+            archives: state.archives.clone(),
+            taken,
+        }))
+    }
+
+    /// Step 2: the link itself, its names resolved as [`crate::resolve`] says.
+    fn link_objects(
+        &self,
+        gathered: &Gathered,
+        plugins: &[Arc<dyn Plugin>],
+    ) -> Result<(kiln_link::LinkedModule, Resolved), Error> {
+        let passes: Vec<_> = plugins.iter().flat_map(|p| p.link_passes()).collect();
+        let inner = &self.jit.inner;
+        let options = LinkOptions {
+            memory: &*inner.memory,
+            low_memory: Some(&inner.low_memory as &dyn MemoryManager),
+            report_sections: !plugins.is_empty(),
+            architecture: inner.architecture,
+            keep_image: false,
+            passes: &passes,
+            times: self.times,
+        };
+        let mut ctx = SessionContext::new(self.jit, self.library, self.publish);
+        let linked = match link(&gathered.objects, &gathered.archives, &mut ctx, &options) {
+            Ok(linked) => linked,
+            // What a lazy object it needed said is the cause.
+            Err(error) => return Err(ctx.lazy_error.take().unwrap_or(error.into())),
+        };
+        let resolved = Resolved {
+            thread_atexit: ctx.thread_atexit,
+            uses: ctx.uses.into_values().collect(),
+        };
+        Ok((linked, resolved))
+    }
+
+    /// Step 3: a name the module exports that the library defines already (or a lazy
+    /// object of it does, not weakly) refuses the module: nothing is published, and its
+    /// memory is freed unrun.
+    fn check_redefinitions(
+        &self,
+        linked: &kiln_link::LinkedModule,
+        objects: &[ObjectInput],
+    ) -> Result<(), Error> {
+        let state = self.library.state.read();
+        let Some((name, previous)) = linked.exports.iter().filter(|e| e.visible).find_map(|e| {
+            let previous = match state.index.get(&*e.name) {
+                Some(d) => describe(&state, d),
+                None => state
+                    .lazy
+                    .get(&*e.name)
+                    .and_then(|&slot| state.lazy_objects[slot].as_ref())
+                    .filter(|o| o.symbols.defined.iter().any(|n| **n == *e.name))
+                    .map(|o| format!("lazy object {}", o.input.name))?,
+            };
+            Some((&e.name, previous))
+        }) else {
+            return Ok(());
+        };
+        // The object (or archive member) that defines it: read on this error path only,
+        // from the inputs' symbol tables.
+        let new = objects
+            .iter()
+            .find(|o| {
+                kiln_link::scan_symbols(&o.name, &o.data, linked.architecture)
+                    .is_ok_and(|s| s.defined.iter().chain(&s.weak).any(|n| **n == **name))
+            })
+            .map(|o| o.name.clone())
+            .unwrap_or_else(|| {
+                let names: Vec<&str> = objects.iter().map(|o| o.name.as_str()).collect();
+                format!("the link of {}", names.join(", "))
+            });
+        Err(Error::Redefinition {
+            symbol: name.to_string(),
+            library: self.library.name.clone(),
+            previous,
+            new,
+        })
+    }
+
+    /// Step 4: what the executor keeps for the module — guarded pages for BTI code, the
+    /// thread-local template, the unwind information, exports to shared libraries.
+    fn install(&self, linked: &mut kiln_link::LinkedModule) -> Result<Installed, Error> {
+        let executor = &self.jit.inner.executor;
+        if linked.branch_protected {
+            // BTI-built code (and Kiln's stubs, which start with landing pads): the whole
+            // pages of its code are mapped guarded. Pages the slab shares with another
+            // module's code stay unguarded (guarding them could break that module).
+            if let Some(code) = linked.allocation.segments().first() {
+                let page = executor.page_size();
+                let start = code.target.next_multiple_of(page);
+                let end = (code.target + code.len) / page * page;
+                if end > start {
+                    executor.guard_branch_targets(start, end - start)?;
+                }
+            }
+        }
+        let tls_module = linked.tls.as_ref().map(|t| t.module_id);
+        if let Some(template) = linked.tls.take() {
+            executor.install_tls(template)?;
+        }
+        let eh = match linked.eh_frame {
+            Some(address) => executor.register_eh_frame(address)?,
+            None => None,
+        };
+        let exports = if self.jit.inner.export_to_libraries
+            && self.publish == Publish::Yes
+            && linked.exports.iter().any(|e| e.visible)
+        {
+            let code = linked
+                .allocation
+                .segments()
+                .first()
+                .map(|c| c.target..c.target + c.len);
+            let list = linked
+                .exports
+                .iter()
+                .filter(|e| e.visible)
+                .map(|e| kiln_executor::shared_object::ExportedSymbol {
+                    name: e.name.to_string(),
+                    address: e.address,
+                    size: 0,
+                    function: code.as_ref().is_some_and(|c| c.contains(&e.address)),
+                })
+                .collect();
+            Some(executor.export_symbols(list)?)
+        } else {
+            None
+        };
+        Ok(Installed {
+            tls_module,
+            eh,
+            exports,
+        })
+    }
+
+    /// Step 5: the module handle, which owns the memory and what was installed.
+    fn make_module(
+        &self,
+        id: u64,
+        name: String,
+        mut linked: kiln_link::LinkedModule,
+        installed: Installed,
+        uses: Vec<Module>,
+    ) -> Module {
+        let inner = &self.jit.inner;
+        Module {
+            inner: Arc::new(ModuleInner {
+                id,
+                name: name.into_boxed_str(),
+                library: self.library.id,
+                // Sorted by name already; the names are shared with the index.
+                symbols: std::mem::take(&mut linked.exports)
+                    .into_iter()
+                    .map(|e| (e.name, e.address, e.visible))
+                    .collect(),
+                fini: if inner.noexec {
+                    Box::default()
+                } else {
+                    linked.fini.into_boxed_slice()
+                },
+                dso_handle: linked.dso_handle,
+                tls_module: installed.tls_module,
+                eh: Mutex::new(installed.eh),
+                exports: Mutex::new(installed.exports),
+                finalized: Mutex::new(inner.noexec),
+                executor: inner.executor.clone(),
+                uses: uses.into_boxed_slice(),
+                users: Mutex::new(Vec::new()),
+                announced: Mutex::new(None),
+                allocation: linked.allocation,
+            }),
+        }
+    }
+
+    /// Step 6: the module joins the user lists of the modules it uses, and is refused if
+    /// one of them was removed while it linked (that removal saw no user yet: now that
+    /// this one is a user a removal is refused, and one that came first is caught here —
+    /// this module never runs).
+    fn record_uses(&self, module: &Module) -> Result<(), Error> {
+        for used in &module.inner.uses {
+            let mut users = used.inner.users.lock();
+            // Entries of users dropped without being removed go when the list is full,
+            // before it grows: amortized constant time per link, however many users a
+            // long-lived runtime module has.
+            if users.len() == users.capacity() {
+                users.retain(|u| u.strong_count() > 0);
+            }
+            users.push(Arc::downgrade(&module.inner));
+        }
+        for used in &module.inner.uses {
+            let listed = self
+                .jit
+                .library(used.inner.library)
+                .map(|l| l.state.read().modules.contains_key(&used.inner.id))
+                .unwrap_or(false);
+            if !listed {
+                *module.inner.finalized.lock() = true; // its initializers never ran
+                return Err(Error::RemovedDuringLink {
+                    module: module.inner.name.to_string(),
+                    used: used.inner.name.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Step 7: the module's definitions join the library's index (sharing the module's
+    /// name strings: one allocation per name), and the module its list.
+    fn publish(&self, module: &Module) {
+        let mut state = self.library.state.write();
+        state.index.reserve(module.inner.symbols.len());
+        let id = module.inner.id;
+        for (name, address, exported) in module.inner.symbols.iter() {
+            let map = if *exported {
+                &mut state.index
+            } else {
+                &mut state.hidden
+            };
+            map.insert(
+                name.clone(),
+                Definition {
+                    address: *address,
+                    module: Some(id),
+                },
+            );
+        }
+        state.modules.insert(id, module.clone());
+    }
+
+    /// Step 8, with no lock held: plugins told of the module, then its initializers run.
+    fn start(
+        &self,
+        module: &Module,
+        event: Option<Arc<LoadedModule>>,
+        plugins: Vec<Arc<dyn Plugin>>,
+        init: &[u64],
+    ) -> Result<(), Error> {
+        let inner = &self.jit.inner;
+        if let Some(event) = event {
+            inner.plugins.announce(&plugins, &event, true);
+            *module.inner.announced.lock() = Some(Box::new(Announced {
+                plugins: inner.plugins.clone(),
+                told: plugins,
+                event,
+            }));
+        }
+        if !inner.noexec {
+            inner.executor.run_initializers(init)?;
+        }
+        Ok(())
+    }
+}
+
+/// What plugins are told of a module's load (built only when a plugin is registered).
+fn loaded_event(
+    id: u64,
+    name: &str,
+    linked: &mut kiln_link::LinkedModule,
+    shown: Option<ObjectInput>,
+) -> Arc<LoadedModule> {
+    let mut objects = std::mem::take(&mut linked.objects);
+    if let Some(shown) = shown {
+        if let Some(o) = objects.iter_mut().find(|o| o.name == shown.name) {
+            *o = shown;
+        }
+    }
+    Arc::new(LoadedModule {
+        id,
+        name: name.to_string(),
+        segments: linked.allocation.segments().to_vec(),
+        sections: std::mem::take(&mut linked.sections),
+        symbols: std::mem::take(&mut linked.symbol_info),
+        objects,
+    })
+}
+
+impl Jit {
+    /// Links the body of a lazy function: `object`, which must define `name`, resolved as
+    /// `lib` resolves names, published nowhere. Its address and module.
+    pub(crate) fn link_body(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        object: Vec<u8>,
+    ) -> Result<(u64, Module), Error> {
+        // Linked alone: a bad object fails only its own link.
+        let input = ObjectInput::new(format!("{name} (body)"), object);
+        let (module, _) = self
+            .link(lib, LinkRequest::body(input))?
+            .ok_or_else(|| Error::SymbolNotFound(name.to_string()))?;
+        let address = module.symbol(name).ok_or_else(|| Error::LazyCompile {
+            function: name.to_string(),
+            source: "the compiled object does not define it".into(),
+        })?;
+        Ok((address, module))
+    }
+
+    /// Adds and links one object at once: its module (or the link's error, the library
+    /// left as it was). Objects added before and not linked yet are linked with it.
+    pub fn link_object(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: impl Into<Arc<[u8]>>,
+    ) -> Result<Module, Error> {
+        let input = ObjectInput::new(name, bytes);
+        // Linked under the library's link lock with what is pending, so that a concurrent
+        // lookup's link cannot take it away (checked first when there is something pending:
+        // a bad object must not fail a link of good ones).
+        match self.link(lib, LinkRequest::module().with(input))? {
+            Some((module, _)) => Ok(module),
+            None => Err(Error::Executor("nothing was linked".into())),
+        }
+    }
+
+    /// As [`Jit::link_object`], with bytes the caller lends for as long as the session
+    /// needs them (a compiler's buffer, a memory-mapped file): never copied.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # if !cfg!(target_arch = "x86_64") { return Ok(()); }
+    /// use std::sync::Arc;
+    /// let jit = kiln::Jit::new()?;
+    /// let lib = jit.main_library();
+    /// let object: Arc<Vec<u8>> = Arc::new(kiln::lazy::testing::constant_function("seven", 7));
+    /// let module = jit.link_object_shared(lib, "seven.o", object)?;
+    /// assert!(module.symbol("seven").is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn link_object_shared(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    ) -> Result<Module, Error> {
+        let input = ObjectInput::shared(name, bytes);
+        match self.link(lib, LinkRequest::module().with(input))? {
+            Some((module, _)) => Ok(module),
+            None => Err(Error::Executor("nothing was linked".into())),
+        }
+    }
+
+    /// Links the objects added to `lib` since its last link (and the archive members they
+    /// need) into a module, registers its unwind information and runs its initializers.
+    /// Returns `None` if there was nothing to link.
+    ///
+    /// On failure the library is exactly as it was before the link: the objects of the
+    /// failed link are dropped (add them again, corrected, to retry), no definition of
+    /// theirs is published, their memory is freed.
+    pub fn link_pending(&self, lib: LibraryId) -> Result<Option<(Module, LinkReport)>, Error> {
+        self.link(
+            lib,
+            LinkRequest {
+                times: true,
+                ..LinkRequest::module()
+            },
+        )
+    }
+}

@@ -1,0 +1,351 @@
+//! Module handles: what a link made, the modules it uses and those that use it, and
+//! removal (one module, or a set in users-first order).
+
+use crate::executor::{EhRegistration, Executor, ExportHandle};
+use crate::jit::Jit;
+use crate::library::{LibraryId, LibraryState};
+use crate::plugin::{LoadedModule, Plugin, Plugins};
+use crate::Error;
+use kiln_memory::FinalizedAllocation;
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use std::sync::{Arc, Weak};
+
+/// What a module's free is to be announced to: the plugins told of its load.
+pub(crate) struct Announced {
+    pub(crate) plugins: Arc<Plugins>,
+    pub(crate) told: Vec<Arc<dyn Plugin>>,
+    pub(crate) event: Arc<LoadedModule>,
+}
+
+pub(crate) struct ModuleInner {
+    pub(crate) id: u64,
+    pub(crate) name: Box<str>,
+    pub(crate) library: LibraryId,
+    /// The module's global definitions, sorted by name: (name, address, exported).
+    pub(crate) symbols: Box<[(Arc<str>, u64, bool)]>,
+    pub(crate) fini: Box<[u64]>,
+    pub(crate) dso_handle: u64,
+    pub(crate) tls_module: Option<u64>,
+    pub(crate) eh: Mutex<Option<EhRegistration>>,
+    pub(crate) exports: Mutex<Option<ExportHandle>>,
+    pub(crate) finalized: Mutex<bool>,
+    pub(crate) executor: Executor,
+    /// The modules whose definitions this one's code refers to: kept alive with it.
+    pub(crate) uses: Box<[Module]>,
+    /// The modules that refer to this one.
+    pub(crate) users: Mutex<Vec<Weak<ModuleInner>>>,
+    /// The plugins told of the module's load, to be told of its free.
+    /// (Boxed: most sessions have no plugin, and every module pays for the field.)
+    pub(crate) announced: Mutex<Option<Box<Announced>>>,
+    pub(crate) allocation: FinalizedAllocation,
+}
+
+impl ModuleInner {
+    /// Takes this module out of the user lists of the modules it uses (at removal and
+    /// when it is dropped): a JIT that churns modules calling a long-lived one must not
+    /// grow that one's list.
+    pub(crate) fn leave_users_lists(&self) {
+        let me = self as *const ModuleInner;
+        for used in self.uses.iter() {
+            used.inner.users.lock().retain(|u| u.as_ptr() != me);
+        }
+    }
+
+    /// Whether the module is still in its library's index.
+    pub(crate) fn is_listed(&self, state: &LibraryState) -> bool {
+        state.modules.contains_key(&self.id)
+    }
+
+    /// Runs finalizers once (the calling thread's thread-local destructors, `atexit`
+    /// handlers, `.fini_array`), withdraws exported definitions and unregisters unwind
+    /// information; the memory stays until the last handle goes.
+    pub(crate) fn finalize(&self) {
+        let run = {
+            let mut done = self.finalized.lock();
+            let run = !*done;
+            *done = true;
+            run
+        };
+        if let Some(exports) = self.exports.lock().take() {
+            self.executor.unexport_symbols(exports);
+        }
+        if run {
+            if let Err(error) = self.executor.run_finalizers(self.dso_handle, &self.fini) {
+                tracing::warn!(%error, module = %self.name, "running finalizers failed");
+            }
+        }
+        self.executor.unregister_module(self.dso_handle);
+        if let Some(registration) = self.eh.lock().take() {
+            self.executor.deregister_eh_frame(registration);
+        }
+    }
+}
+
+impl Drop for ModuleInner {
+    fn drop(&mut self) {
+        self.leave_users_lists();
+        self.finalize();
+        // Thread-local storage goes last: other threads' thread-local destructors, which
+        // kept the module alive until now, may have used it.
+        if let Some(id) = self.tls_module {
+            self.executor.remove_tls(id);
+        }
+        if let Some(announced) = self.announced.lock().take() {
+            announced
+                .plugins
+                .announce(&announced.told, &announced.event, false);
+        }
+    }
+}
+
+/// A linked module. Clones share it; it keeps its code and data alive (even after the
+/// [`Jit`] is dropped), and when the last handle goes its finalizers run and its memory is
+/// freed.
+#[derive(Clone)]
+pub struct Module {
+    pub(crate) inner: Arc<ModuleInner>,
+}
+
+impl std::fmt::Debug for Module {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Module")
+            .field("name", &self.inner.name)
+            .field("symbols", &self.inner.symbols.len())
+            .finish()
+    }
+}
+
+impl Module {
+    /// The address of a global symbol the module defines (exported or hidden).
+    pub fn symbol(&self, name: &str) -> Option<u64> {
+        let symbols = &self.inner.symbols;
+        symbols
+            .binary_search_by(|(n, _, _)| (**n).cmp(name))
+            .ok()
+            .map(|i| symbols[i].1)
+    }
+
+    /// The names the module exports to its library.
+    pub fn exported_names(&self) -> impl Iterator<Item = &str> {
+        self.inner
+            .symbols
+            .iter()
+            .filter(|(_, _, exported)| *exported)
+            .map(|(n, _, _)| &**n)
+    }
+
+    /// The module's memory segments.
+    pub fn allocation(&self) -> &FinalizedAllocation {
+        &self.inner.allocation
+    }
+
+    /// A name for messages (its first object's).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The modules whose definitions this module's code refers to.
+    pub fn uses(&self) -> impl Iterator<Item = &Module> {
+        self.inner.uses.iter()
+    }
+
+    /// Whether two handles are the same module.
+    pub fn same(&self, other: &Module) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Jit {
+    /// The module of `lib` that defines `name`, if a module does.
+    pub fn module_of(&self, lib: LibraryId, name: &str) -> Result<Option<Module>, Error> {
+        let library = self.library(lib)?;
+        let state = library.state.read();
+        Ok(state
+            .index
+            .get(name)
+            .or_else(|| state.hidden.get(name))
+            .and_then(|d| d.module)
+            .and_then(|id| state.modules.get(&id).cloned()))
+    }
+
+    /// The live modules of `lib`, oldest first.
+    pub fn modules(&self, lib: LibraryId) -> Result<Vec<Module>, Error> {
+        let library = self.library(lib)?;
+        let state = library.state.read();
+        let mut modules: Vec<Module> = state.modules.values().cloned().collect();
+        modules.sort_by_key(|m| m.inner.id);
+        Ok(modules)
+    }
+
+    /// Removes every module of `modules`, in an order that removes users before the
+    /// modules they use (as [`Jit::remove_module`] each). Refused before anything is
+    /// removed, with [`Error::ModuleInUse`] naming them, if live modules outside the set
+    /// use one of it.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # if !cfg!(target_arch = "x86_64") { return Ok(()); }
+    /// use kiln::lazy::testing::constant_function;
+    /// let jit = kiln::Jit::new()?;
+    /// let lib = jit.main_library();
+    /// jit.add_object(lib, "one.o", constant_function("one", 1))?;
+    /// let (one, _) = jit.link_pending(lib)?.expect("a module");
+    /// jit.add_object(lib, "two.o", constant_function("two", 2))?;
+    /// let (two, _) = jit.link_pending(lib)?.expect("a module");
+    /// jit.remove_modules(&[one, two])?;
+    /// assert!(jit.lookup(lib, "one").is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn remove_modules(&self, modules: &[Module]) -> Result<(), Error> {
+        // Members by identity (a module listed twice counts once).
+        let key = |m: &ModuleInner| m as *const ModuleInner;
+        let index: FxHashMap<*const ModuleInner, usize> = modules
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (key(&m.inner), i))
+            .collect();
+        let in_set = |m: &ModuleInner| index.contains_key(&key(m));
+        // Users outside the set (live, or still listed) refuse the whole removal.
+        for module in modules {
+            let library = self.library(module.inner.library)?;
+            let state = library.state.read();
+            let outside: Vec<String> = module
+                .inner
+                .users
+                .lock()
+                .iter()
+                .filter_map(Weak::upgrade)
+                .filter(|u| !in_set(u))
+                .filter(|u| !*u.finalized.lock() || u.is_listed(&state))
+                .map(|u| u.name.to_string())
+                .collect();
+            if !outside.is_empty() {
+                return Err(Error::ModuleInUse {
+                    module: module.inner.name.to_string(),
+                    users: outside,
+                });
+            }
+        }
+        // Users first (Kahn's order): a member goes once no remaining member uses it.
+        let mut users_left = vec![0usize; modules.len()];
+        for (i, m) in modules.iter().enumerate() {
+            if index.get(&key(&m.inner)) != Some(&i) {
+                continue; // a repeat
+            }
+            for used in m.inner.uses.iter() {
+                if let Some(&j) = index.get(&key(&used.inner)) {
+                    users_left[j] += 1;
+                }
+            }
+        }
+        let mut ready: Vec<usize> = (0..modules.len())
+            .filter(|&i| index.get(&key(&modules[i].inner)) == Some(&i) && users_left[i] == 0)
+            .collect();
+        let mut removed = 0;
+        while let Some(i) = ready.pop() {
+            self.remove_module(&modules[i])?;
+            removed += 1;
+            for used in modules[i].inner.uses.iter() {
+                if let Some(&j) = index.get(&key(&used.inner)) {
+                    users_left[j] -= 1;
+                    if users_left[j] == 0 {
+                        ready.push(j);
+                    }
+                }
+            }
+        }
+        if removed < index.len() {
+            // Modules cannot use each other in a cycle (a module uses only earlier ones).
+            let left: Vec<String> = index
+                .values()
+                .filter(|&&i| users_left[i] > 0)
+                .map(|&i| modules[i].inner.name.to_string())
+                .collect();
+            return Err(Error::ModuleInUse {
+                module: left.first().cloned().unwrap_or_default(),
+                users: left,
+            });
+        }
+        Ok(())
+    }
+
+    /// Removes `module` from its library, as `dlclose` would: its definitions leave the
+    /// library's index, its finalizers run now, and its memory is freed when the last
+    /// handle to it (and the last module that refers to it) is gone.
+    ///
+    /// Refused, with [`Error::ModuleInUse`] naming them, while live modules refer to it
+    /// (remove those first): their code calls into it.
+    ///
+    /// The finalizers run in this order, on the calling thread:
+    /// 1. the calling thread's destructors of the module's C++ `thread_local` objects
+    ///    (newest first);
+    /// 2. the handlers the module registered with `atexit` / `__cxa_atexit` (newest first,
+    ///    through `__cxa_finalize` of the module's own `__dso_handle`, which also forgets
+    ///    its `pthread_atfork` handlers);
+    /// 3. its `.fini_array` (and `.dtors`).
+    ///
+    /// Thread-local destructors never run in freed memory: those of *other* threads run
+    /// when those threads exit, and every such registration holds the module's memory
+    /// mapped until it has run — so a module whose thread-locals are alive in other
+    /// threads stays mapped (though removed from its library) until those threads exit.
+    /// Handlers still registered when the process exits run in `exit()` while their code
+    /// is mapped. (Out of process, the executor runs steps 1–3 on its serving thread.)
+    pub fn remove_module(&self, module: &Module) -> Result<(), Error> {
+        let library = self.library(module.inner.library)?;
+        {
+            let mut state = library.state.write();
+            let users: Vec<String> = module
+                .inner
+                .users
+                .lock()
+                .iter()
+                .filter_map(Weak::upgrade)
+                .filter(|u| !*u.finalized.lock() || u.is_listed(&state))
+                .map(|u| u.name.to_string())
+                .collect();
+            if !users.is_empty() {
+                return Err(Error::ModuleInUse {
+                    module: module.inner.name.to_string(),
+                    users,
+                });
+            }
+            if state.modules.remove(&module.inner.id).is_none() {
+                return Ok(()); // removed already
+            }
+            // Only the module's own names: removal costs what the module defines, not
+            // what the library holds.
+            let id = module.inner.id;
+            for (name, _, exported) in module.inner.symbols.iter() {
+                let map = if *exported {
+                    &mut state.index
+                } else {
+                    &mut state.hidden
+                };
+                if map.get(&**name).is_some_and(|d| d.module == Some(id)) {
+                    map.remove(&**name);
+                }
+            }
+        }
+        module.inner.leave_users_lists();
+        module.inner.finalize();
+        Ok(())
+    }
+
+    /// Runs the finalizers of every module (newest first) and forgets them, as a program's
+    /// exit would.
+    pub fn shutdown(&self) {
+        let mut modules: Vec<Module> = Vec::new();
+        for library in self.inner.libraries.read().iter() {
+            let mut state = library.state.write();
+            modules.extend(state.modules.drain().map(|(_, m)| m));
+            state.index.retain(|_, d| d.module.is_none());
+            state.hidden.clear();
+        }
+        modules.sort_by_key(|m| std::cmp::Reverse(m.inner.id));
+        for m in &modules {
+            m.inner.finalize();
+        }
+        self.inner.executor.flush();
+    }
+}
