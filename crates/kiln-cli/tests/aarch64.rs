@@ -6,8 +6,6 @@
 //! veneer, or through a GOT entry that holds it). Debian's arm64 libraries come from the
 //! private sysroot scripts/test_deps.sh fills; `KILN_TEST_SKIP_CROSS=1` skips every test.
 
-mod common;
-
 use object::read::elf::ElfFile64;
 use object::{Object, ObjectSection, ObjectSymbol, RelocationFlags, RelocationTarget, SectionKind};
 use std::collections::HashMap;
@@ -376,7 +374,7 @@ const SOURCES: &[&[&str]] = &[
 ];
 
 fn check_compiler(label: &str, compiler: &[&str], flag_sets: &[&[&str]]) {
-    let includes = common::aarch64_includes();
+    let includes = kiln_testkit::aarch64_includes();
     let mut total = Tally::default();
     for (f, flags) in flag_sets.iter().enumerate() {
         for (n, sources) in SOURCES.iter().enumerate() {
@@ -408,7 +406,7 @@ fn check_compiler(label: &str, compiler: &[&str], flag_sets: &[&[&str]]) {
 
 #[test]
 fn gcc_objects_reach_their_targets() {
-    if common::skip_cross("gcc_objects_reach_their_targets") {
+    if kiln_testkit::skip_cross("gcc_objects_reach_their_targets") {
         return;
     }
     check_compiler(
@@ -426,7 +424,7 @@ fn gcc_objects_reach_their_targets() {
 
 #[test]
 fn clang_objects_reach_their_targets() {
-    if common::skip_cross("clang_objects_reach_their_targets") {
+    if kiln_testkit::skip_cross("clang_objects_reach_their_targets") {
         return;
     }
     check_compiler(
@@ -440,12 +438,12 @@ fn clang_objects_reach_their_targets() {
 /// program.
 #[test]
 fn debian_arm64_static_libraries_reach_their_targets() {
-    if common::skip_cross("debian_arm64_static_libraries_reach_their_targets") {
+    if kiln_testkit::skip_cross("debian_arm64_static_libraries_reach_their_targets") {
         return;
     }
-    let lib = common::aarch64_lib_dir();
+    let lib = kiln_testkit::aarch64_lib_dir();
     let mut flags = vec!["-O2"];
-    let includes = common::aarch64_includes();
+    let includes = kiln_testkit::aarch64_includes();
     flags.extend(includes.iter().map(String::as_str));
     let mut total = Tally::default();
     for (driver, archive) in [
@@ -468,7 +466,7 @@ fn debian_arm64_static_libraries_reach_their_targets() {
 
 #[test]
 fn an_aarch64_object_into_an_x86_64_link_is_refused() {
-    if common::skip_cross("an_aarch64_object_into_an_x86_64_link_is_refused") {
+    if kiln_testkit::skip_cross("an_aarch64_object_into_an_x86_64_link_is_refused") {
         return;
     }
     let dir = work_dir("mismatch");

@@ -4,8 +4,6 @@
 //! pointer to a landing pad works, one that skips it traps (SIGILL), and the same call in
 //! code built without BTI is not guarded. Skipped with KILN_TEST_SKIP_CROSS=1.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -64,7 +62,7 @@ fn compile(flags: &[&str], out: &Path) {
     let status = Command::new("aarch64-linux-gnu-gcc")
         .args(["-O2", "-fPIC", "-c"])
         .args(flags)
-        .arg(common::source("bti_probe.c"))
+        .arg(kiln_testkit::source("bti_probe.c"))
         .arg("-o")
         .arg(out)
         .status()
@@ -84,7 +82,7 @@ fn run(executor: &Executor, object: &Path, args: &[&str]) -> Output {
 
 #[test]
 fn bti_code_is_guarded_and_a_branch_past_a_landing_pad_traps() {
-    if common::skip_cross("bti_code_is_guarded_and_a_branch_past_a_landing_pad_traps") {
+    if kiln_testkit::skip_cross("bti_code_is_guarded_and_a_branch_past_a_landing_pad_traps") {
         return;
     }
     let dir = tmp();

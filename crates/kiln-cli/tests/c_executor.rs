@@ -7,8 +7,6 @@
 //! (qemu's `-L /usr/aarch64-linux-gnu`); Debian's arm64 libraries come from the private
 //! sysroot scripts/test_deps.sh fills. `KILN_TEST_SKIP_CROSS=1` skips the AArch64 tests.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -96,7 +94,7 @@ fn aarch64_executor() -> Executor {
     // The cross compiler's C library serves as the guest's.
     start(
         Command::new("qemu-aarch64-static")
-            .args(["-L", common::AARCH64_GUEST_ROOT])
+            .args(["-L", kiln_testkit::AARCH64_GUEST_ROOT])
             .arg(binary),
     )
 }
@@ -105,7 +103,7 @@ fn cross_compile(dir: &Path, source: &str, flags: &[&str]) -> PathBuf {
     let out = dir.join(format!("{}.o", source.trim_end_matches(".c")));
     let status = Command::new("aarch64-linux-gnu-gcc")
         .args(flags)
-        .args(common::aarch64_includes())
+        .args(kiln_testkit::aarch64_includes())
         .arg("-c")
         .arg(repo().join("tests/programs").join(source))
         .arg("-o")
@@ -129,7 +127,7 @@ fn native_run(dir: &Path, inputs: &[PathBuf], libs: &[&str], args: &[&str]) -> O
         .unwrap();
     assert!(status.success(), "native link of {inputs:?}");
     Command::new("qemu-aarch64-static")
-        .args(["-L", common::AARCH64_GUEST_ROOT])
+        .args(["-L", kiln_testkit::AARCH64_GUEST_ROOT])
         .arg(&exe)
         .args(args)
         .output()
@@ -169,7 +167,7 @@ fn assert_same(name: &str, native: &Output, kiln: &Output) {
 
 #[test]
 fn test_programs_run_on_aarch64_as_natively() {
-    if common::skip_cross("test_programs_run_on_aarch64_as_natively") {
+    if kiln_testkit::skip_cross("test_programs_run_on_aarch64_as_natively") {
         return;
     }
     let executor = aarch64_executor();
@@ -196,12 +194,12 @@ fn test_programs_run_on_aarch64_as_natively() {
 
 #[test]
 fn debian_arm64_libraries_run_on_aarch64_as_natively() {
-    if common::skip_cross("debian_arm64_libraries_run_on_aarch64_as_natively") {
+    if kiln_testkit::skip_cross("debian_arm64_libraries_run_on_aarch64_as_natively") {
         return;
     }
     let executor = aarch64_executor();
     let port = executor.port;
-    let lib = common::aarch64_lib_dir();
+    let lib = kiln_testkit::aarch64_lib_dir();
     let script = repo().join("tests/programs/script.lua");
     let script = script.to_str().unwrap();
     for (driver, archive, libs, args) in [
@@ -220,7 +218,7 @@ fn debian_arm64_libraries_run_on_aarch64_as_natively() {
 
 #[test]
 fn exit_crash_and_unsupported_requests_on_aarch64() {
-    if common::skip_cross("exit_crash_and_unsupported_requests_on_aarch64") {
+    if kiln_testkit::skip_cross("exit_crash_and_unsupported_requests_on_aarch64") {
         return;
     }
     let executor = aarch64_executor();

@@ -2,8 +2,6 @@
 //! then warm), compiler flags passed through, and the options and messages of a linker's
 //! command line.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -109,7 +107,7 @@ fn linker_options_map_defsym_whole_archive_and_shared_inputs() {
     let src = |name: &str, body: &str| {
         let c = dir.join(format!("{name}.c"));
         std::fs::write(&c, body).unwrap();
-        common::cc(&["-c", "-O1", "-fPIC"], &c, &dir.join(format!("{name}.o")));
+        kiln_testkit::cc(&["-c", "-O1", "-fPIC"], &c, &dir.join(format!("{name}.o")));
     };
     src(
         "main",
@@ -200,7 +198,7 @@ fn linker_options_map_defsym_whole_archive_and_shared_inputs() {
         .unwrap();
     assert!(out.status.success(), "{}", text(&out).1);
     let so = dir.join("libused.so");
-    common::cc(&["-shared", "-fPIC"], &dir.join("used.c"), &so);
+    kiln_testkit::cc(&["-shared", "-fPIC"], &dir.join("used.c"), &so);
     let out = kiln()
         .current_dir(&dir)
         .args(["run", "--defsym", "magic=0x1234", "main.o", "libused.so"])
@@ -228,7 +226,7 @@ fn messages_say_what_to_do() {
     assert!(run(&["--oop", "--connect", "h:1", "x.o"]).contains("use one"));
     // Program arguments without `--`.
     std::fs::write(dir.join("p.c"), "int main(void) { return 0; }\n").unwrap();
-    common::cc(&["-c"], &dir.join("p.c"), &dir.join("p.o"));
+    kiln_testkit::cc(&["-c"], &dir.join("p.c"), &dir.join("p.o"));
     assert!(run(&["p.o", "arg1"]).contains("put it after `--`"));
     // A directory as an input; a misspelt long option.
     std::fs::create_dir_all(dir.join("somedir")).unwrap();
@@ -256,10 +254,10 @@ fn messages_say_what_to_do() {
         "{message}"
     );
     // A linked program as an input.
-    common::cc(&[], &dir.join("p.c"), &dir.join("p"));
+    kiln_testkit::cc(&[], &dir.join("p.c"), &dir.join("p"));
     assert!(run(&["p"]).contains("a linked program, not an object"));
     // An LTO-only object.
-    common::cc(&["-c", "-flto"], &dir.join("p.c"), &dir.join("lto.o"));
+    kiln_testkit::cc(&["-c", "-flto"], &dir.join("p.c"), &dir.join("lto.o"));
     assert!(run(&["lto.o"]).contains("-flto"));
     // Undefined C++ names, demangled. (The C++ library itself is in every kiln process,
     // as `c++` links it into every program: a missing name is the program's own.)
@@ -370,7 +368,7 @@ fn cxx_sources_link_the_cxx_library_as_cxx_would() {
 
 #[test]
 fn an_initializer_outside_the_module_is_refused_in_process_as_out_of_process() {
-    common::ensure_executor();
+    kiln_testkit::executor_binary();
     let dir = scratch("bad-init");
     let src = dir.join("bad_init.c");
     // An `.init_array` entry that points at a C library function, not at the module's code
@@ -381,7 +379,7 @@ fn an_initializer_outside_the_module_is_refused_in_process_as_out_of_process() {
     )
     .unwrap();
     let obj = dir.join("bad_init.o");
-    common::cc(&["-c"], &src, &obj);
+    kiln_testkit::cc(&["-c"], &src, &obj);
     for flags in [&[][..], &["--oop"][..]] {
         let out = kiln().arg("run").args(flags).arg(&obj).output().unwrap();
         let (stdout, stderr) = text(&out);
@@ -407,8 +405,8 @@ fn defsym_reaches_its_address_through_the_got_or_says_why_not() {
     .unwrap();
     let pic = dir.join("pic.o");
     let pie = dir.join("pie.o");
-    common::cc(&["-c", "-fPIC"], &src, &pic);
-    common::cc(&["-c", "-fPIE"], &src, &pie);
+    kiln_testkit::cc(&["-c", "-fPIC"], &src, &pic);
+    kiln_testkit::cc(&["-c", "-fPIE"], &src, &pie);
     // -fPIC: the reference goes through a GOT entry holding the absolute address.
     let out = kiln()
         .args(["run", "--defsym", "mysym=0x1000"])

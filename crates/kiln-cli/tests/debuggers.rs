@@ -2,8 +2,6 @@
 //! process and attached to an out-of-process executor), perf through jitdump and perf
 //! maps. Real tools, run in batch mode.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -29,7 +27,7 @@ fn object(src: &str, flags: &[&str]) -> PathBuf {
     let out = dir.join(format!("{stem}-{n}.o"));
     let mut all = vec!["-c"];
     all.extend_from_slice(flags);
-    common::cc(&all, &common::source(src), &out);
+    kiln_testkit::cc(&all, &kiln_testkit::source(src), &out);
     out
 }
 
@@ -109,7 +107,7 @@ fn gdb_breaks_by_name_lists_source_and_backtraces_through_jit_frames() {
 
 #[test]
 fn gdb_stops_in_sqlite_from_debian_libsqlite3_a() {
-    let dir = common::programs_dir("debuggers_programs");
+    let dir = kiln_testkit::programs_dir("debuggers_programs");
     let obj = dir.join("sqlite_driver.o");
     let out = gdb_on_kiln(
         &[
@@ -189,7 +187,7 @@ fn gdb_attached_to_the_executor_breaks_in_the_code_it_runs() {
 }
 
 fn gdb_attached_to_the_executor(transport: &str) {
-    common::ensure_executor();
+    kiln_testkit::executor_binary();
     let obj = object("wait_then_work.c", &["-g", "-O0"]);
     let mut child = Command::new(kiln())
         .args(["run", "--oop", "--transport", transport, "--gdb"])
@@ -322,7 +320,7 @@ fn perf_inject_jit_names_the_hot_jit_function_and_its_lines() {
 
 #[test]
 fn perf_inject_jit_names_the_hot_function_run_by_the_executor() {
-    common::ensure_executor();
+    kiln_testkit::executor_binary();
     perf_inject_jit("out-of-process", &["--oop"]);
 }
 

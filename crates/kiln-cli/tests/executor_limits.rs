@@ -2,9 +2,7 @@
 //! program that never reads it gets 64 MiB sent by `kiln run --connect`, and the
 //! connection's process holds at most the executor's limit (16 MiB) of it, saying so once.
 
-mod common;
-
-use common::{cc, ensure_executor};
+use kiln_testkit::{cc, executor_binary};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -23,7 +21,7 @@ fn rss_kib(pid: u32) -> u64 {
 
 #[test]
 fn unread_input_is_bounded_in_the_executor() {
-    ensure_executor();
+    executor_binary();
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("executor-limits");
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("sleeper.c");
@@ -34,7 +32,8 @@ fn unread_input_is_bounded_in_the_executor() {
     .unwrap();
     let obj = dir.join("sleeper.o");
     cc(&["-c"], &src, &obj);
-    let listener = common::start_executor(&["--listen", "127.0.0.1:0", "--no-auth"], None, &[]);
+    let listener =
+        kiln_testkit::start_executor(&["--listen", "127.0.0.1:0", "--no-auth"], None, &[]);
     let address = listener.address.clone();
     let mut run = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["run", "--no-export-dynamic", "--connect", &address])

@@ -6,14 +6,12 @@
 //! The objects and the native programs' outputs come from tests/programs/build_native.sh,
 //! run once per test process.
 
-mod common;
-
-use common::ensure_executor;
+use kiln_testkit::executor_binary;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn programs_dir() -> &'static Path {
-    common::programs_dir("kiln-programs")
+    kiln_testkit::programs_dir("kiln-programs")
 }
 
 struct Program {
@@ -155,7 +153,7 @@ fn non_pic_code_reaching_libc_data_is_a_clear_error() {
 fn compile(source: &Path, flags: &[&str], out: &Path) {
     let mut all = flags.to_vec();
     all.push("-c");
-    common::cc(&all, source, out);
+    kiln_testkit::cc(&all, source, out);
 }
 
 #[test]
@@ -267,7 +265,7 @@ fn main_exit_status_is_kilns() {
 fn cpython_from_debian_libpython3_11_pic_a() {
     // Debian's python.o (LTO-built: fat-LTO sections, a hidden `main`) and
     // libpython3.11-pic.a, with libm, libz and libexpat from the system.
-    let config = common::python_config_dir();
+    let config = kiln_testkit::python_config_dir();
     let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .arg("run")
         .arg(config.join("python.o"))
@@ -320,7 +318,7 @@ fn objects_as_distributions_ship_them_debug_info_and_fat_lto() {
 /// The same program run out of process, with each transport, must print what the native
 /// program prints.
 fn assert_same_out_of_process(name: &str) {
-    ensure_executor();
+    executor_binary();
     let p = program(name);
     for transport in ["shm", "copy"] {
         let out = kiln_run_with(&p, &["--oop", "--transport", transport]);
@@ -361,7 +359,7 @@ fn out_of_process_cxx_exceptions_and_thread_locals() {
 
 #[test]
 fn out_of_process_twenty_thousand_functions() {
-    ensure_executor();
+    executor_binary();
     let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("many-oop");
     std::fs::create_dir_all(&tmp).unwrap();
     let mut src = String::from("#include <stdio.h>\n");
@@ -396,13 +394,13 @@ fn out_of_process_twenty_thousand_functions() {
 
 #[test]
 fn out_of_process_over_tcp() {
-    ensure_executor();
+    executor_binary();
     use std::io::{BufRead, Read};
     let executor = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
     let key = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("tcp-test-{}.key", std::process::id()));
     let _ = std::fs::remove_file(&key);
-    let mut child = common::KillOnDrop(
+    let mut child = kiln_testkit::KillOnDrop(
         Command::new(&executor)
             .args(["--listen", "127.0.0.1:0", "--key-file"])
             .arg(&key)
@@ -445,7 +443,7 @@ fn out_of_process_over_tcp() {
 
 #[test]
 fn out_of_process_crash_is_reported_and_kiln_survives() {
-    ensure_executor();
+    executor_binary();
     let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let c = tmp.join("segv.c");
     std::fs::write(&c, "#include <stdio.h>\nint main(void) { puts(\"about to crash\"); fflush(stdout); *(volatile int *)16 = 1; return 0; }\n").unwrap();
@@ -470,7 +468,7 @@ fn out_of_process_crash_is_reported_and_kiln_survives() {
 
 #[test]
 fn an_uncaught_cxx_exception_terminates_as_natively() {
-    ensure_executor();
+    executor_binary();
     let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("uncaught");
     std::fs::create_dir_all(&tmp).unwrap();
     let src = tmp.join("uncaught.cpp");

@@ -3,9 +3,7 @@
 //! run`'s environment (`getenv`) and working directory (a relative `fopen`), as in
 //! process; `--no-env` keeps the executor's own.
 
-mod common;
-
-use common::{cc, ensure_executor};
+use kiln_testkit::{cc, executor_binary};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -58,13 +56,13 @@ const CALLERS: &str = "KILN_ENV_PROBE=from the caller\ndata.txt: the caller's fi
 const EXECUTORS: &str = "KILN_ENV_PROBE=(unset)\ndata.txt: NOT FOUND\n";
 
 /// `kiln-executor ARGS`, started from `/` with no KILN_ENV_PROBE.
-fn executor(args: &[&str]) -> common::ExecutorProcess {
-    common::start_executor(args, Some(Path::new("/")), &["KILN_ENV_PROBE"])
+fn executor(args: &[&str]) -> kiln_testkit::ExecutorProcess {
+    kiln_testkit::start_executor(args, Some(Path::new("/")), &["KILN_ENV_PROBE"])
 }
 
 #[test]
 fn in_process_and_a_fresh_executor() {
-    ensure_executor();
+    executor_binary();
     let (obj, work) = setup("fresh");
     assert_eq!(kiln_run(&obj, &work, &[], &[]), CALLERS);
     assert_eq!(kiln_run(&obj, &work, &["--oop"], &[]), CALLERS);

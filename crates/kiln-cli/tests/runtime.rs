@@ -8,14 +8,12 @@
 //! The programs are in tests/programs; their native builds and expected outputs come from
 //! tests/programs/build_native.sh.
 
-mod common;
-
-use common::{cc, ensure_executor, source};
+use kiln_testkit::{cc, executor_binary, source};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn programs_dir() -> &'static Path {
-    common::programs_dir("kiln-runtime-programs")
+    kiln_testkit::programs_dir("kiln-runtime-programs")
 }
 
 fn kiln(args: &[&str], inputs: &[PathBuf]) -> Output {
@@ -31,7 +29,7 @@ fn kiln(args: &[&str], inputs: &[PathBuf]) -> Output {
 /// shared memory and with the copy transport, must print what the native program printed
 /// and exit 0.
 fn assert_like_native(name: &str, objects: &[&str], libs: &[&str]) {
-    ensure_executor();
+    executor_binary();
     let dir = programs_dir();
     let expected = std::fs::read_to_string(dir.join(format!("{name}.expected"))).unwrap();
     let mut inputs: Vec<PathBuf> = objects.iter().map(|o| dir.join(o)).collect();
@@ -109,7 +107,7 @@ fn one_thread_local_reached_through_general_dynamic_and_local_exec_code() {
 
 #[test]
 fn a_plugin_loaded_by_the_program_calls_back_into_it() {
-    ensure_executor();
+    executor_binary();
     let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let host = tmp.join("plugin_host.o");
     let plugin = tmp.join("plugin.so");
@@ -194,7 +192,7 @@ fn noexec_runs_no_code_at_all() {
 
 #[test]
 fn exit_status_and_fatal_signals_are_the_same_in_and_out_of_process() {
-    ensure_executor();
+    executor_binary();
     let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let src = tmp.join("exits.c");
     std::fs::write(
@@ -249,14 +247,14 @@ fn exit_status_and_fatal_signals_are_the_same_in_and_out_of_process() {
 }
 
 fn kiln_python(args: &[&str]) -> Output {
-    let config = common::python_config_dir();
+    let config = kiln_testkit::python_config_dir();
     Command::new(env!("CARGO_BIN_EXE_kiln"))
         .arg("run")
         .arg(config.join("python.o"))
         .arg(config.join("libpython3.11-pic.a"))
         .args(["-lm", "-lz", "-lexpat", "--"])
         .args(args)
-        .envs(common::python_tests_env())
+        .envs(kiln_testkit::python_tests_env())
         .output()
         .unwrap()
 }
@@ -291,7 +289,7 @@ fn cpython_extension_modules_pass_their_own_test_suites() {
     args.extend(tests);
     let native = Command::new("/usr/bin/python3.11")
         .args(&args)
-        .envs(common::python_tests_env())
+        .envs(kiln_testkit::python_tests_env())
         .output()
         .unwrap();
     let out = kiln_python(&args);
@@ -358,7 +356,7 @@ fn a_remote_program_behaves_like_a_local_one() {
     // kiln run --connect: stdin goes to the program, its stdout and stderr come back, and
     // its exit status (main's, exit(n), a signal's) is kiln's.
     use std::io::{BufRead, Write};
-    ensure_executor();
+    executor_binary();
     let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let src = tmp.join("remote_stdio.c");
     std::fs::write(
@@ -378,7 +376,7 @@ fn a_remote_program_behaves_like_a_local_one() {
     let key = tmp.join(format!("stdio-{}.key", std::process::id()));
     let _ = std::fs::remove_file(&key);
     let executor = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
-    let mut listener = common::KillOnDrop(
+    let mut listener = kiln_testkit::KillOnDrop(
         Command::new(&executor)
             .args(["--listen", "127.0.0.1:0", "--key-file"])
             .arg(&key)
@@ -439,13 +437,13 @@ fn a_pre_started_executor_serves_kiln_run_oop() {
     // this user's (and the peer checked), the program on kiln run's own stdin/stdout/stderr.
     use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
-    ensure_executor();
+    executor_binary();
     let dir = programs_dir();
     let expected = std::fs::read_to_string(dir.join("runtime_exit.expected")).unwrap();
     let socket = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("executor-{}.sock", std::process::id()));
     let executor = Path::new(env!("CARGO_BIN_EXE_kiln")).with_file_name("kiln-executor");
-    let daemon = common::KillOnDrop(
+    let daemon = kiln_testkit::KillOnDrop(
         Command::new(&executor)
             .arg("--listen-unix")
             .arg(&socket)

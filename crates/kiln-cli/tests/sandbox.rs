@@ -3,9 +3,7 @@
 //! paths — and gets `EPERM` or `EACCES`, while what it allows still works; a sandboxed
 //! listener serves connection after connection.
 
-mod common;
-
-use common::{cc, ensure_executor};
+use kiln_testkit::{cc, executor_binary};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -26,7 +24,11 @@ fn setup(name: &str) -> Setup {
     std::fs::create_dir_all(&elsewhere).unwrap();
     std::fs::write(elsewhere.join("secret"), "not for JIT code\n").unwrap();
     let object = dir.join("sandbox_probe.o");
-    cc(&["-c", "-O1"], &common::source("sandbox_probe.c"), &object);
+    cc(
+        &["-c", "-O1"],
+        &kiln_testkit::source("sandbox_probe.c"),
+        &object,
+    );
     Setup {
         object,
         allowed,
@@ -46,7 +48,7 @@ fn probe_args(s: &Setup) -> Vec<String> {
 
 #[test]
 fn a_sandboxed_child_executor_refuses_each_forbidden_thing() {
-    ensure_executor();
+    executor_binary();
     let s = setup("child");
     let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["run", "--oop", "--sandbox", "--sandbox-write"])
@@ -87,10 +89,10 @@ fn sandbox_flags_need_oop_and_each_other() {
 
 #[test]
 fn a_sandboxed_listener_serves_connection_after_connection() {
-    ensure_executor();
+    executor_binary();
     let s = setup("listener");
     let allowed = s.allowed.display().to_string();
-    let listener = common::start_executor(
+    let listener = kiln_testkit::start_executor(
         &[
             "--listen",
             "127.0.0.1:0",

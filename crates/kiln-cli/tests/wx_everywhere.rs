@@ -7,9 +7,7 @@
 //! in the natively linked program. The executor listener is scanned from outside, and every
 //! ELF file Kiln writes must say its stack is not executable.
 
-mod common;
-
-use common::{cc, ensure_executor};
+use kiln_testkit::{cc, executor_binary};
 use object::read::elf::{FileHeader, ProgramHeader};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,7 +29,7 @@ fn probe() -> &'static Probe {
     PROBE.get_or_init(|| {
         let dir = tmp();
         std::fs::create_dir_all(&dir).unwrap();
-        let src = common::source("wx_probe.c");
+        let src = kiln_testkit::source("wx_probe.c");
         let plain = dir.join("wx_probe.o");
         let static_tls = dir.join("wx_probe_tls.o");
         let native = dir.join("wx_probe");
@@ -64,7 +62,7 @@ fn stack_of(report: &str, who: &str) -> String {
 
 /// Runs the probe (plain and with static TLS) under `kiln run FLAGS` and checks the report.
 fn assert_no_wx(mode: &str, flags: &[&str], env: &[(&str, &str)]) {
-    ensure_executor();
+    executor_binary();
     let probe = probe();
     for object in [&probe.plain, &probe.static_tls] {
         let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
@@ -151,7 +149,7 @@ fn pre_started_executor() {
     let socket = tmp().join(format!("executor-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&socket);
     let socket_text = socket.display().to_string();
-    let executor = common::start_executor(&["--listen-unix", &socket_text], None, &[]);
+    let executor = kiln_testkit::start_executor(&["--listen-unix", &socket_text], None, &[]);
     assert_no_wx(
         "pre-started",
         &["--oop"],
@@ -165,7 +163,7 @@ fn over_tcp_with_a_key() {
     let key = tmp().join(format!("wx-{}.key", std::process::id()));
     let _ = std::fs::remove_file(&key);
     let key_text = key.display().to_string();
-    let executor = common::start_executor(
+    let executor = kiln_testkit::start_executor(
         &["--listen", "127.0.0.1:0", "--key-file", &key_text],
         None,
         &[],

@@ -37,20 +37,7 @@ fn manager() -> SlabMemoryManager {
 }
 
 fn compile(name: &str, source: &str) -> Vec<u8> {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bad-input");
-    std::fs::create_dir_all(&dir).unwrap();
-    let c = dir.join(format!("{name}.c"));
-    let o = dir.join(format!("{name}.o"));
-    std::fs::write(&c, source).unwrap();
-    let status = Command::new("cc")
-        .args(["-O1", "-c"])
-        .arg(&c)
-        .arg("-o")
-        .arg(&o)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    std::fs::read(&o).unwrap()
+    kiln_testkit::cc_object(name, source, &["-O1"])
 }
 
 const GOOD: &str = "#include <stdio.h>\nint counter;\nconst char *greeting = \"hi\";\nint work(int x) { counter += x; return printf(\"%s %d\\n\", greeting, counter); }\n";

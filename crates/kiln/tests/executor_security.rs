@@ -14,26 +14,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The executor binary of this build (the test binary's own target directory), built
-/// once per test process so that it is never a stale one.
-fn executor_binary() -> PathBuf {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    BUILT.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        assert!(Command::new(cargo)
-            .args(["build", "-p", "kiln-executor"])
-            .status()
-            .unwrap()
-            .success());
-    });
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("kiln-executor")
-}
-
 struct Listener {
     child: Child,
     address: String,
@@ -49,7 +29,7 @@ impl Drop for Listener {
 }
 
 fn listen(args: &[&str]) -> Listener {
-    let mut child = Command::new(executor_binary())
+    let mut child = Command::new(kiln_testkit::executor_binary())
         .arg("--listen")
         .args(args)
         .stdout(Stdio::null())
@@ -244,7 +224,7 @@ fn tampered_and_replayed_messages_end_the_connection() {
 
 #[test]
 fn a_non_loopback_address_needs_authentication_and_is_announced() {
-    let out = Command::new(executor_binary())
+    let out = Command::new(kiln_testkit::executor_binary())
         .args(["--listen", "0.0.0.0:0", "--no-auth"])
         .output()
         .unwrap();

@@ -2,8 +2,6 @@
 //! lazy function calling another, and hot swap under threads calling in a loop.
 #![cfg(target_arch = "x86_64")]
 
-mod common;
-
 use kiln::lazy::testing::{constant_function, function_object};
 use kiln::{Error, Jit, LazyCompiler};
 use std::collections::HashMap;
@@ -253,7 +251,7 @@ fn a_failed_compile_reaches_the_fallback_not_a_crash() {
 
 #[test]
 fn lazy_functions_call_each_other_through_their_stubs() {
-    let calls = common::cc(
+    let calls = kiln_testkit::cc_object(
         "calls",
         "long inner(long); long outer(long x) { return inner(x) * 10; }",
         &["-O2", "-fPIC"],
@@ -365,14 +363,14 @@ fn a_retired_body_outlives_the_guards_that_could_reach_it() {
 
 #[test]
 fn out_of_process_a_stubs_first_call_asks_the_controller() {
-    let calls = common::cc(
+    let calls = kiln_testkit::cc_object(
         "remote_calls",
         "long inner(long); long twice(long); long outer(long x) { return twice(inner(x)) * 10; }",
         &["-O2", "-fPIC"],
     );
     for transport in [kiln::Transport::SharedMemory, kiln::Transport::Copy] {
         let executor = kiln::Executor::spawn(
-            &common::executor_binary(),
+            &kiln_testkit::executor_binary(),
             transport,
             kiln::Timeouts::default(),
         )

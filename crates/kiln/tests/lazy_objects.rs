@@ -1,11 +1,9 @@
 //! Lazy objects: read by symbol table when added, linked when first needed.
 
-mod common;
-
 use kiln::{Error, Jit};
 
 fn compile(name: &str, source: &str) -> Vec<u8> {
-    common::cc(name, source, &["-O2", "-fPIC"])
+    kiln_testkit::cc_object(name, source, &["-O2", "-fPIC"])
 }
 
 fn call(jit: &Jit, name: &str, x: i64) -> i64 {

@@ -7,26 +7,10 @@
 
 use kiln::{Error, GraphView, Jit, LinkPass, PassPoint, Plugin};
 use parking_lot::Mutex;
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 
 fn compile(name: &str, source: &str) -> Vec<u8> {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("link_passes");
-    std::fs::create_dir_all(&dir).unwrap();
-    // Each test compiles into files of its own (tests run in parallel).
-    let c = dir.join(format!("{name}-{:?}.c", std::thread::current().id()));
-    let o = dir.join(format!("{name}-{:?}.o", std::thread::current().id()));
-    std::fs::write(&c, source).unwrap();
-    let status = Command::new("cc")
-        .args(["-O2", "-fPIC", "-ffunction-sections", "-c"])
-        .arg(&c)
-        .arg("-o")
-        .arg(&o)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    std::fs::read(&o).unwrap()
+    kiln_testkit::cc_object(name, source, &["-O2", "-fPIC", "-ffunction-sections"])
 }
 
 const SOURCE: &str = "extern int helper(int);\n\

@@ -8,25 +8,11 @@
 use kiln::{DebugSupport, Jit, LoadedModule, Plugin, PluginError, SymbolKind};
 use parking_lot::Mutex;
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 
 fn compile(name: &str, source: &str, flags: &[&str]) -> Vec<u8> {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("listeners");
-    std::fs::create_dir_all(&dir).unwrap();
-    let c = dir.join(format!("{name}.c"));
-    let o = dir.join(format!("{name}.o"));
-    std::fs::write(&c, source).unwrap();
-    let status = Command::new("cc")
-        .args(["-O1", "-fPIC", "-c"])
-        .args(flags)
-        .arg(&c)
-        .arg("-o")
-        .arg(&o)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    std::fs::read(&o).unwrap()
+    let flags: Vec<&str> = ["-O1", "-fPIC"].iter().chain(flags).copied().collect();
+    kiln_testkit::cc_object(name, source, &flags)
 }
 
 #[derive(Default)]

@@ -2,8 +2,6 @@
 //! removing them must not grow the session (no record of a removed module is kept). The
 //! heap is measured with a counting allocator in this test binary.
 
-mod common;
-
 use kiln::Jit;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -44,12 +42,12 @@ static ALLOCATOR: Counting = Counting;
 
 #[test]
 fn churning_modules_that_call_a_runtime_module_keeps_the_heap_flat() {
-    let runtime = common::cc(
+    let runtime = kiln_testkit::cc_object(
         "churn_runtime",
         "int runtime_add(int a, int b) { return a + b; }",
         &["-O1", "-fPIC"],
     );
-    let user = common::cc(
+    let user = kiln_testkit::cc_object(
         "churn_user",
         "extern int runtime_add(int, int); int user_fn(void) { return runtime_add(41, 1); }",
         &["-O1", "-fPIC"],
@@ -82,13 +80,13 @@ fn churning_modules_that_call_a_runtime_module_keeps_the_heap_flat() {
 
 #[test]
 fn a_set_of_modules_is_removed_users_first_or_refused_naming_outside_users() {
-    let runtime = common::cc(
+    let runtime = kiln_testkit::cc_object(
         "set_runtime",
         "int set_add(int a, int b) { return a + b; }",
         &["-O1", "-fPIC"],
     );
     let user = |n: u32| {
-        common::cc(
+        kiln_testkit::cc_object(
             &format!("set_user{n}"),
             &format!(
                 "extern int set_add(int, int); int set_user{n}(void) {{ return set_add({n}, 1); }}"
@@ -137,7 +135,7 @@ fn a_chain_of_modules_is_removed_in_one_call_whatever_the_order_given() {
                 k - 1
             )
         };
-        let object = common::cc(&format!("chain{k}"), &source, &["-O1", "-fPIC"]);
+        let object = kiln_testkit::cc_object(&format!("chain{k}"), &source, &["-O1", "-fPIC"]);
         modules.push(
             jit.link_object(lib, &format!("chain{k}.o"), object)
                 .unwrap(),
@@ -163,12 +161,12 @@ fn a_chain_of_modules_is_removed_in_one_call_whatever_the_order_given() {
 /// the bound was set, `.eh_frame` registration included).
 #[test]
 fn a_small_link_makes_a_bounded_number_of_heap_allocations() {
-    let runtime = common::cc(
+    let runtime = kiln_testkit::cc_object(
         "alloc_runtime",
         "int alloc_runtime_add(int a, int b) { return a + b; }",
         &["-O1", "-fPIC"],
     );
-    let user = common::cc(
+    let user = kiln_testkit::cc_object(
         "alloc_user",
         "#include <stdlib.h>\nextern int alloc_runtime_add(int, int);\nint alloc_user(int x) { return alloc_runtime_add(abs(x), 1); }",
         &["-O1", "-fPIC"],

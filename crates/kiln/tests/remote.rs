@@ -1,8 +1,6 @@
 //! Out-of-process execution through the session API: crashes, deaths, stalls and
 //! malformed messages become errors; nothing leaks; the controller goes on.
 
-mod common;
-
 use kiln::{Executor, Jit, RemoteError, Timeouts, Transport};
 use kiln_remote::protocol::{Request, Response};
 use std::io::{BufRead, Read, Write};
@@ -14,11 +12,16 @@ fn compile(name: &str, source: &str) -> Vec<u8> {
 }
 
 fn compile_with(name: &str, source: &str, flags: &[&str]) -> Vec<u8> {
-    common::cc(name, source, flags)
+    kiln_testkit::cc_object(name, source, flags)
 }
 
 fn spawn(transport: Transport) -> Executor {
-    Executor::spawn(&common::executor_binary(), transport, Timeouts::default()).unwrap()
+    Executor::spawn(
+        &kiln_testkit::executor_binary(),
+        transport,
+        Timeouts::default(),
+    )
+    .unwrap()
 }
 
 fn open_fds() -> usize {
@@ -144,7 +147,7 @@ fn a_stalled_executor_times_out() {
         run: Some(Duration::from_millis(700)),
     };
     let executor = Executor::spawn(
-        &common::executor_binary(),
+        &kiln_testkit::executor_binary(),
         Transport::SharedMemory,
         timeouts,
     )
@@ -285,7 +288,7 @@ fn malformed_and_out_of_range_requests_get_error_replies() {
         }
     }
     let mut child = KillOnDrop(
-        Command::new(common::executor_binary())
+        Command::new(kiln_testkit::executor_binary())
             .args(["--listen", "--no-auth"])
             .stderr(std::process::Stdio::piped())
             .spawn()

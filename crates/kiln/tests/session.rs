@@ -9,20 +9,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 fn compile(name: &str, source: &str) -> Vec<u8> {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("session");
-    std::fs::create_dir_all(&dir).unwrap();
-    let c = dir.join(format!("{name}.c"));
-    let o = dir.join(format!("{name}.o"));
-    std::fs::write(&c, source).unwrap();
-    let status = Command::new("cc")
-        .args(["-O1", "-c"])
-        .arg(&c)
-        .arg("-o")
-        .arg(&o)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    std::fs::read(&o).unwrap()
+    kiln_testkit::cc_object(name, source, &["-O1"])
 }
 
 fn call0(addr: u64) -> i32 {
@@ -231,20 +218,7 @@ fn a_rust_panic_unwinds_through_jit_frames() {
 }
 
 fn compile_cxx(name: &str, source: &str) -> Vec<u8> {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("session");
-    std::fs::create_dir_all(&dir).unwrap();
-    let c = dir.join(format!("{name}.cpp"));
-    let o = dir.join(format!("{name}.o"));
-    std::fs::write(&c, source).unwrap();
-    let status = Command::new("g++")
-        .args(["-O1", "-fPIC", "-fno-exceptions", "-c"])
-        .arg(&c)
-        .arg("-o")
-        .arg(&o)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    std::fs::read(&o).unwrap()
+    kiln_testkit::cxx_object(name, source, &["-O1", "-fPIC", "-fno-exceptions"])
 }
 
 static RECORDED: parking_lot::Mutex<Vec<i32>> = parking_lot::Mutex::new(Vec::new());

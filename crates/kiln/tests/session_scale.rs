@@ -7,25 +7,10 @@
 #![allow(clippy::result_large_err)]
 
 use kiln::{Error, Jit};
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 
 fn compile(name: &str, source: &str) -> Vec<u8> {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("session-scale");
-    std::fs::create_dir_all(&dir).unwrap();
-    let c = dir.join(format!("{name}.c"));
-    let o = dir.join(format!("{name}.o"));
-    std::fs::write(&c, source).unwrap();
-    let status = Command::new("cc")
-        .args(["-O1", "-fPIC", "-c"])
-        .arg(&c)
-        .arg("-o")
-        .arg(&o)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    std::fs::read(&o).unwrap()
+    kiln_testkit::cc_object(name, source, &["-O1", "-fPIC"])
 }
 
 fn call1(jit: &Jit, lib: kiln::LibraryId, name: &str, x: i64) -> i64 {

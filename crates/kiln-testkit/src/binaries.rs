@@ -1,0 +1,107 @@
+//! This build's binaries, and executor processes a test starts.
+
+use crate::compile::target_dir;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The binary `name` of this build (`target/PROFILE/NAME`), next to the test binary's
+/// `deps` directory.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| target_dir().join("debug"));
+    profile.join(name)
+}
+
+/// This build's `kiln-executor`, built once per test process (so never a stale one: a
+/// test of only one package does not build the others' binaries).
+pub fn executor_binary() -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut command = Command::new(cargo);
+        command.args(["build", "-p", "kiln-executor"]);
+        if binary("kiln-executor")
+            .parent()
+            .is_some_and(|p| p.ends_with("release"))
+        {
+            command.arg("--release");
+        }
+        assert!(
+            command.status().expect("cargo runs").success(),
+            "kiln-executor builds"
+        );
+    });
+    binary("kiln-executor")
+}
+
+/// A `kiln-executor` started by a test, killed when dropped.
+pub struct ExecutorProcess {
+    /// The process.
+    pub child: KillOnDrop,
+    /// What it listens on (`HOST:PORT` or the socket's path), from its "listening on"
+    /// line.
+    pub address: String,
+}
+
+/// Starts this build's `kiln-executor ARGS` (from `cwd` if given, without `env_remove`'s
+/// variables) and waits for its "listening on" line; its stderr is drained after.
+pub fn start_executor(args: &[&str], cwd: Option<&Path>, env_remove: &[&str]) -> ExecutorProcess {
+    use std::io::BufRead;
+    let mut command = Command::new(executor_binary());
+    command
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    if let Some(dir) = cwd {
+        command.current_dir(dir);
+    }
+    for name in env_remove {
+        command.env_remove(name);
+    }
+    let mut child = KillOnDrop(command.spawn().expect("kiln-executor starts"));
+    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    while !line.contains("listening on") {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).expect("stderr reads") > 0,
+            "the executor ended before listening"
+        );
+    }
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    let address = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    ExecutorProcess { child, address }
+}
+
+/// A child process (an executor a test started) killed and reaped when dropped, also when
+/// the test panics first: left running, it would hold the test run's output open.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

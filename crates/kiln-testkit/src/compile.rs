@@ -1,0 +1,72 @@
+//! Objects from the system compilers, compiled in a scratch directory of the build.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The build's target directory (`target/`), found from the running test binary
+/// (`target/debug/deps/NAME-HASH`).
+pub(crate) fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.ancestors()
+        .nth(3)
+        .expect("the test binary lies in target/PROFILE/deps")
+        .to_path_buf()
+}
+
+/// A scratch directory `target/tmp/NAME` (what `CARGO_TARGET_TMPDIR` names), created.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = target_dir().join("tmp").join(name);
+    std::fs::create_dir_all(&dir).expect("the scratch directory can be created");
+    dir
+}
+
+/// Compiles `source` with `compiler -c FLAGS` and returns the object's bytes. The source
+/// is `NAME.EXT` (debug information names it so) in a directory of the process and the
+/// calling thread: tests run in parallel.
+fn object(compiler: &str, extension: &str, name: &str, source: &str, flags: &[&str]) -> Vec<u8> {
+    let dir = scratch_dir(&format!(
+        "testkit/{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let src = dir.join(format!("{name}.{extension}"));
+    let out = dir.join(format!("{name}.o"));
+    std::fs::write(&src, source).expect("the source can be written");
+    let status = Command::new(compiler)
+        .args(flags)
+        .arg("-c")
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap_or_else(|e| panic!("{compiler} runs: {e}"));
+    assert!(status.success(), "{compiler} {flags:?} -c {name} failed");
+    std::fs::read(&out).expect("the object can be read")
+}
+
+/// `cc -c FLAGS` of the C `source`: the object's bytes.
+///
+/// ```no_run
+/// let object = kiln_testkit::cc_object("answer", "int answer(void) { return 42; }", &["-O1"]);
+/// assert!(object.starts_with(b"\x7fELF"));
+/// ```
+pub fn cc_object(name: &str, source: &str, flags: &[&str]) -> Vec<u8> {
+    object("cc", "c", name, source, flags)
+}
+
+/// `c++ -c FLAGS` of the C++ `source`: the object's bytes.
+pub fn cxx_object(name: &str, source: &str, flags: &[&str]) -> Vec<u8> {
+    object("c++", "cpp", name, source, flags)
+}
+
+/// `cc FLAGS SRC -o OUT`, which must succeed (objects, programs, shared libraries).
+pub fn cc(flags: &[&str], src: &Path, out: &Path) {
+    let status = Command::new("cc")
+        .args(flags)
+        .arg(src)
+        .arg("-o")
+        .arg(out)
+        .status()
+        .expect("cc runs");
+    assert!(status.success(), "cc {flags:?} {}", src.display());
+}

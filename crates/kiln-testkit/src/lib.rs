@@ -1,0 +1,21 @@
+//! What Kiln's tests share, in one dev-only crate (each test file used to carry its own
+//! copy):
+//! - [`compile`]: objects from the system C and C++ compilers, in a scratch directory
+//!   of the build;
+//! - [`binaries`]: this build's `kiln` and `kiln-executor`, and executor processes that
+//!   are killed when the test ends, also when it panics;
+//! - [`sysroot`]: the test programs and the foreign-architecture libraries that
+//!   `scripts/test_deps.sh` puts in a private sysroot (never on the machine).
+//!
+//! Helpers panic with a message saying what is missing: they are for tests.
+
+pub mod binaries;
+pub mod compile;
+pub mod sysroot;
+
+pub use binaries::{binary, executor_binary, start_executor, ExecutorProcess, KillOnDrop};
+pub use compile::{cc, cc_object, cxx_object, scratch_dir};
+pub use sysroot::{
+    aarch64_includes, aarch64_lib_dir, aarch64_sysroot, host_file, programs_dir, python_config_dir,
+    python_tests_env, repository, skip_cross, source, AARCH64_GUEST_ROOT,
+};

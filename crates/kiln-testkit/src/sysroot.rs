@@ -1,0 +1,141 @@
+//! The test programs of `tests/programs`, and what `scripts/test_deps.sh` unpacks into a
+//! private sysroot rather than install on the machine (foreign-architecture libraries,
+//! packages apt could not install without upgrading others).
+
+use crate::compile::target_dir;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The repository's root.
+pub fn repository() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A source file of tests/programs.
+pub fn source(name: &str) -> PathBuf {
+    repository().join("tests/programs").join(name)
+}
+
+/// The test programs built natively (objects, binaries, expected outputs) by
+/// tests/programs/build_native.sh into `target/tmp/NAME`, once per test process.
+pub fn programs_dir(name: &str) -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = crate::scratch_dir(name);
+        let status = Command::new("bash")
+            .arg(repository().join("tests/programs/build_native.sh"))
+            .arg(&out)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("bash runs build_native.sh");
+        assert!(
+            status.success(),
+            "build_native.sh failed: the native programs must build"
+        );
+        out
+    })
+}
+
+/// Where scripts/test_deps.sh puts what it does not install on the machine: `name` of
+/// `target/sysroot` (`aarch64`, `native`), or the directory the variable `var` names.
+fn private_sysroot(var: &str, name: &str) -> PathBuf {
+    match std::env::var_os(var) {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => target_dir().join("sysroot").join(name),
+    }
+}
+
+/// Whether the cross-architecture parts are skipped (`KILN_TEST_SKIP_CROSS` set, not
+/// `0`); says so on stderr for `test`.
+pub fn skip_cross(test: &str) -> bool {
+    let skip = std::env::var("KILN_TEST_SKIP_CROSS").is_ok_and(|v| !v.is_empty() && v != "0");
+    if skip {
+        // Straight to stderr, past the test harness's capture: the skip shows in the run.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "{test}: skipped: KILN_TEST_SKIP_CROSS is set (no AArch64 cross compiler, qemu \
+             or arm64 libraries)"
+        );
+    }
+    skip
+}
+
+/// Debian's arm64 libraries and headers, unpacked by scripts/test_deps.sh into
+/// `KILN_AARCH64_SYSROOT` (default `target/sysroot/aarch64`): its
+/// `usr/lib/aarch64-linux-gnu` holds libz.a, libsqlite3.a and liblua5.4.a.
+pub fn aarch64_sysroot() -> PathBuf {
+    let root = private_sysroot("KILN_AARCH64_SYSROOT", "aarch64");
+    assert!(
+        root.join("usr/lib/aarch64-linux-gnu/libsqlite3.a")
+            .is_file(),
+        "no arm64 libraries in {}: run scripts/test_deps.sh (or set KILN_AARCH64_SYSROOT, \
+         or KILN_TEST_SKIP_CROSS=1 to skip the AArch64 tests)",
+        root.display()
+    );
+    root
+}
+
+/// Debian's arm64 libraries directory in [`aarch64_sysroot`].
+pub fn aarch64_lib_dir() -> PathBuf {
+    aarch64_sysroot().join("usr/lib/aarch64-linux-gnu")
+}
+
+/// `-I` options for arm64 compiles: the sysroot's headers (zlib, SQLite, Lua 5.4, and
+/// the multiarch ones Lua's include).
+pub fn aarch64_includes() -> Vec<String> {
+    let root = aarch64_sysroot();
+    vec![
+        format!("-I{}", root.join("usr/include/lua5.4").display()),
+        format!("-I{}", root.join("usr/include/aarch64-linux-gnu").display()),
+        format!("-I{}", root.join("usr/include").display()),
+    ]
+}
+
+/// The qemu-aarch64 guest's root: the cross compiler's C library (Debian's
+/// libc6-arm64-cross), the one the AArch64 programs are linked against.
+pub const AARCH64_GUEST_ROOT: &str = "/usr/aarch64-linux-gnu";
+
+/// A file of a native Debian package: where the machine has it, else under
+/// `KILN_NATIVE_SYSROOT` (default `target/sysroot/native`), where scripts/test_deps.sh
+/// unpacks packages apt could not install without upgrading others.
+pub fn host_file(path: &str) -> PathBuf {
+    let on_host = PathBuf::from(path);
+    if on_host.exists() {
+        return on_host;
+    }
+    let private =
+        private_sysroot("KILN_NATIVE_SYSROOT", "native").join(path.trim_start_matches('/'));
+    assert!(
+        private.exists(),
+        "{path} is neither on this machine nor in {}: run scripts/test_deps.sh",
+        private.display()
+    );
+    private
+}
+
+/// CPython's configuration directory (python.o, libpython3.11-pic.a), from
+/// libpython3.11-dev.
+pub fn python_config_dir() -> PathBuf {
+    host_file("/usr/lib/python3.11/config-3.11-x86_64-linux-gnu/libpython3.11-pic.a")
+        .parent()
+        .expect("the archive lies in a directory")
+        .to_path_buf()
+}
+
+/// The environment an interpreter needs to find CPython's test modules
+/// (libpython3.11-testsuite): none when they are installed, else `PYTHONPATH` naming the
+/// private copy (the machine's `test`, `ctypes`, … packages with the test modules added).
+pub fn python_tests_env() -> Vec<(String, PathBuf)> {
+    if Path::new("/usr/lib/python3.11/test/test_json").exists() {
+        return Vec::new();
+    }
+    let private = host_file("/usr/lib/python3.11/test/test_json");
+    let lib = private
+        .ancestors()
+        .nth(2)
+        .expect("test_json lies in lib/test")
+        .to_path_buf();
+    vec![("PYTHONPATH".into(), lib)]
+}
