@@ -42,6 +42,18 @@ pub(crate) struct ModuleInner {
 }
 
 impl ModuleInner {
+    /// A global definition of the module: its name (the module's shared string) and
+    /// address.
+    pub(crate) fn symbol_entry(&self, name: &str) -> Option<(Arc<str>, u64)> {
+        let symbols = &self.symbols;
+        symbols
+            .binary_search_by(|(n, _, _)| (**n).cmp(name))
+            .ok()
+            .map(|i| (symbols[i].0.clone(), symbols[i].1))
+    }
+}
+
+impl ModuleInner {
     /// Takes this module out of the user lists of the modules it uses (at removal and
     /// when it is dropped): a JIT that churns modules calling a long-lived one must not
     /// grow that one's list.

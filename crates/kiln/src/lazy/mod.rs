@@ -47,7 +47,7 @@ use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::ThreadId;
-use stub_object::{slots_symbol, stub_object, STUB_ENTRY};
+use stub_object::{slots_symbol, stub_object, Names, STUB_ENTRY};
 
 /// Compiles the functions of call-through stubs, on their first call.
 ///
@@ -122,7 +122,7 @@ pub(crate) struct LazyFunction {
 
 impl Drop for LazyFunction {
     fn drop(&mut self) {
-        registry().write().remove(&self.id);
+        registry().write().forget(self.id);
         if self.executor.is_none() {
             // Its session is gone: a call through a stub someone still holds goes back
             // into Kiln, finds no function and returns 0, rather than into the body,
@@ -134,12 +134,54 @@ impl Drop for LazyFunction {
     }
 }
 
-/// Stub ids to functions, for the assembly entry (ids are below 2^31: `push imm32`).
-fn registry() -> &'static RwLock<FxHashMap<u32, Weak<LazyFunction>>> {
-    static REGISTRY: OnceLock<RwLock<FxHashMap<u32, Weak<LazyFunction>>>> = OnceLock::new();
+/// Stub ids to functions, for the assembly entry (ids are below 2^31: `push imm32`),
+/// by batch: the stubs of one [`Jit::add_lazy_functions`] have consecutive ids, so a
+/// batch of any size is registered with one insertion.
+#[derive(Default)]
+struct Registry {
+    /// Batches by their first id.
+    batches: std::collections::BTreeMap<u32, Batch>,
+}
+
+/// The functions of one batch, in id order, and how many of them live.
+struct Batch {
+    functions: Box<[Weak<LazyFunction>]>,
+    alive: usize,
+}
+
+impl Registry {
+    fn add(&mut self, first: u32, functions: Box<[Weak<LazyFunction>]>) {
+        let alive = functions.len();
+        if alive > 0 {
+            self.batches.insert(first, Batch { functions, alive });
+        }
+    }
+
+    fn get(&self, id: u32) -> Option<Arc<LazyFunction>> {
+        let (&first, batch) = self.batches.range(..=id).next_back()?;
+        batch.functions.get((id - first) as usize)?.upgrade()
+    }
+
+    /// A function of a batch is gone; the batch goes with its last function.
+    fn forget(&mut self, id: u32) {
+        let Some((&first, batch)) = self.batches.range_mut(..=id).next_back() else {
+            return;
+        };
+        if (id - first) as usize >= batch.functions.len() {
+            return;
+        }
+        batch.alive -= 1;
+        if batch.alive == 0 {
+            self.batches.remove(&first);
+        }
+    }
+}
+
+fn registry() -> &'static RwLock<Registry> {
+    static REGISTRY: OnceLock<RwLock<Registry>> = OnceLock::new();
     REGISTRY.get_or_init(|| {
         lazy_entry::set_lazy_resolver(resolve);
-        RwLock::new(FxHashMap::default())
+        RwLock::new(Registry::default())
     })
 }
 
@@ -161,13 +203,13 @@ impl Drop for PendingIds {
     }
 }
 
-/// A lazy function's library and name.
-type LazyKey = (LibraryId, Arc<str>);
+/// A library's lazy functions by name (looked up by `&str`, no allocation).
+type ByName = FxHashMap<Arc<str>, Arc<LazyFunction>>;
 
 /// The session's lazy functions and its epoch collector.
 #[derive(Default)]
 pub(crate) struct LazyFunctions {
-    by_name: Mutex<FxHashMap<LazyKey, Arc<LazyFunction>>>,
+    by_name: Mutex<FxHashMap<LibraryId, ByName>>,
     failures: Mutex<Vec<LazyFailure>>,
     collector: crossbeam_epoch::Collector,
     /// Bodies replaced and not freed yet.
@@ -207,7 +249,7 @@ fn resolve(id: u64) -> u64 {
 /// registered).
 fn function_of(id: u64) -> Option<Arc<LazyFunction>> {
     let id = u32::try_from(id).ok()?;
-    let find = || registry().read().get(&id).and_then(Weak::upgrade);
+    let find = || registry().read().get(id);
     if let Some(f) = find() {
         return Some(f);
     }
@@ -448,16 +490,18 @@ impl Jit {
             }));
         }
         let mut seen = rustc_hash::FxHashSet::default();
+        seen.reserve(names.len());
         {
             let lazy = self.lazy_functions();
             let by_name = lazy.by_name.lock();
+            let defined = by_name.get(&lib);
             for &name in names {
                 if name.is_empty() || name.contains('\0') {
                     return Err(Error::Unsupported(format!(
                         "{name:?} is not a function name"
                     )));
                 }
-                if !seen.insert(name) || by_name.contains_key(&(lib, Arc::from(name))) {
+                if !seen.insert(name) || defined.is_some_and(|d| d.contains_key(name)) {
                     return Err(Error::Redefinition {
                         symbol: name.to_string(),
                         library: self.library_name(lib)?,
@@ -468,29 +512,33 @@ impl Jit {
             }
         }
         let registry = registry();
-        let ids: Vec<u32> = names
-            .iter()
-            .map(|_| NEXT_ID.fetch_add(1, Ordering::Relaxed))
-            .collect();
-        if ids.last().is_some_and(|&id| id >= 1 << 31) {
+        // One range of consecutive ids for the batch.
+        let count = u32::try_from(names.len()).unwrap_or(u32::MAX);
+        let first = NEXT_ID.fetch_add(count, Ordering::Relaxed);
+        if u64::from(first) + u64::from(count) >= 1 << 31 {
             return Err(Error::Unsupported(
                 "more than 2^31 call-through stubs".into(),
             ));
         }
-        let first = ids.first().copied().unwrap_or(0);
+        let ids: Vec<u32> = (first..first + count).collect();
         PENDING.lock().push((first, first + ids.len() as u32));
         let _pending = PendingIds(first, first + ids.len() as u32);
         const NAME: &str = "(call-through stubs)";
-        let object = ObjectInput::new(NAME, stub_object(names, &ids, entry, false));
         // Only plugins (debuggers, profilers) are shown the stubs under their own names.
-        let shown = if self.inner().plugins.snapshot().is_empty() {
-            None
-        } else {
-            Some(ObjectInput::new(
-                NAME,
-                stub_object(names, &ids, entry, true),
-            ))
+        let told = !self.inner().plugins.snapshot().is_empty();
+        let linked = Names {
+            functions: true,
+            stubs: told,
         };
+        // Lent, not copied: the object of 10,000 stubs is a megabyte.
+        let object = ObjectInput::shared(NAME, Arc::new(stub_object(names, &ids, entry, linked)));
+        let shown = told.then(|| {
+            let naming = Names {
+                functions: false,
+                stubs: true,
+            };
+            ObjectInput::shared(NAME, Arc::new(stub_object(names, &ids, entry, naming)))
+        });
         let (stubs, _) = self
             .link(
                 lib,
@@ -501,24 +549,29 @@ impl Jit {
             )?
             .ok_or_else(|| Error::Unsupported("the stub object linked nothing".into()))?;
         let slots_name = slots_symbol(first);
-        let placed: Option<Vec<(u64, u64)>> = stubs.symbol(&slots_name).and_then(|slots| {
-            names
-                .iter()
-                .enumerate()
-                // The slots are in the stubs' order, at the hidden `slots` symbol.
-                .map(|(i, name)| Some((stubs.symbol(name)?, slots + 8 * i as u64)))
-                .collect()
-        });
+        // Each stub's address and its name, shared with the module (no copy); the slots
+        // are in the stubs' order, at the hidden `slots` symbol.
+        let placed: Option<Vec<(Arc<str>, u64, u64)>> =
+            stubs.symbol(&slots_name).and_then(|slots| {
+                names
+                    .iter()
+                    .enumerate()
+                    .map(|(i, name)| {
+                        let (shared, stub) = stubs.inner.symbol_entry(name)?;
+                        Some((shared, stub, slots + 8 * i as u64))
+                    })
+                    .collect()
+            });
         let Some(placed) = placed else {
             // Cannot happen with the object written above; leave nothing behind.
             let _ = self.remove_module(&stubs);
             return Err(Error::SymbolNotFound(slots_name));
         };
         let mut functions = Vec::with_capacity(names.len());
-        for ((&name, &id), (stub, slot)) in names.iter().zip(&ids).zip(placed) {
+        for (&id, (name, stub, slot)) in ids.iter().zip(placed) {
             functions.push(Arc::new(LazyFunction {
                 id,
-                name: name.into(),
+                name,
                 library: lib,
                 session: Arc::downgrade(self.inner()),
                 compiler: compiler.clone(),
@@ -531,16 +584,15 @@ impl Jit {
                 ready: Condvar::new(),
             }));
         }
-        {
-            let mut registry = registry.write();
-            for f in &functions {
-                registry.insert(f.id, Arc::downgrade(f));
-            }
-        }
+        registry
+            .write()
+            .add(first, functions.iter().map(Arc::downgrade).collect());
         let lazy = self.lazy_functions();
         let mut by_name = lazy.by_name.lock();
+        let defined = by_name.entry(lib).or_default();
+        defined.reserve(functions.len());
         for f in functions {
-            by_name.insert((lib, f.name.clone()), f);
+            defined.insert(f.name.clone(), f);
         }
         Ok(stubs)
     }
@@ -559,7 +611,8 @@ impl Jit {
         let function = lazy
             .by_name
             .lock()
-            .get(&(lib, Arc::from(name)))
+            .get(&lib)
+            .and_then(|d| d.get(name))
             .cloned()
             .ok_or_else(|| Error::NotLazy(name.to_string()))?;
         if function.executor.is_some() {
@@ -642,7 +695,8 @@ impl Jit {
         let lazy = self.lazy_functions();
         let by_name = lazy.by_name.lock();
         let function = by_name
-            .get(&(lib, Arc::from(name)))
+            .get(&lib)
+            .and_then(|d| d.get(name))
             .ok_or_else(|| Error::NotLazy(name.to_string()))?;
         let address = match &*function.body.lock() {
             Body::Ready { address, .. } => Some(*address),
