@@ -143,14 +143,15 @@ fn search_order_across_libraries() {
 
 #[test]
 fn the_links_own_archive_wins_over_the_host() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("session");
-    compile("myabs", "int rand(void) { return 4242; }");
+    let dir = kiln_testkit::scratch_dir("archive-wins");
+    let member = dir.join("myabs.o");
+    std::fs::write(&member, compile("myabs", "int rand(void) { return 4242; }")).unwrap();
     let archive = dir.join("libmyabs.a");
     let _ = std::fs::remove_file(&archive);
     assert!(Command::new("ar")
         .arg("rcs")
         .arg(&archive)
-        .arg(dir.join("myabs.o"))
+        .arg(&member)
         .status()
         .unwrap()
         .success());
