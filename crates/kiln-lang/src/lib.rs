@@ -23,6 +23,7 @@
 // Errors wrap Kiln's, which are large by design (link errors carry their context).
 #![allow(clippy::result_large_err)]
 
+pub mod check;
 pub mod codegen;
 pub mod syntax;
 
@@ -33,7 +34,7 @@ use parking_lot::RwLock;
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use syntax::{Extern, Function, Item, SyntaxError, Type};
+use syntax::{Extern, Function, FunctionOutline, OutlineItem, SyntaxError, Type};
 
 /// Why loading or running a program failed.
 #[derive(Debug, thiserror::Error)]
@@ -75,24 +76,49 @@ pub enum Outcome {
     Value(i64),
 }
 
+/// A function defined: its header and where its body lies in the source it was loaded
+/// from. The body is read (into a tree) only when the function is compiled: a lazy
+/// runtime's load checks every body's syntax and names without building one.
+#[derive(Clone)]
+struct Definition {
+    outline: FunctionOutline,
+    /// The source loaded (shared by every function of one load).
+    source: Arc<str>,
+}
+
+impl Definition {
+    fn arity(&self) -> usize {
+        self.outline.params.len()
+    }
+
+    /// The function with its body built.
+    fn function(&self) -> Result<Function, CompileError> {
+        syntax::parse_body(&self.source, &self.outline).map_err(|e| CompileError {
+            function: self.outline.name.clone(),
+            position: e.position,
+            message: e.message,
+        })
+    }
+}
+
 /// The functions and externs defined so far.
 #[derive(Default)]
 struct Definitions {
-    functions: FxHashMap<String, Function>,
+    functions: FxHashMap<String, Definition>,
     externs: FxHashMap<String, Extern>,
 }
 
 impl Callees for Definitions {
     fn callee(&self, name: &str) -> Option<Callee> {
         if let Some(f) = self.functions.get(name) {
-            return Some(Callee::Function(f.params.len()));
+            return Some(Callee::Function(f.arity()));
         }
         self.externs.get(name).cloned().map(Callee::Extern)
     }
 
     fn arity(&self, name: &str) -> Option<usize> {
         match self.functions.get(name) {
-            Some(f) => Some(f.params.len()),
+            Some(f) => Some(f.arity()),
             None => self.externs.get(name).map(|x| x.params.len()),
         }
     }
@@ -112,7 +138,7 @@ impl LazyCompiler for Compiler {
             .functions
             .get(name)
             .ok_or_else(|| format!("no function {name}"))?;
-        let object = codegen::compile_object(&self.isa, f, &*definitions)?;
+        let object = codegen::compile_object(&self.isa, &f.function()?, &*definitions)?;
         self.compiled.fetch_add(1, Ordering::Relaxed);
         Ok(object)
     }
@@ -121,7 +147,7 @@ impl LazyCompiler for Compiler {
 /// Puts back the definitions `previous` records (newest last) for the names `which` picks.
 fn undo(
     definitions: &mut Definitions,
-    previous: Vec<(String, Option<Function>)>,
+    previous: Vec<(String, Option<Definition>)>,
     which: impl Fn(&str) -> bool,
 ) {
     for (name, old) in previous.into_iter().rev() {
@@ -226,8 +252,17 @@ impl Runtime {
     /// Loads a source: declares its externs, defines its functions (all checked first: a
     /// source with an error defines nothing) and evaluates its expressions in order.
     /// Redefining a function with the same number of parameters replaces its body.
+    ///
+    /// Every body's syntax and names are checked here, in one pass over the source that
+    /// builds no tree ([`check::parse_checked`]); a body is read into a tree only when the
+    /// function is compiled (on its first call, or here if the runtime is eager).
     pub fn load(&mut self, source: &str) -> Result<Vec<Outcome>, LangError> {
-        let items = syntax::parse(source)?;
+        // Bodies are checked, not built: each is read into a tree when it is compiled.
+        // Their names are read in the same pass, checked below once every function of
+        // this load is known.
+        let (items, names) = check::parse_checked(source)?;
+        let text = source;
+        let source: Arc<str> = Arc::from(source);
         let mut outcomes = Vec::with_capacity(items.len());
         let mut new = Vec::new();
         let mut replaced = Vec::new();
@@ -235,25 +270,28 @@ impl Runtime {
         let previous = {
             let mut definitions = self.compiler.definitions.write();
             // What this load changed, to put back if it fails.
-            let mut previous_functions: Vec<(String, Option<Function>)> = Vec::new();
+            let mut previous_functions: Vec<(String, Option<Definition>)> = Vec::new();
+            // The number of each function among this source's (its body's in `names`),
+            // and where its body starts.
+            let mut bodies = Vec::new();
             let mut previous_externs: Vec<(String, Option<Extern>)> = Vec::new();
             let mut failure = None;
             for item in items {
                 match item {
-                    Item::Extern(x) => {
+                    OutlineItem::Extern(x) => {
                         outcomes.push(Outcome::Declared(x.name.clone()));
                         let old = definitions.externs.insert(x.name.clone(), x);
                         let name = outcomes_name(&outcomes);
                         previous_externs.push((name, old));
                     }
-                    Item::Function(f) => {
+                    OutlineItem::Function(f) => {
                         let refused = if definitions.externs.contains_key(&f.name) {
                             Some(format!("{}: '{}' is an extern", f.position, f.name))
                         } else {
                             match definitions.functions.get(&f.name) {
-                                Some(old) if old.params.len() != f.params.len() => Some(format!(
+                                Some(old) if old.arity() != f.params.len() => Some(format!(
                                     "{}: '{}' has {}; a new body must keep them (its callers are compiled)",
-                                    f.position, f.name, codegen::count(old.params.len(), "parameter")
+                                    f.position, f.name, codegen::count(old.arity(), "parameter")
                                 )),
                                 Some(_) if self.eager => Some(format!(
                                     "{}: '{}' is defined already (redefinition needs lazy mode)",
@@ -266,8 +304,13 @@ impl Runtime {
                             failure = Some(LangError::Usage(message));
                             break;
                         }
+                        bodies.push((bodies.len(), f.body.start));
                         let name = f.name.clone();
-                        let old = definitions.functions.insert(name.clone(), f);
+                        let definition = Definition {
+                            outline: f,
+                            source: source.clone(),
+                        };
+                        let old = definitions.functions.insert(name.clone(), definition);
                         if old.is_some() {
                             replaced.push(name.clone());
                             outcomes.push(Outcome::Replaced(name.clone()));
@@ -277,7 +320,7 @@ impl Runtime {
                         }
                         previous_functions.push((name, old));
                     }
-                    Item::Expr(e) => {
+                    OutlineItem::Expr(e) => {
                         expressions.push((outcomes.len(), e));
                         outcomes.push(Outcome::Value(0));
                     }
@@ -287,8 +330,14 @@ impl Runtime {
             if failure.is_none() {
                 failure = previous_functions
                     .iter()
-                    .try_for_each(|(name, _)| {
-                        codegen::check(&definitions.functions[name], &*definitions)
+                    .zip(&bodies)
+                    .try_for_each(|((name, _), &(body, start))| {
+                        let f = &definitions.functions[name];
+                        // A body defined again later in this source is never compiled.
+                        if f.outline.body.start != start {
+                            return Ok(());
+                        }
+                        names.check(body, text, &f.outline, &*definitions)
                     })
                     .err()
                     .map(LangError::from);
@@ -328,12 +377,8 @@ impl Runtime {
         let definitions = self.compiler.definitions.read();
         let everything = || new.iter().chain(replaced).cloned().collect::<Vec<_>>();
         let compile = |name: &String| {
-            codegen::compile_object(
-                &self.compiler.isa,
-                &definitions.functions[name],
-                &*definitions,
-            )
-            .map_err(LangError::from)
+            let f = definitions.functions[name].function()?;
+            codegen::compile_object(&self.compiler.isa, &f, &*definitions).map_err(LangError::from)
         };
         if self.eager {
             // Every object compiled before any is added: an error leaves nothing pending.
@@ -418,7 +463,7 @@ impl Runtime {
             .read()
             .functions
             .get(name)
-            .map_or(args.len(), |f| f.params.len());
+            .map_or(args.len(), Definition::arity);
         if arity != args.len() {
             return Err(LangError::Usage(format!(
                 "'{name}' takes {}, given {}",

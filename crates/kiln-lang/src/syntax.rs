@@ -249,29 +249,69 @@ enum Token<'s> {
     End,
 }
 
-const SYMBOLS: [&str; 24] = [
-    "->", "==", "!=", "<=", ">=", "&&", "||", "(", ")", "{", "}", ",", ";", ":", "=", "<", ">",
-    "+", "-", "*", "/", "%", "!", ".",
-];
+/// The symbol that starts with byte `c` (followed by `next`), two bytes long if there is
+/// one.
+fn symbol_at(c: u8, next: Option<u8>) -> Option<&'static str> {
+    let two = match (c, next) {
+        (b'-', Some(b'>')) => Some("->"),
+        (b'=', Some(b'=')) => Some("=="),
+        (b'!', Some(b'=')) => Some("!="),
+        (b'<', Some(b'=')) => Some("<="),
+        (b'>', Some(b'=')) => Some(">="),
+        (b'&', Some(b'&')) => Some("&&"),
+        (b'|', Some(b'|')) => Some("||"),
+        _ => None,
+    };
+    two.or(match c {
+        b'(' => Some("("),
+        b')' => Some(")"),
+        b'{' => Some("{"),
+        b'}' => Some("}"),
+        b',' => Some(","),
+        b';' => Some(";"),
+        b':' => Some(":"),
+        b'=' => Some("="),
+        b'<' => Some("<"),
+        b'>' => Some(">"),
+        b'+' => Some("+"),
+        b'-' => Some("-"),
+        b'*' => Some("*"),
+        b'/' => Some("/"),
+        b'%' => Some("%"),
+        b'!' => Some("!"),
+        b'.' => Some("."),
+        _ => None,
+    })
+}
 
-const KEYWORDS: [&str; 9] = [
-    "fn", "extern", "let", "if", "then", "else", "while", "do", "in",
-];
+/// Whether `name` is a keyword (not a name a program may give).
+fn is_keyword(name: &str) -> bool {
+    matches!(
+        name,
+        "fn" | "extern" | "let" | "if" | "then" | "else" | "while" | "do" | "in"
+    )
+}
 
 /// Byte offsets to positions.
 struct Lines<'s> {
     source: &'s str,
-    /// Where each line starts.
+    /// The number of the line `starts[0]` starts.
+    first_line: u32,
+    /// Where each line starts (from the first the lexer saw).
     starts: Vec<usize>,
 }
 
 impl Lines<'_> {
     fn position(&self, offset: usize) -> Position {
-        let line = self.starts.partition_point(|&s| s <= offset).max(1);
-        let start = self.starts[line - 1];
+        let index = self.starts.partition_point(|&s| s <= offset).max(1) - 1;
+        let start = self.starts[index];
         Position {
-            line: line as u32,
-            column: (self.source[start..offset].chars().count() + 1) as u32,
+            line: self.first_line + index as u32,
+            column: (self
+                .source
+                .get(start..offset)
+                .map_or(0, |s| s.chars().count())
+                + 1) as u32,
         }
     }
 }
@@ -286,12 +326,18 @@ struct Lexer<'s> {
 
 impl<'s> Lexer<'s> {
     fn new(source: &'s str) -> Self {
+        Self::starting_at(source, 0, 1, 0)
+    }
+
+    /// A lexer that starts at byte `at`, on line `line` which starts at `line_start`.
+    fn starting_at(source: &'s str, at: usize, line: u32, line_start: usize) -> Self {
         Lexer {
             source,
-            at: 0,
+            at: at.min(source.len()),
             lines: Lines {
                 source,
-                starts: vec![0],
+                first_line: line,
+                starts: vec![line_start.min(at)],
             },
         }
     }
@@ -326,38 +372,45 @@ impl<'s> Lexer<'s> {
                 i += 1;
             }
             let text = &source[start..i];
-            let value = text.parse::<i64>().map_err(|_| SyntaxError {
+            // Up to 18 digits cannot overflow: summed here; anything else through `parse`.
+            let value = if text.len() <= 18 && text.bytes().all(|b| b.is_ascii_digit()) {
+                Ok(text.bytes().fold(0i64, |v, b| v * 10 + i64::from(b - b'0')))
+            } else {
+                text.parse::<i64>()
+            };
+            Token::Number(value.map_err(|_| SyntaxError {
                 position: self.lines.position(start),
                 message: format!("'{text}' is not a 64-bit integer"),
-            })?;
-            Token::Number(value)
+            })?)
         } else if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 {
-            let rest = &source[start..];
-            let len = rest
-                .char_indices()
-                .find(|(_, ch)| !(ch.is_alphanumeric() || *ch == '_'))
-                .map_or(rest.len(), |(at, _)| at);
-            if len == 0 {
-                let ch = rest.chars().next().unwrap_or('?');
+            // ASCII names byte by byte; a name with other letters by characters.
+            while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                i += 1;
+            }
+            if i < bytes.len() && bytes[i] >= 0x80 {
+                let rest = &source[start..];
+                i = start
+                    + rest
+                        .char_indices()
+                        .find(|(_, ch)| !(ch.is_alphanumeric() || *ch == '_'))
+                        .map_or(rest.len(), |(at, _)| at);
+            }
+            if i == start {
+                let ch = source[start..].chars().next().unwrap_or('?');
                 return Err(SyntaxError {
                     position: self.lines.position(start),
                     message: format!("unexpected character '{ch}'"),
                 });
             }
-            i += len;
             Token::Name(&source[start..i])
         } else {
-            let rest = &bytes[i..bytes.len().min(i + 2)];
-            let symbol = SYMBOLS
-                .iter()
-                .find(|s| rest.starts_with(s.as_bytes()))
-                .ok_or_else(|| SyntaxError {
-                    position: self.lines.position(start),
-                    message: format!(
-                        "unexpected character '{}'",
-                        source[i..].chars().next().unwrap_or('?')
-                    ),
-                })?;
+            let symbol = symbol_at(c, bytes.get(i + 1).copied()).ok_or_else(|| SyntaxError {
+                position: self.lines.position(start),
+                message: format!(
+                    "unexpected character '{}'",
+                    source[i..].chars().next().unwrap_or('?')
+                ),
+            })?;
             i += symbol.len();
             Token::Symbol(symbol)
         };
@@ -366,29 +419,280 @@ impl<'s> Lexer<'s> {
     }
 }
 
-/// Parses a program (a file, or a line of the REPL).
-pub fn parse(source: &str) -> Result<Vec<Item>, SyntaxError> {
-    let mut parser = Parser {
-        lexer: Lexer::new(source),
-        current: (Token::End, 0),
-        ahead: None,
-        lex_error: None,
-        depth: 0,
-    };
-    parser.current = parser.lex();
+/// What the parser makes of an expression, as it reads it: a tree ([`Tree`]), nothing at
+/// all (a check of the syntax alone), or a check of names that builds nothing
+/// (`codegen::check_body`). One grammar, several products: a body can be read at load
+/// without a tree and read again into one when it is first compiled.
+///
+/// The methods are called in source order: a call's or an assignment's name before its
+/// operands (`call_name`, `assign_name`), a `let`'s name after its value, a block's
+/// opening before its statements. `Expr` and `Statement` of `()` make every `Vec` and
+/// `Box` of the parser free (they allocate nothing for a zero-sized type).
+pub trait Build<'s> {
+    /// An expression made.
+    type Expr;
+    /// A block's statement made.
+    type Statement;
+    /// Whether the builder wants [`Place::position`] filled in (working it out costs).
+    const POSITIONS: bool;
+    /// A literal.
+    fn number(&mut self, n: i64) -> Self::Expr;
+    /// A variable read.
+    fn var(&mut self, name: &'s str, at: Place) -> Self::Expr;
+    /// `-e`, `!e`.
+    fn unary(&mut self, op: UnaryOp, e: Self::Expr) -> Self::Expr;
+    /// `a op b`.
+    fn binary(&mut self, op: BinaryOp, a: Self::Expr, b: Self::Expr) -> Self::Expr;
+    /// A call's name, before its arguments are read.
+    fn call_name(&mut self, name: &'s str, at: Place);
+    /// The call, its arguments read.
+    fn call(&mut self, name: &'s str, args: Vec<Self::Expr>, at: Place) -> Self::Expr;
+    /// `if c then a else b`.
+    fn if_then_else(&mut self, c: Self::Expr, a: Self::Expr, b: Self::Expr) -> Self::Expr;
+    /// `while c do body`.
+    fn while_do(&mut self, c: Self::Expr, body: Self::Expr) -> Self::Expr;
+    /// An assignment's target, before its value is read.
+    fn assign_name(&mut self, name: &'s str, at: Place);
+    /// The assignment, its value read.
+    fn assign(&mut self, name: &'s str, value: Self::Expr, at: Place) -> Self::Expr;
+    /// `{` read.
+    fn block_open(&mut self);
+    /// `let name = value`, its value read.
+    fn let_statement(&mut self, name: &'s str, value: Self::Expr) -> Self::Statement;
+    /// `expr;` in a block.
+    fn expr_statement(&mut self, e: Self::Expr) -> Self::Statement;
+    /// `}` read.
+    fn block(&mut self, statements: Vec<Self::Statement>, value: Option<Self::Expr>) -> Self::Expr;
+    /// A function's body is about to be read (its parameters in scope). Nothing by default.
+    fn body(&mut self, params: &[&'s str]) {
+        let _ = params;
+    }
+}
+
+/// Where a name was read: its byte offset in the source and, if the builder asked for it
+/// ([`Build::POSITIONS`]), its line and column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    /// Byte offset in the source.
+    pub offset: usize,
+    /// Line and column (1:1 when the builder did not ask).
+    pub position: Position,
+}
+
+/// Builds the expression tree ([`Expr`]).
+pub struct Tree;
+
+impl<'s> Build<'s> for Tree {
+    type Expr = Expr;
+    type Statement = Statement;
+    const POSITIONS: bool = true;
+    fn number(&mut self, n: i64) -> Expr {
+        Expr::Number(n)
+    }
+    fn var(&mut self, name: &'s str, at: Place) -> Expr {
+        Expr::Var(name.to_string(), at.position)
+    }
+    fn unary(&mut self, op: UnaryOp, e: Expr) -> Expr {
+        Expr::Unary(op, Box::new(e))
+    }
+    fn binary(&mut self, op: BinaryOp, a: Expr, b: Expr) -> Expr {
+        Expr::Binary(op, Box::new(a), Box::new(b))
+    }
+    fn call_name(&mut self, _: &'s str, _: Place) {}
+    fn call(&mut self, name: &'s str, args: Vec<Expr>, at: Place) -> Expr {
+        Expr::Call(name.to_string(), args, at.position)
+    }
+    fn if_then_else(&mut self, c: Expr, a: Expr, b: Expr) -> Expr {
+        Expr::If(Box::new(c), Box::new(a), Box::new(b))
+    }
+    fn while_do(&mut self, c: Expr, body: Expr) -> Expr {
+        Expr::While(Box::new(c), Box::new(body))
+    }
+    fn assign_name(&mut self, _: &'s str, _: Place) {}
+    fn assign(&mut self, name: &'s str, value: Expr, at: Place) -> Expr {
+        Expr::Assign(name.to_string(), Box::new(value), at.position)
+    }
+    fn block_open(&mut self) {}
+    fn let_statement(&mut self, name: &'s str, value: Expr) -> Statement {
+        Statement::Let(name.to_string(), value)
+    }
+    fn expr_statement(&mut self, e: Expr) -> Statement {
+        Statement::Expr(e)
+    }
+    fn block(&mut self, statements: Vec<Statement>, value: Option<Expr>) -> Expr {
+        Expr::Block(statements, value.map(Box::new))
+    }
+}
+
+/// Builds nothing: the syntax is checked, no tree is made.
+struct SyntaxOnly;
+
+impl<'s> Build<'s> for SyntaxOnly {
+    type Expr = ();
+    type Statement = ();
+    const POSITIONS: bool = false;
+    fn number(&mut self, _: i64) {}
+    fn var(&mut self, _: &'s str, _: Place) {}
+    fn unary(&mut self, _: UnaryOp, _: ()) {}
+    fn binary(&mut self, _: BinaryOp, _: (), _: ()) {}
+    fn call_name(&mut self, _: &'s str, _: Place) {}
+    fn call(&mut self, _: &'s str, _: Vec<()>, _: Place) {}
+    fn if_then_else(&mut self, _: (), _: (), _: ()) {}
+    fn while_do(&mut self, _: (), _: ()) {}
+    fn assign_name(&mut self, _: &'s str, _: Place) {}
+    fn assign(&mut self, _: &'s str, _: (), _: Place) {}
+    fn block_open(&mut self) {}
+    fn let_statement(&mut self, _: &'s str, _: ()) {}
+    fn expr_statement(&mut self, _: ()) {}
+    fn block(&mut self, _: Vec<()>, _: Option<()>) {}
+}
+
+/// Where a function's body lies in its source: what reading it again needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// Byte offset of the body's first token.
+    pub start: usize,
+    /// Byte offset just after its last token.
+    pub end: usize,
+    /// The line the body starts on (1-based).
+    pub line: u32,
+    /// Byte offset of that line's start.
+    pub line_start: usize,
+}
+
+/// A function as read at load: its header, and where its body lies (checked for syntax,
+/// not built: [`parse_body`] builds it, [`read_body`] reads it with any [`Build`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionOutline {
+    /// Its name.
+    pub name: String,
+    /// Its parameters.
+    pub params: Vec<String>,
+    /// Where it is defined.
+    pub position: Position,
+    /// Its body.
+    pub body: Span,
+}
+
+/// A top-level item as [`parse_outline`] reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutlineItem {
+    /// `fn …`, its body not built.
+    Function(FunctionOutline),
+    /// `extern fn …`
+    Extern(Extern),
+    /// An expression to evaluate (built: it runs at once).
+    Expr(Expr),
+}
+
+/// An item with its function's body made by some builder.
+enum RawItem<E> {
+    Function(FunctionOutline, E),
+    Extern(Extern),
+    Expr(Expr),
+}
+
+/// Reads a whole source, making each function's body with `body`.
+fn read_items<'s, B: Build<'s>>(
+    source: &'s str,
+    body: &mut B,
+) -> Result<Vec<RawItem<B::Expr>>, SyntaxError> {
+    let mut parser = Parser::new(Lexer::new(source));
     let mut items = Vec::new();
     let parsed = (|| {
         while parser.peek() != &Token::End {
-            items.push(parser.item()?);
+            items.push(parser.item(body)?);
         }
         Ok(())
     })();
-    // A character the lexer refused ends the tokens early: its error is the one to
-    // report, whatever the parser made of the early end.
-    match (parser.lex_error.take(), parsed) {
-        (Some(error), _) | (None, Err(error)) => Err(error),
-        (None, Ok(())) => Ok(items),
+    parser.finish(parsed).map(|()| items)
+}
+
+/// Parses a program (a file, or a line of the REPL), every body built into a tree.
+pub fn parse(source: &str) -> Result<Vec<Item>, SyntaxError> {
+    let items = read_items(source, &mut Tree)?;
+    Ok(items
+        .into_iter()
+        .map(|item| match item {
+            RawItem::Function(f, body) => Item::Function(Function {
+                name: f.name,
+                params: f.params,
+                body,
+                position: f.position,
+            }),
+            RawItem::Extern(x) => Item::Extern(x),
+            RawItem::Expr(e) => Item::Expr(e),
+        })
+        .collect())
+}
+
+/// Parses a program as [`parse`] does (the same errors) but builds no function's body:
+/// each is checked for syntax and its place recorded, to be built when it is needed
+/// ([`parse_body`]). What a lazy runtime reads at load.
+pub fn parse_outline(source: &str) -> Result<Vec<OutlineItem>, SyntaxError> {
+    parse_outline_with(source, &mut SyntaxOnly)
+}
+
+/// [`parse_outline`], each body also read by `body` (which builds nothing), told of each
+/// body's start with [`Build::body`]: e.g. a check of names in the same pass
+/// (`check::parse_checked`).
+pub fn parse_outline_with<'s, B: Build<'s, Expr = ()>>(
+    source: &'s str,
+    body: &mut B,
+) -> Result<Vec<OutlineItem>, SyntaxError> {
+    let items = read_items(source, body)?;
+    Ok(items
+        .into_iter()
+        .map(|item| match item {
+            RawItem::Function(f, ()) => OutlineItem::Function(f),
+            RawItem::Extern(x) => OutlineItem::Extern(x),
+            RawItem::Expr(e) => OutlineItem::Expr(e),
+        })
+        .collect())
+}
+
+/// Reads the body of `f` (from the `source` [`parse_outline`] read it in) with `build`.
+/// Positions are the source's own lines and columns.
+pub fn read_body<'s, B: Build<'s>>(
+    source: &'s str,
+    f: &FunctionOutline,
+    build: &mut B,
+) -> Result<B::Expr, SyntaxError> {
+    let body = f.body;
+    let within = source
+        .get(..body.end)
+        .filter(|s| {
+            s.is_char_boundary(body.start)
+                && s.is_char_boundary(body.line_start)
+                && body.line_start <= body.start
+        })
+        .ok_or_else(|| SyntaxError {
+            position: f.position,
+            message: format!("the body of '{}' lies outside its source", f.name),
+        })?;
+    let mut parser = Parser::new(Lexer::starting_at(
+        within,
+        body.start,
+        body.line,
+        body.line_start,
+    ));
+    let expr = parser.expr(build);
+    let expr = parser.finish(expr)?;
+    if parser.peek() != &Token::End {
+        return parser.error(format!("expected the end of '{}'s body", f.name));
     }
+    Ok(expr)
+}
+
+/// The tree of `f`'s body (see [`read_body`]).
+pub fn parse_body(source: &str, f: &FunctionOutline) -> Result<Function, SyntaxError> {
+    let body = read_body(source, f, &mut Tree)?;
+    Ok(Function {
+        name: f.name.clone(),
+        params: f.params.clone(),
+        body,
+        position: f.position,
+    })
 }
 
 struct Parser<'s> {
@@ -402,6 +706,27 @@ struct Parser<'s> {
 }
 
 impl<'s> Parser<'s> {
+    fn new(lexer: Lexer<'s>) -> Self {
+        let mut parser = Parser {
+            lexer,
+            current: (Token::End, 0),
+            ahead: None,
+            lex_error: None,
+            depth: 0,
+        };
+        parser.current = parser.lex();
+        parser
+    }
+
+    /// What a read came to: a character the lexer refused ends the tokens early, and its
+    /// error is the one to report, whatever the parser made of the early end.
+    fn finish<T>(&mut self, parsed: Result<T, SyntaxError>) -> Result<T, SyntaxError> {
+        match (self.lex_error.take(), parsed) {
+            (Some(error), _) | (None, Err(error)) => Err(error),
+            (None, Ok(value)) => Ok(value),
+        }
+    }
+
     fn peek(&self) -> &Token<'s> {
         &self.current.0
     }
@@ -429,6 +754,25 @@ impl<'s> Parser<'s> {
         self.lexer.lines.position(self.current.1)
     }
 
+    /// The current token's place, its position worked out if `B` wants it.
+    fn place<B: Build<'s>>(&self) -> Place {
+        Place {
+            offset: self.current.1,
+            position: if B::POSITIONS {
+                self.position()
+            } else {
+                Position { line: 1, column: 1 }
+            },
+        }
+    }
+
+    /// The line (1-based) of byte `offset` (read already) and where that line starts.
+    fn line_of(&self, offset: usize) -> (u32, usize) {
+        let lines = &self.lexer.lines;
+        let index = lines.starts.partition_point(|&s| s <= offset).max(1) - 1;
+        (lines.first_line + index as u32, lines.starts[index])
+    }
+
     fn next(&mut self) -> Token<'s> {
         let token = self.current.0;
         if token != Token::End || self.ahead.is_some() {
@@ -448,8 +792,11 @@ impl<'s> Parser<'s> {
     }
 
     fn is(&self, symbol: &str) -> bool {
-        matches!(self.peek(), Token::Symbol(s) if *s == symbol)
-            || matches!(self.peek(), Token::Name(n) if *n == symbol)
+        match self.peek() {
+            Token::Symbol(s) => *s == symbol,
+            Token::Name(n) => *n == symbol,
+            _ => false,
+        }
     }
 
     fn eat(&mut self, symbol: &str) -> bool {
@@ -477,17 +824,22 @@ impl<'s> Parser<'s> {
         }
     }
 
-    fn name(&mut self) -> Result<String, SyntaxError> {
+    /// A name (not a keyword), as read.
+    fn name_str(&mut self) -> Result<&'s str, SyntaxError> {
         match *self.peek() {
-            Token::Name(n) if !KEYWORDS.contains(&n) => {
+            Token::Name(n) if !is_keyword(n) => {
                 self.next();
-                Ok(n.to_string())
+                Ok(n)
             }
             _ => self.error(format!("expected a name, found {}", self.describe())),
         }
     }
 
-    fn item(&mut self) -> Result<Item, SyntaxError> {
+    fn name(&mut self) -> Result<String, SyntaxError> {
+        self.name_str().map(str::to_string)
+    }
+
+    fn item<B: Build<'s>>(&mut self, body: &mut B) -> Result<RawItem<B::Expr>, SyntaxError> {
         let position = self.position();
         if self.eat("extern") {
             self.expect("fn")?;
@@ -508,7 +860,7 @@ impl<'s> Parser<'s> {
                 Type::I64
             };
             self.expect(";")?;
-            return Ok(Item::Extern(Extern {
+            return Ok(RawItem::Extern(Extern {
                 name,
                 params,
                 result,
@@ -519,34 +871,46 @@ impl<'s> Parser<'s> {
             self.expect("(")?;
             let mut params = Vec::new();
             while !self.is(")") {
-                params.push(self.name()?);
+                params.push(self.name_str()?);
                 if !self.eat(",") {
                     break;
                 }
             }
             self.expect(")")?;
             self.expect("=")?;
-            let body = self.expr()?;
+            let start = self.current.1;
+            let (line, line_start) = self.line_of(start);
+            body.body(&params);
+            let built = self.expr(body)?;
+            let params = params.into_iter().map(str::to_string).collect();
+            // Up to the `;`: what lies between is blank or a comment.
+            let end = self.current.1;
             self.expect(";")?;
-            return Ok(Item::Function(Function {
+            let outline = FunctionOutline {
                 name,
                 params,
-                body,
                 position,
-            }));
+                body: Span {
+                    start,
+                    end,
+                    line,
+                    line_start,
+                },
+            };
+            return Ok(RawItem::Function(outline, built));
         }
         if self.is("let") {
             return self.error("'let' belongs in a block: { let x = 1; x + 1 }");
         }
-        let expr = self.expr()?;
+        let expr = self.expr(&mut Tree)?;
         if !self.eat(";") && self.peek() != &Token::End {
             return self.error(format!("expected ';', found {}", self.describe()));
         }
-        Ok(Item::Expr(expr))
+        Ok(RawItem::Expr(expr))
     }
 
     fn ty(&mut self) -> Result<Type, SyntaxError> {
-        match self.name()?.as_str() {
+        match self.name_str()? {
             "i64" => Ok(Type::I64),
             "i32" => Ok(Type::I32),
             other => self.error(format!("unknown type '{other}' (i64 or i32)")),
@@ -570,9 +934,9 @@ impl<'s> Parser<'s> {
         ))
     }
 
-    fn expr(&mut self) -> Result<Expr, SyntaxError> {
+    fn expr<B: Build<'s>>(&mut self, b: &mut B) -> Result<B::Expr, SyntaxError> {
         self.deeper()?;
-        let expr = self.expr_at_depth();
+        let expr = self.expr_at_depth(b);
         self.depth -= 1;
         expr
     }
@@ -581,90 +945,87 @@ impl<'s> Parser<'s> {
     // binary, unary, atom) are kept small, each construct's own work in a function of
     // its own: a debug build gives every local of a function its own stack slot, so one
     // big function would make each level of nesting cost several kilobytes.
-    fn expr_at_depth(&mut self) -> Result<Expr, SyntaxError> {
+    fn expr_at_depth<B: Build<'s>>(&mut self, b: &mut B) -> Result<B::Expr, SyntaxError> {
         if self.eat("if") {
-            return self.if_then_else();
+            return self.if_then_else(b);
         }
         if self.eat("while") {
-            return self.while_do();
+            return self.while_do(b);
         }
         if let (Token::Name(n), Token::Symbol("=")) = (*self.peek(), self.peek_second()) {
-            if !KEYWORDS.contains(&n) {
-                return self.assignment(n);
+            if !is_keyword(n) {
+                return self.assignment(n, b);
             }
         }
-        self.binary(0)
+        self.binary(0, b)
     }
 
-    fn if_then_else(&mut self) -> Result<Expr, SyntaxError> {
-        let c = self.expr()?;
+    fn if_then_else<B: Build<'s>>(&mut self, b: &mut B) -> Result<B::Expr, SyntaxError> {
+        let c = self.expr(b)?;
         self.expect("then")?;
-        let a = self.expr()?;
+        let yes = self.expr(b)?;
         self.expect("else")?;
-        let b = self.expr()?;
-        Ok(Expr::If(Box::new(c), Box::new(a), Box::new(b)))
+        let no = self.expr(b)?;
+        Ok(b.if_then_else(c, yes, no))
     }
 
-    fn while_do(&mut self) -> Result<Expr, SyntaxError> {
-        let c = self.expr()?;
+    fn while_do<B: Build<'s>>(&mut self, b: &mut B) -> Result<B::Expr, SyntaxError> {
+        let c = self.expr(b)?;
         self.expect("do")?;
-        let body = self.expr()?;
-        Ok(Expr::While(Box::new(c), Box::new(body)))
+        let body = self.expr(b)?;
+        Ok(b.while_do(c, body))
     }
 
-    fn assignment(&mut self, name: &str) -> Result<Expr, SyntaxError> {
-        let position = self.position();
+    fn assignment<B: Build<'s>>(
+        &mut self,
+        name: &'s str,
+        b: &mut B,
+    ) -> Result<B::Expr, SyntaxError> {
+        let at = self.place::<B>();
+        b.assign_name(name, at);
         self.next();
         self.next();
-        let value = self.expr()?;
-        Ok(Expr::Assign(name.to_string(), Box::new(value), position))
+        let value = self.expr(b)?;
+        Ok(b.assign(name, value, at))
     }
 
     /// The binary operator at the current token, with its precedence level (0 = loosest).
     fn binary_operator(&self) -> Option<(usize, BinaryOp)> {
-        const LEVELS: [&[(&str, BinaryOp)]; 5] = [
-            &[("||", BinaryOp::Or)],
-            &[("&&", BinaryOp::And)],
-            &[
-                ("==", BinaryOp::Eq),
-                ("!=", BinaryOp::Ne),
-                ("<=", BinaryOp::Le),
-                (">=", BinaryOp::Ge),
-                ("<", BinaryOp::Lt),
-                (">", BinaryOp::Gt),
-            ],
-            &[("+", BinaryOp::Add), ("-", BinaryOp::Sub)],
-            &[
-                ("*", BinaryOp::Mul),
-                ("/", BinaryOp::Div),
-                ("%", BinaryOp::Rem),
-            ],
-        ];
         let Token::Symbol(symbol) = *self.peek() else {
             return None;
         };
-        LEVELS.iter().enumerate().find_map(|(level, operators)| {
-            operators
-                .iter()
-                .find(|(s, _)| *s == symbol)
-                .map(|&(_, op)| (level, op))
+        Some(match symbol {
+            "||" => (0, BinaryOp::Or),
+            "&&" => (1, BinaryOp::And),
+            "==" => (COMPARISON, BinaryOp::Eq),
+            "!=" => (COMPARISON, BinaryOp::Ne),
+            "<=" => (COMPARISON, BinaryOp::Le),
+            ">=" => (COMPARISON, BinaryOp::Ge),
+            "<" => (COMPARISON, BinaryOp::Lt),
+            ">" => (COMPARISON, BinaryOp::Gt),
+            "+" => (3, BinaryOp::Add),
+            "-" => (3, BinaryOp::Sub),
+            "*" => (4, BinaryOp::Mul),
+            "/" => (4, BinaryOp::Div),
+            "%" => (4, BinaryOp::Rem),
+            _ => return None,
         })
     }
 
     /// Binary operators of level `min` or tighter, by precedence climbing: a chain
     /// (`1 + 1 + …`) is read in a loop and built leaning left, its right operands (of
     /// tighter operators) one level deeper; one call whatever the number of levels.
-    fn binary(&mut self, min: usize) -> Result<Expr, SyntaxError> {
-        let mut left = self.unary()?;
+    fn binary<B: Build<'s>>(&mut self, min: usize, b: &mut B) -> Result<B::Expr, SyntaxError> {
+        let mut left = self.unary(b)?;
         while let Some((level, op)) = self.binary_operator() {
             if level < min {
                 break;
             }
             self.next();
             self.deeper()?;
-            let right = self.binary(level + 1);
+            let right = self.binary(level + 1, b);
             self.depth -= 1;
-            left = Expr::Binary(op, Box::new(left), Box::new(right?));
+            left = b.binary(op, left, right?);
             if level == COMPARISON && matches!(self.binary_operator(), Some((COMPARISON, _))) {
                 return self.error("comparisons do not chain: write (a < b) == c");
             }
@@ -673,7 +1034,7 @@ impl<'s> Parser<'s> {
     }
 
     /// Prefix operators, read in a loop (not one call each), then their operand.
-    fn unary(&mut self) -> Result<Expr, SyntaxError> {
+    fn unary<B: Build<'s>>(&mut self, b: &mut B) -> Result<B::Expr, SyntaxError> {
         let depth = self.depth;
         let mut operators = Vec::new();
         let operand = (|| {
@@ -689,78 +1050,81 @@ impl<'s> Parser<'s> {
                 self.next();
                 operators.push(op);
             }
-            self.atom()
+            self.atom(b)
         })();
         self.depth = depth;
         let mut expr = operand?;
         for op in operators.into_iter().rev() {
-            expr = Expr::Unary(op, Box::new(expr));
+            expr = b.unary(op, expr);
         }
         Ok(expr)
     }
 
-    fn atom(&mut self) -> Result<Expr, SyntaxError> {
+    fn atom<B: Build<'s>>(&mut self, b: &mut B) -> Result<B::Expr, SyntaxError> {
         match *self.peek() {
             Token::Number(n) => {
                 self.next();
-                Ok(Expr::Number(n))
+                Ok(b.number(n))
             }
-            Token::Symbol("(") => self.parenthesized(),
-            Token::Symbol("{") => self.block(),
-            Token::Name(_) => self.variable_or_call(),
+            Token::Symbol("(") => self.parenthesized(b),
+            Token::Symbol("{") => self.block(b),
+            Token::Name(_) => self.variable_or_call(b),
             _ => self.not_an_expression(),
         }
     }
 
-    fn parenthesized(&mut self) -> Result<Expr, SyntaxError> {
+    fn parenthesized<B: Build<'s>>(&mut self, b: &mut B) -> Result<B::Expr, SyntaxError> {
         self.next();
-        let e = self.expr()?;
+        let e = self.expr(b)?;
         self.expect(")")?;
         Ok(e)
     }
 
-    fn block(&mut self) -> Result<Expr, SyntaxError> {
+    fn block<B: Build<'s>>(&mut self, b: &mut B) -> Result<B::Expr, SyntaxError> {
         self.next();
+        b.block_open();
         let mut statements = Vec::new();
         loop {
             if self.eat("}") {
-                return Ok(Expr::Block(statements, None));
+                return Ok(b.block(statements, None));
             }
             let statement = if self.eat("let") {
-                let name = self.name()?;
+                let name = self.name_str()?;
                 self.expect("=")?;
-                Statement::Let(name, self.expr()?)
+                let value = self.expr(b)?;
+                b.let_statement(name, value)
             } else {
-                let e = self.expr()?;
+                let e = self.expr(b)?;
                 if self.eat("}") {
-                    return Ok(Expr::Block(statements, Some(Box::new(e))));
+                    return Ok(b.block(statements, Some(e)));
                 }
-                Statement::Expr(e)
+                b.expr_statement(e)
             };
             self.expect(";")?;
             statements.push(statement);
         }
     }
 
-    fn variable_or_call(&mut self) -> Result<Expr, SyntaxError> {
-        let position = self.position();
-        let name = self.name()?;
+    fn variable_or_call<B: Build<'s>>(&mut self, b: &mut B) -> Result<B::Expr, SyntaxError> {
+        let at = self.place::<B>();
+        let name = self.name_str()?;
         if !self.eat("(") {
-            return Ok(Expr::Var(name, position));
+            return Ok(b.var(name, at));
         }
+        b.call_name(name, at);
         let mut args = Vec::new();
         while !self.is(")") {
-            args.push(self.expr()?);
+            args.push(self.expr(b)?);
             if !self.eat(",") {
                 break;
             }
         }
         self.expect(")")?;
-        Ok(Expr::Call(name, args, position))
+        Ok(b.call(name, args, at))
     }
 
     #[cold]
-    fn not_an_expression(&self) -> Result<Expr, SyntaxError> {
+    fn not_an_expression<T>(&self) -> Result<T, SyntaxError> {
         self.error(format!("expected an expression, found {}", self.describe()))
     }
 }
