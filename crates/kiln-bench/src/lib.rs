@@ -5,6 +5,7 @@
 //! Figures are always printed side by side with ratios; see docs/BENCHMARKS.md.
 
 use std::process::Command;
+use std::time::Duration;
 
 /// Machine code of `extern "C" fn() -> u32 { value }`.
 pub fn return_const(value: u32) -> [u8; 12] {
@@ -260,14 +261,29 @@ unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
     }
 }
 
-/// Minor page faults of this process so far (`getrusage`): first touches of memory, the
-/// kernel's share of a fresh process's work.
-pub fn minor_faults() -> u64 {
+/// This process's resource usage so far (`getrusage`), zeros if it cannot be read.
+fn usage() -> libc::rusage {
     // SAFETY: getrusage writes the struct it is given; zeroed is a valid rusage.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: RUSAGE_SELF with a valid out-pointer.
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return 0;
+        // SAFETY: as above: zeroed is a valid rusage.
+        return unsafe { std::mem::zeroed() };
     }
-    usage.ru_minflt as u64
+    usage
+}
+
+/// Minor page faults of this process so far (`getrusage`): first touches of memory, the
+/// kernel's share of a fresh process's work.
+pub fn minor_faults() -> u64 {
+    usage().ru_minflt as u64
+}
+
+/// CPU time of this process so far, in user mode and in the kernel (`getrusage`).
+pub fn cpu_times() -> (Duration, Duration) {
+    let u = usage();
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    (time(u.ru_utime), time(u.ru_stime))
 }

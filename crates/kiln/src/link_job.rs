@@ -199,6 +199,44 @@ impl Jit {
     }
 }
 
+impl Jit {
+    /// Publishes in `lib` a module placed in memory without a link (call-through stubs):
+    /// checked against the library's definitions, installed, made, published and started
+    /// as a linked module is, under the library's link lock. What is pending stays
+    /// pending. On an error its memory is freed and the library is as it was.
+    pub(crate) fn publish_placed(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        linked: kiln_link::LinkedModule,
+    ) -> Result<Module, Error> {
+        let library = self.library(lib)?;
+        let job = LinkJob {
+            jit: self,
+            library: &library,
+            publish: Publish::Yes,
+            times: false,
+        };
+        let lock = lock_for_link(&library)?;
+        let _linking_here = LinkingHere::enter(library.id);
+        let resolved = Resolved {
+            uses: Vec::new(),
+            thread_atexit: false,
+        };
+        let plugins = self.inner.plugins.snapshot();
+        job.finish(
+            linked,
+            resolved,
+            &[],
+            name.to_string(),
+            None,
+            plugins,
+            Some(lock),
+        )
+        .map(|(module, _)| module)
+    }
+}
+
 impl LinkJob<'_> {
     /// The steps after gathering, in order; the lock is let go before the module starts.
     fn run(
@@ -209,22 +247,46 @@ impl LinkJob<'_> {
     ) -> Result<(Module, LinkReport), Error> {
         // No plugin registered: no walk over plugins, no event built.
         let plugins: Vec<Arc<dyn Plugin>> = self.jit.inner.plugins.snapshot();
-        let (mut linked, resolved) = self.link_objects(gathered, &plugins)?;
+        let (linked, resolved) = self.link_objects(gathered, &plugins)?;
+        let name = gathered
+            .objects
+            .first()
+            .map(|o| o.name.clone())
+            .unwrap_or_default();
+        self.finish(
+            linked,
+            resolved,
+            &gathered.objects,
+            name,
+            shown,
+            plugins,
+            lock,
+        )
+    }
+
+    /// The steps after the link itself (of objects, or of a module placed without one):
+    /// check, install, make, record uses, publish, start.
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &self,
+        mut linked: kiln_link::LinkedModule,
+        resolved: Resolved,
+        objects: &[ObjectInput],
+        name: String,
+        shown: Option<ObjectInput>,
+        plugins: Vec<Arc<dyn Plugin>>,
+        lock: Option<parking_lot::MutexGuard<'_, ()>>,
+    ) -> Result<(Module, LinkReport), Error> {
         let report = LinkReport {
             times: linked.times,
             pass_times: std::mem::take(&mut linked.pass_times),
             counts: linked.counts,
         };
         if self.publish == Publish::Yes {
-            self.check_redefinitions(&linked, &gathered.objects)?;
+            self.check_redefinitions(&linked, objects, &name)?;
         }
         let installed = self.install(&mut linked)?;
         let id = self.jit.inner.next_module.fetch_add(1, Ordering::Relaxed);
-        let name = gathered
-            .objects
-            .first()
-            .map(|o| o.name.clone())
-            .unwrap_or_default();
         let init = std::mem::take(&mut linked.init);
         let event = (!plugins.is_empty()).then(|| loaded_event(id, &name, &mut linked, shown));
         let module = self.make_module(id, name, linked, installed, resolved.uses);
@@ -335,6 +397,7 @@ impl LinkJob<'_> {
         &self,
         linked: &kiln_link::LinkedModule,
         objects: &[ObjectInput],
+        module_name: &str,
     ) -> Result<(), Error> {
         let state = self.library.state.read();
         let Some((name, previous)) = linked.exports.iter().filter(|e| e.visible).find_map(|e| {
@@ -361,6 +424,9 @@ impl LinkJob<'_> {
             })
             .map(|o| o.name.clone())
             .unwrap_or_else(|| {
+                if objects.is_empty() {
+                    return module_name.to_string();
+                }
                 let names: Vec<&str> = objects.iter().map(|o| o.name.as_str()).collect();
                 format!("the link of {}", names.join(", "))
             });

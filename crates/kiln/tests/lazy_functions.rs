@@ -455,6 +455,71 @@ fn stubs_outliving_their_session_return_zero_and_names_are_checked() {
     drop(stubs);
 }
 
+#[test]
+fn stubs_for_a_name_the_library_defines_are_refused_and_leave_nothing() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    jit.link_object(lib, "taken.o", constant_function("taken", 7))
+        .unwrap();
+    let before = jit.memory_stats();
+    let compiler = Arc::new(table(&[("fresh", constant_function("fresh", 1))]));
+    match jit.add_lazy_functions(lib, &["fresh", "taken"], compiler.clone()) {
+        Err(Error::Redefinition { symbol, new, .. }) => {
+            assert_eq!(symbol, "taken");
+            assert_eq!(new, "(call-through stubs)");
+        }
+        other => panic!("expected a redefinition, got {other:?}"),
+    }
+    // Nothing of the refused stubs stays: not the names, not the memory.
+    assert!(jit.lookup(lib, "fresh").is_err());
+    let after = jit.memory_stats();
+    assert_eq!(after.live_allocations, before.live_allocations);
+    assert_eq!(after.bytes_allocated, before.bytes_allocated);
+    // SAFETY: `long taken(void)`, in this process.
+    let taken = unsafe {
+        jit.lookup_fn::<extern "C" fn() -> i64>(lib, "taken")
+            .unwrap()
+    };
+    assert_eq!(taken(), 7);
+    // The names are free again for stubs.
+    jit.add_lazy_functions(lib, &["fresh"], compiler).unwrap();
+    // SAFETY: `long fresh(void)`, in this process.
+    let fresh = unsafe {
+        jit.lookup_fn::<extern "C" fn() -> i64>(lib, "fresh")
+            .unwrap()
+    };
+    assert_eq!(fresh(), 1);
+}
+
+#[test]
+fn ten_thousand_stubs_each_reach_their_own_body() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let names: Vec<String> = (0..10_000).map(|i| format!("f{i}")).collect();
+    let objects: Vec<(String, Vec<u8>)> = names
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 997 == 0 || *i == 9_999)
+        .map(|(i, n)| (n.clone(), constant_function(n, i as i32)))
+        .collect();
+    let entries: Vec<(&str, Vec<u8>)> = objects
+        .iter()
+        .map(|(n, o)| (n.as_str(), o.clone()))
+        .collect();
+    let compiler = Arc::new(table(&entries));
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    jit.add_lazy_functions(lib, &refs, compiler.clone())
+        .unwrap();
+    for (name, _) in &objects {
+        let i: i64 = name[1..].parse().unwrap();
+        // SAFETY: `long fN(void)`, in this process.
+        let f = unsafe { jit.lookup_fn::<extern "C" fn() -> i64>(lib, name).unwrap() };
+        assert_eq!(f(), i, "{name}");
+        assert_eq!(f(), i, "{name}, again through the slot");
+    }
+    assert_eq!(compiler.compiles.load(Ordering::SeqCst), objects.len());
+}
+
 /// The writable-and-executable mappings of this process.
 fn wx_mappings() -> Vec<String> {
     std::fs::read_to_string("/proc/self/maps")

@@ -285,11 +285,13 @@ fn run_stub_call(calls: u64) {
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let jit = kiln::Jit::new().expect("session");
     let faults = kiln_bench::minor_faults();
+    let (user, system) = kiln_bench::cpu_times();
     let t = Instant::now();
     jit.add_lazy_functions(jit.main_library(), &names, Arc::new(Never))
         .expect("stubs");
     let stubs = t.elapsed();
     let stub_faults = kiln_bench::minor_faults() - faults;
+    let (user_after, system_after) = kiln_bench::cpu_times();
     // Again, in the same session: the tables and memory are grown already.
     let again: Vec<String> = (0..10_000).map(|i| format!("h{i}")).collect();
     let again: Vec<&str> = again.iter().map(String::as_str).collect();
@@ -302,6 +304,14 @@ fn run_stub_call(calls: u64) {
         ("direct_ns", direct),
         ("stubs_10000_ms", stubs.as_secs_f64() * 1e3),
         ("stubs_10000_faults", stub_faults as f64),
+        (
+            "stubs_10000_user_ms",
+            (user_after - user).as_secs_f64() * 1e3,
+        ),
+        (
+            "stubs_10000_system_ms",
+            (system_after - system).as_secs_f64() * 1e3,
+        ),
         ("stubs_10000_again_ms", stubs_again.as_secs_f64() * 1e3),
     ]);
 }

@@ -47,7 +47,10 @@ use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::ThreadId;
-use stub_object::{slots_symbol, stub_object, Names, STUB_ENTRY};
+use stub_object::{slots_symbol, stub_object, Names, STUB_ENTRY, STUB_SIZE};
+
+/// The name of a module of call-through stubs.
+const STUBS_NAME: &str = "(call-through stubs)";
 
 /// Compiles the functions of call-through stubs, on their first call.
 ///
@@ -523,49 +526,29 @@ impl Jit {
         let ids: Vec<u32> = (first..first + count).collect();
         PENDING.lock().push((first, first + ids.len() as u32));
         let _pending = PendingIds(first, first + ids.len() as u32);
-        const NAME: &str = "(call-through stubs)";
-        // Only plugins (debuggers, profilers) are shown the stubs under their own names.
+        // Only plugins (debuggers, profilers) are shown the stubs under their own names:
+        // then the stubs are an object, linked; else they are written straight into code
+        // memory.
         let told = !self.inner().plugins.snapshot().is_empty();
-        let linked = Names {
-            functions: true,
-            stubs: told,
-        };
-        // Lent, not copied: the object of 10,000 stubs is a megabyte.
-        let object = ObjectInput::shared(NAME, Arc::new(stub_object(names, &ids, entry, linked)));
-        let shown = told.then(|| {
-            let naming = Names {
-                functions: false,
-                stubs: true,
+        let (stubs, placed) = if told {
+            self.link_stub_object(lib, names, &ids, entry)?
+        } else {
+            let shared: Vec<Arc<str>> = names.iter().map(|&name| Arc::from(name)).collect();
+            let memory = &*self.inner().memory;
+            let placed = stub_memory::place_stubs(memory, &shared, &ids, entry)?;
+            let stubs = self.publish_placed(lib, STUBS_NAME, placed.linked)?;
+            let at = |i: usize| {
+                (
+                    placed.stubs + STUB_SIZE * i as u64,
+                    placed.slots + 8 * i as u64,
+                )
             };
-            ObjectInput::shared(NAME, Arc::new(stub_object(names, &ids, entry, naming)))
-        });
-        let (stubs, _) = self
-            .link(
-                lib,
-                LinkRequest {
-                    shown,
-                    ..LinkRequest::module().with(object)
-                },
-            )?
-            .ok_or_else(|| Error::Unsupported("the stub object linked nothing".into()))?;
-        let slots_name = slots_symbol(first);
-        // Each stub's address and its name, shared with the module (no copy); the slots
-        // are in the stubs' order, at the hidden `slots` symbol.
-        let placed: Option<Vec<(Arc<str>, u64, u64)>> =
-            stubs.symbol(&slots_name).and_then(|slots| {
-                names
-                    .iter()
-                    .enumerate()
-                    .map(|(i, name)| {
-                        let (shared, stub) = stubs.inner.symbol_entry(name)?;
-                        Some((shared, stub, slots + 8 * i as u64))
-                    })
-                    .collect()
-            });
-        let Some(placed) = placed else {
-            // Cannot happen with the object written above; leave nothing behind.
-            let _ = self.remove_module(&stubs);
-            return Err(Error::SymbolNotFound(slots_name));
+            let placed = shared
+                .into_iter()
+                .enumerate()
+                .map(|(i, name)| (name, at(i).0, at(i).1))
+                .collect();
+            (stubs, placed)
         };
         let mut functions = Vec::with_capacity(names.len());
         for (&id, (name, stub, slot)) in ids.iter().zip(placed) {
@@ -595,6 +578,61 @@ impl Jit {
             defined.insert(f.name.clone(), f);
         }
         Ok(stubs)
+    }
+
+    /// The stubs as an object (with their `NAME.stub` symbols shown to plugins), linked
+    /// into `lib`: the module, and each function's name (shared with the module), stub
+    /// and slot.
+    #[allow(clippy::type_complexity)]
+    fn link_stub_object(
+        &self,
+        lib: LibraryId,
+        names: &[&str],
+        ids: &[u32],
+        entry: u64,
+    ) -> Result<(Module, Vec<(Arc<str>, u64, u64)>), Error> {
+        let linked = Names {
+            functions: true,
+            stubs: true,
+        };
+        // Lent, not copied: the object of 10,000 stubs is a megabyte.
+        let object =
+            ObjectInput::shared(STUBS_NAME, Arc::new(stub_object(names, ids, entry, linked)));
+        let naming = Names {
+            functions: false,
+            stubs: true,
+        };
+        let shown =
+            ObjectInput::shared(STUBS_NAME, Arc::new(stub_object(names, ids, entry, naming)));
+        let (stubs, _) = self
+            .link(
+                lib,
+                LinkRequest {
+                    shown: Some(shown),
+                    ..LinkRequest::module().with(object)
+                },
+            )?
+            .ok_or_else(|| Error::Unsupported("the stub object linked nothing".into()))?;
+        let slots_name = slots_symbol(ids.first().copied().unwrap_or(0));
+        // Each stub's address and its name, shared with the module (no copy); the slots
+        // are in the stubs' order, at the hidden `slots` symbol.
+        let placed: Option<Vec<(Arc<str>, u64, u64)>> =
+            stubs.symbol(&slots_name).and_then(|slots| {
+                names
+                    .iter()
+                    .enumerate()
+                    .map(|(i, name)| {
+                        let (shared, stub) = stubs.inner.symbol_entry(name)?;
+                        Some((shared, stub, slots + 8 * i as u64))
+                    })
+                    .collect()
+            });
+        let Some(placed) = placed else {
+            // Cannot happen with the object written above; leave nothing behind.
+            let _ = self.remove_module(&stubs);
+            return Err(Error::SymbolNotFound(slots_name));
+        };
+        Ok((stubs, placed))
     }
 
     /// Gives the lazy function `name` of `lib` a new body, linked from `object`, which must
@@ -706,5 +744,6 @@ impl Jit {
     }
 }
 
+mod stub_memory;
 mod stub_object;
 pub mod testing;

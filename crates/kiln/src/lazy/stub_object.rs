@@ -32,24 +32,11 @@ pub(super) fn stub_object(names: &[&str], ids: &[u32], entry: u64, naming: Names
     use kiln_elf::{ElfWriter, FileKind, Section, SymbolTable};
     use object::elf;
     let n = names.len();
-    const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
     let size = STUB_SIZE as usize;
     let common = size * n;
-    // .text
-    let mut text = Vec::with_capacity(size * n + 8);
-    for (i, &id) in ids.iter().enumerate() {
-        text.extend_from_slice(&ENDBR64);
-        text.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0]); // jmp *slot(%rip)
-        text.resize(size * i + STUB_ENTRY as usize, 0xcc);
-        text.extend_from_slice(&ENDBR64);
-        text.push(0x68); // push $id
-        text.extend_from_slice(&id.to_le_bytes());
-        text.push(0xe9); // jmp common
-        let next = size * i + STUB_ENTRY as usize + 14;
-        text.extend_from_slice(&((common - next) as i32).to_le_bytes());
-        text.resize(size * (i + 1), 0xcc);
-    }
-    text.extend_from_slice(&[0xff, 0x25, 0, 0, 0, 0, 0xcc, 0xcc]); // jmp *entry(%rip)
+    // .text, its displacements to the slots left 0 (relocated).
+    let mut text = vec![0u8; stub_code_size(n)];
+    write_stub_code(&mut text, ids, None);
 
     // .data: the slots (relocated to the entries), then the entry's address.
     let mut data = vec![0u8; 8 * (n + 1)];
@@ -202,6 +189,42 @@ pub(super) fn stub_object(names: &[&str], ids: &[u32], entry: u64, naming: Names
         1,
     ));
     w.finish(0)
+}
+
+/// The bytes of the code of `n` stubs: the stubs, then `common`'s `jmp *entry(%rip)`.
+pub(super) fn stub_code_size(n: usize) -> usize {
+    STUB_SIZE as usize * n + 8
+}
+
+/// Writes the code of the stubs of `ids` into `text` ([`stub_code_size`] bytes): stub
+/// `i` at `STUB_SIZE * i`, `common` after the last. With `slots` (the distance from the
+/// code's start to the slots', which the entry's address follows), the displacements to
+/// the slots are written too; without, they are 0 (an object's relocations fill them).
+pub(super) fn write_stub_code(text: &mut [u8], ids: &[u32], slots: Option<i64>) {
+    const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+    const INT3: u8 = 0xcc;
+    let size = STUB_SIZE as usize;
+    let common = size * ids.len();
+    // From the end of an instruction at `end` to slot `i` (the entry's at `ids.len()`).
+    let displacement =
+        |end: usize, i: usize| slots.map_or(0, |s| (s + 8 * i as i64 - end as i64) as i32);
+    for (i, (stub, &id)) in text.chunks_exact_mut(size).zip(ids).enumerate() {
+        let at = size * i;
+        stub[..4].copy_from_slice(&ENDBR64);
+        stub[4..6].copy_from_slice(&[0xff, 0x25]); // jmp *slot(%rip)
+        stub[6..10].copy_from_slice(&displacement(at + 10, i).to_le_bytes());
+        stub[10..16].fill(INT3);
+        stub[16..20].copy_from_slice(&ENDBR64);
+        stub[20] = 0x68; // push $id
+        stub[21..25].copy_from_slice(&id.to_le_bytes());
+        stub[25] = 0xe9; // jmp common
+        stub[26..30].copy_from_slice(&((common - (at + 30)) as i32).to_le_bytes());
+        stub[30..32].fill(INT3);
+    }
+    let tail = &mut text[common..common + 8];
+    tail[..2].copy_from_slice(&[0xff, 0x25]); // jmp *entry(%rip)
+    tail[2..6].copy_from_slice(&displacement(common + 6, ids.len()).to_le_bytes());
+    tail[6..8].fill(INT3);
 }
 
 /// Bytes per call-through stub.
