@@ -41,7 +41,15 @@ impl LibraryId {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Definition {
     pub(crate) address: u64,
-    pub(crate) module: Option<u64>,
+    /// Module ids start at 1: `None` costs no space (an index entry is 32 bytes).
+    pub(crate) module: Option<std::num::NonZeroU64>,
+}
+
+impl Definition {
+    /// The id of the module that holds it.
+    pub(crate) fn module_id(&self) -> Option<u64> {
+        self.module.map(u64::from)
+    }
 }
 
 /// What a library holds. Read by lookups and by links of this and other libraries (a
@@ -142,7 +150,7 @@ pub(crate) struct Library {
 
 /// "module NAME" or "define_symbol", for messages.
 pub(crate) fn describe(state: &LibraryState, d: &Definition) -> String {
-    match d.module.and_then(|id| state.modules.get(&id)) {
+    match d.module_id().and_then(|id| state.modules.get(&id)) {
         Some(m) => format!("module {}", m.inner.name),
         None => format!(
             "an absolute definition at {:#x} (Jit::define_symbol)",

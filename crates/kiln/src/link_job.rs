@@ -581,7 +581,7 @@ impl LinkJob<'_> {
                 name.clone(),
                 Definition {
                     address: *address,
-                    module: Some(id),
+                    module: std::num::NonZeroU64::new(id),
                 },
             );
         }

@@ -177,7 +177,7 @@ impl Jit {
             .index
             .get(name)
             .or_else(|| state.hidden.get(name))
-            .and_then(|d| d.module)
+            .and_then(|d| d.module_id())
             .and_then(|id| state.modules.get(&id).cloned()))
     }
 
@@ -334,7 +334,7 @@ impl Jit {
                 } else {
                     &mut state.hidden
                 };
-                if map.get(&**name).is_some_and(|d| d.module == Some(id)) {
+                if map.get(&**name).is_some_and(|d| d.module_id() == Some(id)) {
                     map.remove(&**name);
                 }
             }

@@ -90,7 +90,7 @@ impl<'s> SessionContext<'s> {
                 }
                 if let Some(d) = state.index.get(*name) {
                     *slot = Some(d.address);
-                    if let Some(id) = d.module {
+                    if let Some(id) = d.module_id() {
                         if let Some(m) = state.modules.get(&id) {
                             self.uses.entry(id).or_insert_with(|| m.clone());
                         }

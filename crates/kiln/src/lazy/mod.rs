@@ -99,42 +99,70 @@ enum Body {
     Failed { fallback: u64 },
 }
 
-/// One lazy function: its stub's slot and its body.
-pub(crate) struct LazyFunction {
-    id: u32,
-    name: Arc<str>,
+/// The lazy functions of one [`Jit::add_lazy_functions`]: what they share, and each
+/// one's own state, in one allocation (10,000 functions are one allocation, not 10,000).
+/// Function `i` has id `first + i`, its stub at `stubs + STUB_SIZE * i` and its slot at
+/// `slots + 8 * i`.
+pub(crate) struct StubBatch {
+    first: u32,
     library: LibraryId,
     session: Weak<crate::jit::Inner>,
     compiler: Arc<dyn LazyCompiler>,
-    /// The address of the stub's pointer slot.
-    slot: u64,
-    /// What the slot held first: the stub's own entry into Kiln.
-    entry: u64,
-    /// The module of the stubs, held so that the slot's memory lives as long as this
-    /// function.
-    _stubs: Module,
+    stubs: u64,
+    slots: u64,
+    /// The module of the stubs, held so that the slots' memory lives as long as the
+    /// functions.
+    _module: Module,
     /// The executor process the code runs in (its `RemoteExecutor`'s address), if not
-    /// this one: only that executor's requests may resolve the stub.
+    /// this one: only that executor's requests may resolve the stubs.
     executor: Option<usize>,
     /// Where a failed call goes when the compiler gives no fallback: a function that
     /// returns 0, in the process that runs the code.
     default_fallback: u64,
+    functions: Box<[LazyFunction]>,
+}
+
+/// One lazy function's own state: its name and its body.
+struct LazyFunction {
+    name: Arc<str>,
     body: Mutex<Body>,
     ready: Condvar,
 }
 
-impl Drop for LazyFunction {
+impl Drop for StubBatch {
     fn drop(&mut self) {
-        registry().write().forget(self.id);
+        registry().write().forget(self.first);
         if self.executor.is_none() {
             // Its session is gone: a call through a stub someone still holds goes back
             // into Kiln, finds no function and returns 0, rather than into the body,
             // which is freed next.
-            // SAFETY: the slot lies in `self._stubs`, still alive; only atomic stores and
-            // the stub's loads touch it.
-            unsafe { lazy_entry::store_code_pointer(self.slot, self.entry) };
+            for i in 0..self.functions.len() {
+                let (slot, entry) = (self.slot(i), self.entry(i));
+                // SAFETY: the slot lies in `self._module`, still alive; only atomic
+                // stores and the stub's loads touch it.
+                unsafe { lazy_entry::store_code_pointer(slot, entry) };
+            }
         }
     }
+}
+
+impl StubBatch {
+    /// The address of function `i`'s slot.
+    fn slot(&self, i: usize) -> u64 {
+        self.slots + 8 * i as u64
+    }
+
+    /// What function `i`'s slot held first: its stub's own entry into Kiln.
+    fn entry(&self, i: usize) -> u64 {
+        self.stubs + STUB_SIZE * i as u64 + STUB_ENTRY
+    }
+}
+
+/// A lazy function: its batch and its place in it.
+#[derive(Clone)]
+pub(crate) struct FunctionRef {
+    batch: Arc<StubBatch>,
+    index: u32,
 }
 
 /// Stub ids to functions, for the assembly entry (ids are below 2^31: `push imm32`),
@@ -143,40 +171,26 @@ impl Drop for LazyFunction {
 #[derive(Default)]
 struct Registry {
     /// Batches by their first id.
-    batches: std::collections::BTreeMap<u32, Batch>,
-}
-
-/// The functions of one batch, in id order, and how many of them live.
-struct Batch {
-    functions: Box<[Weak<LazyFunction>]>,
-    alive: usize,
+    batches: std::collections::BTreeMap<u32, Weak<StubBatch>>,
 }
 
 impl Registry {
-    fn add(&mut self, first: u32, functions: Box<[Weak<LazyFunction>]>) {
-        let alive = functions.len();
-        if alive > 0 {
-            self.batches.insert(first, Batch { functions, alive });
+    fn add(&mut self, batch: &Arc<StubBatch>) {
+        if !batch.functions.is_empty() {
+            self.batches.insert(batch.first, Arc::downgrade(batch));
         }
     }
 
-    fn get(&self, id: u32) -> Option<Arc<LazyFunction>> {
+    fn get(&self, id: u32) -> Option<FunctionRef> {
         let (&first, batch) = self.batches.range(..=id).next_back()?;
-        batch.functions.get((id - first) as usize)?.upgrade()
+        let batch = batch.upgrade()?;
+        let index = id - first;
+        ((index as usize) < batch.functions.len()).then_some(FunctionRef { batch, index })
     }
 
-    /// A function of a batch is gone; the batch goes with its last function.
-    fn forget(&mut self, id: u32) {
-        let Some((&first, batch)) = self.batches.range_mut(..=id).next_back() else {
-            return;
-        };
-        if (id - first) as usize >= batch.functions.len() {
-            return;
-        }
-        batch.alive -= 1;
-        if batch.alive == 0 {
-            self.batches.remove(&first);
-        }
+    /// A batch is gone.
+    fn forget(&mut self, first: u32) {
+        self.batches.remove(&first);
     }
 }
 
@@ -206,13 +220,13 @@ impl Drop for PendingIds {
     }
 }
 
-/// A library's lazy functions by name (looked up by `&str`, no allocation).
-type ByName = FxHashMap<Arc<str>, Arc<LazyFunction>>;
-
 /// The session's lazy functions and its epoch collector.
 #[derive(Default)]
 pub(crate) struct LazyFunctions {
-    by_name: Mutex<FxHashMap<LibraryId, ByName>>,
+    /// The batches of stubs, by the id of their module. A lazy function is found by name
+    /// through its library's index (its stub is the name's definition): no second map of
+    /// names.
+    batches: Mutex<FxHashMap<u64, Arc<StubBatch>>>,
     failures: Mutex<Vec<LazyFailure>>,
     collector: crossbeam_epoch::Collector,
     /// Bodies replaced and not freed yet.
@@ -250,7 +264,7 @@ fn resolve(id: u64) -> u64 {
 
 /// The lazy function of stub `id`, if it lives (waiting while its stubs are being
 /// registered).
-fn function_of(id: u64) -> Option<Arc<LazyFunction>> {
+fn function_of(id: u64) -> Option<FunctionRef> {
     let id = u32::try_from(id).ok()?;
     let find = || registry().read().get(id);
     if let Some(f) = find() {
@@ -277,17 +291,29 @@ fn serve_executor_request(
         Request::ResolveStub { stub } => match function_of(*stub) {
             // Only stubs whose code this executor runs: an id is no capability to
             // another executor's.
-            Some(f) if f.executor == Some(executor) => f.resolve_for_executor(),
+            Some(f) if f.batch.executor == Some(executor) => f.resolve_for_executor(),
             _ => Response::Error(format!("no call-through stub {stub} for this executor")),
         },
         other => Response::Error(format!("the controller does not serve '{other}'")),
     }
 }
 
-impl LazyFunction {
+impl FunctionRef {
+    fn function(&self) -> &LazyFunction {
+        &self.batch.functions[self.index as usize]
+    }
+
+    fn name(&self) -> &Arc<str> {
+        &self.function().name
+    }
+
+    fn slot(&self) -> u64 {
+        self.batch.slot(self.index as usize)
+    }
+
     fn resolve(&self) -> u64 {
         let me = std::thread::current().id();
-        let mut body = self.body.lock();
+        let mut body = self.function().body.lock();
         loop {
             match &*body {
                 Body::Ready { address, .. } => return *address,
@@ -296,16 +322,16 @@ impl LazyFunction {
                     // The compiler called the function it is compiling.
                     drop(body);
                     let error = Error::LazyCompile {
-                        function: self.name.to_string(),
+                        function: self.name().to_string(),
                         source: "called while it is being compiled, on the compiling thread".into(),
                     };
                     self.record(&error);
                     return std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         self.fallback(&error)
                     }))
-                    .unwrap_or(self.default_fallback);
+                    .unwrap_or(self.batch.default_fallback);
                 }
-                Body::Compiling(_) => self.ready.wait(&mut body),
+                Body::Compiling(_) => self.function().ready.wait(&mut body),
                 Body::Unresolved => break,
             }
         }
@@ -314,20 +340,20 @@ impl LazyFunction {
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.build()))
             .unwrap_or_else(|_| {
                 Err(Error::LazyCompile {
-                    function: self.name.to_string(),
+                    function: self.name().to_string(),
                     source: "the compiler panicked".into(),
                 })
             });
-        let mut body = self.body.lock();
+        let mut body = self.function().body.lock();
         let result = match outcome {
             // Replaced while it compiled: the replacement stands.
             _ if !matches!(&*body, Body::Compiling(t) if *t == me) => self.current(&body),
             Ok((address, module)) => {
-                if self.executor.is_none() {
+                if self.batch.executor.is_none() {
                     // SAFETY: `slot` is this function's stub slot, in the stub module that
                     // the library holds (and `module`, which uses it, keeps alive); only
                     // atomic stores and the stub's loads touch it.
-                    unsafe { lazy_entry::store_code_pointer(self.slot, address) };
+                    unsafe { lazy_entry::store_code_pointer(self.slot(), address) };
                 }
                 *body = Body::Ready { address, module };
                 address
@@ -340,8 +366,8 @@ impl LazyFunction {
                 let fallback = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     self.fallback(&error)
                 }))
-                .unwrap_or(self.default_fallback);
-                body = self.body.lock();
+                .unwrap_or(self.batch.default_fallback);
+                body = self.function().body.lock();
                 if matches!(&*body, Body::Compiling(t) if *t == me) {
                     *body = Body::Failed { fallback };
                     fallback
@@ -350,7 +376,7 @@ impl LazyFunction {
                 }
             }
         };
-        self.ready.notify_all();
+        self.function().ready.notify_all();
         result
     }
 
@@ -359,52 +385,58 @@ impl LazyFunction {
         match body {
             Body::Ready { address, .. } => *address,
             Body::Failed { fallback } => *fallback,
-            _ => self.default_fallback,
+            _ => self.batch.default_fallback,
         }
     }
 
     /// Compiles and links the body: its address and module.
     fn build(&self) -> Result<(u64, Module), Error> {
-        let inner = self.session.upgrade().ok_or_else(|| Error::LazyCompile {
-            function: self.name.to_string(),
-            source: "its session is gone".into(),
-        })?;
-        let jit = Jit::from_inner(inner);
-        let object = self
-            .compiler
-            .compile(&self.name)
-            .map_err(|source| Error::LazyCompile {
-                function: self.name.to_string(),
-                source,
+        let inner = self
+            .batch
+            .session
+            .upgrade()
+            .ok_or_else(|| Error::LazyCompile {
+                function: self.name().to_string(),
+                source: "its session is gone".into(),
             })?;
-        jit.link_body(self.library, &self.name, object)
+        let jit = Jit::from_inner(inner);
+        let object =
+            self.batch
+                .compiler
+                .compile(self.name())
+                .map_err(|source| Error::LazyCompile {
+                    function: self.name().to_string(),
+                    source,
+                })?;
+        jit.link_body(self.batch.library, self.name(), object)
     }
 
     fn fallback(&self, error: &Error) -> u64 {
-        self.compiler
-            .compile_failed(&self.name, error)
-            .unwrap_or(self.default_fallback)
+        self.batch
+            .compiler
+            .compile_failed(self.name(), error)
+            .unwrap_or(self.batch.default_fallback)
     }
 
     /// The answer to an executor's [`kiln_remote::protocol::Request::ResolveStub`]: where
     /// the call goes, and the slot to store it in once there is a body.
     fn resolve_for_executor(&self) -> kiln_remote::protocol::Response {
         let target = self.resolve();
-        let slot = match &*self.body.lock() {
-            Body::Ready { address, .. } if *address == target => self.slot,
+        let slot = match &*self.function().body.lock() {
+            Body::Ready { address, .. } if *address == target => self.slot(),
             _ => 0,
         };
         kiln_remote::protocol::Response::StubResolved { target, slot }
     }
 
     fn record(&self, error: &Error) {
-        tracing::warn!(function = %self.name, %error, "lazy compile failed");
-        if let Some(inner) = self.session.upgrade() {
+        tracing::warn!(function = %self.name(), %error, "lazy compile failed");
+        if let Some(inner) = self.batch.session.upgrade() {
             let lazy = inner.extensions.get::<LazyFunctions>();
             let mut failures = lazy.failures.lock();
             if failures.len() < 1024 {
                 failures.push(LazyFailure {
-                    function: self.name.to_string(),
+                    function: self.name().to_string(),
                     error: error.to_string(),
                 });
             }
@@ -492,29 +524,28 @@ impl Jit {
                 serve_executor_request(executor, request)
             }));
         }
-        let mut seen = rustc_hash::FxHashSet::default();
-        seen.reserve(names.len());
-        {
-            let lazy = self.lazy_functions();
-            let by_name = lazy.by_name.lock();
-            let defined = by_name.get(&lib);
-            for &name in names {
-                if name.is_empty() || name.contains('\0') {
-                    return Err(Error::Unsupported(format!(
-                        "{name:?} is not a function name"
-                    )));
-                }
-                if !seen.insert(name) || defined.is_some_and(|d| d.contains_key(name)) {
-                    return Err(Error::Redefinition {
-                        symbol: name.to_string(),
-                        library: self.library_name(lib)?,
-                        previous: "a lazy function".into(),
-                        new: "add_lazy_functions".into(),
-                    });
-                }
+        // The names in order: duplicates are neighbours (no set of 10,000 names built),
+        // and a module's symbols are kept in this order.
+        let order = stub_memory::name_order(names);
+        // A name the library defines already is refused when the stubs are published.
+        let mut previous: Option<&str> = None;
+        for &i in &order {
+            let name = names[i as usize];
+            if name.is_empty() || name.contains('\0') {
+                return Err(Error::Unsupported(format!(
+                    "{name:?} is not a function name"
+                )));
             }
+            if previous == Some(name) {
+                return Err(Error::Redefinition {
+                    symbol: name.to_string(),
+                    library: self.library_name(lib)?,
+                    previous: "a lazy function".into(),
+                    new: "add_lazy_functions".into(),
+                });
+            }
+            previous = Some(name);
         }
-        let registry = registry();
         // One range of consecutive ids for the batch.
         let count = u32::try_from(names.len()).unwrap_or(u32::MAX);
         let first = NEXT_ID.fetch_add(count, Ordering::Relaxed);
@@ -523,88 +554,109 @@ impl Jit {
                 "more than 2^31 call-through stubs".into(),
             ));
         }
-        let ids: Vec<u32> = (first..first + count).collect();
-        PENDING.lock().push((first, first + ids.len() as u32));
-        let _pending = PendingIds(first, first + ids.len() as u32);
+        let ids = first..first + count;
+        PENDING.lock().push((first, ids.end));
+        let _pending = PendingIds(first, ids.end);
         // Only plugins (debuggers, profilers) are shown the stubs under their own names:
         // then the stubs are an object, linked; else they are written straight into code
         // memory.
         let told = !self.inner().plugins.snapshot().is_empty();
-        let (stubs, placed) = if told {
-            self.link_stub_object(lib, names, &ids, entry)?
-        } else {
-            let shared: Vec<Arc<str>> = names.iter().map(|&name| Arc::from(name)).collect();
-            let memory = &*self.inner().memory;
-            let placed = stub_memory::place_stubs(memory, &shared, &ids, entry)?;
-            let stubs = self.publish_placed(lib, STUBS_NAME, placed.linked)?;
-            let at = |i: usize| {
-                (
-                    placed.stubs + STUB_SIZE * i as u64,
-                    placed.slots + 8 * i as u64,
-                )
-            };
-            let placed = shared
-                .into_iter()
-                .enumerate()
-                .map(|(i, name)| (name, at(i).0, at(i).1))
-                .collect();
-            (stubs, placed)
+        let function = |name: Arc<str>| LazyFunction {
+            name,
+            body: Mutex::new(Body::Unresolved),
+            ready: Condvar::new(),
         };
-        let mut functions = Vec::with_capacity(names.len());
-        for (&id, (name, stub, slot)) in ids.iter().zip(placed) {
-            functions.push(Arc::new(LazyFunction {
-                id,
-                name,
-                library: lib,
-                session: Arc::downgrade(self.inner()),
-                compiler: compiler.clone(),
-                slot,
-                entry: stub + STUB_ENTRY,
-                _stubs: stubs.clone(),
-                executor,
-                default_fallback,
-                body: Mutex::new(Body::Unresolved),
-                ready: Condvar::new(),
-            }));
-        }
-        registry
-            .write()
-            .add(first, functions.iter().map(Arc::downgrade).collect());
+        let (module, functions, stubs, slots): (_, Box<[LazyFunction]>, _, _) = if told {
+            let (module, shared, stubs, slots) = self.link_stub_object(lib, names, ids, entry)?;
+            (
+                module,
+                shared.into_iter().map(function).collect(),
+                stubs,
+                slots,
+            )
+        } else {
+            let functions: Box<[LazyFunction]> = names
+                .iter()
+                .map(|&name| function(Arc::from(name)))
+                .collect();
+            let memory = &*self.inner().memory;
+            let name_of = |i: usize| functions[i].name.clone();
+            let placed = stub_memory::place_stubs(memory, &name_of, &order, ids, entry)?;
+            let module = self.publish_placed(lib, STUBS_NAME, placed.linked)?;
+            (module, functions, placed.stubs, placed.slots)
+        };
+        let batch = Arc::new(StubBatch {
+            first,
+            library: lib,
+            session: Arc::downgrade(self.inner()),
+            compiler,
+            stubs,
+            slots,
+            _module: module.clone(),
+            executor,
+            default_fallback,
+            functions,
+        });
+        registry().write().add(&batch);
         let lazy = self.lazy_functions();
-        let mut by_name = lazy.by_name.lock();
-        let defined = by_name.entry(lib).or_default();
-        defined.reserve(functions.len());
-        for f in functions {
-            defined.insert(f.name.clone(), f);
+        lazy.batches.lock().insert(module.inner.id, batch);
+        Ok(module)
+    }
+
+    /// The lazy function `name` of `lib`: the name's definition in the library's index is
+    /// its stub, in the module of its batch.
+    fn lazy_function(&self, lib: LibraryId, name: &str) -> Result<FunctionRef, Error> {
+        let not_lazy = || Error::NotLazy(name.to_string());
+        let library = self.library(lib)?;
+        let definition = library.state.read().index.get(name).copied();
+        let definition = definition.ok_or_else(not_lazy)?;
+        let module = definition.module_id().ok_or_else(not_lazy)?;
+        let batch = self.lazy_functions().batches.lock().get(&module).cloned();
+        let batch = batch.ok_or_else(not_lazy)?;
+        let offset = definition
+            .address
+            .checked_sub(batch.stubs)
+            .ok_or_else(not_lazy)?;
+        let index = offset / STUB_SIZE;
+        let found = batch
+            .functions
+            .get(index as usize)
+            .is_some_and(|f| offset % STUB_SIZE == 0 && &*f.name == name);
+        if !found {
+            return Err(not_lazy());
         }
-        Ok(stubs)
+        Ok(FunctionRef {
+            batch,
+            index: index as u32,
+        })
     }
 
     /// The stubs as an object (with their `NAME.stub` symbols shown to plugins), linked
-    /// into `lib`: the module, and each function's name (shared with the module), stub
-    /// and slot.
+    /// into `lib`: the module, the functions' names (shared with the module), and where
+    /// the first stub and the first slot are (the others follow them, the object's
+    /// `.text` and `.data` each placed whole).
     #[allow(clippy::type_complexity)]
     fn link_stub_object(
         &self,
         lib: LibraryId,
         names: &[&str],
-        ids: &[u32],
+        ids: std::ops::Range<u32>,
         entry: u64,
-    ) -> Result<(Module, Vec<(Arc<str>, u64, u64)>), Error> {
+    ) -> Result<(Module, Vec<Arc<str>>, u64, u64), Error> {
         let linked = Names {
             functions: true,
             stubs: true,
         };
         // Lent, not copied: the object of 10,000 stubs is a megabyte.
-        let object =
-            ObjectInput::shared(STUBS_NAME, Arc::new(stub_object(names, ids, entry, linked)));
+        let object = stub_object(names, ids.clone(), entry, linked);
+        let object = ObjectInput::shared(STUBS_NAME, Arc::new(object));
         let naming = Names {
             functions: false,
             stubs: true,
         };
-        let shown =
-            ObjectInput::shared(STUBS_NAME, Arc::new(stub_object(names, ids, entry, naming)));
-        let (stubs, _) = self
+        let shown = stub_object(names, ids.clone(), entry, naming);
+        let shown = ObjectInput::shared(STUBS_NAME, Arc::new(shown));
+        let (module, _) = self
             .link(
                 lib,
                 LinkRequest {
@@ -613,26 +665,35 @@ impl Jit {
                 },
             )?
             .ok_or_else(|| Error::Unsupported("the stub object linked nothing".into()))?;
-        let slots_name = slots_symbol(ids.first().copied().unwrap_or(0));
-        // Each stub's address and its name, shared with the module (no copy); the slots
-        // are in the stubs' order, at the hidden `slots` symbol.
-        let placed: Option<Vec<(Arc<str>, u64, u64)>> =
-            stubs.symbol(&slots_name).and_then(|slots| {
-                names
-                    .iter()
-                    .enumerate()
-                    .map(|(i, name)| {
-                        let (shared, stub) = stubs.inner.symbol_entry(name)?;
-                        Some((shared, stub, slots + 8 * i as u64))
-                    })
-                    .collect()
-            });
-        let Some(placed) = placed else {
+        let slots_name = slots_symbol(ids.start);
+        // Each function's name, shared with the module (no copy), where the object put
+        // its stub.
+        let placed = module.symbol(&slots_name).and_then(|slots| {
+            let shared = names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| {
+                    let (shared, stub) = module.inner.symbol_entry(name)?;
+                    Some((shared, stub.checked_sub(STUB_SIZE * i as u64)?))
+                })
+                .collect::<Option<Vec<_>>>()?;
+            // One `.text`, placed whole: stub `i` is `STUB_SIZE * i` after the first.
+            let first = shared.first().map_or(0, |(_, first)| *first);
+            if shared.iter().any(|(_, f)| *f != first) {
+                return None;
+            }
+            Some((
+                slots,
+                first,
+                shared.into_iter().map(|(name, _)| name).collect(),
+            ))
+        });
+        let Some((slots, first, shared)) = placed else {
             // Cannot happen with the object written above; leave nothing behind.
-            let _ = self.remove_module(&stubs);
+            let _ = self.remove_module(&module);
             return Err(Error::SymbolNotFound(slots_name));
         };
-        Ok((stubs, placed))
+        Ok((module, shared, first, slots))
     }
 
     /// Gives the lazy function `name` of `lib` a new body, linked from `object`, which must
@@ -645,27 +706,20 @@ impl Jit {
         name: &str,
         object: impl Into<Arc<[u8]>>,
     ) -> Result<u64, Error> {
-        let lazy = self.lazy_functions();
-        let function = lazy
-            .by_name
-            .lock()
-            .get(&lib)
-            .and_then(|d| d.get(name))
-            .cloned()
-            .ok_or_else(|| Error::NotLazy(name.to_string()))?;
-        if function.executor.is_some() {
+        let function = self.lazy_function(lib, name)?;
+        if function.batch.executor.is_some() {
             return Err(Error::Unsupported(
                 "replacing a function whose code runs in another process".into(),
             ));
         }
         let (address, module) = self.link_body(lib, name, object.into().to_vec())?;
         let old = {
-            let mut body = function.body.lock();
+            let mut body = function.function().body.lock();
             // SAFETY: the function's stub slot, in the stub module its library holds; only
             // atomic stores and the stub's loads touch it.
-            unsafe { lazy_entry::store_code_pointer(function.slot, address) };
+            unsafe { lazy_entry::store_code_pointer(function.slot(), address) };
             let old = std::mem::replace(&mut *body, Body::Ready { address, module });
-            function.ready.notify_all();
+            function.function().ready.notify_all();
             old
         };
         if let Body::Ready { module, .. } = old {
@@ -730,13 +784,8 @@ impl Jit {
     /// one (its stub is what [`Jit::lookup`] gives). Valid while the body is current, or
     /// while a [`CodeGuard`] taken before its replacement is held.
     pub fn body_address(&self, lib: LibraryId, name: &str) -> Result<Option<u64>, Error> {
-        let lazy = self.lazy_functions();
-        let by_name = lazy.by_name.lock();
-        let function = by_name
-            .get(&lib)
-            .and_then(|d| d.get(name))
-            .ok_or_else(|| Error::NotLazy(name.to_string()))?;
-        let address = match &*function.body.lock() {
+        let function = self.lazy_function(lib, name)?;
+        let address = match &*function.function().body.lock() {
             Body::Ready { address, .. } => Some(*address),
             _ => None,
         };

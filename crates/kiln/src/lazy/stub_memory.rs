@@ -18,16 +18,17 @@ pub(super) struct PlacedStubs {
     pub(super) slots: u64,
 }
 
-/// Allocates code for the stubs of `names` (ids `ids`) and writable slots, writes both
+/// Allocates code for the stubs of the functions `names` gives (ids `ids`) and writable slots, writes both
 /// (each slot pointing at its stub's entry; the entry's address, `entry`, after the last
-/// slot) and makes the code executable.
+/// slot) and makes the code executable. `order` is the names' order ([`name_order`]).
 pub(super) fn place_stubs(
     memory: &dyn MemoryManager,
-    names: &[Arc<str>],
-    ids: &[u32],
+    names: &dyn Fn(usize) -> Arc<str>,
+    order: &[u32],
+    ids: std::ops::Range<u32>,
     entry: u64,
 ) -> Result<PlacedStubs, Error> {
-    let n = names.len();
+    let n = order.len();
     let code_size = stub_code_size(n);
     let request = AllocationRequest::new()
         .segment(SegmentRequest::new(
@@ -70,10 +71,11 @@ pub(super) fn place_stubs(
     }
     data[8 * n..8 * n + 8].copy_from_slice(&entry.to_le_bytes());
     let allocation = in_flight.finalize()?;
-    let exports: Vec<Export> = by_name(names)
-        .into_iter()
+    let exports: Vec<Export> = order
+        .iter()
+        .map(|&i| i as usize)
         .map(|i| Export {
-            name: names[i].clone(),
+            name: names(i),
             address: stubs + STUB_SIZE * i as u64,
             visible: true,
         })
@@ -108,25 +110,28 @@ pub(super) fn place_stubs(
 /// Sorted by a key of each name's first eight bytes (zero-padded: no name holds a zero
 /// byte), and only names that share those bytes compared whole: comparing 10,000 names
 /// as strings took a third of defining their stubs.
-fn by_name(names: &[Arc<str>]) -> Vec<usize> {
+pub(super) fn name_order(names: &[&str]) -> Vec<u32> {
     let key = |name: &str| {
         let mut bytes = [0u8; 8];
         let n = name.len().min(8);
         bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
         u64::from_be_bytes(bytes)
     };
-    let mut keyed: Vec<(u64, usize)> = names
+    let mut keyed: Vec<(u64, u32)> = names
         .iter()
         .enumerate()
-        .map(|(i, name)| (key(name), i))
+        .map(|(i, name)| (key(name), i as u32))
         .collect();
-    keyed.sort_unstable();
+    keyed.sort_unstable_by_key(|k| k.0);
     // Runs of one key: names that begin alike, in full.
     let mut start = 0;
     while start < keyed.len() {
-        let end = start + keyed[start..].partition_point(|k| k.0 == keyed[start].0);
+        let mut end = start + 1;
+        while end < keyed.len() && keyed[end].0 == keyed[start].0 {
+            end += 1;
+        }
         if end - start > 1 {
-            keyed[start..end].sort_unstable_by(|a, b| names[a.1].cmp(&names[b.1]));
+            keyed[start..end].sort_unstable_by(|a, b| names[a.1 as usize].cmp(names[b.1 as usize]));
         }
         start = end;
     }
@@ -135,8 +140,7 @@ fn by_name(names: &[Arc<str>]) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::by_name;
-    use std::sync::Arc;
+    use super::name_order;
 
     #[test]
     fn names_are_ordered_as_strings_are() {
@@ -158,8 +162,10 @@ mod tests {
             "f10000000",
             "Zeta",
         ];
-        let names: Vec<Arc<str>> = words.iter().map(|&w| Arc::from(w)).collect();
-        let ordered: Vec<&str> = by_name(&names).into_iter().map(|i| words[i]).collect();
+        let ordered: Vec<&str> = name_order(&words)
+            .into_iter()
+            .map(|i| words[i as usize])
+            .collect();
         let mut expected = words.to_vec();
         expected.sort();
         assert_eq!(ordered, expected);

@@ -28,7 +28,12 @@ pub(super) struct Names {
 /// per stub, ten times the rest of defining one; this object has one fixed shape (sections
 /// `.text`, `.data`, their `.rela`, `.symtab`, `.strtab`, and the writer's
 /// `.note.GNU-stack` and `.shstrtab`).
-pub(super) fn stub_object(names: &[&str], ids: &[u32], entry: u64, naming: Names) -> Vec<u8> {
+pub(super) fn stub_object(
+    names: &[&str],
+    ids: std::ops::Range<u32>,
+    entry: u64,
+    naming: Names,
+) -> Vec<u8> {
     use kiln_elf::{ElfWriter, FileKind, Section, SymbolTable};
     use object::elf;
     let n = names.len();
@@ -36,7 +41,7 @@ pub(super) fn stub_object(names: &[&str], ids: &[u32], entry: u64, naming: Names
     let common = size * n;
     // .text, its displacements to the slots left 0 (relocated).
     let mut text = vec![0u8; stub_code_size(n)];
-    write_stub_code(&mut text, ids, None);
+    write_stub_code(&mut text, ids.clone(), None);
 
     // .data: the slots (relocated to the entries), then the entry's address.
     let mut data = vec![0u8; 8 * (n + 1)];
@@ -76,7 +81,7 @@ pub(super) fn stub_object(names: &[&str], ids: &[u32], entry: u64, naming: Names
         );
     }
     let first_global = symtab.len();
-    let slots = slots_symbol(ids.first().copied().unwrap_or(0));
+    let slots = slots_symbol(ids.start);
     // Hidden: the module's, not the library's.
     let (bind, kind, visibility) = (elf::STB_GLOBAL, elf::STT_OBJECT, elf::STV_HIDDEN);
     symtab.push(
@@ -200,15 +205,16 @@ pub(super) fn stub_code_size(n: usize) -> usize {
 /// `i` at `STUB_SIZE * i`, `common` after the last. With `slots` (the distance from the
 /// code's start to the slots', which the entry's address follows), the displacements to
 /// the slots are written too; without, they are 0 (an object's relocations fill them).
-pub(super) fn write_stub_code(text: &mut [u8], ids: &[u32], slots: Option<i64>) {
+pub(super) fn write_stub_code(text: &mut [u8], ids: std::ops::Range<u32>, slots: Option<i64>) {
     const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
     const INT3: u8 = 0xcc;
     let size = STUB_SIZE as usize;
     let common = size * ids.len();
-    // From the end of an instruction at `end` to slot `i` (the entry's at `ids.len()`).
+    // From the end of an instruction at `end` to slot `i` (the entry's at `n`).
     let displacement =
         |end: usize, i: usize| slots.map_or(0, |s| (s + 8 * i as i64 - end as i64) as i32);
-    for (i, (stub, &id)) in text.chunks_exact_mut(size).zip(ids).enumerate() {
+    let n = ids.len();
+    for (i, (stub, id)) in text.chunks_exact_mut(size).zip(ids).enumerate() {
         let at = size * i;
         stub[..4].copy_from_slice(&ENDBR64);
         stub[4..6].copy_from_slice(&[0xff, 0x25]); // jmp *slot(%rip)
@@ -223,7 +229,7 @@ pub(super) fn write_stub_code(text: &mut [u8], ids: &[u32], slots: Option<i64>) 
     }
     let tail = &mut text[common..common + 8];
     tail[..2].copy_from_slice(&[0xff, 0x25]); // jmp *entry(%rip)
-    tail[2..6].copy_from_slice(&displacement(common + 6, ids.len()).to_le_bytes());
+    tail[2..6].copy_from_slice(&displacement(common + 6, n).to_le_bytes());
     tail[6..8].fill(INT3);
 }
 
@@ -246,7 +252,7 @@ mod tests {
     fn the_stub_object_is_an_elf_object_other_tools_read() {
         for (functions, stubs) in [(true, false), (true, true), (false, true)] {
             let naming = Names { functions, stubs };
-            let bytes = stub_object(&["alpha", "beta"], &[7, 8], 0x1122_3344_5566_7788, naming);
+            let bytes = stub_object(&["alpha", "beta"], 7..9, 0x1122_3344_5566_7788, naming);
             let file = object::File::parse(&*bytes).expect("parses");
             // A relocatable object says its stack is not executable.
             let stack = file
