@@ -25,6 +25,7 @@ pub mod lazy;
 mod library;
 pub mod library_search;
 mod link_job;
+mod linking;
 mod module;
 mod plugin;
 mod resolve;

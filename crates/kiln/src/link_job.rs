@@ -7,7 +7,9 @@
 
 use crate::executor::{EhRegistration, ExportHandle};
 use crate::jit::Jit;
-use crate::library::{describe, Definition, LazyObject, Library, LibraryId};
+use crate::library::{
+    describe, lock_for_link, Definition, LazyObject, Library, LibraryId, LinkingHere,
+};
 use crate::module::{Announced, Module, ModuleInner};
 use crate::plugin::{LoadedModule, Plugin};
 use crate::resolve::SessionContext;
@@ -27,59 +29,6 @@ pub struct LinkReport {
     pub pass_times: Vec<(std::borrow::Cow<'static, str>, std::time::Duration)>,
     /// Counts.
     pub counts: LinkCounts,
-}
-
-thread_local! {
-    /// The libraries this thread is linking into, outermost first (a link may link the
-    /// lazy objects of another library it needs).
-    static LINKING: std::cell::RefCell<Vec<LibraryId>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Marks a library as being linked into by this thread, while the value lives.
-pub(crate) struct LinkingHere;
-
-impl LinkingHere {
-    pub(crate) fn enter(lib: LibraryId) -> Self {
-        LINKING.with(|l| l.borrow_mut().push(lib));
-        LinkingHere
-    }
-}
-
-impl Drop for LinkingHere {
-    fn drop(&mut self) {
-        LINKING.with(|l| l.borrow_mut().pop());
-    }
-}
-
-/// Takes a library's link lock. A link nested in another (lazy objects of a library in
-/// the search order) neither waits for a library this thread is already linking into
-/// (libraries whose lazy objects need each other) nor forever for one another thread
-/// links into (two threads each linking into one library of such a pair): both are
-/// errors, not deadlocks.
-pub(crate) fn lock_for_link(library: &Library) -> Result<parking_lot::MutexGuard<'_, ()>, Error> {
-    let nested = LINKING.with(|l| {
-        let l = l.borrow();
-        if l.contains(&library.id) {
-            Err(Error::Unsupported(format!(
-                "library {} is being linked on this thread already: its lazy objects and another library's need each other",
-                library.name
-            )))
-        } else {
-            Ok(!l.is_empty())
-        }
-    })?;
-    if !nested {
-        return Ok(library.link.lock());
-    }
-    library
-        .link
-        .try_lock_for(std::time::Duration::from_secs(10))
-        .ok_or_else(|| {
-            Error::Unsupported(format!(
-                "waited 10 s to link lazy objects of library {} (another thread links into it and may wait for this one)",
-                library.name
-            ))
-        })
 }
 
 /// Whether a link publishes its module's definitions in its library.
@@ -199,42 +148,40 @@ impl Jit {
     }
 }
 
-impl Jit {
-    /// Publishes in `lib` a module placed in memory without a link (call-through stubs):
-    /// checked against the library's definitions, installed, made, published and started
-    /// as a linked module is, under the library's link lock. What is pending stays
-    /// pending. On an error its memory is freed and the library is as it was.
-    pub(crate) fn publish_placed(
-        &self,
-        lib: LibraryId,
-        name: &str,
-        linked: kiln_link::LinkedModule,
-    ) -> Result<Module, Error> {
-        let library = self.library(lib)?;
-        let job = LinkJob {
-            jit: self,
-            library: &library,
-            publish: Publish::Yes,
-            times: false,
-        };
-        let lock = lock_for_link(&library)?;
-        let _linking_here = LinkingHere::enter(library.id);
-        let resolved = Resolved {
-            uses: Vec::new(),
-            thread_atexit: false,
-        };
-        let plugins = self.inner.plugins.snapshot();
-        job.finish(
-            linked,
-            resolved,
-            &[],
-            name.to_string(),
-            None,
-            plugins,
-            Some(lock),
-        )
-        .map(|(module, _)| module)
-    }
+/// Publishes in `lib` a module placed in memory without a link (call-through stubs):
+/// checked against the library's definitions, installed, made, published and started
+/// as a linked module is, under the library's link lock. What is pending stays
+/// pending. On an error its memory is freed and the library is as it was.
+pub(crate) fn publish_placed(
+    jit: &Jit,
+    lib: LibraryId,
+    name: &str,
+    linked: kiln_link::LinkedModule,
+) -> Result<Module, Error> {
+    let library = jit.library(lib)?;
+    let job = LinkJob {
+        jit,
+        library: &library,
+        publish: Publish::Yes,
+        times: false,
+    };
+    let lock = lock_for_link(&library)?;
+    let _linking_here = LinkingHere::enter(library.id);
+    let resolved = Resolved {
+        uses: Vec::new(),
+        thread_atexit: false,
+    };
+    let plugins = jit.inner.plugins.snapshot();
+    job.finish(
+        linked,
+        resolved,
+        &[],
+        name.to_string(),
+        None,
+        plugins,
+        Some(lock),
+    )
+    .map(|(module, _)| module)
 }
 
 impl LinkJob<'_> {
@@ -633,88 +580,4 @@ fn loaded_event(
         symbols: std::mem::take(&mut linked.symbol_info),
         objects,
     })
-}
-
-impl Jit {
-    /// Links the body of a lazy function: `object`, which must define `name`, resolved as
-    /// `lib` resolves names, published nowhere. Its address and module.
-    pub(crate) fn link_body(
-        &self,
-        lib: LibraryId,
-        name: &str,
-        object: Vec<u8>,
-    ) -> Result<(u64, Module), Error> {
-        // Linked alone: a bad object fails only its own link.
-        let input = ObjectInput::new(format!("{name} (body)"), object);
-        let (module, _) = self
-            .link(lib, LinkRequest::body(input))?
-            .ok_or_else(|| Error::SymbolNotFound(name.to_string()))?;
-        let address = module.symbol(name).ok_or_else(|| Error::LazyCompile {
-            function: name.to_string(),
-            source: "the compiled object does not define it".into(),
-        })?;
-        Ok((address, module))
-    }
-
-    /// Adds and links one object at once: its module (or the link's error, the library
-    /// left as it was). Objects added before and not linked yet are linked with it.
-    pub fn link_object(
-        &self,
-        lib: LibraryId,
-        name: &str,
-        bytes: impl Into<Arc<[u8]>>,
-    ) -> Result<Module, Error> {
-        let input = ObjectInput::new(name, bytes);
-        // Linked under the library's link lock with what is pending, so that a concurrent
-        // lookup's link cannot take it away (checked first when there is something pending:
-        // a bad object must not fail a link of good ones).
-        match self.link(lib, LinkRequest::module().with(input))? {
-            Some((module, _)) => Ok(module),
-            None => Err(Error::Executor("nothing was linked".into())),
-        }
-    }
-
-    /// As [`Jit::link_object`], with bytes the caller lends for as long as the session
-    /// needs them (a compiler's buffer, a memory-mapped file): never copied.
-    ///
-    /// ```
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # if !cfg!(target_arch = "x86_64") { return Ok(()); }
-    /// use std::sync::Arc;
-    /// let jit = kiln::Jit::new()?;
-    /// let lib = jit.main_library();
-    /// let object: Arc<Vec<u8>> = Arc::new(kiln::lazy::testing::constant_function("seven", 7));
-    /// let module = jit.link_object_shared(lib, "seven.o", object)?;
-    /// assert!(module.symbol("seven").is_some());
-    /// # Ok(()) }
-    /// ```
-    pub fn link_object_shared(
-        &self,
-        lib: LibraryId,
-        name: &str,
-        bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
-    ) -> Result<Module, Error> {
-        let input = ObjectInput::shared(name, bytes);
-        match self.link(lib, LinkRequest::module().with(input))? {
-            Some((module, _)) => Ok(module),
-            None => Err(Error::Executor("nothing was linked".into())),
-        }
-    }
-
-    /// Links the objects added to `lib` since its last link (and the archive members they
-    /// need) into a module, registers its unwind information and runs its initializers.
-    /// Returns `None` if there was nothing to link.
-    ///
-    /// On failure the library is exactly as it was before the link: the objects of the
-    /// failed link are dropped (add them again, corrected, to retry), no definition of
-    /// theirs is published, their memory is freed.
-    pub fn link_pending(&self, lib: LibraryId) -> Result<Option<(Module, LinkReport)>, Error> {
-        self.link(
-            lib,
-            LinkRequest {
-                times: true,
-                ..LinkRequest::module()
-            },
-        )
-    }
 }
