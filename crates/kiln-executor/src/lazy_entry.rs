@@ -10,7 +10,8 @@
 //!
 //! Written by hand because it must be: no crate provides a trampoline that preserves an
 //! arbitrary C call's argument registers (System V x86-64: rdi, rsi, rdx, rcx, r8, r9, rax
-//! for varargs, r10 as static chain, xmm0–7).
+//! for varargs, r10 as static chain, and the vector registers whole: xmm0–7 and their
+//! ymm/zmm upper halves, saved with `xsave`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -61,6 +62,32 @@ extern "C" fn kiln_lazy_resolve(id: u64) -> u64 {
     .unwrap_or_else(|_| lazy_call_failed_address())
 }
 
+/// The bytes `xsave` needs for every state component the OS enabled (CPUID leaf 0xD),
+/// or 0 where the CPU or the OS has no XSAVE: the entry then saves with `fxsave`
+/// (x87 and SSE: xmm0-15). Set before the first stub can exist
+/// ([`lazy_entry_address`]); read by the assembly entry.
+static VECTOR_STATE_SIZE: AtomicU64 = AtomicU64::new(0);
+
+/// Works out [`VECTOR_STATE_SIZE`] (once; later calls change nothing).
+#[cfg(target_arch = "x86_64")]
+fn measure_vector_state() {
+    static MEASURED: OnceLock<()> = OnceLock::new();
+    MEASURED.get_or_init(|| {
+        if std::arch::is_x86_feature_detected!("xsave") {
+            // CPUID leaf 0xD exists wherever XSAVE does (checked above).
+            let leaf = std::arch::x86_64::__cpuid_count(0xd, 0);
+            // EBX: the size of the XSAVE area for the components XCR0 enables now.
+            VECTOR_STATE_SIZE.store(u64::from(leaf.ebx), Ordering::SeqCst);
+        }
+    });
+}
+
+// The caller's whole vector state is saved and restored around the resolver, not only
+// xmm0-7: a function may take `__m256` or `__m512` arguments (ymm0-7, zmm0-7), whose
+// upper halves a compile on the calling thread would otherwise overwrite. `xsave` with
+// every component requested saves what the OS enabled (AVX, AVX-512, ...) in an area
+// of the size CPUID gives, 64-byte aligned on the stack, its header zeroed first (as
+// `xrstor` requires); without XSAVE, `fxsave` saves xmm0-15.
 #[cfg(target_arch = "x86_64")]
 std::arch::global_asm!(
     ".pushsection .text.kiln_lazy_entry,\"ax\",@progbits",
@@ -83,28 +110,42 @@ std::arch::global_asm!(
     "push r9",
     "push rax",
     "push r10",
-    // 8 xmm registers and 8 bytes to keep rsp 16-byte aligned at the call.
-    "sub rsp, 136",
-    "movdqu [rsp], xmm0",
-    "movdqu [rsp + 16], xmm1",
-    "movdqu [rsp + 32], xmm2",
-    "movdqu [rsp + 48], xmm3",
-    "movdqu [rsp + 64], xmm4",
-    "movdqu [rsp + 80], xmm5",
-    "movdqu [rsp + 96], xmm6",
-    "movdqu [rsp + 112], xmm7",
+    "mov r11, [rip + {size}]",
+    "test r11, r11",
+    "jz 2f",
+    // XSAVE: the area below, 64-byte aligned (so rsp is 16-byte aligned at the call).
+    "sub rsp, r11",
+    "and rsp, -64",
+    "xor eax, eax",
+    "mov [rsp + 512], rax",
+    "mov [rsp + 520], rax",
+    "mov [rsp + 528], rax",
+    "mov [rsp + 536], rax",
+    "mov [rsp + 544], rax",
+    "mov [rsp + 552], rax",
+    "mov [rsp + 560], rax",
+    "mov [rsp + 568], rax",
+    "mov eax, -1",
+    "mov edx, -1",
+    "xsave64 [rsp]",
     "mov rdi, [rbp + 8]",
     "call {resolve}",
     "mov r11, rax",
-    "movdqu xmm0, [rsp]",
-    "movdqu xmm1, [rsp + 16]",
-    "movdqu xmm2, [rsp + 32]",
-    "movdqu xmm3, [rsp + 48]",
-    "movdqu xmm4, [rsp + 64]",
-    "movdqu xmm5, [rsp + 80]",
-    "movdqu xmm6, [rsp + 96]",
-    "movdqu xmm7, [rsp + 112]",
-    "add rsp, 136",
+    "mov eax, -1",
+    "mov edx, -1",
+    "xrstor64 [rsp]",
+    "jmp 3f",
+    // FXSAVE: 512 bytes, 16-byte aligned.
+    "2:",
+    "sub rsp, 512",
+    "and rsp, -16",
+    "fxsave64 [rsp]",
+    "mov rdi, [rbp + 8]",
+    "call {resolve}",
+    "mov r11, rax",
+    "fxrstor64 [rsp]",
+    "3:",
+    "lea rsp, [rbp - 64]",
     "pop r10",
     "pop rax",
     "pop r9",
@@ -120,6 +161,7 @@ std::arch::global_asm!(
     ".size kiln_lazy_entry, . - kiln_lazy_entry",
     ".popsection",
     resolve = sym kiln_lazy_resolve,
+    size = sym VECTOR_STATE_SIZE,
 );
 
 #[cfg(target_arch = "x86_64")]
@@ -131,6 +173,7 @@ extern "C" {
 pub fn lazy_entry_address() -> Option<u64> {
     #[cfg(target_arch = "x86_64")]
     {
+        measure_vector_state();
         Some(kiln_lazy_entry as *const () as u64)
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -520,6 +520,67 @@ fn ten_thousand_stubs_each_reach_their_own_body() {
     assert_eq!(compiler.compiles.load(Ordering::SeqCst), objects.len());
 }
 
+#[test]
+fn a_first_call_keeps_its_vector_arguments_whole() {
+    if !std::arch::is_x86_feature_detected!("avx") {
+        eprintln!("skipped: this CPU has no AVX");
+        return;
+    }
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    // Two `__m256` arguments, in ymm0 and ymm1: the compile on the calling thread (Rust,
+    // glibc's AVX memcpy and its `vzeroupper`) must not cost them their upper halves.
+    let body = kiln_testkit::cc_object(
+        "sum16",
+        "#include <immintrin.h>\nfloat sum16(__m256 a, __m256 b) { float t[8]; _mm256_storeu_ps(t, _mm256_add_ps(a, b)); float s = 0; for (int i = 0; i < 8; i++) s += t[i]; return s; }\n",
+        &["-O1", "-mavx"],
+    );
+    let compiler = Arc::new(table(&[("sum16", body)]));
+    jit.add_lazy_functions(lib, &["sum16"], compiler.clone())
+        .unwrap();
+    let caller = kiln_testkit::cc_object(
+        "call_sum16",
+        "#include <immintrin.h>\nfloat sum16(__m256, __m256);\nfloat call_sum16(void) { return sum16(_mm256_setr_ps(1, 2, 3, 4, 5, 6, 7, 8), _mm256_setr_ps(10, 20, 30, 40, 50, 60, 70, 80)); }\n",
+        &["-O1", "-mavx"],
+    );
+    jit.link_object(lib, "call_sum16.o", caller).unwrap();
+    // SAFETY: `float call_sum16(void)`, in this process.
+    let call = unsafe {
+        jit.lookup_fn::<extern "C" fn() -> f32>(lib, "call_sum16")
+            .unwrap()
+    };
+    assert_eq!(call(), 396.0, "the first call, through the entry");
+    assert_eq!(call(), 396.0, "a later call, through the slot");
+    assert_eq!(compiler.compiles.load(Ordering::SeqCst), 1);
+
+    // The same in an executor process: its entry waits for the controller's answer.
+    let executor = kiln::Executor::spawn(
+        &kiln_testkit::executor_binary(),
+        kiln::Transport::SharedMemory,
+        kiln::Timeouts::default(),
+    )
+    .unwrap();
+    let jit = Jit::builder().executor(executor).build().unwrap();
+    let lib = jit.main_library();
+    let body = kiln_testkit::cc_object(
+        "sum16",
+        "#include <immintrin.h>\nfloat sum16(__m256 a, __m256 b) { float t[8]; _mm256_storeu_ps(t, _mm256_add_ps(a, b)); float s = 0; for (int i = 0; i < 8; i++) s += t[i]; return s; }\n",
+        &["-O1", "-mavx", "-fPIC"],
+    );
+    let compiler = Arc::new(table(&[("sum16", body)]));
+    jit.add_lazy_functions(lib, &["sum16"], compiler).unwrap();
+    let caller = kiln_testkit::cc_object(
+        "call_sum16",
+        "#include <immintrin.h>\nfloat sum16(__m256, __m256);\nlong call_sum16(void) { return (long) sum16(_mm256_setr_ps(1, 2, 3, 4, 5, 6, 7, 8), _mm256_setr_ps(10, 20, 30, 40, 50, 60, 70, 80)); }\n",
+        &["-O1", "-mavx", "-fPIC"],
+    );
+    jit.link_object(lib, "call_sum16.o", caller).unwrap();
+    let address = jit.lookup(lib, "call_sum16").unwrap();
+    // SAFETY: `long call_sum16(void)`, in the executor's memory.
+    let result = unsafe { jit.executor().call(address, &[]) }.unwrap();
+    assert_eq!(result, 396, "out of process");
+}
+
 /// The writable-and-executable mappings of this process.
 fn wx_mappings() -> Vec<String> {
     std::fs::read_to_string("/proc/self/maps")
