@@ -286,6 +286,45 @@ fn run_kiln_threads(n: usize, threads: usize) {
     ]);
 }
 
+/// This machine's ceiling for two threads: `threads` threads each compiling their share
+/// of N functions with Cranelift, sharing nothing (the same work the link threads did
+/// before their barrier). A perfectly parallel workload gets this ratio here; two vCPUs
+/// that share a physical core (or a busy host) give well under 2.
+fn run_compile_threads(n: usize, threads: usize) {
+    let isa = isa(true);
+    let barrier = std::sync::Barrier::new(threads);
+    let times: Vec<Duration> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|k| {
+                let isa = isa.clone();
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    let (lo, hi) = (k * n / threads, (k + 1) * n / threads);
+                    let mut fbc = FunctionBuilderContext::new();
+                    let mut ctx = cranelift_codegen::Context::new();
+                    let mut codegen = Duration::ZERO;
+                    barrier.wait();
+                    let start = Instant::now();
+                    for i in lo..hi {
+                        std::hint::black_box(object_for(&isa, i, &mut fbc, &mut ctx, &mut codegen));
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    let slowest = times.iter().max().copied().unwrap_or_default();
+    result(&[
+        ("n", n as f64),
+        ("threads", threads as f64),
+        ("link_total_s", slowest.as_secs_f64()),
+    ]);
+}
+
 /// One contender's run as a JIT runs: for each module, compile, make what the linker
 /// takes, link, and go on (the caches see the compiler's work between links).
 fn run_kiln(n: usize) {
@@ -499,6 +538,8 @@ fn main() {
             "kiln" => run_kiln(n),
             "kiln1" => run_kiln_threads(n, 1),
             "kiln2" => run_kiln_threads(n, 2),
+            "compile1" => run_compile_threads(n, 1),
+            "compile2" => run_compile_threads(n, 2),
             "churn" => run_kiln_churn(n),
             "cranelift-jit" => run_cranelift_jit(n),
             other => panic!("unknown contender {other}"),
@@ -611,6 +652,12 @@ fn main() {
                 two * 1e3,
                 one * 1e3,
                 verdict(ratio >= 1.8)
+            );
+        }
+        if let (Some(one), Some(two)) = (threads("compile1"), threads("compile2")) {
+            println!(
+                "  this machine's ceiling: two threads compiling with Cranelift, sharing nothing, {:.2}x the throughput of one",
+                one / two
             );
         }
         println!();
