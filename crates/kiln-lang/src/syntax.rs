@@ -245,51 +245,139 @@ pub enum Item {
 enum Token<'s> {
     Number(i64),
     Name(&'s str),
-    Symbol(&'static str),
+    /// A symbol or a keyword (compared as a small integer, not as text).
+    Symbol(Sym),
     End,
 }
 
-/// The symbol that starts with byte `c` (followed by `next`), two bytes long if there is
-/// one.
-fn symbol_at(c: u8, next: Option<u8>) -> Option<&'static str> {
-    let two = match (c, next) {
-        (b'-', Some(b'>')) => Some("->"),
-        (b'=', Some(b'=')) => Some("=="),
-        (b'!', Some(b'=')) => Some("!="),
-        (b'<', Some(b'=')) => Some("<="),
-        (b'>', Some(b'=')) => Some(">="),
-        (b'&', Some(b'&')) => Some("&&"),
-        (b'|', Some(b'|')) => Some("||"),
-        _ => None,
-    };
-    two.or(match c {
-        b'(' => Some("("),
-        b')' => Some(")"),
-        b'{' => Some("{"),
-        b'}' => Some("}"),
-        b',' => Some(","),
-        b';' => Some(";"),
-        b':' => Some(":"),
-        b'=' => Some("="),
-        b'<' => Some("<"),
-        b'>' => Some(">"),
-        b'+' => Some("+"),
-        b'-' => Some("-"),
-        b'*' => Some("*"),
-        b'/' => Some("/"),
-        b'%' => Some("%"),
-        b'!' => Some("!"),
-        b'.' => Some("."),
-        _ => None,
-    })
+/// The language's symbols and keywords.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sym {
+    Arrow,
+    EqEq,
+    Ne,
+    Le,
+    Ge,
+    AndAnd,
+    OrOr,
+    LParen,
+    RParen,
+    LBrace,
+    RBrace,
+    Comma,
+    Semi,
+    Colon,
+    Assign,
+    Lt,
+    Gt,
+    Plus,
+    Minus,
+    Star,
+    Slash,
+    Percent,
+    Bang,
+    Dot,
+    Fn,
+    Extern,
+    Let,
+    If,
+    Then,
+    Else,
+    While,
+    Do,
+    In,
 }
 
-/// Whether `name` is a keyword (not a name a program may give).
-fn is_keyword(name: &str) -> bool {
-    matches!(
-        name,
-        "fn" | "extern" | "let" | "if" | "then" | "else" | "while" | "do" | "in"
-    )
+impl Sym {
+    /// As written.
+    fn text(self) -> &'static str {
+        match self {
+            Sym::Arrow => "->",
+            Sym::EqEq => "==",
+            Sym::Ne => "!=",
+            Sym::Le => "<=",
+            Sym::Ge => ">=",
+            Sym::AndAnd => "&&",
+            Sym::OrOr => "||",
+            Sym::LParen => "(",
+            Sym::RParen => ")",
+            Sym::LBrace => "{",
+            Sym::RBrace => "}",
+            Sym::Comma => ",",
+            Sym::Semi => ";",
+            Sym::Colon => ":",
+            Sym::Assign => "=",
+            Sym::Lt => "<",
+            Sym::Gt => ">",
+            Sym::Plus => "+",
+            Sym::Minus => "-",
+            Sym::Star => "*",
+            Sym::Slash => "/",
+            Sym::Percent => "%",
+            Sym::Bang => "!",
+            Sym::Dot => ".",
+            Sym::Fn => "fn",
+            Sym::Extern => "extern",
+            Sym::Let => "let",
+            Sym::If => "if",
+            Sym::Then => "then",
+            Sym::Else => "else",
+            Sym::While => "while",
+            Sym::Do => "do",
+            Sym::In => "in",
+        }
+    }
+
+    /// The keyword `name` is, if it is one (not a name a program may give).
+    fn keyword(name: &str) -> Option<Sym> {
+        Some(match name {
+            "fn" => Sym::Fn,
+            "extern" => Sym::Extern,
+            "let" => Sym::Let,
+            "if" => Sym::If,
+            "then" => Sym::Then,
+            "else" => Sym::Else,
+            "while" => Sym::While,
+            "do" => Sym::Do,
+            "in" => Sym::In,
+            _ => return None,
+        })
+    }
+
+    /// The symbol that starts with byte `c` (followed by `next`), two bytes long if there
+    /// is one.
+    fn at(c: u8, next: Option<u8>) -> Option<Sym> {
+        let two = match (c, next) {
+            (b'-', Some(b'>')) => Some(Sym::Arrow),
+            (b'=', Some(b'=')) => Some(Sym::EqEq),
+            (b'!', Some(b'=')) => Some(Sym::Ne),
+            (b'<', Some(b'=')) => Some(Sym::Le),
+            (b'>', Some(b'=')) => Some(Sym::Ge),
+            (b'&', Some(b'&')) => Some(Sym::AndAnd),
+            (b'|', Some(b'|')) => Some(Sym::OrOr),
+            _ => None,
+        };
+        two.or(match c {
+            b'(' => Some(Sym::LParen),
+            b')' => Some(Sym::RParen),
+            b'{' => Some(Sym::LBrace),
+            b'}' => Some(Sym::RBrace),
+            b',' => Some(Sym::Comma),
+            b';' => Some(Sym::Semi),
+            b':' => Some(Sym::Colon),
+            b'=' => Some(Sym::Assign),
+            b'<' => Some(Sym::Lt),
+            b'>' => Some(Sym::Gt),
+            b'+' => Some(Sym::Plus),
+            b'-' => Some(Sym::Minus),
+            b'*' => Some(Sym::Star),
+            b'/' => Some(Sym::Slash),
+            b'%' => Some(Sym::Percent),
+            b'!' => Some(Sym::Bang),
+            b'.' => Some(Sym::Dot),
+            _ => None,
+        })
+    }
 }
 
 /// Byte offsets to positions.
@@ -402,16 +490,17 @@ impl<'s> Lexer<'s> {
                     message: format!("unexpected character '{ch}'"),
                 });
             }
-            Token::Name(&source[start..i])
+            let name = &source[start..i];
+            Sym::keyword(name).map_or(Token::Name(name), Token::Symbol)
         } else {
-            let symbol = symbol_at(c, bytes.get(i + 1).copied()).ok_or_else(|| SyntaxError {
+            let symbol = Sym::at(c, bytes.get(i + 1).copied()).ok_or_else(|| SyntaxError {
                 position: self.lines.position(start),
                 message: format!(
                     "unexpected character '{}'",
                     source[i..].chars().next().unwrap_or('?')
                 ),
             })?;
-            i += symbol.len();
+            i += symbol.text().len();
             Token::Symbol(symbol)
         };
         self.at = i;
@@ -791,15 +880,11 @@ impl<'s> Parser<'s> {
         })
     }
 
-    fn is(&self, symbol: &str) -> bool {
-        match self.peek() {
-            Token::Symbol(s) => *s == symbol,
-            Token::Name(n) => *n == symbol,
-            _ => false,
-        }
+    fn is(&self, symbol: Sym) -> bool {
+        *self.peek() == Token::Symbol(symbol)
     }
 
-    fn eat(&mut self, symbol: &str) -> bool {
+    fn eat(&mut self, symbol: Sym) -> bool {
         let yes = self.is(symbol);
         if yes {
             self.next();
@@ -807,11 +892,15 @@ impl<'s> Parser<'s> {
         yes
     }
 
-    fn expect(&mut self, symbol: &str) -> Result<(), SyntaxError> {
+    fn expect(&mut self, symbol: Sym) -> Result<(), SyntaxError> {
         if self.eat(symbol) {
             Ok(())
         } else {
-            self.error(format!("expected '{symbol}', found {}", self.describe()))
+            self.error(format!(
+                "expected '{}', found {}",
+                symbol.text(),
+                self.describe()
+            ))
         }
     }
 
@@ -819,7 +908,7 @@ impl<'s> Parser<'s> {
         match self.peek() {
             Token::Number(n) => format!("{n}"),
             Token::Name(n) => format!("'{n}'"),
-            Token::Symbol(s) => format!("'{s}'"),
+            Token::Symbol(s) => format!("'{}'", s.text()),
             Token::End => "the end".into(),
         }
     }
@@ -827,7 +916,7 @@ impl<'s> Parser<'s> {
     /// A name (not a keyword), as read.
     fn name_str(&mut self) -> Result<&'s str, SyntaxError> {
         match *self.peek() {
-            Token::Name(n) if !is_keyword(n) => {
+            Token::Name(n) => {
                 self.next();
                 Ok(n)
             }
@@ -841,43 +930,47 @@ impl<'s> Parser<'s> {
 
     fn item<B: Build<'s>>(&mut self, body: &mut B) -> Result<RawItem<B::Expr>, SyntaxError> {
         let position = self.position();
-        if self.eat("extern") {
-            self.expect("fn")?;
+        if self.eat(Sym::Extern) {
+            self.expect(Sym::Fn)?;
             let name = self.name()?;
-            self.expect("(")?;
+            self.expect(Sym::LParen)?;
             let mut params = Vec::new();
-            while !self.is(")") {
+            while !self.is(Sym::RParen) {
                 self.name()?;
-                params.push(if self.eat(":") { self.ty()? } else { Type::I64 });
-                if !self.eat(",") {
+                params.push(if self.eat(Sym::Colon) {
+                    self.ty()?
+                } else {
+                    Type::I64
+                });
+                if !self.eat(Sym::Comma) {
                     break;
                 }
             }
-            self.expect(")")?;
-            let result = if self.eat("->") {
+            self.expect(Sym::RParen)?;
+            let result = if self.eat(Sym::Arrow) {
                 self.ty()?
             } else {
                 Type::I64
             };
-            self.expect(";")?;
+            self.expect(Sym::Semi)?;
             return Ok(RawItem::Extern(Extern {
                 name,
                 params,
                 result,
             }));
         }
-        if self.eat("fn") {
+        if self.eat(Sym::Fn) {
             let name = self.name()?;
-            self.expect("(")?;
+            self.expect(Sym::LParen)?;
             let mut params = Vec::new();
-            while !self.is(")") {
+            while !self.is(Sym::RParen) {
                 params.push(self.name_str()?);
-                if !self.eat(",") {
+                if !self.eat(Sym::Comma) {
                     break;
                 }
             }
-            self.expect(")")?;
-            self.expect("=")?;
+            self.expect(Sym::RParen)?;
+            self.expect(Sym::Assign)?;
             let start = self.current.1;
             let (line, line_start) = self.line_of(start);
             body.body(&params);
@@ -885,7 +978,7 @@ impl<'s> Parser<'s> {
             let params = params.into_iter().map(str::to_string).collect();
             // Up to the `;`: what lies between is blank or a comment.
             let end = self.current.1;
-            self.expect(";")?;
+            self.expect(Sym::Semi)?;
             let outline = FunctionOutline {
                 name,
                 params,
@@ -899,11 +992,11 @@ impl<'s> Parser<'s> {
             };
             return Ok(RawItem::Function(outline, built));
         }
-        if self.is("let") {
+        if self.is(Sym::Let) {
             return self.error("'let' belongs in a block: { let x = 1; x + 1 }");
         }
         let expr = self.expr(&mut Tree)?;
-        if !self.eat(";") && self.peek() != &Token::End {
+        if !self.eat(Sym::Semi) && self.peek() != &Token::End {
             return self.error(format!("expected ';', found {}", self.describe()));
         }
         Ok(RawItem::Expr(expr))
@@ -946,14 +1039,14 @@ impl<'s> Parser<'s> {
     // its own: a debug build gives every local of a function its own stack slot, so one
     // big function would make each level of nesting cost several kilobytes.
     fn expr_at_depth<B: Build<'s>>(&mut self, b: &mut B) -> Result<B::Expr, SyntaxError> {
-        if self.eat("if") {
+        if self.eat(Sym::If) {
             return self.if_then_else(b);
         }
-        if self.eat("while") {
+        if self.eat(Sym::While) {
             return self.while_do(b);
         }
-        if let (Token::Name(n), Token::Symbol("=")) = (*self.peek(), self.peek_second()) {
-            if !is_keyword(n) {
+        if let Token::Name(n) = *self.peek() {
+            if self.peek_second() == Token::Symbol(Sym::Assign) {
                 return self.assignment(n, b);
             }
         }
@@ -962,16 +1055,16 @@ impl<'s> Parser<'s> {
 
     fn if_then_else<B: Build<'s>>(&mut self, b: &mut B) -> Result<B::Expr, SyntaxError> {
         let c = self.expr(b)?;
-        self.expect("then")?;
+        self.expect(Sym::Then)?;
         let yes = self.expr(b)?;
-        self.expect("else")?;
+        self.expect(Sym::Else)?;
         let no = self.expr(b)?;
         Ok(b.if_then_else(c, yes, no))
     }
 
     fn while_do<B: Build<'s>>(&mut self, b: &mut B) -> Result<B::Expr, SyntaxError> {
         let c = self.expr(b)?;
-        self.expect("do")?;
+        self.expect(Sym::Do)?;
         let body = self.expr(b)?;
         Ok(b.while_do(c, body))
     }
@@ -995,19 +1088,19 @@ impl<'s> Parser<'s> {
             return None;
         };
         Some(match symbol {
-            "||" => (0, BinaryOp::Or),
-            "&&" => (1, BinaryOp::And),
-            "==" => (COMPARISON, BinaryOp::Eq),
-            "!=" => (COMPARISON, BinaryOp::Ne),
-            "<=" => (COMPARISON, BinaryOp::Le),
-            ">=" => (COMPARISON, BinaryOp::Ge),
-            "<" => (COMPARISON, BinaryOp::Lt),
-            ">" => (COMPARISON, BinaryOp::Gt),
-            "+" => (3, BinaryOp::Add),
-            "-" => (3, BinaryOp::Sub),
-            "*" => (4, BinaryOp::Mul),
-            "/" => (4, BinaryOp::Div),
-            "%" => (4, BinaryOp::Rem),
+            Sym::OrOr => (0, BinaryOp::Or),
+            Sym::AndAnd => (1, BinaryOp::And),
+            Sym::EqEq => (COMPARISON, BinaryOp::Eq),
+            Sym::Ne => (COMPARISON, BinaryOp::Ne),
+            Sym::Le => (COMPARISON, BinaryOp::Le),
+            Sym::Ge => (COMPARISON, BinaryOp::Ge),
+            Sym::Lt => (COMPARISON, BinaryOp::Lt),
+            Sym::Gt => (COMPARISON, BinaryOp::Gt),
+            Sym::Plus => (3, BinaryOp::Add),
+            Sym::Minus => (3, BinaryOp::Sub),
+            Sym::Star => (4, BinaryOp::Mul),
+            Sym::Slash => (4, BinaryOp::Div),
+            Sym::Percent => (4, BinaryOp::Rem),
             _ => return None,
         })
     }
@@ -1039,9 +1132,9 @@ impl<'s> Parser<'s> {
         let mut operators = Vec::new();
         let operand = (|| {
             loop {
-                let op = if self.is("-") {
+                let op = if self.is(Sym::Minus) {
                     UnaryOp::Neg
-                } else if self.is("!") {
+                } else if self.is(Sym::Bang) {
                     UnaryOp::Not
                 } else {
                     break;
@@ -1066,8 +1159,8 @@ impl<'s> Parser<'s> {
                 self.next();
                 Ok(b.number(n))
             }
-            Token::Symbol("(") => self.parenthesized(b),
-            Token::Symbol("{") => self.block(b),
+            Token::Symbol(Sym::LParen) => self.parenthesized(b),
+            Token::Symbol(Sym::LBrace) => self.block(b),
             Token::Name(_) => self.variable_or_call(b),
             _ => self.not_an_expression(),
         }
@@ -1076,7 +1169,7 @@ impl<'s> Parser<'s> {
     fn parenthesized<B: Build<'s>>(&mut self, b: &mut B) -> Result<B::Expr, SyntaxError> {
         self.next();
         let e = self.expr(b)?;
-        self.expect(")")?;
+        self.expect(Sym::RParen)?;
         Ok(e)
     }
 
@@ -1085,22 +1178,22 @@ impl<'s> Parser<'s> {
         b.block_open();
         let mut statements = Vec::new();
         loop {
-            if self.eat("}") {
+            if self.eat(Sym::RBrace) {
                 return Ok(b.block(statements, None));
             }
-            let statement = if self.eat("let") {
+            let statement = if self.eat(Sym::Let) {
                 let name = self.name_str()?;
-                self.expect("=")?;
+                self.expect(Sym::Assign)?;
                 let value = self.expr(b)?;
                 b.let_statement(name, value)
             } else {
                 let e = self.expr(b)?;
-                if self.eat("}") {
+                if self.eat(Sym::RBrace) {
                     return Ok(b.block(statements, Some(e)));
                 }
                 b.expr_statement(e)
             };
-            self.expect(";")?;
+            self.expect(Sym::Semi)?;
             statements.push(statement);
         }
     }
@@ -1108,18 +1201,18 @@ impl<'s> Parser<'s> {
     fn variable_or_call<B: Build<'s>>(&mut self, b: &mut B) -> Result<B::Expr, SyntaxError> {
         let at = self.place::<B>();
         let name = self.name_str()?;
-        if !self.eat("(") {
+        if !self.eat(Sym::LParen) {
             return Ok(b.var(name, at));
         }
         b.call_name(name, at);
         let mut args = Vec::new();
-        while !self.is(")") {
+        while !self.is(Sym::RParen) {
             args.push(self.expr(b)?);
-            if !self.eat(",") {
+            if !self.eat(Sym::Comma) {
                 break;
             }
         }
-        self.expect(")")?;
+        self.expect(Sym::RParen)?;
         Ok(b.call(name, args, at))
     }
 
