@@ -581,6 +581,58 @@ fn a_first_call_keeps_its_vector_arguments_whole() {
     assert_eq!(result, 396, "out of process");
 }
 
+#[test]
+fn an_empty_batch_gone_leaves_the_next_batch_registered() {
+    // An empty batch takes no ids: the next batch starts at the same id. Dropping the
+    // empty one must not take the other's registration with it.
+    let first = Jit::new().unwrap();
+    let empty = first
+        .add_lazy_functions(first.main_library(), &[], Arc::new(table(&[])))
+        .unwrap();
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let compiler = Arc::new(table(&[(
+        "after_empty",
+        constant_function("after_empty", 9),
+    )]));
+    jit.add_lazy_functions(lib, &["after_empty"], compiler)
+        .unwrap();
+    drop(empty);
+    drop(first);
+    // SAFETY: `long after_empty(void)`, in this process.
+    let f = unsafe {
+        jit.lookup_fn::<extern "C" fn() -> i64>(lib, "after_empty")
+            .unwrap()
+    };
+    assert_eq!(f(), 9);
+}
+
+#[test]
+fn stubs_added_while_objects_are_pending_are_checked_against_them() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    jit.add_object(lib, "pending.o", constant_function("pending_f", 3))
+        .unwrap();
+    let compiler = Arc::new(table(&[("pending_f", constant_function("pending_f", 4))]));
+    // Linked with what is pending: the two definitions of one name are refused together.
+    match jit.add_lazy_functions(lib, &["pending_f"], compiler) {
+        Err(Error::Link(kiln_link::LinkError::DuplicateSymbol {
+            symbol,
+            first,
+            second,
+        })) => {
+            assert_eq!(symbol, "pending_f");
+            assert_eq!(
+                (first.as_str(), second.as_str()),
+                ("pending.o", "(call-through stubs)")
+            );
+        }
+        other => panic!("expected a duplicate symbol, got {other:?}"),
+    }
+    // Nothing of either is left: the name is free.
+    assert!(jit.lookup(lib, "pending_f").is_err());
+}
+
 /// The writable-and-executable mappings of this process.
 fn wx_mappings() -> Vec<String> {
     std::fs::read_to_string("/proc/self/maps")

@@ -59,7 +59,7 @@ pub(super) struct LazyFunction {
 
 impl Drop for StubBatch {
     fn drop(&mut self) {
-        registry().write().forget(self.first);
+        registry().write().forget(self.first, self);
         if self.executor.is_none() {
             // Its session is gone: a call through a stub someone still holds goes back
             // into Kiln, finds no function and returns 0, rather than into the body,
@@ -98,27 +98,40 @@ pub(crate) struct FunctionRef {
 /// batch of any size is registered with one insertion.
 #[derive(Default)]
 pub(super) struct Registry {
-    /// Batches by their first id.
-    batches: std::collections::BTreeMap<u32, Weak<StubBatch>>,
+    /// Batches by their first id, with their number of functions (checked before a
+    /// batch is upgraded: a batch is never dropped under the registry's lock).
+    batches: std::collections::BTreeMap<u32, (u32, Weak<StubBatch>)>,
 }
 
 impl Registry {
     pub(super) fn add(&mut self, batch: &Arc<StubBatch>) {
         if !batch.functions.is_empty() {
-            self.batches.insert(batch.first, Arc::downgrade(batch));
+            let len = batch.functions.len() as u32;
+            self.batches
+                .insert(batch.first, (len, Arc::downgrade(batch)));
         }
     }
 
     fn get(&self, id: u32) -> Option<FunctionRef> {
-        let (&first, batch) = self.batches.range(..=id).next_back()?;
-        let batch = batch.upgrade()?;
+        let (&first, (len, batch)) = self.batches.range(..=id).next_back()?;
         let index = id - first;
-        ((index as usize) < batch.functions.len()).then_some(FunctionRef { batch, index })
+        if index >= *len {
+            return None;
+        }
+        let batch = batch.upgrade()?;
+        Some(FunctionRef { batch, index })
     }
 
-    /// A batch is gone.
-    fn forget(&mut self, first: u32) {
-        self.batches.remove(&first);
+    /// Batch `me`, registered under `first`, is gone (an empty batch shares its first id
+    /// with the next batch and was never registered: only `me`'s entry goes).
+    fn forget(&mut self, first: u32, me: *const StubBatch) {
+        if self
+            .batches
+            .get(&first)
+            .is_some_and(|(_, batch)| std::ptr::eq(batch.as_ptr(), me))
+        {
+            self.batches.remove(&first);
+        }
     }
 }
 

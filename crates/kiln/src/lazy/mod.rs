@@ -237,16 +237,20 @@ impl Jit {
         let ids = first..first + count;
         PENDING.lock().push((first, ids.end));
         let _pending = PendingIds(first, ids.end);
-        // Only plugins (debuggers, profilers) are shown the stubs under their own names:
-        // then the stubs are an object, linked; else they are written straight into code
-        // memory.
-        let told = !self.inner().plugins.snapshot().is_empty();
+        // The resolver is installed before any stub can be called.
+        let registry = registry();
+        // The stubs are an object, linked, when plugins (debuggers, profilers) are to be
+        // shown them under their own names, or when objects are pending in the library
+        // (linked with the stubs, their definitions checked against the stubs' names);
+        // else they are written straight into code memory.
+        let pending = !self.library(lib)?.state.read().pending.is_empty();
+        let as_object = pending || !self.inner().plugins.snapshot().is_empty();
         let function = |name: Arc<str>| LazyFunction {
             name,
             body: Mutex::new(Body::Unresolved),
             ready: Condvar::new(),
         };
-        let (module, functions, stubs, slots): (_, Box<[LazyFunction]>, _, _) = if told {
+        let (module, functions, stubs, slots): (_, Box<[LazyFunction]>, _, _) = if as_object {
             let (module, shared, stubs, slots) = self.link_stub_object(lib, names, ids, entry)?;
             (
                 module,
@@ -277,7 +281,7 @@ impl Jit {
             default_fallback,
             functions,
         });
-        registry().write().add(&batch);
+        registry.write().add(&batch);
         let lazy = self.lazy_functions();
         lazy.batches.lock().insert(module.inner.id, batch);
         Ok(module)
