@@ -587,7 +587,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         // Each byte is written once: sections' contents, then what lies between them —
         // the trap pattern in code, zeros elsewhere (the GOT, stubs and `.eh_frame`'s
         // terminator are written by later passes).
-        let mut covered: [Vec<(usize, usize)>; 3] = Default::default();
+        let mut covered: [smallvec::SmallVec<[(usize, usize); 8]>; 3] = Default::default();
         for oi in 0..linker.objs.len() {
             for (si, sec) in linker.objs[oi].sections.iter().enumerate() {
                 let p = linker.places[oi][si];

@@ -248,7 +248,7 @@ impl<'a, 'c> Linker<'a, 'c> {
     pub(crate) fn load_archive_members(&mut self) -> Result<(), LinkError> {
         loop {
             // Ask about every name still undefined at once.
-            let batch: Vec<u32> = self
+            let batch: smallvec::SmallVec<[u32; 16]> = self
                 .pending
                 .iter()
                 .copied()
@@ -258,11 +258,11 @@ impl<'a, 'c> Linker<'a, 'c> {
                 self.pending.clear();
                 return Ok(());
             }
-            let names: Vec<std::borrow::Cow<'a, str>> = batch
+            let names: smallvec::SmallVec<[std::borrow::Cow<'a, str>; 16]> = batch
                 .iter()
                 .map(|&id| String::from_utf8_lossy(self.globals[id as usize].name))
                 .collect();
-            let refs: Vec<&str> = names.iter().map(|n| &**n).collect();
+            let refs: smallvec::SmallVec<[&str; 16]> = names.iter().map(|n| &**n).collect();
             let found = self.ctx.resolve_defined(&refs);
             for (&id, address) in batch.iter().zip(found) {
                 if let Some(address) = address {

@@ -88,7 +88,8 @@ impl LinkRequest<'_> {
 /// What a link took from its library: given back if it fails.
 struct Gathered {
     /// The inputs, then the lazy objects taken (the module is named after its first).
-    objects: Vec<ObjectInput>,
+    /// (Inline for the common link of one object: no heap allocation.)
+    objects: smallvec::SmallVec<[ObjectInput; 1]>,
     archives: Arc<Vec<ArchiveInput>>,
     /// The lazy objects taken, by slot.
     taken: Vec<(usize, LazyObject)>,
@@ -273,9 +274,9 @@ impl LinkJob<'_> {
             // of good ones.
             kiln_link::check_object(&extra.name, extra.bytes(), architecture)?;
         }
-        let mut objects = match self.publish {
-            Publish::Yes => std::mem::take(&mut state.pending),
-            Publish::No => Vec::new(),
+        let mut objects: smallvec::SmallVec<[ObjectInput; 1]> = match self.publish {
+            Publish::Yes => smallvec::SmallVec::from_vec(std::mem::take(&mut state.pending)),
+            Publish::No => smallvec::SmallVec::new(),
         };
         objects.extend(extra);
         let taken = match self.publish {
