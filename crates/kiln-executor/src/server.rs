@@ -306,7 +306,24 @@ fn send_own(frame: &[u8]) {
         return;
     }
     // SAFETY: the sender was leaked for the life of the process when serving began.
-    let _ = unsafe { &*reporter }.try_send_now(frame);
+    let sender = unsafe { &*reporter };
+    // Another thread may hold the sender: an output pump forwarding what the program
+    // printed just before it crashed or exited (a lost report made a crash over TCP look
+    // like a dropped connection, exit 1 rather than 139). It lets go within a frame's
+    // send: try again for up to 200 ms. If the interrupted thread itself holds it (a
+    // crash in the middle of a send), nothing can be sent and the connection's end says
+    // the executor died.
+    for _ in 0..200 {
+        if sender.try_send_now(frame) {
+            return;
+        }
+        let pause = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        // SAFETY: nanosleep is async-signal-safe; the pause is on this stack.
+        unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+    }
 }
 
 /// The faulting instruction's address from a signal's context.
