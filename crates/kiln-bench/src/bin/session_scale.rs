@@ -225,52 +225,19 @@ fn kiln_session(isa: &Arc<dyn cranelift_codegen::isa::TargetIsa>) -> (kiln::Jit,
     (jit, runtime)
 }
 
-/// Link throughput with `threads` threads, each linking its share of the N modules (made
-/// before, in that thread) into a library of its own: the contention figure. Every thread
-/// links as fast as it can, so what serializes shows.
-fn run_kiln_threads(n: usize, threads: usize) {
-    let isa = isa(true);
-    let (jit, _runtime) = kiln_session(&isa);
-    let main = jit.main_library();
-    let libs: Vec<_> = (0..threads)
-        .map(|k| {
-            let lib = jit.create_library(&format!("part{k}"));
-            jit.set_search_order(lib, &[main]).expect("order");
-            lib
-        })
-        .collect();
+/// Runs `work(k, barrier)` on `threads` threads (`k` = 0..threads) and reports the slowest
+/// one's time, as `link_total_s`, for `n` items.
+fn run_threads(
+    n: usize,
+    threads: usize,
+    work: impl Fn(usize, &std::sync::Barrier) -> Duration + Sync,
+) {
     let barrier = std::sync::Barrier::new(threads);
     let times: Vec<Duration> = std::thread::scope(|scope| {
-        let handles: Vec<_> = libs
-            .iter()
-            .enumerate()
-            .map(|(k, &lib)| {
-                let jit = jit.clone();
-                let isa = isa.clone();
-                let barrier = &barrier;
-                scope.spawn(move || {
-                    // Parts are contiguous ranges starting at a multiple of 4, so every
-                    // module that calls its predecessor finds it in its own library.
-                    let (lo, hi) = (k * n / threads, (k + 1) * n / threads);
-                    let mut fbc = FunctionBuilderContext::new();
-                    let mut ctx = cranelift_codegen::Context::new();
-                    let mut codegen = Duration::ZERO;
-                    let objects: Vec<Vec<u8>> = (lo..hi)
-                        .map(|i| object_for(&isa, i, &mut fbc, &mut ctx, &mut codegen))
-                        .collect();
-                    barrier.wait();
-                    let start = Instant::now();
-                    let mut modules = Vec::with_capacity(objects.len());
-                    for (i, bytes) in (lo..hi).zip(objects) {
-                        modules.push(
-                            jit.link_object(lib, &format!("m{i}.o"), bytes)
-                                .expect("link"),
-                        );
-                    }
-                    let elapsed = start.elapsed();
-                    barrier.wait();
-                    elapsed
-                })
+        let handles: Vec<_> = (0..threads)
+            .map(|k| {
+                let (work, barrier) = (&work, &barrier);
+                scope.spawn(move || work(k, barrier))
             })
             .collect();
         handles
@@ -286,43 +253,63 @@ fn run_kiln_threads(n: usize, threads: usize) {
     ]);
 }
 
+/// Link throughput with `threads` threads, each linking its share of the N modules (made
+/// before, in that thread) into a library of its own: the contention figure. Every thread
+/// links as fast as it can, so what serializes shows.
+fn run_kiln_threads(n: usize, threads: usize) {
+    let isa = isa(true);
+    let (jit, _runtime) = kiln_session(&isa);
+    let main = jit.main_library();
+    let libs: Vec<_> = (0..threads)
+        .map(|k| {
+            let lib = jit.create_library(&format!("part{k}"));
+            jit.set_search_order(lib, &[main]).expect("order");
+            lib
+        })
+        .collect();
+    run_threads(n, threads, |k, barrier| {
+        // Parts are contiguous ranges starting at a multiple of 4, so every module that
+        // calls its predecessor finds it in its own library.
+        let (lo, hi) = (k * n / threads, (k + 1) * n / threads);
+        let mut fbc = FunctionBuilderContext::new();
+        let mut ctx = cranelift_codegen::Context::new();
+        let mut codegen = Duration::ZERO;
+        let objects: Vec<Vec<u8>> = (lo..hi)
+            .map(|i| object_for(&isa, i, &mut fbc, &mut ctx, &mut codegen))
+            .collect();
+        barrier.wait();
+        let start = Instant::now();
+        let mut modules = Vec::with_capacity(objects.len());
+        for (i, bytes) in (lo..hi).zip(objects) {
+            modules.push(
+                jit.link_object(libs[k], &format!("m{i}.o"), bytes)
+                    .expect("link"),
+            );
+        }
+        let elapsed = start.elapsed();
+        barrier.wait();
+        elapsed
+    });
+}
+
 /// This machine's ceiling for two threads: `threads` threads each compiling their share
 /// of N functions with Cranelift, sharing nothing (the same work the link threads did
 /// before their barrier). A perfectly parallel workload gets this ratio here; two vCPUs
 /// that share a physical core (or a busy host) give well under 2.
 fn run_compile_threads(n: usize, threads: usize) {
     let isa = isa(true);
-    let barrier = std::sync::Barrier::new(threads);
-    let times: Vec<Duration> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|k| {
-                let isa = isa.clone();
-                let barrier = &barrier;
-                scope.spawn(move || {
-                    let (lo, hi) = (k * n / threads, (k + 1) * n / threads);
-                    let mut fbc = FunctionBuilderContext::new();
-                    let mut ctx = cranelift_codegen::Context::new();
-                    let mut codegen = Duration::ZERO;
-                    barrier.wait();
-                    let start = Instant::now();
-                    for i in lo..hi {
-                        std::hint::black_box(object_for(&isa, i, &mut fbc, &mut ctx, &mut codegen));
-                    }
-                    start.elapsed()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("thread"))
-            .collect()
+    run_threads(n, threads, |k, barrier| {
+        let (lo, hi) = (k * n / threads, (k + 1) * n / threads);
+        let mut fbc = FunctionBuilderContext::new();
+        let mut ctx = cranelift_codegen::Context::new();
+        let mut codegen = Duration::ZERO;
+        barrier.wait();
+        let start = Instant::now();
+        for i in lo..hi {
+            std::hint::black_box(object_for(&isa, i, &mut fbc, &mut ctx, &mut codegen));
+        }
+        start.elapsed()
     });
-    let slowest = times.iter().max().copied().unwrap_or_default();
-    result(&[
-        ("n", n as f64),
-        ("threads", threads as f64),
-        ("link_total_s", slowest.as_secs_f64()),
-    ]);
 }
 
 /// One contender's run as a JIT runs: for each module, compile, make what the linker
