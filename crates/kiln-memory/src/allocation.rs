@@ -2,6 +2,7 @@
 //! (runnable, owned, freed on drop). Two types, so that writing into finalized code does
 //! not compile.
 
+use crate::manager::SlabBackend;
 use crate::{MemoryError, Permission, SegmentRange};
 use smallvec::SmallVec;
 use std::fmt;
@@ -80,6 +81,13 @@ pub trait FinalizedBackend: Send + Sync {
     fn free(self: Box<Self>, segments: &[SegmentRange]) -> Result<(), MemoryError>;
 }
 
+/// Who finalizes or frees an allocation: the slab manager's backend, held inline (no heap
+/// allocation per allocation), or a client manager's.
+enum Backend<C: ?Sized> {
+    Slab(SlabBackend),
+    Client(Box<C>),
+}
+
 /// Memory being written by a linker: target addresses are fixed, the contents are written
 /// through working memory, nothing may run it yet. Dropping it without
 /// [`finalize`](InFlightAllocation::finalize) frees it.
@@ -87,7 +95,7 @@ pub struct InFlightAllocation {
     ranges: Segments<SegmentRange>,
     /// Working-memory pointer of each segment, in the same order.
     working: Segments<*mut u8>,
-    backend: Option<Box<dyn InFlightBackend>>,
+    backend: Option<Backend<dyn InFlightBackend>>,
 }
 
 // SAFETY: the working pointers are owned exclusively by this allocation (the constructor's
@@ -117,7 +125,24 @@ impl InFlightAllocation {
         InFlightAllocation {
             ranges,
             working,
-            backend: Some(backend),
+            backend: Some(Backend::Client(backend)),
+        }
+    }
+
+    /// Assembles an allocation of the slab manager.
+    ///
+    /// # Safety
+    /// As [`from_parts`](Self::from_parts): `working[i]` is valid, exclusive and
+    /// `ranges[i].len` bytes long; segments do not overlap.
+    pub(crate) unsafe fn from_slab(
+        ranges: Segments<SegmentRange>,
+        working: Segments<*mut u8>,
+        backend: SlabBackend,
+    ) -> Self {
+        InFlightAllocation {
+            ranges,
+            working,
+            backend: Some(Backend::Slab(backend)),
         }
     }
 
@@ -160,7 +185,10 @@ impl InFlightAllocation {
     pub fn finalize(mut self) -> Result<FinalizedAllocation, MemoryError> {
         let ranges = std::mem::take(&mut self.ranges);
         let backend = self.backend.take().ok_or(MemoryError::EmptyRequest)?;
-        let finalized = backend.finalize(&ranges)?;
+        let finalized = match backend {
+            Backend::Slab(slab) => Backend::Slab(slab.finalize(&ranges)?),
+            Backend::Client(client) => Backend::Client(client.finalize(&ranges)?),
+        };
         Ok(FinalizedAllocation {
             segments: ranges,
             backend: Some(finalized),
@@ -170,8 +198,10 @@ impl InFlightAllocation {
 
 impl Drop for InFlightAllocation {
     fn drop(&mut self) {
-        if let Some(backend) = self.backend.take() {
-            backend.abandon(&self.ranges);
+        match self.backend.take() {
+            Some(Backend::Slab(slab)) => slab.abandon(&self.ranges),
+            Some(Backend::Client(client)) => client.abandon(&self.ranges),
+            None => {}
         }
     }
 }
@@ -181,7 +211,7 @@ impl Drop for InFlightAllocation {
 /// that made it.
 pub struct FinalizedAllocation {
     segments: Segments<SegmentRange>,
-    backend: Option<Box<dyn FinalizedBackend>>,
+    backend: Option<Backend<dyn FinalizedBackend>>,
 }
 
 impl fmt::Debug for FinalizedAllocation {
@@ -206,7 +236,8 @@ impl FinalizedAllocation {
     /// Frees the memory now and reports failure (dropping frees too, and logs failures).
     pub fn free(mut self) -> Result<(), MemoryError> {
         match self.backend.take() {
-            Some(backend) => backend.free(&self.segments),
+            Some(Backend::Slab(slab)) => slab.free(&self.segments),
+            Some(Backend::Client(client)) => client.free(&self.segments),
             None => Ok(()),
         }
     }
@@ -214,10 +245,13 @@ impl FinalizedAllocation {
 
 impl Drop for FinalizedAllocation {
     fn drop(&mut self) {
-        if let Some(backend) = self.backend.take() {
-            if let Err(error) = backend.free(&self.segments) {
-                tracing::warn!(%error, "freeing a finalized allocation failed");
-            }
+        let freed = match self.backend.take() {
+            Some(Backend::Slab(slab)) => slab.free(&self.segments),
+            Some(Backend::Client(client)) => client.free(&self.segments),
+            None => Ok(()),
+        };
+        if let Err(error) = freed {
+            tracing::warn!(%error, "freeing a finalized allocation failed");
         }
     }
 }

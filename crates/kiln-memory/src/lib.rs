@@ -44,6 +44,7 @@ mod page_runs;
 mod permission;
 mod slab;
 mod stats;
+mod thread_cache;
 
 pub use allocation::{
     FinalizedAllocation, FinalizedBackend, InFlightAllocation, InFlightBackend, SegmentMut,

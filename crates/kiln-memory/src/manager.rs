@@ -1,14 +1,19 @@
 //! The memory manager: what a linker talks to. Allocate a request of segments, write them,
 //! finalize, and keep an owning handle.
 
-use crate::allocation::{FinalizedBackend, InFlightBackend, Segments, WorkingSegment};
+use crate::allocation::Segments;
 use crate::slab::{Placed, Slab, SlabLayout, SlabTuning};
 use crate::stats::{MemoryStats, PoolStats};
+use crate::thread_cache;
 use crate::{
     default_mapper, InFlightAllocation, Mapper, MemoryError, Permission, Placement, SegmentRange,
 };
 use parking_lot::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// Ids of managers, so that a thread's cache of freed ranges knows whose they are.
+static NEXT_MANAGER_ID: AtomicU64 = AtomicU64::new(1);
 
 /// One segment of an [`AllocationRequest`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +135,8 @@ unsafe fn fill_trap(ptr: *mut u8, len: usize, pattern: [u8; 4]) {
 
 #[derive(Debug)]
 struct Shared {
+    /// This manager's id (its slabs' `owner`).
+    id: u64,
     mapper: Arc<dyn Mapper>,
     layout: SlabLayout,
     tuning: SlabTuning,
@@ -299,10 +306,12 @@ impl SlabMemoryManagerBuilder {
                 std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
             }),
         };
-        let first = Slab::reserve(mapper.clone(), layout, tuning, &self.placement)?;
+        let id = NEXT_MANAGER_ID.fetch_add(1, Ordering::Relaxed);
+        let first = Slab::reserve(mapper.clone(), layout, tuning, &self.placement, id)?;
         let arena_len = Permission::ALL.map(|p| first.arena_len(p));
         Ok(SlabMemoryManager {
             shared: Arc::new(Shared {
+                id,
                 mapper,
                 layout,
                 tuning,
@@ -444,35 +453,68 @@ impl SlabMemoryManager {
         &self,
         slab: Arc<Slab>,
         request: &AllocationRequest,
-        placed: Segments<Placed>,
+        targets: impl IntoIterator<Item = u64>,
     ) -> InFlightAllocation {
-        let mut segments: Segments<WorkingSegment> = Segments::new();
-        for (p, s) in placed.iter().zip(&request.segments) {
-            let working = slab.working(p.target);
+        let mut ranges: Segments<SegmentRange> = Segments::new();
+        let mut working: Segments<*mut u8> = Segments::new();
+        for (target, s) in targets.into_iter().zip(&request.segments) {
+            let at = slab.working(target);
             if s.zero_fill {
-                // SAFETY: the pool just gave us `[target, target + taken)`, prepared, so its
-                // working view is writable and ours alone; `size <= taken`.
-                unsafe { std::ptr::write_bytes(working, 0, s.size as usize) };
+                // SAFETY: the pool (or this thread's cache) just gave us
+                // `[target, target + taken)`, prepared, so its working view is writable and
+                // ours alone; `size <= taken`.
+                unsafe { std::ptr::write_bytes(at, 0, s.size as usize) };
             }
-            segments.push(WorkingSegment::new(p.target, s.size, s.permission, working));
+            ranges.push(SegmentRange {
+                target,
+                len: s.size,
+                permission: s.permission,
+            });
+            working.push(at);
         }
-        let backend = SlabBackend { slab, placed };
-        // SAFETY: the ranges come from the slab's free lists, so they are disjoint and ours
-        // alone; their pages are prepared, so the working view is writable; they stay ours
-        // until the backend frees them.
-        unsafe { InFlightAllocation::from_parts(segments, Box::new(backend)) }
+        // SAFETY: the ranges come from the slab's free lists or this thread's cache of
+        // them, so they are disjoint and ours alone; their pages are prepared, so the
+        // working view is writable; they stay ours until the backend frees them.
+        unsafe { InFlightAllocation::from_slab(ranges, working, SlabBackend(slab)) }
+    }
+
+    /// The fast path: every segment from this thread's cache of freed ranges, in one slab,
+    /// with no lock and no heap allocation.
+    fn take_cached(&self, request: &AllocationRequest) -> Option<InFlightAllocation> {
+        let unit = self.shared.tuning.granule;
+        let wanted = request.segments.iter().map(|s| {
+            (
+                s.permission,
+                s.size.max(1).next_multiple_of(unit),
+                s.align.max(unit),
+            )
+        });
+        let (slab, placed) = thread_cache::take_all(self.shared.id, wanted)?;
+        for (index, (s, &(_, arena))) in request.segments.iter().zip(&placed).enumerate() {
+            slab.note_cache_hit(s.permission, arena, s.size, index == 0);
+        }
+        Some(self.in_flight(slab, request, placed.iter().map(|&(target, _)| target)))
     }
 }
 
 impl MemoryManager for SlabMemoryManager {
     fn allocate(&self, request: &AllocationRequest) -> Result<InFlightAllocation, MemoryError> {
         self.validate(request)?;
+        if let Some(in_flight) = self.take_cached(request) {
+            return Ok(in_flight);
+        }
         let mut last_miss = 0;
         let seen = {
             let slabs = self.shared.slabs.read();
             for slab in slabs.iter() {
                 match Self::place_in(slab, request)? {
-                    Ok(placed) => return Ok(self.in_flight(slab.clone(), request, placed)),
+                    Ok(placed) => {
+                        return Ok(self.in_flight(
+                            slab.clone(),
+                            request,
+                            placed.iter().map(|p| p.target),
+                        ))
+                    }
                     Err(index) => last_miss = index,
                 }
             }
@@ -487,7 +529,7 @@ impl MemoryManager for SlabMemoryManager {
         let newer: Vec<Arc<Slab>> = shared.slabs.read()[seen..].to_vec();
         for slab in newer {
             if let Ok(placed) = Self::place_in(&slab, request)? {
-                return Ok(self.in_flight(slab, request, placed));
+                return Ok(self.in_flight(slab, request, placed.iter().map(|p| p.target)));
             }
         }
         let slab = match Slab::reserve(
@@ -495,6 +537,7 @@ impl MemoryManager for SlabMemoryManager {
             shared.layout,
             shared.tuning,
             &shared.placement,
+            shared.id,
         ) {
             Ok(slab) => slab,
             Err(_) => Slab::reserve(
@@ -502,19 +545,24 @@ impl MemoryManager for SlabMemoryManager {
                 shared.layout,
                 shared.tuning,
                 &Placement::Anywhere,
+                shared.id,
             )?,
         };
         let slab = Arc::new(slab);
         match Self::place_in(&slab, request)? {
             Ok(placed) => {
                 shared.slabs.write().push(slab.clone());
-                Ok(self.in_flight(slab, request, placed))
+                Ok(self.in_flight(slab, request, placed.iter().map(|p| p.target)))
             }
             Err(index) => Err(self.out_of_reservation(request, index)),
         }
     }
 
+    /// The calling thread's cached free ranges of this manager go back to their arenas
+    /// first, so that one thread's figures are exact; other threads' cached ranges count
+    /// as free.
     fn stats(&self) -> MemoryStats {
+        thread_cache::flush(self.shared.id);
         let mut stats = MemoryStats::default();
         let mut resident = Some(0);
         for slab in self.slabs() {
@@ -532,6 +580,7 @@ impl MemoryManager for SlabMemoryManager {
                 pool.free_ranges += f.free_ranges;
                 pool.arenas += 1;
                 stats.live_allocations += f.allocations;
+                stats.cache_hits += f.cache_hits;
                 stats.bytes_requested += f.requested;
                 stats.bytes_allocated += f.len - f.free;
                 stats.bytes_mapped += f.prepared;
@@ -544,36 +593,45 @@ impl MemoryManager for SlabMemoryManager {
     }
 }
 
-/// The backend of the slab manager's allocations: frees into the slab, keeps it alive.
-struct SlabBackend {
-    slab: Arc<Slab>,
-    placed: Segments<Placed>,
-}
+/// The backend of the slab manager's allocations: keeps the slab alive and frees into it.
+/// Held inline by the allocation (no box); each segment's arena is found from its address.
+#[derive(Debug)]
+pub(crate) struct SlabBackend(Arc<Slab>);
 
 impl SlabBackend {
-    fn release(self, poison: bool) -> Result<(), MemoryError> {
+    /// Frees `segments` (an allocation of this slab, in request order): each to this
+    /// thread's cache when it may hold it, else to its arena.
+    fn release(self, segments: &[SegmentRange], poison: bool) -> Result<(), MemoryError> {
+        let slab = &self.0;
         let mut result = Ok(());
         let mut poisoned = false;
-        for p in &self.placed {
+        for (index, s) in segments.iter().enumerate() {
+            let taken = s.len.max(1).next_multiple_of(slab.unit(s.permission));
             if poison
-                && self.slab.tuning.poison
-                && p.permission.is_executable()
-                && self.slab.is_shared(p.permission)
+                && slab.tuning.poison
+                && s.permission.is_executable()
+                && slab.is_shared(s.permission)
             {
                 // A shared page stays mapped executable: fill the freed bytes with traps so
                 // a stale call traps instead of running whatever comes next.
-                let working = self.slab.working(p.target);
-                // SAFETY: the range is still ours (not yet returned to the pool) and its
-                // working view is writable (shared pools keep it so).
-                unsafe { fill_trap(working, p.taken as usize, self.slab.tuning.trap_pattern) };
+                let working = slab.working(s.target);
+                // SAFETY: the range is still ours (not yet returned to the pool or a cache)
+                // and its working view is writable (shared pools keep it so).
+                unsafe { fill_trap(working, taken as usize, slab.tuning.trap_pattern) };
                 // The trap bytes must be what a core fetches (AArch64 keeps stale lines):
                 // here when the code runs here; elsewhere its side does it.
-                if self.slab.mapper.target_is_local() {
-                    crate::icache::make_coherent(p.target, p.taken);
+                if slab.mapper.target_is_local() {
+                    crate::icache::make_coherent(s.target, taken);
                     poisoned = true;
                 }
             }
-            if let Err(e) = self.slab.free(*p) {
+            let arena = slab.arena_of(s.permission, s.target);
+            let first = index == 0;
+            slab.note_freed(s.permission, arena, s.len, first);
+            if thread_cache::put(slab, s.permission, arena, s.target, taken) {
+                continue;
+            }
+            if let Err(e) = slab.free_range(s.permission, arena, s.target, taken) {
                 result = Err(e);
             }
         }
@@ -582,39 +640,31 @@ impl SlabBackend {
         }
         result
     }
-}
 
-impl InFlightBackend for SlabBackend {
-    fn finalize(
-        self: Box<Self>,
-        segments: &[SegmentRange],
-    ) -> Result<Box<dyn FinalizedBackend>, MemoryError> {
+    /// Applies final permissions and cache coherence; on error the memory is freed.
+    pub(crate) fn finalize(self, segments: &[SegmentRange]) -> Result<Self, MemoryError> {
         // SAFETY: the segments were allocated from this slab (prepared pages, ours), and
         // `InFlightAllocation::finalize` consumed the working-memory borrows.
-        match unsafe {
-            self.slab
-                .mapper
-                .initialize(&self.slab.reservation, segments)
-        } {
+        match unsafe { self.0.mapper.initialize(&self.0.reservation, segments) } {
             Ok(()) => Ok(self),
             Err(source) => {
-                let mapper = self.slab.mapper.name();
+                let mapper = self.0.mapper.name();
                 // Whatever the mapper did, the code never ran: free without poisoning.
-                let _ = self.release(false);
+                let _ = self.release(segments, false);
                 Err(MemoryError::Mapper { mapper, source })
             }
         }
     }
 
-    fn abandon(self: Box<Self>, _segments: &[SegmentRange]) {
-        if let Err(error) = self.release(true) {
+    /// Frees memory that was never finalized.
+    pub(crate) fn abandon(self, segments: &[SegmentRange]) {
+        if let Err(error) = self.release(segments, true) {
             tracing::warn!(%error, "freeing an abandoned allocation failed");
         }
     }
-}
 
-impl FinalizedBackend for SlabBackend {
-    fn free(self: Box<Self>, _segments: &[SegmentRange]) -> Result<(), MemoryError> {
-        self.release(true)
+    /// Frees finalized memory: the code must not run any more.
+    pub(crate) fn free(self, segments: &[SegmentRange]) -> Result<(), MemoryError> {
+        self.release(segments, true)
     }
 }

@@ -6,7 +6,7 @@ use crate::free_list::FreeList;
 use crate::page_runs::PageRuns;
 use crate::{Mapper, MapperError, MemoryError, Permission, Reservation};
 use parking_lot::{Mutex, MutexGuard};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Sizes of the three pools of every slab (multiples of the page size).
@@ -84,10 +84,28 @@ pub(crate) struct Pool {
     pub(crate) unprepared: PageRuns,
     /// Pages not populated ahead yet (shared pools).
     pub(crate) unpopulated: PageRuns,
-    /// Bytes the live ranges of this pool were asked for.
-    pub(crate) requested: u64,
-    /// Live allocations whose first segment lies in this pool.
-    pub(crate) allocations: u64,
+}
+
+/// One arena of a pool: its free ranges under a lock, and the figures that the threads'
+/// caches of freed ranges keep up to date without taking that lock.
+#[derive(Debug)]
+pub(crate) struct Arena {
+    pool: Mutex<Pool>,
+    /// Bytes the live ranges of this arena were asked for.
+    requested: AtomicU64,
+    /// Live allocations whose first segment lies in this arena.
+    allocations: AtomicU64,
+    /// Bytes of this arena's freed ranges that threads hold in their caches.
+    cached_bytes: AtomicU64,
+    /// Number of those ranges.
+    cached_ranges: AtomicU64,
+    /// Segments served from a thread's cache, without this arena's lock.
+    cache_hits: AtomicU64,
+}
+
+/// Adds a signed amount to a counter (two's complement: a negative amount subtracts).
+fn add(counter: &AtomicU64, amount: i64) {
+    counter.fetch_add(amount as u64, Ordering::Relaxed);
 }
 
 impl Pool {
@@ -112,6 +130,7 @@ pub(crate) struct PoolFigures {
     pub(crate) free_ranges: u64,
     pub(crate) requested: u64,
     pub(crate) allocations: u64,
+    pub(crate) cache_hits: u64,
 }
 
 /// A reservation and its three pools.
@@ -120,8 +139,13 @@ pub(crate) struct Slab {
     pub(crate) reservation: Reservation,
     pub(crate) mapper: Arc<dyn Mapper>,
     pub(crate) tuning: SlabTuning,
+    /// The manager the slab belongs to (its id): what a thread's cache files ranges under.
+    pub(crate) owner: u64,
     shared: [bool; 3],
-    pools: [Box<[Mutex<Pool>]>; 3],
+    /// Where each pool's first arena starts, and how far apart its arenas are.
+    arena_start: [u64; 3],
+    arena_stride: [u64; 3],
+    pools: [Box<[Arena]>; 3],
 }
 
 /// A range handed out by a pool.
@@ -161,12 +185,15 @@ impl Slab {
         layout: SlabLayout,
         tuning: SlabTuning,
         placement: &crate::Placement,
+        owner: u64,
     ) -> Result<Slab, MemoryError> {
         let reservation = mapper
             .reserve(layout.total(), placement)
             .map_err(|e| mapper_error(&*mapper, e))?;
         let shares = mapper.shares_pages();
         let mut start = reservation.target;
+        let mut arena_start = [0; 3];
+        let mut arena_stride = [0; 3];
         let pools = Permission::ALL.map(|permission| {
             let len = layout.pool_len(permission);
             let shared = shares || permission == Permission::ReadWrite;
@@ -176,6 +203,8 @@ impl Slab {
             let arena_len = (len / arenas) & !(tuning.page - 1);
             let pool_start = start;
             start += len;
+            arena_start[permission.index()] = pool_start;
+            arena_stride[permission.index()] = arena_len;
             (0..arenas)
                 .map(|k| {
                     let a_start = pool_start + k * arena_len;
@@ -184,14 +213,19 @@ impl Slab {
                     } else {
                         a_start + arena_len
                     };
-                    Mutex::new(Pool {
-                        shared,
-                        free: FreeList::new(a_start, a_end - a_start),
-                        unprepared: PageRuns::new(a_start, a_end),
-                        unpopulated: PageRuns::new(a_start, a_end),
-                        requested: 0,
-                        allocations: 0,
-                    })
+                    Arena {
+                        pool: Mutex::new(Pool {
+                            shared,
+                            free: FreeList::new(a_start, a_end - a_start),
+                            unprepared: PageRuns::new(a_start, a_end),
+                            unpopulated: PageRuns::new(a_start, a_end),
+                        }),
+                        requested: AtomicU64::new(0),
+                        allocations: AtomicU64::new(0),
+                        cached_bytes: AtomicU64::new(0),
+                        cached_ranges: AtomicU64::new(0),
+                        cache_hits: AtomicU64::new(0),
+                    }
                 })
                 .collect::<Vec<_>>()
                 .into_boxed_slice()
@@ -201,20 +235,75 @@ impl Slab {
             reservation,
             mapper,
             tuning,
+            owner,
             shared,
+            arena_start,
+            arena_stride,
             pools,
         })
     }
 
     pub(crate) fn arena(&self, permission: Permission, arena: usize) -> MutexGuard<'_, Pool> {
-        self.pools[permission.index()][arena].lock()
+        self.pools[permission.index()][arena].pool.lock()
+    }
+
+    /// The arena of `permission` that `target` (an address of that pool) lies in.
+    pub(crate) fn arena_of(&self, permission: Permission, target: u64) -> usize {
+        let p = permission.index();
+        let k = (target - self.arena_start[p]) / self.arena_stride[p];
+        (k as usize).min(self.pools[p].len() - 1)
+    }
+
+    /// What a pool hands out in: the granule for pools that share pages, whole pages
+    /// otherwise. A range of `size` bytes takes `size` rounded up to it.
+    pub(crate) fn unit(&self, permission: Permission) -> u64 {
+        if self.is_shared(permission) {
+            self.tuning.granule
+        } else {
+            self.tuning.page
+        }
+    }
+
+    /// Counts a range of `size` bytes handed out from a thread's cache (no lock taken).
+    pub(crate) fn note_cache_hit(
+        &self,
+        permission: Permission,
+        arena: usize,
+        size: u64,
+        first: bool,
+    ) {
+        let a = &self.pools[permission.index()][arena];
+        a.requested.fetch_add(size, Ordering::Relaxed);
+        a.allocations.fetch_add(u64::from(first), Ordering::Relaxed);
+        a.cache_hits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a live range of `size` bytes given up (to a thread's cache or the arena).
+    pub(crate) fn note_freed(&self, permission: Permission, arena: usize, size: u64, first: bool) {
+        let a = &self.pools[permission.index()][arena];
+        a.requested.fetch_sub(size, Ordering::Relaxed);
+        a.allocations.fetch_sub(u64::from(first), Ordering::Relaxed);
+    }
+
+    /// Counts bytes and ranges of an arena that went into (positive) or out of (negative)
+    /// threads' caches.
+    pub(crate) fn note_cached(
+        &self,
+        permission: Permission,
+        arena: usize,
+        bytes: i64,
+        ranges: i64,
+    ) {
+        let a = &self.pools[permission.index()][arena];
+        add(&a.cached_bytes, bytes);
+        add(&a.cached_ranges, ranges);
     }
 
     /// Largest free range of any arena of `permission`.
     pub(crate) fn largest_free(&self, permission: Permission) -> u64 {
         self.pools[permission.index()]
             .iter()
-            .map(|a| a.lock().free.largest_free())
+            .map(|a| a.pool.lock().free.largest_free())
             .max()
             .unwrap_or(0)
     }
@@ -224,7 +313,7 @@ impl Slab {
         self.pools[permission.index()]
             .iter()
             .map(|a| {
-                let a = a.lock();
+                let a = a.pool.lock();
                 a.free.end() - a.free.start()
             })
             .min()
@@ -337,8 +426,12 @@ impl Slab {
                 self.mapper.populate(&self.reservation, start, end);
             }
         }
-        pool.requested += size;
-        pool.allocations += u64::from(first);
+        drop(pool);
+        let counted = &self.pools[permission.index()][arena];
+        counted.requested.fetch_add(size, Ordering::Relaxed);
+        counted
+            .allocations
+            .fetch_add(u64::from(first), Ordering::Relaxed);
         Ok(Some(Placed {
             target,
             requested: size,
@@ -352,11 +445,58 @@ impl Slab {
     /// Returns a range to its pool; whole free pages go back to the system (at once for
     /// private pools, in runs of at least the release threshold for shared ones).
     pub(crate) fn free(&self, placed: Placed) -> Result<(), MemoryError> {
+        self.note_freed(
+            placed.permission,
+            placed.arena,
+            placed.requested,
+            placed.first,
+        );
+        self.free_range(placed.permission, placed.arena, placed.target, placed.taken)
+    }
+
+    /// Returns a range already counted as freed ([`note_freed`](Self::note_freed)) to
+    /// arena `arena` of `permission`.
+    pub(crate) fn free_range(
+        &self,
+        permission: Permission,
+        arena: usize,
+        target: u64,
+        taken: u64,
+    ) -> Result<(), MemoryError> {
+        let mut pool = self.arena(permission, arena);
+        self.return_range(&mut pool, permission, target, taken)
+    }
+
+    /// Returns free ranges of one arena (from a thread's cache) under one lock.
+    pub(crate) fn return_ranges(
+        &self,
+        permission: Permission,
+        arena: usize,
+        ranges: impl IntoIterator<Item = (u64, u64)>,
+    ) -> Result<(), MemoryError> {
+        let mut pool = self.arena(permission, arena);
+        let mut result = Ok(());
+        for (start, end) in ranges {
+            if let Err(e) = self.return_range(&mut pool, permission, start, end - start) {
+                result = Err(e);
+            }
+        }
+        result
+    }
+
+    /// Puts `[target, target + taken)` back on the free list of `pool` (locked) and gives
+    /// whole free pages back to the system as [`free`](Self::free) says.
+    fn return_range(
+        &self,
+        pool: &mut Pool,
+        permission: Permission,
+        target: u64,
+        taken: u64,
+    ) -> Result<(), MemoryError> {
         let tuning = &self.tuning;
-        let mut pool = self.arena(placed.permission, placed.arena);
         let (run_start, run_end) =
             pool.free
-                .free(placed.target, placed.taken)
+                .free(target, taken)
                 .map_err(|e| MemoryError::Mapper {
                     mapper: self.mapper.name(),
                     source: MapperError::Refused {
@@ -364,8 +504,6 @@ impl Slab {
                         reason: e.to_string(),
                     },
                 })?;
-        pool.requested -= placed.requested;
-        pool.allocations -= u64::from(placed.first);
         let (start, end) = if pool.shared {
             let whole_pool = run_start == pool.free.start() && run_end == pool.free.end();
             // A free run keeps its first `prepare_chunk` bytes prepared, as a cushion: without
@@ -393,7 +531,7 @@ impl Slab {
             }
             (start, end)
         } else {
-            (placed.target, placed.target + placed.taken)
+            (target, target + taken)
         };
         // Even when deinitialize fails the pages count as unprepared: whatever state the
         // mapper left them in, the next use prepares them again, which restores access.
@@ -406,7 +544,7 @@ impl Slab {
             // the range back, coalesced), so no allocation lives there; we hold the lock.
             let done = unsafe {
                 self.mapper
-                    .deinitialize(&self.reservation, s, e, placed.permission)
+                    .deinitialize(&self.reservation, s, e, permission)
             };
             if let Err(error) = done {
                 result = Err(mapper_error(&*self.mapper, error));
@@ -429,17 +567,20 @@ impl Slab {
         let mut figures = Vec::new();
         for permission in Permission::ALL {
             for arena in self.pools[permission.index()].iter() {
-                let pool = arena.lock();
+                let pool = arena.pool.lock();
                 let len = pool.free.end() - pool.free.start();
+                let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+                // Ranges in threads' caches are free, though no other thread can have them.
                 figures.push(PoolFigures {
                     permission,
                     len,
-                    free: pool.free.free_bytes(),
+                    free: pool.free.free_bytes() + load(&arena.cached_bytes),
                     largest_free: pool.free.largest_free(),
                     prepared: len - pool.unprepared.total(),
-                    free_ranges: pool.free.range_count() as u64,
-                    requested: pool.requested,
-                    allocations: pool.allocations,
+                    free_ranges: pool.free.range_count() as u64 + load(&arena.cached_ranges),
+                    requested: load(&arena.requested),
+                    allocations: load(&arena.allocations),
+                    cache_hits: load(&arena.cache_hits),
                 });
             }
         }

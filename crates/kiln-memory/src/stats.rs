@@ -42,6 +42,9 @@ pub struct MemoryStats {
     pub largest_free_range: u64,
     /// Number of slabs (reservations).
     pub slabs: u64,
+    /// Segments served from a thread's cache of freed ranges, without a lock (the
+    /// allocator's fast path), since the manager was made.
+    pub cache_hits: u64,
     /// Per permission, indexed by [`Permission::index`].
     pub pools: [PoolStats; 3],
 }
