@@ -357,6 +357,9 @@ extern "C" fn on_fatal_signal(signal: i32, info: *mut libc::siginfo_t, context: 
         };
         (fault, faulting_pc(context))
     };
+    // What the program wrote just before it crashed goes out before the report, as a
+    // native program's output reaches its terminal before the shell says it died.
+    finish_output_in_handler();
     report_crash(signal, fault, pc);
     // SA_RESETHAND restored the default action; raising again makes sure the process
     // dies with this signal even when returning would not re-fault (int3, raise, kill):
@@ -563,6 +566,37 @@ fn finish_output() {
     let deadline = std::time::Instant::now() + Duration::from_secs(1);
     while PUMPS_RUNNING.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// [`finish_output`] for a signal handler (async-signal-safe calls only): the program's
+/// descriptors 1 and 2 become `/dev/null`, so the pumps read what is left in the pipes,
+/// send it, and see the end; waits up to 200 ms for them (a forked child of the program
+/// holding the pipes open keeps them reading; the report goes out anyway).
+fn finish_output_in_handler() {
+    if PUMPS_RUNNING.load(Ordering::SeqCst) == 0 {
+        return;
+    }
+    // SAFETY: open, dup2 and close are async-signal-safe; they act on this process's
+    // standard descriptors only.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if null >= 0 {
+            libc::dup2(null, 1);
+            libc::dup2(null, 2);
+            libc::close(null);
+        }
+    }
+    for _ in 0..200 {
+        if PUMPS_RUNNING.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let pause = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        // SAFETY: nanosleep is async-signal-safe; the pause is on this stack.
+        unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
     }
 }
 
