@@ -2,7 +2,7 @@
 //! (runnable, owned, freed on drop). Two types, so that writing into finalized code does
 //! not compile.
 
-use crate::manager::SlabBackend;
+use crate::slab_backend::SlabBackend;
 use crate::{MemoryError, Permission, SegmentRange};
 use smallvec::SmallVec;
 use std::fmt;

@@ -43,6 +43,7 @@ mod mapper;
 mod page_runs;
 mod permission;
 mod slab;
+mod slab_backend;
 mod stats;
 mod thread_cache;
 

@@ -1,120 +1,31 @@
 //! The session: a [`Jit`] with libraries (namespaces of definitions with a search order),
-//! symbol generators, module handles and plugins. This file holds the session itself
-//! (its builder, its memory and executor, what is not one library's or one module's);
-//! the rooms around it are:
-//! - [`crate::library`]: a library's definitions, index and search order; lookups;
+//! symbol generators, module handles and plugins. This file holds the session's handle and
+//! builder and what is not one library's or one module's. Its state is
+//! [`crate::state`], which imports no room; the rooms around it each add methods to
+//! [`Jit`] and work on that state:
+//! - [`crate::libraries`]: libraries made, ordered, defined into and looked up in, over
+//!   the data of [`crate::library`];
 //! - [`crate::inputs`]: what a library is given (objects, archives, lazy objects,
 //!   sources, generators, the host's libraries);
-//! - [`crate::link_job`]: one link, as named steps (gather → link → check → install →
-//!   publish → start);
+//! - [`crate::linking`]: the links users ask for, each a [`crate::link_request`] run by
+//!   [`crate::link_job`] (gather → link → check → install → publish → start) under
+//!   [`crate::link_lock`];
 //! - [`crate::resolve`]: how a link's names resolve (the search order, generators, and
 //!   the nested link of another library's lazy objects);
-//! - [`crate::module`]: module handles, dependency records and removal;
+//! - [`crate::module`] (handles, dependency records) and [`crate::removal`];
 //! - [`crate::lazy`], on top: call-through stubs and hot swap.
+//!
+//! No room imports another in a circle (`farm-studio look --place crates/kiln`).
 
 use crate::executor::Executor;
-use crate::library::{Library, LibraryId};
+use crate::library::LibraryId;
 use crate::plugin::{Plugin, PluginFailure, PluginRegistration, Plugins};
+use crate::state::{Extensions, Inner, LowMemory, NEXT_SESSION};
 use crate::{DebugSupport, Error};
-use kiln_memory::{MemoryManager, MemoryStats, Placement, SlabLayout, SlabMemoryManager};
+use kiln_memory::{MemoryManager, MemoryStats, SlabMemoryManager};
 use parking_lot::RwLock;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-pub(crate) static NEXT_SESSION: AtomicU32 = AtomicU32::new(1);
-
-/// What layers on top of the session keep per session (the lazy layer's stubs and
-/// epochs), made on first use. The session holds it without knowing its types: a layer
-/// depends on the session, not the other way round.
-#[derive(Default)]
-pub(crate) struct Extensions(parking_lot::Mutex<Vec<Arc<dyn std::any::Any + Send + Sync>>>);
-
-impl Extensions {
-    /// The session's `T`, made now if it has none.
-    pub(crate) fn get<T: std::any::Any + Send + Sync + Default>(&self) -> Arc<T> {
-        let mut list = self.0.lock();
-        if let Some(found) = list.iter().find_map(|e| e.clone().downcast::<T>().ok()) {
-            return found;
-        }
-        let made = Arc::new(T::default());
-        list.push(made.clone());
-        made
-    }
-}
-
-pub(crate) struct Inner {
-    /// What layers on top keep (first: dropped before the memory their modules use).
-    pub(crate) extensions: Extensions,
-    /// The executor's instruction set: what every link is for.
-    pub(crate) architecture: kiln_link::Architecture,
-    pub(crate) session: u32,
-    pub(crate) executor: Executor,
-    pub(crate) export_to_libraries: bool,
-    pub(crate) noexec: bool,
-    pub(crate) memory: Arc<dyn MemoryManager>,
-    pub(crate) low_memory: LowMemory,
-    pub(crate) libraries: RwLock<Vec<Arc<Library>>>,
-    pub(crate) plugins: Arc<Plugins>,
-    /// The built-in debugger and profiler listener's registration, if on.
-    pub(crate) _debug_support: Option<PluginRegistration>,
-    pub(crate) next_module: AtomicU64,
-    pub(crate) compiler: Arc<dyn kiln_cache::Compiler>,
-    pub(crate) object_cache: Option<Arc<dyn kiln_cache::ObjectCache>>,
-}
-
-/// Memory in the low 2 GiB for non-PIC code, reserved on first use (most programs never
-/// need it, and reserving costs a round trip to a remote executor).
-pub(crate) struct LowMemory {
-    pub(crate) given: Option<Option<Arc<dyn MemoryManager>>>,
-    /// The executor's architecture's trap bytes, for freed code.
-    pub(crate) trap: [u8; 4],
-    pub(crate) mapper: Option<Arc<dyn kiln_memory::Mapper>>,
-    pub(crate) built: std::sync::OnceLock<Option<SlabMemoryManager>>,
-}
-
-impl LowMemory {
-    pub(crate) fn get(&self) -> Option<&dyn MemoryManager> {
-        if let Some(given) = &self.given {
-            return given.as_deref();
-        }
-        self.built
-            .get_or_init(|| {
-                let mut builder = SlabMemoryManager::builder()
-                    .trap_pattern(self.trap)
-                    .placement(Placement::Low2GiB)
-                    .layout(SlabLayout {
-                        read_execute: 64 << 20,
-                        read: 32 << 20,
-                        read_write: 32 << 20,
-                    });
-                if let Some(m) = &self.mapper {
-                    builder = builder.mapper(m.clone());
-                }
-                builder
-                    .build()
-                    .map_err(
-                        |e| tracing::debug!(%e, "no low-2GiB memory: non-PIC code will not link"),
-                    )
-                    .ok()
-            })
-            .as_ref()
-            .map(|m| m as &dyn MemoryManager)
-    }
-}
-
-impl MemoryManager for LowMemory {
-    fn allocate(
-        &self,
-        request: &kiln_memory::AllocationRequest,
-    ) -> Result<kiln_memory::InFlightAllocation, kiln_memory::MemoryError> {
-        match self.get() {
-            Some(m) => m.allocate(request),
-            None => Err(kiln_memory::MemoryError::InvalidConfiguration(
-                "no memory in the low 2 GiB could be reserved for non-PIC code".into(),
-            )),
-        }
-    }
-}
 
 /// A JIT session: load objects and archives into libraries, link, look symbols up, run.
 ///

@@ -4,7 +4,8 @@
 
 use crate::jit::Jit;
 use crate::library::LibraryId;
-use crate::link_job::{LinkReport, LinkRequest};
+use crate::link_job::LinkReport;
+use crate::link_request::LinkRequest;
 use crate::module::Module;
 use crate::Error;
 use kiln_link::ObjectInput;

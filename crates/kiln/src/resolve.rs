@@ -5,7 +5,7 @@
 
 use crate::jit::Jit;
 use crate::library::{Generators, Library};
-use crate::link_job::{LinkRequest, Publish};
+use crate::link_request::{LinkRequest, Publish};
 use crate::module::Module;
 use crate::Error;
 use kiln_link::{LinkContext, SymbolKind};

@@ -34,7 +34,7 @@ pub(super) enum Body {
 pub(crate) struct StubBatch {
     pub(super) first: u32,
     pub(super) library: LibraryId,
-    pub(super) session: Weak<crate::jit::Inner>,
+    pub(super) session: Weak<crate::state::Inner>,
     pub(super) compiler: Arc<dyn LazyCompiler>,
     pub(super) stubs: u64,
     pub(super) slots: u64,

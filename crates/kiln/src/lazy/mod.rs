@@ -37,7 +37,8 @@
 
 use crate::jit::Jit;
 use crate::library::LibraryId;
-use crate::link_job::{publish_placed, LinkRequest};
+use crate::link_job::publish_placed;
+use crate::link_request::LinkRequest;
 use crate::module::Module;
 use crate::Error;
 use function::{
