@@ -4,7 +4,7 @@
 use crate::arch::{self, EncodeError, Relative, Relocation, Target};
 use crate::graph::{Allocated, Edge};
 use crate::object_file::{ObjSection, ObjSym, ObjectFile, SymSection};
-use crate::symbols::{lossy, Def, Key, Linker, Slot, SEG_BSS, SEG_NONE, SEG_TLS};
+use crate::symbols::{lossy, Def, Key, Linker, Place, Slot, SEG_BSS, SEG_TLS};
 use crate::LinkError;
 use rustc_hash::FxHashMap;
 
@@ -125,16 +125,17 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
     pub(crate) fn sym_address(&self, obj: u32, sym: &ObjSym<'_>) -> (u64, bool) {
         match sym.section {
             SymSection::Section(i) => {
-                let p = self.linker.places[obj as usize][i as usize];
-                if p.offset == u64::MAX || p.seg == SEG_NONE {
-                    (0, true)
-                } else if p.seg == SEG_TLS {
-                    (p.offset.wrapping_add(sym.value), false)
-                } else {
-                    // Modulo 2^64 like any address; fields that cannot hold the result
-                    // are caught when relocations are applied.
-                    let base = self.bases[p.seg as usize].wrapping_add(p.offset);
-                    (base.wrapping_add(sym.value), false)
+                match self.linker.places[obj as usize][i as usize] {
+                    Place::Unplaced | Place::Discarded => (0, true),
+                    Place::At { seg, offset } if seg == SEG_TLS => {
+                        (offset.wrapping_add(sym.value), false)
+                    }
+                    Place::At { seg, offset } => {
+                        // Modulo 2^64 like any address; fields that cannot hold the result
+                        // are caught when relocations are applied.
+                        let base = self.bases[seg as usize].wrapping_add(offset);
+                        (base.wrapping_add(sym.value), false)
+                    }
                 }
             }
             SymSection::Absolute => (sym.value, false),

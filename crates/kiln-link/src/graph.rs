@@ -15,7 +15,7 @@ use crate::object_file::{
 use crate::pass::{GraphView, PassPoint};
 use crate::symbols::{
     is_eh_frame, is_init_section, lossy, priority, segment_of, Def, Key, Linker, Place, Slot,
-    SEG_BSS, SEG_NONE, SEG_R, SEG_RW, SEG_RX, SEG_TLS,
+    SEG_BSS, SEG_R, SEG_RW, SEG_RX, SEG_TLS,
 };
 use crate::{ImageSegment, LinkCounts, LinkError, LinkOptions, LinkTimes, MAX_TLS_BLOCK};
 use kiln_memory::{AllocationRequest, InFlightAllocation, Permission, SegmentRequest};
@@ -250,8 +250,8 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let l = &mut self.layout;
         for oi in 0..linker.objs.len() {
             for si in 0..linker.objs[oi].sections.len() {
-                if linker.places[oi][si].offset == u64::MAX {
-                    continue; // discarded COMDAT member
+                if linker.places[oi][si] == Place::Discarded {
+                    continue;
                 }
                 let sec = linker.objs[oi].sections[si];
                 let Some(seg) = segment_of(&sec) else {
@@ -284,7 +284,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                     let s = seg as usize;
                     place(&mut l.seg_size[s], &mut l.seg_align[s], sec.size, sec.align)
                 };
-                linker.places[oi][si] = Place { seg, offset };
+                linker.places[oi][si] = Place::At { seg, offset };
             }
         }
         // Commons go to the zero-filled segment.
@@ -314,7 +314,13 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             for &(target, relas) in &obj.relocations {
                 let p = linker.places[oi][target as usize];
                 let sec = obj.sections[target as usize];
-                if p.offset == u64::MAX || (p.seg == SEG_NONE && !is_eh_frame(&sec)) {
+                let loaded = match p {
+                    Place::At { .. } => true,
+                    // `.eh_frame` is placed after the edges are decoded.
+                    Place::Unplaced => is_eh_frame(&sec),
+                    Place::Discarded => false,
+                };
+                if !loaded {
                     // Not loaded (debug info, notes, a discarded COMDAT copy).
                     continue;
                 }
@@ -492,7 +498,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 sec.align.max(4),
             );
             l.eh_offset.get_or_insert(offset);
-            self.linker.places[oi as usize][si as usize] = Place {
+            self.linker.places[oi as usize][si as usize] = Place::At {
                 seg: SEG_R as u8,
                 offset,
             };
@@ -590,16 +596,18 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let mut covered: [smallvec::SmallVec<[(usize, usize); 8]>; 3] = Default::default();
         for oi in 0..linker.objs.len() {
             for (si, sec) in linker.objs[oi].sections.iter().enumerate() {
-                let p = linker.places[oi][si];
-                if p.seg == SEG_NONE || p.offset == u64::MAX || sec.sh_type == SHT_NOBITS {
+                let Place::At { seg, offset } = linker.places[oi][si] else {
+                    continue;
+                };
+                if sec.sh_type == SHT_NOBITS {
                     continue;
                 }
-                let start = p.offset as usize;
-                if p.seg == SEG_TLS {
+                let start = offset as usize;
+                if seg == SEG_TLS {
                     tls_image[start..start + sec.data.len()].copy_from_slice(sec.data);
                     continue;
                 }
-                let seg = p.seg as usize;
+                let seg = seg as usize;
                 segs[seg].bytes[start..start + sec.data.len()].copy_from_slice(sec.data);
                 if let Some(list) = covered.get_mut(seg) {
                     list.push((start, start + sec.data.len()));
@@ -726,17 +734,19 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         for list in &self.edges {
             let (oi, target) = (list.obj as usize, list.section as usize);
             let obj = &linker.objs[oi];
-            let p = linker.places[oi][target];
-            if p.seg == SEG_NONE || p.offset == u64::MAX || (p.seg == SEG_TLS) != tls_image {
+            let Place::At { seg, offset } = linker.places[oi][target] else {
+                continue;
+            };
+            if (seg == SEG_TLS) != tls_image {
                 continue;
             }
             let sec: ObjSection<'_> = obj.sections[target];
-            let range = p.offset as usize..p.offset.saturating_add(sec.size) as usize;
-            let (section_bytes, section_addr): (Option<&mut [u8]>, u64) = if p.seg == SEG_TLS {
-                (self.tls_image.get_mut(range), p.offset)
+            let range = offset as usize..offset.saturating_add(sec.size) as usize;
+            let (section_bytes, section_addr): (Option<&mut [u8]>, u64) = if seg == SEG_TLS {
+                (self.tls_image.get_mut(range), offset)
             } else {
-                let seg = p.seg as usize;
-                (segs[seg].bytes.get_mut(range), bases[seg] + p.offset)
+                let seg = seg as usize;
+                (segs[seg].bytes.get_mut(range), bases[seg] + offset)
             };
             let Some(section_bytes) = section_bytes.filter(|_| sec.sh_type != SHT_NOBITS) else {
                 return Err(LinkError::Malformed {
@@ -773,10 +783,13 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let code = allocated.bases[SEG_RX]..allocated.bases[SEG_RX] + self.layout.seg_size[SEG_RX];
         let segs = allocated.in_flight.segments_mut();
         let read_array = |oi: u32, si: u32| -> Result<Vec<u64>, LinkError> {
-            let p = linker.places[oi as usize][si as usize];
             let sec = linker.objs[oi as usize].sections[si as usize];
-            let entries: Vec<u64> = segs[p.seg as usize].bytes
-                [p.offset as usize..(p.offset + sec.size) as usize]
+            // Layout placed every initializer section it listed.
+            let Place::At { seg, offset } = linker.places[oi as usize][si as usize] else {
+                return Ok(Vec::new());
+            };
+            let entries: Vec<u64> = segs[seg as usize].bytes
+                [offset as usize..(offset + sec.size) as usize]
                 .chunks_exact(8)
                 .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
                 .filter(|&f| f != 0 && f != u64::MAX)

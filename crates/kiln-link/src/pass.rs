@@ -22,7 +22,7 @@
 
 use crate::fixup::Resolver;
 use crate::graph::LinkGraph;
-use crate::symbols::{lossy, Key, SEG_NONE, SEG_RX, SEG_TLS};
+use crate::symbols::{lossy, Key, Place, SEG_RX, SEG_TLS};
 use crate::Architecture;
 
 /// Where in a link a client's pass runs (between the built-in passes, in this order).
@@ -128,21 +128,20 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
         let mut out = Vec::new();
         for (oi, obj) in linker.objs.iter().enumerate() {
             for (si, sec) in obj.sections.iter().enumerate() {
-                let p = linker.places[oi][si];
-                if p.seg == SEG_NONE || p.offset == u64::MAX {
+                let Place::At { seg, offset } = linker.places[oi][si] else {
                     continue;
-                }
-                let thread_local = p.seg == SEG_TLS;
+                };
+                let thread_local = seg == SEG_TLS;
                 out.push(GraphSection {
                     object: oi,
                     index: si,
                     name: lossy(sec.name),
                     size: sec.size,
-                    code: p.seg as usize == SEG_RX,
+                    code: seg as usize == SEG_RX,
                     thread_local,
                     address: bases
                         .filter(|_| !thread_local)
-                        .map(|b| b[p.seg as usize] + p.offset),
+                        .map(|b| b[seg as usize] + offset),
                     edges: edges.get(&(oi, si)).copied().unwrap_or(0),
                 });
             }
@@ -187,15 +186,17 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
             return None;
         }
         let linker = &self.graph.linker;
-        let p = *linker.places.get(object)?.get(index)?;
+        let Place::At { seg, offset } = *linker.places.get(object)?.get(index)? else {
+            return None;
+        };
         let sec = linker.objs[object].sections[index];
-        if p.seg == SEG_NONE || p.seg == SEG_TLS || p.offset == u64::MAX || sec.data.is_empty() {
+        if seg == SEG_TLS || sec.data.is_empty() {
             return None;
         }
         let allocated = self.graph.allocated.as_mut()?;
         let mut segs = allocated.in_flight.segments_mut();
-        let seg = segs.swap_remove(p.seg as usize);
-        let start = p.offset as usize;
+        let seg = segs.swap_remove(seg as usize);
+        let start = offset as usize;
         seg.bytes.get_mut(start..start + sec.size as usize)
     }
 }

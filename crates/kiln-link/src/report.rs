@@ -3,7 +3,7 @@
 
 use crate::fixup::Resolver;
 use crate::object_file::{Binding, SymSection};
-use crate::symbols::{lossy, Def, Key, Linker, Origin, SEG_NONE, SEG_TLS};
+use crate::symbols::{lossy, Def, Key, Linker, Origin, Place, SEG_TLS};
 use crate::{Architecture, LinkError, ObjectInput, PlacedSection, SymbolInfo, SymbolKind};
 
 impl Linker<'_, '_> {
@@ -33,15 +33,17 @@ impl Linker<'_, '_> {
         let mut symbols = Vec::new();
         for (oi, obj) in self.objs.iter().enumerate() {
             for (si, sec) in obj.sections.iter().enumerate() {
-                let p = self.places[oi][si];
-                if p.seg == SEG_NONE || p.seg == SEG_TLS || p.offset == u64::MAX {
+                let Place::At { seg, offset } = self.places[oi][si] else {
+                    continue;
+                };
+                if seg == SEG_TLS {
                     continue;
                 }
                 sections.push(PlacedSection {
                     object: oi,
                     index: si,
                     name: lossy(sec.name),
-                    address: resolver.bases[p.seg as usize] + p.offset,
+                    address: resolver.bases[seg as usize] + offset,
                     size: sec.size,
                 });
             }

@@ -16,18 +16,19 @@ pub(crate) const SEG_R: usize = 1;
 pub(crate) const SEG_RW: usize = 2;
 pub(crate) const SEG_BSS: usize = 3;
 pub(crate) const SEG_TLS: u8 = 4;
-pub(crate) const SEG_NONE: u8 = 255;
 
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Place {
-    pub(crate) seg: u8,
-    pub(crate) offset: u64,
+/// Where a section of an input object lies in the module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// Not placed: not loaded (debug information, notes), or `.eh_frame` until layout
+    /// reaches the end of the constants.
+    Unplaced,
+    /// A COMDAT member whose group another object's copy already provides.
+    Discarded,
+    /// In segment `seg` (`SEG_RX`..`SEG_BSS`, or `SEG_TLS` for the thread-local image)
+    /// at `offset`.
+    At { seg: u8, offset: u64 },
 }
-
-pub(crate) const NOWHERE: Place = Place {
-    seg: SEG_NONE,
-    offset: 0,
-};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Def {
@@ -126,7 +127,7 @@ impl<'a, 'c> Linker<'a, 'c> {
 
     pub(crate) fn add_object(&mut self, obj: ObjectFile<'a>) -> Result<(), LinkError> {
         let obj_index = self.objs.len() as u32;
-        let mut places = vec![NOWHERE; obj.sections.len()];
+        let mut places = vec![Place::Unplaced; obj.sections.len()];
         let mut discarded = vec![false; obj.sections.len()];
         for (signature, members) in &obj.groups {
             if !self.comdats.insert(signature) {
@@ -135,13 +136,10 @@ impl<'a, 'c> Linker<'a, 'c> {
                 }
             }
         }
-        // Sections stay NOWHERE until layout; discarded ones are marked now.
+        // Sections stay unplaced until layout; discarded ones are marked now.
         for (i, d) in discarded.iter().enumerate() {
             if *d {
-                places[i] = Place {
-                    seg: SEG_NONE,
-                    offset: u64::MAX,
-                };
+                places[i] = Place::Discarded;
             }
         }
         let mut sym_globals = vec![u32::MAX; obj.symbols.len()];
