@@ -28,8 +28,10 @@ mod graph;
 mod image_file;
 mod input;
 mod link;
+mod linked;
 mod object_file;
 mod pass;
+mod passes;
 mod report;
 mod symbol_scan;
 mod symbols;
@@ -37,9 +39,10 @@ mod symbols;
 pub use arch::Architecture;
 pub use error::{LinkError, MissingSymbol, MissingSymbols};
 pub use input::{ArchiveInput, ObjectBytes, ObjectInput};
-pub use link::{
-    link, Export, ImageSegment, LinkContext, LinkCounts, LinkOptions, LinkTimes, LinkedModule,
-    PlacedSection, SymbolInfo, SymbolKind, TlsTemplate, MAX_TLS_BLOCK,
+pub use link::{link, LinkContext, LinkOptions};
+pub use linked::{
+    Export, ImageSegment, LinkCounts, LinkTimes, LinkedModule, PlacedSection, SymbolInfo,
+    SymbolKind, TlsTemplate, MAX_TLS_BLOCK,
 };
 pub use pass::{GraphEdge, GraphSection, GraphView, LinkPass, PassError, PassPoint};
 pub use symbol_scan::{scan_symbols, ObjectSymbols};

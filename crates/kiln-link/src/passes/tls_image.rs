@@ -1,0 +1,12 @@
+//! The `fixup-tls-image` pass: relocations inside the thread-local image.
+
+use crate::graph::LinkGraph;
+use crate::{LinkError, LinkOptions};
+
+impl<'a, 'c> LinkGraph<'a, 'c> {
+    /// Relocations of the TLS image come first: a block placed in static TLS is copied
+    /// into every thread as it is now.
+    pub(crate) fn fixup_tls_image(&mut self, _: &LinkOptions<'_>) -> Result<(), LinkError> {
+        self.apply_edges(true)
+    }
+}
