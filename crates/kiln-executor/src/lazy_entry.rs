@@ -40,12 +40,22 @@ pub fn lazy_call_failed_address() -> u64 {
     lazy_call_failed as *const () as u64
 }
 
+/// How a thread that serves a controller resolves a stub (`None` on any other thread):
+/// set by the server when it starts serving ([`set_serving_resolver`]).
+static SERVING_RESOLVER: OnceLock<fn(u64) -> Option<u64>> = OnceLock::new();
+
+/// Sets how a thread serving a controller resolves stubs (the server's; once per process,
+/// later calls change nothing).
+pub fn set_serving_resolver(resolve: fn(u64) -> Option<u64>) {
+    let _ = SERVING_RESOLVER.set(resolve);
+}
+
 /// Called by the assembly entry with the stub's id; returns where to jump.
 extern "C" fn kiln_lazy_resolve(id: u64) -> u64 {
     // A panic must not unwind into assembly: the call then goes to the fallback.
     // A thread serving a controller asks it (the stub's session is there); any other
     // thread asks this process's session.
-    std::panic::catch_unwind(|| match crate::server::resolve_if_serving(id) {
+    std::panic::catch_unwind(|| match SERVING_RESOLVER.get().and_then(|serving| serving(id)) {
         Some(target) => target,
         None => match RESOLVER.get() {
             Some(resolve) => resolve(id),

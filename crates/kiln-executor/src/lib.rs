@@ -13,6 +13,7 @@ pub mod crash_report;
 pub mod debug_outputs;
 pub mod lazy_entry;
 pub mod listener;
+pub mod loader;
 pub mod runtime;
 pub mod sandbox;
 pub mod server;

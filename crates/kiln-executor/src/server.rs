@@ -873,6 +873,7 @@ pub(crate) fn resolve_if_serving(stub: u64) -> Option<u64> {
 
 /// Serves one connection with `options`.
 pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
+    crate::lazy_entry::set_serving_resolver(resolve_if_serving);
     let mut state = State::new();
     state.can_pass_fds = channel.can_pass_fds();
     channel.set_max_frame(kiln_wire::protocol::MAX_FRAME);

@@ -265,7 +265,7 @@ mod tests {
             })
             .collect();
         let built = build("libkiln-test-exports.so", host_machine(), &symbols, None);
-        let loaded = crate::runtime::dlopen_bytes("libkiln-test-exports.so", &built.bytes, false)
+        let loaded = crate::loader::dlopen_bytes("libkiln-test-exports.so", &built.bytes, false)
             .expect("the loader accepts the object");
         for s in &symbols {
             assert_eq!(loaded.symbol(&s.name), Some(s.address), "{}", s.name);

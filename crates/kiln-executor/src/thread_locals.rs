@@ -56,7 +56,7 @@ enum TlsEntry {
     Static {
         tp_offset: i64,
         size: u64,
-        object: crate::runtime::LoadedObject,
+        object: crate::loader::LoadedObject,
     },
     /// Removed.
     Gone,
@@ -319,7 +319,7 @@ pub fn tls_place_static(image: &TlsImage) -> Result<i64, String> {
             align: image.align.max(1),
         }),
     );
-    let loaded = crate::runtime::dlopen_bytes(&soname, &object.bytes, false).map_err(|reason| {
+    let loaded = crate::loader::dlopen_bytes(&soname, &object.bytes, false).map_err(|reason| {
         if reason.contains("static TLS") {
             format!(
                 "no room for {} bytes (aligned to {}) of static TLS: the C library's surplus is used up ({reason}); start the process with GLIBC_TUNABLES=glibc.rtld.optional_static_tls=<bytes> to enlarge it",
