@@ -320,48 +320,68 @@ fn a_writer_that_died_leaves_no_entry_and_its_file_is_pruned() {
     assert!(!leftover.exists(), "stale temporary files are pruned");
 }
 
-struct RedisServer(std::process::Child);
+/// A redis-server of this test's own, on `port`; killed when dropped.
+struct RedisServer {
+    child: std::process::Child,
+    port: u16,
+}
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
-fn redis_server(port: u16, dir: &Path) -> RedisServer {
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-        ])
-        .arg(dir)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("redis-server runs (the test command installs it)");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "redis-server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
+/// Starts redis-server on a port the system says is free, storing in `dir`. A port taken
+/// between the choice and the server's bind (another test's connection) makes the server
+/// exit: then another port is tried, up to five.
+fn redis_server(dir: &Path) -> RedisServer {
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+            .and_then(|l| l.local_addr())
+            .expect("a free local port")
+            .port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+            ])
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server runs (the test command installs it)");
+        let mut server = RedisServer { child, port };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            if server.child.try_wait().ok().flatten().is_some() {
+                break; // it could not listen there: another port
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "redis-server did not start on port {port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
-    RedisServer(child)
+    panic!("redis-server exited at once on five free ports")
 }
 
 #[test]
 fn redis_cold_warm_corrupt_and_down() {
     let dir = scratch("redis");
-    let port = 20000 + (std::process::id() % 20000) as u16;
-    let server = redis_server(port, &dir);
+    let server = redis_server(&dir);
+    let port = server.port;
     let url = format!("redis://127.0.0.1:{port}/");
     // The key a fleet would share (KILN_CACHE_KEY_FILE); open() reads it from there.
     let fleet = kiln_cache::MacKey::from_bytes([42; 32]);
