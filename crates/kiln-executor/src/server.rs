@@ -284,12 +284,12 @@ fn report(tag: u8, value: i32) {
     send_own(&frame);
 }
 
-/// The `Crashed` frame with the faulting address and instruction: `len 25, id 0, 106,
+/// The `Crashed` frame with the faulting address and instruction: `len 25, id 0, tag,
 /// signal u32, fault u64, pc u64`, sent without allocating.
 fn report_crash(signal: i32, fault: u64, pc: u64) {
     let mut frame = [0u8; 29];
     frame[0] = 25;
-    frame[8] = 106;
+    frame[8] = kiln_wire::protocol::tag::CRASHED;
     frame[9..13].copy_from_slice(&(signal as u32).to_le_bytes());
     frame[13..21].copy_from_slice(&fault.to_le_bytes());
     frame[21..29].copy_from_slice(&pc.to_le_bytes());
@@ -382,7 +382,7 @@ extern "C" fn on_program_exit(status: libc::c_int, _: *mut c_void) {
     }
     runtime::flush_stdio();
     finish_output();
-    report(108, status);
+    report(kiln_wire::protocol::tag::EXITED, status);
 }
 
 /// Installs the crash reporter (on an alternate stack, so a stack overflow reports too)

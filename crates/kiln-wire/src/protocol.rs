@@ -479,54 +479,71 @@ impl fmt::Display for Request {
     }
 }
 
-/// Every message of the protocol, tag and name, as docs/PROTOCOL.md and executor-c name
-/// them: the one list a tag is written against. A test holds the encoders, the document's
-/// tables and executor-c's enum to it, so a tag cannot drift in one place alone.
-pub const MESSAGES: &[(u8, &str)] = &[
-    (0, "Hello"),
-    (1, "Reserve"),
-    (2, "Prepare"),
-    (3, "Initialize"),
-    (4, "Deinitialize"),
-    (5, "Release"),
-    (6, "Write"),
-    (7, "Read"),
-    (8, "Lookup"),
-    (9, "LoadLibrary"),
-    (10, "RegisterEhFrame"),
-    (11, "DeregisterEhFrame"),
-    (12, "RunInitializers"),
-    (13, "RunFinalizers"),
-    (14, "ReserveTlsModule"),
-    (15, "InstallTls"),
-    (16, "RemoveTls"),
-    (17, "RunMain"),
-    (18, "Call"),
-    (19, "Shutdown"),
-    (20, "LookupMany"),
-    (21, "PlaceStaticTls"),
-    (22, "ExportSymbols"),
-    (23, "UnexportSymbols"),
-    (24, "Input"),
-    (25, "AdoptStdio"),
-    (26, "EnableDebugOutputs"),
-    (27, "RegisterDebug"),
-    (28, "UnregisterDebug"),
-    (29, "ResolveStub"),
-    (30, "SetEnvironment"),
-    (31, "GuardBranchTargets"),
-    (100, "Ok"),
-    (101, "Value"),
-    (102, "Reserved"),
-    (103, "Bytes"),
-    (104, "Symbol"),
-    (105, "Error"),
-    (106, "Crashed"),
-    (107, "Symbols"),
-    (108, "Exited"),
-    (109, "Output"),
-    (110, "StubResolved"),
-];
+/// Declares the protocol's messages once: the [`tag`] constants the codec writes and
+/// matches, and [`MESSAGES`], the table the tests hold docs/PROTOCOL.md and executor-c to.
+macro_rules! message_table {
+    ($($name:ident = $tag:literal as $konst:ident),* $(,)?) => {
+        /// Each message's tag, named as executor-c names it (`Hello` is `HELLO`).
+        pub mod tag {
+            $(
+                #[doc = concat!("The tag of `", stringify!($name), "`.")]
+                pub const $konst: u8 = $tag;
+            )*
+        }
+
+        /// Every message of the protocol, tag and name, as docs/PROTOCOL.md and
+        /// executor-c name them: the one list a tag is written against. A test holds the
+        /// encoders, the document's tables and executor-c's enum to it, so a tag cannot
+        /// drift in one place alone.
+        pub const MESSAGES: &[(u8, &str)] = &[$(($tag, stringify!($name))),*];
+    };
+}
+
+message_table! {
+    Hello = 0 as HELLO,
+    Reserve = 1 as RESERVE,
+    Prepare = 2 as PREPARE,
+    Initialize = 3 as INITIALIZE,
+    Deinitialize = 4 as DEINITIALIZE,
+    Release = 5 as RELEASE,
+    Write = 6 as WRITE,
+    Read = 7 as READ,
+    Lookup = 8 as LOOKUP,
+    LoadLibrary = 9 as LOAD_LIBRARY,
+    RegisterEhFrame = 10 as REGISTER_EH_FRAME,
+    DeregisterEhFrame = 11 as DEREGISTER_EH_FRAME,
+    RunInitializers = 12 as RUN_INITIALIZERS,
+    RunFinalizers = 13 as RUN_FINALIZERS,
+    ReserveTlsModule = 14 as RESERVE_TLS_MODULE,
+    InstallTls = 15 as INSTALL_TLS,
+    RemoveTls = 16 as REMOVE_TLS,
+    RunMain = 17 as RUN_MAIN,
+    Call = 18 as CALL,
+    Shutdown = 19 as SHUTDOWN,
+    LookupMany = 20 as LOOKUP_MANY,
+    PlaceStaticTls = 21 as PLACE_STATIC_TLS,
+    ExportSymbols = 22 as EXPORT_SYMBOLS,
+    UnexportSymbols = 23 as UNEXPORT_SYMBOLS,
+    Input = 24 as INPUT,
+    AdoptStdio = 25 as ADOPT_STDIO,
+    EnableDebugOutputs = 26 as ENABLE_DEBUG_OUTPUTS,
+    RegisterDebug = 27 as REGISTER_DEBUG,
+    UnregisterDebug = 28 as UNREGISTER_DEBUG,
+    ResolveStub = 29 as RESOLVE_STUB,
+    SetEnvironment = 30 as SET_ENVIRONMENT,
+    GuardBranchTargets = 31 as GUARD_BRANCH_TARGETS,
+    Ok = 100 as OK,
+    Value = 101 as VALUE,
+    Reserved = 102 as RESERVED,
+    Bytes = 103 as BYTES,
+    Symbol = 104 as SYMBOL,
+    Error = 105 as ERROR,
+    Crashed = 106 as CRASHED,
+    Symbols = 107 as SYMBOLS,
+    Exited = 108 as EXITED,
+    Output = 109 as OUTPUT,
+    StubResolved = 110 as STUB_RESOLVED,
+}
 
 // --- encoding ---------------------------------------------------------------------------
 
@@ -669,7 +686,7 @@ impl<'a> Reader<'a> {
 impl Hello {
     /// Encodes as a frame.
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::new(0);
+        let mut w = Writer::new(tag::HELLO);
         w.buf.extend_from_slice(&MAGIC);
         w.u32(self.version)
             .u64(self.page_size)
@@ -688,7 +705,7 @@ impl Hello {
         let mut r = Reader::new(body);
         r.u32("message id")?;
         let tag = r.u8("tag")?;
-        if tag != 0 {
+        if tag != tag::HELLO {
             return Err(DecodeError::UnknownTag(tag));
         }
         if r.take(4, "magic")? != MAGIC {
@@ -738,7 +755,7 @@ impl Request {
                 placement,
                 share,
             } => {
-                let mut w = Writer::new(1);
+                let mut w = Writer::new(tag::RESERVE);
                 w.u64(*len);
                 placement_fields(&mut w, *placement);
                 w.u8(u8::from(*share));
@@ -750,12 +767,12 @@ impl Request {
                 end,
                 permission,
             } => {
-                let mut w = Writer::new(2);
+                let mut w = Writer::new(tag::PREPARE);
                 w.u64(*handle).u64(*start).u64(*end).u8(*permission);
                 w
             }
             Request::Initialize { handle, segments } => {
-                let mut w = Writer::new(3);
+                let mut w = Writer::new(tag::INITIALIZE);
                 w.u64(*handle).u32(segments.len() as u32);
                 for &(t, l, p) in segments {
                     w.u64(t).u64(l).u8(p);
@@ -763,12 +780,12 @@ impl Request {
                 w
             }
             Request::Deinitialize { handle, start, end } => {
-                let mut w = Writer::new(4);
+                let mut w = Writer::new(tag::DEINITIALIZE);
                 w.u64(*handle).u64(*start).u64(*end);
                 w
             }
             Request::Release { handle } => {
-                let mut w = Writer::new(5);
+                let mut w = Writer::new(tag::RELEASE);
                 w.u64(*handle);
                 w
             }
@@ -777,7 +794,7 @@ impl Request {
                 address,
                 bytes,
             } => {
-                let mut w = Writer::new(6);
+                let mut w = Writer::new(tag::WRITE);
                 w.u64(*handle).u64(*address).bytes(bytes);
                 w
             }
@@ -786,32 +803,32 @@ impl Request {
                 address,
                 len,
             } => {
-                let mut w = Writer::new(7);
+                let mut w = Writer::new(tag::READ);
                 w.u64(*handle).u64(*address).u64(*len);
                 w
             }
             Request::Lookup { library, name } => {
-                let mut w = Writer::new(8);
+                let mut w = Writer::new(tag::LOOKUP);
                 w.u64(*library).bytes(name.as_bytes());
                 w
             }
             Request::LoadLibrary { path } => {
-                let mut w = Writer::new(9);
+                let mut w = Writer::new(tag::LOAD_LIBRARY);
                 w.bytes(path.as_bytes());
                 w
             }
             Request::RegisterEhFrame { address } => {
-                let mut w = Writer::new(10);
+                let mut w = Writer::new(tag::REGISTER_EH_FRAME);
                 w.u64(*address);
                 w
             }
             Request::DeregisterEhFrame { address } => {
-                let mut w = Writer::new(11);
+                let mut w = Writer::new(tag::DEREGISTER_EH_FRAME);
                 w.u64(*address);
                 w
             }
             Request::RunInitializers { functions } => {
-                let mut w = Writer::new(12);
+                let mut w = Writer::new(tag::RUN_INITIALIZERS);
                 w.u32(functions.len() as u32);
                 for &f in functions {
                     w.u64(f);
@@ -822,31 +839,31 @@ impl Request {
                 dso_handle,
                 functions,
             } => {
-                let mut w = Writer::new(13);
+                let mut w = Writer::new(tag::RUN_FINALIZERS);
                 w.u64(*dso_handle).u32(functions.len() as u32);
                 for &f in functions {
                     w.u64(f);
                 }
                 w
             }
-            Request::ReserveTlsModule => Writer::new(14),
+            Request::ReserveTlsModule => Writer::new(tag::RESERVE_TLS_MODULE),
             Request::InstallTls {
                 module_id,
                 size,
                 align,
                 image,
             } => {
-                let mut w = Writer::new(15);
+                let mut w = Writer::new(tag::INSTALL_TLS);
                 w.u64(*module_id).u64(*size).u64(*align).bytes(image);
                 w
             }
             Request::RemoveTls { module_id } => {
-                let mut w = Writer::new(16);
+                let mut w = Writer::new(tag::REMOVE_TLS);
                 w.u64(*module_id);
                 w
             }
             Request::RunMain { address, args } => {
-                let mut w = Writer::new(17);
+                let mut w = Writer::new(tag::RUN_MAIN);
                 w.u64(*address).u32(args.len() as u32);
                 for a in args {
                     w.bytes(a.as_bytes());
@@ -854,16 +871,16 @@ impl Request {
                 w
             }
             Request::Call { address, args } => {
-                let mut w = Writer::new(18);
+                let mut w = Writer::new(tag::CALL);
                 w.u64(*address).u32(args.len() as u32);
                 for &a in args {
                     w.u64(a);
                 }
                 w
             }
-            Request::Shutdown => Writer::new(19),
+            Request::Shutdown => Writer::new(tag::SHUTDOWN),
             Request::LookupMany { library, names } => {
-                let mut w = Writer::new(20);
+                let mut w = Writer::new(tag::LOOKUP_MANY);
                 w.u64(*library).u32(names.len() as u32);
                 for n in names {
                     w.bytes(n.as_bytes());
@@ -876,12 +893,12 @@ impl Request {
                 align,
                 image,
             } => {
-                let mut w = Writer::new(21);
+                let mut w = Writer::new(tag::PLACE_STATIC_TLS);
                 w.u64(*module_id).u64(*size).u64(*align).bytes(image);
                 w
             }
             Request::ExportSymbols { symbols } => {
-                let mut w = Writer::new(22);
+                let mut w = Writer::new(tag::EXPORT_SYMBOLS);
                 w.u32(symbols.len() as u32);
                 for (name, address, size, function) in symbols {
                     w.bytes(name.as_bytes())
@@ -892,18 +909,18 @@ impl Request {
                 w
             }
             Request::UnexportSymbols { handle } => {
-                let mut w = Writer::new(23);
+                let mut w = Writer::new(tag::UNEXPORT_SYMBOLS);
                 w.u64(*handle);
                 w
             }
             Request::Input { bytes } => {
-                let mut w = Writer::new(24);
+                let mut w = Writer::new(tag::INPUT);
                 w.bytes(bytes);
                 w
             }
-            Request::AdoptStdio => Writer::new(25),
+            Request::AdoptStdio => Writer::new(tag::ADOPT_STDIO),
             Request::EnableDebugOutputs(outputs) => {
-                let mut w = Writer::new(26);
+                let mut w = Writer::new(tag::ENABLE_DEBUG_OUTPUTS);
                 w.u8(u8::from(outputs.gdb))
                     .u8(u8::from(outputs.perf_map))
                     .u8(u8::from(outputs.jitdump_dir.is_some()))
@@ -911,7 +928,7 @@ impl Request {
                 w
             }
             Request::RegisterDebug(module) => {
-                let mut w = Writer::new(27);
+                let mut w = Writer::new(tag::REGISTER_DEBUG);
                 w.u8(u8::from(module.perf_map) | u8::from(module.jitdump) << 1);
                 w.u32(module.images.len() as u32);
                 for image in &module.images {
@@ -934,12 +951,12 @@ impl Request {
                 w
             }
             Request::UnregisterDebug { handle } => {
-                let mut w = Writer::new(28);
+                let mut w = Writer::new(tag::UNREGISTER_DEBUG);
                 w.u64(*handle);
                 w
             }
             Request::ResolveStub { stub } => {
-                let mut w = Writer::new(29);
+                let mut w = Writer::new(tag::RESOLVE_STUB);
                 w.u64(*stub);
                 w
             }
@@ -947,7 +964,7 @@ impl Request {
                 variables,
                 directory,
             } => {
-                let mut w = Writer::new(30);
+                let mut w = Writer::new(tag::SET_ENVIRONMENT);
                 w.u32(variables.len() as u32);
                 for v in variables {
                     w.bytes(v);
@@ -956,7 +973,7 @@ impl Request {
                 w
             }
             Request::GuardBranchTargets { address, len } => {
-                let mut w = Writer::new(31);
+                let mut w = Writer::new(tag::GUARD_BRANCH_TARGETS);
                 w.u64(*address).u64(*len);
                 w
             }
@@ -970,15 +987,15 @@ impl Request {
         r.u32("message id")?;
         let tag = r.u8("tag")?;
         let req = match tag {
-            1 => {
+            tag::RESERVE => {
                 let len = r.u64("len")?;
                 let kind = r.u8("placement")?;
                 let (a, b) = (r.u64("placement")?, r.u64("placement")?);
                 let placement = match kind {
-                    0 => WirePlacement::Anywhere,
-                    1 => WirePlacement::HostLibraries,
-                    2 => WirePlacement::Near(a, b),
-                    3 => WirePlacement::Low2GiB,
+                    tag::HELLO => WirePlacement::Anywhere,
+                    tag::RESERVE => WirePlacement::HostLibraries,
+                    tag::PREPARE => WirePlacement::Near(a, b),
+                    tag::INITIALIZE => WirePlacement::Low2GiB,
                     other => {
                         return Err(DecodeError::Invalid {
                             what: "placement",
@@ -993,13 +1010,13 @@ impl Request {
                     share,
                 }
             }
-            2 => Request::Prepare {
+            tag::PREPARE => Request::Prepare {
                 handle: r.u64("handle")?,
                 start: r.u64("start")?,
                 end: r.u64("end")?,
                 permission: r.permission()?,
             },
-            3 => {
+            tag::INITIALIZE => {
                 let handle = r.u64("handle")?;
                 let n = r.count("segments", 17)?;
                 let mut segments = Vec::with_capacity(n);
@@ -1008,38 +1025,38 @@ impl Request {
                 }
                 Request::Initialize { handle, segments }
             }
-            4 => Request::Deinitialize {
+            tag::DEINITIALIZE => Request::Deinitialize {
                 handle: r.u64("handle")?,
                 start: r.u64("start")?,
                 end: r.u64("end")?,
             },
-            5 => Request::Release {
+            tag::RELEASE => Request::Release {
                 handle: r.u64("handle")?,
             },
-            6 => Request::Write {
+            tag::WRITE => Request::Write {
                 handle: r.u64("handle")?,
                 address: r.u64("address")?,
                 bytes: r.bytes("bytes")?,
             },
-            7 => Request::Read {
+            tag::READ => Request::Read {
                 handle: r.u64("handle")?,
                 address: r.u64("address")?,
                 len: r.u64("len")?,
             },
-            8 => Request::Lookup {
+            tag::LOOKUP => Request::Lookup {
                 library: r.u64("library")?,
                 name: r.string("name")?,
             },
-            9 => Request::LoadLibrary {
+            tag::LOAD_LIBRARY => Request::LoadLibrary {
                 path: r.string("path")?,
             },
-            10 => Request::RegisterEhFrame {
+            tag::REGISTER_EH_FRAME => Request::RegisterEhFrame {
                 address: r.u64("address")?,
             },
-            11 => Request::DeregisterEhFrame {
+            tag::DEREGISTER_EH_FRAME => Request::DeregisterEhFrame {
                 address: r.u64("address")?,
             },
-            12 => {
+            tag::RUN_INITIALIZERS => {
                 let n = r.count("functions", 8)?;
                 let mut functions = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -1047,7 +1064,7 @@ impl Request {
                 }
                 Request::RunInitializers { functions }
             }
-            13 => {
+            tag::RUN_FINALIZERS => {
                 let dso_handle = r.u64("dso handle")?;
                 let n = r.count("functions", 8)?;
                 let mut functions = Vec::with_capacity(n);
@@ -1059,17 +1076,17 @@ impl Request {
                     functions,
                 }
             }
-            14 => Request::ReserveTlsModule,
-            15 => Request::InstallTls {
+            tag::RESERVE_TLS_MODULE => Request::ReserveTlsModule,
+            tag::INSTALL_TLS => Request::InstallTls {
                 module_id: r.u64("module id")?,
                 size: r.u64("size")?,
                 align: r.u64("align")?,
                 image: r.bytes("image")?,
             },
-            16 => Request::RemoveTls {
+            tag::REMOVE_TLS => Request::RemoveTls {
                 module_id: r.u64("module id")?,
             },
-            17 => {
+            tag::RUN_MAIN => {
                 let address = r.u64("address")?;
                 let n = r.count("args", 4)?;
                 let mut args = Vec::with_capacity(n);
@@ -1078,7 +1095,7 @@ impl Request {
                 }
                 Request::RunMain { address, args }
             }
-            18 => {
+            tag::CALL => {
                 let address = r.u64("address")?;
                 let n = r.count("args", 8)?;
                 if n > 6 {
@@ -1093,8 +1110,8 @@ impl Request {
                 }
                 Request::Call { address, args }
             }
-            19 => Request::Shutdown,
-            20 => {
+            tag::SHUTDOWN => Request::Shutdown,
+            tag::LOOKUP_MANY => {
                 let library = r.u64("library")?;
                 let n = r.count("names", 4)?;
                 let mut names = Vec::with_capacity(n);
@@ -1103,13 +1120,13 @@ impl Request {
                 }
                 Request::LookupMany { library, names }
             }
-            21 => Request::PlaceStaticTls {
+            tag::PLACE_STATIC_TLS => Request::PlaceStaticTls {
                 module_id: r.u64("module id")?,
                 size: r.u64("size")?,
                 align: r.u64("align")?,
                 image: r.bytes("image")?,
             },
-            22 => {
+            tag::EXPORT_SYMBOLS => {
                 let n = r.count("exports", 21)?;
                 let mut symbols = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -1122,14 +1139,14 @@ impl Request {
                 }
                 Request::ExportSymbols { symbols }
             }
-            23 => Request::UnexportSymbols {
+            tag::UNEXPORT_SYMBOLS => Request::UnexportSymbols {
                 handle: r.u64("handle")?,
             },
-            24 => Request::Input {
+            tag::INPUT => Request::Input {
                 bytes: r.bytes("input")?,
             },
-            25 => Request::AdoptStdio,
-            26 => {
+            tag::ADOPT_STDIO => Request::AdoptStdio,
+            tag::ENABLE_DEBUG_OUTPUTS => {
                 let gdb = r.u8("gdb flag")? != 0;
                 let perf_map = r.u8("perf map flag")? != 0;
                 let jitdump = r.u8("jitdump flag")? != 0;
@@ -1140,7 +1157,7 @@ impl Request {
                     jitdump_dir: jitdump.then_some(dir),
                 })
             }
-            27 => {
+            tag::REGISTER_DEBUG => {
                 let outputs = r.u8("perf outputs")?;
                 let n = r.count("debug images", 4)?;
                 let mut images = Vec::with_capacity(n);
@@ -1189,13 +1206,13 @@ impl Request {
                     jitdump: outputs & 2 != 0,
                 })
             }
-            28 => Request::UnregisterDebug {
+            tag::UNREGISTER_DEBUG => Request::UnregisterDebug {
                 handle: r.u64("handle")?,
             },
-            29 => Request::ResolveStub {
+            tag::RESOLVE_STUB => Request::ResolveStub {
                 stub: r.u64("stub")?,
             },
-            30 => {
+            tag::SET_ENVIRONMENT => {
                 let n = r.count("variables", 4)?;
                 let mut variables = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -1206,7 +1223,7 @@ impl Request {
                     directory: r.bytes("directory")?,
                 }
             }
-            31 => Request::GuardBranchTargets {
+            tag::GUARD_BRANCH_TARGETS => Request::GuardBranchTargets {
                 address: r.u64("address")?,
                 len: r.u64("length")?,
             },
@@ -1221,29 +1238,29 @@ impl Response {
     /// Encodes as a frame.
     pub fn encode(&self) -> Vec<u8> {
         let w = match self {
-            Response::Ok => Writer::new(100),
+            Response::Ok => Writer::new(tag::OK),
             Response::Value(v) => {
-                let mut w = Writer::new(101);
+                let mut w = Writer::new(tag::VALUE);
                 w.u64(*v);
                 w
             }
             Response::Reserved { target, handle } => {
-                let mut w = Writer::new(102);
+                let mut w = Writer::new(tag::RESERVED);
                 w.u64(*target).u64(*handle);
                 w
             }
             Response::Bytes(b) => {
-                let mut w = Writer::new(103);
+                let mut w = Writer::new(tag::BYTES);
                 w.bytes(b);
                 w
             }
             Response::Symbol { address, kind } => {
-                let mut w = Writer::new(104);
+                let mut w = Writer::new(tag::SYMBOL);
                 w.u64(*address).u8(*kind);
                 w
             }
             Response::Error(m) => {
-                let mut w = Writer::new(105);
+                let mut w = Writer::new(tag::ERROR);
                 w.bytes(m.as_bytes());
                 w
             }
@@ -1252,27 +1269,27 @@ impl Response {
                 fault_address,
                 pc,
             } => {
-                let mut w = Writer::new(106);
+                let mut w = Writer::new(tag::CRASHED);
                 w.u32(*signal as u32).u64(*fault_address).u64(*pc);
                 w
             }
             Response::Exited { status } => {
-                let mut w = Writer::new(108);
+                let mut w = Writer::new(tag::EXITED);
                 w.u32(*status as u32);
                 w
             }
             Response::Output { stream, bytes } => {
-                let mut w = Writer::new(109);
+                let mut w = Writer::new(tag::OUTPUT);
                 w.u8(*stream).bytes(bytes);
                 w
             }
             Response::StubResolved { target, slot } => {
-                let mut w = Writer::new(110);
+                let mut w = Writer::new(tag::STUB_RESOLVED);
                 w.u64(*target).u64(*slot);
                 w
             }
             Response::Symbols(list) => {
-                let mut w = Writer::new(107);
+                let mut w = Writer::new(tag::SYMBOLS);
                 w.u32(list.len() as u32);
                 for &(a, k) in list {
                     w.u64(a).u8(k);
@@ -1288,19 +1305,21 @@ impl Response {
         let mut r = Reader::new(body);
         r.u32("message id")?;
         let resp = match r.u8("tag")? {
-            100 => Response::Ok,
-            101 => Response::Value(r.u64("value")?),
-            102 => Response::Reserved {
+            tag::OK => Response::Ok,
+            tag::VALUE => Response::Value(r.u64("value")?),
+            tag::RESERVED => Response::Reserved {
                 target: r.u64("target")?,
                 handle: r.u64("handle")?,
             },
-            103 => Response::Bytes(r.bytes("bytes")?),
-            104 => Response::Symbol {
+            tag::BYTES => Response::Bytes(r.bytes("bytes")?),
+            tag::SYMBOL => Response::Symbol {
                 address: r.u64("address")?,
                 kind: r.u8("kind")?,
             },
-            105 => Response::Error(String::from_utf8_lossy(&r.bytes("message")?).into_owned()),
-            106 => {
+            tag::ERROR => {
+                Response::Error(String::from_utf8_lossy(&r.bytes("message")?).into_owned())
+            }
+            tag::CRASHED => {
                 let signal = r.u32("signal")? as i32;
                 // Both or neither: an executor may send the signal alone.
                 let (fault_address, pc) = if r.remaining() > 0 {
@@ -1314,14 +1333,14 @@ impl Response {
                     pc,
                 }
             }
-            108 => Response::Exited {
+            tag::EXITED => Response::Exited {
                 status: r.u32("status")? as i32,
             },
-            109 => Response::Output {
+            tag::OUTPUT => Response::Output {
                 stream: r.u8("stream")?,
                 bytes: r.bytes("output")?,
             },
-            107 => {
+            tag::SYMBOLS => {
                 let n = r.count("symbols", 9)?;
                 let mut list = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -1329,7 +1348,7 @@ impl Response {
                 }
                 Response::Symbols(list)
             }
-            110 => Response::StubResolved {
+            tag::STUB_RESOLVED => Response::StubResolved {
                 target: r.u64("target")?,
                 slot: r.u64("slot")?,
             },
