@@ -317,12 +317,7 @@ fn send_own(frame: &[u8]) {
         if sender.try_send_now(frame) {
             return;
         }
-        let pause = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 1_000_000,
-        };
-        // SAFETY: nanosleep is async-signal-safe; the pause is on this stack.
-        unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+        pause_a_millisecond();
     }
 }
 
@@ -359,7 +354,7 @@ extern "C" fn on_fatal_signal(signal: i32, info: *mut libc::siginfo_t, context: 
     };
     // What the program wrote just before it crashed goes out before the report, as a
     // native program's output reaches its terminal before the shell says it died.
-    finish_output_in_handler();
+    close_output_and_wait(200);
     report_crash(signal, fault, pc);
     // SA_RESETHAND restored the default action; raising again makes sure the process
     // dies with this signal even when returning would not re-fault (int3, raise, kill):
@@ -551,29 +546,15 @@ fn forward_output(sender: &Sender) -> std::io::Result<()> {
 /// Ends output forwarding: closes this process's write ends (descriptors 1 and 2 become
 /// `/dev/null`) and waits up to a second for the pumps to send what is left.
 fn finish_output() {
-    if PUMPS_RUNNING.load(Ordering::SeqCst) == 0 {
-        return;
-    }
-    // SAFETY: open/dup2/close on this process's standard descriptors.
-    unsafe {
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if null >= 0 {
-            libc::dup2(null, 1);
-            libc::dup2(null, 2);
-            libc::close(null);
-        }
-    }
-    let deadline = std::time::Instant::now() + Duration::from_secs(1);
-    while PUMPS_RUNNING.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    close_output_and_wait(1000);
 }
 
-/// [`finish_output`] for a signal handler (async-signal-safe calls only): the program's
-/// descriptors 1 and 2 become `/dev/null`, so the pumps read what is left in the pipes,
-/// send it, and see the end; waits up to 200 ms for them (a forked child of the program
-/// holding the pipes open keeps them reading; the report goes out anyway).
-fn finish_output_in_handler() {
+/// Descriptors 1 and 2 become `/dev/null`, so the output pumps read what is left in the
+/// pipes, send it and see the end; waits up to `max_ms` milliseconds for them (a forked
+/// child of the program holding the pipes open keeps them reading). Async-signal-safe
+/// calls only: the crash handler calls it too, with 200 ms, so that what the program
+/// wrote just before it crashed goes out before the report.
+fn close_output_and_wait(max_ms: u32) {
     if PUMPS_RUNNING.load(Ordering::SeqCst) == 0 {
         return;
     }
@@ -587,17 +568,22 @@ fn finish_output_in_handler() {
             libc::close(null);
         }
     }
-    for _ in 0..200 {
+    for _ in 0..max_ms {
         if PUMPS_RUNNING.load(Ordering::SeqCst) == 0 {
             return;
         }
-        let pause = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 1_000_000,
-        };
-        // SAFETY: nanosleep is async-signal-safe; the pause is on this stack.
-        unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+        pause_a_millisecond();
     }
+}
+
+/// Sleeps about a millisecond (async-signal-safe: `nanosleep`).
+fn pause_a_millisecond() {
+    let pause = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 1_000_000,
+    };
+    // SAFETY: nanosleep is async-signal-safe; the pause is on this stack.
+    unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
 }
 
 /// JIT code that forked returns here in the child too. The child must not answer on the
