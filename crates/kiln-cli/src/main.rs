@@ -716,10 +716,14 @@ fn run(o: RunArgs) -> Result<i32, String> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    // Kiln's traces, when RUST_LOG asks for them (without it, no subscriber: setting one up
+    // costs more than some whole links).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     // `-pthread`, as compiler drivers spell it, is `--pthread` here.
     let args = std::env::args().map(|a| {
         if a == "-pthread" {

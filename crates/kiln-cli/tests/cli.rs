@@ -259,8 +259,8 @@ fn messages_say_what_to_do() {
     // An LTO-only object.
     kiln_testkit::cc(&["-c", "-flto"], &dir.join("p.c"), &dir.join("lto.o"));
     assert!(run(&["lto.o"]).contains("-flto"));
-    // Undefined C++ names, demangled. (The C++ library itself is in every kiln process,
-    // as `c++` links it into every program: a missing name is the program's own.)
+    // Undefined C++ names, demangled. (With the C++ library given, as `c++` links it into
+    // every program, a missing name is the program's own.)
     std::fs::write(
         dir.join("cxx.cpp"),
         "#include <string>\nint missing_fn(const std::string &);\nint main() { std::string s(\"x\"); return missing_fn(s); }\n",
@@ -273,7 +273,7 @@ fn messages_say_what_to_do() {
         .arg(dir.join("cxx.o"))
         .status()
         .unwrap();
-    let message = run(&["--no-export-dynamic", "cxx.o"]);
+    let message = run(&["--no-export-dynamic", "cxx.o", "-lstdc++"]);
     assert!(
         message.contains("missing_fn(std::") && message.contains("cxx.o"),
         "{message}"
@@ -281,6 +281,14 @@ fn messages_say_what_to_do() {
     assert!(
         !message.contains("-lstdc++"),
         "no library hint for the program's own name: {message}"
+    );
+    // Without the C++ library (kiln itself does not load it), its names are missing and
+    // the hint says what to add.
+    let message = run(&["--no-export-dynamic", "cxx.o"]);
+    assert!(
+        message.contains("std::")
+            && message.contains("hint: C++ code needs the C++ library: add -lstdc++"),
+        "{message}"
     );
     // --help has examples and the exit statuses.
     let help = kiln().arg("--help").output().unwrap();

@@ -109,14 +109,31 @@ pub unsafe fn call_main(address: u64, args: &[String]) -> i32 {
     argv.push(std::ptr::null_mut());
     type Main = extern "C" fn(c_int, *mut *mut c_char, *mut *mut c_char) -> c_int;
     extern "C" {
-        /// csrc/call_main.cc: calls `entry` in a `noexcept` frame, so that an exception
-        /// `main` lets escape ends in `std::terminate`, as natively.
+        /// csrc/call_main.S: calls `entry` in a frame that ends an exception `main` lets
+        /// escape in `std::terminate`, as natively (once `kiln_cxx_personality` is set).
         fn kiln_call_main(
             entry: Main,
             argc: c_int,
             argv: *mut *mut c_char,
             envp: *mut *mut c_char,
         ) -> c_int;
+        /// csrc/call_main.S: the frame's personality routine, 0 while no C++ library is
+        /// loaded.
+        static kiln_cxx_personality: std::sync::atomic::AtomicUsize;
+    }
+    // The C++ personality, if a C++ library is loaded (a C++ program loads one; a C
+    // program does not, and then no C++ exception can be thrown).
+    static PERSONALITY: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let personality = match PERSONALITY.get() {
+        Some(&p) => Some(p),
+        None => dlsym(std::ptr::null_mut(), "__gxx_personality_v0")
+            .map(|p| *PERSONALITY.get_or_init(|| p)),
+    };
+    if let Some(personality) = personality {
+        // SAFETY: a word of csrc/call_main.S's data, only ever read by the unwinder;
+        // AtomicUsize has usize's layout.
+        unsafe { &kiln_cxx_personality }
+            .store(personality as usize, std::sync::atomic::Ordering::Relaxed);
     }
     // SAFETY: the caller's contract.
     let main: Main = unsafe { std::mem::transmute(address as usize) };

@@ -281,9 +281,7 @@ impl SlabMemoryManagerBuilder {
             granule: 16,
             poison: self.poison,
             trap_pattern: self.trap_pattern,
-            arenas: self.arenas.unwrap_or_else(|| {
-                std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
-            }),
+            arenas: self.arenas.unwrap_or_else(|| usable_cpus().min(4)),
         };
         let id = NEXT_MANAGER_ID.fetch_add(1, Ordering::Relaxed);
         let first = Slab::reserve(mapper.clone(), layout, tuning, &self.placement, id)?;
@@ -570,4 +568,21 @@ impl MemoryManager for SlabMemoryManager {
         stats.bytes_resident = resident;
         stats
     }
+}
+
+/// The CPUs this thread may run on (`sched_getaffinity`), at least 1. Not
+/// `std::thread::available_parallelism`, which also reads the cgroup's CPU quota from
+/// `/proc` and `/sys` (six system calls at every session's start, for an arena count that
+/// only needs the cores the threads can use).
+fn usable_cpus() -> usize {
+    // SAFETY: an all-zero cpu_set_t is a valid (empty) set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a writable cpu_set_t of the size passed.
+    let status =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if status != 0 {
+        return 1;
+    }
+    // SAFETY: `set` was filled by sched_getaffinity.
+    (unsafe { libc::CPU_COUNT(&set) }).max(1) as usize
 }

@@ -54,7 +54,11 @@ impl Placement {
     /// Whether every byte of `[start, start + len)` satisfies this placement. For
     /// [`Placement::HostLibraries`] the libraries mapped now are used.
     pub fn admits(&self, start: u64, len: u64) -> bool {
-        match self.window(len) {
+        let maps = match self {
+            Placement::HostLibraries => read_maps().ok(),
+            _ => None,
+        };
+        match self.window(len, maps.as_deref()) {
             Ok(None) => true,
             Ok(Some((lo, hi, _))) => start >= lo && start.saturating_add(len) <= hi,
             Err(_) => false,
@@ -62,8 +66,13 @@ impl Placement {
     }
 
     /// The window `[lo, hi)` a reservation of `len` bytes must lie in, and the address it
-    /// should preferably be close to; `None` for anywhere.
-    fn window(&self, len: u64) -> Result<Option<(u64, u64, u64)>, MapperError> {
+    /// should preferably be close to; `None` for anywhere. `maps` is this process's
+    /// mappings, for [`Placement::HostLibraries`] (`None`: they could not be read).
+    fn window(
+        &self,
+        len: u64,
+        maps: Option<&[MapsEntry]>,
+    ) -> Result<Option<(u64, u64, u64)>, MapperError> {
         match *self {
             Placement::Anywhere => Ok(None),
             Placement::Low2GiB => Ok(Some((LOW_START, LOW_2GIB_END, LOW_2GIB_END))),
@@ -80,8 +89,8 @@ impl Placement {
                 Ok(Some((lo, hi, start)))
             }
             Placement::HostLibraries => {
-                let (start, end) = host_library_span();
-                Placement::Near { start, end }.window(len)
+                let (start, end) = host_library_span(maps);
+                Placement::Near { start, end }.window(len, None)
             }
         }
     }
@@ -96,7 +105,10 @@ struct MapsEntry {
 }
 
 fn read_maps() -> io::Result<Vec<MapsEntry>> {
-    let text = std::fs::read_to_string("/proc/self/maps")?;
+    // The file says its size is 0: read it in large pieces (a few reads, not one per
+    // doubling of a small buffer).
+    let mut text = String::with_capacity(16 << 10);
+    io::Read::read_to_string(&mut std::fs::File::open("/proc/self/maps")?, &mut text)?;
     let mut entries = Vec::new();
     for line in text.lines() {
         let mut fields = line.split_whitespace();
@@ -114,11 +126,12 @@ fn read_maps() -> io::Result<Vec<MapsEntry>> {
     Ok(entries)
 }
 
-/// The address span of this process's shared libraries; libc's own span if the libraries
-/// are scattered too widely, or the address of `malloc` if the maps cannot be read.
-pub(crate) fn host_library_span() -> (u64, u64) {
+/// The address span of this process's shared libraries in `maps`; libc's own span if the
+/// libraries are scattered too widely, or the address of `malloc` if the maps could not be
+/// read.
+fn host_library_span(maps: Option<&[MapsEntry]>) -> (u64, u64) {
     let anchor = libc::malloc as *const () as u64;
-    let Ok(maps) = read_maps() else {
+    let Some(maps) = maps else {
         return (anchor, anchor + 1);
     };
     let is_library = |p: &str| p.starts_with('/') && (p.ends_with(".so") || p.contains(".so."));
@@ -153,7 +166,21 @@ pub(crate) fn reserve_placed(
     placement: &Placement,
     mut map: impl FnMut(Option<u64>) -> io::Result<u64>,
 ) -> Result<u64, MapperError> {
-    let Some((lo, hi, prefer)) = placement.window(len)? else {
+    let read = || {
+        read_maps().map_err(|source| MapperError::Os {
+            operation: "read /proc/self/maps",
+            address: 0,
+            len,
+            source,
+        })
+    };
+    // Read once for both the window and the gaps (unless nothing needs them).
+    let mut maps = match placement {
+        Placement::Anywhere => None,
+        Placement::HostLibraries => read_maps().ok(),
+        _ => Some(read()?),
+    };
+    let Some((lo, hi, prefer)) = placement.window(len, maps.as_deref())? else {
         return map(None).map_err(|source| MapperError::Os {
             operation: "mmap",
             address: 0,
@@ -163,12 +190,10 @@ pub(crate) fn reserve_placed(
     };
     let mut last_error = None;
     for _attempt in 0..4 {
-        let maps = read_maps().map_err(|source| MapperError::Os {
-            operation: "read /proc/self/maps",
-            address: 0,
-            len,
-            source,
-        })?;
+        let maps = match maps.take() {
+            Some(maps) => maps,
+            None => read()?,
+        };
         // Free gaps between mappings, clipped to the window.
         let mut candidates = Vec::new();
         let mut cursor = lo;
