@@ -167,9 +167,14 @@ unsafe impl Mapper for DualMappedMapper {
         } else {
             flags
         };
-        let target = placement::reserve_placed(len, self.page, placement, |fixed| {
-            sys::mmap(fixed, None, len, libc::PROT_NONE, target_flags, Some(&fd))
-        })?;
+        let target = placement::reserve_placed(
+            len,
+            self.page,
+            placement,
+            |fixed| sys::mmap(fixed, None, len, libc::PROT_NONE, target_flags, Some(&fd)),
+            // SAFETY: a mapping reserve_placed just made and nobody else knows.
+            |misplaced| drop(unsafe { sys::munmap(misplaced, len) }),
+        )?;
         // The working view goes far (64 GiB) below the target view, so that it does not use
         // up the address space near the host's libraries that the placement needs.
         let hint = target.saturating_sub(1 << 36) & !(self.page - 1);

@@ -62,9 +62,14 @@ unsafe impl Mapper for InProcessMapper {
 
     fn reserve(&self, len: u64, placement: &Placement) -> Result<Reservation, MapperError> {
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-        let base = placement::reserve_placed(len, self.page, placement, |fixed| {
-            sys::mmap(fixed, None, len, libc::PROT_NONE, flags, None)
-        })?;
+        let base = placement::reserve_placed(
+            len,
+            self.page,
+            placement,
+            |fixed| sys::mmap(fixed, None, len, libc::PROT_NONE, flags, None),
+            // SAFETY: a mapping reserve_placed just made and nobody else knows.
+            |misplaced| drop(unsafe { sys::munmap(misplaced, len) }),
+        )?;
         Ok(Reservation {
             target: base,
             len,
