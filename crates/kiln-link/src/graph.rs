@@ -26,12 +26,29 @@ pub(crate) struct Edge {
     pub(crate) addend: i64,
 }
 
-/// The edges of one section.
-#[derive(Debug)]
+/// The edges of one section: a range of [`Edges::all`].
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct EdgeList {
     pub(crate) obj: u32,
     pub(crate) section: u32,
-    pub(crate) edges: Vec<Edge>,
+    pub(crate) start: u32,
+    pub(crate) end: u32,
+}
+
+/// Every edge of the link in one array (sized from the relocation counts before it is
+/// filled: no allocation per section), and which sections they belong to.
+#[derive(Debug, Default)]
+pub(crate) struct Edges {
+    pub(crate) all: Vec<Edge>,
+    pub(crate) lists: Vec<EdgeList>,
+}
+
+impl Edges {
+    /// The edges of `list`.
+    pub(crate) fn of(&self, list: &EdgeList) -> &[Edge] {
+        &self.all[list.start as usize..list.end as usize]
+    }
+
 }
 
 /// Segment permissions, by segment index.
@@ -87,7 +104,7 @@ pub(crate) struct Allocated {
 /// The whole link in progress.
 pub(crate) struct LinkGraph<'a, 'c> {
     pub(crate) linker: Linker<'a, 'c>,
-    pub(crate) edges: Vec<EdgeList>,
+    pub(crate) edges: Edges,
     pub(crate) layout: Layout,
     pub(crate) synthesized: Synthesized,
     pub(crate) allocated: Option<Allocated>,
@@ -132,7 +149,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         };
         LinkGraph {
             linker,
-            edges: Vec::new(),
+            edges: Edges::default(),
             layout: Layout {
                 seg_align: [16; 4],
                 tls_align: 1,

@@ -1,6 +1,7 @@
 //! Link inputs: relocatable objects and static archives, as byte buffers.
 
-use crate::LinkError;
+use crate::object_file::ObjectFile;
+use crate::{Architecture, LinkError};
 use object::read::archive::ArchiveFile;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -35,13 +36,43 @@ impl AsRef<[u8]> for MemberBytes {
     }
 }
 
-/// A relocatable object: a name for messages and its bytes.
-#[derive(Debug, Clone)]
+/// A relocatable object: a name for messages and its bytes (and, once
+/// [`ObjectInput::check`]ed, its parse, which the link uses instead of parsing again).
+#[derive(Clone)]
 pub struct ObjectInput {
     /// Name used in messages (a path, or `archive.a(member.o)`).
     pub name: String,
     /// The ELF bytes.
     pub data: ObjectBytes,
+    /// The parse [`ObjectInput::check`] made, shared by clones.
+    checked: Option<Arc<Checked>>,
+}
+
+/// What a parse borrows from: the object's name and bytes, and the architecture it was
+/// checked for.
+struct CheckedSource {
+    name: String,
+    data: ObjectBytes,
+    architecture: Architecture,
+}
+
+self_cell::self_cell!(
+    /// An object's parse, kept beside the bytes it borrows from.
+    struct Checked {
+        owner: CheckedSource,
+        #[covariant]
+        dependent: ObjectFile,
+    }
+);
+
+impl std::fmt::Debug for ObjectInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectInput")
+            .field("name", &self.name)
+            .field("data", &self.data)
+            .field("checked", &self.checked.is_some())
+            .finish()
+    }
 }
 
 impl ObjectInput {
@@ -51,6 +82,7 @@ impl ObjectInput {
         ObjectInput {
             name: name.into(),
             data: ObjectBytes(Arc::new(data)),
+            checked: None,
         }
     }
 
@@ -59,12 +91,50 @@ impl ObjectInput {
         ObjectInput {
             name: name.into(),
             data: ObjectBytes(data),
+            checked: None,
         }
     }
 
     /// The bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.data
+    }
+
+    /// Checks that the bytes are an ELF relocatable object for `architecture` — every
+    /// table they have, as the link reads them — and keeps that parse for the link, which
+    /// then does not parse the object again (a session checks an object when it is
+    /// added, so that a bad one cannot fail a link of good ones).
+    ///
+    /// ```
+    /// # use kiln_link::{Architecture, ObjectInput};
+    /// let mut bad = ObjectInput::new("bad.o", b"\x7fELF, but cut short".to_vec());
+    /// assert!(bad.check(Architecture::X86_64).is_err());
+    /// ```
+    pub fn check(&mut self, architecture: Architecture) -> Result<(), LinkError> {
+        if self.checked(architecture).is_some() {
+            return Ok(());
+        }
+        let source = CheckedSource {
+            name: self.name.clone(),
+            data: self.data.clone(),
+            architecture,
+        };
+        let checked = Checked::try_new(source, |source| {
+            ObjectFile::parse(source.name.as_str(), &source.data, source.architecture)
+        })?;
+        self.checked = Some(Arc::new(checked));
+        Ok(())
+    }
+
+    /// The parse [`ObjectInput::check`] kept, if it is of these very bytes and name for
+    /// `architecture` (the fields are public: a changed input is parsed again).
+    pub(crate) fn checked(&self, architecture: Architecture) -> Option<&ObjectFile<'_>> {
+        let checked = self.checked.as_deref()?;
+        let source = checked.borrow_owner();
+        let same_bytes = std::ptr::eq(source.data.as_ptr(), self.data.as_ptr())
+            && source.data.len() == self.data.len();
+        (same_bytes && source.architecture == architecture && source.name == self.name)
+            .then(|| checked.borrow_dependent())
     }
 }
 

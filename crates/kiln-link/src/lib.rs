@@ -50,6 +50,8 @@ pub use symbol_scan::{scan_symbols, ObjectSymbols};
 /// Checks that `data` is an ELF relocatable object for `architecture` — every table it
 /// has, as the link will read them — without linking it: a session refuses a bad object
 /// when it is added, before it can fail a link of good ones.
+///
+/// [`ObjectInput::check`] does the same and keeps the parse for the link.
 pub fn check_object(name: &str, data: &[u8], architecture: Architecture) -> Result<(), LinkError> {
     object_file::ObjectFile::parse(name, data, architecture).map(|_| ())
 }

@@ -114,13 +114,17 @@ pub fn link(
     let mut times = LinkTimes::default();
     let clock = Clock(options.times);
     let t = clock.now();
+    // One parse per object: the one ObjectInput::check kept, or made here.
     let mut parsed = Vec::with_capacity(objects.len());
     for input in objects {
-        parsed.push(ObjectFile::parse(
-            input.name.as_str(),
-            &input.data,
-            options.architecture,
-        )?);
+        parsed.push(match input.checked(options.architecture) {
+            Some(checked) => std::borrow::Cow::Borrowed(checked),
+            None => std::borrow::Cow::Owned(ObjectFile::parse(
+                input.name.as_str(),
+                &input.data,
+                options.architecture,
+            )?),
+        });
     }
     times.parse = clock.since(t);
     let t = clock.now();

@@ -81,7 +81,7 @@ pub(crate) const SHT_PREINIT_ARRAY: u32 = elf::SHT_PREINIT_ARRAY.0;
 pub(crate) const SHT_NOTE: u32 = elf::SHT_NOTE.0;
 
 /// A parsed object.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ObjectFile<'a> {
     /// Its name, borrowed from the input (an archive member's is made from the archive's).
     pub(crate) name: std::borrow::Cow<'a, str>,

@@ -120,10 +120,10 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
         let linker = &self.graph.linker;
         let bases = self.graph.allocated.as_ref().map(|a| a.bases);
         let mut edges = rustc_hash::FxHashMap::default();
-        for list in &self.graph.edges {
+        for list in &self.graph.edges.lists {
             *edges
                 .entry((list.obj as usize, list.section as usize))
-                .or_insert(0) += list.edges.len();
+                .or_insert(0) += (list.end - list.start) as usize;
         }
         let mut out = Vec::new();
         for (oi, obj) in linker.objs.iter().enumerate() {
@@ -152,11 +152,12 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
     /// The edges of section `index` of object `object` (empty if it has none).
     pub fn edges(&self, object: usize, index: usize) -> Vec<GraphEdge> {
         let linker = &self.graph.linker;
-        self.graph
-            .edges
+        let edges = &self.graph.edges;
+        edges
+            .lists
             .iter()
             .filter(|l| l.obj as usize == object && l.section as usize == index)
-            .flat_map(|l| &l.edges)
+            .flat_map(|l| edges.of(l))
             .map(|e| GraphEdge {
                 offset: e.offset,
                 kind: e.row.name,

@@ -73,7 +73,9 @@ pub(crate) enum Slot {
 }
 
 pub(crate) struct Linker<'a, 'c> {
-    pub(crate) objs: Vec<ObjectFile<'a>>,
+    /// The objects: the inputs' parses (borrowed when [`crate::ObjectInput::check`] kept
+    /// one) and the archive members loaded.
+    pub(crate) objs: Vec<std::borrow::Cow<'a, ObjectFile<'a>>>,
     pub(crate) places: Vec<Vec<Place>>,
     /// Per object, per symbol: the global it binds to (u32::MAX for locals).
     pub(crate) sym_globals: Vec<Vec<u32>>,
@@ -125,7 +127,10 @@ impl<'a, 'c> Linker<'a, 'c> {
         }
     }
 
-    pub(crate) fn add_object(&mut self, obj: ObjectFile<'a>) -> Result<(), LinkError> {
+    pub(crate) fn add_object(
+        &mut self,
+        obj: std::borrow::Cow<'a, ObjectFile<'a>>,
+    ) -> Result<(), LinkError> {
         let obj_index = self.objs.len() as u32;
         let mut places = vec![Place::Unplaced; obj.sections.len()];
         let mut discarded = vec![false; obj.sections.len()];
@@ -289,7 +294,7 @@ impl<'a, 'c> Linker<'a, 'c> {
                         let (member_name, data) = archive.member(offset)?;
                         let obj = ObjectFile::parse(member_name, data, self.arch.architecture())?;
                         self.origins.push(Origin::Member(ai, offset));
-                        self.add_object(obj)?;
+                        self.add_object(std::borrow::Cow::Owned(obj))?;
                     }
                     if self.globals[id as usize].def != Def::None {
                         break 'archives;

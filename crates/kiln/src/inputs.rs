@@ -76,8 +76,9 @@ impl Jit {
         self.add_input(lib, ObjectInput::shared(name, bytes))
     }
 
-    pub(crate) fn add_input(&self, lib: LibraryId, input: ObjectInput) -> Result<(), Error> {
-        kiln_link::check_object(&input.name, input.bytes(), self.inner.architecture)?;
+    pub(crate) fn add_input(&self, lib: LibraryId, mut input: ObjectInput) -> Result<(), Error> {
+        // The parse is kept for the link: one parse per object.
+        input.check(self.inner.architecture)?;
         self.library(lib)?.state.write().pending.push(input);
         Ok(())
     }

@@ -209,16 +209,17 @@ impl LinkJob<'_> {
     /// leave undefined (transitively). `None` if there is nothing to link.
     fn gather(
         &self,
-        extra: Option<ObjectInput>,
+        mut extra: Option<ObjectInput>,
         wanted: &[&str],
     ) -> Result<Option<Gathered>, Error> {
         let architecture = self.jit.inner.architecture;
         let mut state = self.library.state.write();
-        if let (Some(extra), Publish::Yes, false) = (&extra, self.publish, state.pending.is_empty())
+        if let (Some(extra), Publish::Yes, false) =
+            (&mut extra, self.publish, state.pending.is_empty())
         {
             // Checked first when something is pending: a bad object must not fail a link
-            // of good ones.
-            kiln_link::check_object(&extra.name, extra.bytes(), architecture)?;
+            // of good ones (the parse is kept for the link).
+            extra.check(architecture)?;
         }
         let mut objects: smallvec::SmallVec<[ObjectInput; 1]> = match self.publish {
             Publish::Yes => smallvec::SmallVec::from_vec(std::mem::take(&mut state.pending)),

@@ -1,7 +1,7 @@
 //! The `decode-edges` pass: every relocation decoded once into an edge.
 
 use crate::arch::Target;
-use crate::graph::{Edge, EdgeList, LinkGraph};
+use crate::graph::{Edge, EdgeList, Edges, LinkGraph};
 use crate::symbols::{is_eh_frame, lossy, Place};
 use crate::{LinkError, LinkOptions};
 use object::LittleEndian as LE;
@@ -13,6 +13,22 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
     pub(crate) fn decode_edges(&mut self, _: &LinkOptions<'_>) -> Result<(), LinkError> {
         let linker = &self.linker;
         let arch = linker.arch;
+        // One array for every edge, sized from the relocation counts.
+        let (mut sections, mut relocations) = (0, 0);
+        for obj in &linker.objs {
+            sections += obj.relocations.len();
+            relocations += obj.relocations.iter().map(|r| r.1.len()).sum::<usize>();
+        }
+        if relocations > u32::MAX as usize {
+            return Err(LinkError::Malformed {
+                object: self.first_object(),
+                what: format!("{relocations} relocations in one link (at most 2^32 - 1)"),
+            });
+        }
+        let mut edges = Edges {
+            all: Vec::with_capacity(relocations),
+            lists: Vec::with_capacity(sections),
+        };
         for oi in 0..linker.objs.len() {
             let obj = &linker.objs[oi];
             for &(target, relas) in &obj.relocations {
@@ -28,7 +44,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                     // Not loaded (debug info, notes, a discarded COMDAT copy).
                     continue;
                 }
-                let mut edges = Vec::with_capacity(relas.len());
+                let start = edges.all.len() as u32;
                 for rela in relas {
                     let r_type = rela.r_type(LE, false).0;
                     let key = linker.key(oi as u32, rela.r_sym(LE, false));
@@ -46,20 +62,22 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                     if row.target == Target::Nothing {
                         continue;
                     }
-                    edges.push(Edge {
+                    edges.all.push(Edge {
                         offset,
                         row,
                         key,
                         addend: rela.r_addend.get(LE),
                     });
                 }
-                self.edges.push(EdgeList {
+                edges.lists.push(EdgeList {
                     obj: oi as u32,
                     section: target,
-                    edges,
+                    start,
+                    end: edges.all.len() as u32,
                 });
             }
         }
+        self.edges = edges;
         Ok(())
     }
 }

@@ -28,7 +28,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let resolver = Resolver::new(linker, allocated, &s.stubs);
         let bases = allocated.bases;
         let mut segs = allocated.in_flight.segments_mut();
-        for list in &self.edges {
+        for list in &self.edges.lists {
             let (oi, target) = (list.obj as usize, list.section as usize);
             let obj = &linker.objs[oi];
             let Place::At { seg, offset } = linker.places[oi][target] else {
@@ -54,7 +54,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                     ),
                 });
             };
-            for edge in &list.edges {
+            for edge in self.edges.of(list) {
                 self.counts.relocations += 1;
                 resolver.apply(
                     oi as u32,

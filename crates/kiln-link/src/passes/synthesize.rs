@@ -11,17 +11,15 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         // A host symbol whose address a checked non-call reference takes gets a stub if it
         // is a function: the context says which (asked once per symbol).
         let mut ask = Vec::new();
-        for list in &self.edges {
-            for edge in &list.edges {
-                if let (Target::Symbol, Key::Global(g)) = (edge.row.target, edge.key) {
-                    let global = &self.linker.globals[g as usize];
-                    if edge.row.check != Check::None
-                        && matches!(global.def, Def::External(_))
-                        && global.external_function.is_none()
-                        && !ask.contains(&g)
-                    {
-                        ask.push(g);
-                    }
+        for edge in &self.edges.all {
+            if let (Target::Symbol, Key::Global(g)) = (edge.row.target, edge.key) {
+                let global = &self.linker.globals[g as usize];
+                if edge.row.check != Check::None
+                    && matches!(global.def, Def::External(_))
+                    && global.external_function.is_none()
+                    && !ask.contains(&g)
+                {
+                    ask.push(g);
                 }
             }
         }
@@ -40,69 +38,66 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         // whose code alone nears a call's reach calls its own functions through stubs).
         let code_beyond_reach =
             self.layout.seg_size[SEG_RX].saturating_add(16 << 20) >= linker.arch.call_reach();
-        for list in &self.edges {
-            for edge in &list.edges {
-                let (row, key) = (edge.row, edge.key);
-                let mut add_slot = |slot: Slot| {
-                    if let std::collections::hash_map::Entry::Vacant(e) = s.slots.entry(slot) {
-                        let words = if matches!(slot, Slot::Address(_) | Slot::TpOff(_)) {
-                            1
-                        } else {
-                            2
-                        };
-                        e.insert(s.slot_list.len() as u64);
-                        for _ in 0..words {
-                            s.slot_list.push(slot);
-                        }
+        for edge in &self.edges.all {
+            let (row, key) = (edge.row, edge.key);
+            let mut add_slot = |slot: Slot| {
+                if let std::collections::hash_map::Entry::Vacant(e) = s.slots.entry(slot) {
+                    let words = if matches!(slot, Slot::Address(_) | Slot::TpOff(_)) {
+                        1
+                    } else {
+                        2
+                    };
+                    e.insert(s.slot_list.len() as u64);
+                    for _ in 0..words {
+                        s.slot_list.push(slot);
                     }
-                };
-                match row.target {
-                    Target::GotEntry => add_slot(Slot::Address(key)),
-                    Target::TlsGdEntry => add_slot(Slot::TlsGd(key)),
-                    Target::TlsLdEntry => add_slot(Slot::TlsLd),
-                    Target::TpOffEntry => {
-                        s.needs_static_tls = true;
-                        add_slot(Slot::TpOff(key));
-                    }
-                    Target::TpOff => s.needs_static_tls = true,
-                    Target::TlsDescEntry => {
-                        s.needs_static_tls = true;
-                        add_slot(Slot::TlsDesc(key));
-                    }
-                    Target::Call | Target::Plt | Target::Symbol
-                        if row.target != Target::Symbol || row.check != Check::None =>
-                    {
-                        if row.needs_low_memory() {
-                            s.needs_low = true;
-                        }
-                        // Calls to (and, in non-PIC code, addresses of) functions that may
-                        // be out of reach go through a stub next to the code; an undefined
-                        // weak function gets one too, jumping to 0 as a static link's
-                        // would. Code larger than a call reaches calls its own functions
-                        // through stubs too (range-extension veneers).
-                        let call = row.target != Target::Symbol;
-                        let far = match key {
-                            Key::Global(g) => {
-                                let global = &linker.globals[g as usize];
-                                // Data is never reached through a stub: a call is assumed
-                                // to target a function, other references must know.
-                                let function = call
-                                    || global.external_function
-                                        == Some(crate::SymbolKind::Function);
-                                function
-                                    && (matches!(global.def, Def::External(_))
-                                        || (global.def == Def::Zero && call))
-                            }
-                            Key::Local(..) => false,
-                        } || (call && code_beyond_reach);
-                        if far && !s.stubs.contains_key(&key) {
-                            add_slot(Slot::Address(key));
-                            s.stubs.insert(key, s.stub_list.len() as u64);
-                            s.stub_list.push(key);
-                        }
-                    }
-                    _ => {}
                 }
+            };
+            match row.target {
+                Target::GotEntry => add_slot(Slot::Address(key)),
+                Target::TlsGdEntry => add_slot(Slot::TlsGd(key)),
+                Target::TlsLdEntry => add_slot(Slot::TlsLd),
+                Target::TpOffEntry => {
+                    s.needs_static_tls = true;
+                    add_slot(Slot::TpOff(key));
+                }
+                Target::TpOff => s.needs_static_tls = true,
+                Target::TlsDescEntry => {
+                    s.needs_static_tls = true;
+                    add_slot(Slot::TlsDesc(key));
+                }
+                Target::Call | Target::Plt | Target::Symbol
+                    if row.target != Target::Symbol || row.check != Check::None =>
+                {
+                    if row.needs_low_memory() {
+                        s.needs_low = true;
+                    }
+                    // Calls to (and, in non-PIC code, addresses of) functions that may
+                    // be out of reach go through a stub next to the code; an undefined
+                    // weak function gets one too, jumping to 0 as a static link's
+                    // would. Code larger than a call reaches calls its own functions
+                    // through stubs too (range-extension veneers).
+                    let call = row.target != Target::Symbol;
+                    let far = match key {
+                        Key::Global(g) => {
+                            let global = &linker.globals[g as usize];
+                            // Data is never reached through a stub: a call is assumed
+                            // to target a function, other references must know.
+                            let function = call
+                                || global.external_function == Some(crate::SymbolKind::Function);
+                            function
+                                && (matches!(global.def, Def::External(_))
+                                    || (global.def == Def::Zero && call))
+                        }
+                        Key::Local(..) => false,
+                    } || (call && code_beyond_reach);
+                    if far && !s.stubs.contains_key(&key) {
+                        add_slot(Slot::Address(key));
+                        s.stubs.insert(key, s.stub_list.len() as u64);
+                        s.stub_list.push(key);
+                    }
+                }
+                _ => {}
             }
         }
         Ok(())
