@@ -1,7 +1,8 @@
 //! `kiln link` gives the same image bytes for the same inputs (issue 29): Debian's SQLite
 //! with its driver, for x86-64 and, with the cross toolchain, for AArch64, linked twice
-//! by two processes. A link whose layout followed a hash map's order, an address of this
-//! process or the clock would differ.
+//! by two processes; and objects large enough to be parsed on every core, linked on one
+//! thread and on several. A link whose layout followed a hash map's order, an address of
+//! this process, the clock or which thread finished first would differ.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,7 +13,18 @@ fn kiln() -> PathBuf {
 
 /// Links `inputs` for `target` into `image`; the image's bytes.
 fn link(target: &str, inputs: &[PathBuf], image: &Path) -> Vec<u8> {
-    let out = Command::new(kiln())
+    link_on(None, target, inputs, image)
+}
+
+/// [`link`] with `threads` threads for the parallel parts (`RAYON_NUM_THREADS`; `None`:
+/// one per core).
+fn link_on(threads: Option<usize>, target: &str, inputs: &[PathBuf], image: &Path) -> Vec<u8> {
+    let mut command = Command::new(kiln());
+    match threads {
+        Some(n) => command.env("RAYON_NUM_THREADS", n.to_string()),
+        None => command.env_remove("RAYON_NUM_THREADS"),
+    };
+    let out = command
         .args(["link", "--target", target, "--allow-undefined", "-o"])
         .arg(image)
         .args(inputs)
@@ -67,4 +79,60 @@ fn the_same_inputs_give_the_same_image() {
     assert!(compile.status().unwrap().success(), "aarch64-linux-gnu-gcc");
     let sqlite = kiln_testkit::aarch64_lib_dir().join("libsqlite3.a");
     assert_links_alike("aarch64", "aarch64", &[driver, sqlite], &dir);
+}
+
+#[test]
+fn one_thread_and_several_give_the_same_image() {
+    let dir = kiln_testkit::scratch_dir("link_determinism_threads");
+    // Four objects of 900 functions each (each in a section of its own, calling into
+    // the next object): megabytes of input, which the link parses on every core.
+    let mut inputs = Vec::new();
+    for o in 0..4 {
+        let mut c = String::new();
+        let next = (o + 1) % 4;
+        for i in 0..900 {
+            c.push_str(&format!(
+                "int g{o}_{i}(int x);\nint v{o}_{i} = {i};\n\
+                 int f{o}_{i}(int x) {{ return x > 0 ? g{next}_{i}(x - 1) + v{o}_{i} : {i}; }}\n\
+                 int g{o}_{i}(int x) {{ return f{o}_{i}(x) ^ {o}; }}\n"
+            ));
+        }
+        let source = dir.join(format!("threads{o}.c"));
+        std::fs::write(&source, c).unwrap();
+        let object = dir.join(format!("threads{o}.o"));
+        kiln_testkit::cc(
+            &[
+                "-O1",
+                "-fPIC",
+                "-c",
+                "-ffunction-sections",
+                "-fdata-sections",
+            ],
+            &source,
+            &object,
+        );
+        inputs.push(object);
+    }
+    let bytes: u64 = inputs
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert!(
+        bytes >= 2 << 20,
+        "{bytes} bytes of objects: too few for the link to parse them in parallel"
+    );
+    let target = if cfg!(target_arch = "aarch64") {
+        "aarch64"
+    } else {
+        "x86_64"
+    };
+    let one = link_on(Some(1), target, &inputs, &dir.join("one.elf"));
+    let two = link_on(Some(2), target, &inputs, &dir.join("two.elf"));
+    let all = link_on(None, target, &inputs, &dir.join("all.elf"));
+    for (label, other) in [("two threads", &two), ("every core", &all)] {
+        if let Some(at) = one.iter().zip(other).position(|(a, b)| a != b) {
+            panic!("one thread and {label}: the images differ first at byte {at:#x}");
+        }
+        assert_eq!(one.len(), other.len(), "one thread and {label}: lengths");
+    }
 }

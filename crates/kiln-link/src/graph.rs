@@ -48,7 +48,6 @@ impl Edges {
     pub(crate) fn of(&self, list: &EdgeList) -> &[Edge] {
         &self.all[list.start as usize..list.end as usize]
     }
-
 }
 
 /// Segment permissions, by segment index.

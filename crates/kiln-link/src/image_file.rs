@@ -12,15 +12,6 @@ use object::elf;
 
 const PAGE: u64 = 4096;
 
-/// A symbol of the image file.
-struct FileSymbol {
-    name: String,
-    address: u64,
-    size: u64,
-    kind: elf::SymbolType,
-    bind: elf::SymbolBind,
-}
-
 impl LinkedModule {
     /// This module as an ELF executable image (`ET_EXEC`) of its target architecture:
     /// segments at their target addresses, every symbol, and each placed input section
@@ -43,66 +34,68 @@ impl LinkedModule {
                 .position(|(_, s)| address >= s.address && address < s.address + s.size.max(1))
                 .map_or(elf::SHN_ABS.0, |i| i as u16 + 1)
         };
-        let mut locals = Vec::new();
-        let mut globals = Vec::new();
+        // Locals first (each placed section as `object:section`, then the local
+        // symbols), then the globals: written straight into the table, names copied once
+        // into its strings (no string per symbol on the way).
+        let object_name = |i: usize| self.objects.get(i).map_or("?", |o| o.name.as_str());
+        let name_bytes = self
+            .sections
+            .iter()
+            .map(|s| object_name(s.object).len() + 1 + s.name.len())
+            .chain(self.symbol_info.iter().map(|s| s.name.len()))
+            .chain(extra.iter().map(|e| e.0.len()))
+            .sum::<usize>();
+        let mut table = SymbolTable::with_capacity(
+            self.sections.len() + self.symbol_info.len() + extra.len(),
+            name_bytes,
+        );
+        let kind_of = |kind: SymbolKind| match kind {
+            SymbolKind::Function => elf::STT_FUNC,
+            SymbolKind::Data => elf::STT_OBJECT,
+            SymbolKind::Other => elf::STT_NOTYPE,
+        };
+        let mut push = |name: &[u8], bind, kind, address: u64, size: u64| {
+            let section = elf::SymbolSection(section_of(address));
+            table.push(name, bind, kind, elf::STV_DEFAULT, section, address, size);
+        };
+        let mut name = Vec::new();
         for section in &self.sections {
-            let object = self
-                .objects
-                .get(section.object)
-                .map_or("?", |o| o.name.as_str());
-            locals.push(FileSymbol {
-                name: format!("{object}:{}", section.name),
-                address: section.address,
-                size: section.size,
-                kind: elf::STT_SECTION,
-                bind: elf::STB_LOCAL,
-            });
+            name.clear();
+            name.extend_from_slice(object_name(section.object).as_bytes());
+            name.push(b':');
+            name.extend_from_slice(section.name.as_bytes());
+            let (address, size) = (section.address, section.size);
+            push(&name, elf::STB_LOCAL, elf::STT_SECTION, address, size);
         }
-        for symbol in &self.symbol_info {
-            let kind = match symbol.kind {
-                SymbolKind::Function => elf::STT_FUNC,
-                SymbolKind::Data => elf::STT_OBJECT,
-                SymbolKind::Other => elf::STT_NOTYPE,
-            };
-            let (list, bind) = if symbol.global {
-                (&mut globals, elf::STB_GLOBAL)
+        for global in [false, true] {
+            let bind = if global {
+                elf::STB_GLOBAL
             } else {
-                (&mut locals, elf::STB_LOCAL)
+                elf::STB_LOCAL
             };
-            list.push(FileSymbol {
-                name: symbol.name.clone(),
-                address: symbol.address,
-                size: symbol.size,
-                kind,
-                bind,
-            });
+            for symbol in self.symbol_info.iter().filter(|s| s.global == global) {
+                let kind = kind_of(symbol.kind);
+                push(
+                    symbol.name.as_bytes(),
+                    bind,
+                    kind,
+                    symbol.address,
+                    symbol.size,
+                );
+            }
         }
         for (name, address) in extra {
-            globals.push(FileSymbol {
-                name: name.clone(),
-                address: *address,
-                size: 0,
-                kind: elf::STT_NOTYPE,
-                bind: elf::STB_GLOBAL,
-            });
-        }
-        let first_global = locals.len() as u32 + 1;
-        let symbols: Vec<FileSymbol> = locals.into_iter().chain(globals).collect();
-
-        let name_bytes = symbols.iter().map(|s| s.name.len()).sum::<usize>();
-        let mut table = SymbolTable::with_capacity(symbols.len(), name_bytes);
-        for s in &symbols {
-            let section = elf::SymbolSection(section_of(s.address));
-            table.push(
-                s.name.as_bytes(),
-                s.bind,
-                s.kind,
-                elf::STV_DEFAULT,
-                section,
-                s.address,
-                s.size,
+            push(
+                name.as_bytes(),
+                elf::STB_GLOBAL,
+                elf::STT_NOTYPE,
+                *address,
+                0,
             );
         }
+        let first_global =
+            (1 + self.sections.len() + self.symbol_info.iter().filter(|s| !s.global).count())
+                as u32;
 
         // Layout: header, program headers, segment contents (offset ≡ address mod page),
         // symbol table, strings, section headers.

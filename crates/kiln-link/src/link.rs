@@ -10,6 +10,7 @@ use crate::pass::{LinkPass, PassPoint};
 use crate::symbols::{Linker, Origin};
 use crate::{Architecture, ArchiveInput, LinkError, ObjectInput};
 use kiln_memory::MemoryManager;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// What the linker asks of its environment (the session or the executor).
@@ -104,28 +105,52 @@ impl<'m> LinkOptions<'m> {
     }
 }
 
+/// Whether work over `items` inputs of `bytes` bytes in all is spread over the cores:
+/// only for several inputs of a few megabytes (a small module's link stays on the calling
+/// thread, and never starts the thread pool).
+pub(crate) fn parallel(items: usize, bytes: usize) -> bool {
+    items > 1 && bytes >= PARALLEL_BYTES && rayon::current_num_threads() > 1
+}
+
+/// Input bytes from which a link parses on every core.
+const PARALLEL_BYTES: usize = 2 << 20;
+
 /// Links `objects` (and the members of `archives` they need) into one module.
-pub fn link(
-    objects: &[ObjectInput],
-    archives: &[ArchiveInput],
+pub fn link<'a>(
+    objects: &'a [ObjectInput],
+    archives: &'a [ArchiveInput],
     ctx: &mut dyn LinkContext,
     options: &LinkOptions<'_>,
 ) -> Result<LinkedModule, LinkError> {
     let mut times = LinkTimes::default();
     let clock = Clock(options.times);
     let t = clock.now();
-    // One parse per object: the one ObjectInput::check kept, or made here.
-    let mut parsed = Vec::with_capacity(objects.len());
-    for input in objects {
-        parsed.push(match input.checked(options.architecture) {
-            Some(checked) => std::borrow::Cow::Borrowed(checked),
-            None => std::borrow::Cow::Owned(ObjectFile::parse(
+    // One parse per object: the one ObjectInput::check kept, or made here — on every
+    // core when the link is large enough to pay for it, in the inputs' order either way.
+    let unchecked: usize = objects
+        .iter()
+        .filter(|o| o.checked(options.architecture).is_none())
+        .map(|o| o.data.len())
+        .sum();
+    let parse = |input: &'a ObjectInput| -> Result<Cow<'a, ObjectFile<'a>>, LinkError> {
+        Ok(match input.checked(options.architecture) {
+            Some(checked) => Cow::Borrowed(checked),
+            None => Cow::Owned(ObjectFile::parse(
                 input.name.as_str(),
                 &input.data,
                 options.architecture,
             )?),
-        });
-    }
+        })
+    };
+    let parsed: Vec<Cow<'a, ObjectFile<'a>>> = if parallel(objects.len(), unchecked) {
+        use rayon::prelude::*;
+        // Every result first, then the first error in the inputs' order (as on one
+        // thread), not whichever thread failed first.
+        let results: Vec<_> = objects.par_iter().map(parse).collect();
+        results.into_iter().collect::<Result<_, _>>()?
+    } else {
+        objects.iter().map(parse).collect::<Result<_, _>>()?
+    };
     times.parse = clock.since(t);
     let t = clock.now();
     let mut linker = Linker::new(archives, options.architecture.arch(), ctx);
