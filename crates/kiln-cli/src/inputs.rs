@@ -62,13 +62,16 @@ pub(crate) fn classify(path: &Path, bytes: Option<&[u8]>) -> Result<InputKind, S
     use object::{Object, ObjectSection};
     match file.kind() {
         object::ObjectKind::Relocatable => {
-            let lto = file
-                .sections()
-                .any(|s| s.name().is_ok_and(|n| n.starts_with(".gnu.lto_")));
+            // Code first: most objects have some, found at once, and then their (perhaps
+            // thousands of) section names need not be read for LTO's.
             let code = file.sections().any(|s| {
                 s.kind() == object::SectionKind::Text && s.size() > 0
             });
-            if lto && !code {
+            let lto = || {
+                file.sections()
+                    .any(|s| s.name().is_ok_and(|n| n.starts_with(".gnu.lto_")))
+            };
+            if !code && lto() {
                 return Err(format!(
                     "{}: compiled with -flto, it holds GCC's intermediate code and no machine \
                      code; compile it without -flto (or with -ffat-lto-objects)",

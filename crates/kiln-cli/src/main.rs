@@ -532,6 +532,16 @@ fn run(o: RunArgs) -> Result<i32, String> {
         }))
     });
     let flags = compiler_flags(&o);
+    // Consecutive objects are added together (checked on every core when they are large),
+    // before whatever input comes next: their order among the objects is kept.
+    let mut objects = Vec::new();
+    let add_objects = |objects: &mut Vec<_>| {
+        if objects.is_empty() {
+            return Ok(());
+        }
+        jit.add_objects_shared(lib, std::mem::take(objects))
+            .map_err(explain)
+    };
     for input in &o.inputs {
         // Mapped, not read: an archive's members are linked from the file's pages.
         let bytes = (!kiln_cache::SystemCompiler::is_source(input))
@@ -539,7 +549,11 @@ fn run(o: RunArgs) -> Result<i32, String> {
             .flatten();
         let contents = bytes.as_ref().map(|b| (**b).as_ref());
         let name = input.display().to_string();
-        match inputs::classify(input, contents)? {
+        let kind = inputs::classify(input, contents)?;
+        if kind != inputs::InputKind::Object {
+            add_objects(&mut objects)?;
+        }
+        match kind {
             inputs::InputKind::Source => {
                 let t = Instant::now();
                 let hit = jit.add_source(lib, input, &flags).map_err(explain)?;
@@ -557,7 +571,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
             }
             inputs::InputKind::Object => {
                 let bytes = bytes.ok_or_else(|| format!("{name}: cannot be read"))?;
-                jit.add_object_shared(lib, &name, bytes).map_err(explain)?;
+                objects.push((name, bytes));
             }
             inputs::InputKind::Archive if o.whole_archive => {
                 for (member, data) in inputs::archive_members(input, contents.unwrap_or(&[]))? {
@@ -579,6 +593,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
             }
         }
     }
+    add_objects(&mut objects)?;
     // C++ sources link the C++ library, as the compiler driver (c++) would link them.
     let cxx_source = o.inputs.iter().any(|p| {
         kiln_cache::SystemCompiler::is_source(p) && p.extension().is_some_and(|e| e != "c")

@@ -39,7 +39,7 @@ mod symbols;
 pub use arch::Architecture;
 pub use error::{LinkError, MissingSymbol, MissingSymbols};
 pub use input::{ArchiveInput, ObjectBytes, ObjectInput};
-pub use link::{link, LinkContext, LinkOptions};
+pub use link::{check_objects, link, LinkContext, LinkOptions};
 pub use linked::{
     Export, ImageSegment, LinkCounts, LinkTimes, LinkedModule, PlacedSection, SymbolInfo,
     SymbolKind, TlsTemplate, MAX_TLS_BLOCK,

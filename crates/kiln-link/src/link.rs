@@ -112,6 +112,25 @@ pub(crate) fn parallel(items: usize, bytes: usize) -> bool {
     items > 1 && bytes >= PARALLEL_BYTES && rayon::current_num_threads() > 1
 }
 
+/// [`ObjectInput::check`] of every object, on every core when they are several and large
+/// (as a link parses them); the first error in their order, as one by one.
+pub fn check_objects(
+    objects: &mut [ObjectInput],
+    architecture: Architecture,
+) -> Result<(), LinkError> {
+    let bytes = objects.iter().map(|o| o.data.len()).sum();
+    if parallel(objects.len(), bytes) {
+        use rayon::prelude::*;
+        let results: Vec<_> = objects
+            .par_iter_mut()
+            .map(|o| o.check(architecture))
+            .collect();
+        results.into_iter().collect()
+    } else {
+        objects.iter_mut().try_for_each(|o| o.check(architecture))
+    }
+}
+
 /// Input bytes from which a link parses on every core.
 const PARALLEL_BYTES: usize = 2 << 20;
 

@@ -48,6 +48,9 @@ pub fn map_file(path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync>, Error
     Ok(Arc::new(map))
 }
 
+/// Bytes the caller lends the session (a memory-mapped file, a compiler's buffer).
+pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
 /// The first bytes of shared file contents.
 pub(crate) fn starts_with(bytes: &Arc<dyn AsRef<[u8]> + Send + Sync>, prefix: &[u8]) -> bool {
     (**bytes).as_ref().starts_with(prefix)
@@ -74,6 +77,36 @@ impl Jit {
         bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
     ) -> Result<(), Error> {
         self.add_input(lib, ObjectInput::shared(name, bytes))
+    }
+
+    /// Adds relocatable objects whose bytes the caller lends (as
+    /// [`Jit::add_object_shared`] does one), checked together: on every core when they are
+    /// several and large. All are added, in their order, or none: the error names the
+    /// first bad one.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), kiln::Error> {
+    /// let jit = kiln::Jit::new()?;
+    /// let lib = jit.main_library();
+    /// let objects = ["a.o", "b.o"]
+    ///     .into_iter()
+    ///     .map(|path| Ok((path.to_string(), kiln::map_file(std::path::Path::new(path))?)))
+    ///     .collect::<Result<Vec<_>, kiln::Error>>()?;
+    /// jit.add_objects_shared(lib, objects)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn add_objects_shared(
+        &self,
+        lib: LibraryId,
+        objects: Vec<(String, SharedBytes)>,
+    ) -> Result<(), Error> {
+        let mut inputs: Vec<ObjectInput> = objects
+            .into_iter()
+            .map(|(name, bytes)| ObjectInput::shared(name, bytes))
+            .collect();
+        kiln_link::check_objects(&mut inputs, self.inner.architecture)?;
+        self.library(lib)?.state.write().pending.extend(inputs);
+        Ok(())
     }
 
     pub(crate) fn add_input(&self, lib: LibraryId, mut input: ObjectInput) -> Result<(), Error> {

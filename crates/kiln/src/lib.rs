@@ -40,7 +40,7 @@ pub use debug_support::{DebugListener, DebugSupport};
 pub use error::{Error, ErrorKind};
 pub use executor::{default_executor_path, Executor, ExecutorSymbols, Transport};
 pub use generator::{FnGenerator, Found, SymbolGenerator};
-pub use inputs::map_file;
+pub use inputs::{map_file, SharedBytes};
 pub use jit::{Jit, JitBuilder};
 pub use kiln_cache::{Compiler, ObjectCache, SystemCompiler};
 pub use kiln_link::{

@@ -293,3 +293,46 @@ fn a_redefinition_names_the_object_that_defines_the_name_again() {
     // Nothing was published: first_fn is not there either.
     assert!(jit.lookup(lib, "first_fn").is_err());
 }
+
+#[test]
+fn objects_added_together_all_go_in_or_none_does() {
+    let shared = |bytes: Vec<u8>| -> kiln::SharedBytes { std::sync::Arc::new(bytes) };
+    // Large enough to be checked on every core: the first bad one in order is named.
+    let mut big = String::new();
+    for i in 0..3000 {
+        big.push_str(&format!("int big{i}(int x) {{ return x * {i} + {i}; }}\n"));
+    }
+    let big = compile("together_big", &big);
+    let good = compile("together_good", "int together(void) { return 7; }");
+    let mut cut = good.clone();
+    cut.truncate(cut.len() / 2);
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let mut batch: Vec<(String, kiln::SharedBytes)> = Vec::new();
+    for i in 0..10 {
+        batch.push((format!("big{i}.o"), shared(big.clone())));
+        if i == 4 {
+            batch.push(("first_bad.o".into(), shared(cut.clone())));
+        }
+    }
+    batch.push(("second_bad.o".into(), shared(cut)));
+    let bytes: usize = batch.iter().map(|(_, b)| (**b).as_ref().len()).sum();
+    assert!(
+        bytes >= 2 << 20,
+        "{bytes} bytes: too few to be checked in parallel"
+    );
+    let err = jit.add_objects_shared(lib, batch).unwrap_err();
+    assert!(err.to_string().contains("first_bad.o"), "{err}");
+    // Nothing of that batch went in.
+    assert!(jit.link_pending(lib).unwrap().is_none());
+    jit.add_objects_shared(
+        lib,
+        vec![
+            ("big.o".into(), shared(big)),
+            ("good.o".into(), shared(good)),
+        ],
+    )
+    .unwrap();
+    assert_eq!(call0(jit.lookup(lib, "together").unwrap()), 7);
+    assert!(jit.lookup(lib, "big2999").is_ok());
+}
