@@ -3,10 +3,17 @@
 
 use crate::arch::{self, EncodeError, Relative, Relocation, Target};
 use crate::graph::{Allocated, Edge};
-use crate::object_file::{ObjSection, ObjSym, ObjectFile, SymSection};
+use crate::object_file::{ObjSym, SymSection};
 use crate::symbols::{lossy, Def, Key, Linker, Place, Slot, SEG_BSS, SEG_TLS};
 use crate::LinkError;
 use rustc_hash::FxHashMap;
+
+/// The section an edge patches, as errors name it: its object's name and its own.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Where<'n> {
+    pub(crate) object: &'n str,
+    pub(crate) section: &'n [u8],
+}
 
 /// Where the module's TLS block is: its module id, and its offset from the thread pointer
 /// when it is in static TLS.
@@ -197,20 +204,18 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn apply(
         &self,
-        obj: u32,
-        sec: &ObjSection<'_>,
+        at: Where<'_>,
         bytes: &mut [u8],
         section_addr: u64,
         edge: &Edge,
         slots: &FxHashMap<Slot, u64>,
         tls: TlsPlace,
     ) -> Result<(), LinkError> {
-        let o = &self.linker.objs[obj as usize];
         let (offset, addend, key) = (edge.offset, edge.addend, edge.key);
         let r_type = edge.row.r_type;
         let err_bad = |what: String| LinkError::BadRelocation {
-            object: o.name.to_string(),
-            section: lossy(sec.name),
+            object: at.object.to_string(),
+            section: lossy(at.section),
             offset,
             what,
         };
@@ -236,8 +241,8 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
         let symbol_name = || lossy(self.name(key));
         let reloc_offset = offset;
         let unsupported_tls = |model: &'static str| LinkError::UnsupportedTls {
-            object: o.name.to_string(),
-            section: lossy(sec.name),
+            object: at.object.to_string(),
+            section: lossy(at.section),
             offset: reloc_offset,
             symbol: symbol_name(),
             model,
@@ -294,7 +299,7 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
             }
             Target::DtpOff => s as i128,
             Target::DtpMod => {
-                return self.write(o, sec, bytes, offset, row, tls.module as i128, key, false)
+                return self.write(at, bytes, offset, row, tls.module as i128, key, false)
             }
             Target::Unsupported(model) => {
                 tls_checked(model)?;
@@ -318,7 +323,7 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
                 }
             }
         }
-        self.write(o, sec, bytes, offset, row, value, key, discarded)
+        self.write(at, bytes, offset, row, value, key, discarded)
     }
 
     pub(crate) fn stub_address(&self, n: u64) -> u64 {
@@ -348,8 +353,7 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
     #[allow(clippy::too_many_arguments)]
     fn write(
         &self,
-        o: &ObjectFile<'_>,
-        sec: &ObjSection<'_>,
+        at: Where<'_>,
         bytes: &mut [u8],
         offset: u64,
         row: &Relocation,
@@ -368,8 +372,8 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
         match arch::encode(row.field, check, value, field) {
             Ok(()) => Ok(()),
             Err(EncodeError::Misaligned(align)) => Err(LinkError::Misaligned {
-                object: o.name.to_string(),
-                section: lossy(sec.name),
+                object: at.object.to_string(),
+                section: lossy(at.section),
                 offset,
                 kind: row.name,
                 symbol: lossy(self.name(key)),
@@ -377,8 +381,8 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
                 align,
             }),
             Err(EncodeError::Range) => Err(LinkError::Overflow {
-                object: o.name.to_string(),
-                section: lossy(sec.name),
+                object: at.object.to_string(),
+                section: lossy(at.section),
                 offset,
                 kind: row.name,
                 symbol: lossy(self.name(key)),

@@ -8,7 +8,8 @@
 //! ([`crate::LinkPass`]) run at the [`crate::PassPoint`]s between them.
 
 use crate::arch::Relocation;
-use crate::symbols::{Key, Linker, Slot};
+use crate::symbols::{Key, Linker, Place, Slot};
+use crate::SectionId;
 use crate::{ImageSegment, LinkCounts, LinkTimes};
 use kiln_memory::{InFlightAllocation, Permission};
 use rustc_hash::FxHashMap;
@@ -26,11 +27,11 @@ pub(crate) struct Edge {
     pub(crate) addend: i64,
 }
 
-/// The edges of one section: a range of [`Edges::all`].
+/// The edges of one section: a range of [`Edges::all`]. A section may have several
+/// lists (a pass's edges come after the object's).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct EdgeList {
-    pub(crate) obj: u32,
-    pub(crate) section: u32,
+    pub(crate) section: SectionId,
     pub(crate) start: u32,
     pub(crate) end: u32,
 }
@@ -77,9 +78,39 @@ pub(crate) struct Layout {
     pub(crate) eh_terminator: Option<u64>,
 }
 
+/// What a synthesized section holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SynthesizedKind {
+    /// The GOT: one or two words per [`Synthesized::slot_list`] entry.
+    Got,
+    /// The stubs: one per [`Synthesized::stub_list`] entry. On AArch64 they are also the
+    /// veneers of calls beyond a branch's reach.
+    Stubs,
+    /// The code that resolves TLS descriptors of static-TLS blocks.
+    TlsDescResolver,
+    /// A client pass's section, with its bytes.
+    Client(Vec<u8>),
+}
+
+/// A section the link makes, or a client pass adds: a section of the graph like an
+/// object's, placed after them in its segment.
+#[derive(Debug, Clone)]
+pub(crate) struct SynthesizedSection {
+    pub(crate) name: std::borrow::Cow<'static, str>,
+    pub(crate) kind: SynthesizedKind,
+    /// Its segment (`SEG_RX`, `SEG_R` or `SEG_RW`).
+    pub(crate) segment: usize,
+    pub(crate) size: u64,
+    pub(crate) align: u64,
+    pub(crate) place: Place,
+}
+
 /// What the edges need the link to make: GOT entries and stubs.
 #[derive(Debug, Default)]
 pub(crate) struct Synthesized {
+    /// The sections the link made and client passes added, by
+    /// [`SectionId::Synthesized`] index.
+    pub(crate) sections: Vec<SynthesizedSection>,
     pub(crate) slots: FxHashMap<Slot, u64>,
     pub(crate) slot_list: Vec<Slot>,
     pub(crate) stubs: FxHashMap<Key, u64>,

@@ -44,7 +44,9 @@ pub use linked::{
     Export, ImageSegment, LinkCounts, LinkTimes, LinkedModule, PlacedSection, SymbolInfo,
     SymbolKind, TlsTemplate, MAX_TLS_BLOCK,
 };
-pub use pass::{GraphEdge, GraphSection, GraphView, LinkPass, PassError, PassPoint};
+pub use pass::{
+    GraphEdge, GraphSection, GraphView, LinkPass, NewSectionKind, PassError, PassPoint, SectionId,
+};
 pub use symbol_scan::{scan_symbols, ObjectSymbols};
 
 /// Checks that `data` is an ELF relocatable object for `architecture` — every table it

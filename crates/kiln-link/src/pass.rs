@@ -52,14 +52,40 @@ pub trait LinkPass: Send + Sync {
 /// [`LinkError::Pass`](crate::LinkError::Pass)'s source.
 pub type PassError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A section of the link graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SectionId {
+    /// Section `index` (in its section header table) of the link's object `object`
+    /// (inputs first, then archive members in the order they were loaded).
+    Input {
+        /// The object's index in the link.
+        object: u32,
+        /// The section's index in the object.
+        index: u32,
+    },
+    /// A section the link made — the GOT (`.kiln.got`), the stubs that reach far
+    /// functions (`.kiln.stubs`, also the veneers of AArch64 calls beyond a branch's
+    /// reach), the TLS-descriptor resolver (`.kiln.tlsdesc`) — or a pass added
+    /// ([`GraphView::add_section`]).
+    Synthesized(u32),
+}
+
+/// What a section a pass adds holds ([`GraphView::add_section`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewSectionKind {
+    /// Code (read and executed).
+    Code,
+    /// Constants (read only).
+    Constants,
+    /// Data (read and written).
+    Data,
+}
+
 /// A loaded section, as a pass sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GraphSection {
-    /// Index of its object in the link (inputs first, then archive members in the order
-    /// they were loaded).
-    pub object: usize,
-    /// Its index in that object's section header table.
-    pub index: usize,
+    /// Which section.
+    pub id: SectionId,
     /// Its name.
     pub name: String,
     /// Its size in bytes.
@@ -115,48 +141,72 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
         self.graph.linker.objs.iter().map(|o| &*o.name).collect()
     }
 
-    /// Every loaded section.
+    /// Every loaded section: the objects', then those the link made and passes added
+    /// (the GOT and stubs from [`PassPoint::Allocated`] on: they are made after
+    /// [`PassPoint::Decoded`], from the edges).
     pub fn sections(&self) -> Vec<GraphSection> {
         let linker = &self.graph.linker;
         let bases = self.graph.allocated.as_ref().map(|a| a.bases);
         let mut edges = rustc_hash::FxHashMap::default();
         for list in &self.graph.edges.lists {
-            *edges
-                .entry((list.obj as usize, list.section as usize))
-                .or_insert(0) += (list.end - list.start) as usize;
+            *edges.entry(list.section).or_insert(0) += (list.end - list.start) as usize;
         }
         let mut out = Vec::new();
+        let mut push = |id: SectionId, name: String, size: u64, place: Place| {
+            let Place::At { seg, offset } = place else {
+                return;
+            };
+            let thread_local = seg == SEG_TLS;
+            out.push(GraphSection {
+                id,
+                name,
+                size,
+                code: seg as usize == SEG_RX,
+                thread_local,
+                address: bases
+                    .filter(|_| !thread_local)
+                    .map(|b| b[seg as usize] + offset),
+                edges: edges.get(&id).copied().unwrap_or(0),
+            });
+        };
         for (oi, obj) in linker.objs.iter().enumerate() {
             for (si, sec) in obj.sections.iter().enumerate() {
-                let Place::At { seg, offset } = linker.places[oi][si] else {
-                    continue;
+                let id = SectionId::Input {
+                    object: oi as u32,
+                    index: si as u32,
                 };
-                let thread_local = seg == SEG_TLS;
-                out.push(GraphSection {
-                    object: oi,
-                    index: si,
-                    name: lossy(sec.name),
-                    size: sec.size,
-                    code: seg as usize == SEG_RX,
-                    thread_local,
-                    address: bases
-                        .filter(|_| !thread_local)
-                        .map(|b| b[seg as usize] + offset),
-                    edges: edges.get(&(oi, si)).copied().unwrap_or(0),
-                });
+                push(id, lossy(sec.name), sec.size, linker.places[oi][si]);
+            }
+        }
+        for (i, s) in self.graph.synthesized.sections.iter().enumerate() {
+            let id = SectionId::Synthesized(i as u32);
+            // Unplaced until `layout-synthesized`: shown at their segment, no address.
+            let place = match s.place {
+                Place::Unplaced => Place::At {
+                    seg: s.segment as u8,
+                    offset: 0,
+                },
+                place => place,
+            };
+            push(id, s.name.to_string(), s.size, place);
+        }
+        if self.point == PassPoint::Decoded {
+            // Nothing has an address yet, the passes' own sections neither.
+            for s in &mut out {
+                s.address = None;
             }
         }
         out
     }
 
-    /// The edges of section `index` of object `object` (empty if it has none).
-    pub fn edges(&self, object: usize, index: usize) -> Vec<GraphEdge> {
+    /// The edges of section `section` (empty if it has none).
+    pub fn edges(&self, section: SectionId) -> Vec<GraphEdge> {
         let linker = &self.graph.linker;
         let edges = &self.graph.edges;
         edges
             .lists
             .iter()
-            .filter(|l| l.obj as usize == object && l.section as usize == index)
+            .filter(|l| l.section == section)
             .flat_map(|l| edges.of(l))
             .map(|e| GraphEdge {
                 offset: e.offset,
@@ -178,26 +228,154 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
         (!discarded).then_some(address)
     }
 
-    /// The bytes of section `index` of object `object` as they will run, at
-    /// [`PassPoint::FixedUp`] (`None` before, and for thread-local or zero-filled
-    /// sections). Changes are the pass's responsibility: the memory is finalized (made
-    /// executable, the instruction cache made coherent) after the pass.
-    pub fn section_bytes_mut(&mut self, object: usize, index: usize) -> Option<&mut [u8]> {
+    /// The bytes of section `section` as they will run, at [`PassPoint::FixedUp`] (`None`
+    /// before, and for thread-local or zero-filled sections). Changes are the pass's
+    /// responsibility: the memory is finalized (made executable, the instruction cache
+    /// made coherent) after the pass.
+    pub fn section_bytes_mut(&mut self, section: SectionId) -> Option<&mut [u8]> {
         if self.point != PassPoint::FixedUp {
             return None;
         }
-        let linker = &self.graph.linker;
-        let Place::At { seg, offset } = *linker.places.get(object)?.get(index)? else {
+        let (place, size) = match section {
+            SectionId::Input { object, index } => {
+                let linker = &self.graph.linker;
+                let place = *linker.places.get(object as usize)?.get(index as usize)?;
+                let sec = linker.objs[object as usize].sections[index as usize];
+                if sec.data.is_empty() {
+                    return None;
+                }
+                (place, sec.size)
+            }
+            SectionId::Synthesized(i) => {
+                let s = self.graph.synthesized.sections.get(i as usize)?;
+                (s.place, s.size)
+            }
+        };
+        let Place::At { seg, offset } = place else {
             return None;
         };
-        let sec = linker.objs[object].sections[index];
-        if seg == SEG_TLS || sec.data.is_empty() {
+        if seg == SEG_TLS {
             return None;
         }
         let allocated = self.graph.allocated.as_mut()?;
         let mut segs = allocated.in_flight.segments_mut();
         let seg = segs.swap_remove(seg as usize);
         let start = offset as usize;
-        seg.bytes.get_mut(start..start + sec.size as usize)
+        seg.bytes.get_mut(start..start.checked_add(size as usize)?)
+    }
+
+    /// Adds a section of `bytes` to the link, at [`PassPoint::Decoded`]: placed after the
+    /// objects' sections of its kind's segment, aligned to `align` (a power of two), its
+    /// bytes written before the link's relocations are applied. Give it edges with
+    /// [`GraphView::add_edge`]; an error at another point.
+    pub fn add_section(
+        &mut self,
+        name: &str,
+        kind: NewSectionKind,
+        bytes: Vec<u8>,
+        align: u64,
+    ) -> Result<SectionId, PassError> {
+        if self.point != PassPoint::Decoded {
+            return Err(format!("add_section({name}) at {:?}: only at Decoded", self.point).into());
+        }
+        if !align.is_power_of_two() || align > crate::object_file::MAX_SECTION_ALIGN {
+            return Err(format!(
+                "add_section({name}): alignment {align} is not a power of two up to {:#x}",
+                crate::object_file::MAX_SECTION_ALIGN
+            )
+            .into());
+        }
+        let segment = match kind {
+            NewSectionKind::Code => SEG_RX,
+            NewSectionKind::Constants => crate::symbols::SEG_R,
+            NewSectionKind::Data => crate::symbols::SEG_RW,
+        };
+        let sections = &mut self.graph.synthesized.sections;
+        sections.push(crate::graph::SynthesizedSection {
+            name: name.to_string().into(),
+            size: bytes.len() as u64,
+            kind: crate::graph::SynthesizedKind::Client(bytes),
+            segment,
+            align,
+            place: Place::Unplaced,
+        });
+        Ok(SectionId::Synthesized(sections.len() as u32 - 1))
+    }
+
+    /// Adds an edge to section `section` at [`PassPoint::Decoded`]: a relocation of type
+    /// `kind` (its psABI name, `R_X86_64_64`, `R_AARCH64_ABS64`) at `offset`, to the
+    /// global symbol `target` (defined by the link or resolved from outside it) plus
+    /// `addend`. The GOT entries and stubs it needs are made with the others'; it is
+    /// applied with them. An error at another point, for a type this architecture does
+    /// not know, an unknown symbol, or an edge that does not fit the section.
+    pub fn add_edge(
+        &mut self,
+        section: SectionId,
+        offset: u64,
+        kind: &str,
+        target: &str,
+        addend: i64,
+    ) -> Result<(), PassError> {
+        if self.point != PassPoint::Decoded {
+            return Err(format!(
+                "add_edge({kind} -> {target}) at {:?}: only at Decoded",
+                self.point
+            )
+            .into());
+        }
+        let linker = &self.graph.linker;
+        let row = linker.arch.relocation_named(kind).ok_or_else(|| {
+            format!(
+                "add_edge: {kind} is not a relocation Kiln applies on {}",
+                linker.arch.architecture()
+            )
+        })?;
+        let &id = linker
+            .global_index
+            .get(target.as_bytes())
+            .ok_or_else(|| format!("add_edge: no symbol {target} in this link"))?;
+        let size = match section {
+            SectionId::Input { object, index } => linker
+                .objs
+                .get(object as usize)
+                .and_then(|o| o.sections.get(index as usize))
+                .filter(|_| {
+                    matches!(
+                        linker.places[object as usize][index as usize],
+                        Place::At { .. }
+                    )
+                })
+                .map(|s| s.size),
+            SectionId::Synthesized(i) => self
+                .graph
+                .synthesized
+                .sections
+                .get(i as usize)
+                .map(|s| s.size),
+        }
+        .ok_or_else(|| format!("add_edge: no loaded section {section:?}"))?;
+        if offset
+            .checked_add(row.field.len())
+            .is_none_or(|end| end > size)
+        {
+            return Err(format!(
+                "add_edge: {kind} at {offset:#x} does not fit the section ({size} bytes)"
+            )
+            .into());
+        }
+        let edges = &mut self.graph.edges;
+        let start = edges.all.len() as u32;
+        edges.all.push(crate::graph::Edge {
+            offset,
+            row,
+            key: Key::Global(id),
+            addend,
+        });
+        edges.lists.push(crate::graph::EdgeList {
+            section,
+            start,
+            end: start + 1,
+        });
+        Ok(())
     }
 }

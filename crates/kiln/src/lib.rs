@@ -44,8 +44,8 @@ pub use inputs::{map_file, SharedBytes};
 pub use jit::{Jit, JitBuilder};
 pub use kiln_cache::{Compiler, ObjectCache, SystemCompiler};
 pub use kiln_link::{
-    Architecture, GraphEdge, GraphSection, GraphView, LinkPass, PassError, PassPoint,
-    PlacedSection, SymbolInfo, SymbolKind,
+    Architecture, GraphEdge, GraphSection, GraphView, LinkPass, NewSectionKind, PassError,
+    PassPoint, PlacedSection, SectionId, SymbolInfo, SymbolKind,
 };
 pub use kiln_link::{LinkCounts, LinkError, LinkTimes};
 pub use kiln_memory::{

@@ -46,7 +46,7 @@ impl LinkPass for Patcher {
                     .find(|s| s.name == ".text.twice")
                     .ok_or("no .text.twice")?;
                 seen.edges_of_twice = graph
-                    .edges(twice.object, twice.index)
+                    .edges(twice.id)
                     .into_iter()
                     .map(|e| (e.kind.to_string(), e.target))
                     .collect();
@@ -63,7 +63,7 @@ impl LinkPass for Patcher {
                     .find(|s| s.name == ".text.answer")
                     .ok_or("no .text.answer")?;
                 let bytes = graph
-                    .section_bytes_mut(answer.object, answer.index)
+                    .section_bytes_mut(answer.id)
                     .ok_or("no bytes at FixedUp")?;
                 // mov $41, %eax
                 let at = bytes
@@ -184,4 +184,138 @@ fn a_failing_pass_fails_the_link_and_leaves_the_library_as_it_was() {
     // SAFETY: `int helper(int)`.
     let helper: extern "C" fn(i32) -> i32 = unsafe { jit.lookup_fn(lib, "helper") }.unwrap();
     assert_eq!(helper(1), 2);
+}
+
+/// What the table-making pass saw.
+#[derive(Default)]
+struct TableSeen {
+    refused_unknown_symbol: Option<String>,
+    refused_unknown_kind: Option<String>,
+    made_sections_at_allocation: Vec<String>,
+    refused_late_section: Option<String>,
+    table: Option<[u64; 2]>,
+    addresses: Option<[u64; 2]>,
+}
+
+/// At Decoded, adds a section of two pointers with an edge to `answer` and one to
+/// `helper`; at Allocated, looks at the link's own sections; at FixedUp, reads its table.
+struct TableMaker(Arc<Mutex<TableSeen>>, Mutex<Option<kiln::SectionId>>);
+
+const ABS64: &str = if cfg!(target_arch = "aarch64") {
+    "R_AARCH64_ABS64"
+} else {
+    "R_X86_64_64"
+};
+
+impl LinkPass for TableMaker {
+    fn name(&self) -> &str {
+        "table-maker"
+    }
+    fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), kiln::PassError> {
+        let mut seen = self.0.lock();
+        match graph.point() {
+            PassPoint::Decoded => {
+                let table = graph.add_section(
+                    ".kiln.test.table",
+                    kiln::NewSectionKind::Constants,
+                    vec![0; 16],
+                    8,
+                )?;
+                graph.add_edge(table, 0, ABS64, "answer", 0)?;
+                graph.add_edge(table, 8, ABS64, "helper", 0)?;
+                seen.refused_unknown_symbol = graph
+                    .add_edge(table, 0, ABS64, "nobody_defines_this", 0)
+                    .err()
+                    .map(|e| e.to_string());
+                seen.refused_unknown_kind = graph
+                    .add_edge(table, 0, "R_NOT_A_RELOCATION", "answer", 0)
+                    .err()
+                    .map(|e| e.to_string());
+                assert!(
+                    graph.add_edge(table, 12, ABS64, "answer", 0).is_err(),
+                    "an edge past the section's end"
+                );
+                assert!(graph
+                    .sections()
+                    .iter()
+                    .any(|s| s.id == table && s.edges == 2));
+                *self.1.lock() = Some(table);
+            }
+            PassPoint::Allocated => {
+                seen.made_sections_at_allocation = graph
+                    .sections()
+                    .into_iter()
+                    .filter(|s| matches!(s.id, kiln::SectionId::Synthesized(_)))
+                    .filter(|s| s.address.is_some())
+                    .map(|s| s.name)
+                    .collect();
+                seen.refused_late_section = graph
+                    .add_section("late", kiln::NewSectionKind::Data, vec![0; 8], 8)
+                    .err()
+                    .map(|e| e.to_string());
+                seen.addresses = Some([
+                    graph.symbol_address("answer").ok_or("no answer")?,
+                    graph.symbol_address("helper").ok_or("no helper")?,
+                ]);
+            }
+            PassPoint::FixedUp => {
+                let table = self.1.lock().ok_or("no table")?;
+                let bytes = graph.section_bytes_mut(table).ok_or("no table bytes")?;
+                let word =
+                    |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap());
+                seen.table = Some([word(0), word(1)]);
+            }
+        }
+        Ok(())
+    }
+}
+
+struct TablePlugin(Arc<Mutex<TableSeen>>);
+
+impl Plugin for TablePlugin {
+    fn name(&self) -> &str {
+        "table"
+    }
+    fn link_passes(&self) -> Vec<(PassPoint, Arc<dyn LinkPass>)> {
+        let pass: Arc<dyn LinkPass> = Arc::new(TableMaker(self.0.clone(), Mutex::new(None)));
+        vec![
+            (PassPoint::Decoded, pass.clone()),
+            (PassPoint::Allocated, pass.clone()),
+            (PassPoint::FixedUp, pass),
+        ]
+    }
+}
+
+#[test]
+fn a_pass_adds_a_section_and_edges_that_the_link_places_and_applies() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let seen = Arc::new(Mutex::new(TableSeen::default()));
+    let registration = jit.add_plugin(Arc::new(TablePlugin(seen.clone())));
+    jit.add_object(lib, "helper.o", compile("helper", HELPER))
+        .unwrap();
+    jit.add_object(lib, "answer.o", compile("answer", SOURCE))
+        .unwrap();
+    let answer = jit.lookup(lib, "answer").unwrap();
+    let helper = jit.lookup(lib, "helper").unwrap();
+    drop(registration);
+    let seen = seen.lock();
+    // The edges were applied: the table holds the two functions' addresses.
+    assert_eq!(seen.addresses, Some([answer, helper]));
+    assert_eq!(seen.table, Some([answer, helper]));
+    // The link's own sections are sections of the graph, with addresses, beside the
+    // pass's.
+    for name in [".kiln.test.table", ".kiln.stubs", ".kiln.got"] {
+        assert!(
+            seen.made_sections_at_allocation.iter().any(|s| s == name),
+            "{name} in {:?}",
+            seen.made_sections_at_allocation
+        );
+    }
+    let unknown = seen.refused_unknown_symbol.as_deref().unwrap_or("accepted");
+    assert!(unknown.contains("nobody_defines_this"), "{unknown}");
+    let kind = seen.refused_unknown_kind.as_deref().unwrap_or("accepted");
+    assert!(kind.contains("R_NOT_A_RELOCATION"), "{kind}");
+    let late = seen.refused_late_section.as_deref().unwrap_or("accepted");
+    assert!(late.contains("only at Decoded"), "{late}");
 }

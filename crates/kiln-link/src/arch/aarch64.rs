@@ -627,6 +627,9 @@ impl Arch for Aarch64 {
         Architecture::Aarch64
     }
 
+    fn relocations(&self) -> &'static [Relocation] {
+        RELOCATIONS
+    }
     fn relocation(&self, r_type: u32) -> Option<&'static Relocation> {
         static INDEX: std::sync::OnceLock<Vec<Option<&'static Relocation>>> =
             std::sync::OnceLock::new();

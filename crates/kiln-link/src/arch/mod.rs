@@ -322,6 +322,12 @@ pub(crate) trait Arch: Sync {
     fn architecture(&self) -> Architecture;
     /// The row of relocation type `r_type`, `None` if Kiln does not implement it.
     fn relocation(&self, r_type: u32) -> Option<&'static Relocation>;
+    /// Every relocation type Kiln applies, one row each.
+    fn relocations(&self) -> &'static [Relocation];
+    /// The row of the relocation type named `name` (`R_X86_64_64`), if Kiln applies it.
+    fn relocation_named(&self, name: &str) -> Option<&'static Relocation> {
+        self.relocations().iter().find(|r| r.name == name)
+    }
     /// The psABI name of `r_type`, also for types Kiln does not implement.
     fn relocation_name(&self, r_type: u32) -> &'static str;
     /// Bytes of one stub.

@@ -262,6 +262,9 @@ impl Arch for X86_64 {
         Architecture::X86_64
     }
 
+    fn relocations(&self) -> &'static [Relocation] {
+        RELOCATIONS
+    }
     fn relocation(&self, r_type: u32) -> Option<&'static Relocation> {
         static INDEX: std::sync::OnceLock<Vec<Option<&'static Relocation>>> =
             std::sync::OnceLock::new();

@@ -3,7 +3,7 @@
 use crate::arch::Target;
 use crate::graph::{Edge, EdgeList, Edges, LinkGraph};
 use crate::symbols::{is_eh_frame, lossy, Place};
-use crate::{LinkError, LinkOptions};
+use crate::{LinkError, LinkOptions, SectionId};
 use object::LittleEndian as LE;
 
 impl<'a, 'c> LinkGraph<'a, 'c> {
@@ -70,8 +70,10 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                     });
                 }
                 edges.lists.push(EdgeList {
-                    obj: oi as u32,
-                    section: target,
+                    section: SectionId::Input {
+                        object: oi as u32,
+                        index: target,
+                    },
                     start,
                     end: edges.all.len() as u32,
                 });

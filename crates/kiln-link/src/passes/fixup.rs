@@ -1,10 +1,10 @@
 //! The `fixup` pass: every edge applied to the bytes it patches.
 
-use crate::fixup::{Resolver, TlsPlace};
+use crate::fixup::{Resolver, TlsPlace, Where};
 use crate::graph::{allocation, LinkGraph};
 use crate::object_file::{ObjSection, SHT_NOBITS};
 use crate::symbols::{lossy, Place, SEG_TLS};
-use crate::{LinkError, LinkOptions};
+use crate::{LinkError, LinkOptions, SectionId};
 
 impl<'a, 'c> LinkGraph<'a, 'c> {
     /// Every other relocation.
@@ -24,47 +24,55 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let tls = self.tls_place();
         let linker = &self.linker;
         let s = &self.synthesized;
+        let synthesized = &s.sections;
         let allocated = allocation(&mut self.allocated);
         let resolver = Resolver::new(linker, allocated, &s.stubs);
         let bases = allocated.bases;
         let mut segs = allocated.in_flight.segments_mut();
         for list in &self.edges.lists {
-            let (oi, target) = (list.obj as usize, list.section as usize);
-            let obj = &linker.objs[oi];
-            let Place::At { seg, offset } = linker.places[oi][target] else {
+            // Where the section is, what it is called (for errors), whether it has bytes.
+            let (place, object, name, size, has_bytes) = match list.section {
+                SectionId::Input { object, index } => {
+                    let obj = &linker.objs[object as usize];
+                    let sec: ObjSection<'_> = obj.sections[index as usize];
+                    let place = linker.places[object as usize][index as usize];
+                    let has_bytes = sec.sh_type != SHT_NOBITS;
+                    (place, &*obj.name, sec.name, sec.size, has_bytes)
+                }
+                SectionId::Synthesized(i) => {
+                    let s = &synthesized[i as usize];
+                    (s.place, "kiln", s.name.as_bytes(), s.size, true)
+                }
+            };
+            let Place::At { seg, offset } = place else {
                 continue;
             };
             if (seg == SEG_TLS) != tls_image {
                 continue;
             }
-            let sec: ObjSection<'_> = obj.sections[target];
-            let range = offset as usize..offset.saturating_add(sec.size) as usize;
+            let range = offset as usize..offset.saturating_add(size) as usize;
             let (section_bytes, section_addr): (Option<&mut [u8]>, u64) = if seg == SEG_TLS {
                 (self.tls_image.get_mut(range), offset)
             } else {
                 let seg = seg as usize;
                 (segs[seg].bytes.get_mut(range), bases[seg] + offset)
             };
-            let Some(section_bytes) = section_bytes.filter(|_| sec.sh_type != SHT_NOBITS) else {
+            let Some(section_bytes) = section_bytes.filter(|_| has_bytes) else {
                 return Err(LinkError::Malformed {
-                    object: obj.name.to_string(),
+                    object: object.to_string(),
                     what: format!(
                         "relocations for section {}, which has no contents",
-                        lossy(sec.name)
+                        lossy(name)
                     ),
                 });
             };
+            let at = Where {
+                object,
+                section: name,
+            };
             for edge in self.edges.of(list) {
                 self.counts.relocations += 1;
-                resolver.apply(
-                    oi as u32,
-                    &sec,
-                    section_bytes,
-                    section_addr,
-                    edge,
-                    &s.slots,
-                    tls,
-                )?;
+                resolver.apply(at, section_bytes, section_addr, edge, &s.slots, tls)?;
             }
         }
         Ok(())

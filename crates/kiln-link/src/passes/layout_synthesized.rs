@@ -1,37 +1,38 @@
-//! The `layout-synthesized` pass: where the GOT, stubs and `.eh_frame` go.
+//! The `layout-synthesized` pass: where the graph's synthesized sections (a pass's, the
+//! stubs, the GOT) and `.eh_frame` go.
 
-use crate::graph::{place, LinkGraph};
-use crate::symbols::{Place, Slot, SEG_R, SEG_RX};
+use crate::graph::{place, LinkGraph, SynthesizedKind};
+use crate::symbols::{Place, SEG_R};
 use crate::{LinkError, LinkOptions, MAX_TLS_BLOCK};
 
 impl<'a, 'c> LinkGraph<'a, 'c> {
-    /// Places the stubs, the TLS-descriptor resolver, the GOT and `.eh_frame`, and checks
-    /// the sizes.
+    /// Places the synthesized sections (a pass's, the stubs, the TLS-descriptor resolver,
+    /// the GOT) and `.eh_frame`, and checks the sizes.
     pub(crate) fn layout_synthesized(&mut self, _: &LinkOptions<'_>) -> Result<(), LinkError> {
-        let arch = self.linker.arch;
         let l = &mut self.layout;
-        let s = &self.synthesized;
-        l.plt_offset = place(
-            &mut l.seg_size[SEG_RX],
-            &mut l.seg_align[SEG_RX],
-            s.stub_list.len() as u64 * arch.stub_size(),
-            16,
-        );
-        let has_tlsdesc = s.slot_list.iter().any(|s| matches!(s, Slot::TlsDesc(_)));
-        l.tlsdesc_offset = has_tlsdesc.then(|| {
-            place(
-                &mut l.seg_size[SEG_RX],
-                &mut l.seg_align[SEG_RX],
-                arch.tlsdesc_static_resolver().len() as u64,
-                16,
-            )
-        });
-        l.got_offset = place(
-            &mut l.seg_size[SEG_R],
-            &mut l.seg_align[SEG_R],
-            (s.slot_list.len() as u64).max(1) * 8,
-            8,
-        );
+        let s = &mut self.synthesized;
+        // The passes' sections, then the stubs, the TLS-descriptor resolver and the GOT,
+        // each after the objects' sections of its segment.
+        for section in &mut s.sections {
+            let seg = section.segment;
+            let offset = place(
+                &mut l.seg_size[seg],
+                &mut l.seg_align[seg],
+                section.size,
+                section.align,
+            );
+            section.place = Place::At {
+                seg: seg as u8,
+                offset,
+            };
+            let at = Some(offset);
+            match section.kind {
+                SynthesizedKind::Stubs => l.plt_offset = offset,
+                SynthesizedKind::TlsDescResolver => l.tlsdesc_offset = at,
+                SynthesizedKind::Got => l.got_offset = offset,
+                SynthesizedKind::Client(_) => {}
+            }
+        }
         // eh_frame last in R, contiguous, plus a zero terminator.
         for &(oi, si) in &l.eh_frames {
             let sec = self.linker.objs[oi as usize].sections[si as usize];

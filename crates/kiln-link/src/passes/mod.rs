@@ -16,10 +16,10 @@ mod write_contents;
 mod write_got_and_stubs;
 
 use crate::fixup::Resolver;
-use crate::graph::{allocation, LinkGraph};
+use crate::graph::{allocation, LinkGraph, SynthesizedKind};
 use crate::linked::Clock;
 use crate::pass::{GraphView, PassPoint};
-use crate::symbols::{lossy, Def, Key, SEG_RX};
+use crate::symbols::{lossy, Def, Key, Place, SEG_RX};
 use crate::{LinkError, LinkOptions};
 
 /// A built-in pass.
@@ -143,6 +143,26 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             .layout
             .tlsdesc_offset
             .map_or(0, |o| allocated.bases[SEG_RX] + o);
-        linker.report(&resolver, &self.synthesized.stub_list, tlsdesc)
+        let (sections, mut symbols) =
+            linker.report(&resolver, &self.synthesized.stub_list, tlsdesc);
+        // A pass's own sections, named as symbols (debuggers and profilers see them).
+        for section in &self.synthesized.sections {
+            if let (SynthesizedKind::Client(_), Place::At { seg, offset }) =
+                (&section.kind, section.place)
+            {
+                symbols.push(crate::SymbolInfo {
+                    name: section.name.to_string(),
+                    address: allocated.bases[seg as usize] + offset,
+                    size: section.size,
+                    kind: if seg as usize == SEG_RX {
+                        crate::SymbolKind::Function
+                    } else {
+                        crate::SymbolKind::Data
+                    },
+                    global: false,
+                });
+            }
+        }
+        (sections, symbols)
     }
 }

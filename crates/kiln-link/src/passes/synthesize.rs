@@ -1,8 +1,8 @@
 //! The `synthesize-got-and-stubs` pass: the GOT entries and stubs the edges need.
 
 use crate::arch::{Check, Target};
-use crate::graph::LinkGraph;
-use crate::symbols::{lossy, Def, Key, Slot, SEG_RX};
+use crate::graph::{LinkGraph, SynthesizedKind, SynthesizedSection};
+use crate::symbols::{lossy, Def, Key, Place, Slot, SEG_R, SEG_RX};
 use crate::{LinkError, LinkOptions};
 
 impl<'a, 'c> LinkGraph<'a, 'c> {
@@ -100,6 +100,43 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 _ => {}
             }
         }
+        self.add_builtin_sections();
         Ok(())
+    }
+
+    /// The stubs, the TLS-descriptor resolver and the GOT, as sections of the graph
+    /// (after any a pass added), sized for what the edges need.
+    fn add_builtin_sections(&mut self) {
+        let arch = self.linker.arch;
+        let s = &mut self.synthesized;
+        let stubs = s.stub_list.len() as u64 * arch.stub_size();
+        let tlsdesc = s
+            .slot_list
+            .iter()
+            .any(|s| matches!(s, Slot::TlsDesc(_)))
+            .then(|| arch.tlsdesc_static_resolver().len() as u64);
+        // The GOT is never empty: its base is an address code may take (GotBase).
+        let got = (s.slot_list.len() as u64).max(1) * 8;
+        let mut add = |name: &'static str, kind, segment, size, align| {
+            s.sections.push(SynthesizedSection {
+                name: name.into(),
+                kind,
+                segment,
+                size,
+                align,
+                place: Place::Unplaced,
+            });
+        };
+        add(".kiln.stubs", SynthesizedKind::Stubs, SEG_RX, stubs, 16);
+        if let Some(size) = tlsdesc {
+            add(
+                ".kiln.tlsdesc",
+                SynthesizedKind::TlsDescResolver,
+                SEG_RX,
+                size,
+                16,
+            );
+        }
+        add(".kiln.got", SynthesizedKind::Got, SEG_R, got, 8);
     }
 }

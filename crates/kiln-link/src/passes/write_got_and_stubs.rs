@@ -1,8 +1,9 @@
-//! The `write-got-and-stubs` pass: the GOT entries' and stubs' contents.
+//! The `write-got-and-stubs` pass: the contents of the graph's synthesized sections — the
+//! GOT entries, the stubs, the TLS-descriptor resolver, and the bytes of a pass's own.
 
 use crate::fixup::{write_got, write_plt, Resolver};
-use crate::graph::{allocation, LinkGraph};
-use crate::symbols::{SEG_R, SEG_RX};
+use crate::graph::{allocation, LinkGraph, SynthesizedKind};
+use crate::symbols::{Place, SEG_R, SEG_RX};
 use crate::{LinkError, LinkOptions};
 
 impl<'a, 'c> LinkGraph<'a, 'c> {
@@ -30,6 +31,15 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             &resolver,
             l.plt_offset,
         )?;
+        // The passes' sections' bytes (their edges are applied by `fixup`).
+        for section in &s.sections {
+            if let (SynthesizedKind::Client(bytes), Place::At { seg, offset }) =
+                (&section.kind, section.place)
+            {
+                let at = offset as usize;
+                segs[seg as usize].bytes[at..at + bytes.len()].copy_from_slice(bytes);
+            }
+        }
         if let Some(at) = l.tlsdesc_offset {
             let code = linker.arch.tlsdesc_static_resolver();
             let at = at as usize;
