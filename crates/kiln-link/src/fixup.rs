@@ -4,7 +4,7 @@
 use crate::arch::{self, EncodeError, Relative, Relocation, Target};
 use crate::graph::{Allocated, Edge};
 use crate::object_file::{ObjSym, SymSection};
-use crate::symbols::{lossy, Def, Key, Linker, Place, Slot, SEG_BSS, SEG_TLS};
+use crate::symbols::{lossy, Def, Linker, Place, Slot, SymbolId, SEG_BSS, SEG_TLS};
 use crate::LinkError;
 use rustc_hash::FxHashMap;
 
@@ -32,7 +32,7 @@ pub(crate) fn write_got(
     tlsdesc_resolver: u64,
 ) {
     let mut put = |i: usize, v: u64| got[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
-    let tp_off = |key: Key| -> u64 {
+    let tp_off = |key: SymbolId| -> u64 {
         let (offset, _) = resolver.address(key);
         (tls.tp_offset.unwrap_or(0) as u64).wrapping_add(offset)
     };
@@ -69,7 +69,7 @@ pub(crate) fn write_got(
 /// Writes the stubs, each jumping to the address in its symbol's GOT entry.
 pub(crate) fn write_plt(
     code: &mut [u8],
-    stub_list: &[Key],
+    stub_list: &[SymbolId],
     slots: &FxHashMap<Slot, u64>,
     resolver: &Resolver<'_, '_, '_>,
     plt_offset: u64,
@@ -103,7 +103,7 @@ pub(crate) struct Resolver<'l, 'a, 'c> {
     pub(crate) got_base: u64,
     pub(crate) plt_base: u64,
     pub(crate) dso_handle: u64,
-    pub(crate) stubs: &'l FxHashMap<Key, u64>,
+    pub(crate) stubs: &'l FxHashMap<SymbolId, u64>,
 }
 
 impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
@@ -111,7 +111,7 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
     pub(crate) fn new(
         linker: &'l Linker<'a, 'c>,
         allocated: &Allocated,
-        stubs: &'l FxHashMap<Key, u64>,
+        stubs: &'l FxHashMap<SymbolId, u64>,
     ) -> Self {
         Resolver {
             linker,
@@ -123,7 +123,7 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
         }
     }
 
-    pub(crate) fn name(&self, key: Key) -> &[u8] {
+    pub(crate) fn name(&self, key: SymbolId) -> &[u8] {
         self.linker.name(key)
     }
 
@@ -151,13 +151,13 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
     }
 
     /// Address of a relocation target, and whether it lies in a discarded section.
-    pub(crate) fn address(&self, key: Key) -> (u64, bool) {
+    pub(crate) fn address(&self, key: SymbolId) -> (u64, bool) {
         match key {
-            Key::Local(o, s) => {
+            SymbolId::Local(o, s) => {
                 let sym = &self.linker.objs[o as usize].symbols[s as usize];
                 self.sym_address(o, sym)
             }
-            Key::Global(g) => match self.linker.globals[g as usize].def {
+            SymbolId::Global(g) => match self.linker.globals[g as usize].def {
                 Def::Defined { obj, sym, .. } => {
                     let s = &self.linker.objs[obj as usize].symbols[sym as usize];
                     self.sym_address(obj, s)
@@ -175,10 +175,10 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
         }
     }
 
-    fn size(&self, key: Key) -> u64 {
+    fn size(&self, key: SymbolId) -> u64 {
         match key {
-            Key::Local(o, s) => self.linker.objs[o as usize].symbols[s as usize].size,
-            Key::Global(g) => match self.linker.globals[g as usize].def {
+            SymbolId::Local(o, s) => self.linker.objs[o as usize].symbols[s as usize].size,
+            SymbolId::Global(g) => match self.linker.globals[g as usize].def {
                 Def::Defined { obj, sym, .. } => {
                     self.linker.objs[obj as usize].symbols[sym as usize].size
                 }
@@ -188,15 +188,15 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
         }
     }
 
-    fn is_tls(&self, key: Key) -> bool {
+    fn is_tls(&self, key: SymbolId) -> bool {
         match key {
-            Key::Local(o, s) => self.linker.objs[o as usize].symbols[s as usize].is_tls(),
-            Key::Global(g) => self.linker.globals[g as usize].tls,
+            SymbolId::Local(o, s) => self.linker.objs[o as usize].symbols[s as usize].is_tls(),
+            SymbolId::Global(g) => self.linker.globals[g as usize].tls,
         }
     }
 
-    fn is_external(&self, key: Key) -> bool {
-        matches!(key, Key::Global(g) if matches!(self.linker.globals[g as usize].def, Def::External(_)))
+    fn is_external(&self, key: SymbolId) -> bool {
+        matches!(key, SymbolId::Global(g) if matches!(self.linker.globals[g as usize].def, Def::External(_)))
     }
 
     /// Applies one edge to its section's bytes (`bytes`, at target address
@@ -332,7 +332,7 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
 
     /// Whether `key` is defined by this link's objects (not a host's or another
     /// module's symbol, not absolute, not undefined).
-    fn is_defined_here(&self, key: Key) -> bool {
+    fn is_defined_here(&self, key: SymbolId) -> bool {
         let defined = |obj: u32, sym: u32| {
             matches!(
                 self.linker.objs[obj as usize].symbols[sym as usize].section,
@@ -340,8 +340,8 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
             )
         };
         match key {
-            Key::Local(o, s) => defined(o, s),
-            Key::Global(g) => match self.linker.globals[g as usize].def {
+            SymbolId::Local(o, s) => defined(o, s),
+            SymbolId::Global(g) => match self.linker.globals[g as usize].def {
                 Def::Defined { obj, sym, .. } => defined(obj, sym),
                 Def::Common { .. } => true,
                 _ => false,
@@ -358,7 +358,7 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
         offset: u64,
         row: &Relocation,
         value: i128,
-        key: Key,
+        key: SymbolId,
         discarded: bool,
     ) -> Result<(), LinkError> {
         // A reference from a discarded COMDAT copy's leftovers is written truncated: the
@@ -394,7 +394,7 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
     }
 
     /// What the user can do about a value that does not fit.
-    fn overflow_hint(&self, row: &Relocation, key: Key) -> &'static str {
+    fn overflow_hint(&self, row: &Relocation, key: SymbolId) -> &'static str {
         match (row.target, row.relative) {
             (Target::Symbol, Relative::Absolute) if row.needs_low_memory() && self.is_external(key) => {
                 "; the symbol is in a shared library, far above the low 4 GiB. Non-PIC code (-fno-pic) refers to data with 32-bit absolute addresses, expecting a copy of it in the executable (a copy relocation, which a JIT cannot make). Compile with -fPIE or -fPIC"

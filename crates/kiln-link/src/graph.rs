@@ -8,7 +8,7 @@
 //! ([`crate::LinkPass`]) run at the [`crate::PassPoint`]s between them.
 
 use crate::arch::Relocation;
-use crate::symbols::{Key, Linker, Place, Slot};
+use crate::symbols::{Linker, Place, Slot, SymbolId};
 use crate::SectionId;
 use crate::{ImageSegment, LinkCounts, LinkTimes};
 use kiln_memory::{InFlightAllocation, Permission};
@@ -22,7 +22,7 @@ pub(crate) struct Edge {
     /// The relocation type's row.
     pub(crate) row: &'static Relocation,
     /// The target symbol.
-    pub(crate) key: Key,
+    pub(crate) key: SymbolId,
     /// The addend.
     pub(crate) addend: i64,
 }
@@ -113,8 +113,8 @@ pub(crate) struct Synthesized {
     pub(crate) sections: Vec<SynthesizedSection>,
     pub(crate) slots: FxHashMap<Slot, u64>,
     pub(crate) slot_list: Vec<Slot>,
-    pub(crate) stubs: FxHashMap<Key, u64>,
-    pub(crate) stub_list: Vec<Key>,
+    pub(crate) stubs: FxHashMap<SymbolId, u64>,
+    pub(crate) stub_list: Vec<SymbolId>,
     /// Non-PIC absolute references: the module goes to the low 2 GiB.
     pub(crate) needs_low: bool,
     /// Initial-exec, local-exec or TLS-descriptor code: the block goes to static TLS.

@@ -22,7 +22,7 @@
 
 use crate::fixup::Resolver;
 use crate::graph::LinkGraph;
-use crate::symbols::{lossy, Key, Place, SEG_RX, SEG_TLS};
+use crate::symbols::{lossy, Place, SymbolId, SEG_RX, SEG_TLS};
 use crate::Architecture;
 
 /// Where in a link a client's pass runs (between the built-in passes, in this order).
@@ -224,7 +224,7 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
         let allocated = self.graph.allocated.as_ref()?;
         let &id = linker.global_index.get(name.as_bytes())?;
         let resolver = Resolver::new(linker, allocated, &self.graph.synthesized.stubs);
-        let (address, discarded) = resolver.address(Key::Global(id));
+        let (address, discarded) = resolver.address(SymbolId::Global(id));
         (!discarded).then_some(address)
     }
 
@@ -368,7 +368,7 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
         edges.all.push(crate::graph::Edge {
             offset,
             row,
-            key: Key::Global(id),
+            key: SymbolId::Global(id),
             addend,
         });
         edges.lists.push(crate::graph::EdgeList {

@@ -3,7 +3,7 @@
 
 use crate::fixup::Resolver;
 use crate::object_file::{Binding, SymSection};
-use crate::symbols::{lossy, Def, Key, Linker, Origin, Place, SEG_TLS};
+use crate::symbols::{lossy, Def, Linker, Origin, Place, SymbolId, SEG_TLS};
 use crate::{Architecture, LinkError, ObjectInput, PlacedSection, SymbolInfo, SymbolKind};
 
 impl Linker<'_, '_> {
@@ -26,7 +26,7 @@ impl Linker<'_, '_> {
     pub(crate) fn report(
         &self,
         resolver: &Resolver<'_, '_, '_>,
-        stub_list: &[Key],
+        stub_list: &[SymbolId],
         tlsdesc_resolver: u64,
     ) -> (Vec<PlacedSection>, Vec<SymbolInfo>) {
         let mut sections = Vec::new();
@@ -61,7 +61,7 @@ impl Linker<'_, '_> {
                     // Only the definition the link kept.
                     let kept = matches!(
                         self.key(oi as u32, si as u32),
-                        Key::Global(g) if matches!(self.globals[g as usize].def,
+                        SymbolId::Global(g) if matches!(self.globals[g as usize].def,
                             Def::Defined { obj, sym, .. } if obj == oi as u32 && sym == si as u32)
                     );
                     if !kept {
@@ -128,7 +128,7 @@ impl Linker<'_, '_> {
             if let Def::Common { size, .. } = g.def {
                 symbols.push(SymbolInfo {
                     name: lossy(g.name),
-                    address: resolver.address(Key::Global(id as u32)).0,
+                    address: resolver.address(SymbolId::Global(id as u32)).0,
                     size,
                     kind: SymbolKind::Data,
                     global: true,

@@ -55,21 +55,24 @@ pub(crate) struct Global<'a> {
     pub(crate) common_place: u64,
 }
 
+/// A symbol of the link graph, what an edge targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Key {
+pub(crate) enum SymbolId {
+    /// A global symbol, by index into [`Linker::globals`] (one per name in the link).
     Global(u32),
+    /// A local symbol: (object, symbol index in its symbol table).
     Local(u32, u32),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Slot {
-    Address(Key),
-    TlsGd(Key),
+    Address(SymbolId),
+    TlsGd(SymbolId),
     TlsLd,
     /// A thread-local's offset from the thread pointer (initial-exec).
-    TpOff(Key),
+    TpOff(SymbolId),
     /// A TLS descriptor: resolver, argument.
-    TlsDesc(Key),
+    TlsDesc(SymbolId),
 }
 
 pub(crate) struct Linker<'a, 'c> {
@@ -366,10 +369,10 @@ impl<'a, 'c> Linker<'a, 'c> {
     }
 
     /// A symbol's name for messages (a section symbol's is its section's).
-    pub(crate) fn name(&self, key: Key) -> &[u8] {
+    pub(crate) fn name(&self, key: SymbolId) -> &[u8] {
         match key {
-            Key::Global(g) => self.globals[g as usize].name,
-            Key::Local(o, s) => {
+            SymbolId::Global(g) => self.globals[g as usize].name,
+            SymbolId::Local(o, s) => {
                 let sym = &self.objs[o as usize].symbols[s as usize];
                 if sym.is_section() {
                     if let SymSection::Section(i) = sym.section {
@@ -381,10 +384,10 @@ impl<'a, 'c> Linker<'a, 'c> {
         }
     }
 
-    pub(crate) fn key(&self, obj: u32, sym: u32) -> Key {
+    pub(crate) fn key(&self, obj: u32, sym: u32) -> SymbolId {
         match self.sym_globals[obj as usize].get(sym as usize) {
-            Some(&g) if g != u32::MAX => Key::Global(g),
-            _ => Key::Local(obj, sym),
+            Some(&g) if g != u32::MAX => SymbolId::Global(g),
+            _ => SymbolId::Local(obj, sym),
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::fixup::Resolver;
 use crate::graph::{allocation, LinkGraph, SynthesizedKind};
 use crate::linked::Clock;
 use crate::pass::{GraphView, PassPoint};
-use crate::symbols::{lossy, Def, Key, Place, SEG_RX};
+use crate::symbols::{lossy, Def, Place, SymbolId, SEG_RX};
 use crate::{LinkError, LinkOptions};
 
 /// A built-in pass.
@@ -119,7 +119,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             if g.tls {
                 continue;
             }
-            let (address, _) = resolver.address(Key::Global(id as u32));
+            let (address, _) = resolver.address(SymbolId::Global(id as u32));
             let name: std::sync::Arc<str> = match std::str::from_utf8(g.name) {
                 Ok(name) => name.into(),
                 Err(_) => lossy(g.name).into(),

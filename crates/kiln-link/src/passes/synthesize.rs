@@ -2,7 +2,7 @@
 
 use crate::arch::{Check, Target};
 use crate::graph::{LinkGraph, SynthesizedKind, SynthesizedSection};
-use crate::symbols::{lossy, Def, Key, Place, Slot, SEG_R, SEG_RX};
+use crate::symbols::{lossy, Def, Place, Slot, SymbolId, SEG_R, SEG_RX};
 use crate::{LinkError, LinkOptions};
 
 impl<'a, 'c> LinkGraph<'a, 'c> {
@@ -12,7 +12,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         // is a function: the context says which (asked once per symbol).
         let mut ask = Vec::new();
         for edge in &self.edges.all {
-            if let (Target::Symbol, Key::Global(g)) = (edge.row.target, edge.key) {
+            if let (Target::Symbol, SymbolId::Global(g)) = (edge.row.target, edge.key) {
                 let global = &self.linker.globals[g as usize];
                 if edge.row.check != Check::None
                     && matches!(global.def, Def::External(_))
@@ -79,7 +79,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                     // through stubs too (range-extension veneers).
                     let call = row.target != Target::Symbol;
                     let far = match key {
-                        Key::Global(g) => {
+                        SymbolId::Global(g) => {
                             let global = &linker.globals[g as usize];
                             // Data is never reached through a stub: a call is assumed
                             // to target a function, other references must know.
@@ -89,7 +89,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                                 && (matches!(global.def, Def::External(_))
                                     || (global.def == Def::Zero && call))
                         }
-                        Key::Local(..) => false,
+                        SymbolId::Local(..) => false,
                     } || (call && code_beyond_reach);
                     if far && !s.stubs.contains_key(&key) {
                         add_slot(Slot::Address(key));
