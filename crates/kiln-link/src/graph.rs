@@ -121,7 +121,8 @@ pub(crate) struct Synthesized {
     pub(crate) needs_static_tls: bool,
 }
 
-/// The link's memory, once allocated.
+/// The link's memory, which the `allocate` pass makes: the passes after it are given it,
+/// the passes before it cannot read an address (there is none yet).
 pub(crate) struct Allocated {
     pub(crate) in_flight: InFlightAllocation,
     pub(crate) bases: [u64; 4],
@@ -137,7 +138,6 @@ pub(crate) struct LinkGraph<'a, 'c> {
     pub(crate) edges: Edges,
     pub(crate) layout: Layout,
     pub(crate) synthesized: Synthesized,
-    pub(crate) allocated: Option<Allocated>,
     pub(crate) tls_image: Vec<u8>,
     pub(crate) tp_offset: Option<i64>,
     pub(crate) init: Vec<u64>,
@@ -147,14 +147,6 @@ pub(crate) struct LinkGraph<'a, 'c> {
     pub(crate) times: LinkTimes,
     /// Each pass's time, in order (plugins' passes under their own names).
     pub(crate) pass_times: Vec<(std::borrow::Cow<'static, str>, std::time::Duration)>,
-}
-
-/// The link's memory, which the `allocate` pass made: every pass after it writes there.
-/// Takes the field alone, so that the graph's other fields stay borrowable beside it.
-pub(crate) fn allocation(allocated: &mut Option<Allocated>) -> &mut Allocated {
-    allocated
-        .as_mut()
-        .expect("the allocate pass runs before the passes that use the memory")
 }
 
 /// Saturating placement of a piece of `sec_size` bytes aligned to `sec_align` at the end
@@ -186,7 +178,6 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 ..Layout::default()
             },
             synthesized: Synthesized::default(),
-            allocated: None,
             tls_image: Vec::new(),
             tp_offset: None,
             init: Vec::new(),

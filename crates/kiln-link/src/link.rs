@@ -196,21 +196,17 @@ pub fn link<'a>(
     times.resolve = clock.since(t);
 
     let mut graph = LinkGraph::new(linker, times);
-    graph.run(options)?;
-    let exports = graph.exports();
+    let allocated = graph.run(options)?;
+    let exports = graph.exports(&allocated);
     let branch_protected = options.architecture == Architecture::Aarch64
         && !graph.linker.objs.is_empty()
         && graph.linker.objs.iter().all(|o| o.branch_protected);
     let (linked_objects, sections, symbol_info) = if options.report_sections {
-        let (sections, symbols) = graph.report();
+        let (sections, symbols) = graph.report(&allocated);
         (graph.linker.linked_objects(objects)?, sections, symbols)
     } else {
         (Vec::new(), Vec::new(), Vec::new())
     };
-    let allocated = graph
-        .allocated
-        .take()
-        .expect("the pipeline allocates before it ends");
     let t = clock.now();
     let allocation = allocated.in_flight.finalize()?;
     let mut times = graph.times;

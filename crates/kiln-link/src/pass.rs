@@ -21,7 +21,7 @@
 //! ```
 
 use crate::fixup::Resolver;
-use crate::graph::LinkGraph;
+use crate::graph::{Allocated, LinkGraph};
 use crate::symbols::{lossy, Place, SymbolId, SEG_RX, SEG_TLS};
 use crate::Architecture;
 
@@ -118,12 +118,22 @@ pub struct GraphEdge {
 /// [`PassPoint::FixedUp`] on the bytes.
 pub struct GraphView<'g, 'a, 'c> {
     graph: &'g mut LinkGraph<'a, 'c>,
+    /// The memory, from [`PassPoint::Allocated`] on.
+    memory: Option<&'g mut Allocated>,
     point: PassPoint,
 }
 
 impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
-    pub(crate) fn new(graph: &'g mut LinkGraph<'a, 'c>, point: PassPoint) -> Self {
-        GraphView { graph, point }
+    pub(crate) fn new(
+        graph: &'g mut LinkGraph<'a, 'c>,
+        memory: Option<&'g mut Allocated>,
+        point: PassPoint,
+    ) -> Self {
+        GraphView {
+            graph,
+            memory,
+            point,
+        }
     }
 
     /// Where in the link this pass runs.
@@ -146,7 +156,7 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
     /// [`PassPoint::Decoded`], from the edges).
     pub fn sections(&self) -> Vec<GraphSection> {
         let linker = &self.graph.linker;
-        let bases = self.graph.allocated.as_ref().map(|a| a.bases);
+        let bases = self.memory.as_ref().map(|a| a.bases);
         let mut edges = rustc_hash::FxHashMap::default();
         for list in &self.graph.edges.lists {
             *edges.entry(list.section).or_insert(0) += (list.end - list.start) as usize;
@@ -190,12 +200,6 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
             };
             push(id, s.name.to_string(), s.size, place);
         }
-        if self.point == PassPoint::Decoded {
-            // Nothing has an address yet, the passes' own sections neither.
-            for s in &mut out {
-                s.address = None;
-            }
-        }
         out
     }
 
@@ -221,7 +225,7 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
     /// outside it), from [`PassPoint::Allocated`] on.
     pub fn symbol_address(&self, name: &str) -> Option<u64> {
         let linker = &self.graph.linker;
-        let allocated = self.graph.allocated.as_ref()?;
+        let allocated = self.memory.as_deref()?;
         let &id = linker.global_index.get(name.as_bytes())?;
         let resolver = Resolver::new(linker, allocated, &self.graph.synthesized.stubs);
         let (address, discarded) = resolver.address(SymbolId::Global(id));
@@ -257,7 +261,7 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
         if seg == SEG_TLS {
             return None;
         }
-        let allocated = self.graph.allocated.as_mut()?;
+        let allocated = self.memory.as_deref_mut()?;
         let mut segs = allocated.in_flight.segments_mut();
         let seg = segs.swap_remove(seg as usize);
         let start = offset as usize;

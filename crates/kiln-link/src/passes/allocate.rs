@@ -8,7 +8,7 @@ use kiln_memory::{AllocationRequest, SegmentRequest};
 impl<'a, 'c> LinkGraph<'a, 'c> {
     /// Asks the memory manager for the four segments (the low one for non-PIC code), and
     /// the executor for a TLS module id if there are thread-locals.
-    pub(crate) fn allocate(&mut self, options: &LinkOptions<'_>) -> Result<(), LinkError> {
+    pub(crate) fn allocate(&mut self, options: &LinkOptions<'_>) -> Result<Allocated, LinkError> {
         let memory = match (self.synthesized.needs_low, options.low_memory) {
             (true, Some(low)) => low,
             _ => options.memory,
@@ -32,14 +32,13 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         } else {
             0
         };
-        self.allocated = Some(Allocated {
+        Ok(Allocated {
             in_flight,
             bases,
             got_base: bases[SEG_R] + l.got_offset,
             plt_base: bases[SEG_RX] + l.plt_offset,
             dso_handle: bases[SEG_RW] + l.dso_offset,
             tls_module,
-        });
-        Ok(())
+        })
     }
 }

@@ -1,31 +1,39 @@
 //! The `fixup` pass: every edge applied to the bytes it patches.
 
 use crate::fixup::{Resolver, TlsPlace, Where};
-use crate::graph::{allocation, LinkGraph};
+use crate::graph::{Allocated, LinkGraph};
 use crate::object_file::{ObjSection, SHT_NOBITS};
 use crate::symbols::{lossy, Place, SEG_TLS};
 use crate::{LinkError, LinkOptions, SectionId};
 
 impl<'a, 'c> LinkGraph<'a, 'c> {
     /// Every other relocation.
-    pub(crate) fn fixup(&mut self, _: &LinkOptions<'_>) -> Result<(), LinkError> {
-        self.apply_edges(false)
+    pub(crate) fn fixup(
+        &mut self,
+        memory: &mut Allocated,
+        _: &LinkOptions<'_>,
+    ) -> Result<(), LinkError> {
+        self.apply_edges(memory, false)
     }
 
-    pub(crate) fn tls_place(&self) -> TlsPlace {
+    pub(crate) fn tls_place(&self, memory: &Allocated) -> TlsPlace {
         TlsPlace {
-            module: self.allocated.as_ref().map_or(0, |a| a.tls_module),
+            module: memory.tls_module,
             tp_offset: self.tp_offset,
         }
     }
 
     /// Applies the edges of the TLS image's sections (`tls_image`) or of the others.
-    pub(crate) fn apply_edges(&mut self, tls_image: bool) -> Result<(), LinkError> {
-        let tls = self.tls_place();
+    pub(crate) fn apply_edges(
+        &mut self,
+        memory: &mut Allocated,
+        tls_image: bool,
+    ) -> Result<(), LinkError> {
+        let tls = self.tls_place(memory);
         let linker = &self.linker;
         let s = &self.synthesized;
         let synthesized = &s.sections;
-        let allocated = allocation(&mut self.allocated);
+        let allocated = memory;
         let resolver = Resolver::new(linker, allocated, &s.stubs);
         let bases = allocated.bases;
         let mut segs = allocated.in_flight.segments_mut();

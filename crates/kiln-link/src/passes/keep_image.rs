@@ -1,17 +1,21 @@
 //! The `keep-image` pass: the linked image kept for `kiln link`'s ELF file.
 
-use crate::graph::{allocation, LinkGraph, PERMISSIONS};
+use crate::graph::{Allocated, LinkGraph, PERMISSIONS};
 use crate::symbols::SEG_BSS;
 use crate::{ImageSegment, LinkError, LinkOptions};
 
 impl<'a, 'c> LinkGraph<'a, 'c> {
     /// A copy of the segments as written, with [`LinkOptions::keep_image`].
-    pub(crate) fn keep_image(&mut self, options: &LinkOptions<'_>) -> Result<(), LinkError> {
+    pub(crate) fn keep_image(
+        &mut self,
+        memory: &mut Allocated,
+        options: &LinkOptions<'_>,
+    ) -> Result<(), LinkError> {
         if !options.keep_image {
             return Ok(());
         }
         let seg_size = self.layout.seg_size;
-        let allocated = allocation(&mut self.allocated);
+        let allocated = memory;
         let bases = allocated.bases;
         let segs = allocated.in_flight.segments_mut();
         self.image = (0..4)

@@ -16,30 +16,40 @@ mod write_contents;
 mod write_got_and_stubs;
 
 use crate::fixup::Resolver;
-use crate::graph::{allocation, LinkGraph, SynthesizedKind};
+use crate::graph::{Allocated, LinkGraph, SynthesizedKind};
 use crate::linked::Clock;
 use crate::pass::{GraphView, PassPoint};
 use crate::symbols::{lossy, Def, Place, SymbolId, SEG_RX};
 use crate::{LinkError, LinkOptions};
+use std::time::{Duration, Instant};
 
-/// A built-in pass.
-type BuiltinPass<'a, 'c> = fn(&mut LinkGraph<'a, 'c>, &LinkOptions<'_>) -> Result<(), LinkError>;
+/// A built-in pass before the memory exists: it cannot read an address.
+type PassBefore<'a, 'c> = fn(&mut LinkGraph<'a, 'c>, &LinkOptions<'_>) -> Result<(), LinkError>;
+
+/// A built-in pass after `allocate`: it is given the memory.
+type PassAfter<'a, 'c> =
+    fn(&mut LinkGraph<'a, 'c>, &mut Allocated, &LinkOptions<'_>) -> Result<(), LinkError>;
 
 /// One step of the link: a built-in pass, or the point where plugins' passes run.
-pub(crate) enum Step<'a, 'c> {
-    Builtin(&'static str, BuiltinPass<'a, 'c>),
+pub(crate) enum Step<P> {
+    Builtin(&'static str, P),
     Plugins(PassPoint),
 }
 
-/// The passes of a link, in order.
-fn pipeline<'a, 'c>() -> [Step<'a, 'c>; 15] {
+/// The passes of a link before its memory is allocated, in order.
+fn before_allocation<'a, 'c>() -> [Step<PassBefore<'a, 'c>>; 5] {
     [
         Step::Builtin("layout-sections", LinkGraph::layout_sections),
         Step::Builtin("decode-edges", LinkGraph::decode_edges),
         Step::Plugins(PassPoint::Decoded),
         Step::Builtin("synthesize-got-and-stubs", LinkGraph::synthesize),
         Step::Builtin("layout-synthesized", LinkGraph::layout_synthesized),
-        Step::Builtin("allocate", LinkGraph::allocate),
+    ]
+}
+
+/// The passes after `allocate`, in order.
+fn after_allocation<'a, 'c>() -> [Step<PassAfter<'a, 'c>>; 9] {
+    [
         Step::Plugins(PassPoint::Allocated),
         Step::Builtin("write-contents", LinkGraph::write_contents),
         Step::Builtin("fixup-tls-image", LinkGraph::fixup_tls_image),
@@ -52,58 +62,106 @@ fn pipeline<'a, 'c>() -> [Step<'a, 'c>; 15] {
     ]
 }
 
+/// The clock of a link's passes: one reading per pass boundary with
+/// [`LinkOptions::times`], none without.
+struct PassClock {
+    clock: Clock,
+    start: Option<Instant>,
+    last: Option<Instant>,
+}
+
+impl PassClock {
+    /// Records the pass `name` just ended; the time since the last boundary.
+    fn lap(
+        &mut self,
+        graph: &mut LinkGraph<'_, '_>,
+        name: std::borrow::Cow<'static, str>,
+    ) -> Option<Instant> {
+        let now = self.clock.now()?;
+        graph
+            .pass_times
+            .push((name, now - self.last.unwrap_or(now)));
+        self.last = Some(now);
+        Some(now)
+    }
+
+    fn since_start(&self, now: Instant) -> Duration {
+        now - self.start.unwrap_or(now)
+    }
+}
+
 impl<'a, 'c> LinkGraph<'a, 'c> {
-    /// Runs every step of the pipeline, with the plugins' passes of `options`. With
-    /// [`LinkOptions::times`], one clock reading per pass boundary; else none.
-    pub(crate) fn run(&mut self, options: &LinkOptions<'_>) -> Result<(), LinkError> {
+    /// Runs every step of the pipeline, with the plugins' passes of `options`: the passes
+    /// before allocation, `allocate`, the passes after it. Returns the memory, written,
+    /// relocated and not yet finalized. With [`LinkOptions::times`], one clock reading per
+    /// pass boundary; else none.
+    pub(crate) fn run(&mut self, options: &LinkOptions<'_>) -> Result<Allocated, LinkError> {
         let clock = Clock(options.times);
-        let phase_start = clock.now();
-        let mut last = phase_start;
-        let mut fixup_start = phase_start;
-        for step in &pipeline::<'a, 'c>() {
+        let start = clock.now();
+        let mut laps = PassClock {
+            clock,
+            start,
+            last: start,
+        };
+        for step in &before_allocation::<'a, 'c>() {
             match step {
                 Step::Builtin(name, pass) => {
                     tracing::trace!(pass = name, "link pass");
                     pass(self, options)?;
-                    let Some(now) = clock.now() else { continue };
-                    self.pass_times
-                        .push(((*name).into(), now - last.unwrap_or(now)));
-                    last = Some(now);
-                    // Phase times, as LinkTimes reports them.
-                    match *name {
-                        "allocate" => {
-                            self.times.layout = now - phase_start.unwrap_or(now);
-                            fixup_start = Some(now);
-                        }
-                        "keep-image" => self.times.fixup = now - fixup_start.unwrap_or(now),
-                        _ => {}
-                    }
+                    laps.lap(self, (*name).into());
+                }
+                Step::Plugins(point) => self.run_plugins(*point, None, options, &mut laps)?,
+            }
+        }
+        let mut memory = self.allocate(options)?;
+        if let Some(now) = laps.lap(self, "allocate".into()) {
+            self.times.layout = laps.since_start(now);
+        }
+        let fixup_start = laps.last;
+        for step in &after_allocation::<'a, 'c>() {
+            match step {
+                Step::Builtin(name, pass) => {
+                    tracing::trace!(pass = name, "link pass");
+                    pass(self, &mut memory, options)?;
+                    laps.lap(self, (*name).into());
                 }
                 Step::Plugins(point) => {
-                    for (at, pass) in options.passes {
-                        if at == point {
-                            let mut view = GraphView::new(self, *point);
-                            pass.run(&mut view).map_err(|source| LinkError::Pass {
-                                pass: pass.name().to_string(),
-                                source,
-                            })?;
-                            let Some(now) = clock.now() else { continue };
-                            self.pass_times
-                                .push((pass.name().to_string().into(), now - last.unwrap_or(now)));
-                            last = Some(now);
-                        }
-                    }
+                    self.run_plugins(*point, Some(&mut memory), options, &mut laps)?
                 }
             }
+        }
+        if let (Some(now), Some(from)) = (laps.last, fixup_start) {
+            self.times.fixup = now - from;
+        }
+        Ok(memory)
+    }
+
+    /// The plugins' passes of `options` registered for `point`.
+    fn run_plugins(
+        &mut self,
+        point: PassPoint,
+        mut memory: Option<&mut Allocated>,
+        options: &LinkOptions<'_>,
+        laps: &mut PassClock,
+    ) -> Result<(), LinkError> {
+        for (at, pass) in options.passes {
+            if *at != point {
+                continue;
+            }
+            let mut view = GraphView::new(self, memory.as_deref_mut(), point);
+            pass.run(&mut view).map_err(|source| LinkError::Pass {
+                pass: pass.name().to_string(),
+                source,
+            })?;
+            laps.lap(self, pass.name().to_string().into());
         }
         Ok(())
     }
 
     /// The global symbols the module defines, sorted by name (see
     /// [`crate::LinkedModule::exports`]).
-    pub(crate) fn exports(&mut self) -> Vec<crate::Export> {
+    pub(crate) fn exports(&self, allocated: &Allocated) -> Vec<crate::Export> {
         let linker = &self.linker;
-        let allocated = allocation(&mut self.allocated);
         let resolver = Resolver::new(linker, allocated, &self.synthesized.stubs);
         let mut exports = Vec::with_capacity(linker.globals.len());
         for (id, g) in linker.globals.iter().enumerate() {
@@ -135,9 +193,11 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
     }
 
     /// Where every section and symbol landed ([`LinkOptions::report_sections`]).
-    pub(crate) fn report(&mut self) -> (Vec<crate::PlacedSection>, Vec<crate::SymbolInfo>) {
+    pub(crate) fn report(
+        &self,
+        allocated: &Allocated,
+    ) -> (Vec<crate::PlacedSection>, Vec<crate::SymbolInfo>) {
         let linker = &self.linker;
-        let allocated = allocation(&mut self.allocated);
         let resolver = Resolver::new(linker, allocated, &self.synthesized.stubs);
         let tlsdesc = self
             .layout

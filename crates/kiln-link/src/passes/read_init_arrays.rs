@@ -1,6 +1,6 @@
 //! The `read-init-arrays` pass: initializers and finalizers, checked to be code of the module.
 
-use crate::graph::{allocation, LinkGraph};
+use crate::graph::{Allocated, LinkGraph};
 use crate::object_file::{SHT_FINI_ARRAY, SHT_INIT_ARRAY, SHT_PREINIT_ARRAY};
 use crate::symbols::{priority, Place, SEG_RX};
 use crate::{LinkError, LinkOptions};
@@ -8,9 +8,13 @@ use crate::{LinkError, LinkOptions};
 impl<'a, 'c> LinkGraph<'a, 'c> {
     /// Initializers and finalizers, read back from the relocated arrays, in the order to
     /// call them.
-    pub(crate) fn read_init_arrays(&mut self, _: &LinkOptions<'_>) -> Result<(), LinkError> {
+    pub(crate) fn read_init_arrays(
+        &mut self,
+        memory: &mut Allocated,
+        _: &LinkOptions<'_>,
+    ) -> Result<(), LinkError> {
         let linker = &self.linker;
-        let allocated = allocation(&mut self.allocated);
+        let allocated = memory;
         // Every entry must be code of this module: a pointer elsewhere (a corrupt or
         // crafted array) is refused here, before anything runs, in process as out of it.
         let code = allocated.bases[SEG_RX]..allocated.bases[SEG_RX] + self.layout.seg_size[SEG_RX];

@@ -1,6 +1,6 @@
 //! The `write-contents` pass: each section's bytes, written once.
 
-use crate::graph::{allocation, LinkGraph};
+use crate::graph::{Allocated, LinkGraph};
 use crate::object_file::SHT_NOBITS;
 use crate::symbols::{Place, SEG_R, SEG_RW, SEG_RX, SEG_TLS};
 use crate::{LinkError, LinkOptions};
@@ -8,7 +8,11 @@ use crate::{LinkError, LinkOptions};
 impl<'a, 'c> LinkGraph<'a, 'c> {
     /// Copies every section's contents to its place; unused code is the architecture's
     /// trap pattern, `__dso_handle` holds its own address.
-    pub(crate) fn write_contents(&mut self, _: &LinkOptions<'_>) -> Result<(), LinkError> {
+    pub(crate) fn write_contents(
+        &mut self,
+        memory: &mut Allocated,
+        _: &LinkOptions<'_>,
+    ) -> Result<(), LinkError> {
         // Only the initialized part of the TLS block is an image (`.tbss` is zeros by
         // definition), so a huge `.tbss` costs nothing here.
         let tls_image_len = self.layout.tls_image_len as usize;
@@ -23,7 +27,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let trap = self.linker.arch.trap();
         let dso_offset = self.layout.dso_offset as usize;
         let linker = &self.linker;
-        let allocated = allocation(&mut self.allocated);
+        let allocated = memory;
         let dso_handle = allocated.dso_handle;
         let mut segs = allocated.in_flight.segments_mut();
         // Each byte is written once: sections' contents, then what lies between them —

@@ -2,18 +2,22 @@
 //! GOT entries, the stubs, the TLS-descriptor resolver, and the bytes of a pass's own.
 
 use crate::fixup::{write_got, write_plt, Resolver};
-use crate::graph::{allocation, LinkGraph, SynthesizedKind};
+use crate::graph::{Allocated, LinkGraph, SynthesizedKind};
 use crate::symbols::{Place, SEG_R, SEG_RX};
 use crate::{LinkError, LinkOptions};
 
 impl<'a, 'c> LinkGraph<'a, 'c> {
     /// The GOT's entries, the stubs, the TLS-descriptor resolver.
-    pub(crate) fn write_got_and_stubs(&mut self, _: &LinkOptions<'_>) -> Result<(), LinkError> {
-        let tls = self.tls_place();
+    pub(crate) fn write_got_and_stubs(
+        &mut self,
+        memory: &mut Allocated,
+        _: &LinkOptions<'_>,
+    ) -> Result<(), LinkError> {
+        let tls = self.tls_place(memory);
         let linker = &self.linker;
         let l = &self.layout;
         let s = &self.synthesized;
-        let allocated = allocation(&mut self.allocated);
+        let allocated = memory;
         let resolver = Resolver::new(linker, allocated, &s.stubs);
         let tlsdesc_resolver = l.tlsdesc_offset.map_or(0, |o| allocated.bases[SEG_RX] + o);
         let mut segs = allocated.in_flight.segments_mut();
