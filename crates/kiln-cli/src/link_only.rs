@@ -44,6 +44,9 @@ pub(crate) struct LinkArgs {
     /// Prints where each symbol landed.
     #[arg(long)]
     map: bool,
+    /// Print the time of each link phase and pass to stderr (as `kiln run --show-times`).
+    #[arg(long)]
+    show_times: bool,
 }
 
 fn parse_address(text: &str) -> Result<u64, String> {
@@ -96,6 +99,7 @@ pub(crate) fn link_only(args: LinkArgs) -> Result<(), String> {
         Some(Target::Aarch64) => Architecture::Aarch64,
         None => Architecture::host(),
     };
+    let start = std::time::Instant::now();
     let mut objects = Vec::new();
     let mut archives = Vec::new();
     for path in &args.inputs {
@@ -122,6 +126,8 @@ pub(crate) fn link_only(args: LinkArgs) -> Result<(), String> {
     options.architecture = architecture;
     options.keep_image = true;
     options.report_sections = true;
+    options.times = args.show_times;
+    let load = start.elapsed();
     let mut ctx = OfflineContext {
         defined,
         placeholders: Vec::new(),
@@ -131,8 +137,15 @@ pub(crate) fn link_only(args: LinkArgs) -> Result<(), String> {
     let module = link(&objects, &archives, &mut ctx, &options).map_err(|e| e.to_string())?;
     let mut extra = ctx.placeholders.clone();
     extra.extend(ctx.defined.iter().cloned());
+    let written = std::time::Instant::now();
     let image = module.image_elf(&extra).ok_or("the link kept no image")?;
     std::fs::write(&args.output, &image).map_err(|e| format!("{}: {e}", args.output.display()))?;
+    if args.show_times {
+        let (times, passes, counts) = (&module.times, &module.pass_times, &module.counts);
+        crate::times::print_link_times(load, times, passes, counts);
+        crate::times::print_step("write image", written.elapsed());
+        crate::times::print_step("total", start.elapsed());
+    }
     let names = ["code", "constants", "data", "zero-filled"];
     println!(
         "linked {} objects for {architecture} into {}:",

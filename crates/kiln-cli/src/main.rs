@@ -5,6 +5,7 @@
 
 mod inputs;
 mod link_only;
+mod times;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kiln_memory::{
@@ -637,31 +638,10 @@ fn run(o: RunArgs) -> Result<i32, String> {
         );
     }
     if o.show_times {
-        eprintln!("kiln: load inputs  {:>9.3} ms", load.as_secs_f64() * 1e3);
         if let Some((_, report)) = &linked {
-            let t = report.times;
-            for (name, d) in [
-                ("parse", t.parse),
-                ("resolve", t.resolve),
-                ("layout", t.layout),
-                ("fixup", t.fixup),
-                ("finalize", t.finalize),
-            ] {
-                eprintln!("kiln: {name:<12} {:>9.3} ms", d.as_secs_f64() * 1e3);
-            }
-            for (pass, d) in &report.pass_times {
-                eprintln!("kiln:   pass {pass:<26} {:>9.3} ms", d.as_secs_f64() * 1e3);
-            }
-            let c = report.counts;
-            eprintln!(
-                "kiln: {} objects, {} sections, {} relocations, {} GOT entries, {} PLT stubs",
-                c.objects, c.sections, c.relocations, c.got_entries, c.plt_stubs
-            );
+            times::print_link_times(load, &report.times, &report.pass_times, &report.counts);
         }
-        eprintln!(
-            "kiln: total        {:>9.3} ms",
-            start.elapsed().as_secs_f64() * 1e3
-        );
+        times::print_step("total", start.elapsed());
     }
     if o.stats {
         eprintln!("{}", jit.memory_stats());

@@ -197,13 +197,24 @@ pub fn link<'a>(
 
     let mut graph = LinkGraph::new(linker, times);
     let allocated = graph.run(options)?;
+    // What the link gives back is timed as steps of its own (they are no pass).
+    let mut step = clock.now();
+    let mut lap = |graph: &mut LinkGraph<'_, '_>, name: &'static str| {
+        if let (Some(now), Some(then)) = (clock.now(), step) {
+            graph.pass_times.push((name.into(), now - then));
+            step = Some(now);
+        }
+    };
     let exports = graph.exports(&allocated);
+    lap(&mut graph, "(exports)");
     let branch_protected = options.architecture == Architecture::Aarch64
         && !graph.linker.objs.is_empty()
         && graph.linker.objs.iter().all(|o| o.branch_protected);
     let (linked_objects, sections, symbol_info) = if options.report_sections {
         let (sections, symbols) = graph.report(&allocated);
-        (graph.linker.linked_objects(objects)?, sections, symbols)
+        let linked = graph.linker.linked_objects(objects)?;
+        lap(&mut graph, "(report)");
+        (linked, sections, symbols)
     } else {
         (Vec::new(), Vec::new(), Vec::new())
     };

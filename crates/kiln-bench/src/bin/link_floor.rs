@@ -10,7 +10,9 @@
 //!
 //! Kiln is `kiln run --noexec` for x86-64 (this machine) and `kiln link --target aarch64`
 //! for AArch64 (a link for chosen addresses, written to an ELF image file: no executor to
-//! ask). `link_floor copy FILE…` is the floor.
+//! ask). `link_floor copy FILE…` is the floor. After the ratios, a table of where Kiln's
+//! time goes, phase by phase and pass by pass, from one more run of each with
+//! `--show-times`.
 
 use clap::Parser;
 use kiln_bench::sh;
@@ -61,7 +63,66 @@ struct Input {
     name: String,
     files: Vec<PathBuf>,
     kiln: Command,
+    /// The same command with `--show-times`.
+    kiln_times: Command,
     mold: Option<Command>,
+}
+
+/// The `--show-times` lines of a kiln command: (phase or pass, milliseconds), in order.
+fn show_times(cmd: &mut Command) -> Vec<(String, f64)> {
+    let Ok(out) = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).output() else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("kiln: ")?.strip_suffix(" ms")?;
+            let (name, value) = rest.trim_end().rsplit_once(' ')?;
+            let name = name.trim();
+            let label = match name.strip_prefix("pass ") {
+                Some(pass) => format!("  {}", pass.trim()),
+                None => name.to_string(),
+            };
+            Some((label, value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// One column per input, one row per phase and pass (in the order the first input gives
+/// them); milliseconds.
+fn print_times_table(names: &[String], columns: &[Vec<(String, f64)>]) {
+    let mut rows: Vec<String> = Vec::new();
+    for column in columns {
+        for (label, _) in column {
+            if !rows.contains(label) {
+                rows.push(label.clone());
+            }
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    // The whole command last.
+    if let Some(i) = rows.iter().position(|r| r == "total") {
+        let total = rows.remove(i);
+        rows.push(total);
+    }
+    println!("\nwhere kiln's time goes (ms, one run with --show-times)\n");
+    print!("{:<30}", "phase / pass");
+    for name in names {
+        print!(" {name:>15}");
+    }
+    println!();
+    for row in rows {
+        print!("{row:<30}");
+        for column in columns {
+            match column.iter().find(|(label, _)| *label == row) {
+                Some((_, ms)) => print!(" {ms:>15.3}"),
+                None => print!(" {:>15}", "-"),
+            }
+        }
+        println!();
+    }
 }
 
 /// `mold` with the arguments gcc's driver would give its linker (`-###`), so that mold
@@ -172,14 +233,20 @@ fn prepare(dir: &Path, kiln: &Path) -> Vec<Input> {
         ];
         let many = many_objects(dir, compiler, suffix);
         for (name, files, libs) in [("sqlite", sqlite, vec!["-lm"]), ("many", many, vec![])] {
-            let mut k = Command::new(kiln);
-            if arch == "x86-64" {
-                k.args(["run", "--noexec"]).args(&files).args(&libs);
-            } else {
-                k.args(["link", "--target", "aarch64", "--allow-undefined", "-o"])
-                    .arg(dir.join(format!("{name}{suffix}.elf")))
-                    .args(&files);
-            }
+            let command = || {
+                let mut k = Command::new(kiln);
+                if arch == "x86-64" {
+                    k.args(["run", "--noexec"]).args(&files).args(&libs);
+                } else {
+                    k.args(["link", "--target", "aarch64", "--allow-undefined", "-o"])
+                        .arg(dir.join(format!("{name}{suffix}.elf")))
+                        .args(&files);
+                }
+                k
+            };
+            let k = command();
+            let mut kiln_times = command();
+            kiln_times.arg("--show-times");
             let mut args: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
             args.extend(libs.iter().map(|s| s.to_string()));
             let mold = mold_command(compiler, &args, &dir.join(format!("{name}{suffix}.mold")));
@@ -190,6 +257,7 @@ fn prepare(dir: &Path, kiln: &Path) -> Vec<Input> {
                 name: format!("{name} {arch}"),
                 files,
                 kiln: k,
+                kiln_times,
                 mold,
             });
         }
@@ -234,7 +302,10 @@ fn main() {
         "input", "kiln", "floor", "mold", "kiln/floor", "kiln/mold"
     );
     let mut verdicts = Vec::new();
+    let (mut names, mut columns) = (Vec::new(), Vec::new());
     for mut input in inputs {
+        names.push(input.name.clone());
+        columns.push(show_times(&mut input.kiln_times));
         let mut floor = Command::new(&me);
         floor.arg("copy").args(&input.files);
         let (mut k, mut f, mut m) = (Vec::new(), Vec::new(), Vec::new());
@@ -277,6 +348,7 @@ fn main() {
             ));
         }
     }
+    print_times_table(&names, &columns);
     println!();
     for v in verdicts {
         println!("{v}");
