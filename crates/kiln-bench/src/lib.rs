@@ -287,3 +287,28 @@ pub fn cpu_times() -> (Duration, Duration) {
     };
     (time(u.ru_utime), time(u.ru_stime))
 }
+
+/// The CPU time (user + system) of running `program` with `args` to its end, its output
+/// discarded; `None` if it fails or exits other than 0.
+pub fn cpu_time_of(program: &std::path::Path, args: &[&str]) -> Option<Duration> {
+    let child = std::process::Command::new(program)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: wait4 writes the status and the rusage it is given; zeroed is a valid
+    // rusage.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our child, not waited for yet; valid out-pointers.
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    if waited != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        return None;
+    }
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    Some(time(usage.ru_utime) + time(usage.ru_stime))
+}

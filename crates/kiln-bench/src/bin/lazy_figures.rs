@@ -402,29 +402,6 @@ fn expected_looping_f(i: usize, x: i64) -> i64 {
     y
 }
 
-/// The CPU time (user + system) of running `program` with `args` to its end; `None` if
-/// it fails or exits other than 0.
-fn cpu_time_of(program: &std::path::Path, args: &[&str]) -> Option<Duration> {
-    let child = std::process::Command::new(program)
-        .args(args)
-        .spawn()
-        .ok()?;
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    // SAFETY: wait4 writes the status and the rusage it is given; zeroed is a valid
-    // rusage.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `pid` is our child, not waited for yet; valid out-pointers.
-    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    if waited != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-        return None;
-    }
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    Some(time(usage.ru_utime) + time(usage.ru_stime))
-}
-
 /// Lazy start-up measured from outside, as a user runs it: the `kiln-lang` binary on a
 /// generated program of `n` functions with loops and lets whose `main` calls 100 of them
 /// (and exits 0 if they return what they should), the CPU time of the whole process,
@@ -457,8 +434,10 @@ fn outside(n: usize, runs: usize) {
     let path = file.display().to_string();
     let (mut lazy, mut eager) = (Vec::new(), Vec::new());
     for _ in 0..runs {
-        lazy.extend(cpu_time_of(&binary, &[&path]).map(|t| t.as_secs_f64() * 1e3));
-        eager.extend(cpu_time_of(&binary, &["--eager", &path]).map(|t| t.as_secs_f64() * 1e3));
+        lazy.extend(kiln_bench::cpu_time_of(&binary, &[&path]).map(|t| t.as_secs_f64() * 1e3));
+        eager.extend(
+            kiln_bench::cpu_time_of(&binary, &["--eager", &path]).map(|t| t.as_secs_f64() * 1e3),
+        );
     }
     let _ = std::fs::remove_file(&file);
     if lazy.len() != runs || eager.len() != runs {

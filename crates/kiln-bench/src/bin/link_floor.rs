@@ -12,7 +12,8 @@
 //! for AArch64 (a link for chosen addresses, written to an ELF image file: no executor to
 //! ask). `link_floor copy FILE…` is the floor. After the ratios, a table of where Kiln's
 //! time goes, phase by phase and pass by pass, from one more run of each with
-//! `--show-times`.
+//! `--show-times`. Then start-up: `kiln run` of an empty `main` against the natively linked
+//! empty program, CPU time of the whole process (from `wait4`), interleaved.
 
 use clap::Parser;
 use kiln_bench::sh;
@@ -349,8 +350,38 @@ fn main() {
         }
     }
     print_times_table(&names, &columns);
+    verdicts.extend(start_up(&args.dir, &kiln, args.runs * 4));
     println!();
     for v in verdicts {
         println!("{v}");
     }
+}
+
+/// `kiln run` of an empty `main` against the same program linked natively: median CPU
+/// time (user + system) of `runs` interleaved runs of each; the verdict line.
+fn start_up(dir: &Path, kiln: &Path, runs: usize) -> Option<String> {
+    let source = dir.join("empty.c");
+    std::fs::write(&source, "int main(void) { return 0; }\n").ok()?;
+    let (object, native) = (dir.join("empty.o"), dir.join("empty_native"));
+    let d = dir.display();
+    sh(&format!(
+        "cc -O2 -c {d}/empty.c -o {d}/empty.o && cc -O2 {d}/empty.c -o {d}/empty_native"
+    ));
+    let object = object.to_str()?;
+    let (mut k, mut n) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        k.extend(kiln_bench::cpu_time_of(kiln, &["run", object]));
+        n.extend(kiln_bench::cpu_time_of(&native, &[]));
+    }
+    let (k, n) = (median(k)?, median(n)?);
+    let ratio = k.as_secs_f64() / n.as_secs_f64();
+    println!(
+        "\nstart-up, CPU time, median of {runs} interleaved runs: kiln run empty.o {}, native {}: {ratio:.2}x",
+        ms(Some(k)),
+        ms(Some(n))
+    );
+    Some(format!(
+        "start-up: kiln run of an empty main / native {ratio:.2}x, target <= 2.00x (aim 1.3x): {}",
+        kiln_bench::verdict(ratio <= 2.0)
+    ))
 }
