@@ -124,8 +124,10 @@ pub(crate) fn link_only(args: LinkArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let mut options = LinkOptions::new(&memory);
     options.architecture = architecture;
+    // The image's symbol table is made from the graph; the report (owned names) only for
+    // --map.
     options.keep_image = true;
-    options.report_sections = true;
+    options.report_sections = args.map;
     options.times = args.show_times;
     let load = start.elapsed();
     let mut ctx = OfflineContext {

@@ -38,6 +38,7 @@ mod symbols;
 
 pub use arch::Architecture;
 pub use error::{LinkError, MissingSymbol, MissingSymbols};
+pub use image_file::ImageSymbols;
 pub use input::{ArchiveInput, ObjectBytes, ObjectInput};
 pub use link::{check_objects, link, LinkContext, LinkOptions};
 pub use linked::{

@@ -218,6 +218,10 @@ pub fn link<'a>(
     } else {
         (Vec::new(), Vec::new(), Vec::new())
     };
+    let image_symbols = options.keep_image.then(|| graph.image_symbols(&allocated));
+    if image_symbols.is_some() {
+        lap(&mut graph, "(image symbols)");
+    }
     let t = clock.now();
     let allocation = allocated.in_flight.finalize()?;
     let mut times = graph.times;
@@ -244,6 +248,7 @@ pub fn link<'a>(
         sections,
         symbol_info,
         image: graph.image,
+        image_symbols,
         architecture: options.architecture,
         branch_protected,
         times,

@@ -160,6 +160,11 @@ pub struct LinkedModule {
     /// The code, constants, data and zero-filled segments as written, with their target
     /// addresses (with [`LinkOptions::keep_image`](crate::LinkOptions::keep_image); else empty).
     pub image: Vec<ImageSegment>,
+    /// The symbol table of [`LinkedModule::image_elf`], made during the link (with
+    /// [`LinkOptions::keep_image`](crate::LinkOptions::keep_image); else `None`, and
+    /// `image_elf` makes it from [`LinkedModule::sections`] and
+    /// [`LinkedModule::symbol_info`]).
+    pub image_symbols: Option<crate::ImageSymbols>,
     /// The instruction set it was linked for.
     pub architecture: Architecture,
     /// Every object linked (archive members included) says its code is built for

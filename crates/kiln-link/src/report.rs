@@ -5,6 +5,7 @@ use crate::fixup::Resolver;
 use crate::object_file::{Binding, SymSection};
 use crate::symbols::{lossy, Def, Linker, Origin, Place, SymbolId, SEG_TLS};
 use crate::{Architecture, LinkError, ObjectInput, PlacedSection, SymbolInfo, SymbolKind};
+use std::borrow::Cow;
 
 impl Linker<'_, '_> {
     /// Every object linked, members included (for [`LinkOptions::report_sections`]).
@@ -21,16 +22,17 @@ impl Linker<'_, '_> {
             .collect()
     }
 
-    /// Where every loaded section landed and every symbol with an address (for
-    /// [`LinkOptions::report_sections`]).
-    pub(crate) fn report(
-        &self,
+    /// Shows `sink` every loaded section (but thread-local ones) and every symbol with an
+    /// address: each object's sections and symbols (locals, and the definition the link
+    /// kept of each global), the stubs (`name@plt`), the TLS-descriptor resolver, the
+    /// commons. Names are borrowed from the inputs where they can be.
+    pub(crate) fn visit_placed<'s>(
+        &'s self,
         resolver: &Resolver<'_, '_, '_>,
         stub_list: &[SymbolId],
         tlsdesc_resolver: u64,
-    ) -> (Vec<PlacedSection>, Vec<SymbolInfo>) {
-        let mut sections = Vec::new();
-        let mut symbols = Vec::new();
+        sink: &mut impl PlacedSink<'s>,
+    ) {
         for (oi, obj) in self.objs.iter().enumerate() {
             for (si, sec) in obj.sections.iter().enumerate() {
                 let Place::At { seg, offset } = self.places[oi][si] else {
@@ -39,13 +41,8 @@ impl Linker<'_, '_> {
                 if seg == SEG_TLS {
                     continue;
                 }
-                sections.push(PlacedSection {
-                    object: oi,
-                    index: si,
-                    name: lossy(sec.name),
-                    address: resolver.bases[seg as usize] + offset,
-                    size: sec.size,
-                });
+                let address = resolver.bases[seg as usize] + offset;
+                sink.section(oi, si, &obj.name, sec.name, address, sec.size);
             }
             for (si, sym) in obj.symbols.iter().enumerate().skip(1) {
                 if sym.name.is_empty()
@@ -72,69 +69,118 @@ impl Linker<'_, '_> {
                 if discarded {
                     continue;
                 }
-                symbols.push(SymbolInfo {
-                    name: lossy(sym.name),
-                    address,
-                    size: sym.size,
-                    kind: if sym.is_func() {
-                        SymbolKind::Function
-                    } else if sym.kind == object::elf::STT_OBJECT.0
-                        || sym.kind == object::elf::STT_COMMON.0
-                    {
-                        SymbolKind::Data
-                    } else {
-                        SymbolKind::Other
-                    },
-                    global,
-                });
+                let kind = if sym.is_func() {
+                    SymbolKind::Function
+                } else if sym.kind == object::elf::STT_OBJECT.0
+                    || sym.kind == object::elf::STT_COMMON.0
+                {
+                    SymbolKind::Data
+                } else {
+                    SymbolKind::Other
+                };
+                sink.symbol(Cow::Borrowed(sym.name), address, sym.size, kind, global);
             }
         }
         // The code the link made: a stub per far function (`name@plt`), the
         // TLS-descriptor resolver. On AArch64 a `$x` mapping symbol tells disassemblers
         // that code starts there again (an object's `$d` may precede it).
         let stub_size = self.arch.stub_size();
-        let mut code = |name: String, address: u64, size: u64| {
-            if self.arch.architecture() == Architecture::Aarch64 {
-                symbols.push(SymbolInfo {
-                    name: "$x".into(),
-                    address,
-                    size: 0,
-                    kind: SymbolKind::Other,
-                    global: false,
-                });
+        let aarch64 = self.arch.architecture() == Architecture::Aarch64;
+        let code = |sink: &mut dyn FnMut(Cow<'s, [u8]>, u64, u64, SymbolKind, bool),
+                    name: Vec<u8>,
+                    address: u64,
+                    size: u64| {
+            if aarch64 {
+                sink(Cow::Borrowed(b"$x"), address, 0, SymbolKind::Other, false);
             }
-            symbols.push(SymbolInfo {
-                name,
-                address,
-                size,
-                kind: SymbolKind::Function,
-                global: false,
-            });
+            sink(Cow::Owned(name), address, size, SymbolKind::Function, false);
         };
+        let mut to_sink =
+            |name, address, size, kind, global| sink.symbol(name, address, size, kind, global);
         for (n, key) in stub_list.iter().enumerate() {
             let address = resolver.stub_address(n as u64);
-            code(
-                format!("{}@plt", lossy(resolver.name(*key))),
-                address,
-                stub_size,
-            );
+            let mut name = resolver.name(*key).to_vec();
+            name.extend_from_slice(b"@plt");
+            code(&mut to_sink, name, address, stub_size);
         }
         if tlsdesc_resolver != 0 {
             let size = self.arch.tlsdesc_static_resolver().len() as u64;
-            code("kiln_tlsdesc_static".into(), tlsdesc_resolver, size);
+            let name = b"kiln_tlsdesc_static".to_vec();
+            code(&mut to_sink, name, tlsdesc_resolver, size);
         }
         // Commons, placed by the link in the zero-filled segment.
         for (id, g) in self.globals.iter().enumerate() {
             if let Def::Common { size, .. } = g.def {
-                symbols.push(SymbolInfo {
-                    name: lossy(g.name),
-                    address: resolver.address(SymbolId::Global(id as u32)).0,
-                    size,
-                    kind: SymbolKind::Data,
-                    global: true,
-                });
+                let address = resolver.address(SymbolId::Global(id as u32)).0;
+                to_sink(Cow::Borrowed(g.name), address, size, SymbolKind::Data, true);
             }
         }
-        (sections, symbols)
+    }
+}
+
+/// What [`Linker::visit_placed`] shows.
+pub(crate) trait PlacedSink<'s> {
+    /// Section `index` of object `object` (named `object_name`) is `name`, at `address`.
+    fn section(
+        &mut self,
+        object: usize,
+        index: usize,
+        object_name: &'s str,
+        name: &'s [u8],
+        address: u64,
+        size: u64,
+    );
+    /// A symbol with an address.
+    fn symbol(
+        &mut self,
+        name: Cow<'s, [u8]>,
+        address: u64,
+        size: u64,
+        kind: SymbolKind,
+        global: bool,
+    );
+}
+
+/// The report as owned lists ([`crate::LinkedModule::sections`],
+/// [`crate::LinkedModule::symbol_info`]).
+#[derive(Default)]
+pub(crate) struct Reported {
+    pub(crate) sections: Vec<PlacedSection>,
+    pub(crate) symbols: Vec<SymbolInfo>,
+}
+
+impl<'s> PlacedSink<'s> for Reported {
+    fn section(
+        &mut self,
+        object: usize,
+        index: usize,
+        _: &'s str,
+        name: &'s [u8],
+        address: u64,
+        size: u64,
+    ) {
+        self.sections.push(PlacedSection {
+            object,
+            index,
+            name: lossy(name),
+            address,
+            size,
+        });
+    }
+    fn symbol(
+        &mut self,
+        name: Cow<'s, [u8]>,
+        address: u64,
+        size: u64,
+        kind: SymbolKind,
+        global: bool,
+    ) {
+        self.symbols.push(SymbolInfo {
+            name: lossy(&name),
+            address,
+            size,
+            kind,
+            global,
+        });
     }
 }

@@ -17,8 +17,10 @@ mod write_got_and_stubs;
 
 use crate::fixup::Resolver;
 use crate::graph::{Allocated, LinkGraph, SynthesizedKind};
+use crate::image_file::ImageSink;
 use crate::linked::Clock;
 use crate::pass::{GraphView, PassPoint};
+use crate::report::{PlacedSink, Reported};
 use crate::symbols::{lossy, Def, Place, SymbolId, SEG_RX};
 use crate::{LinkError, LinkOptions};
 use std::time::{Duration, Instant};
@@ -197,32 +199,43 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         &self,
         allocated: &Allocated,
     ) -> (Vec<crate::PlacedSection>, Vec<crate::SymbolInfo>) {
+        let mut reported = Reported::default();
+        self.visit_placed(allocated, &mut reported);
+        (reported.sections, reported.symbols)
+    }
+
+    /// The symbol table of the image file ([`LinkOptions::keep_image`]), from the graph.
+    pub(crate) fn image_symbols(&self, allocated: &Allocated) -> crate::ImageSymbols {
+        let symbols = self.linker.globals.len() + self.counts.sections;
+        let mut sink = ImageSink::new(&self.image, symbols);
+        self.visit_placed(allocated, &mut sink);
+        sink.finish()
+    }
+
+    /// Shows `sink` every placed section and symbol (see
+    /// [`crate::symbols::Linker::visit_placed`]), and a pass's own sections as symbols
+    /// named after them (debuggers and profilers see them).
+    fn visit_placed<'s>(&'s self, allocated: &Allocated, sink: &mut impl PlacedSink<'s>) {
         let linker = &self.linker;
         let resolver = Resolver::new(linker, allocated, &self.synthesized.stubs);
         let tlsdesc = self
             .layout
             .tlsdesc_offset
             .map_or(0, |o| allocated.bases[SEG_RX] + o);
-        let (sections, mut symbols) =
-            linker.report(&resolver, &self.synthesized.stub_list, tlsdesc);
-        // A pass's own sections, named as symbols (debuggers and profilers see them).
+        linker.visit_placed(&resolver, &self.synthesized.stub_list, tlsdesc, sink);
         for section in &self.synthesized.sections {
             if let (SynthesizedKind::Client(_), Place::At { seg, offset }) =
                 (&section.kind, section.place)
             {
-                symbols.push(crate::SymbolInfo {
-                    name: section.name.to_string(),
-                    address: allocated.bases[seg as usize] + offset,
-                    size: section.size,
-                    kind: if seg as usize == SEG_RX {
-                        crate::SymbolKind::Function
-                    } else {
-                        crate::SymbolKind::Data
-                    },
-                    global: false,
-                });
+                let kind = if seg as usize == SEG_RX {
+                    crate::SymbolKind::Function
+                } else {
+                    crate::SymbolKind::Data
+                };
+                let address = allocated.bases[seg as usize] + offset;
+                let name = std::borrow::Cow::Borrowed(section.name.as_bytes());
+                sink.symbol(name, address, section.size, kind, false);
             }
         }
-        (sections, symbols)
     }
 }

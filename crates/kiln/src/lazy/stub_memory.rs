@@ -94,6 +94,7 @@ pub(super) fn place_stubs(
             sections: Vec::new(),
             symbol_info: Vec::new(),
             image: Vec::new(),
+            image_symbols: None,
             architecture: Architecture::X86_64,
             branch_protected: false,
             times: Default::default(),
