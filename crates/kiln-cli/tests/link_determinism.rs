@@ -1,7 +1,7 @@
 //! `kiln link` gives the same image bytes for the same inputs (issue 29): Debian's SQLite
 //! with its driver, for x86-64 and, with the cross toolchain, for AArch64, linked twice
-//! by two processes; and objects large enough to be parsed on every core, linked on one
-//! thread and on several. A link whose layout followed a hash map's order, an address of
+//! by two processes; and objects large enough to be parsed, decoded, written and fixed
+//! up on every core, linked on one thread and on several. A link whose layout followed a hash map's order, an address of
 //! this process, the clock or which thread finished first would differ.
 
 use std::path::{Path, PathBuf};
@@ -13,29 +13,38 @@ fn kiln() -> PathBuf {
 
 /// Links `inputs` for `target` into `image`; the image's bytes.
 fn link(target: &str, inputs: &[PathBuf], image: &Path) -> Vec<u8> {
-    link_on(None, target, inputs, image)
+    link_on(None, target, inputs, image).0
 }
 
 /// [`link`] with `threads` threads for the parallel parts (`RAYON_NUM_THREADS`; `None`:
-/// one per core).
-fn link_on(threads: Option<usize>, target: &str, inputs: &[PathBuf], image: &Path) -> Vec<u8> {
+/// one per core), with `--show-times`; the image's bytes and what the link said.
+fn link_on(
+    threads: Option<usize>,
+    target: &str,
+    inputs: &[PathBuf],
+    image: &Path,
+) -> (Vec<u8>, String) {
     let mut command = Command::new(kiln());
     match threads {
         Some(n) => command.env("RAYON_NUM_THREADS", n.to_string()),
         None => command.env_remove("RAYON_NUM_THREADS"),
     };
     let out = command
-        .args(["link", "--target", target, "--allow-undefined", "-o"])
+        .args([
+            "link",
+            "--show-times",
+            "--target",
+            target,
+            "--allow-undefined",
+            "-o",
+        ])
         .arg(image)
         .args(inputs)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "kiln link failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::read(image).unwrap()
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "kiln link failed: {said}");
+    (std::fs::read(image).unwrap(), said)
 }
 
 /// Links twice and compares; says where the first difference lies.
@@ -84,13 +93,18 @@ fn the_same_inputs_give_the_same_image() {
 #[test]
 fn one_thread_and_several_give_the_same_image() {
     let dir = kiln_testkit::scratch_dir("link_determinism_threads");
-    // Four objects of 900 functions each (each in a section of its own, calling into
-    // the next object): megabytes of input, which the link parses on every core.
+    // Four objects of 1,500 functions each (each in a section of its own, calling into
+    // the next object) and 640 KiB of constants: megabytes of input, which the link
+    // parses on every core; tens of thousands of relocations, which it decodes and
+    // applies on every core; megabytes of contents, which it writes on every core.
     let mut inputs = Vec::new();
     for o in 0..4 {
-        let mut c = String::new();
         let next = (o + 1) % 4;
-        for i in 0..900 {
+        let mut c = format!(
+            "const unsigned char blob{o}[640 << 10] = {{ {o}, 1, 2, 3 }};\n\
+             int b{o}(int i) {{ return blob{o}[i]; }}\n"
+        );
+        for i in 0..1500 {
             c.push_str(&format!(
                 "int g{o}_{i}(int x);\nint v{o}_{i} = {i};\n\
                  int f{o}_{i}(int x) {{ return x > 0 ? g{next}_{i}(x - 1) + v{o}_{i} : {i}; }}\n\
@@ -126,9 +140,26 @@ fn one_thread_and_several_give_the_same_image() {
     } else {
         "x86_64"
     };
-    let one = link_on(Some(1), target, &inputs, &dir.join("one.elf"));
-    let two = link_on(Some(2), target, &inputs, &dir.join("two.elf"));
-    let all = link_on(None, target, &inputs, &dir.join("all.elf"));
+    let (one, _) = link_on(Some(1), target, &inputs, &dir.join("one.elf"));
+    let (two, _) = link_on(Some(2), target, &inputs, &dir.join("two.elf"));
+    let (all, said) = link_on(None, target, &inputs, &dir.join("all.elf"));
+    // Past the link's thresholds for decoding and applying relocations (16 Ki) and for
+    // writing contents (2 MiB) on every core.
+    let relocations: usize = said
+        .split(" relocations")
+        .next()
+        .and_then(|before| before.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no relocation count in: {said}"));
+    assert!(
+        relocations >= 16 << 10,
+        "{relocations} relocations: too few for the link to apply them in parallel"
+    );
+    assert!(
+        one.len() >= 2 << 20,
+        "an image of {} bytes: too little for the link to write it in parallel",
+        one.len()
+    );
     for (label, other) in [("two threads", &two), ("every core", &all)] {
         if let Some(at) = one.iter().zip(other).position(|(a, b)| a != b) {
             panic!("one thread and {label}: the images differ first at byte {at:#x}");

@@ -4,7 +4,9 @@
 use crate::arch::{self, EncodeError, Relative, Relocation, Target};
 use crate::graph::{Allocated, Edge};
 use crate::object_file::{ObjSym, SymSection};
-use crate::symbols::{lossy, Def, Linker, Place, Slot, SymbolId, SEG_BSS, SEG_TLS};
+use crate::symbols::{
+    lossy, Def, Linker, Place, ResolvedSymbols, Slot, SymbolId, SEG_BSS, SEG_TLS,
+};
 use crate::LinkError;
 use rustc_hash::FxHashMap;
 
@@ -27,7 +29,7 @@ pub(crate) struct TlsPlace {
 pub(crate) fn write_got(
     got: &mut [u8],
     slot_list: &[Slot],
-    resolver: &Resolver<'_, '_, '_>,
+    resolver: &Resolver<'_, '_>,
     tls: TlsPlace,
     tlsdesc_resolver: u64,
 ) {
@@ -71,7 +73,7 @@ pub(crate) fn write_plt(
     code: &mut [u8],
     stub_list: &[SymbolId],
     slots: &FxHashMap<Slot, u64>,
-    resolver: &Resolver<'_, '_, '_>,
+    resolver: &Resolver<'_, '_>,
     plt_offset: u64,
 ) -> Result<(), LinkError> {
     let arch = resolver.linker.arch;
@@ -97,8 +99,8 @@ pub(crate) fn write_plt(
 }
 
 /// Computes addresses once the segments have their target addresses.
-pub(crate) struct Resolver<'l, 'a, 'c> {
-    pub(crate) linker: &'l Linker<'a, 'c>,
+pub(crate) struct Resolver<'l, 'a> {
+    pub(crate) linker: ResolvedSymbols<'l, 'a>,
     pub(crate) bases: [u64; 4],
     pub(crate) got_base: u64,
     pub(crate) plt_base: u64,
@@ -106,15 +108,15 @@ pub(crate) struct Resolver<'l, 'a, 'c> {
     pub(crate) stubs: &'l FxHashMap<SymbolId, u64>,
 }
 
-impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
+impl<'l, 'a> Resolver<'l, 'a> {
     /// A resolver for `linker`'s symbols in `allocated` memory.
-    pub(crate) fn new(
+    pub(crate) fn new<'c>(
         linker: &'l Linker<'a, 'c>,
         allocated: &Allocated,
         stubs: &'l FxHashMap<SymbolId, u64>,
     ) -> Self {
         Resolver {
-            linker,
+            linker: linker.resolved(),
             bases: allocated.bases,
             got_base: allocated.got_base,
             plt_base: allocated.plt_base,
@@ -123,7 +125,7 @@ impl<'l, 'a, 'c> Resolver<'l, 'a, 'c> {
         }
     }
 
-    pub(crate) fn name(&self, key: SymbolId) -> &[u8] {
+    pub(crate) fn name(&self, key: SymbolId) -> &'l [u8] {
         self.linker.name(key)
     }
 

@@ -105,11 +105,11 @@ impl<'m> LinkOptions<'m> {
     }
 }
 
-/// Whether work over `items` inputs of `bytes` bytes in all is spread over the cores:
-/// only for several inputs of a few megabytes (a small module's link stays on the calling
-/// thread, and never starts the thread pool).
-pub(crate) fn parallel(items: usize, bytes: usize) -> bool {
-    items > 1 && bytes >= PARALLEL_BYTES && rayon::current_num_threads() > 1
+/// Whether work over `items` pieces of `work` units in all (bytes, relocations) is spread
+/// over the cores: only for several pieces and at least `threshold` units (a small
+/// module's link stays on the calling thread, and never starts the thread pool).
+pub(crate) fn parallel(items: usize, work: usize, threshold: usize) -> bool {
+    items > 1 && work >= threshold && rayon::current_num_threads() > 1
 }
 
 /// [`ObjectInput::check`] of every object, on every core when they are several and large
@@ -119,7 +119,7 @@ pub fn check_objects(
     architecture: Architecture,
 ) -> Result<(), LinkError> {
     let bytes = objects.iter().map(|o| o.data.len()).sum();
-    if parallel(objects.len(), bytes) {
+    if parallel(objects.len(), bytes, PARALLEL_BYTES) {
         use rayon::prelude::*;
         let results: Vec<_> = objects
             .par_iter_mut()
@@ -161,7 +161,8 @@ pub fn link<'a>(
             )?),
         })
     };
-    let parsed: Vec<Cow<'a, ObjectFile<'a>>> = if parallel(objects.len(), unchecked) {
+    let parsed: Vec<Cow<'a, ObjectFile<'a>>> = if parallel(objects.len(), unchecked, PARALLEL_BYTES)
+    {
         use rayon::prelude::*;
         // Every result first, then the first error in the inputs' order (as on one
         // thread), not whichever thread failed first.

@@ -28,7 +28,7 @@ impl Linker<'_, '_> {
     /// commons. Names are borrowed from the inputs where they can be.
     pub(crate) fn visit_placed<'s>(
         &'s self,
-        resolver: &Resolver<'_, '_, '_>,
+        resolver: &Resolver<'_, '_>,
         stub_list: &[SymbolId],
         tlsdesc_resolver: u64,
         sink: &mut impl PlacedSink<'s>,

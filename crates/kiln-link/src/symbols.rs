@@ -370,6 +370,40 @@ impl<'a, 'c> Linker<'a, 'c> {
 
     /// A symbol's name for messages (a section symbol's is its section's).
     pub(crate) fn name(&self, key: SymbolId) -> &[u8] {
+        self.resolved().name(key)
+    }
+
+    pub(crate) fn key(&self, obj: u32, sym: u32) -> SymbolId {
+        self.resolved().key(obj, sym)
+    }
+
+    /// What the passes after resolution read of the symbols, without the link's context:
+    /// shared by the threads of a parallel pass.
+    pub(crate) fn resolved(&self) -> ResolvedSymbols<'_, 'a> {
+        ResolvedSymbols {
+            objs: &self.objs,
+            places: &self.places,
+            sym_globals: &self.sym_globals,
+            globals: &self.globals,
+            arch: self.arch,
+        }
+    }
+}
+
+/// The link's objects, the places of their sections and their symbols' bindings, once
+/// resolved: what the passes read (and threads share: the link's context is not here).
+#[derive(Clone, Copy)]
+pub(crate) struct ResolvedSymbols<'l, 'a> {
+    pub(crate) objs: &'l [std::borrow::Cow<'a, ObjectFile<'a>>],
+    pub(crate) places: &'l [Vec<Place>],
+    pub(crate) sym_globals: &'l [Vec<u32>],
+    pub(crate) globals: &'l [Global<'a>],
+    pub(crate) arch: &'static dyn Arch,
+}
+
+impl<'l, 'a> ResolvedSymbols<'l, 'a> {
+    /// The name of `key` (a section symbol's is its section's).
+    pub(crate) fn name(&self, key: SymbolId) -> &'l [u8] {
         match key {
             SymbolId::Global(g) => self.globals[g as usize].name,
             SymbolId::Local(o, s) => {
@@ -384,6 +418,7 @@ impl<'a, 'c> Linker<'a, 'c> {
         }
     }
 
+    /// The symbol symbol `sym` of object `obj` binds to.
     pub(crate) fn key(&self, obj: u32, sym: u32) -> SymbolId {
         match self.sym_globals[obj as usize].get(sym as usize) {
             Some(&g) if g != u32::MAX => SymbolId::Global(g),

@@ -1,10 +1,25 @@
-//! The `fixup` pass: every edge applied to the bytes it patches.
+//! The `fixup` pass: every edge applied to the bytes it patches — section by section on
+//! every core when the link has many relocations.
 
 use crate::fixup::{Resolver, TlsPlace, Where};
-use crate::graph::{Allocated, LinkGraph};
-use crate::object_file::{ObjSection, SHT_NOBITS};
-use crate::symbols::{lossy, Place, SEG_TLS};
+use crate::graph::{Allocated, LinkGraph, Synthesized};
+use crate::object_file::SHT_NOBITS;
+use crate::passes::section_bytes::split;
+use crate::symbols::{lossy, Linker, Place, SEG_TLS};
 use crate::{LinkError, LinkOptions, SectionId};
+use rustc_hash::FxHashMap;
+
+/// Relocations from which a link applies them on every core.
+const PARALLEL_RELOCATIONS: usize = 16 << 10;
+
+/// A section edges patch: where it is, its names (for errors), its size, whether it has
+/// bytes to patch.
+struct Patched<'n> {
+    place: Place,
+    at: Where<'n>,
+    size: u64,
+    has_bytes: bool,
+}
 
 impl<'a, 'c> LinkGraph<'a, 'c> {
     /// Every other relocation.
@@ -13,6 +28,10 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         memory: &mut Allocated,
         _: &LinkOptions<'_>,
     ) -> Result<(), LinkError> {
+        let lists = self.edges.lists.len();
+        if crate::link::parallel(lists, self.edges.all.len(), PARALLEL_RELOCATIONS) {
+            return self.apply_edges_on_every_core(memory);
+        }
         self.apply_edges(memory, false)
     }
 
@@ -30,59 +49,164 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         tls_image: bool,
     ) -> Result<(), LinkError> {
         let tls = self.tls_place(memory);
-        let linker = &self.linker;
         let s = &self.synthesized;
-        let synthesized = &s.sections;
         let allocated = memory;
-        let resolver = Resolver::new(linker, allocated, &s.stubs);
+        let resolver = Resolver::new(&self.linker, allocated, &s.stubs);
         let bases = allocated.bases;
         let mut segs = allocated.in_flight.segments_mut();
+        let mut applied = 0;
         for list in &self.edges.lists {
-            // Where the section is, what it is called (for errors), whether it has bytes.
-            let (place, object, name, size, has_bytes) = match list.section {
-                SectionId::Input { object, index } => {
-                    let obj = &linker.objs[object as usize];
-                    let sec: ObjSection<'_> = obj.sections[index as usize];
-                    let place = linker.places[object as usize][index as usize];
-                    let has_bytes = sec.sh_type != SHT_NOBITS;
-                    (place, &*obj.name, sec.name, sec.size, has_bytes)
-                }
-                SectionId::Synthesized(i) => {
-                    let s = &synthesized[i as usize];
-                    (s.place, "kiln", s.name.as_bytes(), s.size, true)
-                }
-            };
-            let Place::At { seg, offset } = place else {
+            let patched = patched(&self.linker, s, list.section);
+            let Place::At { seg, offset } = patched.place else {
                 continue;
             };
             if (seg == SEG_TLS) != tls_image {
                 continue;
             }
-            let range = offset as usize..offset.saturating_add(size) as usize;
+            let range = offset as usize..offset.saturating_add(patched.size) as usize;
             let (section_bytes, section_addr): (Option<&mut [u8]>, u64) = if seg == SEG_TLS {
                 (self.tls_image.get_mut(range), offset)
             } else {
                 let seg = seg as usize;
                 (segs[seg].bytes.get_mut(range), bases[seg] + offset)
             };
-            let Some(section_bytes) = section_bytes.filter(|_| has_bytes) else {
-                return Err(LinkError::Malformed {
-                    object: object.to_string(),
-                    what: format!(
-                        "relocations for section {}, which has no contents",
-                        lossy(name)
-                    ),
-                });
-            };
-            let at = Where {
-                object,
-                section: name,
+            let Some(section_bytes) = section_bytes.filter(|_| patched.has_bytes) else {
+                return Err(no_contents(patched.at));
             };
             for edge in self.edges.of(list) {
-                self.counts.relocations += 1;
-                resolver.apply(at, section_bytes, section_addr, edge, &s.slots, tls)?;
+                resolver.apply(patched.at, section_bytes, section_addr, edge, &s.slots, tls)?;
+                applied += 1;
             }
         }
+        self.counts.relocations += applied;
         Ok(())
+    }
+
+    /// [`LinkGraph::apply_edges`] of the sections outside the TLS image, each section's
+    /// edges on one thread, the sections spread over the cores (each thread patches only
+    /// the bytes of the sections it was given). The first error in the edges' order is
+    /// the one reported, as on one thread.
+    fn apply_edges_on_every_core(&mut self, memory: &mut Allocated) -> Result<(), LinkError> {
+        use rayon::prelude::*;
+        let tls = self.tls_place(memory);
+        let s = &self.synthesized;
+        let resolver = Resolver::new(&self.linker, memory, &s.stubs);
+        let bases = memory.bases;
+        // The sections, in the order of their first edge list; each with its lists.
+        let mut group_of: FxHashMap<SectionId, usize> = FxHashMap::default();
+        let mut groups: Vec<(Patched<'_>, Vec<usize>)> = Vec::new();
+        for (i, list) in self.edges.lists.iter().enumerate() {
+            let g = *group_of.entry(list.section).or_insert_with(|| {
+                groups.push((patched(&self.linker, s, list.section), Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push(i);
+        }
+        // Where each patched section lies; one without bytes is an error (its turn).
+        let mut first_error: Option<(usize, LinkError)> = None;
+        let mut places = Vec::with_capacity(groups.len());
+        for (g, (patched, _)) in groups.iter().enumerate() {
+            let Place::At { seg, offset } = patched.place else {
+                continue;
+            };
+            if seg == SEG_TLS {
+                continue;
+            }
+            if !patched.has_bytes {
+                first_error.get_or_insert((g, no_contents(patched.at)));
+                continue;
+            }
+            places.push((g, seg as usize, offset as usize, patched.size as usize));
+        }
+        let mut segs = memory.in_flight.segments_mut();
+        let writable = segs.iter_mut().take(3).map(|s| &mut *s.bytes);
+        let pieces = split(writable, &mut places).map_err(|seg| LinkError::Malformed {
+            object: self.first_object(),
+            what: format!("sections overlap in segment {seg}"),
+        })?;
+        let edges = &self.edges;
+        let results: Vec<(usize, Result<usize, LinkError>)> = pieces
+            .into_vec()
+            .into_par_iter()
+            .filter_map(|piece| {
+                let g = piece.item?;
+                let (patched, lists) = &groups[g];
+                let address = bases[piece.seg] + piece.offset as u64;
+                let mut applied = 0;
+                for &list in lists {
+                    for edge in edges.of(&edges.lists[list]) {
+                        let done =
+                            resolver.apply(patched.at, piece.bytes, address, edge, &s.slots, tls);
+                        if let Err(e) = done {
+                            return Some((g, Err(e)));
+                        }
+                        applied += 1;
+                    }
+                }
+                Some((g, Ok(applied)))
+            })
+            .collect();
+        let mut applied = 0;
+        for (g, result) in results {
+            match result {
+                Ok(n) => applied += n,
+                Err(e) => {
+                    if first_error.as_ref().is_none_or(|(first, _)| g < *first) {
+                        first_error = Some((g, e));
+                    }
+                }
+            }
+        }
+        if let Some((_, e)) = first_error {
+            return Err(e);
+        }
+        self.counts.relocations += applied;
+        Ok(())
+    }
+}
+
+/// The section `id` as the edges patch it.
+fn patched<'n>(
+    linker: &'n Linker<'_, '_>,
+    synthesized: &'n Synthesized,
+    id: SectionId,
+) -> Patched<'n> {
+    match id {
+        SectionId::Input { object, index } => {
+            let obj = &linker.objs[object as usize];
+            let sec = obj.sections[index as usize];
+            Patched {
+                place: linker.places[object as usize][index as usize],
+                at: Where {
+                    object: &obj.name,
+                    section: sec.name,
+                },
+                size: sec.size,
+                has_bytes: sec.sh_type != SHT_NOBITS,
+            }
+        }
+        SectionId::Synthesized(i) => {
+            let s = &synthesized.sections[i as usize];
+            Patched {
+                place: s.place,
+                at: Where {
+                    object: "kiln",
+                    section: s.name.as_bytes(),
+                },
+                size: s.size,
+                has_bytes: true,
+            }
+        }
+    }
+}
+
+/// Edges for a section without bytes (`SHT_NOBITS`): an error naming it.
+fn no_contents(at: Where<'_>) -> LinkError {
+    LinkError::Malformed {
+        object: at.object.to_string(),
+        what: format!(
+            "relocations for section {}, which has no contents",
+            lossy(at.section)
+        ),
     }
 }

@@ -9,6 +9,7 @@ mod keep_image;
 mod layout_sections;
 mod layout_synthesized;
 mod read_init_arrays;
+mod section_bytes;
 mod static_tls;
 mod synthesize;
 mod tls_image;

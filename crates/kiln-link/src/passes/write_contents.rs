@@ -2,8 +2,12 @@
 
 use crate::graph::{Allocated, LinkGraph};
 use crate::object_file::SHT_NOBITS;
+use crate::passes::section_bytes::{split, Piece};
 use crate::symbols::{Place, SEG_R, SEG_RW, SEG_RX, SEG_TLS};
 use crate::{LinkError, LinkOptions};
+
+/// Bytes of contents from which a link writes its sections on every core.
+const PARALLEL_BYTES: usize = 2 << 20;
 
 impl<'a, 'c> LinkGraph<'a, 'c> {
     /// Copies every section's contents to its place; unused code is the architecture's
@@ -30,10 +34,22 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let allocated = memory;
         let dso_handle = allocated.dso_handle;
         let mut segs = allocated.in_flight.segments_mut();
-        // Each byte is written once: sections' contents, then what lies between them —
-        // the trap pattern in code, zeros elsewhere (the GOT, stubs and `.eh_frame`'s
-        // terminator are written by later passes).
-        let mut covered: [smallvec::SmallVec<[(usize, usize); 8]>; 3] = Default::default();
+        // What lies between sections: the trap pattern in code (repeating every 4 bytes
+        // from the segment's start: code is 4-aligned on AArch64), zeros elsewhere (the
+        // GOT, stubs and `.eh_frame`'s terminator are written by later passes).
+        let fill = |seg: usize, at: usize, bytes: &mut [u8]| {
+            if seg == SEG_RX {
+                for (i, b) in bytes.iter_mut().enumerate() {
+                    *b = trap[(at + i) % 4];
+                }
+            } else {
+                bytes.fill(0);
+            }
+        };
+        // Every placed section with contents: thread-local ones go to the TLS image,
+        // the others to their segment.
+        let mut places: smallvec::SmallVec<[_; 16]> = smallvec::SmallVec::new();
+        let mut bytes = 0;
         for oi in 0..linker.objs.len() {
             for (si, sec) in linker.objs[oi].sections.iter().enumerate() {
                 let Place::At { seg, offset } = linker.places[oi][si] else {
@@ -47,37 +63,26 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                     tls_image[start..start + sec.data.len()].copy_from_slice(sec.data);
                     continue;
                 }
-                let seg = seg as usize;
-                segs[seg].bytes[start..start + sec.data.len()].copy_from_slice(sec.data);
-                if let Some(list) = covered.get_mut(seg) {
-                    list.push((start, start + sec.data.len()));
-                }
+                places.push((sec.data, seg as usize, start, sec.data.len()));
+                bytes += sec.data.len();
             }
         }
-        for (seg, list) in covered.iter_mut().enumerate() {
-            list.sort_unstable();
-            let bytes = &mut *segs[seg].bytes;
-            let len = bytes.len();
-            let mut fill = |from: usize, to: usize| {
-                if from >= to {
-                    return;
-                }
-                if seg == SEG_RX {
-                    // The pattern repeats every 4 bytes from the segment's start (code is
-                    // 4-aligned on AArch64).
-                    for (i, b) in bytes[from..to].iter_mut().enumerate() {
-                        *b = trap[(from + i) % 4];
-                    }
-                } else {
-                    bytes[from..to].fill(0);
-                }
-            };
-            let mut at = 0;
-            for &(start, end) in list.iter() {
-                fill(at, start);
-                at = at.max(end);
-            }
-            fill(at, len);
+        // Each byte is written once: sections' contents, then what lies between them —
+        // on every core when the link is large.
+        let writable = segs.iter_mut().take(3).map(|s| &mut *s.bytes);
+        let pieces = split(writable, &mut places).map_err(|seg| LinkError::Malformed {
+            object: self.first_object(),
+            what: format!("sections overlap in segment {seg}"),
+        })?;
+        let write = |piece: Piece<'_, &[u8]>| match piece.item {
+            Some(data) => piece.bytes.copy_from_slice(data),
+            None => fill(piece.seg, piece.offset, piece.bytes),
+        };
+        if crate::link::parallel(pieces.len(), bytes, PARALLEL_BYTES) {
+            use rayon::prelude::*;
+            pieces.into_vec().into_par_iter().for_each(write);
+        } else {
+            pieces.into_iter().for_each(write);
         }
         // `__dso_handle` holds its own address, as crtbeginS.o's does: g++ passes its
         // address to `__cxa_atexit`, libc_nonshared's `atexit` passes its value.
