@@ -142,9 +142,11 @@ fn one_thread_and_several_give_the_same_image() {
     };
     let (one, _) = link_on(Some(1), target, &inputs, &dir.join("one.elf"));
     let (two, _) = link_on(Some(2), target, &inputs, &dir.join("two.elf"));
+    // Contents are written on every core only from 4 threads.
+    let (four, _) = link_on(Some(4), target, &inputs, &dir.join("four.elf"));
     let (all, said) = link_on(None, target, &inputs, &dir.join("all.elf"));
     // Past the link's thresholds for decoding and applying relocations (16 Ki) and for
-    // writing contents (2 MiB) on every core.
+    // writing contents (2 MiB, from 4 threads) on every core.
     let relocations: usize = said
         .split(" relocations")
         .next()
@@ -160,7 +162,11 @@ fn one_thread_and_several_give_the_same_image() {
         "an image of {} bytes: too little for the link to write it in parallel",
         one.len()
     );
-    for (label, other) in [("two threads", &two), ("every core", &all)] {
+    for (label, other) in [
+        ("two threads", &two),
+        ("four threads", &four),
+        ("every core", &all),
+    ] {
         if let Some(at) = one.iter().zip(other).position(|(a, b)| a != b) {
             panic!("one thread and {label}: the images differ first at byte {at:#x}");
         }

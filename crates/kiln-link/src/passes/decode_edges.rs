@@ -31,31 +31,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let resolved = linker.resolved();
         let objects = linker.objs.len();
         let edges = if crate::link::parallel(objects, relocations, PARALLEL_RELOCATIONS) {
-            use rayon::prelude::*;
-            // Each object's edges apart, then one array; the first error in the objects'
-            // order, as on one thread.
-            let parts: Vec<Result<Edges, LinkError>> = (0..objects)
-                .into_par_iter()
-                .map(|oi| {
-                    let mut part = Edges::default();
-                    decode_object(resolved, oi, &mut part).map(|()| part)
-                })
-                .collect();
-            let mut edges = Edges {
-                all: Vec::with_capacity(relocations),
-                lists: Vec::with_capacity(sections),
-            };
-            for part in parts {
-                let part = part?;
-                let base = edges.all.len() as u32;
-                edges.all.extend_from_slice(&part.all);
-                edges.lists.extend(part.lists.iter().map(|l| EdgeList {
-                    start: l.start + base,
-                    end: l.end + base,
-                    ..*l
-                }));
-            }
-            edges
+            decode_on_every_core(resolved, relocations, sections)?
         } else {
             // One array for every edge, sized from the relocation counts.
             let mut edges = Edges {
@@ -63,7 +39,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 lists: Vec::with_capacity(sections),
             };
             for oi in 0..objects {
-                decode_object(resolved, oi, &mut edges)?;
+                decode_object(resolved, oi, &mut edges.all, &mut edges.lists)?;
             }
             edges
         };
@@ -72,11 +48,113 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
     }
 }
 
-/// Decodes the relocations of object `oi`'s loaded sections, appending to `edges`.
+/// The decoding on every core: each object's edges written in its own part of the one
+/// array (as long as its relocations; the array filled with a placeholder on every core
+/// first, so its pages are touched on every core), then the parts closed up in the
+/// objects' order. The first error in the objects' order is the one reported, as on one
+/// thread.
+fn decode_on_every_core(
+    linker: ResolvedSymbols<'_, '_>,
+    relocations: usize,
+    sections: usize,
+) -> Result<Edges, LinkError> {
+    use rayon::prelude::*;
+    let Some(row) = linker.arch.relocations().first() else {
+        return Ok(Edges::default());
+    };
+    let placeholder = Edge {
+        offset: 0,
+        row,
+        key: crate::symbols::SymbolId::Global(0),
+        addend: 0,
+    };
+    let mut all = Vec::with_capacity(relocations);
+    all.par_extend(rayon::iter::repeat_n(placeholder, relocations));
+    let mut parts = Vec::with_capacity(linker.objs.len());
+    let mut rest = &mut all[..];
+    for obj in linker.objs {
+        let count = obj.relocations.iter().map(|r| r.1.len()).sum();
+        let (part, tail) = std::mem::take(&mut rest).split_at_mut(count);
+        parts.push(part);
+        rest = tail;
+    }
+    let decoded: Vec<Result<(usize, Vec<EdgeList>), LinkError>> = parts
+        .into_par_iter()
+        .enumerate()
+        .map(|(oi, part)| {
+            let mut out = PartOut { part, len: 0 };
+            let mut lists = Vec::with_capacity(linker.objs[oi].relocations.len());
+            decode_object(linker, oi, &mut out, &mut lists)?;
+            Ok((out.len, lists))
+        })
+        .collect();
+    let mut edges = Edges {
+        all: Vec::new(),
+        lists: Vec::with_capacity(sections),
+    };
+    // Where each part begins, and where its edges go.
+    let (mut from, mut to) = (0, 0);
+    for (oi, result) in decoded.into_iter().enumerate() {
+        let (len, lists) = result?;
+        if from != to {
+            all.copy_within(from..from + len, to);
+        }
+        edges.lists.extend(lists.iter().map(|l| EdgeList {
+            start: l.start + to as u32,
+            end: l.end + to as u32,
+            ..*l
+        }));
+        to += len;
+        from += linker.objs[oi]
+            .relocations
+            .iter()
+            .map(|r| r.1.len())
+            .sum::<usize>();
+    }
+    all.truncate(to);
+    edges.all = all;
+    Ok(edges)
+}
+
+/// Where [`decode_object`] writes edges: the one array, or an object's part of it.
+trait EdgeOut {
+    fn len(&self) -> usize;
+    fn push(&mut self, edge: Edge);
+}
+
+impl EdgeOut for Vec<Edge> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+    fn push(&mut self, edge: Edge) {
+        Vec::push(self, edge);
+    }
+}
+
+/// An object's part of the one array, as long as its relocations (never overrun: an
+/// edge per relocation at most).
+struct PartOut<'p> {
+    part: &'p mut [Edge],
+    len: usize,
+}
+
+impl EdgeOut for PartOut<'_> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn push(&mut self, edge: Edge) {
+        self.part[self.len] = edge;
+        self.len += 1;
+    }
+}
+
+/// Decodes the relocations of object `oi`'s loaded sections, appending to `edges` and
+/// their lists to `lists` (ranges of what `edges` holds).
 fn decode_object(
     linker: ResolvedSymbols<'_, '_>,
     oi: usize,
-    edges: &mut Edges,
+    edges: &mut impl EdgeOut,
+    lists: &mut Vec<EdgeList>,
 ) -> Result<(), LinkError> {
     let arch = linker.arch;
     let obj = &linker.objs[oi];
@@ -93,7 +171,7 @@ fn decode_object(
             // Not loaded (debug info, notes, a discarded COMDAT copy).
             continue;
         }
-        let start = edges.all.len() as u32;
+        let start = edges.len() as u32;
         for rela in relas {
             let r_type = rela.r_type(LE, false).0;
             let key = linker.key(oi as u32, rela.r_sym(LE, false));
@@ -111,20 +189,20 @@ fn decode_object(
             if row.target == Target::Nothing {
                 continue;
             }
-            edges.all.push(Edge {
+            edges.push(Edge {
                 offset,
                 row,
                 key,
                 addend: rela.r_addend.get(LE),
             });
         }
-        edges.lists.push(EdgeList {
+        lists.push(EdgeList {
             section: SectionId::Input {
                 object: oi as u32,
                 index: target,
             },
             start,
-            end: edges.all.len() as u32,
+            end: edges.len() as u32,
         });
     }
     Ok(())

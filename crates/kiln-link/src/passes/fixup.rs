@@ -4,7 +4,7 @@
 use crate::fixup::{Resolver, TlsPlace, Where};
 use crate::graph::{Allocated, LinkGraph, Synthesized};
 use crate::object_file::SHT_NOBITS;
-use crate::passes::section_bytes::split;
+use crate::passes::section_bytes::runs;
 use crate::symbols::{lossy, Linker, Place, SEG_TLS};
 use crate::{LinkError, LinkOptions, SectionId};
 use rustc_hash::FxHashMap;
@@ -93,19 +93,36 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let resolver = Resolver::new(&self.linker, memory, &s.stubs);
         let bases = memory.bases;
         // The sections, in the order of their first edge list; each with its lists.
+        // A section's lists are chained (`next`), not gathered in a vector of their own: no
+        // allocation per section.
+        let lists = &self.edges.lists;
         let mut group_of: FxHashMap<SectionId, usize> = FxHashMap::default();
-        let mut groups: Vec<(Patched<'_>, Vec<usize>)> = Vec::new();
-        for (i, list) in self.edges.lists.iter().enumerate() {
-            let g = *group_of.entry(list.section).or_insert_with(|| {
-                groups.push((patched(&self.linker, s, list.section), Vec::new()));
-                groups.len() - 1
-            });
-            groups[g].1.push(i);
+        group_of.reserve(lists.len());
+        let mut groups: Vec<(Patched<'_>, usize, usize)> = Vec::with_capacity(lists.len());
+        let mut next = vec![usize::MAX; lists.len()];
+        for (i, list) in lists.iter().enumerate() {
+            match group_of.entry(list.section) {
+                std::collections::hash_map::Entry::Occupied(g) => {
+                    let last = &mut groups[*g.get()].2;
+                    next[*last] = i;
+                    *last = i;
+                }
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(groups.len());
+                    groups.push((patched(&self.linker, s, list.section), i, i));
+                }
+            }
         }
+        // The lists of group `g`, in order.
+        let lists_of = |g: usize| {
+            std::iter::successors(Some(groups[g].1), |&l| {
+                Some(next[l]).filter(|&n| n != usize::MAX)
+            })
+        };
         // Where each patched section lies; one without bytes is an error (its turn).
         let mut first_error: Option<(usize, LinkError)> = None;
-        let mut places = Vec::with_capacity(groups.len());
-        for (g, (patched, _)) in groups.iter().enumerate() {
+        let mut places: [Vec<_>; 4] = Default::default();
+        for (g, (patched, _, _)) in groups.iter().enumerate() {
             let Place::At { seg, offset } = patched.place else {
                 continue;
             };
@@ -116,44 +133,60 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 first_error.get_or_insert((g, no_contents(patched.at)));
                 continue;
             }
-            places.push((g, seg as usize, offset as usize, patched.size as usize));
+            let Some(list) = places.get_mut(seg as usize) else {
+                continue;
+            };
+            list.push((g, offset as usize, patched.size as usize));
         }
         let mut segs = memory.in_flight.segments_mut();
         let writable = segs.iter_mut().take(3).map(|s| &mut *s.bytes);
-        let pieces = split(writable, &mut places).map_err(|seg| LinkError::Malformed {
-            object: self.first_object(),
-            what: format!("sections overlap in segment {seg}"),
-        })?;
         let edges = &self.edges;
-        let results: Vec<(usize, Result<usize, LinkError>)> = pieces
-            .into_vec()
-            .into_par_iter()
-            .filter_map(|piece| {
-                let g = piece.item?;
-                let (patched, lists) = &groups[g];
-                let address = bases[piece.seg] + piece.offset as u64;
+        let count =
+            |g: usize| -> usize { lists_of(g).map(|l| edges.of(&edges.lists[l]).len()).sum() };
+        let per_segment = 2 * rayon::current_num_threads();
+        let mut runs = runs(writable, &mut places, per_segment, |p| count(p.0)).map_err(|seg| {
+            LinkError::Malformed {
+                object: self.first_object(),
+                what: format!("sections overlap in segment {seg}"),
+            }
+        })?;
+        // Each run: how many edges it applied, and its first error in the edges' order.
+        let results: Vec<(usize, Option<(usize, LinkError)>)> = runs
+            .par_iter_mut()
+            .map(|run| {
+                let base = bases[run.seg];
                 let mut applied = 0;
-                for &list in lists {
-                    for edge in edges.of(&edges.lists[list]) {
-                        let done =
-                            resolver.apply(patched.at, piece.bytes, address, edge, &s.slots, tls);
-                        if let Err(e) = done {
-                            return Some((g, Err(e)));
+                let mut first: Option<(usize, LinkError)> = None;
+                let Ok(()) = run.visit::<std::convert::Infallible>(
+                    |_, _| {},
+                    |g, offset, bytes| {
+                        let patched = &groups[g].0;
+                        let address = base + offset as u64;
+                        'lists: for list in lists_of(g) {
+                            for edge in edges.of(&edges.lists[list]) {
+                                let done =
+                                    resolver.apply(patched.at, bytes, address, edge, &s.slots, tls);
+                                if let Err(e) = done {
+                                    if first.as_ref().is_none_or(|(f, _)| g < *f) {
+                                        first = Some((g, e));
+                                    }
+                                    break 'lists;
+                                }
+                                applied += 1;
+                            }
                         }
-                        applied += 1;
-                    }
-                }
-                Some((g, Ok(applied)))
+                        Ok(())
+                    },
+                );
+                (applied, first)
             })
             .collect();
         let mut applied = 0;
-        for (g, result) in results {
-            match result {
-                Ok(n) => applied += n,
-                Err(e) => {
-                    if first_error.as_ref().is_none_or(|(first, _)| g < *first) {
-                        first_error = Some((g, e));
-                    }
+        for (n, error) in results {
+            applied += n;
+            if let Some((g, e)) = error {
+                if first_error.as_ref().is_none_or(|(first, _)| g < *first) {
+                    first_error = Some((g, e));
                 }
             }
         }

@@ -166,21 +166,30 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
     pub(crate) fn exports(&self, allocated: &Allocated) -> Vec<crate::Export> {
         let linker = &self.linker;
         let resolver = Resolver::new(linker, allocated, &self.synthesized.stubs);
-        let mut exports = Vec::with_capacity(linker.globals.len());
+        // The exported globals sorted by name before any is copied: small keys move, not
+        // the exports. Most names differ in their first 16 bytes, compared as one integer
+        // (names hold no NUL, so zero padding keeps the bytes' order); the whole names
+        // only on a tie.
+        let mut order: Vec<(u128, u32)> = Vec::with_capacity(linker.globals.len());
         for (id, g) in linker.globals.iter().enumerate() {
+            if matches!(g.def, Def::Defined { .. } | Def::Common { .. }) && !g.tls {
+                order.push((name_prefix(g.name), id as u32));
+            }
+        }
+        let name = |id: u32| linker.globals[id as usize].name;
+        order.sort_unstable_by(|&(pa, a), &(pb, b)| pa.cmp(&pb).then_with(|| name(a).cmp(name(b))));
+        let mut exports = Vec::with_capacity(order.len());
+        for (_, id) in order {
+            let g = &linker.globals[id as usize];
             let visible = match g.def {
                 Def::Defined { obj, sym, .. } => {
                     let s = &linker.objs[obj as usize].symbols[sym as usize];
                     s.visibility == object::elf::STV_DEFAULT.0
                         || s.visibility == object::elf::STV_PROTECTED.0
                 }
-                Def::Common { .. } => true,
-                _ => continue,
+                _ => true,
             };
-            if g.tls {
-                continue;
-            }
-            let (address, _) = resolver.address(SymbolId::Global(id as u32));
+            let (address, _) = resolver.address(SymbolId::Global(id));
             let name: std::sync::Arc<str> = match std::str::from_utf8(g.name) {
                 Ok(name) => name.into(),
                 Err(_) => lossy(g.name).into(),
@@ -191,7 +200,6 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 visible,
             });
         }
-        exports.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         exports
     }
 
@@ -239,4 +247,13 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             }
         }
     }
+}
+
+/// The first 16 bytes of `name`, zero-padded, as a big-endian integer: ordered as the
+/// bytes are.
+fn name_prefix(name: &[u8]) -> u128 {
+    let mut prefix = [0u8; 16];
+    let n = name.len().min(16);
+    prefix[..n].copy_from_slice(&name[..n]);
+    u128::from_be_bytes(prefix)
 }

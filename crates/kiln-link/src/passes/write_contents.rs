@@ -2,12 +2,15 @@
 
 use crate::graph::{Allocated, LinkGraph};
 use crate::object_file::SHT_NOBITS;
-use crate::passes::section_bytes::{split, Piece};
+use crate::passes::section_bytes::runs;
 use crate::symbols::{Place, SEG_R, SEG_RW, SEG_RX, SEG_TLS};
 use crate::{LinkError, LinkOptions};
 
 /// Bytes of contents from which a link writes its sections on every core.
 const PARALLEL_BYTES: usize = 2 << 20;
+
+/// Threads from which a link writes its sections on every core.
+const MIN_THREADS: usize = 4;
 
 impl<'a, 'c> LinkGraph<'a, 'c> {
     /// Copies every section's contents to its place; unused code is the architecture's
@@ -47,42 +50,93 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             }
         };
         // Every placed section with contents: thread-local ones go to the TLS image,
-        // the others to their segment.
-        let mut places: smallvec::SmallVec<[_; 16]> = smallvec::SmallVec::new();
-        let mut bytes = 0;
-        for oi in 0..linker.objs.len() {
-            for (si, sec) in linker.objs[oi].sections.iter().enumerate() {
-                let Place::At { seg, offset } = linker.places[oi][si] else {
-                    continue;
-                };
-                if sec.sh_type == SHT_NOBITS {
-                    continue;
+        // the others to their segment's list (zero-filled sections have no contents:
+        // the last list stays empty).
+        let writable: usize = segs.iter().take(3).map(|s| s.bytes.len()).sum();
+        let sections = linker.objs.iter().map(|o| o.sections.len()).sum();
+        // Copying is bound by the page faults of fresh memory: on 2 threads the runs took
+        // 1.34 ms against 1.10 on one (20,000-function AArch64 input), so the copy is
+        // spread only from 4 threads.
+        let threads = rayon::current_num_threads();
+        if threads >= MIN_THREADS && crate::link::parallel(sections, writable, PARALLEL_BYTES) {
+            let mut places: [Vec<_>; 4] = Default::default();
+            for (obj, obj_places) in linker.objs.iter().zip(linker.places.iter()) {
+                for (sec, place) in obj.sections.iter().zip(obj_places) {
+                    let Place::At { seg, offset } = *place else {
+                        continue;
+                    };
+                    if sec.sh_type == SHT_NOBITS {
+                        continue;
+                    }
+                    let start = offset as usize;
+                    if seg == SEG_TLS {
+                        tls_image[start..start + sec.data.len()].copy_from_slice(sec.data);
+                        continue;
+                    }
+                    places[seg as usize].push((sec.data, start, sec.data.len()));
                 }
-                let start = offset as usize;
-                if seg == SEG_TLS {
-                    tls_image[start..start + sec.data.len()].copy_from_slice(sec.data);
-                    continue;
-                }
-                places.push((sec.data, seg as usize, start, sec.data.len()));
-                bytes += sec.data.len();
             }
-        }
-        // Each byte is written once: sections' contents, then what lies between them —
-        // on every core when the link is large.
-        let writable = segs.iter_mut().take(3).map(|s| &mut *s.bytes);
-        let pieces = split(writable, &mut places).map_err(|seg| LinkError::Malformed {
-            object: self.first_object(),
-            what: format!("sections overlap in segment {seg}"),
-        })?;
-        let write = |piece: Piece<'_, &[u8]>| match piece.item {
-            Some(data) => piece.bytes.copy_from_slice(data),
-            None => fill(piece.seg, piece.offset, piece.bytes),
-        };
-        if crate::link::parallel(pieces.len(), bytes, PARALLEL_BYTES) {
+            // Each byte is written once: a few runs of sections per segment, each with
+            // what lies between its sections, on every core.
+            let per_segment = 2 * threads;
+            let writable = segs.iter_mut().take(3).map(|s| &mut *s.bytes);
+            let mut runs = runs(writable, &mut places, per_segment, |p| p.2).map_err(|seg| {
+                LinkError::Malformed {
+                    object: self.first_object(),
+                    what: format!("sections overlap in segment {seg}"),
+                }
+            })?;
             use rayon::prelude::*;
-            pieces.into_vec().into_par_iter().for_each(write);
+            runs.par_iter_mut().for_each(|run| {
+                let seg = run.seg;
+                let Ok(()) = run.visit::<std::convert::Infallible>(
+                    |at, bytes| fill(seg, at, bytes),
+                    |data, _, bytes| {
+                        bytes.copy_from_slice(data);
+                        Ok(())
+                    },
+                );
+            });
         } else {
-            pieces.into_iter().for_each(write);
+            // On one thread: each section where it goes, in the objects' order, then what
+            // lies between them (this order measured faster than the runs' on one thread:
+            // no list of places to build).
+            let mut covered: [smallvec::SmallVec<[(usize, usize); 8]>; 3] = Default::default();
+            for (obj, obj_places) in linker.objs.iter().zip(linker.places.iter()) {
+                for (sec, place) in obj.sections.iter().zip(obj_places) {
+                    let Place::At { seg, offset } = *place else {
+                        continue;
+                    };
+                    if sec.sh_type == SHT_NOBITS {
+                        continue;
+                    }
+                    let start = offset as usize;
+                    if seg == SEG_TLS {
+                        tls_image[start..start + sec.data.len()].copy_from_slice(sec.data);
+                        continue;
+                    }
+                    let seg = seg as usize;
+                    segs[seg].bytes[start..start + sec.data.len()].copy_from_slice(sec.data);
+                    if let Some(list) = covered.get_mut(seg) {
+                        list.push((start, start + sec.data.len()));
+                    }
+                }
+            }
+            for (seg, list) in covered.iter_mut().enumerate() {
+                list.sort_unstable();
+                let bytes = &mut *segs[seg].bytes;
+                let mut at = 0;
+                for &(start, end) in list.iter() {
+                    if at < start {
+                        fill(seg, at, &mut bytes[at..start]);
+                    }
+                    at = at.max(end);
+                }
+                let len = bytes.len();
+                if at < len {
+                    fill(seg, at, &mut bytes[at..len]);
+                }
+            }
         }
         // `__dso_handle` holds its own address, as crtbeginS.o's does: g++ passes its
         // address to `__cxa_atexit`, libc_nonshared's `atexit` passes its value.
