@@ -57,8 +57,11 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         // Copying is bound by the page faults of fresh memory: on 2 threads the runs took
         // 1.34 ms against 1.10 on one (20,000-function AArch64 input), so the copy is
         // spread only from 4 threads.
-        let threads = rayon::current_num_threads();
-        if threads >= MIN_THREADS && crate::link::parallel(sections, writable, PARALLEL_BYTES) {
+        // (`parallel` asks for the number of threads last: asking starts the pool.)
+        if crate::link::parallel(sections, writable, PARALLEL_BYTES)
+            && rayon::current_num_threads() >= MIN_THREADS
+        {
+            let threads = rayon::current_num_threads();
             let mut places: [Vec<_>; 4] = Default::default();
             for (obj, obj_places) in linker.objs.iter().zip(linker.places.iter()) {
                 for (sec, place) in obj.sections.iter().zip(obj_places) {
