@@ -97,36 +97,35 @@ fn one_thread_and_several_give_the_same_image() {
     // the next object) and 640 KiB of constants: megabytes of input, which the link
     // parses on every core; tens of thousands of relocations, which it decodes and
     // applies on every core; megabytes of contents, which it writes on every core.
-    let mut inputs = Vec::new();
-    for o in 0..4 {
-        let next = (o + 1) % 4;
-        let mut c = format!(
-            "const unsigned char blob{o}[640 << 10] = {{ {o}, 1, 2, 3 }};\n\
-             int b{o}(int i) {{ return blob{o}[i]; }}\n"
-        );
-        for i in 0..1500 {
-            c.push_str(&format!(
-                "int g{o}_{i}(int x);\nint v{o}_{i} = {i};\n\
-                 int f{o}_{i}(int x) {{ return x > 0 ? g{next}_{i}(x - 1) + v{o}_{i} : {i}; }}\n\
-                 int g{o}_{i}(int x) {{ return f{o}_{i}(x) ^ {o}; }}\n"
-            ));
-        }
-        let source = dir.join(format!("threads{o}.c"));
-        std::fs::write(&source, c).unwrap();
-        let object = dir.join(format!("threads{o}.o"));
-        kiln_testkit::cc(
-            &[
-                "-O1",
-                "-fPIC",
-                "-c",
-                "-ffunction-sections",
-                "-fdata-sections",
-            ],
-            &source,
-            &object,
-        );
-        inputs.push(object);
-    }
+    // Compiled side by side (the test's time is mostly the compiler's).
+    let inputs: Vec<PathBuf> = std::thread::scope(|scope| {
+        let compiles: Vec<_> = (0..4)
+            .map(|o| {
+                let dir = &dir;
+                scope.spawn(move || {
+                    let next = (o + 1) % 4;
+                    let mut c = format!(
+                        "const unsigned char blob{o}[640 << 10] = {{ {o}, 1, 2, 3 }};\n\
+                         int b{o}(int i) {{ return blob{o}[i]; }}\n"
+                    );
+                    for i in 0..1500 {
+                        c.push_str(&format!(
+                            "int g{o}_{i}(int x);\nint v{o}_{i} = {i};\n\
+                             int f{o}_{i}(int x) {{ return x > 0 ? g{next}_{i}(x - 1) + v{o}_{i} : {i}; }}\n\
+                             int g{o}_{i}(int x) {{ return f{o}_{i}(x) ^ {o}; }}\n"
+                        ));
+                    }
+                    let source = dir.join(format!("threads{o}.c"));
+                    std::fs::write(&source, c).unwrap();
+                    let object = dir.join(format!("threads{o}.o"));
+                    let flags = ["-O1", "-fPIC", "-c", "-ffunction-sections", "-fdata-sections"];
+                    kiln_testkit::cc(&flags, &source, &object);
+                    object
+                })
+            })
+            .collect();
+        compiles.into_iter().map(|c| c.join().unwrap()).collect()
+    });
     let bytes: u64 = inputs
         .iter()
         .map(|p| std::fs::metadata(p).unwrap().len())
@@ -140,11 +139,24 @@ fn one_thread_and_several_give_the_same_image() {
     } else {
         "x86_64"
     };
-    let (one, _) = link_on(Some(1), target, &inputs, &dir.join("one.elf"));
-    let (two, _) = link_on(Some(2), target, &inputs, &dir.join("two.elf"));
-    // Contents are written on every core only from 4 threads.
-    let (four, _) = link_on(Some(4), target, &inputs, &dir.join("four.elf"));
-    let (all, said) = link_on(None, target, &inputs, &dir.join("all.elf"));
+    // The four links side by side too: each is its own process.
+    let ((one, _), (two, _), (four, _), (all, said)) = std::thread::scope(|scope| {
+        let on = |threads: Option<usize>, name: &'static str| {
+            let (inputs, dir) = (&inputs, &dir);
+            scope.spawn(move || link_on(threads, target, inputs, &dir.join(name)))
+        };
+        let one = on(Some(1), "one.elf");
+        let two = on(Some(2), "two.elf");
+        // Contents are written on every core only from 4 threads.
+        let four = on(Some(4), "four.elf");
+        let all = on(None, "all.elf");
+        (
+            one.join().unwrap(),
+            two.join().unwrap(),
+            four.join().unwrap(),
+            all.join().unwrap(),
+        )
+    });
     // Past the link's thresholds for decoding and applying relocations (16 Ki) and for
     // writing contents (2 MiB, from 4 threads) on every core.
     let relocations: usize = said
