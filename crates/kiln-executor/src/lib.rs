@@ -18,4 +18,5 @@ pub mod runtime;
 pub mod sandbox;
 pub mod server;
 pub mod shared_object;
+mod symbol_kinds;
 pub mod thread_locals;

@@ -1,4 +1,4 @@
-//! The dynamic loader, as the runtime uses it: symbols looked up (`dlsym`, `dladdr1`),
+//! The dynamic loader, as the runtime uses it: symbols looked up (`dlsym`, their kinds),
 //! libraries opened (`dlopen`), and shared objects opened from bytes (Kiln's export and
 //! thread-local objects).
 
@@ -19,30 +19,7 @@ pub fn dlsym(handle: *mut c_void, name: &str) -> Option<u64> {
     (!addr.is_null()).then_some(addr as u64)
 }
 
-/// Whether the host symbol at `address` is a function (`STT_FUNC` / `STT_GNU_IFUNC`),
-/// from the dynamic symbol table of the object that holds it (`dladdr1`); `None` if the
-/// address is not a symbol of a loaded object.
-pub fn host_symbol_is_function(address: u64) -> Option<bool> {
-    const RTLD_DL_SYMENT: c_int = 1;
-    // SAFETY: Dl_info is plain data; zeroed is valid.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    let mut sym: *const libc::Elf64_Sym = std::ptr::null();
-    // SAFETY: dladdr1 only reads loader tables and writes the two out-parameters.
-    let found = unsafe {
-        libc::dladdr1(
-            address as *const c_void,
-            &mut info,
-            (&mut sym as *mut *const libc::Elf64_Sym).cast(),
-            RTLD_DL_SYMENT,
-        )
-    };
-    if found == 0 || sym.is_null() {
-        return None;
-    }
-    // SAFETY: dladdr1 points `sym` at an entry of a loaded object's symbol table.
-    let st_info = unsafe { (*sym).st_info };
-    Some(matches!(st_info & 0xf, 2 | 10))
-}
+pub use crate::symbol_kinds::host_symbol_is_function;
 
 /// Opens a shared library (`dlopen(path, RTLD_NOW | RTLD_GLOBAL)`).
 pub fn dlopen(path: &str) -> Result<*mut c_void, String> {
