@@ -243,7 +243,7 @@ mod tests {
     use super::*;
 
     /// The same answers as `dladdr1`, for functions and data of libc and libm, and code
-/// where `dladdr1` has none (an IFUNC's choice).
+    /// where `dladdr1` has none (an IFUNC's choice).
     #[test]
     fn as_the_loaders_scan_says() {
         let names = [

@@ -3,7 +3,7 @@
 use crate::graph::{Allocated, LinkGraph};
 use crate::object_file::SHT_NOBITS;
 use crate::passes::section_bytes::runs;
-use crate::symbols::{Place, SEG_R, SEG_RW, SEG_RX, SEG_TLS};
+use crate::symbols::{Linker, Place, SEG_R, SEG_RW, SEG_RX, SEG_TLS};
 use crate::{LinkError, LinkOptions};
 
 /// Bytes of contents from which a link writes its sections on every core.
@@ -63,22 +63,9 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         {
             let threads = rayon::current_num_threads();
             let mut places: [Vec<_>; 4] = Default::default();
-            for (obj, obj_places) in linker.objs.iter().zip(linker.places.iter()) {
-                for (sec, place) in obj.sections.iter().zip(obj_places) {
-                    let Place::At { seg, offset } = *place else {
-                        continue;
-                    };
-                    if sec.sh_type == SHT_NOBITS {
-                        continue;
-                    }
-                    let start = offset as usize;
-                    if seg == SEG_TLS {
-                        tls_image[start..start + sec.data.len()].copy_from_slice(sec.data);
-                        continue;
-                    }
-                    places[seg as usize].push((sec.data, start, sec.data.len()));
-                }
-            }
+            placed_contents(linker, &mut tls_image, |data, seg, start| {
+                places[seg].push((data, start, data.len()));
+            });
             // Each byte is written once: a few runs of sections per segment, each with
             // what lies between its sections, on every core.
             let per_segment = 2 * threads;
@@ -105,26 +92,12 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             // lies between them (this order measured faster than the runs' on one thread:
             // no list of places to build).
             let mut covered: [smallvec::SmallVec<[(usize, usize); 8]>; 3] = Default::default();
-            for (obj, obj_places) in linker.objs.iter().zip(linker.places.iter()) {
-                for (sec, place) in obj.sections.iter().zip(obj_places) {
-                    let Place::At { seg, offset } = *place else {
-                        continue;
-                    };
-                    if sec.sh_type == SHT_NOBITS {
-                        continue;
-                    }
-                    let start = offset as usize;
-                    if seg == SEG_TLS {
-                        tls_image[start..start + sec.data.len()].copy_from_slice(sec.data);
-                        continue;
-                    }
-                    let seg = seg as usize;
-                    segs[seg].bytes[start..start + sec.data.len()].copy_from_slice(sec.data);
-                    if let Some(list) = covered.get_mut(seg) {
-                        list.push((start, start + sec.data.len()));
-                    }
+            placed_contents(linker, &mut tls_image, |data, seg, start| {
+                segs[seg].bytes[start..start + data.len()].copy_from_slice(data);
+                if let Some(list) = covered.get_mut(seg) {
+                    list.push((start, start + data.len()));
                 }
-            }
+            });
             for (seg, list) in covered.iter_mut().enumerate() {
                 list.sort_unstable();
                 let bytes = &mut *segs[seg].bytes;
@@ -150,5 +123,31 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         drop(segs);
         self.tls_image = tls_image;
         Ok(())
+    }
+}
+
+/// Shows `each` every placed section with contents — its bytes, segment and offset —
+/// in the objects' order, after copying thread-local ones into `tls_image` (at their
+/// offset in the TLS block) instead.
+fn placed_contents<'l>(
+    linker: &'l Linker<'_, '_>,
+    tls_image: &mut [u8],
+    mut each: impl FnMut(&'l [u8], usize, usize),
+) {
+    for (obj, obj_places) in linker.objs.iter().zip(linker.places.iter()) {
+        for (sec, place) in obj.sections.iter().zip(obj_places) {
+            let Place::At { seg, offset } = *place else {
+                continue;
+            };
+            if sec.sh_type == SHT_NOBITS {
+                continue;
+            }
+            let start = offset as usize;
+            if seg == SEG_TLS {
+                tls_image[start..start + sec.data.len()].copy_from_slice(sec.data);
+                continue;
+            }
+            each(sec.data, seg as usize, start);
+        }
     }
 }
