@@ -21,9 +21,8 @@ cd "$root/fuzz"
 seconds=${FUZZ_SECONDS:-10}
 targets=(object_loader protocol_decoder)
 
-echo "fuzz: cargo check"
-cargo check --bins --quiet
-
+# (No separate `cargo check`: the build below checks the same code, and a check first
+# compiled every dependency twice, as metadata and then as code.)
 if [[ ${FUZZ_COVERAGE:-0} == 1 ]]; then
     host=$(rustc -vV | sed -n 's/^host: //p')
     # --target keeps these flags off build scripts (which have no libFuzzer to link).
