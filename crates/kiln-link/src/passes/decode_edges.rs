@@ -78,14 +78,17 @@ fn decode_on_every_core(
         parts.push(part);
         rest = tail;
     }
-    let decoded: Vec<Result<(usize, Vec<EdgeList>), LinkError>> = parts
+    // Each part: its length, how many edges it holds, their lists.
+    type Decoded = Result<(usize, usize, Vec<EdgeList>), LinkError>;
+    let decoded: Vec<Decoded> = parts
         .into_par_iter()
         .enumerate()
         .map(|(oi, part)| {
+            let part_len = part.len();
             let mut out = PartOut { part, len: 0 };
             let mut lists = Vec::with_capacity(linker.objs[oi].relocations.len());
             decode_object(linker, oi, &mut out, &mut lists)?;
-            Ok((out.len, lists))
+            Ok((part_len, out.len, lists))
         })
         .collect();
     let mut edges = Edges {
@@ -94,8 +97,8 @@ fn decode_on_every_core(
     };
     // Where each part begins, and where its edges go.
     let (mut from, mut to) = (0, 0);
-    for (oi, result) in decoded.into_iter().enumerate() {
-        let (len, lists) = result?;
+    for result in decoded {
+        let (part_len, len, lists) = result?;
         if from != to {
             all.copy_within(from..from + len, to);
         }
@@ -105,11 +108,7 @@ fn decode_on_every_core(
             ..*l
         }));
         to += len;
-        from += linker.objs[oi]
-            .relocations
-            .iter()
-            .map(|r| r.1.len())
-            .sum::<usize>();
+        from += part_len;
     }
     all.truncate(to);
     edges.all = all;
