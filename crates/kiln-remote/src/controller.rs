@@ -192,11 +192,12 @@ pub struct RemoteExecutor {
 /// child that closed its socket but runs on, JIT exit handlers that hang).
 fn reap(child: &mut Child, pid: &std::sync::atomic::AtomicI32) -> Option<std::process::ExitStatus> {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let exit = ExitWatch::open(child.id());
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break Some(status),
             Ok(None) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(5))
+                exit.wait(deadline.saturating_duration_since(std::time::Instant::now()))
             }
             Ok(None) => {
                 let _ = child.kill();
@@ -207,6 +208,39 @@ fn reap(child: &mut Child, pid: &std::sync::atomic::AtomicI32) -> Option<std::pr
     };
     pid.store(0, std::sync::atomic::Ordering::SeqCst);
     status
+}
+
+/// Wakes the moment a child exits: a pidfd polled with a timeout (Linux 5.3+), or, where
+/// there is none, 1 ms sleeps. Sleeping 5 ms between `try_wait`s cost every `kiln run
+/// --oop` about 4 ms after its program had ended.
+struct ExitWatch(Option<std::os::fd::OwnedFd>);
+
+impl ExitWatch {
+    fn open(pid: u32) -> Self {
+        use std::os::fd::FromRawFd;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        // SAFETY: a non-negative result is a descriptor this process now owns.
+        ExitWatch((fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }))
+    }
+
+    /// Returns when the child has exited or after `timeout` (or sooner: the caller checks).
+    fn wait(&self, timeout: Duration) {
+        use std::os::fd::AsRawFd;
+        match &self.0 {
+            Some(fd) => {
+                let mut poll = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+                // SAFETY: one valid pollfd, owned for the call.
+                unsafe { libc::poll(&mut poll, 1, ms) };
+            }
+            None => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
 }
 
 impl std::fmt::Debug for RemoteExecutor {
