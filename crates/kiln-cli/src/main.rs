@@ -499,6 +499,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
     } else {
         kiln::Executor::in_process()
     };
+    let executor_ready = start.elapsed();
     // The cache is opened only when there is something to compile.
     let compiles = o
         .inputs
@@ -641,6 +642,9 @@ fn run(o: RunArgs) -> Result<i32, String> {
         if let Some((_, report)) = &linked {
             times::print_link_times(load, &report.times, &report.pass_times, &report.counts);
         }
+        if jit.executor().remote().is_some() {
+            times::print_step("executor up", executor_ready);
+        }
         times::print_step("total", start.elapsed());
     }
     if o.stats {
@@ -703,6 +707,9 @@ fn run(o: RunArgs) -> Result<i32, String> {
         Err(e) => return Err(e.to_string()),
     };
     jit.shutdown();
+    if let Some(remote) = jit.executor().remote().filter(|_| o.show_times) {
+        times::print_round_trips(&remote.round_trips());
+    }
     // A remote executor sends the program's last output before it answers.
     if let Some(remote) = jit.executor().remote() {
         remote.shutdown();

@@ -38,3 +38,21 @@ pub(crate) fn print_link_times(
 pub(crate) fn print_step(name: &str, d: Duration) {
     eprintln!("kiln: {name:<12} {:>9.3} ms", ms(d));
 }
+
+/// Prints the round trips a remote executor's connection made, per kind of request.
+pub(crate) fn print_round_trips(trips: &[kiln::RoundTrips]) {
+    let total: Duration = trips.iter().map(|t| t.waited).sum();
+    let count: u32 = trips.iter().map(|t| t.count).sum();
+    eprintln!(
+        "kiln: executor round trips: {count}, {:.3} ms waiting",
+        ms(total)
+    );
+    for t in trips {
+        eprintln!(
+            "kiln:   {:<30} {:>3} x {:>9.3} ms",
+            t.request,
+            t.count,
+            ms(t.waited)
+        );
+    }
+}

@@ -190,6 +190,11 @@ impl State {
         let eh_frame = EhFrame::new(bytes, LittleEndian);
         let bases = BaseAddresses::default().set_eh_frame(address);
         let mut entries = eh_frame.entries(&bases);
+        // Each CIE is parsed once, not again for every FDE that names it.
+        let mut cies = HashMap::new();
+        // The FDEs' code ranges, checked as one span when they share a reservation's
+        // prepared pages (the usual case: one module's code), else one by one.
+        let mut ranges = Vec::new();
         loop {
             let entry = entries
                 .next()
@@ -203,10 +208,14 @@ impl State {
                         .map_err(|e| format!("eh_frame at {address:#x}: CIE instructions: {e}"))?
                         .is_some()
                     {}
+                    cies.insert(cie.offset(), cie);
                 }
                 CieOrFde::Fde(partial) => {
                     let fde = partial
-                        .parse(EhFrame::cie_from_offset)
+                        .parse(|section, bases, offset| match cies.get(&offset.0) {
+                            Some(cie) => Ok(cie.clone()),
+                            None => EhFrame::cie_from_offset(section, bases, offset),
+                        })
                         .map_err(|e| format!("eh_frame at {address:#x}: malformed FDE: {e}"))?;
                     let start = fde.initial_address();
                     let len = fde.len();
@@ -216,12 +225,7 @@ impl State {
                         ));
                     }
                     if len > 0 {
-                        self.accessible(start, len).map_err(|e| {
-                            format!(
-                                "eh_frame at {address:#x}: FDE range {start:#x}..{:#x}: {e}",
-                                start + len
-                            )
-                        })?;
+                        ranges.push((start, len));
                     }
                     let mut instructions = fde.instructions(&eh_frame, &bases);
                     while instructions
@@ -231,6 +235,21 @@ impl State {
                     {}
                 }
             }
+        }
+        let low = ranges.iter().map(|&(s, _)| s).min();
+        let high = ranges.iter().map(|&(s, l)| s + l).max();
+        if let (Some(low), Some(high)) = (low, high) {
+            if self.accessible(low, high - low).is_ok() {
+                return Ok(());
+            }
+        }
+        for (start, len) in ranges {
+            self.accessible(start, len).map_err(|e| {
+                format!(
+                    "eh_frame at {address:#x}: FDE range {start:#x}..{:#x}: {e}",
+                    start + len
+                )
+            })?;
         }
         Ok(())
     }
@@ -1101,6 +1120,28 @@ fn lookup(handle: *mut c_void, name: &str) -> (u64, u8) {
     }
 }
 
+/// Maps the pages of freshly initialized segments into this process's page tables in one
+/// call per segment, rather than a page fault per page (or per 16) when the code first
+/// runs and reads them: the controller wrote them through its own view, so they exist,
+/// but not here. Best effort (Linux 5.14+; older kernels fault as before).
+fn populate_target(segments: &[SegmentRange], page: u64) {
+    const MADV_POPULATE_READ: libc::c_int = 22;
+    const MADV_POPULATE_WRITE: libc::c_int = 23;
+    for s in segments {
+        let start = s.target & !(page - 1);
+        let end = (s.target + s.len).next_multiple_of(page);
+        let advice = if s.permission == Permission::ReadWrite {
+            MADV_POPULATE_WRITE
+        } else {
+            MADV_POPULATE_READ
+        };
+        // SAFETY: populating changes neither contents nor permissions; the range covers
+        // a segment the controller just initialized in one of this connection's
+        // reservations (checked by the caller).
+        unsafe { libc::madvise(start as *mut libc::c_void, (end - start) as usize, advice) };
+    }
+}
+
 fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
     let ok = Ok(Reply::Plain(Response::Ok));
     match request {
@@ -1181,6 +1222,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             // SAFETY: the segments lie in this reservation (checked); the controller has
             // finished writing them.
             unsafe { state.mapper()?.initialize(&r, &ranges) }.map_err(|e| e.to_string())?;
+            populate_target(&ranges, state.mapper()?.page_size());
             ok
         }
         Request::Deinitialize { handle, start, end } => {

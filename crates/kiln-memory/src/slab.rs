@@ -364,10 +364,30 @@ impl Slab {
         let page_start = target & !(tuning.page - 1);
         let page_end = (target + taken).next_multiple_of(tuning.page);
         if !pool.unprepared.is_disjoint(page_start, page_end) {
-            // The pages the range needs first; then, for shared pools, the rest of a chunk
-            // ahead, best effort.
-            let parts = pool.unprepared.remove(page_start, page_end);
-            for (i, &(start, end)) in parts.iter().enumerate() {
+            // The pages the range needs; for shared pools, with the rest of a chunk ahead,
+            // best effort. Where the two touch they are prepared in one call (a remote
+            // mapper's call is a round trip to the executor).
+            let ahead_end = if pool.shared {
+                page_start
+                    .saturating_add(tuning.prepare_chunk)
+                    .min(pool.free.end())
+                    .max(page_end)
+            } else {
+                page_end
+            };
+            let needed = pool.unprepared.remove(page_start, page_end);
+            let mut ahead = pool.unprepared.remove(page_end, ahead_end);
+            for (i, &(start, mut end)) in needed.iter().enumerate() {
+                // The read-ahead that continues the last needed part joins it.
+                let joined = match ahead.first() {
+                    Some(&(a, b)) if i + 1 == needed.len() && a == end => {
+                        ahead.remove(0);
+                        end = b;
+                        Some((a, b))
+                    }
+                    _ => None,
+                };
+                // A failure fails the allocation, the read-ahead joined or not.
                 // SAFETY: the reservation is this slab's, alive while the slab is; the
                 // pages lie in this pool's arena, were unprepared (no allocation on them)
                 // and are now ours under the pool lock.
@@ -377,29 +397,25 @@ impl Slab {
                 };
                 if let Err(e) = prepared {
                     // Undo: the parts not prepared go back; the range goes back.
-                    for &(s, e) in &parts[i..] {
+                    for &(s, e) in &needed[i..] {
+                        pool.unprepared.insert(s, e);
+                    }
+                    for &(s, e) in joined.iter().chain(&ahead) {
                         pool.unprepared.insert(s, e);
                     }
                     let _ = pool.free.free(target, taken);
                     return Err(mapper_error(&*self.mapper, e));
                 }
             }
-            if pool.shared {
-                let ahead_end = page_start
-                    .saturating_add(tuning.prepare_chunk)
-                    .min(pool.free.end());
-                if ahead_end > page_end {
-                    for (start, end) in pool.unprepared.remove(page_end, ahead_end) {
-                        // SAFETY: as above: unprepared pages of this arena, under its lock.
-                        let prepared = unsafe {
-                            self.mapper
-                                .prepare(&self.reservation, start, end, permission)
-                        };
-                        if prepared.is_err() {
-                            // Only the read-ahead failed: leave those pages for later.
-                            pool.unprepared.insert(start, end);
-                        }
-                    }
+            for (start, end) in ahead {
+                // SAFETY: as above: unprepared pages of this arena, under its lock.
+                let prepared = unsafe {
+                    self.mapper
+                        .prepare(&self.reservation, start, end, permission)
+                };
+                if prepared.is_err() {
+                    // Only the read-ahead failed: leave those pages for later.
+                    pool.unprepared.insert(start, end);
                 }
             }
         }

@@ -4,7 +4,7 @@
 
 use crate::channel::{Channel, ChannelError, Stream};
 use crate::protocol::{signal_name, DecodeError, Hello, Request, Response, VERSION};
-use parking_lot::{ReentrantMutex, RwLock};
+use parking_lot::{Mutex, ReentrantMutex, RwLock};
 use std::cell::RefCell;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -186,6 +186,20 @@ pub struct RemoteExecutor {
     /// The pid of a child executor not yet reaped (0 once reaped, or for one reached
     /// over TCP): `kill` never signals a recycled pid.
     child_pid: std::sync::atomic::AtomicI32,
+    /// Round trips made, per kind of request, for [`RemoteExecutor::round_trips`].
+    round_trips: Mutex<Vec<RoundTrips>>,
+}
+
+/// The round trips a connection made for one kind of request: how many, and how long this
+/// process waited for their answers in all (the executor's work included).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundTrips {
+    /// The request's name (`reserve`, `lookup many`, ...).
+    pub request: String,
+    /// How many were made.
+    pub count: u32,
+    /// From sending each to its answer, summed.
+    pub waited: Duration,
 }
 
 /// Waits for a child executor to exit, killing it if it has not after a few seconds (a
@@ -466,6 +480,7 @@ impl RemoteExecutor {
             hello,
             timeouts,
             child_pid,
+            round_trips: Mutex::new(Vec::new()),
         })
     }
 
@@ -572,6 +587,7 @@ impl RemoteExecutor {
             conn.timeout = Some(timeout);
         }
         let name = request.to_string();
+        let started = std::time::Instant::now();
         conn.next_id = conn.next_id % (crate::protocol::EXECUTOR_REQUEST - 1) + 1;
         let id = conn.next_id;
         if let Err(e) = conn
@@ -654,6 +670,7 @@ impl RemoteExecutor {
                 }
             }
         };
+        self.count_round_trip(&name, started.elapsed());
         match response {
             Response::Exited { status } => {
                 let error = RemoteError::Exited {
@@ -754,6 +771,27 @@ impl RemoteExecutor {
     /// connection.
     pub fn set_request_handler(&self, handler: ExecutorRequestHandler) {
         *self.handler.write() = Some(handler);
+    }
+
+    fn count_round_trip(&self, name: &str, waited: Duration) {
+        let mut all = self.round_trips.lock();
+        match all.iter_mut().find(|r| r.request == name) {
+            Some(r) => {
+                r.count += 1;
+                r.waited += waited;
+            }
+            None => all.push(RoundTrips {
+                request: name.to_string(),
+                count: 1,
+                waited,
+            }),
+        }
+    }
+
+    /// The round trips this connection made so far, per kind of request, in the order
+    /// of each kind's first (`kiln run --show-times` prints them).
+    pub fn round_trips(&self) -> Vec<RoundTrips> {
+        self.round_trips.lock().clone()
     }
 
     /// Asks the executor to exit, and waits for a child executor.

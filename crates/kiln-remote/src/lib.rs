@@ -16,5 +16,7 @@ mod controller;
 pub use kiln_wire::{channel, protocol, secure};
 mod mapper;
 
-pub use controller::{ExecutorRequestHandler, RemoteError, RemoteExecutor, Sandbox, Timeouts};
+pub use controller::{
+    ExecutorRequestHandler, RemoteError, RemoteExecutor, RoundTrips, Sandbox, Timeouts,
+};
 pub use mapper::{CopyMapper, SharedMemoryMapper};

@@ -52,7 +52,7 @@ pub use kiln_memory::{
     FinalizedAllocation, MemoryManager, MemoryStats, Placement, SegmentRange, SlabMemoryManager,
 };
 pub use kiln_remote::secure::Key;
-pub use kiln_remote::{RemoteError, Sandbox, Timeouts};
+pub use kiln_remote::{RemoteError, RoundTrips, Sandbox, Timeouts};
 pub use lazy::{CodeGuard, CodeThread, CompileError, LazyCompiler, LazyFailure};
 pub use library::LibraryId;
 pub use link_job::LinkReport;
