@@ -903,6 +903,7 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
         pid: std::process::id(),
         max_frame: kiln_wire::protocol::MAX_FRAME,
         runtime_symbols,
+        features: kiln_wire::protocol::FEATURE_BATCH,
     };
     if let Err(e) = channel.send(&hello.encode()) {
         return Ending::Failed(e.to_string());
@@ -1145,6 +1146,39 @@ fn populate_target(segments: &[SegmentRange], page: u64) {
 fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
     let ok = Ok(Reply::Plain(Response::Ok));
     match request {
+        Request::Batch(requests) => {
+            let mut answers = Vec::with_capacity(requests.len());
+            for request in requests {
+                let name = request.to_string();
+                let answer = match request {
+                    // Served by the connection's loop, not here: they run code, pass
+                    // descriptors, read input or end the connection.
+                    Request::Reserve { .. }
+                    | Request::RunMain { .. }
+                    | Request::Call { .. }
+                    | Request::RunInitializers { .. }
+                    | Request::RunFinalizers { .. }
+                    | Request::Shutdown
+                    | Request::Input { .. }
+                    | Request::AdoptStdio
+                    | Request::ResolveStub { .. }
+                    | Request::Batch(_) => Err(format!("{name} cannot be batched")),
+                    request => handle(state, request),
+                };
+                match answer {
+                    Ok(Reply::Plain(response)) => answers.push(response),
+                    Ok(Reply::WithFd(..)) => {
+                        answers.push(Response::Error(format!("{name}: cannot be batched")));
+                        break;
+                    }
+                    Err(message) => {
+                        answers.push(Response::Error(message));
+                        break;
+                    }
+                }
+            }
+            Ok(Reply::Plain(Response::Batched(answers)))
+        }
         Request::Reserve {
             len,
             placement,

@@ -188,6 +188,85 @@ pub struct RemoteExecutor {
     child_pid: std::sync::atomic::AtomicI32,
     /// Round trips made, per kind of request, for [`RemoteExecutor::round_trips`].
     round_trips: Mutex<Vec<RoundTrips>>,
+    /// Requests a thread deferred in a [`Batching`] scope, not yet sent.
+    deferred: Mutex<Option<Deferred>>,
+}
+
+/// What one thread's [`Batching`] scope deferred.
+struct Deferred {
+    thread: std::thread::ThreadId,
+    requests: Vec<Request>,
+    /// Bytes of code the deferred writes carry.
+    bytes: usize,
+}
+
+/// Most bytes of code a batch carries (the copy transport's writes); a write that would
+/// take a batch past it goes alone, after what was deferred before it.
+const BATCH_BYTES: usize = 1 << 20;
+
+/// A scope in which the calling thread's requests that need no answer but `Ok` before
+/// the next step (prepare, initialize, register `.eh_frame`, guard branch targets) are
+/// deferred and sent together, as one [`Request::Batch`], with the next request that
+/// needs an answer or when [`Batching::finish`] is called: a link's steps after layout
+/// cost one round trip instead of one each. A deferred request that fails makes the
+/// request that sent it (or `finish`) fail, naming it; the executor serves nothing
+/// after it. Dropping the scope sends what is left and ignores a failure (an error path
+/// that frees what the link made). Without the executor's [`FEATURE_BATCH`] (executor-c)
+/// nothing is deferred.
+///
+/// [`FEATURE_BATCH`]: crate::protocol::FEATURE_BATCH
+pub struct Batching<'a> {
+    remote: Option<&'a RemoteExecutor>,
+}
+
+impl Batching<'_> {
+    /// Sends what is deferred; the first failure among it, if any.
+    pub fn finish(mut self) -> Result<(), RemoteError> {
+        match self.remote.take() {
+            Some(remote) => remote.flush_deferred(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Batching<'_> {
+    fn drop(&mut self) {
+        if let Some(remote) = self.remote.take() {
+            let _ = remote.flush_deferred();
+        }
+    }
+}
+
+/// Requests whose answer is `Ok` and that the next steps of a link do not read: what a
+/// [`Batching`] scope defers (a write of code while the batch stays under
+/// [`BATCH_BYTES`]).
+fn deferrable(request: &Request, deferred_bytes: usize) -> bool {
+    match request {
+        Request::Write { bytes, .. } => deferred_bytes + bytes.len() <= BATCH_BYTES,
+        Request::Prepare { .. }
+        | Request::Initialize { .. }
+        | Request::RegisterEhFrame { .. }
+        | Request::GuardBranchTargets { .. } => true,
+        _ => false,
+    }
+}
+
+/// Requests the executor serves inside a batch (not those that run code, pass
+/// descriptors or end the connection).
+fn batchable(request: &Request) -> bool {
+    !matches!(
+        request,
+        Request::Reserve { .. }
+            | Request::RunMain { .. }
+            | Request::Call { .. }
+            | Request::RunInitializers { .. }
+            | Request::RunFinalizers { .. }
+            | Request::Shutdown
+            | Request::Input { .. }
+            | Request::AdoptStdio
+            | Request::ResolveStub { .. }
+            | Request::Batch(_)
+    )
 }
 
 /// The round trips a connection made for one kind of request: how many, and how long this
@@ -481,6 +560,7 @@ impl RemoteExecutor {
             timeouts,
             child_pid,
             round_trips: Mutex::new(Vec::new()),
+            deferred: Mutex::new(None),
         })
     }
 
@@ -565,6 +645,142 @@ impl RemoteExecutor {
         &self,
         request: &Request,
     ) -> Result<(Response, Option<OwnedFd>), RemoteError> {
+        let this_thread = std::thread::current().id();
+        let mut deferred = self.deferred.lock();
+        match deferred.as_mut() {
+            Some(d) if d.thread == this_thread && deferrable(request, d.bytes) => {
+                if let Request::Write { bytes, .. } = request {
+                    d.bytes += bytes.len();
+                }
+                d.requests.push(request.clone());
+                return Ok((Response::Ok, None));
+            }
+            Some(d) if d.thread == this_thread && !d.requests.is_empty() => {
+                d.bytes = 0;
+                let mut requests = std::mem::take(&mut d.requests);
+                drop(deferred);
+                if !batchable(request) || matches!(request, Request::Write { .. }) {
+                    self.send_batch(requests)?;
+                    return self.send_one(request);
+                }
+                requests.push(request.clone());
+                let last = requests.len();
+                let mut answers = self.send_batch(requests)?;
+                return match (answers.len() == last, answers.pop()) {
+                    (true, Some(answer)) => self.answer(request, answer).map(|r| (r, None)),
+                    _ => Err(RemoteError::Unexpected {
+                        request: request.to_string(),
+                        response: Response::Error("the batch ended early".into()),
+                    }),
+                };
+            }
+            _ => {}
+        }
+        drop(deferred);
+        self.send_one(request)
+    }
+
+    /// Starts deferring this thread's deferrable requests (see [`Batching`]); nothing is
+    /// deferred when the executor cannot serve batches or this thread already batches.
+    pub fn batch(&self) -> Batching<'_> {
+        if self.hello.features & crate::protocol::FEATURE_BATCH == 0 {
+            return Batching { remote: None };
+        }
+        let mut deferred = self.deferred.lock();
+        if deferred.is_some() {
+            // Another scope (this thread's, or another thread's) batches: this one sends
+            // its requests one by one.
+            return Batching { remote: None };
+        }
+        *deferred = Some(Deferred {
+            thread: std::thread::current().id(),
+            requests: Vec::new(),
+            bytes: 0,
+        });
+        Batching { remote: Some(self) }
+    }
+
+    /// Sends what this thread's [`Batching`] scope deferred so far, the scope staying
+    /// open; the first failure among it. Nothing to do outside a scope.
+    pub fn flush(&self) -> Result<(), RemoteError> {
+        let this_thread = std::thread::current().id();
+        let requests = match self.deferred.lock().as_mut() {
+            Some(d) if d.thread == this_thread => {
+                d.bytes = 0;
+                std::mem::take(&mut d.requests)
+            }
+            _ => return Ok(()),
+        };
+        if requests.is_empty() {
+            return Ok(());
+        }
+        self.send_batch(requests).map(|_| ())
+    }
+
+    /// Ends the batching scope: sends what it deferred.
+    fn flush_deferred(&self) -> Result<(), RemoteError> {
+        let requests = self
+            .deferred
+            .lock()
+            .take()
+            .map(|d| d.requests)
+            .unwrap_or_default();
+        if requests.is_empty() {
+            return Ok(());
+        }
+        self.send_batch(requests).map(|_| ())
+    }
+
+    /// Sends `requests` as one batch; their answers, or the error of the one that failed
+    /// (named, "batched"), the requests after it not served.
+    fn send_batch(&self, requests: Vec<Request>) -> Result<Vec<Response>, RemoteError> {
+        let names: Vec<String> = requests.iter().map(|r| r.to_string()).collect();
+        let (answer, _) = self.send_one(&Request::Batch(requests))?;
+        let Response::Batched(answers) = answer else {
+            return Err(RemoteError::Unexpected {
+                request: "batch".into(),
+                response: answer,
+            });
+        };
+        let failed = answers.iter().enumerate().find_map(|(i, a)| match a {
+            Response::Error(message) => Some((i, message.clone())),
+            _ => None,
+        });
+        if let Some((i, message)) = failed {
+            return Err(RemoteError::Refused {
+                request: format!("{} (batched)", names.get(i).map_or("?", |n| n.as_str())),
+                message,
+            });
+        }
+        // All but the last must be `Ok` (deferred requests are answered so).
+        if let Some((i, a)) = answers
+            .iter()
+            .enumerate()
+            .take(answers.len().saturating_sub(1))
+            .find(|(_, a)| **a != Response::Ok)
+        {
+            return Err(RemoteError::Unexpected {
+                request: format!("{} (batched)", names.get(i).map_or("?", |n| n.as_str())),
+                response: a.clone(),
+            });
+        }
+        Ok(answers)
+    }
+
+    /// A batched request's answer, as [`RemoteExecutor::request`] would give it.
+    fn answer(&self, request: &Request, answer: Response) -> Result<Response, RemoteError> {
+        match answer {
+            Response::Error(message) => Err(RemoteError::Refused {
+                request: request.to_string(),
+                message,
+            }),
+            other => Ok(other),
+        }
+    }
+
+    /// Sends one request and waits for its answer, serving the executor's own requests
+    /// and forwarding the program's output meanwhile.
+    fn send_one(&self, request: &Request) -> Result<(Response, Option<OwnedFd>), RemoteError> {
         let guard = self.conn.lock();
         let mut conn = guard.borrow_mut();
         if let Some(why) = &conn.broken {

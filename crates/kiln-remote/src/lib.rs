@@ -17,6 +17,6 @@ pub use kiln_wire::{channel, protocol, secure};
 mod mapper;
 
 pub use controller::{
-    ExecutorRequestHandler, RemoteError, RemoteExecutor, RoundTrips, Sandbox, Timeouts,
+    Batching, ExecutorRequestHandler, RemoteError, RemoteExecutor, RoundTrips, Sandbox, Timeouts,
 };
 pub use mapper::{CopyMapper, SharedMemoryMapper};

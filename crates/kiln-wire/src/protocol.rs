@@ -98,7 +98,13 @@ pub struct Hello {
     /// The names the executor's runtime provides to JIT code in place of the C
     /// runtime's (`__tls_get_addr`, `__cxa_thread_atexit`, …), with their addresses there.
     pub runtime_symbols: Vec<(String, u64)>,
+    /// What the executor serves beyond the base protocol ([`FEATURE_BATCH`]); an
+    /// executor that sends no such field (executor-c) serves none.
+    pub features: u32,
 }
+
+/// [`Hello::features`]: the executor serves [`Request::Batch`].
+pub const FEATURE_BATCH: u32 = 1;
 
 impl Hello {
     /// The address of runtime symbol `name`, if the executor provides it.
@@ -377,6 +383,13 @@ pub enum Request {
         /// Length (whole pages).
         len: u64,
     },
+    /// Requests served in order as if sent one by one, answered with one
+    /// [`Response::Batched`]: one round trip for steps that need no answer before the
+    /// next (prepare, initialize, register `.eh_frame`, ...). The executor stops at the
+    /// first that fails (its `Error` is the last answer). Only an executor whose hello
+    /// has [`FEATURE_BATCH`] serves it; a batch holds no batch, and no request that runs
+    /// JIT code, passes descriptors or ends the connection.
+    Batch(Vec<Request>),
 }
 
 /// A response from the executor (or, to a [`Request::ResolveStub`], from the controller).
@@ -438,6 +451,9 @@ pub enum Response {
         /// The stub's pointer slot, or 0.
         slot: u64,
     },
+    /// The answers to a [`Request::Batch`], in its order: as many as were served (the
+    /// last is an `Error` when one failed and the rest were not served).
+    Batched(Vec<Response>),
 }
 
 impl fmt::Display for Request {
@@ -474,6 +490,7 @@ impl fmt::Display for Request {
             Request::ResolveStub { .. } => "resolve a call-through stub",
             Request::SetEnvironment { .. } => "set environment",
             Request::GuardBranchTargets { .. } => "guard branch targets",
+            Request::Batch(_) => "batch",
         };
         f.write_str(name)
     }
@@ -532,6 +549,7 @@ message_table! {
     ResolveStub = 29 as RESOLVE_STUB,
     SetEnvironment = 30 as SET_ENVIRONMENT,
     GuardBranchTargets = 31 as GUARD_BRANCH_TARGETS,
+    Batch = 32 as BATCH,
     Ok = 100 as OK,
     Value = 101 as VALUE,
     Reserved = 102 as RESERVED,
@@ -543,6 +561,7 @@ message_table! {
     Exited = 108 as EXITED,
     Output = 109 as OUTPUT,
     StubResolved = 110 as STUB_RESOLVED,
+    Batched = 111 as BATCHED,
 }
 
 // --- encoding ---------------------------------------------------------------------------
@@ -697,6 +716,7 @@ impl Hello {
         for (name, address) in &self.runtime_symbols {
             w.bytes(name.as_bytes()).u64(*address);
         }
+        w.u32(self.features);
         w.finish()
     }
 
@@ -724,6 +744,12 @@ impl Hello {
         for _ in 0..n {
             runtime_symbols.push((r.string("runtime symbol")?, r.u64("runtime symbol")?));
         }
+        // Optional: an executor that predates it (or executor-c) ends here.
+        let features = if r.data.is_empty() {
+            0
+        } else {
+            r.u32("features")?
+        };
         let hello = Hello {
             version,
             page_size,
@@ -731,6 +757,7 @@ impl Hello {
             pid,
             max_frame,
             runtime_symbols,
+            features,
         };
         r.end()?;
         Ok(hello)
@@ -975,6 +1002,15 @@ impl Request {
             Request::GuardBranchTargets { address, len } => {
                 let mut w = Writer::new(tag::GUARD_BRANCH_TARGETS);
                 w.u64(*address).u64(*len);
+                w
+            }
+            Request::Batch(requests) => {
+                let mut w = Writer::new(tag::BATCH);
+                w.u32(requests.len() as u32);
+                for request in requests {
+                    // Each as its frame's body (id 0, tag, fields).
+                    w.bytes(&request.encode()[4..]);
+                }
                 w
             }
         };
@@ -1227,6 +1263,21 @@ impl Request {
                 address: r.u64("address")?,
                 len: r.u64("length")?,
             },
+            tag::BATCH => {
+                let n = r.count("batched requests", 9)?;
+                let mut requests = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let body = r.bytes("batched request")?;
+                    if body.get(4) == Some(&tag::BATCH) {
+                        return Err(DecodeError::Invalid {
+                            what: "batch inside a batch",
+                            value: u64::from(tag::BATCH),
+                        });
+                    }
+                    requests.push(Request::decode(&body)?);
+                }
+                Request::Batch(requests)
+            }
             other => return Err(DecodeError::UnknownTag(other)),
         };
         r.end()?;
@@ -1296,6 +1347,14 @@ impl Response {
                 }
                 w
             }
+            Response::Batched(answers) => {
+                let mut w = Writer::new(tag::BATCHED);
+                w.u32(answers.len() as u32);
+                for answer in answers {
+                    w.bytes(&answer.encode()[4..]);
+                }
+                w
+            }
         };
         w.finish()
     }
@@ -1352,6 +1411,21 @@ impl Response {
                 target: r.u64("target")?,
                 slot: r.u64("slot")?,
             },
+            tag::BATCHED => {
+                let n = r.count("batched answers", 9)?;
+                let mut answers = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let body = r.bytes("batched answer")?;
+                    if body.get(4) == Some(&tag::BATCHED) {
+                        return Err(DecodeError::Invalid {
+                            what: "batched answers inside batched answers",
+                            value: u64::from(tag::BATCHED),
+                        });
+                    }
+                    answers.push(Response::decode(&body)?);
+                }
+                Response::Batched(answers)
+            }
             other => return Err(DecodeError::UnknownTag(other)),
         };
         r.end()?;
@@ -1521,6 +1595,15 @@ mod tests {
                 jitdump: true,
             }),
             Request::UnregisterDebug { handle: 4 },
+            Request::Batch(vec![
+                Request::Prepare {
+                    handle: 1,
+                    start: 0x1000,
+                    end: 0x3000,
+                    permission: 1,
+                },
+                Request::RegisterEhFrame { address: 0x2000 },
+            ]),
         ]
     }
 
@@ -1531,6 +1614,35 @@ mod tests {
             let frame = req.encode();
             assert_eq!(Request::decode(body(&frame)).unwrap(), req);
         }
+    }
+
+    #[test]
+    fn a_batch_inside_a_batch_is_refused_and_a_hello_without_features_has_none() {
+        let inner = Request::Batch(vec![Request::ReserveTlsModule]);
+        let frame = Request::Batch(vec![inner]).encode();
+        assert!(matches!(
+            Request::decode(body(&frame)),
+            Err(DecodeError::Invalid {
+                what: "batch inside a batch",
+                ..
+            })
+        ));
+        let hello = Hello {
+            version: VERSION,
+            page_size: 4096,
+            triple: "x86_64-unknown-linux-gnu".into(),
+            pid: 1,
+            max_frame: 1 << 20,
+            runtime_symbols: vec![],
+            features: FEATURE_BATCH,
+        };
+        let frame = hello.encode();
+        assert_eq!(Hello::decode(body(&frame)).unwrap(), hello);
+        // executor-c's hello ends after the runtime symbols.
+        let mut old = frame[..frame.len() - 4].to_vec();
+        let len = (old.len() - 4) as u32;
+        old[..4].copy_from_slice(&len.to_le_bytes());
+        assert_eq!(Hello::decode(body(&old)).unwrap().features, 0);
     }
 
     #[test]
@@ -1551,6 +1663,7 @@ mod tests {
     /// One response of every kind.
     fn sample_responses() -> Vec<Response> {
         vec![
+            Response::Batched(vec![Response::Ok, Response::Error("no".into())]),
             Response::Ok,
             Response::Value(42),
             Response::StubResolved {
@@ -1593,6 +1706,7 @@ mod tests {
             pid: 7,
             max_frame: MAX_FRAME,
             runtime_symbols: vec![("__tls_get_addr".into(), 0x1000)],
+            features: 0,
         };
         assert_eq!(Hello::decode(body(&hello.encode())).unwrap(), hello);
     }
@@ -1677,6 +1791,7 @@ mod tests {
             pid: 1,
             max_frame: MAX_FRAME,
             runtime_symbols: Vec::new(),
+            features: FEATURE_BATCH,
         };
         assert_eq!(body(&hello.encode())[4], 0, "Hello is tag 0");
         let frames = sample_requests()

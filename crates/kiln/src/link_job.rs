@@ -141,6 +141,10 @@ impl LinkJob<'_> {
     ) -> Result<(Module, LinkReport), Error> {
         // No plugin registered: no walk over plugins, no event built.
         let plugins: Vec<Arc<dyn Plugin>> = self.jit.inner.plugins.snapshot();
+        // A remote executor gets the link's steps that need only `Ok` (prepare,
+        // initialize, unwind information, guarded pages) in one message, sent when
+        // `install` is done (or with the first request that needs an answer).
+        let _batching = self.jit.inner.executor.remote().map(|r| r.batch());
         let (linked, resolved) = self.link_objects(gathered, &plugins)?;
         let name = gathered
             .objects
@@ -382,6 +386,10 @@ impl LinkJob<'_> {
         } else {
             None
         };
+        // What a batching scope deferred is installed before the module is made.
+        if let Some(remote) = executor.remote() {
+            remote.flush()?;
+        }
         Ok(Installed {
             tls_module,
             eh,

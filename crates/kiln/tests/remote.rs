@@ -569,6 +569,7 @@ fn a_wrong_protocol_version_is_refused() {
             pid: 1,
             max_frame: kiln_remote::protocol::MAX_FRAME,
             runtime_symbols: Vec::new(),
+            features: 0,
         };
         s.write_all(&hello.encode()).unwrap();
     });
@@ -603,4 +604,56 @@ fn a_missing_executor_binary_says_how_to_build_it() {
     // The default finds the executor this build made (beside the test binary's directory).
     let path = kiln::default_executor_path();
     assert!(path.is_file(), "{}", path.display());
+}
+
+#[test]
+fn a_links_steps_after_layout_are_one_round_trip_and_a_batched_failure_names_its_request() {
+    for transport in [Transport::SharedMemory, Transport::Copy] {
+        let jit = Jit::builder().executor(spawn(transport)).build().unwrap();
+        let lib = jit.main_library();
+        jit.add_object(
+            lib,
+            "two.o",
+            compile(
+                "two",
+                "static int data = 40; int main(int argc, char **argv) { return argc + data; }",
+            ),
+        )
+        .unwrap();
+        jit.add_process_symbols(lib).unwrap();
+        assert_eq!(
+            run_main(&jit, lib, &["two".into(), "x".into()]).unwrap(),
+            42
+        );
+        let remote = jit.executor().remote().unwrap();
+        let trips = remote.round_trips();
+        let count = |name: &str| {
+            trips
+                .iter()
+                .find(|t| t.request == name)
+                .map_or(0, |t| t.count)
+        };
+        // Code, constants and data prepared, initialized and the unwind information
+        // registered: sent together, none alone.
+        assert_eq!(count("batch"), 1, "{trips:?}");
+        for alone in ["prepare", "initialize", "register eh_frame"] {
+            assert_eq!(count(alone), 0, "{alone}: {trips:?}");
+        }
+        // A deferred request that fails fails the scope's end, by name; the executor
+        // serves nothing after it and the connection goes on.
+        let batching = remote.batch();
+        for address in [8u64, 16] {
+            let deferred = remote
+                .request(&Request::RegisterEhFrame { address })
+                .unwrap();
+            assert_eq!(deferred, Response::Ok);
+        }
+        let err = batching.finish().unwrap_err();
+        assert!(
+            matches!(&err, RemoteError::Refused { request, .. } if request == "register eh_frame (batched)"),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("0x8"), "{err}");
+        assert!(remote.request(&Request::ReserveTlsModule).is_ok());
+    }
 }
