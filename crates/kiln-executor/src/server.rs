@@ -1129,7 +1129,10 @@ fn lookup(handle: *mut c_void, name: &str) -> (u64, u8) {
 /// effort (Linux 5.14+; older kernels fault as before).
 fn populate_target(segments: &[SegmentRange], page: u64) {
     const MADV_POPULATE_WRITE: libc::c_int = 23;
-    for s in segments.iter().filter(|s| s.permission == Permission::ReadWrite) {
+    for s in segments
+        .iter()
+        .filter(|s| s.permission == Permission::ReadWrite)
+    {
         let start = s.target & !(page - 1);
         let end = (s.target + s.len).next_multiple_of(page);
         // SAFETY: populating changes neither contents nor permissions; the range covers

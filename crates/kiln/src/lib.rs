@@ -38,7 +38,10 @@ mod state;
 
 pub use debug_support::{DebugListener, DebugSupport};
 pub use error::{Error, ErrorKind};
-pub use executor::{default_executor_path, Executor, ExecutorSymbols, Transport};
+pub use executor::{
+    default_executor_path, EhRegistration, Executor, ExecutorService, ExecutorSymbols,
+    ExportHandle, Transport,
+};
 pub use generator::{FnGenerator, Found, SymbolGenerator};
 pub use inputs::{map_file, SharedBytes};
 pub use jit::{Jit, JitBuilder};

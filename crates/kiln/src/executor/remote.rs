@@ -1,0 +1,213 @@
+//! The executor that is a `kiln-executor` process (or executor-c): each call a request
+//! over the connection.
+
+use super::service::{EhRegistration, ExecutorService, ExportHandle};
+use super::{symbol_kind, Transport};
+use crate::generator::Found;
+use crate::Error;
+use kiln_executor::shared_object::ExportedSymbol;
+use kiln_link::TlsTemplate;
+use kiln_memory::Mapper;
+use kiln_remote::protocol::{kind_from_wire, DebugModule, DebugOutputs, Request, Response};
+use kiln_remote::{CopyMapper, RemoteExecutor, SharedMemoryMapper};
+use std::sync::Arc;
+
+/// An executor process and how code bytes reach it.
+pub(crate) struct Remote {
+    pub(crate) remote: Arc<RemoteExecutor>,
+    pub(crate) transport: Transport,
+}
+
+/// An export in the executor: its handle there.
+struct RemoteExport(u64);
+
+/// An `.eh_frame` registered in the executor: its address there.
+struct RemoteEhFrame(u64);
+
+impl Remote {
+    fn request(&self, request: Request) -> Result<Response, Error> {
+        Ok(self.remote.request(&request)?)
+    }
+
+    fn value(&self, request: Request) -> Result<u64, Error> {
+        match self.request(request)? {
+            Response::Value(v) => Ok(v),
+            other => Err(Error::Executor(format!("unexpected answer {other:?}"))),
+        }
+    }
+}
+
+impl ExecutorService for Remote {
+    fn describe(&self) -> String {
+        format!("pid {}, {:?}", self.remote.pid(), self.transport)
+    }
+
+    fn pid(&self) -> Option<u32> {
+        Some(self.remote.pid())
+    }
+
+    fn remote(&self) -> Option<&Arc<RemoteExecutor>> {
+        Some(&self.remote)
+    }
+
+    fn adopt_environment(&self) -> Result<(), Error> {
+        Ok(self.remote.adopt_environment()?)
+    }
+
+    fn architecture(&self) -> Result<kiln_link::Architecture, Error> {
+        let triple = &self.remote.hello().triple;
+        kiln_link::Architecture::from_triple(triple).ok_or_else(|| {
+            Error::Executor(format!(
+                "the executor runs {triple} code, which Kiln does not link for (x86_64 and aarch64 only)"
+            ))
+        })
+    }
+
+    fn page_size(&self) -> u64 {
+        self.remote.hello().page_size.max(4096)
+    }
+
+    fn mapper(&self, debuggable: bool) -> Result<Option<Arc<dyn Mapper>>, Error> {
+        let remote = self.remote.clone();
+        Ok(Some(match self.transport {
+            Transport::SharedMemory => {
+                Arc::new(SharedMemoryMapper::new(remote)?.with_shared_pages(!debuggable))
+            }
+            Transport::Copy => Arc::new(CopyMapper::new(remote).with_shared_pages(!debuggable)),
+        }))
+    }
+
+    fn lookup_many(&self, library: u64, names: &[&str]) -> Result<Vec<Option<Found>>, Error> {
+        match self.request(Request::LookupMany {
+            library,
+            names: names.iter().map(|n| n.to_string()).collect(),
+        })? {
+            Response::Symbols(list) if list.len() == names.len() => Ok(list
+                .into_iter()
+                .map(|(a, k)| (a != 0).then_some((a, symbol_kind(kind_from_wire(k)))))
+                .collect()),
+            other => Err(Error::Executor(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    fn load_library(&self, path: &str) -> Result<u64, Error> {
+        self.value(Request::LoadLibrary {
+            path: path.to_string(),
+        })
+    }
+
+    fn register_eh_frame(&self, address: u64) -> Result<Option<EhRegistration>, Error> {
+        self.request(Request::RegisterEhFrame { address })?;
+        Ok(Some(EhRegistration::new(RemoteEhFrame(address))))
+    }
+
+    fn deregister_eh_frame(&self, registration: EhRegistration) {
+        if let Some(RemoteEhFrame(address)) = registration.into_inner() {
+            let _ = self.request(Request::DeregisterEhFrame { address });
+        }
+    }
+
+    fn guard_branch_targets(&self, address: u64, len: u64) -> Result<(), Error> {
+        self.request(Request::GuardBranchTargets { address, len })?;
+        Ok(())
+    }
+
+    fn run_initializers(&self, functions: &[u64]) -> Result<(), Error> {
+        if !functions.is_empty() {
+            self.request(Request::RunInitializers {
+                functions: functions.to_vec(),
+            })?;
+        }
+        Ok(())
+    }
+
+    fn run_finalizers(&self, dso_handle: u64, functions: &[u64]) -> Result<(), Error> {
+        self.request(Request::RunFinalizers {
+            dso_handle,
+            functions: functions.to_vec(),
+        })?;
+        Ok(())
+    }
+
+    fn reserve_tls_module(&self) -> Result<u64, Error> {
+        self.value(Request::ReserveTlsModule)
+    }
+
+    fn place_static_tls(
+        &self,
+        module_id: u64,
+        image: &[u8],
+        size: u64,
+        align: u64,
+    ) -> Result<i64, Error> {
+        self.value(Request::PlaceStaticTls {
+            module_id,
+            size,
+            align,
+            image: image.to_vec(),
+        })
+        .map(|v| v as i64)
+    }
+
+    fn install_tls(&self, template: TlsTemplate) -> Result<(), Error> {
+        self.request(Request::InstallTls {
+            module_id: template.module_id,
+            size: template.size,
+            align: template.align,
+            image: template.image,
+        })?;
+        Ok(())
+    }
+
+    fn remove_tls(&self, module_id: u64) {
+        let _ = self.request(Request::RemoveTls { module_id });
+    }
+
+    fn runtime_symbol(&self, name: &str) -> Option<u64> {
+        self.remote.hello().runtime_symbol(name)
+    }
+
+    fn export_symbols(&self, symbols: Vec<ExportedSymbol>) -> Result<ExportHandle, Error> {
+        self.value(Request::ExportSymbols {
+            symbols: symbols
+                .into_iter()
+                .map(|s| (s.name, s.address, s.size, s.function))
+                .collect(),
+        })
+        .map(|handle| ExportHandle::new(RemoteExport(handle)))
+    }
+
+    fn unexport_symbols(&self, handle: ExportHandle) {
+        if let Some(RemoteExport(handle)) = handle.into_inner() {
+            let _ = self.request(Request::UnexportSymbols { handle });
+        }
+    }
+
+    fn enable_debug_outputs(&self, outputs: &DebugOutputs) -> Result<(), Error> {
+        self.request(Request::EnableDebugOutputs(outputs.clone()))
+            .map(|_| ())
+    }
+
+    fn register_debug(&self, module: DebugModule) -> Result<u64, Error> {
+        self.value(Request::RegisterDebug(module))
+    }
+
+    fn unregister_debug(&self, handle: u64) {
+        let _ = self.request(Request::UnregisterDebug { handle });
+    }
+
+    unsafe fn run_main(&self, address: u64, args: &[String]) -> Result<i32, Error> {
+        self.value(Request::RunMain {
+            address,
+            args: args.to_vec(),
+        })
+        .map(|v| v as u32 as i32)
+    }
+
+    unsafe fn call(&self, address: u64, args: &[u64]) -> Result<u64, Error> {
+        self.value(Request::Call {
+            address,
+            args: args.to_vec(),
+        })
+    }
+}

@@ -1,0 +1,171 @@
+//! What an executor does for a session: the one interface the session calls, whatever
+//! runs the code.
+
+use crate::generator::Found;
+use crate::Error;
+use kiln_executor::shared_object::ExportedSymbol;
+use kiln_link::TlsTemplate;
+use kiln_memory::Mapper;
+use kiln_remote::protocol::{DebugModule, DebugOutputs};
+use kiln_remote::RemoteExecutor;
+use std::any::Any;
+use std::sync::Arc;
+
+/// Definitions exported to libraries the executor loads later, as the executor that
+/// exported them keeps them; given back to [`ExecutorService::unexport_symbols`].
+pub struct ExportHandle(pub(crate) Box<dyn Any + Send + Sync>);
+
+/// A registration of a module's `.eh_frame` with an executor's unwinder; given back to
+/// [`ExecutorService::deregister_eh_frame`].
+pub struct EhRegistration(pub(crate) Box<dyn Any + Send + Sync>);
+
+impl ExportHandle {
+    /// Wraps what an executor keeps for an export.
+    pub fn new(kept: impl Any + Send + Sync) -> Self {
+        ExportHandle(Box::new(kept))
+    }
+
+    /// What the executor kept, if it is a `T`.
+    pub fn into_inner<T: Any>(self) -> Option<T> {
+        self.0.downcast().ok().map(|b| *b)
+    }
+}
+
+impl EhRegistration {
+    /// Wraps what an executor keeps for a registration.
+    pub fn new(kept: impl Any + Send + Sync) -> Self {
+        EhRegistration(Box::new(kept))
+    }
+
+    /// What the executor kept, if it is a `T`.
+    pub fn into_inner<T: Any>(self) -> Option<T> {
+        self.0.downcast().ok().map(|b| *b)
+    }
+}
+
+/// Where linked code runs and host symbols are looked up: this process
+/// ([`crate::Executor::in_process`]), a `kiln-executor` process ([`crate::Executor::spawn`],
+/// [`crate::Executor::connect`]), or anything else that implements it
+/// ([`crate::Executor::from_service`]). The session calls only these methods; each
+/// implementation answers for its process. Addresses are the executor's.
+pub trait ExecutorService: Send + Sync {
+    /// Names the executor in messages (`in-process`, `pid 1234, SharedMemory`).
+    fn describe(&self) -> String;
+
+    /// The executor process's id (`None` in process).
+    fn pid(&self) -> Option<u32> {
+        None
+    }
+
+    /// The connection, for a `kiln-executor` process.
+    fn remote(&self) -> Option<&Arc<RemoteExecutor>> {
+        None
+    }
+
+    /// Gives the executor this process's environment and working directory, where it
+    /// has its own.
+    fn adopt_environment(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// The instruction set of the code the executor runs.
+    fn architecture(&self) -> Result<kiln_link::Architecture, Error>;
+
+    /// The page size where the code runs.
+    fn page_size(&self) -> u64;
+
+    /// The mapper that places code in the executor (`None`: Kiln's default, in process).
+    /// `debuggable`: code pages of their own per allocation, for a debugger's breakpoints.
+    fn mapper(&self, debuggable: bool) -> Result<Option<Arc<dyn Mapper>>, Error>;
+
+    /// Looks names up in the whole process (`library` 0) or a library from
+    /// [`ExecutorService::load_library`], in the order given.
+    fn lookup_many(&self, library: u64, names: &[&str]) -> Result<Vec<Option<Found>>, Error>;
+
+    /// Opens a shared library in the executor; a handle for lookups.
+    fn load_library(&self, path: &str) -> Result<u64, Error>;
+
+    /// Registers a module's terminated `.eh_frame` data at `address` with the unwinder
+    /// (`None`: the executor has no unwinder to tell).
+    fn register_eh_frame(&self, address: u64) -> Result<Option<EhRegistration>, Error>;
+
+    /// Withdraws a registration.
+    fn deregister_eh_frame(&self, registration: EhRegistration);
+
+    /// Maps whole pages of BTI-built code guarded, where the architecture has the guard.
+    fn guard_branch_targets(&self, address: u64, len: u64) -> Result<(), Error>;
+
+    /// Runs a module's initializers, `f(argc, argv, envp)` each.
+    fn run_initializers(&self, functions: &[u64]) -> Result<(), Error>;
+
+    /// Runs a module's finalizers: its thread-local destructors and `atexit` handlers
+    /// (by `dso_handle`), then `functions`.
+    fn run_finalizers(&self, dso_handle: u64, functions: &[u64]) -> Result<(), Error>;
+
+    /// A new thread-local storage module id.
+    fn reserve_tls_module(&self) -> Result<u64, Error>;
+
+    /// Places a module's TLS block in static TLS; its offset from the thread pointer.
+    fn place_static_tls(
+        &self,
+        module_id: u64,
+        image: &[u8],
+        size: u64,
+        align: u64,
+    ) -> Result<i64, Error>;
+
+    /// Installs a module's dynamic TLS template.
+    fn install_tls(&self, template: TlsTemplate) -> Result<(), Error>;
+
+    /// Removes a module's TLS.
+    fn remove_tls(&self, module_id: u64);
+
+    /// The address of a name the executor's runtime provides in place of the C
+    /// runtime's (`__tls_get_addr`, `__cxa_thread_atexit`, …), if `name` is one.
+    fn runtime_symbol(&self, name: &str) -> Option<u64>;
+
+    /// Tells the runtime about a module whose thread-local destructors keep it alive
+    /// (`keep_alive`); an executor in another process needs nothing.
+    fn register_module(
+        &self,
+        _dso_handle: u64,
+        _keep_alive: std::sync::Weak<dyn Any + Send + Sync>,
+    ) {
+    }
+
+    /// Forgets what [`ExecutorService::register_module`] told.
+    fn unregister_module(&self, _dso_handle: u64) {}
+
+    /// Makes `symbols` visible to libraries the executor loads from now on.
+    fn export_symbols(&self, symbols: Vec<ExportedSymbol>) -> Result<ExportHandle, Error>;
+
+    /// Withdraws an export.
+    fn unexport_symbols(&self, handle: ExportHandle);
+
+    /// Turns on the executor's debugger and profiler outputs.
+    fn enable_debug_outputs(&self, outputs: &DebugOutputs) -> Result<(), Error>;
+
+    /// Tells the executor's debuggers and profilers of a module; a handle for
+    /// [`ExecutorService::unregister_debug`].
+    fn register_debug(&self, module: DebugModule) -> Result<u64, Error>;
+
+    /// Withdraws a module from debuggers and profilers.
+    fn unregister_debug(&self, handle: u64);
+
+    /// Calls `main(argc, argv, envp)` at `address`.
+    ///
+    /// # Safety
+    /// In process, `address` must be a finalized `int main(int, char**, char**)` of a
+    /// live module (an executor process checks it lies in memory it reserved and reports
+    /// a crash as an error).
+    unsafe fn run_main(&self, address: u64, args: &[String]) -> Result<i32, Error>;
+
+    /// Calls `u64 f(u64, …)` at `address` with up to six integer arguments.
+    ///
+    /// # Safety
+    /// As for [`ExecutorService::run_main`], for a function of that signature.
+    unsafe fn call(&self, address: u64, args: &[u64]) -> Result<u64, Error>;
+
+    /// Flushes the C stdio buffers of the code's process, where that is this one.
+    fn flush(&self) {}
+}
