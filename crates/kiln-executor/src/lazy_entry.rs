@@ -40,8 +40,9 @@ pub fn lazy_call_failed_address() -> u64 {
     lazy_call_failed as *const () as u64
 }
 
-/// How a thread that serves a controller resolves a stub (`None` on any other thread):
-/// set by the server when it starts serving ([`set_serving_resolver`]).
+/// How an executor resolves a stub through its controller: on the thread that serves the
+/// connection, or for any other thread through it while main runs (`None` where neither
+/// can); set by the server when it starts serving ([`set_serving_resolver`]).
 static SERVING_RESOLVER: OnceLock<fn(u64) -> Option<u64>> = OnceLock::new();
 
 /// Sets how a thread serving a controller resolves stubs (the server's; once per process,
@@ -60,8 +61,9 @@ extern "C" fn kiln_lazy_resolve(id: u64) -> u64 {
         None => match RESOLVER.get() {
             Some(resolve) => resolve(id),
             None => {
-                // An executor's thread that does not serve the connection: nobody here
-                // can compile the body.
+                // No session here, and no connection being served for this thread (an
+                // executor's serving thread resolves for every thread while main runs;
+                // a thread still calling after main returned cannot reach it).
                 eprintln!(
                     "kiln: call-through stub {id} called on a thread that cannot reach its session; the call returns 0"
                 );

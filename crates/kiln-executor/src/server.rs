@@ -618,18 +618,38 @@ fn leave_if_forked_child(status: i32) {
 
 /// Runs `main` on a thread of its own while this thread goes on reading the connection,
 /// so that `Input` reaches the program while it runs; answers with main's status.
-fn run_main_serving(channel: &mut Channel, address: u64, args: Vec<String>) -> Response {
+fn run_main_serving(serving: &Serving, address: u64, args: Vec<String>) -> Response {
     let mut done = [-1; 2];
-    // SAFETY: pipe2 writes two descriptors.
-    if unsafe { libc::pipe2(done.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Response::Error(format!(
-            "cannot run main: {}",
-            std::io::Error::last_os_error()
-        ));
+    let mut wake = [-1; 2];
+    // SAFETY: pipe2 writes two descriptors each.
+    let made = unsafe {
+        libc::pipe2(done.as_mut_ptr(), libc::O_CLOEXEC) == 0
+            && libc::pipe2(wake.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) == 0
+    };
+    let close_all = || {
+        for fd in done.into_iter().chain(wake) {
+            if fd >= 0 {
+                // SAFETY: our descriptors, closed once.
+                unsafe { libc::close(fd) };
+            }
+        }
+    };
+    if !made {
+        let error = std::io::Error::last_os_error();
+        close_all();
+        return Response::Error(format!("cannot run main: {error}"));
     }
     let (done_read, done_write) = (done[0], done[1]);
+    let forwarder = std::sync::Arc::new(Forwarder {
+        queue: std::sync::Mutex::new(Vec::new()),
+        wake: wake[1],
+    });
+    if let Ok(mut f) = FORWARDER.lock() {
+        *f = Some(forwarder.clone());
+    }
+    // Unnamed: the thread keeps the process's name (`comm`), as a program's main thread
+    // does, for perf reports and the program's own prctl(PR_GET_NAME).
     let runner = std::thread::Builder::new()
-        .name("main".into())
         .stack_size(8 << 20)
         .spawn(move || {
             let _stack = AlternateStack::install();
@@ -639,40 +659,29 @@ fn run_main_serving(channel: &mut Channel, address: u64, args: Vec<String>) -> R
             leave_if_forked_child(status);
             runtime::flush_stdio();
             // SAFETY: one byte to our own pipe tells the serving thread main returned.
-            unsafe {
-                libc::write(done_write, b"d".as_ptr().cast(), 1);
-                libc::close(done_write);
-            }
+            unsafe { libc::write(done_write, b"d".as_ptr().cast(), 1) };
             status
         });
     let runner = match runner {
         Ok(r) => r,
         Err(e) => {
-            // SAFETY: our descriptors.
-            unsafe {
-                libc::close(done_read);
-                libc::close(done_write);
+            if let Ok(mut f) = FORWARDER.lock() {
+                *f = None;
             }
+            close_all();
             return Response::Error(format!("cannot run main: {e}"));
         }
     };
-    let socket = channel.raw_fd();
+    let socket = serving.channel.borrow().raw_fd();
     loop {
-        if !channel.has_buffered() {
-            let mut fds = [
-                libc::pollfd {
-                    fd: socket,
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: done_read,
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            // SAFETY: two valid pollfd entries.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if !serving.channel.borrow().has_buffered() {
+            let mut fds = [socket, done_read, wake[0]].map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            // SAFETY: three valid pollfd entries.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, -1) };
             if n < 0 {
                 if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                     continue;
@@ -682,15 +691,38 @@ fn run_main_serving(channel: &mut Channel, address: u64, args: Vec<String>) -> R
             if fds[1].revents != 0 {
                 break;
             }
+            if fds[2].revents != 0 {
+                let mut sink = [0u8; 64];
+                // SAFETY: reads into a local buffer from our non-blocking pipe.
+                while unsafe { libc::read(wake[0], sink.as_mut_ptr().cast(), sink.len()) } > 0 {}
+                let queued = forwarder
+                    .queue
+                    .lock()
+                    .map(|mut q| std::mem::take(&mut *q))
+                    .unwrap_or_default();
+                for (stub, forwarded) in queued {
+                    forwarded.answer(resolve_through(serving, stub));
+                }
+                if serving.ended.borrow().is_some() {
+                    break;
+                }
+                continue;
+            }
         }
-        match channel.recv() {
+        let received = serving.channel.borrow_mut().recv();
+        match received {
             Ok(body) => {
                 let id = message_id(&body).unwrap_or(0);
                 match Request::decode(&body) {
                     Ok(Request::Input { bytes }) => give_input(bytes),
                     _ => {
                         let busy = Response::Error("main is running".into());
-                        if channel.send(&with_id(busy.encode(), id)).is_err() {
+                        if serving
+                            .channel
+                            .borrow_mut()
+                            .send(&with_id(busy.encode(), id))
+                            .is_err()
+                        {
                             break;
                         }
                     }
@@ -700,9 +732,13 @@ fn run_main_serving(channel: &mut Channel, address: u64, args: Vec<String>) -> R
             Err(_) => break,
         }
     }
+    // Threads that call a stub from now on get the fallback; those waiting get it now.
+    if let Ok(mut f) = FORWARDER.lock() {
+        *f = None;
+    }
+    answer_queued(&forwarder, crate::lazy_entry::lazy_call_failed_address());
     let status = runner.join().unwrap_or(-1);
-    // SAFETY: our descriptor, closed once.
-    unsafe { libc::close(done_read) };
+    close_all();
     Response::Value(status as u32 as u64)
 }
 
@@ -780,10 +816,9 @@ pub fn serve(channel: Channel) -> Ending {
 /// controller for it and serves the controller's requests (to link the body here) until
 /// the answer comes. So nothing holds a borrow of the channel or the state while JIT code
 /// runs.
-struct Serving<'o> {
+struct Serving {
     channel: RefCell<Channel>,
     state: RefCell<State>,
-    options: &'o ServeOptions,
     /// The last id of a request this executor made of the controller.
     last_request: Cell<u32>,
     /// How the connection ended while JIT code waited for a stub's body.
@@ -799,8 +834,8 @@ thread_local! {
 struct CurrentServing(*const ());
 
 impl CurrentServing {
-    fn enter(serving: &Serving<'_>) -> Self {
-        let previous = SERVING.with(|s| s.replace((serving as *const Serving<'_>).cast()));
+    fn enter(serving: &Serving) -> Self {
+        let previous = SERVING.with(|s| s.replace((serving as *const Serving).cast()));
         CurrentServing(previous)
     }
 }
@@ -811,21 +846,28 @@ impl Drop for CurrentServing {
     }
 }
 
-/// Resolves call-through stub `stub` through the controller, if this thread serves a
-/// connection (else `None`): sends [`Request::ResolveStub`], serves the controller's
-/// requests until its answer, stores the body's address in the stub's slot (after
-/// checking the slot is 8-byte aligned memory this executor reserved and prepared), and
-/// returns where the call continues.
+/// Resolves call-through stub `stub` through the controller: on the thread that serves
+/// the connection, itself; on any other thread (main's, and threads JIT code starts)
+/// while main runs, through the serving thread ([`forward_to_serving_thread`]). `None`
+/// where neither can (no connection, or no main running to forward for).
 pub(crate) fn resolve_if_serving(stub: u64) -> Option<u64> {
     let pointer = SERVING.with(Cell::get);
     if pointer.is_null() {
-        return None;
+        return forward_to_serving_thread(stub);
     }
     // SAFETY: SERVING points at the `Serving` of the `serve_with` frame below us on this
     // thread's stack (set by `CurrentServing`, cleared before that frame returns); it is
     // used only through shared references and `RefCell`s, none borrowed while JIT code
     // runs.
-    let serving: &Serving<'_> = unsafe { &*pointer.cast::<Serving<'_>>() };
+    let serving: &Serving = unsafe { &*pointer.cast::<Serving>() };
+    Some(resolve_through(serving, stub))
+}
+
+/// On the serving thread: sends [`Request::ResolveStub`], serves the controller's
+/// requests until its answer, stores the body's address in the stub's slot (after
+/// checking the slot is 8-byte aligned memory this executor reserved and prepared), and
+/// returns where the call continues.
+fn resolve_through(serving: &Serving, stub: u64) -> u64 {
     let failed = crate::lazy_entry::lazy_call_failed_address();
     // JIT code run while a request holds the state (a library's constructor run by
     // `dlopen`) cannot have requests served meanwhile.
@@ -833,36 +875,36 @@ pub(crate) fn resolve_if_serving(stub: u64) -> Option<u64> {
         eprintln!(
             "kiln-executor: call-through stub {stub} called while a request is being served; the call returns 0"
         );
-        return Some(failed);
+        return failed;
     }
     let n = serving.last_request.get() % (EXECUTOR_REQUEST - 1) + 1;
     serving.last_request.set(n);
     let id = EXECUTOR_REQUEST | n;
     let request = with_id(Request::ResolveStub { stub }.encode(), id);
     if serving.channel.borrow_mut().send(&request).is_err() {
-        return Some(failed);
+        return failed;
     }
     loop {
         let received = serving.channel.borrow_mut().recv();
         let Ok(body) = received else {
             serving.ended.borrow_mut().get_or_insert(Ending::Closed);
-            return Some(failed);
+            return failed;
         };
         if message_id(&body) != Some(id) {
             // The controller's requests, made to link the body here.
             if let Some(ending) = serve_one(serving, body) {
                 serving.ended.borrow_mut().get_or_insert(ending);
-                return Some(failed);
+                return failed;
             }
             continue;
         }
-        return Some(match Response::decode(&body) {
+        return match Response::decode(&body) {
             Ok(Response::StubResolved { target, slot }) => {
                 if slot != 0 {
                     let usable =
                         slot % 8 == 0 && serving.state.borrow().accessible(slot, 8).is_ok();
                     if !usable {
-                        return Some(failed);
+                        return failed;
                     }
                     // SAFETY: an aligned slot on prepared pages of memory this executor
                     // reserved: a stub's slot, which only atomic stores and the stub's
@@ -872,7 +914,63 @@ pub(crate) fn resolve_if_serving(stub: u64) -> Option<u64> {
                 target
             }
             _ => failed,
-        });
+        };
+    }
+}
+
+/// A stub's resolution asked of the serving thread by another thread, and its answer.
+#[derive(Default)]
+struct Forwarded {
+    target: std::sync::Mutex<Option<u64>>,
+    ready: std::sync::Condvar,
+}
+
+impl Forwarded {
+    fn answer(&self, target: u64) {
+        if let Ok(mut t) = self.target.lock() {
+            *t = Some(target);
+        }
+        self.ready.notify_all();
+    }
+}
+
+/// While main runs on a thread of its own, the serving thread resolves stubs for every
+/// other thread: they queue the stub and wake it through a pipe.
+struct Forwarder {
+    queue: std::sync::Mutex<Vec<(u64, std::sync::Arc<Forwarded>)>>,
+    /// The write end of the serving thread's wake-up pipe.
+    wake: libc::c_int,
+}
+
+/// The forwarder of the main that runs now, if one does.
+static FORWARDER: std::sync::Mutex<Option<std::sync::Arc<Forwarder>>> = std::sync::Mutex::new(None);
+
+/// Asks the serving thread to resolve `stub` and waits for its answer; `None` when no
+/// main runs (nobody reads the connection for this thread).
+fn forward_to_serving_thread(stub: u64) -> Option<u64> {
+    let forwarder = FORWARDER.lock().ok()?.clone()?;
+    let forwarded = std::sync::Arc::new(Forwarded::default());
+    forwarder.queue.lock().ok()?.push((stub, forwarded.clone()));
+    // SAFETY: one byte to the serving thread's pipe, open while the forwarder is set.
+    unsafe { libc::write(forwarder.wake, b"r".as_ptr().cast(), 1) };
+    let mut target = forwarded.target.lock().ok()?;
+    loop {
+        if let Some(t) = *target {
+            return Some(t);
+        }
+        target = forwarded.ready.wait(target).ok()?;
+    }
+}
+
+/// Answers every queued resolution with `target` (the forwarder is going away).
+fn answer_queued(forwarder: &Forwarder, target: u64) {
+    let queued = forwarder
+        .queue
+        .lock()
+        .map(|mut q| std::mem::take(&mut *q))
+        .unwrap_or_default();
+    for (_, forwarded) in queued {
+        forwarded.answer(target);
     }
 }
 
@@ -917,7 +1015,6 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
     let serving = Serving {
         channel: RefCell::new(channel),
         state: RefCell::new(state),
-        options,
         last_request: Cell::new(0),
         ended: RefCell::new(None),
     };
@@ -960,7 +1057,7 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
 }
 
 /// Serves one request; `Some` when the connection ends.
-fn serve_one(serving: &Serving<'_>, body: Vec<u8>) -> Option<Ending> {
+fn serve_one(serving: &Serving, body: Vec<u8>) -> Option<Ending> {
     let send = |frame: &[u8]| serving.channel.borrow_mut().send(frame);
     let id = message_id(&body).unwrap_or(0);
     if id & EXECUTOR_REQUEST != 0 {
@@ -1013,14 +1110,17 @@ fn serve_one(serving: &Serving<'_>, body: Vec<u8>) -> Option<Ending> {
             .is_err()
             .then_some(Ending::Closed);
     }
-    if let (true, Request::RunMain { address, args }) = (serving.options.forward_output, &request) {
+    if let Request::RunMain { address, args } = &request {
+        // Main runs on a thread of its own while this thread reads the connection and
+        // resolves the stubs that main and the threads it starts call.
         let checked = serving.state.borrow().code(*address);
-        let mut channel = serving.channel.borrow_mut();
         let reply = match checked {
-            Ok(()) => run_main_serving(&mut channel, *address, args.clone()),
+            Ok(()) => run_main_serving(serving, *address, args.clone()),
             Err(message) => Response::Error(message),
         };
-        return channel
+        return serving
+            .channel
+            .borrow_mut()
             .send(&with_id(reply.encode(), id))
             .is_err()
             .then_some(Ending::Closed);
@@ -1034,10 +1134,9 @@ fn serve_one(serving: &Serving<'_>, body: Vec<u8>) -> Option<Ending> {
     let outcome = match request {
         // Requests that run JIT code: no borrow is held while it runs (a stub it calls may
         // serve requests meanwhile).
-        Request::RunMain { .. }
-        | Request::Call { .. }
-        | Request::RunInitializers { .. }
-        | Request::RunFinalizers { .. } => run_code(&serving.state, request),
+        Request::Call { .. } | Request::RunInitializers { .. } | Request::RunFinalizers { .. } => {
+            run_code(&serving.state, request)
+        }
         other => handle(&mut serving.state.borrow_mut(), other),
     };
     let sent = match outcome {
@@ -1056,14 +1155,6 @@ fn serve_one(serving: &Serving<'_>, body: Vec<u8>) -> Option<Ending> {
 fn run_code(state: &RefCell<State>, request: Request) -> Result<Reply, String> {
     let ok = Ok(Reply::Plain(Response::Ok));
     match request {
-        Request::RunMain { address, args } => {
-            state.borrow().code(address)?;
-            // SAFETY: main lies in memory this executor reserved, linked by the controller.
-            let status = unsafe { runtime::call_main(address, &args) };
-            leave_if_forked_child(status);
-            runtime::flush_stdio();
-            Ok(Reply::Plain(Response::Value(status as u32 as u64)))
-        }
         Request::Call { address, args } => {
             state.borrow().code(address)?;
             let mut a = [0u64; 6];

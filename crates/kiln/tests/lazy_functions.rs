@@ -424,6 +424,79 @@ fn out_of_process_a_stubs_first_call_asks_the_controller() {
     }
 }
 
+/// Where a test's lazy functions run out of process: a child executor by each transport,
+/// and a listening one reached over TCP.
+fn remote_executors() -> Vec<(
+    String,
+    kiln::Executor,
+    Option<kiln_testkit::ExecutorProcess>,
+)> {
+    let spawn = |transport| {
+        kiln::Executor::spawn(
+            &kiln_testkit::executor_binary(),
+            transport,
+            kiln::Timeouts::default(),
+        )
+        .unwrap()
+    };
+    let listening =
+        kiln_testkit::start_executor(&["--listen", "127.0.0.1:0", "--no-auth"], None, &[]);
+    let tcp = kiln::Executor::connect(&listening.address, kiln::Timeouts::default()).unwrap();
+    vec![
+        (
+            "shared memory".into(),
+            spawn(kiln::Transport::SharedMemory),
+            None,
+        ),
+        ("copy".into(), spawn(kiln::Transport::Copy), None),
+        ("--connect".into(), tcp, Some(listening)),
+    ]
+}
+
+#[test]
+fn out_of_process_stubs_resolve_from_main_and_every_thread_it_starts() {
+    // main and four threads it starts each make a stub's first call (inner's, and sq's
+    // with its argument): each must reach the body the controller links, not the
+    // fallback (which returns 0).
+    let program = kiln_testkit::cc_object(
+        "threads_call_stubs",
+        r#"
+        #include <pthread.h>
+        long inner(long);
+        long sq(long);
+        static void *worker(void *p) { long i = (long)p; return (void *)(inner(i) + sq(i)); }
+        int main(void) {
+            pthread_t t[4];
+            long sum = 0;
+            for (long i = 0; i < 4; i++) pthread_create(&t[i], 0, worker, (void *)(i + 1));
+            for (int i = 0; i < 4; i++) { void *r; pthread_join(t[i], &r); sum += (long)r; }
+            return (int)(sum + inner(10));
+        }
+        "#,
+        &["-O1", "-pthread"],
+    );
+    let sq = kiln_testkit::cc_object("sq", "long sq(long x) { return x * x; }", &["-O1"]);
+    for (how, executor, _listening) in remote_executors() {
+        let jit = Jit::builder().executor(executor).build().unwrap();
+        let lib = jit.main_library();
+        let compiler = Arc::new(table(&[
+            ("inner", constant_function("inner", 4)),
+            ("sq", sq.clone()),
+        ]));
+        jit.add_lazy_functions(lib, &["inner", "sq"], compiler.clone())
+            .unwrap();
+        jit.add_object(lib, "threads_call_stubs.o", program.clone())
+            .unwrap();
+        jit.add_process_symbols(lib).unwrap();
+        // SAFETY: the program defines a C main.
+        let status = unsafe { jit.run_main(lib, &["threads".into()]) }.unwrap();
+        // 4 threads: inner 4 each, sq 1 + 4 + 9 + 16; main: inner 4.
+        assert_eq!(status, 16 + 30 + 4, "{how}");
+        assert_eq!(compiler.compiles.load(Ordering::SeqCst), 2, "{how}");
+        assert!(jit.lazy_failures().is_empty(), "{how}");
+    }
+}
+
 #[test]
 fn stubs_outliving_their_session_return_zero_and_names_are_checked() {
     let jit = Jit::new().unwrap();
