@@ -1431,6 +1431,18 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             state.library_paths.insert(path, id);
             Ok(Reply::Plain(Response::Value(id)))
         }
+        Request::StoreCodePointer { slot, target } => {
+            if slot % 8 != 0 {
+                return Err(format!("slot {slot:#x} is not 8-byte aligned"));
+            }
+            state.accessible(slot, 8)?;
+            state.code(target)?;
+            // SAFETY: an aligned slot on prepared pages of memory this executor reserved
+            // (checked): a stub's slot, which only atomic stores and the stub's loads
+            // touch; the target lies in reserved code (checked).
+            unsafe { crate::lazy_entry::store_code_pointer(slot, target) };
+            ok
+        }
         Request::RegisterEhFrame { address } => {
             if state.eh_frames.contains_key(&address) {
                 return Err(format!("eh_frame at {address:#x} is registered already"));

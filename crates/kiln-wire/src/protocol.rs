@@ -383,6 +383,16 @@ pub enum Request {
         /// Length (whole pages).
         len: u64,
     },
+    /// Stores `target` in the call-through stub slot at `slot` with one atomic store
+    /// (hot swap: calls that load the slot after the answer reach `target`). The slot
+    /// must be 8-byte aligned on prepared pages of a reservation, `target` in reserved
+    /// code. Answers `Ok`.
+    StoreCodePointer {
+        /// The slot's address.
+        slot: u64,
+        /// Where calls through it go from now on.
+        target: u64,
+    },
     /// Requests served in order as if sent one by one, answered with one
     /// [`Response::Batched`]: one round trip for steps that need no answer before the
     /// next (prepare, initialize, register `.eh_frame`, ...). The executor stops at the
@@ -490,6 +500,7 @@ impl fmt::Display for Request {
             Request::ResolveStub { .. } => "resolve a call-through stub",
             Request::SetEnvironment { .. } => "set environment",
             Request::GuardBranchTargets { .. } => "guard branch targets",
+            Request::StoreCodePointer { .. } => "store code pointer",
             Request::Batch(_) => "batch",
         };
         f.write_str(name)
@@ -550,6 +561,7 @@ message_table! {
     SetEnvironment = 30 as SET_ENVIRONMENT,
     GuardBranchTargets = 31 as GUARD_BRANCH_TARGETS,
     Batch = 32 as BATCH,
+    StoreCodePointer = 33 as STORE_CODE_POINTER,
     Ok = 100 as OK,
     Value = 101 as VALUE,
     Reserved = 102 as RESERVED,
@@ -1004,6 +1016,11 @@ impl Request {
                 w.u64(*address).u64(*len);
                 w
             }
+            Request::StoreCodePointer { slot, target } => {
+                let mut w = Writer::new(tag::STORE_CODE_POINTER);
+                w.u64(*slot).u64(*target);
+                w
+            }
             Request::Batch(requests) => {
                 let mut w = Writer::new(tag::BATCH);
                 w.u32(requests.len() as u32);
@@ -1262,6 +1279,10 @@ impl Request {
             tag::GUARD_BRANCH_TARGETS => Request::GuardBranchTargets {
                 address: r.u64("address")?,
                 len: r.u64("length")?,
+            },
+            tag::STORE_CODE_POINTER => Request::StoreCodePointer {
+                slot: r.u64("slot")?,
+                target: r.u64("target")?,
             },
             tag::BATCH => {
                 let n = r.count("batched requests", 9)?;
@@ -1595,6 +1616,10 @@ mod tests {
                 jitdump: true,
             }),
             Request::UnregisterDebug { handle: 4 },
+            Request::StoreCodePointer {
+                slot: 0x7000,
+                target: 0x8000,
+            },
             Request::Batch(vec![
                 Request::Prepare {
                     handle: 1,

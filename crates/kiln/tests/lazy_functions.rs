@@ -415,12 +415,53 @@ fn out_of_process_a_stubs_first_call_asks_the_controller() {
         let failures = jit.lazy_failures();
         assert_eq!(failures.len(), 1, "{failures:?}");
         assert!(failures[0].error.contains("no source for missing"));
-        // Replacing a body in another process is refused, not half done.
-        assert!(matches!(
-            jit.replace_function(lib, "inner", constant_function("inner", 5)),
-            Err(Error::Unsupported(_))
-        ));
-        assert_eq!(call("outer", &[0]), 80);
+        // A new body for inner: the executor stores its slot; outer's body, which calls
+        // inner through the stub, reaches it.
+        jit.replace_function(lib, "inner", constant_function("inner", 5))
+            .unwrap();
+        assert_eq!(call("outer", &[0]), 100);
+        // A replacement that does not link leaves the old body.
+        assert!(jit
+            .replace_function(lib, "inner", constant_function("not_inner", 6))
+            .is_err());
+        assert_eq!(call("outer", &[0]), 100);
+    }
+}
+
+#[test]
+fn out_of_process_hot_swap_reaches_direct_and_stub_callers_and_keeps_retired_bodies() {
+    // `version` swapped 19 times between the controller's calls: a call of its stub and
+    // a call of another lazy function whose body calls it through the stub both reach
+    // each new body, in every transport.
+    let caller = kiln_testkit::cc_object(
+        "swap_calls",
+        "long version(void); long twice_version(void) { return 2 * version(); }",
+        &["-O1"],
+    );
+    for (how, executor, _listening) in remote_executors() {
+        let jit = Jit::builder().executor(executor).build().unwrap();
+        let lib = jit.main_library();
+        let compiler = Arc::new(table(&[
+            ("version", constant_function("version", 1)),
+            ("twice_version", caller.clone()),
+        ]));
+        jit.add_lazy_functions(lib, &["version", "twice_version"], compiler.clone())
+            .unwrap();
+        let call = |name: &str| {
+            let stub = jit.lookup(lib, name).unwrap();
+            // SAFETY: the functions take nothing and return integers, in the executor.
+            unsafe { jit.executor().call(stub, &[]) }.unwrap()
+        };
+        assert_eq!(call("twice_version"), 2, "{how}");
+        for v in 2..=20i32 {
+            jit.replace_function(lib, "version", constant_function("version", v))
+                .unwrap();
+            assert_eq!(call("version"), v as u64, "{how}");
+            assert_eq!(call("twice_version"), 2 * v as u64, "{how}");
+        }
+        // Out of process the old bodies are kept (no guard covers the executor's threads).
+        assert_eq!(jit.reclaim(), 19, "{how}");
+        assert_eq!(compiler.compiles.load(Ordering::SeqCst), 2, "{how}");
     }
 }
 

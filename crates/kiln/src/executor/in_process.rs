@@ -178,6 +178,12 @@ impl ExecutorService for InProcess {
         Ok(f(a[0], a[1], a[2], a[3], a[4], a[5]))
     }
 
+    unsafe fn store_code_pointer(&self, slot: u64, target: u64) -> Result<(), Error> {
+        // SAFETY: the caller's contract: a live stub slot, touched atomically.
+        unsafe { kiln_executor::lazy_entry::store_code_pointer(slot, target) };
+        Ok(())
+    }
+
     fn flush(&self) {
         runtime::flush_stdio();
     }

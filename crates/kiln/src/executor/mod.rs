@@ -349,6 +349,15 @@ impl Executor {
         unsafe { self.service.call(address, args) }
     }
 
+    /// Stores `target` in a call-through stub's slot, in the executor, atomically.
+    ///
+    /// # Safety
+    /// As [`ExecutorService::store_code_pointer`].
+    pub(crate) unsafe fn store_code_pointer(&self, slot: u64, target: u64) -> Result<(), Error> {
+        // SAFETY: the caller's contract.
+        unsafe { self.service.store_code_pointer(slot, target) }
+    }
+
     /// Flushes the executor's C stdio buffers (in-process; a remote executor flushes after
     /// each run itself).
     pub(crate) fn flush(&self) {

@@ -204,6 +204,11 @@ impl ExecutorService for Remote {
         .map(|v| v as u32 as i32)
     }
 
+    unsafe fn store_code_pointer(&self, slot: u64, target: u64) -> Result<(), Error> {
+        self.request(Request::StoreCodePointer { slot, target })?;
+        Ok(())
+    }
+
     unsafe fn call(&self, address: u64, args: &[u64]) -> Result<u64, Error> {
         self.value(Request::Call {
             address,

@@ -166,6 +166,15 @@ pub trait ExecutorService: Send + Sync {
     /// As for [`ExecutorService::run_main`], for a function of that signature.
     unsafe fn call(&self, address: u64, args: &[u64]) -> Result<u64, Error>;
 
+    /// Stores `target` in a call-through stub's slot with one atomic store: calls that
+    /// load the slot afterwards reach `target` (hot swap).
+    ///
+    /// # Safety
+    /// `slot` must be a stub slot of a live stub module of this executor (8-byte aligned,
+    /// touched only by atomic stores and the stub's loads), `target` a finalized function
+    /// there (an executor process checks both lie in memory it reserved).
+    unsafe fn store_code_pointer(&self, slot: u64, target: u64) -> Result<(), Error>;
+
     /// Flushes the C stdio buffers of the code's process, where that is this one.
     fn flush(&self) {}
 }

@@ -102,6 +102,8 @@ pub(crate) struct LazyFunctions {
     collector: crossbeam_epoch::Collector,
     /// Bodies replaced and not freed yet.
     retired: Arc<AtomicUsize>,
+    /// Bodies replaced out of process: kept until the session ends.
+    kept_out_of_process: Mutex<Vec<Module>>,
 }
 
 /// A thread registered to call code of a session whose functions may be replaced.
@@ -383,8 +385,9 @@ impl Jit {
 
     /// Gives the lazy function `name` of `lib` a new body, linked from `object`, which must
     /// define `name`: calls that load the stub's slot after this returns reach it. The old
-    /// body is retired and freed once no [`CodeGuard`] taken before now is held. On an
-    /// error the old body stays.
+    /// body is retired and freed once no [`CodeGuard`] taken before now is held; out of
+    /// process (the executor stores the slot) it is kept until the session ends, since no
+    /// guard covers the executor's threads. On an error the old body stays.
     pub fn replace_function(
         &self,
         lib: LibraryId,
@@ -392,34 +395,54 @@ impl Jit {
         object: impl Into<Arc<[u8]>>,
     ) -> Result<u64, Error> {
         let function = self.lazy_function(lib, name)?;
-        if function.batch.executor.is_some() {
-            return Err(Error::Unsupported(
-                "replacing a function whose code runs in another process".into(),
-            ));
-        }
         let (address, module) = self.link_body(lib, name, object.into().to_vec())?;
+        let remote = function.batch.executor.is_some();
         let old = {
             let mut body = function.function().body.lock();
-            // SAFETY: the function's stub slot, in the stub module its library holds; only
-            // atomic stores and the stub's loads touch it.
-            unsafe { lazy_entry::store_code_pointer(function.slot(), address) };
+            if !remote {
+                // SAFETY: the function's stub slot, in the stub module its library holds;
+                // only atomic stores and the stub's loads touch it.
+                unsafe { lazy_entry::store_code_pointer(function.slot(), address) };
+            }
             let old = std::mem::replace(&mut *body, Body::Ready { address, module });
             function.function().ready.notify_all();
             old
         };
+        // After the body is recorded and with no lock held: a first call that the executor
+        // resolves meanwhile (through a thread waiting on this connection) gets the new
+        // body too, and takes the body's lock without waiting on us.
+        let stored = if remote {
+            // SAFETY: the stub slot and the body just linked, both in the executor, which
+            // checks they lie in its memory before its one atomic store.
+            unsafe {
+                self.inner()
+                    .executor
+                    .store_code_pointer(function.slot(), address)
+            }
+        } else {
+            Ok(())
+        };
         if let Body::Ready { module, .. } = old {
             let lazy = self.lazy_functions();
             lazy.retired.fetch_add(1, Ordering::SeqCst);
-            let retired = lazy.retired.clone();
-            let handle = lazy.collector.register();
-            let guard = handle.pin();
-            guard.defer(move || {
-                drop(module);
-                retired.fetch_sub(1, Ordering::SeqCst);
-            });
-            guard.flush();
+            if function.batch.executor.is_some() {
+                // Out of process no guard covers the executor's threads (those the
+                // program starts may be inside the old body): it is kept, not freed,
+                // until the session ends.
+                lazy.kept_out_of_process.lock().push(module);
+            } else {
+                let retired = lazy.retired.clone();
+                let handle = lazy.collector.register();
+                let guard = handle.pin();
+                guard.defer(move || {
+                    drop(module);
+                    retired.fetch_sub(1, Ordering::SeqCst);
+                });
+                guard.flush();
+            }
         }
-        Ok(address)
+        // A failed store leaves the slot on the old body, which is kept above.
+        stored.map(|()| address)
     }
 
     /// Registers the calling thread to call code whose functions may be replaced; pin it
