@@ -714,8 +714,8 @@ fn run_main_serving(serving: &Serving, address: u64, args: Vec<String>) -> Respo
             Ok(body) => {
                 let id = message_id(&body).unwrap_or(0);
                 match Request::decode(&body) {
-                    Ok(Request::Input { bytes }) => give_input(bytes),
-                    _ => {
+                    // One main at a time, and the connection stays while it runs.
+                    Ok(Request::RunMain { .. } | Request::Shutdown) => {
                         let busy = Response::Error("main is running".into());
                         if serving
                             .channel
@@ -723,6 +723,14 @@ fn run_main_serving(serving: &Serving, address: u64, args: Vec<String>) -> Respo
                             .send(&with_id(busy.encode(), id))
                             .is_err()
                         {
+                            break;
+                        }
+                    }
+                    // Everything else is served while main runs (the controller's other
+                    // threads: a hot swap, a link, a lookup, input).
+                    _ => {
+                        if let Some(ending) = serve_one(serving, body) {
+                            serving.ended.borrow_mut().get_or_insert(ending);
                             break;
                         }
                     }

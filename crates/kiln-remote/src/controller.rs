@@ -190,6 +190,66 @@ pub struct RemoteExecutor {
     round_trips: Mutex<Vec<RoundTrips>>,
     /// Requests a thread deferred in a [`Batching`] scope, not yet sent.
     deferred: Mutex<Option<Deferred>>,
+    /// Requests other threads make while one waits for code to run (see [`Beside`]).
+    beside: Mutex<Beside>,
+    /// Signalled when an answer is routed to a thread waiting beside.
+    routed: parking_lot::Condvar,
+    /// Sends without the connection's lock (requests made beside a running one).
+    sender: kiln_wire::channel::Sender,
+}
+
+/// While a thread waits for JIT code to run (`RunMain`, `Call`: the connection's lock
+/// held, it reads every frame), other threads' requests go *beside* it: each is sent
+/// through the shared sender with an id of its own range and waits until the reading
+/// thread routes its answer here. The executor serves them meanwhile (main runs on a
+/// thread of its own there), so a hot swap, a lookup or another link need not wait for
+/// the program to end.
+#[derive(Default)]
+struct Beside {
+    /// A thread waits for code to run, and reads.
+    running: bool,
+    /// The last id given to a request beside (ids `BESIDE | n`).
+    last: u32,
+    /// Answers by request id, routed or awaited.
+    answers: std::collections::HashMap<u32, Routed>,
+}
+
+/// Where a request made beside stands.
+enum Routed {
+    Waiting,
+    Answered(Response, Option<OwnedFd>),
+    Failed(String),
+    /// Its thread gave up waiting (timeout): the answer is dropped when it comes.
+    Abandoned,
+}
+
+/// The ids of requests made beside a running one (bit 30; the lock's requests count below
+/// it, the executor's own requests have bit 31).
+const BESIDE: u32 = 1 << 30;
+
+/// While alive, the thread that sent a request running code reads for those made beside
+/// it; when it stops (answered, or the connection failed), requests still waiting fail
+/// and later ones take the lock.
+struct ReadingBeside<'a> {
+    remote: &'a RemoteExecutor,
+    owner: bool,
+}
+
+impl Drop for ReadingBeside<'_> {
+    fn drop(&mut self) {
+        if !self.owner {
+            return;
+        }
+        let mut beside = self.remote.beside.lock();
+        beside.running = false;
+        for routed in beside.answers.values_mut() {
+            if matches!(routed, Routed::Waiting) {
+                *routed =
+                    Routed::Failed("the connection ended before the executor answered".into());
+            }
+        }
+        self.remote.routed.notify_all();
+    }
 }
 
 /// What one thread's [`Batching`] scope deferred.
@@ -547,6 +607,7 @@ impl RemoteExecutor {
         }
         let child_pid =
             std::sync::atomic::AtomicI32::new(child.as_ref().map_or(0, |c| c.id() as i32));
+        let sender = channel.sender();
         Ok(RemoteExecutor {
             conn: ReentrantMutex::new(RefCell::new(Connection {
                 channel,
@@ -561,6 +622,9 @@ impl RemoteExecutor {
             child_pid,
             round_trips: Mutex::new(Vec::new()),
             deferred: Mutex::new(None),
+            beside: Mutex::new(Beside::default()),
+            routed: parking_lot::Condvar::new(),
+            sender,
         })
     }
 
@@ -781,7 +845,19 @@ impl RemoteExecutor {
     /// Sends one request and waits for its answer, serving the executor's own requests
     /// and forwarding the program's output meanwhile.
     fn send_one(&self, request: &Request) -> Result<(Response, Option<OwnedFd>), RemoteError> {
-        let guard = self.conn.lock();
+        // A thread that waits for code to run holds the connection: other threads' requests
+        // go beside it (not a second `RunMain`, which the executor refuses while one runs).
+        let beside_ok = !matches!(request, Request::RunMain { .. } | Request::Shutdown);
+        let guard = loop {
+            if let Some(guard) = self.conn.try_lock_for(Duration::from_millis(2)) {
+                break guard;
+            }
+            if beside_ok {
+                if let Some(result) = self.send_beside(request) {
+                    return result;
+                }
+            }
+        };
         let mut conn = guard.borrow_mut();
         if let Some(why) = &conn.broken {
             return Err(RemoteError::Broken(why.clone()));
@@ -804,7 +880,16 @@ impl RemoteExecutor {
         }
         let name = request.to_string();
         let started = std::time::Instant::now();
-        conn.next_id = conn.next_id % (crate::protocol::EXECUTOR_REQUEST - 1) + 1;
+        // This thread reads for the requests made beside it while the code runs.
+        let owner = running && {
+            let mut beside = self.beside.lock();
+            !std::mem::replace(&mut beside.running, true)
+        };
+        let _reading = ReadingBeside {
+            remote: self,
+            owner,
+        };
+        conn.next_id = conn.next_id % (BESIDE - 1) + 1;
         let id = conn.next_id;
         if let Err(e) = conn
             .channel
@@ -815,8 +900,16 @@ impl RemoteExecutor {
             return Err(error);
         }
         // The program's output may come before the answer, and the executor's own
-        // requests (a call-through stub's first call while this request runs code).
+        // requests (a call-through stub's first call while this request runs code), and
+        // the answers to requests made beside this one.
+        let mut mine = None;
         let response = loop {
+            if let Some(answer) = mine.take() {
+                if !owner || self.no_one_waits_beside() {
+                    break answer;
+                }
+                mine = Some(answer);
+            }
             let body = match conn.channel.recv() {
                 Ok(body) => body,
                 Err(e) => {
@@ -828,43 +921,49 @@ impl RemoteExecutor {
             let got = crate::protocol::message_id(&body).unwrap_or(0);
             let handler = self.handler.read().clone();
             if let (true, Some(handler)) = (got & crate::protocol::EXECUTOR_REQUEST != 0, handler) {
-                let asked = Request::decode(&body);
-                // The handler may make requests: the connection is not borrowed meanwhile.
-                drop(conn);
-                let answer = match asked {
-                    // A panicking handler still answers: the executor waits for it.
-                    Ok(request) => {
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&request)))
+                // Served on a thread of its own: the handler makes requests (to link a
+                // body) that go beside this one, whose answers this thread reads and
+                // routes meanwhile; it never waits on the session's locks itself.
+                let sender = self.sender.clone();
+                let serve = move || {
+                    let answer = match Request::decode(&body) {
+                        // A panicking handler still answers: the executor waits for it.
+                        Ok(request) => {
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                handler(&request)
+                            }))
                             .unwrap_or_else(|_| {
                                 Response::Error("the controller's handler panicked".into())
                             })
-                    }
-                    Err(e) => Response::Error(format!("malformed request: {e}")),
+                        }
+                        Err(e) => Response::Error(format!("malformed request: {e}")),
+                    };
+                    let _ = sender.send(&crate::protocol::with_id(answer.encode(), got));
                 };
-                conn = guard.borrow_mut();
-                if conn.timeout != Some(timeout) {
-                    conn.channel.set_timeout(timeout).map_err(io_err)?;
-                    conn.timeout = Some(timeout);
-                }
-                if let Err(e) = conn
-                    .channel
-                    .send(&crate::protocol::with_id(answer.encode(), got))
+                if let Err(e) = std::thread::Builder::new()
+                    .name("kiln-resolve".into())
+                    .spawn(serve)
                 {
-                    let error = self.failure(&mut conn, &name, e);
-                    conn.broken = Some(error.to_string());
-                    return Err(error);
+                    let answer = Response::Error(format!("cannot serve the request: {e}"));
+                    let _ = self
+                        .sender
+                        .send(&crate::protocol::with_id(answer.encode(), got));
                 }
                 continue;
             }
             match Response::decode(&body) {
                 Ok(Response::Output { stream, bytes }) => forward_output(stream, &bytes),
-                // What the executor says on its own (id 0), or the answer to this request.
-                Ok(r)
-                    if got == id
-                        || (got == 0
-                            && matches!(r, Response::Crashed { .. } | Response::Exited { .. })) =>
-                {
+                // The answer to this request.
+                Ok(r) if got == id => mine = Some(r),
+                // What the executor says on its own (id 0): the end of it.
+                Ok(r @ (Response::Crashed { .. } | Response::Exited { .. })) if got == 0 => {
                     break r
+                }
+                // The answer to a request made beside this one (or to one whose thread
+                // gave up waiting).
+                Ok(r) if got & BESIDE != 0 && got & crate::protocol::EXECUTOR_REQUEST == 0 => {
+                    let fd = conn.channel.take_fd();
+                    self.route(got, r, fd);
                 }
                 Ok(r) => {
                     let why = if got & crate::protocol::EXECUTOR_REQUEST != 0 {
@@ -989,6 +1088,105 @@ impl RemoteExecutor {
         *self.handler.write() = Some(handler);
     }
 
+    /// Sends `request` beside the running one and waits for the reading thread to route
+    /// its answer; `None` if no code runs any more (the caller takes the lock instead).
+    #[allow(clippy::type_complexity)]
+    fn send_beside(
+        &self,
+        request: &Request,
+    ) -> Option<Result<(Response, Option<OwnedFd>), RemoteError>> {
+        let id = {
+            let mut beside = self.beside.lock();
+            if !beside.running {
+                return None;
+            }
+            beside.last = beside.last % (BESIDE - 1) + 1;
+            let id = BESIDE | beside.last;
+            beside.answers.insert(id, Routed::Waiting);
+            id
+        };
+        let name = request.to_string();
+        let started = std::time::Instant::now();
+        if let Err(e) = self
+            .sender
+            .send(&crate::protocol::with_id(request.encode(), id))
+        {
+            self.beside.lock().answers.remove(&id);
+            return Some(Err(io_err(e)));
+        }
+        let timeout = match request {
+            Request::Call { .. }
+            | Request::RunInitializers { .. }
+            | Request::RunFinalizers { .. } => self.timeouts.run,
+            _ => Some(self.timeouts.request),
+        };
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        let mut beside = self.beside.lock();
+        loop {
+            if !matches!(beside.answers.get(&id), Some(Routed::Waiting)) {
+                let routed = beside.answers.remove(&id);
+                drop(beside);
+                self.count_round_trip(&name, started.elapsed());
+                return Some(match routed {
+                    Some(Routed::Answered(Response::Error(message), _)) => {
+                        Err(RemoteError::Refused {
+                            request: name,
+                            message,
+                        })
+                    }
+                    Some(Routed::Answered(response, fd)) => Ok((response, fd)),
+                    Some(Routed::Failed(why)) => Err(RemoteError::Broken(why)),
+                    _ => Err(RemoteError::Broken("the answer was lost".into())),
+                });
+            }
+            let timed_out = match deadline {
+                Some(deadline) => self.routed.wait_until(&mut beside, deadline).timed_out(),
+                None => {
+                    self.routed.wait(&mut beside);
+                    false
+                }
+            };
+            if timed_out && matches!(beside.answers.get(&id), Some(Routed::Waiting)) {
+                beside.answers.insert(id, Routed::Abandoned);
+                return Some(Err(RemoteError::Timeout {
+                    pid: self.hello.pid,
+                    request: name,
+                    timeout: timeout.unwrap_or_default(),
+                }));
+            }
+        }
+    }
+
+    /// Hands an answer read by the thread that holds the connection to the thread that
+    /// made the request beside it.
+    fn route(&self, id: u32, response: Response, fd: Option<OwnedFd>) {
+        let mut beside = self.beside.lock();
+        match beside.answers.get(&id) {
+            Some(Routed::Waiting) => {
+                beside.answers.insert(id, Routed::Answered(response, fd));
+                self.routed.notify_all();
+            }
+            // Its thread gave up; an id not (or no longer) awaited is dropped.
+            _ => {
+                beside.answers.remove(&id);
+            }
+        }
+    }
+
+    /// Whether no request made beside waits for its answer; if none does, this thread
+    /// stops reading for others (atomically: a request made after goes by the lock).
+    fn no_one_waits_beside(&self) -> bool {
+        let mut beside = self.beside.lock();
+        let waiting = beside
+            .answers
+            .values()
+            .any(|r| matches!(r, Routed::Waiting));
+        if !waiting {
+            beside.running = false;
+        }
+        !waiting
+    }
+
     fn count_round_trip(&self, name: &str, waited: Duration) {
         let mut all = self.round_trips.lock();
         match all.iter_mut().find(|r| r.request == name) {
@@ -1017,7 +1215,7 @@ impl RemoteExecutor {
         if conn.broken.is_none() {
             let _ = conn.channel.set_timeout(Some(Duration::from_secs(5)));
             // Request ids are non-zero (docs/PROTOCOL.md); 0 is the executor's own.
-            conn.next_id = conn.next_id % (crate::protocol::EXECUTOR_REQUEST - 1) + 1;
+            conn.next_id = conn.next_id % (BESIDE - 1) + 1;
             let shutdown = crate::protocol::with_id(Request::Shutdown.encode(), conn.next_id);
             if conn.channel.send(&shutdown).is_ok() {
                 // The program's last output may come before the answer.

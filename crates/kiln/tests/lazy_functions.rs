@@ -465,6 +465,71 @@ fn out_of_process_hot_swap_reaches_direct_and_stub_callers_and_keeps_retired_bod
     }
 }
 
+#[test]
+fn out_of_process_hot_swap_while_main_and_its_threads_call() {
+    // main and two threads it starts call `version` through its stub in a loop until
+    // they see version 20, each checking the versions it sees never go back; meanwhile
+    // the controller, on another thread, swaps in versions 2 to 20.
+    let program = kiln_testkit::cc_object(
+        "swap_while_running",
+        r#"
+        #include <pthread.h>
+        long version(void);
+        static void *worker(void *p) {
+            long last = 0;
+            while (last < 20) { long v = version(); if (v < last) return (void *)-1; last = v; }
+            return (void *)last;
+        }
+        int main(void) {
+            pthread_t t[2];
+            for (int i = 0; i < 2; i++) pthread_create(&t[i], 0, worker, 0);
+            long last = 0;
+            while (last < 20) { long v = version(); if (v < last) return 100; last = v; }
+            for (int i = 0; i < 2; i++) {
+                void *r;
+                pthread_join(t[i], &r);
+                if ((long)r != 20) return 101 + i;
+            }
+            return 0;
+        }
+        "#,
+        &["-O1", "-pthread"],
+    );
+    for (how, executor, _listening) in remote_executors() {
+        let jit = Jit::builder().executor(executor).build().unwrap();
+        let lib = jit.main_library();
+        let compiler = Arc::new(table(&[("version", constant_function("version", 1))]));
+        jit.add_lazy_functions(lib, &["version"], compiler.clone())
+            .unwrap();
+        jit.add_object(lib, "swap_while_running.o", program.clone())
+            .unwrap();
+        jit.add_process_symbols(lib).unwrap();
+        jit.link_pending(lib).unwrap();
+        std::thread::scope(|scope| {
+            let running = scope.spawn(|| {
+                // SAFETY: the program defines a C main.
+                unsafe { jit.run_main(lib, &["swap".into()]) }.map_err(|e| e.to_string())
+            });
+            // The first call compiled version 1: main runs.
+            let start = std::time::Instant::now();
+            while compiler.compiles.load(Ordering::SeqCst) == 0 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "{how}: main never called"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            for v in 2..=20 {
+                jit.replace_function(lib, "version", constant_function("version", v))
+                    .unwrap_or_else(|e| panic!("{how}: swap to {v}: {e}"));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            assert_eq!(running.join().unwrap().unwrap(), 0, "{how}");
+        });
+        assert_eq!(jit.reclaim(), 19, "{how}");
+    }
+}
+
 /// Where a test's lazy functions run out of process: a child executor by each transport,
 /// and a listening one reached over TCP.
 fn remote_executors() -> Vec<(
