@@ -147,6 +147,13 @@ extern "C" fn thread_exit(_: *mut c_void) {
     }
 }
 
+/// Runs the calling thread's JIT thread-local destructors (newest first) and frees its TLS
+/// blocks, as its exit would: for a thread that stays alive after the work that made them
+/// (the executor's thread that ran `main`, which a native program's `exit` would end).
+pub fn end_thread_locals() {
+    thread_exit(std::ptr::null_mut());
+}
+
 /// Kiln's `__cxa_thread_atexit` for JIT code (see the module documentation).
 extern "C" fn thread_atexit(
     func: extern "C" fn(*mut c_void),

@@ -510,9 +510,9 @@ fn out_of_process_hot_swap_while_main_and_its_threads_call() {
                 // SAFETY: the program defines a C main.
                 unsafe { jit.run_main(lib, &["swap".into()]) }.map_err(|e| e.to_string())
             });
-            // The first call compiled version 1: main runs.
+            // The first call compiled and linked version 1: main runs.
             let start = std::time::Instant::now();
-            while compiler.compiles.load(Ordering::SeqCst) == 0 {
+            while !jit.is_compiled(lib, "version").unwrap() {
                 assert!(
                     start.elapsed() < Duration::from_secs(20),
                     "{how}: main never called"
