@@ -72,6 +72,9 @@ typedef enum kiln_executor_kind {
   KILN_EXECUTOR_SPAWN = 1,
   // A `kiln-executor --listen` at `address` (copy transport; `key_file` or none).
   KILN_EXECUTOR_CONNECT = 2,
+  // This process, with the host's `executor_callbacks` resolving undefined names and
+  // running `main`.
+  KILN_EXECUTOR_CALLBACKS = 3,
 } kiln_executor_kind;
 
 // How code bytes reach an executor process.
@@ -258,6 +261,25 @@ typedef struct kiln_memory_callbacks {
   void (*destroy)(void *context);
 } kiln_memory_callbacks;
 
+// Callbacks of an executor of the host's making (`KILN_EXECUTOR_CALLBACKS`). Each may be
+// NULL: the in-process executor's behaviour then.
+typedef struct kiln_executor_callbacks {
+  // Passed to every callback.
+  void *context;
+  // Resolves `name`, which JIT code uses and no library defines: its address through
+  // `*address` (0: the host does not provide it, and the link reports it undefined).
+  // Returns 0, or non-zero for an error (the name then counts as not provided). NULL:
+  // this process's symbols, as the in-process executor finds them.
+  int (*lookup)(void *context, const char *name, uint64_t *address);
+  // Runs the `int main(int, char **)` at `address` with `argc` and `argv` (NULL
+  // terminated) and gives its status through `*status`. Returns 0, or non-zero for an
+  // error. NULL: Kiln calls it on the calling thread.
+  int (*run_main)(void *context, uint64_t address, int argc, const char *const *argv, int *status);
+  // Called once, when the last session using these callbacks is gone (NULL: nothing to
+  // do).
+  void (*destroy)(void *context);
+} kiln_executor_callbacks;
+
 // Options of [`kiln_session_create`]. Fill with [`kiln_session_options_init`] first
 // (`kiln_session_options_init(&o, sizeof o)`), then change what you need. `size` says
 // which version of the struct the caller has: fields a later version adds take their
@@ -307,6 +329,10 @@ typedef struct kiln_session_options {
   const char *const *sandbox_write;
   // How many strings `sandbox_write` holds.
   uintptr_t sandbox_write_count;
+  // For [`kiln_executor_kind::KILN_EXECUTOR_CALLBACKS`]: the host's callbacks (NULL
+  // otherwise). Copied; their `context` must stay valid until their `destroy` is
+  // called.
+  const struct kiln_executor_callbacks *executor_callbacks;
 } kiln_session_options;
 
 // Called when Kiln no longer needs bytes it was lent (from any thread, once).

@@ -24,6 +24,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod error;
+pub mod executor;
 pub mod listener;
 #[cfg(feature = "llvm")]
 pub mod llvm;

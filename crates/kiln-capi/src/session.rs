@@ -18,6 +18,9 @@ pub enum kiln_executor_kind {
     KILN_EXECUTOR_SPAWN = 1,
     /// A `kiln-executor --listen` at `address` (copy transport; `key_file` or none).
     KILN_EXECUTOR_CONNECT = 2,
+    /// This process, with the host's `executor_callbacks` resolving undefined names and
+    /// running `main`.
+    KILN_EXECUTOR_CALLBACKS = 3,
 }
 
 /// How code bytes reach an executor process.
@@ -88,6 +91,10 @@ pub struct kiln_session_options {
     pub sandbox_write: *const *const c_char,
     /// How many strings `sandbox_write` holds.
     pub sandbox_write_count: usize,
+    /// For [`kiln_executor_kind::KILN_EXECUTOR_CALLBACKS`]: the host's callbacks (NULL
+    /// otherwise). Copied; their `context` must stay valid until their `destroy` is
+    /// called.
+    pub executor_callbacks: *const crate::executor::kiln_executor_callbacks,
 }
 
 /// A JIT session: libraries of definitions, objects and archives linked into modules,
@@ -151,6 +158,7 @@ fn default_options() -> kiln_session_options {
         sandbox_read_count: 0,
         sandbox_write: std::ptr::null(),
         sandbox_write_count: 0,
+        executor_callbacks: std::ptr::null(),
     }
 }
 
@@ -254,6 +262,10 @@ pub unsafe extern "C" fn kiln_session_create(
             Some(callbacks) => Some(CallbackMemory::new(*callbacks)?),
             None => None,
         };
+        // So are the executor callbacks.
+        // SAFETY: the caller's contract: NULL or valid callbacks.
+        let executor_callbacks = unsafe { options.executor_callbacks.as_ref() }
+            .map(|callbacks| crate::executor::CallbackExecutor::new(*callbacks));
         let out = out(session, "session")?;
         check_options(&options)?;
         let timeouts = kiln::Timeouts::default();
@@ -303,6 +315,14 @@ pub unsafe extern "C" fn kiln_session_create(
                 };
                 kiln::Executor::connect_with_key(address, key.as_ref(), timeouts)?
             }
+            3 => match executor_callbacks {
+                Some(callbacks) => kiln::Executor::from_service(callbacks),
+                None => {
+                    return Err(kiln_error::invalid(
+                        "KILN_EXECUTOR_CALLBACKS needs options.executor_callbacks",
+                    ))
+                }
+            },
             other => return Err(kiln_error::invalid(format!("executor kind {other}"))),
         };
         let mut builder = Jit::builder()
@@ -359,6 +379,12 @@ fn check_options(options: &kiln_session_options) -> Result<(), kiln_error> {
     if sandbox_paths && options.sandbox == 0 {
         return Err(kiln_error::invalid(
             "options.sandbox_read and sandbox_write need options.sandbox",
+        ));
+    }
+    let callbacks = kiln_executor_kind::KILN_EXECUTOR_CALLBACKS as u32;
+    if !options.executor_callbacks.is_null() && options.executor != callbacks {
+        return Err(kiln_error::invalid(
+            "options.executor_callbacks applies to KILN_EXECUTOR_CALLBACKS only",
         ));
     }
     if options.executor != connect && (!options.address.is_null() || !options.key_file.is_null()) {

@@ -44,7 +44,7 @@ fn prefix() -> &'static Path {
         run(Command::new(cargo).args(["build", "-p", "kiln-executor"]));
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/install_capi.sh");
         run(Command::new("bash").arg(script).arg(&prefix).arg("--debug"));
-        for name in ["math", "user", "archived", "main", "twice"] {
+        for name in ["math", "user", "archived", "main", "twice", "host_calls"] {
             run(Command::new("cc")
                 .args(["-O1", "-fPIC", "-c"])
                 .arg(source(&format!("{name}.c")))
@@ -133,9 +133,15 @@ fn every_memory_callback_combination_from_c() {
 }
 
 #[test]
+fn an_executor_of_the_hosts_callbacks_from_c() {
+    check_plain("executor");
+}
+
+#[test]
 fn the_api_under_address_sanitizer() {
     check_asan("api");
     check_asan("memory");
+    check_asan("executor");
 }
 
 #[test]

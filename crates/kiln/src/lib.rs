@@ -50,10 +50,14 @@ pub use kiln_link::{
     Architecture, GraphEdge, GraphSection, GraphView, LinkPass, NewSectionKind, PassError,
     PassPoint, PlacedSection, SectionId, SymbolInfo, SymbolKind,
 };
-pub use kiln_link::{LinkCounts, LinkError, LinkTimes};
+pub use kiln_link::{LinkCounts, LinkError, LinkTimes, TlsTemplate};
+// What an `ExecutorService` of the caller's making is handed.
+pub use kiln_executor::shared_object::ExportedSymbol;
+pub use kiln_memory::Mapper;
 pub use kiln_memory::{
     FinalizedAllocation, MemoryManager, MemoryStats, Placement, SegmentRange, SlabMemoryManager,
 };
+pub use kiln_remote::protocol::{DebugModule, DebugOutputs};
 pub use kiln_remote::secure::Key;
 pub use kiln_remote::{RemoteError, RoundTrips, Sandbox, Timeouts};
 pub use lazy::{CodeGuard, CodeThread, CompileError, LazyCompiler, LazyFailure};
