@@ -1313,20 +1313,11 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             let mut answers = Vec::with_capacity(requests.len());
             for request in requests {
                 let name = request.to_string();
-                let answer = match request {
-                    // Served by the connection's loop, not here: they run code, pass
-                    // descriptors, read input or end the connection.
-                    Request::Reserve { .. }
-                    | Request::RunMain { .. }
-                    | Request::Call { .. }
-                    | Request::RunInitializers { .. }
-                    | Request::RunFinalizers { .. }
-                    | Request::Shutdown
-                    | Request::Input { .. }
-                    | Request::AdoptStdio
-                    | Request::ResolveStub { .. }
-                    | Request::Batch(_) => Err(format!("{name} cannot be batched")),
-                    request => handle(state, request),
+                // The others are served by the connection's loop, not here.
+                let answer = if request.batchable() {
+                    handle(state, request)
+                } else {
+                    Err(format!("{name} cannot be batched"))
                 };
                 match answer {
                     Ok(Reply::Plain(response)) => answers.push(response),

@@ -311,24 +311,6 @@ fn deferrable(request: &Request, deferred_bytes: usize) -> bool {
     }
 }
 
-/// Requests the executor serves inside a batch (not those that run code, pass
-/// descriptors or end the connection).
-fn batchable(request: &Request) -> bool {
-    !matches!(
-        request,
-        Request::Reserve { .. }
-            | Request::RunMain { .. }
-            | Request::Call { .. }
-            | Request::RunInitializers { .. }
-            | Request::RunFinalizers { .. }
-            | Request::Shutdown
-            | Request::Input { .. }
-            | Request::AdoptStdio
-            | Request::ResolveStub { .. }
-            | Request::Batch(_)
-    )
-}
-
 /// The round trips a connection made for one kind of request: how many, and how long this
 /// process waited for their answers in all (the executor's work included).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -723,7 +705,7 @@ impl RemoteExecutor {
                 d.bytes = 0;
                 let mut requests = std::mem::take(&mut d.requests);
                 drop(deferred);
-                if !batchable(request) || matches!(request, Request::Write { .. }) {
+                if !request.batchable() || matches!(request, Request::Write { .. }) {
                     self.send_batch(requests)?;
                     return self.send_one(request);
                 }

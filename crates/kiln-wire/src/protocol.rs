@@ -786,6 +786,25 @@ fn placement_fields(w: &mut Writer, p: WirePlacement) {
 }
 
 impl Request {
+    /// Whether an executor serves this request inside a [`Request::Batch`]: not one that
+    /// runs JIT code, passes descriptors, reads input, resolves a stub, ends the
+    /// connection or is a batch itself.
+    pub fn batchable(&self) -> bool {
+        !matches!(
+            self,
+            Request::Reserve { .. }
+                | Request::RunMain { .. }
+                | Request::Call { .. }
+                | Request::RunInitializers { .. }
+                | Request::RunFinalizers { .. }
+                | Request::Shutdown
+                | Request::Input { .. }
+                | Request::AdoptStdio
+                | Request::ResolveStub { .. }
+                | Request::Batch(_)
+        )
+    }
+
     /// Encodes as a frame.
     pub fn encode(&self) -> Vec<u8> {
         let w = match self {

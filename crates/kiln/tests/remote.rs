@@ -655,5 +655,25 @@ fn a_links_steps_after_layout_are_one_round_trip_and_a_batched_failure_names_its
         );
         assert!(err.to_string().contains("0x8"), "{err}");
         assert!(remote.request(&Request::ReserveTlsModule).is_ok());
+        // A request that runs code is refused inside a batch, and nothing after it runs.
+        let answer = remote
+            .request(&Request::Batch(vec![
+                Request::ReserveTlsModule,
+                Request::RunMain {
+                    address: 0x1000,
+                    args: vec![],
+                },
+                Request::ReserveTlsModule,
+            ]))
+            .unwrap();
+        let Response::Batched(answers) = answer else {
+            panic!("{answer:?}");
+        };
+        assert_eq!(answers.len(), 2, "{answers:?}");
+        assert!(matches!(answers[0], Response::Value(_)), "{answers:?}");
+        assert!(
+            matches!(&answers[1], Response::Error(m) if m.contains("run main cannot be batched")),
+            "{answers:?}"
+        );
     }
 }
