@@ -5,6 +5,33 @@
 //! descriptors in static TLS. `x86_64.rs` and `aarch64.rs` are its two implementations;
 //! nothing outside this folder depends on either.
 
+/// One row of a relocation table, on one line: the type's `object::elf` constant (its
+/// number and its name both come from it; `NUMBER as NAME` for a number `object` has no
+/// constant for), what it refers to, what the value is relative to, the overflow check and
+/// the field it is written to.
+macro_rules! row {
+    ($r_type:ident, $target:expr, $relative:expr, $check:expr, $field:expr) => {
+        $crate::arch::Relocation::new(
+            object::elf::$r_type.0,
+            stringify!($r_type),
+            $target,
+            $relative,
+            $check,
+            $field,
+        )
+    };
+    ($number:literal as $name:ident, $target:expr, $relative:expr, $check:expr, $field:expr) => {
+        $crate::arch::Relocation::new(
+            $number,
+            stringify!($name),
+            $target,
+            $relative,
+            $check,
+            $field,
+        )
+    };
+}
+
 pub(crate) mod aarch64;
 pub(crate) mod x86_64;
 

@@ -6,239 +6,60 @@ use super::{Arch, Architecture, Check, Field, Relative, Relocation, Target};
 /// The x86-64 implementation of [`Arch`].
 pub(crate) struct X86_64;
 
-const R_GOTPCRELX: u32 = 41;
-const R_REX_GOTPCRELX: u32 = 42;
+const R_GOTPCRELX: u32 = object::elf::R_X86_64_GOTPCRELX.0;
+const R_REX_GOTPCRELX: u32 = object::elf::R_X86_64_REX_GOTPCRELX.0;
 
-use Check::{Signed, Unsigned};
+use Check::{None as NoCheck, Signed, Unsigned};
+use Field::Word;
 use Relative::{Absolute, GotBase, Place};
-
-const fn row(
-    r_type: u32,
-    name: &'static str,
-    target: Target,
-    relative: Relative,
-    check: Check,
-    bytes: u8,
-) -> Relocation {
-    Relocation::new(r_type, name, target, relative, check, Field::Word(bytes))
-}
+use Target::{
+    Call, DtpMod, DtpOff, GotEntry, Nothing, Plt, Size, Symbol, TlsDescEntry, TlsGdEntry,
+    TlsLdEntry, TpOff, TpOffEntry, Unsupported,
+};
 
 /// Every relocation type Kiln applies, by number.
+// One row per line, as the psABI tables read (rustfmt would wrap the longer ones).
+#[rustfmt::skip]
 static RELOCATIONS: &[Relocation] = &[
-    row(
-        0,
-        "R_X86_64_NONE",
-        Target::Nothing,
-        Absolute,
-        Check::None,
-        0,
-    ),
-    row(1, "R_X86_64_64", Target::Symbol, Absolute, Check::None, 8),
-    row(2, "R_X86_64_PC32", Target::Symbol, Place, Signed(32), 4),
-    row(
-        3,
-        "R_X86_64_GOT32",
-        Target::GotEntry,
-        GotBase,
-        Signed(32),
-        4,
-    ),
-    row(4, "R_X86_64_PLT32", Target::Call, Place, Signed(32), 4),
-    row(
-        9,
-        "R_X86_64_GOTPCREL",
-        Target::GotEntry,
-        Place,
-        Signed(32),
-        4,
-    ),
-    row(10, "R_X86_64_32", Target::Symbol, Absolute, Unsigned(32), 4),
-    row(11, "R_X86_64_32S", Target::Symbol, Absolute, Signed(32), 4),
-    row(12, "R_X86_64_16", Target::Symbol, Absolute, Unsigned(16), 2),
-    row(13, "R_X86_64_PC16", Target::Symbol, Place, Signed(16), 2),
-    row(14, "R_X86_64_8", Target::Symbol, Absolute, Unsigned(8), 1),
-    row(15, "R_X86_64_PC8", Target::Symbol, Place, Signed(8), 1),
-    row(
-        16,
-        "R_X86_64_DTPMOD64",
-        Target::DtpMod,
-        Absolute,
-        Check::None,
-        8,
-    ),
-    row(
-        17,
-        "R_X86_64_DTPOFF64",
-        Target::DtpOff,
-        Absolute,
-        Check::None,
-        8,
-    ),
-    row(
-        18,
-        "R_X86_64_TPOFF64",
-        Target::TpOff,
-        Absolute,
-        Check::None,
-        8,
-    ),
-    row(
-        19,
-        "R_X86_64_TLSGD",
-        Target::TlsGdEntry,
-        Place,
-        Signed(32),
-        4,
-    ),
-    row(
-        20,
-        "R_X86_64_TLSLD",
-        Target::TlsLdEntry,
-        Place,
-        Signed(32),
-        4,
-    ),
-    row(
-        21,
-        "R_X86_64_DTPOFF32",
-        Target::DtpOff,
-        Absolute,
-        Signed(32),
-        4,
-    ),
-    row(
-        22,
-        "R_X86_64_GOTTPOFF",
-        Target::TpOffEntry,
-        Place,
-        Signed(32),
-        4,
-    ),
-    row(
-        23,
-        "R_X86_64_TPOFF32",
-        Target::TpOff,
-        Absolute,
-        Signed(32),
-        4,
-    ),
-    row(24, "R_X86_64_PC64", Target::Symbol, Place, Check::None, 8),
-    row(
-        25,
-        "R_X86_64_GOTOFF64",
-        Target::Symbol,
-        GotBase,
-        Check::None,
-        8,
-    ),
-    row(
-        26,
-        "R_X86_64_GOTPC32",
-        Target::GotBase,
-        Place,
-        Signed(32),
-        4,
-    ),
-    row(
-        27,
-        "R_X86_64_GOT64",
-        Target::GotEntry,
-        GotBase,
-        Check::None,
-        8,
-    ),
-    row(
-        28,
-        "R_X86_64_GOTPCREL64",
-        Target::GotEntry,
-        Place,
-        Check::None,
-        8,
-    ),
-    row(
-        29,
-        "R_X86_64_GOTPC64",
-        Target::GotBase,
-        Place,
-        Check::None,
-        8,
-    ),
-    row(
-        30,
-        "R_X86_64_GOTPLT64",
-        Target::GotEntry,
-        GotBase,
-        Check::None,
-        8,
-    ),
-    row(
-        31,
-        "R_X86_64_PLTOFF64",
-        Target::Plt,
-        GotBase,
-        Check::None,
-        8,
-    ),
-    row(
-        32,
-        "R_X86_64_SIZE32",
-        Target::Size,
-        Absolute,
-        Unsigned(32),
-        4,
-    ),
-    row(
-        33,
-        "R_X86_64_SIZE64",
-        Target::Size,
-        Absolute,
-        Check::None,
-        8,
-    ),
-    row(
-        34,
-        "R_X86_64_GOTPC32_TLSDESC",
-        Target::TlsDescEntry,
-        Place,
-        Signed(32),
-        4,
-    ),
-    row(
-        35,
-        "R_X86_64_TLSDESC_CALL",
-        Target::Nothing,
-        Absolute,
-        Check::None,
-        0,
-    ),
-    row(
-        36,
-        "R_X86_64_TLSDESC",
-        Target::Unsupported("TLS-descriptor (R_X86_64_TLSDESC in data)"),
-        Absolute,
-        Check::None,
-        8,
-    ),
-    row(
-        R_GOTPCRELX,
-        "R_X86_64_GOTPCRELX",
-        Target::GotEntry,
-        Place,
-        Signed(32),
-        4,
-    ),
-    row(
-        R_REX_GOTPCRELX,
-        "R_X86_64_REX_GOTPCRELX",
-        Target::GotEntry,
-        Place,
-        Signed(32),
-        4,
-    ),
+    row!(R_X86_64_NONE, Nothing, Absolute, NoCheck, Word(0)),
+    row!(R_X86_64_64, Symbol, Absolute, NoCheck, Word(8)),
+    row!(R_X86_64_PC32, Symbol, Place, Signed(32), Word(4)),
+    row!(R_X86_64_GOT32, GotEntry, GotBase, Signed(32), Word(4)),
+    row!(R_X86_64_PLT32, Call, Place, Signed(32), Word(4)),
+    row!(R_X86_64_GOTPCREL, GotEntry, Place, Signed(32), Word(4)),
+    row!(R_X86_64_32, Symbol, Absolute, Unsigned(32), Word(4)),
+    row!(R_X86_64_32S, Symbol, Absolute, Signed(32), Word(4)),
+    row!(R_X86_64_16, Symbol, Absolute, Unsigned(16), Word(2)),
+    row!(R_X86_64_PC16, Symbol, Place, Signed(16), Word(2)),
+    row!(R_X86_64_8, Symbol, Absolute, Unsigned(8), Word(1)),
+    row!(R_X86_64_PC8, Symbol, Place, Signed(8), Word(1)),
+    row!(R_X86_64_DTPMOD64, DtpMod, Absolute, NoCheck, Word(8)),
+    row!(R_X86_64_DTPOFF64, DtpOff, Absolute, NoCheck, Word(8)),
+    row!(R_X86_64_TPOFF64, TpOff, Absolute, NoCheck, Word(8)),
+    row!(R_X86_64_TLSGD, TlsGdEntry, Place, Signed(32), Word(4)),
+    row!(R_X86_64_TLSLD, TlsLdEntry, Place, Signed(32), Word(4)),
+    row!(R_X86_64_DTPOFF32, DtpOff, Absolute, Signed(32), Word(4)),
+    row!(R_X86_64_GOTTPOFF, TpOffEntry, Place, Signed(32), Word(4)),
+    row!(R_X86_64_TPOFF32, TpOff, Absolute, Signed(32), Word(4)),
+    row!(R_X86_64_PC64, Symbol, Place, NoCheck, Word(8)),
+    row!(R_X86_64_GOTOFF64, Symbol, GotBase, NoCheck, Word(8)),
+    row!(R_X86_64_GOTPC32, Target::GotBase, Place, Signed(32), Word(4)),
+    row!(R_X86_64_GOT64, GotEntry, GotBase, NoCheck, Word(8)),
+    row!(R_X86_64_GOTPCREL64, GotEntry, Place, NoCheck, Word(8)),
+    row!(R_X86_64_GOTPC64, Target::GotBase, Place, NoCheck, Word(8)),
+    row!(R_X86_64_GOTPLT64, GotEntry, GotBase, NoCheck, Word(8)),
+    row!(R_X86_64_PLTOFF64, Plt, GotBase, NoCheck, Word(8)),
+    row!(R_X86_64_SIZE32, Size, Absolute, Unsigned(32), Word(4)),
+    row!(R_X86_64_SIZE64, Size, Absolute, NoCheck, Word(8)),
+    row!(R_X86_64_GOTPC32_TLSDESC, TlsDescEntry, Place, Signed(32), Word(4)),
+    row!(R_X86_64_TLSDESC_CALL, Nothing, Absolute, NoCheck, Word(0)),
+    row!(R_X86_64_TLSDESC, Unsupported("TLS-descriptor (R_X86_64_TLSDESC in data)"), Absolute, NoCheck, Word(8)),
+    row!(R_X86_64_GOTPCRELX, GotEntry, Place, Signed(32), Word(4)),
+    row!(R_X86_64_REX_GOTPCRELX, GotEntry, Place, Signed(32), Word(4)),
 ];
 
 /// `R_X86_64_PC32`, what a relaxed GOT load becomes.
-static PC32: Relocation = row(2, "R_X86_64_PC32", Target::Symbol, Place, Signed(32), 4);
+static PC32: Relocation = row!(R_X86_64_PC32, Symbol, Place, Signed(32), Word(4));
 
 /// Types that exist but that a relocatable object must not hold (dynamic ones).
 fn dynamic_name(r_type: u32) -> &'static str {
