@@ -641,7 +641,7 @@ fn run_main_serving(serving: &Serving, address: u64, args: Vec<String>) -> Respo
     }
     let (done_read, done_write) = (done[0], done[1]);
     let forwarder = std::sync::Arc::new(Forwarder {
-        queue: std::sync::Mutex::new(Vec::new()),
+        queue: std::sync::Mutex::new(ForwardQueue::default()),
         wake: wake[1],
     });
     if let Ok(mut f) = FORWARDER.lock() {
@@ -664,6 +664,9 @@ fn run_main_serving(serving: &Serving, address: u64, args: Vec<String>) -> Respo
     if let Err(e) = submitted {
         if let Ok(mut f) = FORWARDER.lock() {
             *f = None;
+        }
+        for (_, forwarded) in forwarder.take(true) {
+            forwarded.answer(crate::lazy_entry::lazy_call_failed_address());
         }
         close_all();
         return Response::Error(format!("cannot run main: {e}"));
@@ -691,12 +694,7 @@ fn run_main_serving(serving: &Serving, address: u64, args: Vec<String>) -> Respo
                 let mut sink = [0u8; 64];
                 // SAFETY: reads into a local buffer from our non-blocking pipe.
                 while unsafe { libc::read(wake[0], sink.as_mut_ptr().cast(), sink.len()) } > 0 {}
-                let queued = forwarder
-                    .queue
-                    .lock()
-                    .map(|mut q| std::mem::take(&mut *q))
-                    .unwrap_or_default();
-                for (stub, forwarded) in queued {
+                for (stub, forwarded) in forwarder.take(false) {
                     forwarded.answer(resolve_through(serving, stub));
                 }
                 if serving.ended.borrow().is_some() {
@@ -740,7 +738,10 @@ fn run_main_serving(serving: &Serving, address: u64, args: Vec<String>) -> Respo
     if let Ok(mut f) = FORWARDER.lock() {
         *f = None;
     }
-    answer_queued(&forwarder, crate::lazy_entry::lazy_call_failed_address());
+    let failed = crate::lazy_entry::lazy_call_failed_address();
+    for (_, forwarded) in forwarder.take(true) {
+        forwarded.answer(failed);
+    }
     let status = status.recv().unwrap_or(-1);
     close_all();
     Response::Value(status as u32 as u64)
@@ -1001,9 +1002,32 @@ impl Forwarded {
 /// While main runs on a thread of its own, the serving thread resolves stubs for every
 /// other thread: they queue the stub and wake it through a pipe.
 struct Forwarder {
-    queue: std::sync::Mutex<Vec<(u64, std::sync::Arc<Forwarded>)>>,
-    /// The write end of the serving thread's wake-up pipe.
+    queue: std::sync::Mutex<ForwardQueue>,
+    /// The write end of the serving thread's wake-up pipe (written under the queue's
+    /// lock, and closed only after the queue is closed).
     wake: libc::c_int,
+}
+
+/// Resolutions waiting for the serving thread.
+#[derive(Default)]
+struct ForwardQueue {
+    waiting: Vec<(u64, std::sync::Arc<Forwarded>)>,
+    /// main has returned: nothing more is queued (a thread still calling gets the
+    /// fallback), and the wake-up pipe may be closed.
+    closed: bool,
+}
+
+impl Forwarder {
+    /// Takes what is queued; with `close`, for the last time.
+    fn take(&self, close: bool) -> Vec<(u64, std::sync::Arc<Forwarded>)> {
+        match self.queue.lock() {
+            Ok(mut queue) => {
+                queue.closed |= close;
+                std::mem::take(&mut queue.waiting)
+            }
+            Err(_) => Vec::new(),
+        }
+    }
 }
 
 /// The forwarder of the main that runs now, if one does.
@@ -1014,27 +1038,23 @@ static FORWARDER: std::sync::Mutex<Option<std::sync::Arc<Forwarder>>> = std::syn
 fn forward_to_serving_thread(stub: u64) -> Option<u64> {
     let forwarder = FORWARDER.lock().ok()?.clone()?;
     let forwarded = std::sync::Arc::new(Forwarded::default());
-    forwarder.queue.lock().ok()?.push((stub, forwarded.clone()));
-    // SAFETY: one byte to the serving thread's pipe, open while the forwarder is set.
-    unsafe { libc::write(forwarder.wake, b"r".as_ptr().cast(), 1) };
+    {
+        let mut queue = forwarder.queue.lock().ok()?;
+        // main returned while this thread looked: nobody will answer.
+        if queue.closed {
+            return None;
+        }
+        queue.waiting.push((stub, forwarded.clone()));
+        // SAFETY: one byte to the serving thread's pipe, which stays open until the
+        // queue is closed (under this lock, which we hold).
+        unsafe { libc::write(forwarder.wake, b"r".as_ptr().cast(), 1) };
+    }
     let mut target = forwarded.target.lock().ok()?;
     loop {
         if let Some(t) = *target {
             return Some(t);
         }
         target = forwarded.ready.wait(target).ok()?;
-    }
-}
-
-/// Answers every queued resolution with `target` (the forwarder is going away).
-fn answer_queued(forwarder: &Forwarder, target: u64) {
-    let queued = forwarder
-        .queue
-        .lock()
-        .map(|mut q| std::mem::take(&mut *q))
-        .unwrap_or_default();
-    for (_, forwarded) in queued {
-        forwarded.answer(target);
     }
 }
 

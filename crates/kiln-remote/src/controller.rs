@@ -712,8 +712,9 @@ impl RemoteExecutor {
                 requests.push(request.clone());
                 let last = requests.len();
                 let mut answers = self.send_batch(requests)?;
+                // An `Error` among the answers is already the batch's error.
                 return match (answers.len() == last, answers.pop()) {
-                    (true, Some(answer)) => self.answer(request, answer).map(|r| (r, None)),
+                    (true, Some(answer)) => Ok((answer, None)),
                     _ => Err(RemoteError::Unexpected {
                         request: request.to_string(),
                         response: Response::Error("the batch ended early".into()),
@@ -757,20 +758,17 @@ impl RemoteExecutor {
             }
             _ => return Ok(()),
         };
-        if requests.is_empty() {
-            return Ok(());
-        }
-        self.send_batch(requests).map(|_| ())
+        self.send_deferred(requests)
     }
 
     /// Ends the batching scope: sends what it deferred.
     fn flush_deferred(&self) -> Result<(), RemoteError> {
-        let requests = self
-            .deferred
-            .lock()
-            .take()
-            .map(|d| d.requests)
-            .unwrap_or_default();
+        let requests = self.deferred.lock().take().map(|d| d.requests);
+        self.send_deferred(requests.unwrap_or_default())
+    }
+
+    /// Sends deferred requests as one batch (nothing when there are none).
+    fn send_deferred(&self, requests: Vec<Request>) -> Result<(), RemoteError> {
         if requests.is_empty() {
             return Ok(());
         }
@@ -811,17 +809,6 @@ impl RemoteExecutor {
             });
         }
         Ok(answers)
-    }
-
-    /// A batched request's answer, as [`RemoteExecutor::request`] would give it.
-    fn answer(&self, request: &Request, answer: Response) -> Result<Response, RemoteError> {
-        match answer {
-            Response::Error(message) => Err(RemoteError::Refused {
-                request: request.to_string(),
-                message,
-            }),
-            other => Ok(other),
-        }
     }
 
     /// Sends one request and waits for its answer, serving the executor's own requests
