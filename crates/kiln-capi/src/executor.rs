@@ -227,7 +227,7 @@ impl ExecutorService for CallbackExecutor {
         unsafe { self.in_process.call(address, args) }
     }
 
-    unsafe fn store_code_pointer(&self, slot: u64, target: u64) -> Result<(), Error> {
+    unsafe fn store_code_pointer(&self, slot: u64, target: u64) -> Result<kiln::Retirement, Error> {
         // SAFETY: the caller's contract.
         unsafe { self.in_process.store_code_pointer(slot, target) }
     }

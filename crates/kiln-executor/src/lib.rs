@@ -9,6 +9,7 @@
 //! [`server`] serves a controller in another process over the `kiln-remote` protocol; the
 //! `kiln-executor` binary runs it.
 
+pub mod code_guards;
 pub mod crash_report;
 pub mod debug_outputs;
 pub mod lazy_entry;

@@ -616,65 +616,243 @@ fn leave_if_forked_child(status: i32) {
     }
 }
 
-/// Runs `main` on a thread of its own while this thread goes on reading the connection,
-/// so that `Input` reaches the program while it runs; answers with main's status.
-fn run_main_serving(serving: &Serving, address: u64, args: Vec<String>) -> Response {
-    let mut done = [-1; 2];
-    let mut wake = [-1; 2];
-    // SAFETY: pipe2 writes two descriptors each.
-    let made = unsafe {
-        libc::pipe2(done.as_mut_ptr(), libc::O_CLOEXEC) == 0
-            && libc::pipe2(wake.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) == 0
-    };
-    let close_all = || {
-        for fd in done.into_iter().chain(wake) {
-            if fd >= 0 {
+/// The code a request runs, on a thread other than the serving one; gives its answer.
+type CodeJob = Box<dyn FnOnce() -> Response + Send>;
+
+/// A request's code that returned: its answer, for the request's id.
+struct Finished {
+    id: u32,
+    response: Response,
+    main: bool,
+}
+
+/// JIT code running for the controller's requests (main, calls, initializers) on threads
+/// other than the serving one, which meanwhile goes on reading the connection: `Input`
+/// reaches the program, other requests are served (a hot swap, a link, a lookup, a call
+/// from another controller thread), and the stubs any executor thread calls are resolved
+/// here (the threads queue them through [`Forwarder`]). Each request's answer goes out
+/// when its code returns.
+struct Running {
+    forwarder: std::sync::Arc<Forwarder>,
+    wake_read: libc::c_int,
+    done_read: libc::c_int,
+    done_write: libc::c_int,
+    results: std::sync::mpsc::Sender<Finished>,
+    finished: std::sync::mpsc::Receiver<Finished>,
+    /// Requests whose code has not returned.
+    jobs: Cell<usize>,
+    /// One of them is main.
+    main: Cell<bool>,
+}
+
+impl Running {
+    /// Its pipes, and the forwarder that threads calling stubs find.
+    fn new() -> Result<Self, String> {
+        let mut done = [-1; 2];
+        let mut wake = [-1; 2];
+        // SAFETY: pipe2 writes two descriptors each.
+        let made = unsafe {
+            libc::pipe2(done.as_mut_ptr(), libc::O_CLOEXEC) == 0
+                && libc::pipe2(wake.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) == 0
+        };
+        if !made {
+            let error = std::io::Error::last_os_error();
+            for fd in done.into_iter().chain(wake).filter(|&fd| fd >= 0) {
                 // SAFETY: our descriptors, closed once.
                 unsafe { libc::close(fd) };
             }
+            return Err(format!("cannot run code: {error}"));
         }
-    };
-    if !made {
-        let error = std::io::Error::last_os_error();
-        close_all();
-        return Response::Error(format!("cannot run main: {error}"));
+        let forwarder = std::sync::Arc::new(Forwarder {
+            queue: std::sync::Mutex::new(ForwardQueue::default()),
+            wake: wake[1],
+        });
+        if let Ok(mut f) = FORWARDER.lock() {
+            *f = Some(forwarder.clone());
+        }
+        let (results, finished) = std::sync::mpsc::channel();
+        Ok(Running {
+            forwarder,
+            wake_read: wake[0],
+            done_read: done[0],
+            done_write: done[1],
+            results,
+            finished,
+            jobs: Cell::new(0),
+            main: Cell::new(false),
+        })
     }
-    let (done_read, done_write) = (done[0], done[1]);
-    let forwarder = std::sync::Arc::new(Forwarder {
-        queue: std::sync::Mutex::new(ForwardQueue::default()),
-        wake: wake[1],
-    });
-    if let Ok(mut f) = FORWARDER.lock() {
-        *f = Some(forwarder.clone());
+
+    /// Starts `code` for request `id`: on main's thread when nothing else runs, else on a
+    /// thread of its own.
+    fn submit(&self, id: u32, main: bool, code: CodeJob) -> Result<(), String> {
+        let results = self.results.clone();
+        let done = self.done_write;
+        let job: Job = Box::new(move || {
+            // Bodies replaced while this code runs are kept until it returns.
+            let guard = crate::code_guards::pin();
+            let response = code();
+            drop(guard);
+            let _ = results.send(Finished { id, response, main });
+            // SAFETY: one byte to the serving thread's pipe, open until every job has
+            // finished (`Running` waits for them before it closes it).
+            unsafe { libc::write(done, b"d".as_ptr().cast(), 1) };
+        });
+        CodeRunner::run(job, self.jobs.get() == 0)?;
+        self.jobs.set(self.jobs.get() + 1);
+        self.main.set(self.main.get() || main);
+        Ok(())
     }
-    let (status_sender, status) = std::sync::mpsc::channel();
-    let submitted = CodeRunner::run(Box::new(move || {
-        // SAFETY: main lies in memory this executor reserved (checked by the caller),
-        // linked by the controller.
-        let status = unsafe { runtime::call_main(address, &args) };
-        leave_if_forked_child(status);
-        // As a native program's exit would after main: this thread's thread-local
-        // destructors first (the thread stays, for the next main), then stdio flushed.
-        crate::thread_locals::end_thread_locals();
-        runtime::flush_stdio();
-        let _ = status_sender.send(status);
-        // SAFETY: one byte to our own pipe tells the serving thread main returned.
-        unsafe { libc::write(done_write, b"d".as_ptr().cast(), 1) };
-    }));
-    if let Err(e) = submitted {
+
+    /// Takes one finished request, waiting for it with `wait`.
+    fn take_finished(&self, wait: bool) -> Option<Finished> {
+        let finished = if wait {
+            self.finished.recv().ok()
+        } else {
+            self.finished.try_recv().ok()
+        }?;
+        self.jobs.set(self.jobs.get().saturating_sub(1));
+        if finished.main {
+            self.main.set(false);
+        }
+        Some(finished)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // Threads that call a stub from now on get the fallback; those waiting get it now.
         if let Ok(mut f) = FORWARDER.lock() {
             *f = None;
         }
-        for (_, forwarded) in forwarder.take(true) {
-            forwarded.answer(crate::lazy_entry::lazy_call_failed_address());
+        let failed = crate::lazy_entry::lazy_call_failed_address();
+        for (_, forwarded) in self.forwarder.take(true) {
+            forwarded.answer(failed);
         }
-        close_all();
-        return Response::Error(format!("cannot run main: {e}"));
+        // The jobs write `done_write` when they end: wait for those still running (the
+        // connection ended under them) before closing it.
+        while self.jobs.get() > 0 && self.take_finished(true).is_some() {}
+        for fd in [
+            self.wake_read,
+            self.forwarder.wake,
+            self.done_read,
+            self.done_write,
+        ] {
+            // SAFETY: our descriptors, closed once; the wake-up pipe's write end only
+            // after the queue closed (under its lock), the done pipe's after every job.
+            unsafe { libc::close(fd) };
+        }
     }
+}
+
+/// The code `request` runs, its addresses checked first (the state is not borrowed while
+/// it runs: a stub it calls may have requests served meanwhile); `None` for a request
+/// that runs no code. `Some((main, code))`.
+fn code_of(state: &State, request: &Request) -> Option<Result<(bool, CodeJob), String>> {
+    let checked = |addresses: &[u64]| addresses.iter().try_for_each(|&a| state.code(a));
+    Some(match request {
+        &Request::RunMain { address, ref args } => checked(&[address]).map(|()| {
+            let args = args.clone();
+            let code: CodeJob = Box::new(move || {
+                // SAFETY: main lies in memory this executor reserved (checked above),
+                // linked by the controller.
+                let status = unsafe { runtime::call_main(address, &args) };
+                leave_if_forked_child(status);
+                // As a native program's exit would after main: this thread's
+                // thread-local destructors first (the thread stays, for the next main),
+                // then stdio flushed.
+                crate::thread_locals::end_thread_locals();
+                runtime::flush_stdio();
+                Response::Value(status as u32 as u64)
+            });
+            (true, code)
+        }),
+        &Request::Call { address, ref args } => checked(&[address]).map(|()| {
+            let args = args.clone();
+            let code: CodeJob = Box::new(move || {
+                let mut a = [0u64; 6];
+                a[..args.len()].copy_from_slice(&args);
+                // SAFETY: the function lies in memory this executor reserved; extra
+                // integer arguments are ignored by a callee with fewer parameters (SysV
+                // ABI).
+                let f: extern "C" fn(u64, u64, u64, u64, u64, u64) -> u64 =
+                    unsafe { std::mem::transmute(address as usize) };
+                let v = f(a[0], a[1], a[2], a[3], a[4], a[5]);
+                leave_if_forked_child(v as i32);
+                runtime::flush_stdio();
+                Response::Value(v)
+            });
+            (false, code)
+        }),
+        Request::RunInitializers { functions } => checked(functions).map(|()| {
+            let functions = functions.clone();
+            let code: CodeJob = Box::new(move || {
+                // SAFETY: the functions lie in memory this executor reserved and the
+                // controller linked and finalized.
+                unsafe { runtime::run_initializers(&functions) };
+                Response::Ok
+            });
+            (false, code)
+        }),
+        &Request::RunFinalizers {
+            dso_handle,
+            ref functions,
+        } => checked(functions).map(|()| {
+            let functions = functions.clone();
+            let code: CodeJob = Box::new(move || {
+                // SAFETY: as for initializers.
+                unsafe { runtime::run_finalizers(dso_handle, &functions) };
+                Response::Ok
+            });
+            (false, code)
+        }),
+        _ => return None,
+    })
+}
+
+/// Runs request `id`'s code: when code already runs, beside it (its answer goes out from
+/// the loop below when it returns); else starts it and serves the connection until every
+/// request's code has returned. `Some` when the connection ends.
+fn run_code(serving: &Serving, id: u32, main: bool, code: CodeJob) -> Option<Ending> {
+    let send = |response: Response| {
+        serving
+            .channel
+            .borrow_mut()
+            .send(&with_id(response.encode(), id))
+            .is_err()
+            .then_some(Ending::Closed)
+    };
+    let running = serving.running.borrow().clone();
+    if let Some(running) = running {
+        if main && running.main.get() {
+            return send(Response::Error("main is running".into()));
+        }
+        return match running.submit(id, main, code) {
+            Ok(()) => None,
+            Err(e) => send(Response::Error(e)),
+        };
+    }
+    let running = match Running::new() {
+        Ok(r) => std::rc::Rc::new(r),
+        Err(e) => return send(Response::Error(e)),
+    };
+    if let Err(e) = running.submit(id, main, code) {
+        return send(Response::Error(e));
+    }
+    *serving.running.borrow_mut() = Some(running.clone());
+    let ending = serve_while_code_runs(serving, &running);
+    *serving.running.borrow_mut() = None;
+    // Waits for code still running if the connection ended under it.
+    drop(running);
+    ending
+}
+
+/// The serving loop while code runs (see [`Running`]).
+fn serve_while_code_runs(serving: &Serving, running: &Running) -> Option<Ending> {
     let socket = serving.channel.borrow().raw_fd();
-    loop {
+    while running.jobs.get() > 0 {
         if !serving.channel.borrow().has_buffered() {
-            let mut fds = [socket, done_read, wake[0]].map(|fd| libc::pollfd {
+            let mut fds = [socket, running.done_read, running.wake_read].map(|fd| libc::pollfd {
                 fd,
                 events: libc::POLLIN,
                 revents: 0,
@@ -685,20 +863,34 @@ fn run_main_serving(serving: &Serving, address: u64, args: Vec<String>) -> Respo
                 if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                     continue;
                 }
-                break;
+                return Some(Ending::Failed(format!(
+                    "poll: {}",
+                    std::io::Error::last_os_error()
+                )));
             }
             if fds[1].revents != 0 {
-                break;
+                let mut sink = [0u8; 64];
+                // SAFETY: reads into a local buffer from our pipe, which has bytes.
+                unsafe { libc::read(running.done_read, sink.as_mut_ptr().cast(), sink.len()) };
+                while let Some(finished) = running.take_finished(false) {
+                    let frame = with_id(finished.response.encode(), finished.id);
+                    if serving.channel.borrow_mut().send(&frame).is_err() {
+                        return Some(Ending::Closed);
+                    }
+                }
+                continue;
             }
             if fds[2].revents != 0 {
                 let mut sink = [0u8; 64];
                 // SAFETY: reads into a local buffer from our non-blocking pipe.
-                while unsafe { libc::read(wake[0], sink.as_mut_ptr().cast(), sink.len()) } > 0 {}
-                for (stub, forwarded) in forwarder.take(false) {
+                while unsafe { libc::read(running.wake_read, sink.as_mut_ptr().cast(), sink.len()) }
+                    > 0
+                {}
+                for (stub, forwarded) in running.forwarder.take(false) {
                     forwarded.answer(resolve_through(serving, stub));
                 }
-                if serving.ended.borrow().is_some() {
-                    break;
+                if let Some(ending) = serving.ended.borrow_mut().take() {
+                    return Some(ending);
                 }
                 continue;
             }
@@ -706,45 +898,15 @@ fn run_main_serving(serving: &Serving, address: u64, args: Vec<String>) -> Respo
         let received = serving.channel.borrow_mut().recv();
         match received {
             Ok(body) => {
-                let id = message_id(&body).unwrap_or(0);
-                match Request::decode(&body) {
-                    // One main at a time, and the connection stays while it runs.
-                    Ok(Request::RunMain { .. } | Request::Shutdown) => {
-                        let busy = Response::Error("main is running".into());
-                        if serving
-                            .channel
-                            .borrow_mut()
-                            .send(&with_id(busy.encode(), id))
-                            .is_err()
-                        {
-                            break;
-                        }
-                    }
-                    // Everything else is served while main runs (the controller's other
-                    // threads: a hot swap, a link, a lookup, input).
-                    _ => {
-                        if let Some(ending) = serve_one(serving, body) {
-                            serving.ended.borrow_mut().get_or_insert(ending);
-                            break;
-                        }
-                    }
+                if let Some(ending) = serve_one(serving, body) {
+                    return Some(ending);
                 }
             }
-            // The controller is gone: main's end decides what happens next.
-            Err(_) => break,
+            // The controller is gone: the code's end decides what happens next.
+            Err(_) => return Some(Ending::Closed),
         }
     }
-    // Threads that call a stub from now on get the fallback; those waiting get it now.
-    if let Ok(mut f) = FORWARDER.lock() {
-        *f = None;
-    }
-    let failed = crate::lazy_entry::lazy_call_failed_address();
-    for (_, forwarded) in forwarder.take(true) {
-        forwarded.answer(failed);
-    }
-    let status = status.recv().unwrap_or(-1);
-    close_all();
-    Response::Value(status as u32 as u64)
+    None
 }
 
 /// Work for main's thread.
@@ -787,9 +949,15 @@ impl CodeRunner {
         }
     }
 
-    /// Runs `job` on main's thread (or, where it could not be made, on a new one).
-    fn run(job: Job) -> Result<(), String> {
-        let job = match CODE_RUNNER.lock().ok().and_then(|r| r.clone()) {
+    /// Runs `job` on main's thread when `on_main_thread` (it is idle), else (or where it
+    /// could not be made) on a new one.
+    fn run(job: Job, on_main_thread: bool) -> Result<(), String> {
+        let runner = if on_main_thread {
+            CODE_RUNNER.lock().ok().and_then(|r| r.clone())
+        } else {
+            None
+        };
+        let job = match runner {
             Some(jobs) => match jobs.send(job) {
                 Ok(()) => return Ok(()),
                 Err(std::sync::mpsc::SendError(job)) => job,
@@ -888,6 +1056,8 @@ struct Serving {
     last_request: Cell<u32>,
     /// How the connection ended while JIT code waited for a stub's body.
     ended: RefCell<Option<Ending>>,
+    /// The code running for requests, while some does.
+    running: RefCell<Option<std::rc::Rc<Running>>>,
 }
 
 thread_local! {
@@ -912,9 +1082,10 @@ impl Drop for CurrentServing {
 }
 
 /// Resolves call-through stub `stub` through the controller: on the thread that serves
-/// the connection, itself; on any other thread (main's, and threads JIT code starts)
-/// while main runs, through the serving thread ([`forward_to_serving_thread`]). `None`
-/// where neither can (no connection, or no main running to forward for).
+/// the connection, itself; on any other thread (main's, a call's, and threads JIT code
+/// starts) while a request's code runs, through the serving thread
+/// ([`forward_to_serving_thread`]). `None` where neither can (no connection, or no
+/// request's code running to forward for).
 pub(crate) fn resolve_if_serving(stub: u64) -> Option<u64> {
     let pointer = SERVING.with(Cell::get);
     if pointer.is_null() {
@@ -999,8 +1170,8 @@ impl Forwarded {
     }
 }
 
-/// While main runs on a thread of its own, the serving thread resolves stubs for every
-/// other thread: they queue the stub and wake it through a pipe.
+/// While a request's code runs on another thread, the serving thread resolves stubs for
+/// every other thread: they queue the stub and wake it through a pipe.
 struct Forwarder {
     queue: std::sync::Mutex<ForwardQueue>,
     /// The write end of the serving thread's wake-up pipe (written under the queue's
@@ -1012,7 +1183,7 @@ struct Forwarder {
 #[derive(Default)]
 struct ForwardQueue {
     waiting: Vec<(u64, std::sync::Arc<Forwarded>)>,
-    /// main has returned: nothing more is queued (a thread still calling gets the
+    /// The code has returned: nothing more is queued (a thread still calling gets the
     /// fallback), and the wake-up pipe may be closed.
     closed: bool,
 }
@@ -1030,11 +1201,11 @@ impl Forwarder {
     }
 }
 
-/// The forwarder of the main that runs now, if one does.
+/// The forwarder of the code that runs now ([`Running`]), if some does.
 static FORWARDER: std::sync::Mutex<Option<std::sync::Arc<Forwarder>>> = std::sync::Mutex::new(None);
 
 /// Asks the serving thread to resolve `stub` and waits for its answer; `None` when no
-/// main runs (nobody reads the connection for this thread).
+/// request's code runs (nobody reads the connection for this thread).
 fn forward_to_serving_thread(stub: u64) -> Option<u64> {
     let forwarder = FORWARDER.lock().ok()?.clone()?;
     let forwarded = std::sync::Arc::new(Forwarded::default());
@@ -1104,6 +1275,7 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
         state: RefCell::new(state),
         last_request: Cell::new(0),
         ended: RefCell::new(None),
+        running: RefCell::new(None),
     };
     let _current = CurrentServing::enter(&serving);
     let mut first = true;
@@ -1197,35 +1369,32 @@ fn serve_one(serving: &Serving, body: Vec<u8>) -> Option<Ending> {
             .is_err()
             .then_some(Ending::Closed);
     }
-    if let Request::RunMain { address, args } = &request {
-        // Main runs on a thread of its own while this thread reads the connection and
-        // resolves the stubs that main and the threads it starts call.
-        let checked = serving.state.borrow().code(*address);
-        let reply = match checked {
-            Ok(()) => run_main_serving(serving, *address, args.clone()),
-            Err(message) => Response::Error(message),
+    let code = code_of(&serving.state.borrow(), &request);
+    if let Some(code) = code {
+        return match code {
+            Ok((main, code)) => run_code(serving, id, main, code),
+            Err(message) => send(&with_id(Response::Error(message).encode(), id))
+                .is_err()
+                .then_some(Ending::Closed),
         };
-        return serving
-            .channel
-            .borrow_mut()
-            .send(&with_id(reply.encode(), id))
-            .is_err()
-            .then_some(Ending::Closed);
     }
     if request == Request::Shutdown {
+        if let Some(running) = serving.running.borrow().as_ref() {
+            let busy = if running.main.get() {
+                "main is running"
+            } else {
+                "JIT code is running"
+            };
+            return send(&with_id(Response::Error(busy.into()).encode(), id))
+                .is_err()
+                .then_some(Ending::Closed);
+        }
         runtime::flush_stdio();
         finish_output();
         let _ = send(&with_id(Response::Ok.encode(), id));
         return Some(Ending::Shutdown);
     }
-    let outcome = match request {
-        // Requests that run JIT code: no borrow is held while it runs (a stub it calls may
-        // serve requests meanwhile).
-        Request::Call { .. } | Request::RunInitializers { .. } | Request::RunFinalizers { .. } => {
-            run_code(&serving.state, request)
-        }
-        other => handle(&mut serving.state.borrow_mut(), other),
-    };
+    let outcome = handle(&mut serving.state.borrow_mut(), request);
     let sent = match outcome {
         Ok(Reply::Plain(response)) => send(&with_id(response.encode(), id)),
         Ok(Reply::WithFd(response, fd)) => serving
@@ -1235,54 +1404,6 @@ fn serve_one(serving: &Serving, body: Vec<u8>) -> Option<Ending> {
         Err(message) => send(&with_id(Response::Error(message).encode(), id)),
     };
     sent.is_err().then_some(Ending::Closed)
-}
-
-/// Runs the JIT code a request asks for, its addresses checked first; the state is not
-/// borrowed while the code runs.
-fn run_code(state: &RefCell<State>, request: Request) -> Result<Reply, String> {
-    let ok = Ok(Reply::Plain(Response::Ok));
-    match request {
-        Request::Call { address, args } => {
-            state.borrow().code(address)?;
-            let mut a = [0u64; 6];
-            a[..args.len()].copy_from_slice(&args);
-            // SAFETY: the function lies in memory this executor reserved; extra integer
-            // arguments are ignored by a callee with fewer parameters (SysV ABI).
-            let f: extern "C" fn(u64, u64, u64, u64, u64, u64) -> u64 =
-                unsafe { std::mem::transmute(address as usize) };
-            let v = f(a[0], a[1], a[2], a[3], a[4], a[5]);
-            leave_if_forked_child(v as i32);
-            runtime::flush_stdio();
-            Ok(Reply::Plain(Response::Value(v)))
-        }
-        Request::RunInitializers { functions } => {
-            {
-                let state = state.borrow();
-                for &f in &functions {
-                    state.code(f)?;
-                }
-            }
-            // SAFETY: the functions lie in memory this executor reserved and the controller
-            // linked and finalized.
-            unsafe { runtime::run_initializers(&functions) };
-            ok
-        }
-        Request::RunFinalizers {
-            dso_handle,
-            functions,
-        } => {
-            {
-                let state = state.borrow();
-                for &f in &functions {
-                    state.code(f)?;
-                }
-            }
-            // SAFETY: as for initializers.
-            unsafe { runtime::run_finalizers(dso_handle, &functions) };
-            ok
-        }
-        other => Err(format!("{other} does not run code")),
-    }
 }
 
 enum Reply {
@@ -1519,8 +1640,9 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             // (checked): a stub's slot, which only atomic stores and the stub's loads
             // touch; the target lies in reserved code (checked).
             unsafe { crate::lazy_entry::store_code_pointer(slot, target) };
-            ok
+            Ok(Reply::Plain(Response::Value(crate::code_guards::advance())))
         }
+        Request::OldestCodeGuard => Ok(Reply::Plain(Response::Value(crate::code_guards::oldest()))),
         Request::RegisterEhFrame { address } => {
             if state.eh_frames.contains_key(&address) {
                 return Err(format!("eh_frame at {address:#x} is registered already"));

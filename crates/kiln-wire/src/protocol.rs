@@ -402,13 +402,19 @@ messages! {
         /// Stores `target` in the call-through stub slot at `slot` with one atomic store
         /// (hot swap: calls that load the slot after the answer reach `target`). The slot
         /// must be 8-byte aligned on prepared pages of a reservation, `target` in reserved
-        /// code. Answers `Ok`.
+        /// code. Answers `Value(epoch)`: the epoch of the executor's code guards at which
+        /// the replaced body was retired (see [`Request::OldestCodeGuard`]).
         StoreCodePointer = 33 as STORE_CODE_POINTER "store code pointer" {
             /// The slot's address.
             slot: u64,
             /// Where calls through it go from now on.
             target: u64,
         },
+        /// The epoch of the oldest guard the executor's threads hold (each request that
+        /// runs code holds one, taken when its code starts), or the epoch now if none is
+        /// held. Answers `Value(epoch)`: a body retired (by [`Request::StoreCodePointer`])
+        /// at an earlier epoch can no longer be running, and may be freed.
+        OldestCodeGuard = 34 as OLDEST_CODE_GUARD "oldest code guard",
     }
 
     /// A response from the executor (or, to a [`Request::ResolveStub`], from the controller).
@@ -736,6 +742,7 @@ mod tests {
                 slot: 0x7000,
                 target: 0x8000,
             },
+            Request::OldestCodeGuard,
             Request::Batch(vec![
                 Request::Prepare {
                     handle: 1,

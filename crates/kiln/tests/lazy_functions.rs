@@ -429,7 +429,7 @@ fn out_of_process_a_stubs_first_call_asks_the_controller() {
 }
 
 #[test]
-fn out_of_process_hot_swap_reaches_direct_and_stub_callers_and_keeps_retired_bodies() {
+fn out_of_process_hot_swap_reaches_direct_and_stub_callers_and_frees_retired_bodies() {
     // `version` swapped 19 times between the controller's calls: a call of its stub and
     // a call of another lazy function whose body calls it through the stub both reach
     // each new body, in every transport.
@@ -459,8 +459,9 @@ fn out_of_process_hot_swap_reaches_direct_and_stub_callers_and_keeps_retired_bod
             assert_eq!(call("version"), v as u64, "{how}");
             assert_eq!(call("twice_version"), 2 * v as u64, "{how}");
         }
-        // Out of process the old bodies are kept (no guard covers the executor's threads).
-        assert_eq!(jit.reclaim(), 19, "{how}");
+        // No call runs in the executor: every old body has been freed as the swaps went.
+        assert_eq!(jit.retired_bodies(), 0, "{how}");
+        assert_eq!(jit.reclaim(), 0, "{how}");
         assert_eq!(compiler.compiles.load(Ordering::SeqCst), 2, "{how}");
     }
 }
@@ -522,11 +523,71 @@ fn out_of_process_hot_swap_while_main_and_its_threads_call() {
             for v in 2..=20 {
                 jit.replace_function(lib, "version", constant_function("version", v))
                     .unwrap_or_else(|e| panic!("{how}: swap to {v}: {e}"));
+                if v < 20 {
+                    // main runs until it sees 20, holding the executor's guard from
+                    // before every swap: no old body is freed yet.
+                    assert_eq!(jit.reclaim(), v as usize - 1, "{how}");
+                }
                 std::thread::sleep(Duration::from_millis(2));
             }
             assert_eq!(running.join().unwrap().unwrap(), 0, "{how}");
         });
-        assert_eq!(jit.reclaim(), 19, "{how}");
+        // main has returned: its guard is gone, and with it every old body.
+        assert_eq!(jit.reclaim(), 0, "{how}");
+    }
+}
+
+#[test]
+fn out_of_process_a_call_running_in_a_replaced_body_keeps_it_until_it_returns() {
+    // `spin` waits in its first body until `release` (another function, called beside it
+    // from another controller thread) sets a flag; `spin` is replaced meanwhile. The old
+    // body must stay until the call that runs in it returns, then be freed.
+    let spin_v1 = kiln_testkit::cc_object(
+        "spin_v1",
+        r#"
+        extern volatile int released;
+        long spin(void) { while (!released) { } return 1; }
+        "#,
+        &["-O1"],
+    );
+    let spin_v2 = kiln_testkit::cc_object("spin_v2", "long spin(void) { return 2; }", &["-O1"]);
+    let flag = kiln_testkit::cc_object(
+        "release",
+        "volatile int released; long release(void) { released = 1; return 0; }",
+        &["-O1"],
+    );
+    for (how, executor, _listening) in remote_executors() {
+        let jit = Jit::builder().executor(executor).build().unwrap();
+        let lib = jit.main_library();
+        jit.link_object(lib, "release.o", flag.clone()).unwrap();
+        let compiler = Arc::new(table(&[("spin", spin_v1.clone())]));
+        jit.add_lazy_functions(lib, &["spin"], compiler).unwrap();
+        let spin = jit.lookup(lib, "spin").unwrap();
+        let release = jit.lookup(lib, "release").unwrap();
+        std::thread::scope(|scope| {
+            // SAFETY: `long spin(void)`, in the executor.
+            let spinning = scope.spawn(|| unsafe { jit.executor().call(spin, &[]) }.unwrap());
+            let start = std::time::Instant::now();
+            while !jit.is_compiled(lib, "spin").unwrap() {
+                assert!(start.elapsed() < Duration::from_secs(20), "{how}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            jit.replace_function(lib, "spin", spin_v2.clone()).unwrap();
+            assert_eq!(jit.reclaim(), 1, "{how}: a call runs in the old body");
+            // A call made after the swap reaches the new body, beside the spinning one.
+            // SAFETY: as above.
+            let now = unsafe { jit.executor().call(spin, &[]) }.unwrap();
+            assert_eq!(now, 2, "{how}");
+            assert_eq!(jit.reclaim(), 1, "{how}: still running");
+            // SAFETY: `long release(void)`, in the executor.
+            unsafe { jit.executor().call(release, &[]) }.unwrap();
+            assert_eq!(
+                spinning.join().unwrap(),
+                1,
+                "{how}: the old body ran to its end"
+            );
+        });
+        assert_eq!(jit.reclaim(), 0, "{how}: freed once the call returned");
     }
 }
 
@@ -578,18 +639,30 @@ fn out_of_process_stubs_resolve_from_main_and_every_thread_it_starts() {
             for (int i = 0; i < 4; i++) { void *r; pthread_join(t[i], &r); sum += (long)r; }
             return (int)(sum + inner(10));
         }
+        /* Called (not as main): threads that make cube's first call. */
+        long cube(long);
+        static void *cuber(void *p) { return (void *)cube((long)p); }
+        long spawn_and_sum(long n) {
+            pthread_t t[4];
+            long sum = 0;
+            for (long i = 0; i < n && i < 4; i++) pthread_create(&t[i], 0, cuber, (void *)(i + 1));
+            for (long i = 0; i < n && i < 4; i++) { void *r; pthread_join(t[i], &r); sum += (long)r; }
+            return sum;
+        }
         "#,
         &["-O1", "-pthread"],
     );
     let sq = kiln_testkit::cc_object("sq", "long sq(long x) { return x * x; }", &["-O1"]);
+    let cube = kiln_testkit::cc_object("cube", "long cube(long x) { return x * x * x; }", &["-O1"]);
     for (how, executor, _listening) in remote_executors() {
         let jit = Jit::builder().executor(executor).build().unwrap();
         let lib = jit.main_library();
         let compiler = Arc::new(table(&[
             ("inner", constant_function("inner", 4)),
             ("sq", sq.clone()),
+            ("cube", cube.clone()),
         ]));
-        jit.add_lazy_functions(lib, &["inner", "sq"], compiler.clone())
+        jit.add_lazy_functions(lib, &["inner", "sq", "cube"], compiler.clone())
             .unwrap();
         jit.add_object(lib, "threads_call_stubs.o", program.clone())
             .unwrap();
@@ -599,6 +672,13 @@ fn out_of_process_stubs_resolve_from_main_and_every_thread_it_starts() {
         // 4 threads: inner 4 each, sq 1 + 4 + 9 + 16; main: inner 4.
         assert_eq!(status, 16 + 30 + 4, "{how}");
         assert_eq!(compiler.compiles.load(Ordering::SeqCst), 2, "{how}");
+        assert!(jit.lazy_failures().is_empty(), "{how}");
+        // A call (not main), whose threads make a stub's first call: cube's.
+        let spawn = jit.lookup(lib, "spawn_and_sum").unwrap();
+        // SAFETY: `long spawn_and_sum(long)`, in the executor.
+        let sum = unsafe { jit.executor().call(spawn, &[4]) }.unwrap();
+        assert_eq!(sum, 1 + 8 + 27 + 64, "{how}");
+        assert_eq!(compiler.compiles.load(Ordering::SeqCst), 3, "{how}");
         assert!(jit.lazy_failures().is_empty(), "{how}");
     }
 }

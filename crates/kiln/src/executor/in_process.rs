@@ -1,7 +1,7 @@
 //! The executor that is this process: Kiln's runtime (`kiln_executor`'s library, the one
 //! the `kiln-executor` binary serves requests with) called directly.
 
-use super::service::{EhRegistration, ExecutorService, ExportHandle};
+use super::service::{EhRegistration, ExecutorService, ExportHandle, Retirement};
 use crate::generator::Found;
 use crate::Error;
 use kiln_executor::runtime::{self, EhFrameRegistration};
@@ -178,10 +178,10 @@ impl ExecutorService for InProcess {
         Ok(f(a[0], a[1], a[2], a[3], a[4], a[5]))
     }
 
-    unsafe fn store_code_pointer(&self, slot: u64, target: u64) -> Result<(), Error> {
+    unsafe fn store_code_pointer(&self, slot: u64, target: u64) -> Result<Retirement, Error> {
         // SAFETY: the caller's contract: a live stub slot, touched atomically.
         unsafe { kiln_executor::lazy_entry::store_code_pointer(slot, target) };
-        Ok(())
+        Ok(Retirement::SessionGuards)
     }
 
     fn flush(&self) {

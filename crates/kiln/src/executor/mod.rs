@@ -7,7 +7,7 @@ mod in_process;
 mod remote;
 mod service;
 
-pub use service::{EhRegistration, ExecutorService, ExportHandle};
+pub use service::{EhRegistration, ExecutorService, ExportHandle, Retirement};
 
 use crate::Error;
 use kiln_executor::shared_object::ExportedSymbol;
@@ -353,9 +353,18 @@ impl Executor {
     ///
     /// # Safety
     /// As [`ExecutorService::store_code_pointer`].
-    pub(crate) unsafe fn store_code_pointer(&self, slot: u64, target: u64) -> Result<(), Error> {
+    pub(crate) unsafe fn store_code_pointer(
+        &self,
+        slot: u64,
+        target: u64,
+    ) -> Result<Retirement, Error> {
         // SAFETY: the caller's contract.
         unsafe { self.service.store_code_pointer(slot, target) }
+    }
+
+    /// The executor's oldest code guard ([`ExecutorService::oldest_code_guard`]).
+    pub(crate) fn oldest_code_guard(&self) -> Result<u64, Error> {
+        self.service.oldest_code_guard()
     }
 
     /// Flushes the executor's C stdio buffers (in-process; a remote executor flushes after

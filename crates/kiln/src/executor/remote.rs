@@ -1,7 +1,7 @@
 //! The executor that is a `kiln-executor` process (or executor-c): each call a request
 //! over the connection.
 
-use super::service::{EhRegistration, ExecutorService, ExportHandle};
+use super::service::{EhRegistration, ExecutorService, ExportHandle, Retirement};
 use super::{symbol_kind, Transport};
 use crate::generator::Found;
 use crate::Error;
@@ -204,9 +204,13 @@ impl ExecutorService for Remote {
         .map(|v| v as u32 as i32)
     }
 
-    unsafe fn store_code_pointer(&self, slot: u64, target: u64) -> Result<(), Error> {
-        self.request(Request::StoreCodePointer { slot, target })?;
-        Ok(())
+    unsafe fn store_code_pointer(&self, slot: u64, target: u64) -> Result<Retirement, Error> {
+        self.value(Request::StoreCodePointer { slot, target })
+            .map(Retirement::ExecutorEpoch)
+    }
+
+    fn oldest_code_guard(&self) -> Result<u64, Error> {
+        self.value(Request::OldestCodeGuard)
     }
 
     unsafe fn call(&self, address: u64, args: &[u64]) -> Result<u64, Error> {

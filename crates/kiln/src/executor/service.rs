@@ -43,6 +43,18 @@ impl EhRegistration {
     }
 }
 
+/// When a body that [`ExecutorService::store_code_pointer`] replaced may be freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retirement {
+    /// Once no [`crate::CodeGuard`] of the session taken before the store is held: the
+    /// session's own threads run the code (in process).
+    SessionGuards,
+    /// Once the executor's oldest guard ([`ExecutorService::oldest_code_guard`]) is later
+    /// than this epoch: the executor guards the threads that run code for it (each
+    /// request's run of code holds a guard of its own there).
+    ExecutorEpoch(u64),
+}
+
 /// Where linked code runs and host symbols are looked up: this process
 /// ([`crate::Executor::in_process`]), a `kiln-executor` process ([`crate::Executor::spawn`],
 /// [`crate::Executor::connect`]), or anything else that implements it
@@ -173,7 +185,17 @@ pub trait ExecutorService: Send + Sync {
     /// `slot` must be a stub slot of a live stub module of this executor (8-byte aligned,
     /// touched only by atomic stores and the stub's loads), `target` a finalized function
     /// there (an executor process checks both lie in memory it reserved).
-    unsafe fn store_code_pointer(&self, slot: u64, target: u64) -> Result<(), Error>;
+    unsafe fn store_code_pointer(&self, slot: u64, target: u64) -> Result<Retirement, Error>;
+
+    /// For an executor whose stores answer [`Retirement::ExecutorEpoch`]: the epoch of the
+    /// oldest guard its threads hold (or its epoch now, when none is). Others need not
+    /// implement it.
+    fn oldest_code_guard(&self) -> Result<u64, Error> {
+        Err(Error::Unsupported(format!(
+            "{} keeps no code guards of its own",
+            self.describe()
+        )))
+    }
 
     /// Flushes the C stdio buffers of the code's process, where that is this one.
     fn flush(&self) {}

@@ -30,6 +30,12 @@
 //!   batch of calls; a thread that holds a guard for long only delays frees.
 //! - Freed bodies are filled with trap instructions: a call that broke the rule traps
 //!   rather than running stale code.
+//! - **Out of process** the session's guards cannot cover the executor's threads: the
+//!   executor guards them itself (each request that runs code holds a guard there from
+//!   its code's start to its return; `kiln_executor::code_guards`), answers a slot's
+//!   store with the epoch it retired the old body at, and tells the session its oldest
+//!   guard ([`crate::Retirement::ExecutorEpoch`]); the body is freed once that guard is
+//!   later (at the next replacement or [`crate::Jit::reclaim`]).
 //!
 //! When the session is dropped, its bodies are freed with it (drop it only when no thread
 //! runs its code, as for modules); a stub still held then leads back into Kiln, which
@@ -102,8 +108,9 @@ pub(crate) struct LazyFunctions {
     collector: crossbeam_epoch::Collector,
     /// Bodies replaced and not freed yet.
     retired: Arc<AtomicUsize>,
-    /// Bodies replaced out of process: kept until the session ends.
-    kept_out_of_process: Mutex<Vec<Module>>,
+    /// Bodies replaced in an executor that guards its own threads, with the executor's
+    /// epoch they were retired at ([`crate::Retirement::ExecutorEpoch`]).
+    retired_in_executor: Mutex<Vec<(u64, Module)>>,
 }
 
 /// A thread registered to call code of a session whose functions may be replaced.
@@ -386,8 +393,9 @@ impl Jit {
     /// Gives the lazy function `name` of `lib` a new body, linked from `object`, which must
     /// define `name`: calls that load the stub's slot after this returns reach it. The old
     /// body is retired and freed once no [`CodeGuard`] taken before now is held; out of
-    /// process (the executor stores the slot) it is kept until the session ends, since no
-    /// guard covers the executor's threads. On an error the old body stays.
+    /// process, once no request that was running code in the executor when the slot was
+    /// stored is still running it (the executor guards its own threads: see
+    /// [`crate::Retirement`]). On an error the old body stays.
     pub fn replace_function(
         &self,
         lib: LibraryId,
@@ -420,29 +428,57 @@ impl Jit {
                     .store_code_pointer(function.slot(), address)
             }
         } else {
-            Ok(())
+            Ok(crate::Retirement::SessionGuards)
         };
         if let Body::Ready { module, .. } = old {
             let lazy = self.lazy_functions();
             lazy.retired.fetch_add(1, Ordering::SeqCst);
-            if function.batch.executor.is_some() {
-                // Out of process no guard covers the executor's threads (those the
-                // program starts may be inside the old body): it is kept, not freed,
-                // until the session ends.
-                lazy.kept_out_of_process.lock().push(module);
-            } else {
-                let retired = lazy.retired.clone();
-                let handle = lazy.collector.register();
-                let guard = handle.pin();
-                guard.defer(move || {
-                    drop(module);
-                    retired.fetch_sub(1, Ordering::SeqCst);
-                });
-                guard.flush();
+            match stored {
+                Ok(crate::Retirement::SessionGuards) => {
+                    let retired = lazy.retired.clone();
+                    let handle = lazy.collector.register();
+                    let guard = handle.pin();
+                    guard.defer(move || {
+                        drop(module);
+                        retired.fetch_sub(1, Ordering::SeqCst);
+                    });
+                    guard.flush();
+                }
+                Ok(crate::Retirement::ExecutorEpoch(epoch)) => {
+                    lazy.retired_in_executor.lock().push((epoch, module));
+                    self.reclaim_in_executor(&lazy);
+                }
+                // The slot may still lead to the old body (the store's answer was lost):
+                // it is kept until the session ends.
+                Err(_) => lazy.retired_in_executor.lock().push((u64::MAX, module)),
             }
         }
         // A failed store leaves the slot on the old body, which is kept above.
-        stored.map(|()| address)
+        stored.map(|_| address)
+    }
+
+    /// Frees the bodies retired in an executor that no guard of its threads can reach
+    /// (one round trip, when there are some).
+    fn reclaim_in_executor(&self, lazy: &LazyFunctions) {
+        if lazy.retired_in_executor.lock().is_empty() {
+            return;
+        }
+        let Ok(oldest) = self.inner().executor.oldest_code_guard() else {
+            return;
+        };
+        let freed: Vec<Module> = {
+            let mut retired = lazy.retired_in_executor.lock();
+            let (free, keep) = std::mem::take(&mut *retired)
+                .into_iter()
+                .partition(|&(epoch, _)| epoch < oldest);
+            *retired = keep;
+            free.into_iter().map(|(_, module)| module).collect()
+        };
+        // With no lock held: freeing a module makes requests of the executor.
+        for module in freed {
+            drop(module);
+            lazy.retired.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     /// Registers the calling thread to call code whose functions may be replaced; pin it
@@ -456,6 +492,7 @@ impl Jit {
     /// Frees the retired bodies that no guard can reach any more (replacements do this
     /// too, as they go); returns how many are still retired.
     pub fn reclaim(&self) -> usize {
+        self.reclaim_in_executor(&self.lazy_functions());
         let handle = self.lazy_functions().collector.register();
         // Each flush may advance the epoch once (a body is freed two epochs after it was
         // retired) and frees a bounded number of retired batches: flush until nothing
