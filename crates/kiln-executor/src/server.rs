@@ -619,49 +619,37 @@ fn leave_if_forked_child(status: i32) {
 /// The code a request runs, on a thread other than the serving one; gives its answer.
 type CodeJob = Box<dyn FnOnce() -> Response + Send>;
 
-/// A request's code that returned: its answer, for the request's id.
-struct Finished {
-    id: u32,
-    response: Response,
-    main: bool,
-}
-
-/// JIT code running for the controller's requests (main, calls, initializers) on threads
-/// other than the serving one, which meanwhile goes on reading the connection: `Input`
-/// reaches the program, other requests are served (a hot swap, a link, a lookup, a call
-/// from another controller thread), and the stubs any executor thread calls are resolved
-/// here (the threads queue them through [`Forwarder`]). Each request's answer goes out
-/// when its code returns.
-struct Running {
-    forwarder: std::sync::Arc<Forwarder>,
-    wake_read: libc::c_int,
-    done_read: libc::c_int,
-    done_write: libc::c_int,
-    results: std::sync::mpsc::Sender<Finished>,
-    finished: std::sync::mpsc::Receiver<Finished>,
+/// The code of the controller's requests (main, calls, initializers, finalizers), run on
+/// threads other than the serving one: main's thread when it is idle, else a thread of
+/// its own. Each sends its own answer when its code returns (the channel's sender is
+/// shared), so an answer waits for no second thread to wake. Meanwhile the serving
+/// thread goes on reading the connection: `Input` reaches the program, other requests
+/// are served (a hot swap, a link, a lookup, a call from another controller thread), and
+/// the stubs any executor thread calls are resolved (the threads queue them through the
+/// [`Forwarder`], whose pipe wakes the serving thread). Made at the first such request and
+/// kept for the connection.
+struct CodeJobs {
     /// Requests whose code has not returned.
-    jobs: Cell<usize>,
+    running: std::sync::Mutex<usize>,
+    /// Signalled when `running` falls to 0.
+    idle: std::sync::Condvar,
     /// One of them is main.
-    main: Cell<bool>,
+    main: std::sync::atomic::AtomicBool,
+    forwarder: std::sync::Arc<Forwarder>,
+    /// The read end of the forwarder's wake-up pipe.
+    wake_read: libc::c_int,
 }
 
-impl Running {
-    /// Its pipes, and the forwarder that threads calling stubs find.
-    fn new() -> Result<Self, String> {
-        let mut done = [-1; 2];
+impl CodeJobs {
+    /// Its wake-up pipe, and the forwarder that threads calling stubs find.
+    fn new() -> Result<std::sync::Arc<Self>, String> {
         let mut wake = [-1; 2];
-        // SAFETY: pipe2 writes two descriptors each.
-        let made = unsafe {
-            libc::pipe2(done.as_mut_ptr(), libc::O_CLOEXEC) == 0
-                && libc::pipe2(wake.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) == 0
-        };
-        if !made {
-            let error = std::io::Error::last_os_error();
-            for fd in done.into_iter().chain(wake).filter(|&fd| fd >= 0) {
-                // SAFETY: our descriptors, closed once.
-                unsafe { libc::close(fd) };
-            }
-            return Err(format!("cannot run code: {error}"));
+        // SAFETY: pipe2 writes two descriptors.
+        if unsafe { libc::pipe2(wake.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(format!(
+                "cannot run code: {}",
+                std::io::Error::last_os_error()
+            ));
         }
         let forwarder = std::sync::Arc::new(Forwarder {
             queue: std::sync::Mutex::new(ForwardQueue::default()),
@@ -670,76 +658,131 @@ impl Running {
         if let Ok(mut f) = FORWARDER.lock() {
             *f = Some(forwarder.clone());
         }
-        let (results, finished) = std::sync::mpsc::channel();
-        Ok(Running {
+        Ok(std::sync::Arc::new(CodeJobs {
+            running: std::sync::Mutex::new(0),
+            idle: std::sync::Condvar::new(),
+            main: std::sync::atomic::AtomicBool::new(false),
             forwarder,
             wake_read: wake[0],
-            done_read: done[0],
-            done_write: done[1],
-            results,
-            finished,
-            jobs: Cell::new(0),
-            main: Cell::new(false),
-        })
+        }))
     }
 
-    /// Starts `code` for request `id`: on main's thread when nothing else runs, else on a
-    /// thread of its own.
-    fn submit(&self, id: u32, main: bool, code: CodeJob) -> Result<(), String> {
-        let results = self.results.clone();
-        let done = self.done_write;
+    /// Whether some request's code runs.
+    fn busy(&self) -> bool {
+        self.running.lock().is_ok_and(|n| *n > 0)
+    }
+
+    /// Starts `code` for request `id`; its answer goes out through `sender`.
+    fn submit(
+        self: &std::sync::Arc<Self>,
+        id: u32,
+        main: bool,
+        code: CodeJob,
+        sender: Sender,
+    ) -> Result<(), String> {
+        if main && self.main.load(Ordering::SeqCst) {
+            return Err("main is running".into());
+        }
+        let first = {
+            let mut running = self.running.lock().map_err(|_| "code jobs poisoned")?;
+            *running += 1;
+            if *running == 1 {
+                // Threads calling stubs are served from now on.
+                self.forwarder.take(Some(true), false);
+            }
+            *running == 1
+        };
+        if main {
+            self.main.store(true, Ordering::SeqCst);
+        }
+        let jobs = self.clone();
         let job: Job = Box::new(move || {
             // Bodies replaced while this code runs are kept until it returns.
             let guard = crate::code_guards::pin();
             let response = code();
             drop(guard);
-            let _ = results.send(Finished { id, response, main });
-            // SAFETY: one byte to the serving thread's pipe, open until every job has
-            // finished (`Running` waits for them before it closes it).
-            unsafe { libc::write(done, b"d".as_ptr().cast(), 1) };
+            // Counted out before the answer goes: the controller's next request finds
+            // main's thread idle.
+            jobs.finished(main);
+            let _ = sender.send(&with_id(response.encode(), id));
         });
-        CodeRunner::run(job, self.jobs.get() == 0)?;
-        self.jobs.set(self.jobs.get() + 1);
-        self.main.set(self.main.get() || main);
-        Ok(())
+        CodeRunner::run(job, first).inspect_err(|_| self.finished(main))
     }
 
-    /// Takes one finished request, waiting for it with `wait`.
-    fn take_finished(&self, wait: bool) -> Option<Finished> {
-        let finished = if wait {
-            self.finished.recv().ok()
-        } else {
-            self.finished.try_recv().ok()
-        }?;
-        self.jobs.set(self.jobs.get().saturating_sub(1));
-        if finished.main {
-            self.main.set(false);
+    fn finished(&self, main: bool) {
+        if main {
+            self.main.store(false, Ordering::SeqCst);
         }
-        Some(finished)
+        let Ok(mut running) = self.running.lock() else {
+            return;
+        };
+        *running = running.saturating_sub(1);
+        if *running == 0 {
+            // No request's code runs: threads that call a stub from now on get the
+            // fallback, those still waiting get it now.
+            let failed = crate::lazy_entry::lazy_call_failed_address();
+            for (_, forwarded) in self.forwarder.take(Some(false), false) {
+                forwarded.answer(failed);
+            }
+            self.idle.notify_all();
+        }
+    }
+
+    /// Waits until no request's code runs (the connection ended under it: its end
+    /// decides what happens next).
+    fn wait_until_idle(&self) {
+        let Ok(mut running) = self.running.lock() else {
+            return;
+        };
+        while *running > 0 {
+            running = match self.idle.wait(running) {
+                Ok(r) => r,
+                Err(_) => return,
+            };
+        }
+    }
+
+    /// On the serving thread while code runs: waits up to `ms` for the connection or a
+    /// thread's stub, and resolves the stubs queued. `Ok(true)` when the connection has
+    /// bytes to read, `Err` when it ended.
+    fn serve_stubs(&self, serving: &Serving, ms: libc::c_int) -> Result<bool, Ending> {
+        let socket = serving.channel.borrow().raw_fd();
+        let mut fds = [socket, self.wake_read].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        // SAFETY: two valid pollfd entries.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        if n <= 0 || fds[1].revents == 0 {
+            return Ok(n > 0 && fds[0].revents != 0);
+        }
+        let mut sink = [0u8; 64];
+        // SAFETY: reads into a local buffer from our non-blocking pipe.
+        while unsafe { libc::read(self.wake_read, sink.as_mut_ptr().cast(), sink.len()) } > 0 {}
+        for (stub, forwarded) in self.forwarder.take(None, false) {
+            forwarded.answer(resolve_through(serving, stub));
+        }
+        match serving.ended.borrow_mut().take() {
+            Some(ending) => Err(ending),
+            // What the connection has is read at the next look.
+            None => Ok(false),
+        }
     }
 }
 
-impl Drop for Running {
+impl Drop for CodeJobs {
     fn drop(&mut self) {
-        // Threads that call a stub from now on get the fallback; those waiting get it now.
         if let Ok(mut f) = FORWARDER.lock() {
             *f = None;
         }
         let failed = crate::lazy_entry::lazy_call_failed_address();
-        for (_, forwarded) in self.forwarder.take(true) {
+        for (_, forwarded) in self.forwarder.take(Some(false), true) {
             forwarded.answer(failed);
         }
-        // The jobs write `done_write` when they end: wait for those still running (the
-        // connection ended under them) before closing it.
-        while self.jobs.get() > 0 && self.take_finished(true).is_some() {}
-        for fd in [
-            self.wake_read,
-            self.forwarder.wake,
-            self.done_read,
-            self.done_write,
-        ] {
-            // SAFETY: our descriptors, closed once; the wake-up pipe's write end only
-            // after the queue closed (under its lock), the done pipe's after every job.
+        for fd in [self.wake_read, self.forwarder.wake] {
+            // SAFETY: our descriptors, closed once; the write end only after the queue
+            // ended (under its lock).
             unsafe { libc::close(fd) };
         }
     }
@@ -810,103 +853,24 @@ fn code_of(state: &State, request: &Request) -> Option<Result<(bool, CodeJob), S
     })
 }
 
-/// Runs request `id`'s code: when code already runs, beside it (its answer goes out from
-/// the loop below when it returns); else starts it and serves the connection until every
-/// request's code has returned. `Some` when the connection ends.
+/// Starts request `id`'s code (see [`CodeJobs`]); `Some` when the connection ends.
 fn run_code(serving: &Serving, id: u32, main: bool, code: CodeJob) -> Option<Ending> {
-    let send = |response: Response| {
-        serving
-            .channel
-            .borrow_mut()
-            .send(&with_id(response.encode(), id))
-            .is_err()
-            .then_some(Ending::Closed)
+    if serving.jobs.get().is_none() {
+        match CodeJobs::new() {
+            Ok(jobs) => {
+                let _ = serving.jobs.set(jobs);
+            }
+            Err(e) => return serving.answer(id, Response::Error(e)),
+        }
+    }
+    let Some(jobs) = serving.jobs.get() else {
+        return serving.answer(id, Response::Error("cannot run code".into()));
     };
-    let running = serving.running.borrow().clone();
-    if let Some(running) = running {
-        if main && running.main.get() {
-            return send(Response::Error("main is running".into()));
-        }
-        return match running.submit(id, main, code) {
-            Ok(()) => None,
-            Err(e) => send(Response::Error(e)),
-        };
+    let sender = serving.channel.borrow().sender();
+    match jobs.submit(id, main, code, sender) {
+        Ok(()) => None,
+        Err(e) => serving.answer(id, Response::Error(e)),
     }
-    let running = match Running::new() {
-        Ok(r) => std::rc::Rc::new(r),
-        Err(e) => return send(Response::Error(e)),
-    };
-    if let Err(e) = running.submit(id, main, code) {
-        return send(Response::Error(e));
-    }
-    *serving.running.borrow_mut() = Some(running.clone());
-    let ending = serve_while_code_runs(serving, &running);
-    *serving.running.borrow_mut() = None;
-    // Waits for code still running if the connection ended under it.
-    drop(running);
-    ending
-}
-
-/// The serving loop while code runs (see [`Running`]).
-fn serve_while_code_runs(serving: &Serving, running: &Running) -> Option<Ending> {
-    let socket = serving.channel.borrow().raw_fd();
-    while running.jobs.get() > 0 {
-        if !serving.channel.borrow().has_buffered() {
-            let mut fds = [socket, running.done_read, running.wake_read].map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            });
-            // SAFETY: three valid pollfd entries.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, -1) };
-            if n < 0 {
-                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Some(Ending::Failed(format!(
-                    "poll: {}",
-                    std::io::Error::last_os_error()
-                )));
-            }
-            if fds[1].revents != 0 {
-                let mut sink = [0u8; 64];
-                // SAFETY: reads into a local buffer from our pipe, which has bytes.
-                unsafe { libc::read(running.done_read, sink.as_mut_ptr().cast(), sink.len()) };
-                while let Some(finished) = running.take_finished(false) {
-                    let frame = with_id(finished.response.encode(), finished.id);
-                    if serving.channel.borrow_mut().send(&frame).is_err() {
-                        return Some(Ending::Closed);
-                    }
-                }
-                continue;
-            }
-            if fds[2].revents != 0 {
-                let mut sink = [0u8; 64];
-                // SAFETY: reads into a local buffer from our non-blocking pipe.
-                while unsafe { libc::read(running.wake_read, sink.as_mut_ptr().cast(), sink.len()) }
-                    > 0
-                {}
-                for (stub, forwarded) in running.forwarder.take(false) {
-                    forwarded.answer(resolve_through(serving, stub));
-                }
-                if let Some(ending) = serving.ended.borrow_mut().take() {
-                    return Some(ending);
-                }
-                continue;
-            }
-        }
-        let received = serving.channel.borrow_mut().recv();
-        match received {
-            Ok(body) => {
-                if let Some(ending) = serve_one(serving, body) {
-                    return Some(ending);
-                }
-            }
-            // The controller is gone: the code's end decides what happens next.
-            Err(_) => return Some(Ending::Closed),
-        }
-    }
-    None
 }
 
 /// Work for main's thread.
@@ -940,7 +904,7 @@ impl CodeRunner {
                 let _stack = AlternateStack::install();
                 // The thread's first allocation makes its malloc arena: now, not in main.
                 drop(std::hint::black_box(vec![0u8; 256]));
-                while let Ok(job) = queue.recv() {
+                while let Some(job) = next_job(&queue) {
                     job();
                 }
             });
@@ -972,6 +936,27 @@ impl CodeRunner {
             })
             .map(|_| ())
             .map_err(|e| e.to_string())
+    }
+}
+
+/// How long main's thread looks for its next job before it sleeps.
+const RUNNER_SPIN: Duration = Duration::from_micros(50);
+
+/// main's thread's next job: looked for without sleeping for [`RUNNER_SPIN`] after the
+/// last (a controller calling in a loop sends the next within that), then waited for.
+/// A sleeping thread's wake-up is what a call paid: 19 -> 46 µs a round trip on this
+/// VM, where waking an idle virtual CPU is slow.
+fn next_job(queue: &std::sync::mpsc::Receiver<Job>) -> Option<Job> {
+    let start = std::time::Instant::now();
+    loop {
+        match queue.try_recv() {
+            Ok(job) => return Some(job),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => return None,
+            Err(std::sync::mpsc::TryRecvError::Empty) if start.elapsed() < RUNNER_SPIN => {
+                std::hint::spin_loop()
+            }
+            Err(std::sync::mpsc::TryRecvError::Empty) => return queue.recv().ok(),
+        }
     }
 }
 
@@ -1056,8 +1041,19 @@ struct Serving {
     last_request: Cell<u32>,
     /// How the connection ended while JIT code waited for a stub's body.
     ended: RefCell<Option<Ending>>,
-    /// The code running for requests, while some does.
-    running: RefCell<Option<std::rc::Rc<Running>>>,
+    /// What runs the code of requests (made at the first).
+    jobs: std::cell::OnceCell<std::sync::Arc<CodeJobs>>,
+}
+
+impl Serving {
+    /// Sends `response` to request `id`; `Some` when the connection is gone.
+    fn answer(&self, id: u32, response: Response) -> Option<Ending> {
+        self.channel
+            .borrow_mut()
+            .send(&with_id(response.encode(), id))
+            .is_err()
+            .then_some(Ending::Closed)
+    }
 }
 
 thread_local! {
@@ -1175,7 +1171,7 @@ impl Forwarded {
 struct Forwarder {
     queue: std::sync::Mutex<ForwardQueue>,
     /// The write end of the serving thread's wake-up pipe (written under the queue's
-    /// lock, and closed only after the queue is closed).
+    /// lock, and closed only after the queue has ended).
     wake: libc::c_int,
 }
 
@@ -1183,17 +1179,23 @@ struct Forwarder {
 #[derive(Default)]
 struct ForwardQueue {
     waiting: Vec<(u64, std::sync::Arc<Forwarded>)>,
-    /// The code has returned: nothing more is queued (a thread still calling gets the
-    /// fallback), and the wake-up pipe may be closed.
-    closed: bool,
+    /// A request's code runs: the serving thread reads the connection for the threads
+    /// that queue. When none does, a thread calling gets the fallback at once.
+    open: bool,
+    /// The connection's serving has ended: the wake-up pipe may be closed.
+    ended: bool,
 }
 
 impl Forwarder {
-    /// Takes what is queued; with `close`, for the last time.
-    fn take(&self, close: bool) -> Vec<(u64, std::sync::Arc<Forwarded>)> {
+    /// Takes what is queued; with `open` `Some`, sets whether more may be queued (for
+    /// good, with `end`).
+    fn take(&self, open: Option<bool>, end: bool) -> Vec<(u64, std::sync::Arc<Forwarded>)> {
         match self.queue.lock() {
             Ok(mut queue) => {
-                queue.closed |= close;
+                if let Some(open) = open {
+                    queue.open = open;
+                }
+                queue.ended |= end;
                 std::mem::take(&mut queue.waiting)
             }
             Err(_) => Vec::new(),
@@ -1211,13 +1213,13 @@ fn forward_to_serving_thread(stub: u64) -> Option<u64> {
     let forwarded = std::sync::Arc::new(Forwarded::default());
     {
         let mut queue = forwarder.queue.lock().ok()?;
-        // main returned while this thread looked: nobody will answer.
-        if queue.closed {
+        // The code returned while this thread looked: nobody will answer.
+        if !queue.open || queue.ended {
             return None;
         }
         queue.waiting.push((stub, forwarded.clone()));
         // SAFETY: one byte to the serving thread's pipe, which stays open until the
-        // queue is closed (under this lock, which we hold).
+        // queue has ended (under this lock, which we hold).
         unsafe { libc::write(forwarder.wake, b"r".as_ptr().cast(), 1) };
     }
     let mut target = forwarded.target.lock().ok()?;
@@ -1275,11 +1277,33 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
         state: RefCell::new(state),
         last_request: Cell::new(0),
         ended: RefCell::new(None),
-        running: RefCell::new(None),
+        jobs: std::cell::OnceCell::new(),
     };
     let _current = CurrentServing::enter(&serving);
+    let ending = serve_requests(&serving, options);
+    // Code still running when the connection ended decides what happens next (its
+    // process's exit, a crash report): it runs to its end.
+    if let Some(jobs) = serving.jobs.get() {
+        jobs.wait_until_idle();
+    }
+    ending
+}
+
+/// The serving loop.
+fn serve_requests(serving: &Serving, options: &ServeOptions) -> Ending {
     let mut first = true;
     loop {
+        // While code runs, the threads' stubs are served too (between requests; every
+        // 100 ms the code's end is looked for, after which the timeouts apply again).
+        if let Some(jobs) = serving.jobs.get().filter(|j| j.busy()) {
+            if !serving.channel.borrow().has_buffered() {
+                match jobs.serve_stubs(serving, 100) {
+                    Err(ending) => return ending,
+                    Ok(false) => continue,
+                    Ok(true) => {}
+                }
+            }
+        }
         let received = serving.channel.borrow_mut().recv();
         let body = match received {
             Ok(body) if first => {
@@ -1306,7 +1330,7 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
             }
             Err(e) => return Ending::Failed(e.to_string()),
         };
-        if let Some(ending) = serve_one(&serving, body) {
+        if let Some(ending) = serve_one(serving, body) {
             return ending;
         }
         if let Some(ending) = serving.ended.borrow_mut().take() {
@@ -1379,8 +1403,8 @@ fn serve_one(serving: &Serving, body: Vec<u8>) -> Option<Ending> {
         };
     }
     if request == Request::Shutdown {
-        if let Some(running) = serving.running.borrow().as_ref() {
-            let busy = if running.main.get() {
+        if let Some(jobs) = serving.jobs.get().filter(|j| j.busy()) {
+            let busy = if jobs.main.load(Ordering::SeqCst) {
                 "main is running"
             } else {
                 "JIT code is running"

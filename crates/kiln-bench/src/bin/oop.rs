@@ -5,7 +5,10 @@
 //! 2. the transport alone: a 64 MiB code image placed in an executor by shared memory and
 //!    by copy over the socket;
 //! 3. over TCP (loopback): `kiln run --connect` of SQLite against an executor that
-//!    authenticates and encrypts (Noise) and one started with `--no-auth`, interleaved.
+//!    authenticates and encrypts (Noise) and one started with `--no-auth`, interleaved;
+//! 4. one request's round trip to a child executor: a lookup (served on the thread that
+//!    reads the connection) and a call of JIT code (run on main's thread, while the
+//!    reading thread serves beside it), interleaved.
 
 use clap::Parser;
 use kiln_bench::sh;
@@ -32,6 +35,9 @@ struct Args {
     /// Only the TCP figure (3).
     #[arg(long)]
     only_tcp: bool,
+    /// Only the round trips (4).
+    #[arg(long)]
+    only_round_trips: bool,
 }
 
 /// A `kiln-executor --listen` for the TCP figure; killed on drop.
@@ -182,6 +188,43 @@ fn verdict(met: bool) -> &'static str {
     }
 }
 
+/// Figure 4: median round trips (µs) of a lookup and of a call of `long f(long)`, over
+/// shared memory to a child executor, `runs` × 200 interleaved.
+fn round_trips(executor: &Path, dir: &Path, runs: usize) -> (f64, f64) {
+    let source = dir.join("add_one.c");
+    std::fs::write(&source, "long add_one(long x) { return x + 1; }\n").unwrap();
+    let object = dir.join("add_one.o");
+    sh(&format!(
+        "cc -O2 -c {} -o {}",
+        source.display(),
+        object.display()
+    ));
+    let spawned = kiln::Executor::spawn(
+        executor,
+        kiln::Transport::SharedMemory,
+        kiln::Timeouts::default(),
+    )
+    .expect("executor");
+    let jit = kiln::Jit::builder().executor(spawned).build().expect("jit");
+    let lib = jit.main_library();
+    jit.link_object(lib, "add_one.o", std::fs::read(&object).unwrap())
+        .expect("link");
+    let f = jit.lookup(lib, "add_one").expect("add_one");
+    let (mut lookups, mut calls) = (Vec::new(), Vec::new());
+    for i in 0..runs * 200 {
+        let t = Instant::now();
+        let found = jit.executor().lookup(0, "malloc").expect("lookup");
+        lookups.push(t.elapsed().as_secs_f64() * 1e6);
+        assert!(found.is_some());
+        let t = Instant::now();
+        // SAFETY: `long add_one(long)`, linked into the executor above.
+        let v = unsafe { jit.executor().call(f, &[i as u64]) }.expect("call");
+        calls.push(t.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(v, i as u64 + 1);
+    }
+    (median(lookups), median(calls))
+}
+
 /// Time to place an `image`-byte code segment in the executor. `warm`: the manager keeps
 /// the pages of freed code (a JIT that replaces code reuses memory); cold: each placement
 /// gets fresh pages, which the kernel must allocate and zero.
@@ -292,6 +335,14 @@ fn main() {
             vec![format!("{d}/script.lua")],
         ),
     ];
+    if args.only_round_trips {
+        let (lookup, call) = round_trips(&executor, &args.dir, args.runs);
+        println!(
+            "lookup {lookup:.1} µs, call {call:.1} µs (+{:.1} µs)",
+            call - lookup
+        );
+        return;
+    }
     if args.only_tcp {
         tcp_figure(&kiln, &executor, &args.dir, &inputs[0].1, args.runs);
         return;
@@ -452,6 +503,12 @@ fn main() {
     }
     let _ = prestarted.kill();
     let _ = prestarted.wait();
+    let (lookup, call) = round_trips(&executor, &args.dir, args.runs);
+    println!(
+        "\none request's round trip to a child executor (shared memory), median of {}: lookup {lookup:.1} µs, call of JIT code {call:.1} µs (+{:.1} µs: the code runs on main's thread)",
+        args.runs * 200,
+        call - lookup
+    );
     tcp_figure(&kiln, &executor, &args.dir, &inputs[0].1, args.runs);
     println!("\ntargets: kiln oop >= 2x faster than llvm-jitlink oop; shm >= 5x faster than copy");
 }
