@@ -146,7 +146,7 @@ benchmarks() {
     "$TARGET"/release/tls_access --iterations 1000000 --runs 1
     "$TARGET"/release/session_scale --modules 200 --churn 2000
     "$TARGET"/release/debug_support --rounds 2 --modules 200 --gdb-modules 50
-    "$TARGET"/release/capi_overhead --rounds 3 --batches 1
+    "$TARGET"/release/capi_overhead --rounds 3 --batches 1 --queries 500 --llvm-rounds 1
     "$TARGET"/release/cache_figures --functions 200 --runs 2
     "$TARGET"/release/link_floor --runs 2 --dir "$TARGET"/link-floor
     "$TARGET"/release/lazy_figures --functions 1000 --runs 1 --calls 1000000 --swap-seconds 0.2
