@@ -162,6 +162,21 @@ benchmarks() {
   echo "figures in $log"
 }
 phase "benchmarks, small workload" benchmarks
+
+# The Python package: built into a wheel by pip from ./python (its C library is the
+# release kiln-capi the benchmarks above built), tested with pytest against objects of
+# the C compiler and of llvmlite, in a virtual environment of Debian's Python under the
+# target directory (nothing is installed on the host's Python).
+python_package() {
+  local venv="$TARGET/python-venv"
+  [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv" || return 1
+  "$venv/bin/pip" install --quiet --disable-pip-version-check ./python pytest llvmlite &&
+    # From elsewhere than the source tree: `import kiln` is the installed wheel's.
+    (cd "$TARGET" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests") &&
+    "$venv/bin/python" python/benchmarks/llvmlite_functions.py --functions 100 --rounds 1 \
+      >>"$LOGS/benchmarks.log"
+}
+phase "Python package (pip install ./python, pytest)" python_package
 phase "the main job (scripts/demo.sh)" bash -c './scripts/demo.sh >/dev/null'
 
 phase "fuzz targets (scripts/fuzz_check.sh)" ./scripts/fuzz_check.sh

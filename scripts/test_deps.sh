@@ -83,6 +83,8 @@ declare -A needs=(
   [/usr/lib/x86_64-linux-gnu/libexpat.so]=libexpat1-dev
   [/usr/lib/python3.11/config-3.11-x86_64-linux-gnu/libpython3.11-pic.a]=libpython3.11-dev
   [/usr/lib/llvm-14/bin/llvm-config]=llvm-14-dev
+  # The Python package's virtual environment (Debian's Python with ensurepip).
+  [/usr/lib/python3.11/ensurepip/__init__.py]=python3.11-venv
   # LLVM 16's C API (LLJIT, target machines) for the LLVM-C -> Kiln example and figure.
   [/usr/lib/llvm-16/include/llvm-c/LLJIT.h]=llvm-16-dev
   # CPython's own test modules, run by a Kiln-linked interpreter (runtime tests).

@@ -1,0 +1,193 @@
+"""The Python package against real objects: the system C compiler's and llvmlite's."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import kiln
+
+LONG_FN = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long)
+
+
+def cc_object(tmp_path: Path, name: str, source: str, *flags: str) -> bytes:
+    c = tmp_path / f"{name}.c"
+    c.write_text(source)
+    o = tmp_path / f"{name}.o"
+    subprocess.run(["cc", "-O2", "-c", *flags, str(c), "-o", str(o)], check=True)
+    return o.read_bytes()
+
+
+def llvmlite_object(name: str, factor: int) -> bytes:
+    """``long name(long x) { return labs(x * factor - 7); }`` built and optimized with
+    llvmlite, emitted by its target machine."""
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    ir = f"""
+    declare i64 @labs(i64)
+    define i64 @{name}(i64 %x) {{
+      %m = mul i64 %x, {factor}
+      %s = sub i64 %m, 7
+      %r = call i64 @labs(i64 %s)
+      ret i64 %r
+    }}
+    """
+    module = llvm.parse_assembly(ir)
+    module.verify()
+    machine = llvm.Target.from_default_triple().create_target_machine(reloc="pic", codemodel="default")
+    return machine.emit_object(module)
+
+
+def test_a_c_object_links_and_runs(tmp_path: Path) -> None:
+    data = cc_object(tmp_path, "twice", "long twice(long x) { return 2 * x; }")
+    with kiln.Session() as session:
+        session.add_object(data, "twice.o")
+        module = session.link()
+        assert module is not None
+        twice = session.lookup_fn("twice", LONG_FN)
+        assert twice(21) == 42
+        assert module.symbol("twice") == session.lookup("twice")
+        module.release()
+
+
+def test_llvmlite_objects_link_call_the_c_library_and_are_removed() -> None:
+    with kiln.Session() as session:
+        session.add_process_symbols()
+        modules = []
+        for i in range(50):
+            session.add_object(llvmlite_object(f"f{i}", i), f"f{i}.o")
+            modules.append(session.link())
+        for i in range(50):
+            assert session.lookup_fn(f"f{i}", LONG_FN)(3) == abs(3 * i - 7)
+        before = session.memory_stats().live_allocations
+        for module in modules:
+            session.remove(module)
+            module.release()
+        assert session.memory_stats().live_allocations < before
+        with pytest.raises(kiln.KilnError) as caught:
+            session.lookup("f3")
+        assert caught.value.status == "undefined symbol"
+        assert "f3" in str(caught.value)
+
+
+def test_bad_input_raises_kiln_errors_naming_what_failed(tmp_path: Path) -> None:
+    with kiln.Session() as session:
+        with pytest.raises(kiln.KilnError) as caught:
+            session.add_object(b"\x7fELF not really", "broken.o")
+        assert "broken.o" in str(caught.value)
+        # A missing symbol fails the link, names the symbol, and leaves the library as before.
+        data = cc_object(tmp_path, "needs", "long missing_fn(long); long needs(long x) { return missing_fn(x); }")
+        session.add_object(data, "needs.o")
+        with pytest.raises(kiln.KilnError) as caught:
+            session.link()
+        assert caught.value.status == "undefined symbol"
+        assert "missing_fn" in str(caught.value)
+        ok = cc_object(tmp_path, "fine", "long fine(long x) { return x + 1; }")
+        session.add_object(ok, "fine.o")
+        session.link()
+        assert session.lookup_fn("fine", LONG_FN)(1) == 2
+    with pytest.raises(kiln.KilnError):
+        session.lookup("fine")  # closed
+
+
+def test_host_functions_and_libraries_resolve(tmp_path: Path) -> None:
+    seen = []
+
+    @ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long)
+    def host(x: int) -> int:
+        seen.append(x)
+        return x * 10
+
+    data = cc_object(
+        tmp_path,
+        "calls_host",
+        "#include <math.h>\nlong host(long); long calls(long x) { return host(x) + (long)sqrt(16.0); }",
+    )
+    with kiln.Session() as session:
+        session.define_symbol("host", ctypes.cast(host, ctypes.c_void_p).value)
+        session.add_library_by_name("m")
+        session.add_process_symbols()
+        session.add_object(data, "calls_host.o")
+        session.link()
+        assert session.lookup_fn("calls", LONG_FN)(4) == 44
+    assert seen == [4]
+
+
+def test_a_link_releases_the_gil(tmp_path: Path) -> None:
+    # SQLite's archive, linked in one call of several milliseconds. With no forced switch
+    # between threads (a switch interval of 1000 s), another Python thread can run during
+    # the call only if the call released the GIL.
+    driver = cc_object(
+        tmp_path,
+        "sqlite_version",
+        "const char *sqlite3_libversion(void); const char *version(void) { return sqlite3_libversion(); }",
+    )
+    ticks = []
+    stop = threading.Event()
+
+    def ticker() -> None:
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0)  # gives the GIL back: the main thread takes it between ticks
+
+    with kiln.Session() as session:
+        session.add_object(driver, "sqlite_version.o")
+        session.add_archive_file("/usr/lib/x86_64-linux-gnu/libsqlite3.a")
+        session.add_library_by_name("m")
+        session.add_process_symbols()
+        interval = sys.getswitchinterval()
+        background = threading.Thread(target=ticker)
+        background.start()
+        sys.setswitchinterval(1000)
+        try:
+            before = len(ticks)
+            session.link()
+            during = len(ticks) - before
+        finally:
+            sys.setswitchinterval(interval)
+            stop.set()
+            background.join()
+        assert during > 0, "no other thread ran during the link"
+        version = ctypes.CFUNCTYPE(ctypes.c_char_p)(session.lookup("version"))
+        assert version().startswith(b"3.")
+
+
+def test_libraries_link_in_parallel_from_threads() -> None:
+    objects = [llvmlite_object(f"g{i}", i) for i in range(40)]
+    with kiln.Session() as session:
+        libraries = [session.create_library(f"lib{t}") for t in range(4)]
+        for library in libraries:
+            session.add_process_symbols(library)
+
+        def worker(t: int) -> None:
+            for i in range(t, 40, 4):
+                session.add_object(objects[i], f"g{i}.o", libraries[t])
+                session.link(libraries[t])
+
+        workers = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        for i in range(40):
+            assert session.lookup_fn(f"g{i}", LONG_FN, libraries[i % 4])(2) == abs(2 * i - 7)
+        # Each library is its own namespace.
+        with pytest.raises(kiln.KilnError):
+            session.lookup("g1", libraries[0])
+
+
+def test_version_and_context_managers() -> None:
+    assert kiln.version()
+    session = kiln.Session()
+    session.close()
+    session.close()
+    with pytest.raises(kiln.KilnError, match="closed"):
+        _ = session.main_library
