@@ -3,6 +3,7 @@
 //! `pkg-config`, and run as they are, under AddressSanitizer (with LeakSanitizer) and
 //! under valgrind — each must pass its own checks with no error and no leak.
 
+use kiln_testkit::run_ok as run;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -15,21 +16,6 @@ fn source(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/c")
         .join(name)
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{text}",
-        out.status
-    );
-    text
 }
 
 /// Installs the library (debug build) once, and compiles the test objects.

@@ -3,23 +3,9 @@
 //! each engine (and its module and context), calls every shader, then frees them all.
 #![cfg(feature = "llvm")]
 
+use kiln_testkit::run_ok as run;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{text}",
-        out.status
-    );
-    text
-}
 
 #[test]
 fn a_thousand_mcjit_engines_disposed_with_their_code_kept_in_kiln() {

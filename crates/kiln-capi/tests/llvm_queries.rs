@@ -6,23 +6,9 @@
 //! disposes it); then links, calls and removes modules in turn. The same program drives
 //! LLVM's own LLJIT through LLVM-C, the comparison `capi_overhead` measures.
 
+use kiln_testkit::run_ok as run;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{text}",
-        out.status
-    );
-    text
-}
 
 /// The program's `RESULT` line as (key, value) pairs.
 fn result(out: &str) -> Vec<(String, String)> {

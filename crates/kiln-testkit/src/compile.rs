@@ -70,3 +70,20 @@ pub fn cc(flags: &[&str], src: &Path, out: &Path) {
         .expect("cc runs");
     assert!(status.success(), "cc {flags:?} {}", src.display());
 }
+
+/// Runs `cmd` to success and returns what it printed (standard output, then error);
+/// panics naming the command, its status and its output otherwise.
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{text}",
+        out.status
+    );
+    text
+}
