@@ -688,7 +688,7 @@ impl CodeJobs {
             *running += 1;
             if *running == 1 {
                 // Threads calling stubs are served from now on.
-                self.forwarder.take(Some(true), false);
+                self.forwarder.open();
             }
             *running == 1
         };
@@ -720,10 +720,7 @@ impl CodeJobs {
         if *running == 0 {
             // No request's code runs: threads that call a stub from now on get the
             // fallback, those still waiting get it now.
-            let failed = crate::lazy_entry::lazy_call_failed_address();
-            for (_, forwarded) in self.forwarder.take(Some(false), false) {
-                forwarded.answer(failed);
-            }
+            self.forwarder.close(false);
             self.idle.notify_all();
         }
     }
@@ -760,7 +757,7 @@ impl CodeJobs {
         let mut sink = [0u8; 64];
         // SAFETY: reads into a local buffer from our non-blocking pipe.
         while unsafe { libc::read(self.wake_read, sink.as_mut_ptr().cast(), sink.len()) } > 0 {}
-        for (stub, forwarded) in self.forwarder.take(None, false) {
+        for (stub, forwarded) in self.forwarder.take() {
             forwarded.answer(resolve_through(serving, stub));
         }
         match serving.ended.borrow_mut().take() {
@@ -776,10 +773,7 @@ impl Drop for CodeJobs {
         if let Ok(mut f) = FORWARDER.lock() {
             *f = None;
         }
-        let failed = crate::lazy_entry::lazy_call_failed_address();
-        for (_, forwarded) in self.forwarder.take(Some(false), true) {
-            forwarded.answer(failed);
-        }
+        self.forwarder.close(true);
         for fd in [self.wake_read, self.forwarder.wake] {
             // SAFETY: our descriptors, closed once; the write end only after the queue
             // ended (under its lock).
@@ -1187,18 +1181,35 @@ struct ForwardQueue {
 }
 
 impl Forwarder {
-    /// Takes what is queued; with `open` `Some`, sets whether more may be queued (for
-    /// good, with `end`).
-    fn take(&self, open: Option<bool>, end: bool) -> Vec<(u64, std::sync::Arc<Forwarded>)> {
-        match self.queue.lock() {
+    /// From now on threads may queue: a request's code runs.
+    fn open(&self) {
+        if let Ok(mut queue) = self.queue.lock() {
+            queue.open = true;
+        }
+    }
+
+    /// Takes what is queued.
+    fn take(&self) -> Vec<(u64, std::sync::Arc<Forwarded>)> {
+        self.queue
+            .lock()
+            .map(|mut queue| std::mem::take(&mut queue.waiting))
+            .unwrap_or_default()
+    }
+
+    /// No thread may queue any more (for good with `end`: the wake-up pipe may then
+    /// close); those waiting get the fallback.
+    fn close(&self, end: bool) {
+        let waiting = match self.queue.lock() {
             Ok(mut queue) => {
-                if let Some(open) = open {
-                    queue.open = open;
-                }
+                queue.open = false;
                 queue.ended |= end;
                 std::mem::take(&mut queue.waiting)
             }
             Err(_) => Vec::new(),
+        };
+        let failed = crate::lazy_entry::lazy_call_failed_address();
+        for (_, forwarded) in waiting {
+            forwarded.answer(failed);
         }
     }
 }
