@@ -17,7 +17,7 @@
 #   /usr/aarch64-linux-gnu) and qemu-user-static are native packages, installed as above.
 #
 # Environment:
-#   KILN_TEST_SKIP_CROSS=1   install nothing for other architectures: AArch64 today, and
+#   KILN_TEST_SKIP_CROSS=1   install nothing for other architectures: AArch64 and RISC-V, and
 #                            the Wine parts when they come (their tests skip and say so)
 #   KILN_SYSROOT_DIR         where private files go (default: $CARGO_TARGET_DIR/sysroot,
 #                            or target/sysroot)
@@ -92,11 +92,15 @@ declare -A needs=(
   # Link-time figures.
   [mold]=mold
 )
-# AArch64 (skipped with KILN_TEST_SKIP_CROSS=1): the cross compiler with its C library
-# (under /usr/aarch64-linux-gnu, which qemu uses as the guest's root) and qemu.
+# AArch64 and RISC-V 64 (skipped with KILN_TEST_SKIP_CROSS=1): the cross compilers with
+# their C libraries (under /usr/TRIPLE, which qemu uses as the guest's root) and qemu.
 declare -A cross_needs=(
   [aarch64-linux-gnu-gcc]=gcc-aarch64-linux-gnu
   [/usr/aarch64-linux-gnu/lib/libc.so]=libc6-dev-arm64-cross
+  # RISC-V 64: the cross compiler and its C library (/usr/riscv64-linux-gnu, the
+  # qemu-riscv64 guest's root).
+  [riscv64-linux-gnu-gcc]=gcc-riscv64-linux-gnu
+  [/usr/riscv64-linux-gnu/lib/libc.so]=libc6-dev-riscv64-cross
   [qemu-aarch64-static]=qemu-user-static
 )
 # Packages the tests need only for their files, and look for under $NATIVE_SYSROOT too:
@@ -119,7 +123,7 @@ add_missing() {
 }
 add_missing needs
 if [ -n "$SKIP_CROSS" ]; then
-  echo "test_deps: KILN_TEST_SKIP_CROSS is set: skipped the AArch64 cross compiler, qemu and Debian's arm64 libraries (${arm64_packages[*]})"
+  echo "test_deps: KILN_TEST_SKIP_CROSS is set: skipped the AArch64 and RISC-V cross compilers, qemu and Debian's arm64 libraries (${arm64_packages[*]})"
 else
   add_missing cross_needs
 fi

@@ -139,6 +139,7 @@ pub(crate) fn undefined_references(
     };
     let architecture = match target {
         kiln::Architecture::Aarch64 => object::Architecture::Aarch64,
+        kiln::Architecture::Riscv64 => object::Architecture::Riscv64,
         kiln::Architecture::X86_64 => object::Architecture::X86_64,
     };
     let mut obj = Object::new(

@@ -17,6 +17,9 @@ pub(crate) enum Target {
     /// AArch64.
     #[value(name = "aarch64", alias = "arm64")]
     Aarch64,
+    /// RISC-V 64 (RV64GC, LP64D).
+    #[value(name = "riscv64", alias = "riscv64gc")]
+    Riscv64,
 }
 
 /// `kiln link` arguments.
@@ -82,11 +85,13 @@ impl LinkContext for OfflineContext {
     }
 
     /// The module's block is the first after the thread control block: at TP + 16 on
-    /// AArch64 (TLS variant I), just below TP on x86-64 (variant II).
+    /// AArch64 (TLS variant I), at TP on RISC-V (variant I, glibc's TCB lies below TP),
+    /// just below TP on x86-64 (variant II).
     fn place_static_tls(&mut self, _: u64, _: &[u8], size: u64, align: u64) -> Result<i64, String> {
         let align = align.max(1);
         Ok(match self.architecture {
             Architecture::Aarch64 => 16u64.next_multiple_of(align) as i64,
+            Architecture::Riscv64 => 0,
             Architecture::X86_64 => -(size.next_multiple_of(align) as i64),
         })
     }
@@ -97,6 +102,7 @@ pub(crate) fn link_only(args: LinkArgs) -> Result<(), String> {
     let architecture = match args.target {
         Some(Target::X86_64) => Architecture::X86_64,
         Some(Target::Aarch64) => Architecture::Aarch64,
+        Some(Target::Riscv64) => Architecture::Riscv64,
         None => Architecture::host(),
     };
     let start = std::time::Instant::now();

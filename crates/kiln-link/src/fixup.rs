@@ -51,7 +51,11 @@ pub(crate) fn write_got(
             }
             Slot::TlsGd(key) => {
                 put(i, tls.module);
-                put(i + 1, resolver.address(key).0);
+                let offset = resolver.address(key).0;
+                put(
+                    i + 1,
+                    offset.wrapping_sub(resolver.linker.arch.dtv_offset()),
+                );
                 i += 2;
             }
             Slot::TlsLd => {
@@ -236,7 +240,8 @@ impl<'l, 'a> Resolver<'l, 'a> {
         }
         let (s, discarded) = self.address(key);
         let mut offset = offset;
-        let mut p = section_addr + offset;
+        // A paired low part's P is its high part's.
+        let mut p = (section_addr + offset).wrapping_add(edge.place_delta as i64 as u64);
         let a = addend as i128;
         let slot_addr =
             |slot: Slot| -> u64 { self.got_base + slots.get(&slot).copied().unwrap_or(0) * 8 };
@@ -299,7 +304,7 @@ impl<'l, 'a> Resolver<'l, 'a> {
                     None => return Err(unsupported_tls("local-exec (in a TLS initializer)")),
                 }
             }
-            Target::DtpOff => s as i128,
+            Target::DtpOff => s as i128 - i128::from(arch.dtv_offset()),
             Target::DtpMod => {
                 return self.write(at, bytes, offset, row, tls.module as i128, key, false)
             }
@@ -307,6 +312,8 @@ impl<'l, 'a> Resolver<'l, 'a> {
                 tls_checked(model)?;
                 return Err(unsupported_tls(model));
             }
+            // Replaced by its partner's row when the edges were decoded.
+            Target::Partner => return Err(err_bad(format!("{} without its high part", row.name))),
         };
         let relative = |t: i128| -> i128 {
             match row.relative {

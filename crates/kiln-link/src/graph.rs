@@ -25,6 +25,9 @@ pub(crate) struct Edge {
     pub(crate) key: SymbolId,
     /// The addend.
     pub(crate) addend: i64,
+    /// Where the formula's place P is, from the patched bytes: 0 but for a low part
+    /// paired with its high part (RISC-V `%pcrel_lo`), whose P is the high part's.
+    pub(crate) place_delta: i32,
 }
 
 /// The edges of one section: a range of [`Edges::all`]. A section may have several

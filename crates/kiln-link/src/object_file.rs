@@ -161,6 +161,9 @@ pub(crate) fn check_header(name: &str, data: &[u8], arch: Architecture) -> Resul
             expected,
         });
     }
+    if arch == Architecture::Riscv64 {
+        check_riscv_abi(name, data)?;
+    }
     let e_type = u16::from_le_bytes([data[16], data[17]]);
     if e_type != elf::ET_REL.0 {
         return Err(LinkError::NotRelocatable {
@@ -169,6 +172,36 @@ pub(crate) fn check_header(name: &str, data: &[u8], arch: Architecture) -> Resul
         });
     }
     Ok(())
+}
+
+/// Checks a RISC-V object's ABI (`e_flags`): Kiln links for Linux's LP64D, whose
+/// floating-point arguments travel in `f` registers; an LP64 (soft-float), LP64F or RV64E
+/// object would pass them elsewhere than the C library expects.
+fn check_riscv_abi(name: &str, data: &[u8]) -> Result<(), LinkError> {
+    let Some(flags) = data.get(48..52) else {
+        return Err(malformed(name, "truncated ELF header"));
+    };
+    let flags = u32::from_le_bytes([flags[0], flags[1], flags[2], flags[3]]);
+    let (float_abi, rve) = (
+        flags & elf::EF_RISCV_FLOAT_ABI,
+        flags & elf::EF_RISCV_RVE.0 != 0,
+    );
+    let abi = if rve {
+        "the RV64E ABI"
+    } else if float_abi == elf::EF_RISCV_FLOAT_ABI_DOUBLE.0 {
+        return Ok(());
+    } else if float_abi == elf::EF_RISCV_FLOAT_ABI_SOFT.0 {
+        "the LP64 (soft-float) ABI"
+    } else if float_abi == elf::EF_RISCV_FLOAT_ABI_SINGLE.0 {
+        "the LP64F ABI"
+    } else {
+        "the LP64Q ABI"
+    };
+    Err(LinkError::WrongArchitecture {
+        object: name.to_string(),
+        found: format!("64-bit little-endian RISC-V with {abi} (compile with -mabi=lp64d)"),
+        expected: Architecture::Riscv64,
+    })
 }
 
 impl<'a> ObjectFile<'a> {
@@ -397,11 +430,10 @@ pub(crate) fn defined_globals(data: &[u8]) -> Vec<Vec<u8>> {
     let machine = data
         .get(18..20)
         .map_or(0, |m| u16::from_le_bytes([m[0], m[1]]));
-    let arch = if machine == Architecture::Aarch64.elf_machine() {
-        Architecture::Aarch64
-    } else {
-        Architecture::X86_64
-    };
+    let arch = [Architecture::Aarch64, Architecture::Riscv64]
+        .into_iter()
+        .find(|a| a.elf_machine() == machine)
+        .unwrap_or(Architecture::X86_64);
     match ObjectFile::parse("", data, arch) {
         Ok(obj) => obj
             .symbols

@@ -334,6 +334,13 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
                 linker.arch.architecture()
             )
         })?;
+        if row.target == crate::arch::Target::Partner {
+            return Err(format!(
+                "add_edge: {kind} takes its value from a partner relocation at a label; \
+                 add the edge its partner computes instead"
+            )
+            .into());
+        }
         let &id = linker
             .global_index
             .get(target.as_bytes())
@@ -374,6 +381,7 @@ impl<'g, 'a, 'c> GraphView<'g, 'a, 'c> {
             row,
             key: SymbolId::Global(id),
             addend,
+            place_delta: 0,
         });
         edges.lists.push(crate::graph::EdgeList {
             section,

@@ -83,8 +83,17 @@ fn object(arch: Architecture, code: &[u8], relocs: &[Reloc], absolutes: &[(&str,
     let machine = match arch {
         Architecture::X86_64 => object::Architecture::X86_64,
         Architecture::Aarch64 => object::Architecture::Aarch64,
+        Architecture::Riscv64 => object::Architecture::Riscv64,
     };
     let mut o = Object::new(BinaryFormat::Elf, machine, Endianness::Little);
+    if arch == Architecture::Riscv64 {
+        // LP64D, the ABI Kiln links for.
+        o.flags = object::FileFlags::Elf {
+            os_abi: object::elf::ELFOSABI_NONE,
+            abi_version: 0,
+            e_flags: object::elf::EF_RISCV_FLOAT_ABI_DOUBLE,
+        };
+    }
     let mut text_bytes = code.to_vec();
     text_bytes.resize(text_bytes.len().max(0x80), 0);
     let text = o.add_section(Vec::new(), b".text".to_vec(), SectionKind::Text);

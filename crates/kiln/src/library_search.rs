@@ -28,6 +28,7 @@ pub fn search_dirs_for(architecture: kiln_link::Architecture) -> Vec<PathBuf> {
     let multiarch = match architecture {
         kiln_link::Architecture::X86_64 => "x86_64-linux-gnu",
         kiln_link::Architecture::Aarch64 => "aarch64-linux-gnu",
+        kiln_link::Architecture::Riscv64 => "riscv64-linux-gnu",
     };
     let mut dirs: Vec<PathBuf> = vec![
         format!("/usr/local/lib/{multiarch}").into(),

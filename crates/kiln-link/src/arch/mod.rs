@@ -1,9 +1,10 @@
 //! The architecture seam: everything the linker knows about one instruction set lives
 //! behind [`Arch`] — one table row per relocation type (what it computes, how its field is
 //! encoded and range-checked, its psABI name), the stub that reaches a far function
-//! through its GOT slot, the trap pattern that fills unused code, and the resolver of TLS
-//! descriptors in static TLS. `x86_64.rs` and `aarch64.rs` are its two implementations;
-//! nothing outside this folder depends on either.
+//! through its GOT slot, the trap pattern that fills unused code, the resolver of TLS
+//! descriptors in static TLS, and how a relocation that takes its value from a partner
+//! (RISC-V's `%pcrel_lo`) is paired. `x86_64.rs`, `aarch64.rs` and `riscv64.rs` are its
+//! implementations; nothing outside this folder depends on any of them.
 
 /// One row of a relocation table, on one line: the type's `object::elf` constant (its
 /// number and its name both come from it; `NUMBER as NAME` for a number `object` has no
@@ -33,6 +34,7 @@ macro_rules! row {
 }
 
 pub(crate) mod aarch64;
+pub(crate) mod riscv64;
 pub(crate) mod x86_64;
 
 use std::fmt;
@@ -44,6 +46,8 @@ pub enum Architecture {
     X86_64,
     /// AArch64 (ARM64), little-endian, ELF psABI for the Arm 64-bit architecture.
     Aarch64,
+    /// RISC-V 64 (RV64GC), the LP64D ABI of Linux, RISC-V ELF psABI.
+    Riscv64,
 }
 
 impl Architecture {
@@ -51,24 +55,28 @@ impl Architecture {
     pub const fn host() -> Architecture {
         if cfg!(target_arch = "aarch64") {
             Architecture::Aarch64
+        } else if cfg!(target_arch = "riscv64") {
+            Architecture::Riscv64
         } else {
             Architecture::X86_64
         }
     }
 
     /// The architecture a target triple names (`aarch64-unknown-linux-gnu`,
-    /// `x86_64-linux-gnu`, `arm64-…`); `None` for one Kiln does not link for.
+    /// `x86_64-linux-gnu`, `arm64-…`, `riscv64-…`); `None` for one Kiln does not link for.
     ///
     /// ```
     /// use kiln_link::Architecture;
     /// assert_eq!(Architecture::from_triple("aarch64-linux-gnu"), Some(Architecture::Aarch64));
-    /// assert_eq!(Architecture::from_triple("riscv64-linux-gnu"), None);
+    /// assert_eq!(Architecture::from_triple("riscv64-linux-gnu"), Some(Architecture::Riscv64));
+    /// assert_eq!(Architecture::from_triple("riscv32-linux-gnu"), None);
     /// ```
     pub fn from_triple(triple: &str) -> Option<Architecture> {
         let arch = triple.split('-').next().unwrap_or("");
         match arch {
             "x86_64" | "amd64" => Some(Architecture::X86_64),
             "aarch64" | "arm64" => Some(Architecture::Aarch64),
+            "riscv64" | "riscv64gc" => Some(Architecture::Riscv64),
             _ => None,
         }
     }
@@ -78,6 +86,7 @@ impl Architecture {
         match self {
             Architecture::X86_64 => object::elf::EM_X86_64.0,
             Architecture::Aarch64 => object::elf::EM_AARCH64.0,
+            Architecture::Riscv64 => object::elf::EM_RISCV.0,
         }
     }
 
@@ -90,6 +99,7 @@ impl Architecture {
         match self {
             Architecture::X86_64 => &x86_64::X86_64,
             Architecture::Aarch64 => &aarch64::Aarch64,
+            Architecture::Riscv64 => &riscv64::Riscv64,
         }
     }
 }
@@ -99,6 +109,7 @@ impl fmt::Display for Architecture {
         f.write_str(match self {
             Architecture::X86_64 => "x86-64",
             Architecture::Aarch64 => "AArch64",
+            Architecture::Riscv64 => "RISC-V",
         })
     }
 }
@@ -137,6 +148,11 @@ pub(crate) enum Target {
     DtpMod,
     /// A form Kiln cannot support for JIT code; the text names the TLS model.
     Unsupported(&'static str),
+    /// Whatever the partner relocation computes: the symbol is a label at an instruction
+    /// whose own relocation (RISC-V's `%pcrel_hi`, `%got_pcrel_hi`, …) gives the value,
+    /// taken relative to that instruction. The link replaces the edge by the row
+    /// [`Arch::pair`] gives, aimed at the partner's target, before anything else reads it.
+    Partner,
 }
 
 /// What the target is taken relative to.
@@ -204,13 +220,68 @@ pub(crate) enum Field {
     /// AArch64 `ADD`/`LDR`/`STR` (unsigned immediate, bits 10..22): the low 12 bits of the
     /// value scaled down by the access size `2^shift`, which they must be a multiple of.
     Lo12 { shift: u8 },
+    /// RISC-V U-type (`LUI`, `AUIPC`): bits 12..32 get the value rounded to the nearest
+    /// 4 KiB, `(v + 0x800) >> 12`, so that a signed 12-bit low part completes it.
+    UType,
+    /// RISC-V I-type (`ADDI`, loads, `JALR`): bits 20..32 get the value's low 12 bits.
+    IType,
+    /// RISC-V S-type (stores): the value's low 12 bits, split over bits 7..12 and 25..32.
+    SType,
+    /// RISC-V B-type (conditional branches): a 13-bit even offset, scattered.
+    BType,
+    /// RISC-V J-type (`JAL`): a 21-bit even offset, scattered.
+    JType,
+    /// RISC-V `AUIPC` + `JALR` (`call`, `tail`): the U-type and I-type halves of one value
+    /// in two consecutive instructions.
+    CallPair,
+    /// RISC-V compressed `C.BEQZ`/`C.BNEZ`: a 9-bit even offset in a 16-bit instruction.
+    CbType,
+    /// RISC-V compressed `C.J`: a 12-bit even offset in a 16-bit instruction.
+    CjType,
+    /// RISC-V compressed `C.LUI`: the U-type value's low 6 bits in a 16-bit instruction.
+    CiLui,
+    /// A data word of 1, 2, 4 or 8 bytes changed in place: the value added to, subtracted
+    /// from or stored in what is there (RISC-V `ADD*`/`SUB*`/`SET*`, which give label
+    /// differences that a relaxing assembler could not compute).
+    InPlace { bytes: u8, op: InPlaceOp },
+    /// The low 6 bits of a byte changed in place (RISC-V `SET6`/`SUB6`: DWARF's
+    /// `DW_CFA_advance_loc` operand); the top two bits are kept.
+    Low6 { op: InPlaceOp },
+    /// A ULEB128 number changed in place, in as many bytes as it already has (RISC-V
+    /// `SET_ULEB128`/`SUB_ULEB128`).
+    Uleb128 { op: InPlaceOp },
+}
+
+/// What an in-place field does with the value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InPlaceOp {
+    /// Adds it to what is there.
+    Add,
+    /// Subtracts it from what is there.
+    Sub,
+    /// Replaces what is there.
+    Set,
+}
+
+impl InPlaceOp {
+    fn apply(self, old: u64, value: u64) -> u64 {
+        match self {
+            InPlaceOp::Add => old.wrapping_add(value),
+            InPlaceOp::Sub => old.wrapping_sub(value),
+            InPlaceOp::Set => value,
+        }
+    }
 }
 
 impl Field {
     /// Bytes the field covers.
     pub(crate) fn len(self) -> u64 {
         match self {
-            Field::Word(n) => u64::from(n),
+            Field::Word(n) | Field::InPlace { bytes: n, .. } => u64::from(n),
+            Field::CallPair => 8,
+            Field::CbType | Field::CjType | Field::CiLui => 2,
+            // At least one byte; the number's end is found as it is written.
+            Field::Low6 { .. } | Field::Uleb128 { .. } => 1,
             _ => 4,
         }
     }
@@ -247,11 +318,24 @@ impl Relocation {
         }
     }
 
-    /// Whether this is a non-PIC absolute reference that only fits in the low 2 GiB.
+    /// Whether this is a non-PIC absolute reference that only fits in the low 2 (or 4)
+    /// GiB: a 32-bit word, or RISC-V's `LUI`.
     pub(crate) fn needs_low_memory(&self) -> bool {
         self.target == Target::Symbol
             && self.relative == Relative::Absolute
-            && matches!(self.field, Field::Word(4))
+            && self.check != Check::None
+            && self.check.bits() == 32
+    }
+
+    /// Whether the checked value is the one rounded to 4 KiB that a U-type instruction
+    /// holds (`v + 0x800`): a RISC-V high part, a `call`, or a low part checked as its
+    /// high partner is.
+    pub(crate) fn rounds_to_page(&self) -> bool {
+        match self.field {
+            Field::UType | Field::CallPair | Field::CiLui => true,
+            Field::IType | Field::SType => self.check != Check::None,
+            _ => false,
+        }
     }
 }
 
@@ -272,10 +356,27 @@ pub(crate) fn encode(
     value: i128,
     bytes: &mut [u8],
 ) -> Result<(), EncodeError> {
-    if !check.accepts(value) {
+    // A U-type high part is the value rounded to 4 KiB: that is what must fit.
+    let checked = if matches!(
+        field,
+        Field::UType | Field::CallPair | Field::CiLui | Field::IType | Field::SType
+    ) && check != Check::None
+    {
+        value + 0x800
+    } else {
+        value
+    };
+    if !check.accepts(checked) {
         return Err(EncodeError::Range);
     }
     let v = value as u64;
+    let even = |bits: u64| -> Result<u64, EncodeError> {
+        if bits & 1 != 0 {
+            Err(EncodeError::Misaligned(2))
+        } else {
+            Ok(bits)
+        }
+    };
     match field {
         Field::Word(8) => bytes[..8].copy_from_slice(&v.to_le_bytes()),
         Field::Word(4) => bytes[..4].copy_from_slice(&(v as u32).to_le_bytes()),
@@ -308,6 +409,90 @@ pub(crate) fn encode(
         Field::Movw { group } => {
             let imm = (v >> (16 * u32::from(group))) as u32 & 0xffff;
             insert(bytes, 5, 16, imm);
+        }
+        Field::UType => insert(bytes, 12, 20, (v.wrapping_add(0x800) >> 12) as u32),
+        Field::IType => insert(bytes, 20, 12, v as u32),
+        Field::SType => {
+            insert(bytes, 7, 5, v as u32);
+            insert(bytes, 25, 7, (v >> 5) as u32);
+        }
+        Field::BType => {
+            let v = even(v)?;
+            insert(bytes, 8, 4, (v >> 1) as u32);
+            insert(bytes, 25, 6, (v >> 5) as u32);
+            insert(bytes, 7, 1, (v >> 11) as u32);
+            insert(bytes, 31, 1, (v >> 12) as u32);
+        }
+        Field::JType => {
+            let v = even(v)?;
+            insert(bytes, 21, 10, (v >> 1) as u32);
+            insert(bytes, 20, 1, (v >> 11) as u32);
+            insert(bytes, 12, 8, (v >> 12) as u32);
+            insert(bytes, 31, 1, (v >> 20) as u32);
+        }
+        Field::CallPair => {
+            insert(bytes, 12, 20, (v.wrapping_add(0x800) >> 12) as u32);
+            insert(&mut bytes[4..], 20, 12, v as u32);
+        }
+        Field::CbType => {
+            let v = even(v)?;
+            // offset[8|4:3] in bits 12|11:10, offset[7:6|2:1|5] in bits 6:5|4:3|2.
+            let bit = |n: u32| ((v >> n) & 1) as u16;
+            let mut half = u16::from_le_bytes([bytes[0], bytes[1]]) & !0b1_1100_0111_1100;
+            half |= bit(8) << 12 | bit(4) << 11 | bit(3) << 10;
+            half |= bit(7) << 6 | bit(6) << 5 | bit(2) << 4 | bit(1) << 3 | bit(5) << 2;
+            bytes[..2].copy_from_slice(&half.to_le_bytes());
+        }
+        Field::CjType => {
+            let v = even(v)?;
+            // offset[11|4|9:8|10|6|7|3:1|5] in bits 12..2.
+            let bit = |n: u32| ((v >> n) & 1) as u16;
+            let mut half = u16::from_le_bytes([bytes[0], bytes[1]]) & !0b1_1111_1111_1100;
+            half |= bit(11) << 12 | bit(4) << 11 | bit(9) << 10 | bit(8) << 9 | bit(10) << 8;
+            half |= bit(6) << 7 | bit(7) << 6 | bit(3) << 5 | bit(2) << 4 | bit(1) << 3;
+            half |= bit(5) << 2;
+            bytes[..2].copy_from_slice(&half.to_le_bytes());
+        }
+        Field::CiLui => {
+            // nzimm[17] in bit 12, nzimm[16:12] in bits 6:2; 0 is not a C.LUI.
+            let hi = v.wrapping_add(0x800) >> 12;
+            if hi & 0x3f == 0 {
+                return Err(EncodeError::Range);
+            }
+            let mut half = u16::from_le_bytes([bytes[0], bytes[1]]) & !0b1_0000_0111_1100;
+            half |= (((hi >> 5) & 1) as u16) << 12 | ((hi & 0x1f) as u16) << 2;
+            bytes[..2].copy_from_slice(&half.to_le_bytes());
+        }
+        Field::InPlace { bytes: n, op } => {
+            let n = usize::from(n);
+            let mut word = [0u8; 8];
+            word[..n].copy_from_slice(&bytes[..n]);
+            let new = op.apply(u64::from_le_bytes(word), v).to_le_bytes();
+            bytes[..n].copy_from_slice(&new[..n]);
+        }
+        Field::Low6 { op } => {
+            let new = op.apply(u64::from(bytes[0] & 0x3f), v) as u8;
+            bytes[0] = (bytes[0] & 0xc0) | (new & 0x3f);
+        }
+        Field::Uleb128 { op } => {
+            // The number keeps its length: its last byte is the first without bit 7.
+            let len = bytes
+                .iter()
+                .position(|b| b & 0x80 == 0)
+                .ok_or(EncodeError::Range)?
+                + 1;
+            let mut old = 0u64;
+            for (i, b) in bytes[..len].iter().enumerate().take(10) {
+                old |= u64::from(b & 0x7f) << (7 * i);
+            }
+            let mut new = op.apply(old, v);
+            for (i, b) in bytes[..len].iter_mut().enumerate() {
+                *b = (new & 0x7f) as u8 | if i + 1 < len { 0x80 } else { 0 };
+                new >>= 7;
+            }
+            if new != 0 {
+                return Err(EncodeError::Range);
+            }
         }
     }
     Ok(())
@@ -377,6 +562,18 @@ pub(crate) trait Arch: Sync {
     fn reaches(&self, row: &Relocation, direct: i128, s: u64, a: i64, p: u64) -> bool {
         let _ = (s, a, p);
         row.check.accepts(direct)
+    }
+    /// The row a relocation whose target is [`Target::Partner`] (`lo`) becomes when its
+    /// partner is `hi`: the partner's target, taken relative to the partner's place,
+    /// written in `lo`'s field. `None` if `hi` cannot be its partner.
+    fn pair(&self, lo: &Relocation, hi: &Relocation) -> Option<&'static Relocation> {
+        let _ = (lo, hi);
+        None
+    }
+    /// What a thread-local's offset in its block is biased by in the GOT and in debug
+    /// information (`DTPOFF`): glibc's `TLS_DTV_OFFSET`, 0x800 on RISC-V, else 0.
+    fn dtv_offset(&self) -> u64 {
+        0
     }
     /// Rewrites an instruction so it no longer goes through a GOT entry, when the psABI
     /// allows it (x86-64 `GOTPCRELX`): returns the new relocation to apply at the new

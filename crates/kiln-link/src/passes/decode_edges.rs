@@ -67,6 +67,7 @@ fn decode_on_every_core(
         row,
         key: crate::symbols::SymbolId::Global(0),
         addend: 0,
+        place_delta: 0,
     };
     let mut all = Vec::with_capacity(relocations);
     all.par_extend(rayon::iter::repeat_n(placeholder, relocations));
@@ -188,11 +189,16 @@ fn decode_object(
             if row.target == Target::Nothing {
                 continue;
             }
+            if row.target == Target::Partner {
+                edges.push(paired(linker, oi, target, relas, rela, row)?);
+                continue;
+            }
             edges.push(Edge {
                 offset,
                 row,
                 key,
                 addend: rela.r_addend.get(LE),
+                place_delta: 0,
             });
         }
         lists.push(EdgeList {
@@ -205,4 +211,66 @@ fn decode_object(
         });
     }
     Ok(())
+}
+
+/// The edge of a low part that takes its value from a partner (RISC-V `%pcrel_lo`): its
+/// symbol is a label at the high part's instruction, in the same section, whose
+/// relocation gives the target; the edge computes that target relative to the label and
+/// writes the low part. The low part's own addend is ignored, as by other linkers.
+fn paired(
+    linker: ResolvedSymbols<'_, '_>,
+    oi: usize,
+    section: u32,
+    relas: &[object::elf::Rela64<object::LittleEndian>],
+    lo: &object::elf::Rela64<object::LittleEndian>,
+    lo_row: &'static crate::arch::Relocation,
+) -> Result<Edge, LinkError> {
+    let obj = &linker.objs[oi];
+    let offset = lo.r_offset.get(LE);
+    let label = obj.symbols.get(lo.r_sym(LE, false) as usize);
+    let fail = |what: String| LinkError::BadRelocation {
+        object: obj.name.to_string(),
+        section: lossy(obj.sections[section as usize].name),
+        offset,
+        what: format!("{} {what}", lo_row.name),
+    };
+    let Some(label) = label else {
+        return Err(fail("refers to a symbol the object does not have".into()));
+    };
+    if label.section != crate::object_file::SymSection::Section(section) {
+        return Err(fail(format!(
+            "refers to '{}', which is not a label in this section: its high part must be",
+            lossy(label.name)
+        )));
+    }
+    let at = label.value;
+    // Compilers write relocations in offset order: a binary search finds the partner;
+    // a hand-made object in another order is searched whole.
+    let start = relas.partition_point(|r| r.r_offset.get(LE) < at);
+    let candidates = relas[start..]
+        .iter()
+        .take_while(|r| r.r_offset.get(LE) == at)
+        .chain(relas.iter().filter(|r| r.r_offset.get(LE) == at));
+    for hi in candidates {
+        let Some(hi_row) = linker.arch.relocation(hi.r_type(LE, false).0) else {
+            continue;
+        };
+        let Some(row) = linker.arch.pair(lo_row, hi_row) else {
+            continue;
+        };
+        let place_delta = i32::try_from(at as i64 - offset as i64)
+            .map_err(|_| fail(format!("is more than 2 GiB from its high part at {at:#x}")))?;
+        return Ok(Edge {
+            offset,
+            row,
+            key: linker.key(oi as u32, hi.r_sym(LE, false)),
+            addend: hi.r_addend.get(LE),
+            place_delta,
+        });
+    }
+    Err(fail(format!(
+        "refers to '{}' at {at:#x}, where no high part it can pair with is (a %pcrel_hi, \
+         %got_pcrel_hi, %tls_ie_pcrel_hi, %tls_gd_pcrel_hi or %tlsdesc_hi relocation)",
+        lossy(label.name)
+    )))
 }
