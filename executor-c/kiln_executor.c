@@ -53,8 +53,11 @@
 #define TRIPLE "aarch64-unknown-linux-gnu"
 #elif defined(__x86_64__)
 #define TRIPLE "x86_64-unknown-linux-gnu"
+#elif defined(__riscv) && __riscv_xlen == 64
+#define TRIPLE "riscv64-unknown-linux-gnu"
+#include <sys/cachectl.h>
 #else
-#error "kiln-executor-c knows the triples of AArch64 and x86-64"
+#error "kiln-executor-c knows the triples of AArch64, x86-64 and RISC-V 64"
 #endif
 
 /* Message tags (docs/PROTOCOL.md). */
@@ -345,6 +348,10 @@ static void sync_icache(uintptr_t start, uintptr_t end) {
     for (uintptr_t a = start & ~(iline - 1); a < end; a += iline)
         __asm__ volatile("ic ivau, %0" ::"r"(a) : "memory");
     __asm__ volatile("dsb ish\n\tisb" ::: "memory");
+#elif defined(__riscv)
+    /* glibc's wrapper of the riscv_flush_icache system call: every hart that runs a
+       thread of this process fences its instruction fetches (flags 0: all threads). */
+    __riscv_flush_icache((void *)start, (void *)end, 0);
 #else
     __builtin___clear_cache((char *)start, (char *)end);
 #endif

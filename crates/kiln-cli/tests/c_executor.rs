@@ -1,8 +1,9 @@
 //! The executor written in C (`executor-c/`), from docs/PROTOCOL.md alone: built for
-//! AArch64 with `aarch64-linux-gnu-gcc` and run under `qemu-aarch64-static`, `kiln run
-//! --connect` links on x86-64 and the program runs on AArch64 — the test programs and
-//! Debian's arm64 zlib, SQLite and Lua, each checked against the same program linked
-//! natively for AArch64 and run under qemu. Built for this machine too, it answers
+//! AArch64 and RISC-V 64 with their cross compilers and run under qemu, `kiln run
+//! --connect` links on x86-64 and the program runs on the other architecture — the test
+//! programs, Debian's arm64 zlib, SQLite and Lua, and on RISC-V the same three compiled
+//! from the C sources crates carry, each checked against the same program linked
+//! natively for that architecture and run under qemu. Built for this machine too, it answers
 //! malformed messages without dying. The guest's C library is the cross compiler's
 //! (qemu's `-L /usr/aarch64-linux-gnu`); Debian's arm64 libraries come from the private
 //! sysroot scripts/test_deps.sh fills. `KILN_TEST_SKIP_CROSS=1` skips the AArch64 tests.
@@ -85,53 +86,125 @@ fn native_executor() -> PathBuf {
         .clone()
 }
 
-/// The AArch64 executor under qemu, started for one test (each connection is served by a
-/// process of its own); the binary is built once per test process.
+/// A foreign architecture the programs run on under qemu: its cross compiler, its qemu,
+/// and the guest's root (the cross compiler's C library, the one programs are linked
+/// against: qemu's `-L`).
+#[derive(Clone, Copy)]
+struct Guest {
+    name: &'static str,
+    gcc: &'static str,
+    qemu: &'static str,
+    root: &'static str,
+}
+
+const AARCH64: Guest = Guest {
+    name: "aarch64",
+    gcc: "aarch64-linux-gnu-gcc",
+    qemu: "qemu-aarch64-static",
+    root: kiln_testkit::AARCH64_GUEST_ROOT,
+};
+
+const RISCV64: Guest = Guest {
+    name: "riscv64",
+    gcc: "riscv64-linux-gnu-gcc",
+    qemu: "qemu-riscv64-static",
+    root: "/usr/riscv64-linux-gnu",
+};
+
+impl Guest {
+    /// The executor under qemu, started for one test (each connection is served by a
+    /// process of its own); the binary is built once per test process.
+    fn executor(self) -> Executor {
+        static BINARIES: OnceLock<std::sync::Mutex<Vec<(&'static str, PathBuf)>>> = OnceLock::new();
+        let binary = {
+            let mut built = BINARIES.get_or_init(Default::default).lock().unwrap();
+            match built.iter().find(|(name, _)| *name == self.name) {
+                Some((_, binary)) => binary.clone(),
+                None => {
+                    let binary =
+                        build_executor(&format!("kiln-executor-c-{}", self.name), self.gcc);
+                    built.push((self.name, binary.clone()));
+                    binary
+                }
+            }
+        };
+        start(Command::new(self.qemu).args(["-L", self.root]).arg(binary))
+    }
+
+    /// Compiles each of `sources` with `flags` into `dir`, all at once.
+    fn compile_all(self, dir: &Path, sources: &[PathBuf], flags: &[&str]) -> Vec<PathBuf> {
+        let jobs: Vec<(PathBuf, std::process::Child)> = sources
+            .iter()
+            .map(|source| {
+                let stem = source.file_stem().unwrap().to_string_lossy();
+                let out = dir.join(format!("{stem}.o"));
+                let child = Command::new(self.gcc)
+                    .args(flags)
+                    .arg("-c")
+                    .arg(source)
+                    .arg("-o")
+                    .arg(&out)
+                    .spawn()
+                    .unwrap();
+                (out, child)
+            })
+            .collect();
+        jobs.into_iter()
+            .zip(sources)
+            .map(|((out, mut child), source)| {
+                let status = child.wait().unwrap();
+                assert!(
+                    status.success(),
+                    "{} {flags:?} {}",
+                    self.gcc,
+                    source.display()
+                );
+                out
+            })
+            .collect()
+    }
+
+    /// Compiles a program of tests/programs.
+    fn compile(self, dir: &Path, program: &str, flags: &[&str]) -> PathBuf {
+        let source = repo().join("tests/programs").join(program);
+        self.compile_all(dir, &[source], flags).remove(0)
+    }
+
+    /// Links `inputs` natively (`libs` as the driver takes them) and runs the result
+    /// under qemu with `args`.
+    fn native_run(self, dir: &Path, inputs: &[PathBuf], libs: &[&str], args: &[&str]) -> Output {
+        let exe = dir.join("native");
+        let status = Command::new(self.gcc)
+            .args(inputs)
+            .args(libs)
+            .arg("-o")
+            .arg(&exe)
+            .status()
+            .unwrap();
+        assert!(status.success(), "native link of {inputs:?}");
+        Command::new(self.qemu)
+            .args(["-L", self.root])
+            .arg(&exe)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
 fn aarch64_executor() -> Executor {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    let binary =
-        BINARY.get_or_init(|| build_executor("kiln-executor-c-aarch64", "aarch64-linux-gnu-gcc"));
-    // The cross compiler's C library serves as the guest's.
-    start(
-        Command::new("qemu-aarch64-static")
-            .args(["-L", kiln_testkit::AARCH64_GUEST_ROOT])
-            .arg(binary),
-    )
+    AARCH64.executor()
 }
 
+/// An AArch64 object of a program of tests/programs, with the arm64 sysroot's headers.
 fn cross_compile(dir: &Path, source: &str, flags: &[&str]) -> PathBuf {
-    let out = dir.join(format!("{}.o", source.trim_end_matches(".c")));
-    let status = Command::new("aarch64-linux-gnu-gcc")
-        .args(flags)
-        .args(kiln_testkit::aarch64_includes())
-        .arg("-c")
-        .arg(repo().join("tests/programs").join(source))
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .unwrap();
-    assert!(status.success(), "aarch64-linux-gnu-gcc {flags:?} {source}");
-    out
+    let includes = kiln_testkit::aarch64_includes();
+    let mut flags = flags.to_vec();
+    flags.extend(includes.iter().map(String::as_str));
+    AARCH64.compile(dir, source, &flags)
 }
 
-/// Links `inputs` natively for AArch64 (`libs` as the driver takes them) and runs the
-/// result under qemu with `args`.
 fn native_run(dir: &Path, inputs: &[PathBuf], libs: &[&str], args: &[&str]) -> Output {
-    let exe = dir.join("native");
-    let status = Command::new("aarch64-linux-gnu-gcc")
-        .args(inputs)
-        .args(libs)
-        .arg("-o")
-        .arg(&exe)
-        .status()
-        .unwrap();
-    assert!(status.success(), "native link of {inputs:?}");
-    Command::new("qemu-aarch64-static")
-        .args(["-L", kiln_testkit::AARCH64_GUEST_ROOT])
-        .arg(&exe)
-        .args(args)
-        .output()
-        .unwrap()
+    AARCH64.native_run(dir, inputs, libs, args)
 }
 
 fn kiln_run(port: u16, inputs: &[PathBuf], libs: &[&str], args: &[&str]) -> Output {
@@ -413,6 +486,168 @@ fn the_c_executor_runs_x86_64_programs_too() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("ExportSymbols") && stderr.contains("--no-export-dynamic"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn test_programs_run_on_riscv64_as_natively() {
+    if kiln_testkit::skip_cross("test_programs_run_on_riscv64_as_natively") {
+        return;
+    }
+    let executor = RISCV64.executor();
+    let port = executor.port;
+    // gcc's code models: medany (its default, PIE), medlow (PIE, and non-PIC with
+    // everything in the low 2 GiB), and PIC.
+    for (label, flags) in [
+        ("O0-medany", &["-O0", "-fcommon"][..]),
+        ("O2-pic", &["-O2", "-fPIC", "-fcommon"]),
+        (
+            "O2-medlow-pie",
+            &["-O2", "-fPIE", "-mcmodel=medlow", "-fcommon"],
+        ),
+    ] {
+        let dir = tmp().join(format!("riscv64-relocs-{label}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let objects = vec![
+            RISCV64.compile(&dir, "relocs.c", flags),
+            RISCV64.compile(&dir, "relocs_other.c", flags),
+        ];
+        let native = RISCV64.native_run(&dir, &objects, &[], &[]);
+        let kiln = kiln_run(port, &objects, &[], &[]);
+        assert_same(&format!("riscv64 relocs {label}"), &native, &kiln);
+    }
+    // Non-PIC medlow code: 32-bit absolute addresses (lui/addi) of its data, which the
+    // session places in the low 2 GiB; natively a non-PIE executable.
+    let dir = tmp().join("riscv64-nopic-medlow");
+    std::fs::create_dir_all(&dir).unwrap();
+    let objects = vec![RISCV64.compile(&dir, "nopic.c", &["-O2", "-fno-pic", "-mcmodel=medlow"])];
+    let native = RISCV64.native_run(&dir, &objects, &["-no-pie"], &[]);
+    let kiln = kiln_run(port, &objects, &[], &[]);
+    assert_same("riscv64 nopic medlow", &native, &kiln);
+}
+
+/// zlib, SQLite and Lua compiled for RISC-V from the C sources that crates on the
+/// registry carry (tests/c-sources), each with its driver program.
+#[test]
+fn zlib_sqlite_and_lua_from_source_run_on_riscv64_as_natively() {
+    if kiln_testkit::skip_cross("zlib_sqlite_and_lua_from_source_run_on_riscv64_as_natively") {
+        return;
+    }
+    let executor = RISCV64.executor();
+    let port = executor.port;
+    let script = repo().join("tests/programs/script.lua");
+    let script = script.to_str().unwrap();
+    let zlib = kiln_testkit::c_sources("libz-sys").join("src/zlib");
+    let sqlite = kiln_testkit::c_sources("libsqlite3-sys").join("sqlite3");
+    let lua = kiln_testkit::c_sources("lua-src").join("lua-5.4.8");
+    let c_files = |dir: &Path, skip: &[&str]| -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "c"))
+            .filter(|p| !skip.iter().any(|s| p.file_name().is_some_and(|n| n == *s)))
+            .collect();
+        files.sort();
+        files
+    };
+    let include = |dir: &Path| format!("-I{}", dir.display());
+    for (name, sources, flags, libs, args) in [
+        (
+            "zlib",
+            c_files(&zlib, &[]),
+            vec!["-O2".into(), "-DHAVE_UNISTD_H".into(), include(&zlib)],
+            &[][..],
+            &[][..],
+        ),
+        (
+            "sqlite",
+            vec![sqlite.join("sqlite3.c")],
+            // -O0: the amalgamation takes 6 s to compile so, 17 s at -O1.
+            vec!["-O0".to_string(), include(&sqlite)],
+            &["-lm"][..],
+            &[][..],
+        ),
+        (
+            "lua",
+            c_files(&lua, &["lua.c", "luac.c", "onelua.c"]),
+            vec![
+                "-O2".into(),
+                "-fPIC".into(),
+                "-DLUA_USE_LINUX".into(),
+                include(&lua),
+            ],
+            &["-lm"][..],
+            &[script][..],
+        ),
+    ] {
+        let dir = tmp().join(format!("riscv64-{name}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let mut inputs = RISCV64.compile_all(&dir, &sources, &flags);
+        inputs.push(RISCV64.compile(&dir, &format!("{name}_driver.c"), &flags));
+        let native = RISCV64.native_run(&dir, &inputs, libs, args);
+        let kiln = kiln_run(port, &inputs, libs, args);
+        assert_same(&format!("riscv64 {name}"), &native, &kiln);
+    }
+}
+
+#[test]
+fn exit_crash_and_wrong_objects_on_riscv64() {
+    if kiln_testkit::skip_cross("exit_crash_and_wrong_objects_on_riscv64") {
+        return;
+    }
+    let executor = RISCV64.executor();
+    let port = executor.port;
+    let dir = tmp().join("riscv64-exit-and-crash");
+    std::fs::create_dir_all(&dir).unwrap();
+    let object = vec![RISCV64.compile(&dir, "exit_and_crash.c", &["-O2"])];
+    for (how, status) in [("return", 3), ("exit", 7), ("crash", 139)] {
+        let out = kiln_run(port, &object, &[], &[how]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(status), "{how}: {stderr}");
+        assert!(
+            stdout.contains(&format!("ending by {how}")),
+            "{how}: {stdout}"
+        );
+        assert!(stderr.contains("a line on stderr"), "{how}: {stderr}");
+        if how == "crash" {
+            assert!(stderr.contains("SIGSEGV"), "{stderr}");
+        }
+    }
+    // An AArch64 object, and a RISC-V one of the soft-float ABI: errors naming them.
+    let arm = AARCH64.compile(&dir, "exit_and_crash.c", &["-O2"]);
+    let out = kiln_run(port, &[arm], &[], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("exit_and_crash.o")
+            && stderr.contains("AArch64")
+            && stderr.contains("RISC-V"),
+        "{stderr}"
+    );
+    let soft_dir = dir.join("soft-float");
+    std::fs::create_dir_all(&soft_dir).unwrap();
+    // (No C library header: the cross compiler's are for LP64D only.)
+    let source = soft_dir.join("soft_float.c");
+    std::fs::write(
+        &source,
+        "double half(double x) { return x / 2; }\nint main(void) { return 0; }\n",
+    )
+    .unwrap();
+    let soft = RISCV64
+        .compile_all(
+            &soft_dir,
+            &[source],
+            &["-O2", "-march=rv64imac", "-mabi=lp64"],
+        )
+        .remove(0);
+    let out = kiln_run(port, &[soft], &[], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("soft_float.o") && stderr.contains("LP64 (soft-float)"),
         "{stderr}"
     );
 }

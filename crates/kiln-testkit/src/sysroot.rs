@@ -55,7 +55,7 @@ pub fn skip_cross(test: &str) -> bool {
         use std::io::Write;
         let _ = writeln!(
             std::io::stderr(),
-            "{test}: skipped: KILN_TEST_SKIP_CROSS is set (no AArch64 cross compiler, qemu \
+            "{test}: skipped: KILN_TEST_SKIP_CROSS is set (no AArch64 or RISC-V cross compiler, qemu \
              or arm64 libraries)"
         );
     }
@@ -138,4 +138,47 @@ pub fn python_tests_env() -> Vec<(String, PathBuf)> {
         .expect("test_json lies in lib/test")
         .to_path_buf();
     vec![("PYTHONPATH".into(), lib)]
+}
+
+/// The unpacked source of `package` (`libsqlite3-sys`, `lua-src`, `libz-sys`), one of the
+/// crates tests/c-sources/Cargo.toml names for the C they carry: fetched by
+/// scripts/test_deps.sh (`cargo fetch`), found here with `cargo metadata --offline`.
+pub fn c_sources(package: &str) -> PathBuf {
+    let manifest = repository().join("tests/c-sources/Cargo.toml");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "cargo metadata of {}: {} (run scripts/test_deps.sh, which fetches the C sources)",
+        manifest.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The package's `"manifest_path":".../PACKAGE-VERSION/Cargo.toml"`, read without a
+    // JSON parser: the testkit has no dependencies.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let dir = text
+        .split("\"manifest_path\":\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .map(|path| Path::new(path).parent().map(Path::to_path_buf))
+        .find_map(|dir| {
+            dir.filter(|d| {
+                d.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    n.strip_prefix(package)
+                        .and_then(|v| v.strip_prefix('-'))
+                        .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()))
+                })
+            })
+        });
+    dir.unwrap_or_else(|| panic!("{package} is not among {}'s packages", manifest.display()))
 }
