@@ -1,19 +1,20 @@
 /*
  * kiln-executor-c: a Kiln executor written in C from docs/PROTOCOL.md alone, for targets
- * where Rust is not available (here: AArch64 under qemu-user, built with
- * aarch64-linux-gnu-gcc). It serves the copy transport over TCP, plaintext, on a loopback
+ * where Rust is not available (here: AArch64 and RISC-V 64 under qemu-user, built with
+ * aarch64-linux-gnu-gcc and riscv64-linux-gnu-gcc). It serves the copy transport over TCP, plaintext, on a loopback
  * address:
  *
  *   kiln-executor-c --listen 127.0.0.1:PORT     (PORT 0: any; the address is printed)
  *
  * and each connection in a forked process of its own. It implements Reserve, Prepare,
  * Initialize (permissions, then the instruction cache made coherent: DC CVAU / IC IVAU with
- * the line sizes of CTR_EL0 on AArch64), Deinitialize, Release, Write, Read, Lookup,
+ * the line sizes of CTR_EL0 on AArch64, __riscv_flush_icache on RISC-V), Deinitialize, Release, Write, Read, Lookup,
  * LookupMany, LoadLibrary, RegisterEhFrame, DeregisterEhFrame, RunInitializers,
  * RunFinalizers, RunMain (the program's output forwarded as Output messages, its input
  * taken from Input messages, exit() and fatal signals reported), Call, Input and
- * Shutdown. Thread-local storage, exports, stdio adoption and debug outputs are answered
- * with an Error naming the request.
+ * Shutdown, thread-local storage (every module's block in static TLS, and an
+ * __tls_get_addr of its own that finds them) and exports (ExportSymbols). Stdio adoption
+ * and debug outputs are answered with an Error naming the request.
  *
  * Code memory is dual-mapped, as Kiln's own executor does it: a memfd mapped twice, the
  * target view with the final permission of each page (never writable and executable) and
@@ -67,18 +68,14 @@ enum {
     T_REGISTER_EH_FRAME = 10, T_DEREGISTER_EH_FRAME = 11, T_RUN_INITIALIZERS = 12,
     T_RUN_FINALIZERS = 13, T_RUN_MAIN = 17, T_CALL = 18, T_SHUTDOWN = 19,
     T_LOOKUP_MANY = 20, T_INPUT = 24, T_SET_ENVIRONMENT = 30, T_GUARD_BRANCH_TARGETS = 31,
+    T_RESERVE_TLS_MODULE = 14, T_INSTALL_TLS = 15, T_REMOVE_TLS = 16, T_PLACE_STATIC_TLS = 21,
+    T_EXPORT_SYMBOLS = 22, T_UNEXPORT_SYMBOLS = 23,
     A_OK = 100, A_VALUE = 101, A_RESERVED = 102, A_BYTES = 103, A_SYMBOL = 104,
     A_ERROR = 105, A_CRASHED = 106, A_SYMBOLS = 107, A_EXITED = 108, A_OUTPUT = 109,
 };
 
 static const char *request_name(int tag) {
     switch (tag) {
-    case 14: return "ReserveTlsModule (thread-local storage)";
-    case 15: return "InstallTls (thread-local storage)";
-    case 16: return "RemoveTls (thread-local storage)";
-    case 21: return "PlaceStaticTls (thread-local storage)";
-    case 22: return "ExportSymbols (making the program's definitions visible to libraries it loads: run kiln run with --no-export-dynamic)";
-    case 23: return "UnexportSymbols";
     case 25: return "AdoptStdio";
     case 26: return "EnableDebugOutputs";
     case 27: return "RegisterDebug";
@@ -684,6 +681,280 @@ static void do_load_library(uint32_t id, struct reader *r) {
     reply_value(id, (uint64_t)++library_count);
 }
 
+/* ---- small shared objects: exports and static TLS -------------------------------------
+ *
+ * What the C runtime's loader does for libraries it loads, it does for JIT modules when
+ * they come as a shared object it loads: an object made here in memory (a memfd) and
+ * opened with dlopen, which holds
+ * - exported definitions: absolute dynamic symbols (SHN_ABS, which glibc 2.28 and later
+ *   does not relocate) at the module's addresses, opened RTLD_GLOBAL, so that libraries
+ *   loaded later find them as they find a native executable's -Wl,-E exports;
+ * - a static TLS block: a PT_TLS segment of the module's size, alignment and initial
+ *   image, DF_STATIC_TLS, and one TPOFF dynamic relocation against it, whose relocated
+ *   word is then the block's offset from the thread pointer. glibc places such a block in
+ *   its static TLS surplus and copies the image into every thread, existing and future.
+ * Only program headers (no sections): the loader reads nothing else. PT_GNU_STACK keeps
+ * thread stacks non-executable (without it, glibc would make them executable). */
+
+#if defined(__aarch64__)
+#define SO_MACHINE EM_AARCH64
+#define SO_TPOFF R_AARCH64_TLS_TPREL
+#elif defined(__x86_64__)
+#define SO_MACHINE EM_X86_64
+#define SO_TPOFF R_X86_64_TPOFF64
+#else
+#define SO_MACHINE EM_RISCV
+#define SO_TPOFF R_RISCV_TLS_TPREL64
+#endif
+
+struct so_symbol {
+    char *name;
+    uint64_t address, size;
+    uint8_t function;
+};
+
+static uint64_t align_up(uint64_t v, uint64_t a) { return a > 1 ? (v + a - 1) / a * a : v; }
+
+/* Builds the object in a memfd and opens it; NULL with the reason in `why`. With
+ * `tls_size`, `*tp_offset` gets the block's offset from the thread pointer. */
+static void *open_shared_object(const struct so_symbol *symbols, uint32_t n, uint64_t tls_size,
+                                uint64_t tls_align, const uint8_t *image, uint64_t image_len,
+                                int64_t *tp_offset, char *why, size_t why_len) {
+    int tls = tls_size != 0;
+    uint32_t nsyms = n + 1;
+    uint64_t strsz = 1;
+    for (uint32_t i = 0; i < n; i++) strsz += strlen(symbols[i].name) + 1;
+    int phnum = tls ? 4 : 3;
+    uint64_t off_hash = sizeof(Elf64_Ehdr) + (uint64_t)phnum * sizeof(Elf64_Phdr);
+    uint64_t off_sym = align_up(off_hash + 4 * (2 + 1 + (uint64_t)nsyms), 8);
+    uint64_t off_str = off_sym + (uint64_t)nsyms * sizeof(Elf64_Sym);
+    uint64_t off_rela = align_up(off_str + strsz, 8);
+    uint64_t off_dyn = off_rela + (tls ? sizeof(Elf64_Rela) : 0);
+    int ndyn = tls ? 10 : 6;
+    uint64_t off_word = off_dyn + (uint64_t)ndyn * sizeof(Elf64_Dyn);
+    if (tls_align == 0) tls_align = 1;
+    uint64_t off_tls = align_up(off_word + 8, tls_align);
+    uint64_t file_size = off_tls + (tls ? image_len : 0);
+    uint8_t *f = calloc(1, file_size);
+    if (!f) { snprintf(why, why_len, "out of memory for a %llu-byte object", (unsigned long long)file_size); return NULL; }
+    Elf64_Ehdr *eh = (Elf64_Ehdr *)f;
+    memcpy(eh->e_ident, ELFMAG, SELFMAG);
+    eh->e_ident[EI_CLASS] = ELFCLASS64;
+    eh->e_ident[EI_DATA] = ELFDATA2LSB;
+    eh->e_ident[EI_VERSION] = EV_CURRENT;
+    eh->e_type = ET_DYN;
+    eh->e_machine = SO_MACHINE;
+    eh->e_version = EV_CURRENT;
+    eh->e_phoff = sizeof(Elf64_Ehdr);
+    eh->e_ehsize = sizeof(Elf64_Ehdr);
+    eh->e_phentsize = sizeof(Elf64_Phdr);
+    eh->e_phnum = (uint16_t)phnum;
+#if defined(__riscv)
+    eh->e_flags = EF_RISCV_FLOAT_ABI_DOUBLE | EF_RISCV_RVC;
+#endif
+    Elf64_Phdr *ph = (Elf64_Phdr *)(f + sizeof(Elf64_Ehdr));
+    uint64_t memsz = tls ? off_tls + image_len : file_size;
+    ph[0] = (Elf64_Phdr){.p_type = PT_LOAD, .p_flags = PF_R | PF_W, .p_offset = 0, .p_vaddr = 0,
+                         .p_paddr = 0, .p_filesz = file_size, .p_memsz = memsz, .p_align = (uint64_t)page_size};
+    ph[1] = (Elf64_Phdr){.p_type = PT_DYNAMIC, .p_flags = PF_R | PF_W, .p_offset = off_dyn, .p_vaddr = off_dyn,
+                         .p_paddr = off_dyn, .p_filesz = (uint64_t)ndyn * sizeof(Elf64_Dyn),
+                         .p_memsz = (uint64_t)ndyn * sizeof(Elf64_Dyn), .p_align = 8};
+    ph[2] = (Elf64_Phdr){.p_type = PT_GNU_STACK, .p_flags = PF_R | PF_W, .p_align = 16};
+    if (tls)
+        ph[3] = (Elf64_Phdr){.p_type = PT_TLS, .p_flags = PF_R, .p_offset = off_tls, .p_vaddr = off_tls,
+                             .p_paddr = off_tls, .p_filesz = image_len, .p_memsz = tls_size, .p_align = tls_align};
+    /* SysV hash: one bucket, the symbols chained from the last to the first. */
+    uint32_t *hash = (uint32_t *)(f + off_hash);
+    hash[0] = 1;
+    hash[1] = nsyms;
+    hash[2] = nsyms - 1;
+    for (uint32_t i = 1; i < nsyms; i++) hash[3 + i] = i - 1;
+    Elf64_Sym *sym = (Elf64_Sym *)(f + off_sym);
+    char *str = (char *)(f + off_str);
+    uint64_t at = 1;
+    for (uint32_t i = 0; i < n; i++) {
+        size_t len = strlen(symbols[i].name);
+        memcpy(str + at, symbols[i].name, len + 1);
+        sym[i + 1].st_name = (uint32_t)at;
+        sym[i + 1].st_info = ELF64_ST_INFO(STB_GLOBAL, symbols[i].function ? STT_FUNC : STT_OBJECT);
+        sym[i + 1].st_other = STV_DEFAULT;
+        sym[i + 1].st_shndx = SHN_ABS;
+        sym[i + 1].st_value = symbols[i].address;
+        sym[i + 1].st_size = symbols[i].size;
+        at += len + 1;
+    }
+    if (tls) {
+        Elf64_Rela *rela = (Elf64_Rela *)(f + off_rela);
+        rela->r_offset = off_word;
+        rela->r_info = ELF64_R_INFO(0, SO_TPOFF);
+        rela->r_addend = 0;
+        memcpy(f + off_tls, image, image_len);
+    }
+    Elf64_Dyn *dyn = (Elf64_Dyn *)(f + off_dyn);
+    int d = 0;
+    dyn[d++] = (Elf64_Dyn){.d_tag = DT_HASH, .d_un.d_ptr = off_hash};
+    dyn[d++] = (Elf64_Dyn){.d_tag = DT_STRTAB, .d_un.d_ptr = off_str};
+    dyn[d++] = (Elf64_Dyn){.d_tag = DT_SYMTAB, .d_un.d_ptr = off_sym};
+    dyn[d++] = (Elf64_Dyn){.d_tag = DT_STRSZ, .d_un.d_val = strsz};
+    dyn[d++] = (Elf64_Dyn){.d_tag = DT_SYMENT, .d_un.d_val = sizeof(Elf64_Sym)};
+    if (tls) {
+        dyn[d++] = (Elf64_Dyn){.d_tag = DT_RELA, .d_un.d_ptr = off_rela};
+        dyn[d++] = (Elf64_Dyn){.d_tag = DT_RELASZ, .d_un.d_val = sizeof(Elf64_Rela)};
+        dyn[d++] = (Elf64_Dyn){.d_tag = DT_RELAENT, .d_un.d_val = sizeof(Elf64_Rela)};
+        dyn[d++] = (Elf64_Dyn){.d_tag = DT_FLAGS, .d_un.d_val = DF_STATIC_TLS};
+    }
+    dyn[d++] = (Elf64_Dyn){.d_tag = DT_NULL};
+    int fd = memfd_create("kiln-module.so", MFD_CLOEXEC);
+    ssize_t written = fd < 0 ? -1 : pwrite(fd, f, file_size, 0);
+    if (written != (ssize_t)file_size) {
+        snprintf(why, why_len, "memfd: %s", strerror(errno));
+        if (fd >= 0) close(fd);
+        free(f);
+        return NULL;
+    }
+    free(f);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    void *handle = dlopen(path, RTLD_NOW | (n ? RTLD_GLOBAL : RTLD_LOCAL));
+    close(fd);
+    if (!handle) {
+        snprintf(why, why_len, "dlopen of the object made for it: %s", dlerror());
+        return NULL;
+    }
+    if (tls) {
+        struct link_map *map = NULL;
+        if (dlinfo(handle, RTLD_DI_LINKMAP, &map) != 0 || !map) {
+            snprintf(why, why_len, "dlinfo: %s", dlerror());
+            dlclose(handle);
+            return NULL;
+        }
+        memcpy(tp_offset, (const void *)(map->l_addr + off_word), 8);
+    }
+    return handle;
+}
+
+/* The loader places a block in static TLS only if its alignment is at most that of the
+ * static TLS area, which is the largest of the TCB's and the executable's own PT_TLS's
+ * (16 on AArch64): this thread-local, aligned like a cache line, raises it to 64 so that
+ * over-aligned thread-locals of JIT code (aligned(64)) can be placed. */
+static _Thread_local char static_tls_alignment[64] __attribute__((aligned(64), used));
+
+/* TLS modules: ids from ReserveTlsModule, each block in static TLS once placed. */
+#define TLS_MODULE_BASE 0x4b494c4e00000000ull
+#define MAX_TLS_MODULES 4096
+static struct tls_module {
+    int placed;
+    int64_t tp_offset;
+    void *handle;
+} tls_modules[MAX_TLS_MODULES];
+static atomic_uint tls_module_count;
+
+#if defined(__riscv)
+/* glibc's TLS_DTV_OFFSET: what a GOT pair's offset is biased by on RISC-V. */
+#define DTV_OFFSET 0x800
+#else
+#define DTV_OFFSET 0
+#endif
+
+/* JIT code's __tls_get_addr (the hello's runtime symbols): the address of the variable a
+ * GOT pair (module id, offset) names in the calling thread. Every block is in static
+ * TLS, at one offset from the thread pointer in every thread. */
+static void *kiln_tls_get_addr(const uint64_t *pair) {
+    uint64_t index = pair[0] - TLS_MODULE_BASE;
+    if (index >= atomic_load(&tls_module_count) || !tls_modules[index].placed) {
+        static const char message[] = "kiln-executor-c: __tls_get_addr of a module with no TLS block\n";
+        (void)!write(log_fd, message, sizeof message - 1);
+        abort();
+    }
+    return (char *)__builtin_thread_pointer() + tls_modules[index].tp_offset + pair[1] + DTV_OFFSET;
+}
+
+static void do_reserve_tls_module(uint32_t id, struct reader *r) {
+    if (r->left) return reply_error(id, "malformed ReserveTlsModule: trailing bytes");
+    unsigned index = atomic_fetch_add(&tls_module_count, 1);
+    if (index >= MAX_TLS_MODULES) return reply_error(id, "ReserveTlsModule: more than %d TLS modules", MAX_TLS_MODULES);
+    reply_value(id, TLS_MODULE_BASE + index);
+}
+
+/* InstallTls and PlaceStaticTls: the block goes to static TLS either way (a dynamic block
+ * is one this executor's __tls_get_addr also finds there). */
+static void do_place_tls(uint32_t id, struct reader *r, int answer_offset) {
+    const char *what = answer_offset ? "PlaceStaticTls" : "InstallTls";
+    uint64_t module = rd_u64(r, "module_id"), size = rd_u64(r, "size"), align = rd_u64(r, "align");
+    uint32_t image_len = 0;
+    const uint8_t *image = rd_bytes(r, &image_len, "image");
+    if (r->bad || r->left) return reply_error(id, "malformed %s: %s", what, r->bad ? r->bad : "trailing bytes");
+    uint64_t index = module - TLS_MODULE_BASE;
+    if (index >= atomic_load(&tls_module_count) || index >= MAX_TLS_MODULES)
+        return reply_error(id, "%s: no TLS module %#llx (ReserveTlsModule gives them)", what, (unsigned long long)module);
+    struct tls_module *m = &tls_modules[index];
+    if (m->placed) return reply_error(id, "%s: TLS module %#llx already has its block", what, (unsigned long long)module);
+    if (size == 0 || image_len > size || size > (1u << 28) || (align & (align - 1)) != 0)
+        return reply_error(id, "%s: a block of %llu bytes (image %u, alignment %llu) is not one this executor places",
+                           what, (unsigned long long)size, image_len, (unsigned long long)align);
+    char why[256];
+    m->handle = open_shared_object(NULL, 0, size, align, image, image_len, &m->tp_offset, why, sizeof why);
+    if (!m->handle)
+        return reply_error(id, "%s: a %llu-byte block in static TLS: %s (glibc's surplus is set by the tunable glibc.rtld.optional_static_tls)",
+                           what, (unsigned long long)size, why);
+    m->placed = 1;
+    if (answer_offset) reply_value(id, (uint64_t)m->tp_offset);
+    else reply_simple(id, A_OK);
+}
+
+static void do_remove_tls(uint32_t id, struct reader *r) {
+    uint64_t module = rd_u64(r, "module_id");
+    if (r->bad || r->left) return reply_error(id, "malformed RemoveTls: %s", r->bad ? r->bad : "trailing bytes");
+    uint64_t index = module - TLS_MODULE_BASE;
+    if (index >= atomic_load(&tls_module_count) || index >= MAX_TLS_MODULES)
+        return reply_error(id, "RemoveTls: no TLS module %#llx", (unsigned long long)module);
+    /* Static TLS is not given back by the loader: the block stays, unused. */
+    tls_modules[index].placed = 0;
+    reply_simple(id, A_OK);
+}
+
+#define MAX_EXPORTS 1024
+static void *exports[MAX_EXPORTS];
+static int export_count;
+
+static void do_export_symbols(uint32_t id, struct reader *r) {
+    uint32_t n = rd_count(r, 4 + 8 + 8 + 1, "symbols");
+    struct so_symbol *symbols = calloc(n ? n : 1, sizeof *symbols);
+    if (!symbols) return reply_error(id, "ExportSymbols: out of memory for %u symbols", n);
+    uint32_t got = 0;
+    for (; got < n && !r->bad; got++) {
+        symbols[got].name = rd_string(r, "name");
+        symbols[got].address = rd_u64(r, "address");
+        symbols[got].size = rd_u64(r, "size");
+        symbols[got].function = rd_u8(r, "function");
+        if (symbols[got].name && !symbols[got].name[0] && !r->bad) r->bad = "name (empty)";
+    }
+    char why[256];
+    void *handle = NULL;
+    if (r->bad || r->left)
+        reply_error(id, "malformed ExportSymbols: %s", r->bad ? r->bad : "trailing bytes");
+    else if (export_count == MAX_EXPORTS)
+        reply_error(id, "ExportSymbols: more than %d exported sets", MAX_EXPORTS);
+    else if (!(handle = open_shared_object(symbols, n, 0, 0, NULL, 0, NULL, why, sizeof why)))
+        reply_error(id, "ExportSymbols: %s", why);
+    else {
+        exports[export_count] = handle;
+        reply_value(id, (uint64_t)++export_count);
+    }
+    for (uint32_t i = 0; i < got; i++) free(symbols[i].name);
+    free(symbols);
+}
+
+static void do_unexport_symbols(uint32_t id, struct reader *r) {
+    uint64_t handle = rd_u64(r, "handle");
+    if (r->bad || r->left) return reply_error(id, "malformed UnexportSymbols: %s", r->bad ? r->bad : "trailing bytes");
+    if (handle == 0 || handle > (uint64_t)export_count || !exports[handle - 1])
+        return reply_error(id, "UnexportSymbols: no exported set %llu", (unsigned long long)handle);
+    dlclose(exports[handle - 1]);
+    exports[handle - 1] = NULL;
+    reply_simple(id, A_OK);
+}
+
 /* SetEnvironment: the controller's environment (NAME=VALUE entries) replaces ours, and its
  * working directory (unless empty) becomes ours. Checked whole before anything changes. */
 static void do_set_environment(uint32_t id, struct reader *r) {
@@ -1055,7 +1326,10 @@ static void send_hello(void) {
     wr_string(&w, TRIPLE);
     wr_u32(&w, (uint32_t)getpid());
     wr_u32(&w, MAX_FRAME);
-    wr_u32(&w, 0); /* no runtime symbols */
+    /* Runtime symbols: JIT code's __tls_get_addr is this executor's. */
+    wr_u32(&w, 1);
+    wr_string(&w, "__tls_get_addr");
+    wr_u64(&w, (uint64_t)(uintptr_t)kiln_tls_get_addr);
     send_frame(0, &w);
     free(w.p);
 }
@@ -1117,6 +1391,12 @@ static int serve(int fd) {
         case T_INPUT: give_input(&r); break;
         case T_SET_ENVIRONMENT: do_set_environment(id, &r); break;
         case T_GUARD_BRANCH_TARGETS: do_guard_branch_targets(id, &r); break;
+        case T_RESERVE_TLS_MODULE: do_reserve_tls_module(id, &r); break;
+        case T_INSTALL_TLS: do_place_tls(id, &r, 0); break;
+        case T_PLACE_STATIC_TLS: do_place_tls(id, &r, 1); break;
+        case T_REMOVE_TLS: do_remove_tls(id, &r); break;
+        case T_EXPORT_SYMBOLS: do_export_symbols(id, &r); break;
+        case T_UNEXPORT_SYMBOLS: do_unexport_symbols(id, &r); break;
         case T_SHUTDOWN:
             drain_output();
             reply_simple(id, A_OK);

@@ -101,6 +101,9 @@ declare -A cross_needs=(
   # qemu-riscv64 guest's root).
   [riscv64-linux-gnu-gcc]=gcc-riscv64-linux-gnu
   [/usr/riscv64-linux-gnu/lib/libc.so]=libc6-dev-riscv64-cross
+  # C++ for both (libstdc++ under /usr/lib/gcc-cross/TRIPLE).
+  [aarch64-linux-gnu-g++]=g++-aarch64-linux-gnu
+  [riscv64-linux-gnu-g++]=g++-riscv64-linux-gnu
   [qemu-aarch64-static]=qemu-user-static
 )
 # Packages the tests need only for their files, and look for under $NATIVE_SYSROOT too:

@@ -86,6 +86,10 @@ fn native_executor() -> PathBuf {
         .clone()
 }
 
+/// Static TLS for JIT modules comes from the C library's surplus, which is small unless
+/// enlarged when the process starts (as for Kiln's own executor): tls.c's block is 4 KiB.
+const STATIC_TLS_TUNABLE: &str = "glibc.rtld.optional_static_tls=200000";
+
 /// A foreign architecture the programs run on under qemu: its cross compiler, its qemu,
 /// and the guest's root (the cross compiler's C library, the one programs are linked
 /// against: qemu's `-L`).
@@ -93,6 +97,7 @@ fn native_executor() -> PathBuf {
 struct Guest {
     name: &'static str,
     gcc: &'static str,
+    gxx: &'static str,
     qemu: &'static str,
     root: &'static str,
 }
@@ -100,6 +105,7 @@ struct Guest {
 const AARCH64: Guest = Guest {
     name: "aarch64",
     gcc: "aarch64-linux-gnu-gcc",
+    gxx: "aarch64-linux-gnu-g++",
     qemu: "qemu-aarch64-static",
     root: kiln_testkit::AARCH64_GUEST_ROOT,
 };
@@ -107,6 +113,7 @@ const AARCH64: Guest = Guest {
 const RISCV64: Guest = Guest {
     name: "riscv64",
     gcc: "riscv64-linux-gnu-gcc",
+    gxx: "riscv64-linux-gnu-g++",
     qemu: "qemu-riscv64-static",
     root: "/usr/riscv64-linux-gnu",
 };
@@ -128,7 +135,12 @@ impl Guest {
                 }
             }
         };
-        start(Command::new(self.qemu).args(["-L", self.root]).arg(binary))
+        start(
+            Command::new(self.qemu)
+                .env("GLIBC_TUNABLES", STATIC_TLS_TUNABLE)
+                .args(["-L", self.root])
+                .arg(binary),
+        )
     }
 
     /// Compiles each of `sources` with `flags` into `dir`, all at once.
@@ -209,7 +221,7 @@ fn native_run(dir: &Path, inputs: &[PathBuf], libs: &[&str], args: &[&str]) -> O
 
 fn kiln_run(port: u16, inputs: &[PathBuf], libs: &[&str], args: &[&str]) -> Output {
     Command::new(kiln())
-        .args(["run", "--no-export-dynamic", "--connect"])
+        .args(["run", "--connect"])
         .arg(format!("127.0.0.1:{port}"))
         .args(inputs)
         .args(libs)
@@ -290,8 +302,8 @@ fn debian_arm64_libraries_run_on_aarch64_as_natively() {
 }
 
 #[test]
-fn exit_crash_and_unsupported_requests_on_aarch64() {
-    if kiln_testkit::skip_cross("exit_crash_and_unsupported_requests_on_aarch64") {
+fn exit_crash_and_wrong_objects_on_aarch64() {
+    if kiln_testkit::skip_cross("exit_crash_and_wrong_objects_on_aarch64") {
         return;
     }
     let executor = aarch64_executor();
@@ -313,15 +325,6 @@ fn exit_crash_and_unsupported_requests_on_aarch64() {
             assert!(stderr.contains("SIGSEGV"), "{stderr}");
         }
     }
-    // Thread-locals need TLS requests the C executor does not implement: a clear error.
-    let tls = vec![cross_compile(&dir, "tls.c", &["-O2"])];
-    let out = kiln_run(port, &tls, &[], &[]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("kiln-executor-c does not implement ReserveTlsModule"),
-        "{stderr}"
-    );
     // An x86-64 object for an AArch64 executor: the link names both.
     let x86 = dir.join("x86.o");
     let status = Command::new("cc")
@@ -459,7 +462,7 @@ fn malformed_messages_get_errors_and_the_executor_lives_on() {
 #[test]
 fn the_c_executor_runs_x86_64_programs_too() {
     let binary = native_executor();
-    let executor = start(&mut Command::new(&binary));
+    let executor = start(Command::new(&binary).env("GLIBC_TUNABLES", STATIC_TLS_TUNABLE));
     let dir = tmp().join("native");
     std::fs::create_dir_all(&dir).unwrap();
     let object = dir.join("exit_and_crash.o");
@@ -474,20 +477,64 @@ fn the_c_executor_runs_x86_64_programs_too() {
     let out = kiln_run(executor.port, std::slice::from_ref(&object), &[], &["exit"]);
     assert_eq!(out.status.code(), Some(7));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ending by exit\n");
-    // Without --no-export-dynamic, the missing request's error says to use it.
-    let out = Command::new(kiln())
-        .args(["run", "--connect"])
-        .arg(format!("127.0.0.1:{}", executor.port))
-        .arg(&object)
-        .args(["--", "exit"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("ExportSymbols") && stderr.contains("--no-export-dynamic"),
-        "{stderr}"
-    );
+    // Thread-locals in every model: static TLS blocks, the executor's __tls_get_addr.
+    for (label, flags) in [
+        ("le-ie", &["-O2"][..]),
+        ("gd", &["-O2", "-fPIC"]),
+        ("desc", &["-O2", "-fPIC", "-mtls-dialect=gnu2"]),
+    ] {
+        let dir = tmp().join(format!("native-tls-{label}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let object = dir.join("tls.o");
+        let native = dir.join("tls");
+        let compile = [&["-c"][..], flags].concat();
+        kiln_testkit::cc(&compile, &repo().join("tests/programs/tls.c"), &object);
+        kiln_testkit::cc(&["-pthread"], &object, &native);
+        let expected = Command::new(&native).output().unwrap();
+        let out = kiln_run(executor.port, std::slice::from_ref(&object), &[], &[]);
+        assert_same(&format!("native tls {label}"), &expected, &out);
+    }
+}
+
+/// Thread-locals (local-exec, initial-exec, general-dynamic through the executor's
+/// `__tls_get_addr`) and exports that a plugin the program `dlopen`s calls back through,
+/// on each architecture under qemu, as natively.
+#[test]
+fn thread_locals_and_exports_on_aarch64_and_riscv64_as_natively() {
+    if kiln_testkit::skip_cross("thread_locals_and_exports_on_aarch64_and_riscv64_as_natively") {
+        return;
+    }
+    for guest in [AARCH64, RISCV64] {
+        let executor = guest.executor();
+        let port = executor.port;
+        for (label, flags) in [
+            ("O2", &["-O2"][..]),
+            ("O2-pic", &["-O2", "-fPIC"]),
+            ("O0-pic", &["-O0", "-fPIC"]),
+        ] {
+            let dir = tmp().join(format!("{}-tls-{label}", guest.name));
+            std::fs::create_dir_all(&dir).unwrap();
+            let objects = vec![guest.compile(&dir, "tls.c", flags)];
+            let native = guest.native_run(&dir, &objects, &["-pthread"], &[]);
+            let kiln = kiln_run(port, &objects, &[], &[]);
+            assert_same(&format!("{} tls {label}", guest.name), &native, &kiln);
+        }
+        let dir = tmp().join(format!("{}-plugin", guest.name));
+        std::fs::create_dir_all(&dir).unwrap();
+        let host = vec![guest.compile(&dir, "plugin_host.c", &["-O2"])];
+        let plugin = dir.join("plugin.so");
+        let status = Command::new(guest.gcc)
+            .args(["-O2", "-fPIC", "-shared", "-o"])
+            .arg(&plugin)
+            .arg(repo().join("tests/programs/plugin.c"))
+            .status()
+            .unwrap();
+        assert!(status.success(), "{} plugin.so", guest.gcc);
+        let plugin = plugin.to_str().unwrap();
+        let native = guest.native_run(&dir, &host, &["-Wl,-E", "-ldl"], &[plugin]);
+        let kiln = kiln_run(port, &host, &[], &[plugin]);
+        assert_same(&format!("{} plugin", guest.name), &native, &kiln);
+    }
 }
 
 #[test]
@@ -650,4 +697,45 @@ fn exit_crash_and_wrong_objects_on_riscv64() {
         stderr.contains("soft_float.o") && stderr.contains("LP64 (soft-float)"),
         "{stderr}"
     );
+}
+
+/// C++ with exceptions thrown and caught across JIT frames, `thread_local` objects with
+/// destructors and `atexit`, on each architecture under qemu, as natively (libstdc++ from
+/// the cross compiler's directory).
+#[test]
+fn cxx_programs_on_aarch64_and_riscv64_as_natively() {
+    if kiln_testkit::skip_cross("cxx_programs_on_aarch64_and_riscv64_as_natively") {
+        return;
+    }
+    for guest in [AARCH64, RISCV64] {
+        let executor = guest.executor();
+        for program in ["cxx_exceptions", "thread_local_dtors"] {
+            let dir = tmp().join(format!("{}-{program}", guest.name));
+            std::fs::create_dir_all(&dir).unwrap();
+            let object = dir.join(format!("{program}.o"));
+            let status = Command::new(guest.gxx)
+                .args(["-O2", "-c"])
+                .arg(repo().join(format!("tests/programs/{program}.cpp")))
+                .arg("-o")
+                .arg(&object)
+                .status()
+                .unwrap();
+            assert!(status.success(), "{} {program}", guest.gxx);
+            let exe = dir.join("native");
+            let status = Command::new(guest.gxx)
+                .arg(&object)
+                .args(["-pthread", "-o"])
+                .arg(&exe)
+                .status()
+                .unwrap();
+            assert!(status.success(), "{} native link of {program}", guest.gxx);
+            let native = Command::new(guest.qemu)
+                .args(["-L", guest.root])
+                .arg(&exe)
+                .output()
+                .unwrap();
+            let kiln = kiln_run(executor.port, &[object], &["-lstdc++"], &[]);
+            assert_same(&format!("{} {program}", guest.name), &native, &kiln);
+        }
+    }
 }

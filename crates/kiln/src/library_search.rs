@@ -23,7 +23,8 @@ pub fn default_search_dirs() -> Vec<PathBuf> {
 /// Debian's multiarch directories of that architecture (`/usr/lib/aarch64-linux-gnu`, as
 /// `dpkg --add-architecture arm64` fills it), its cross compiler's C library
 /// (`/usr/aarch64-linux-gnu/lib`, from libc6-dev-arm64-cross), then the plain ones, then
-/// its gcc's.
+/// its gcc's (`/usr/lib/gcc/TRIPLE/VERSION`, or a cross compiler's
+/// `/usr/lib/gcc-cross/TRIPLE/VERSION`).
 pub fn search_dirs_for(architecture: kiln_link::Architecture) -> Vec<PathBuf> {
     let multiarch = match architecture {
         kiln_link::Architecture::X86_64 => "x86_64-linux-gnu",
@@ -39,11 +40,15 @@ pub fn search_dirs_for(architecture: kiln_link::Architecture) -> Vec<PathBuf> {
         "/lib".into(),
         "/usr/lib".into(),
     ];
-    // gcc's own directory (libstdc++.so, libgcc.a live there), newest version first.
-    if let Ok(entries) = std::fs::read_dir(format!("/usr/lib/gcc/{multiarch}")) {
-        let mut versions: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
-        versions.sort();
-        dirs.extend(versions.into_iter().rev());
+    // gcc's own directory (libstdc++.so, libgcc.a live there), newest version first; for
+    // another architecture, its cross compiler's (g++-aarch64-linux-gnu's, say).
+    for gcc in ["/usr/lib/gcc", "/usr/lib/gcc-cross"] {
+        if let Ok(entries) = std::fs::read_dir(format!("{gcc}/{multiarch}")) {
+            let mut versions: Vec<PathBuf> =
+                entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+            versions.sort();
+            dirs.extend(versions.into_iter().rev());
+        }
     }
     dirs
 }

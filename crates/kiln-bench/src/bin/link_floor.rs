@@ -1,19 +1,25 @@
 //! Figure of the link-graph issue: whole-process link time of Kiln against the *copy
 //! floor* — a process that only maps the same input files and copies every byte once into
 //! fresh memory, what any linker pays — and against mold invoked directly (the collect2
-//! command line of `gcc -fuse-ld=mold`, run as `mold …`, without the driver), for x86-64
-//! and AArch64 inputs, side by side in one run, interleaved.
+//! command line of `gcc -fuse-ld=mold`, run as `mold …`, without the driver), for x86-64,
+//! AArch64 and RISC-V 64 inputs, side by side in one run, interleaved.
 //!
 //! ```text
 //! cargo build --release -p kiln-bench -p kiln-cli && ./target/release/link_floor
 //! ```
 //!
 //! Kiln is `kiln run --noexec` for x86-64 (this machine) and `kiln link --target aarch64`
-//! for AArch64 (a link for chosen addresses, written to an ELF image file: no executor to
-//! ask). `link_floor copy FILE…` is the floor. After the ratios, a table of where Kiln's
-//! time goes, phase by phase and pass by pass, from one more run of each with
-//! `--show-times`. Then start-up: `kiln run` of an empty `main` against the natively linked
-//! empty program, CPU time of the whole process (from `wait4`), interleaved.
+//! or `riscv64` for the others (a link for chosen addresses, written to an ELF image file:
+//! no executor to ask). The SQLite input is Debian's libsqlite3.a for x86-64 and AArch64,
+//! and for RISC-V (Debian has no riscv64 packages here) SQLite's amalgamation compiled
+//! from the source the crate libsqlite3-sys carries (tests/c-sources). `link_floor copy
+//! FILE…` is the floor. After the ratios, a table of where Kiln's time goes, phase by
+//! phase and pass by pass, from one more run of each with `--show-times`. Then what a
+//! call through a stub costs on each architecture: the instructions of the stub a link
+//! made, read back from its image with `llvm-objdump-16`, from the stub's entry to its
+//! indirect jump (a direct call has none). Then start-up: `kiln run` of an empty `main`
+//! against the natively linked empty program, CPU time of the whole process (from
+//! `wait4`), interleaved.
 
 use clap::Parser;
 use kiln_bench::sh;
@@ -32,6 +38,10 @@ struct Args {
     /// Scratch directory for the inputs.
     #[arg(long, default_value = "/tmp/kiln-link-floor")]
     dir: PathBuf,
+    /// The architectures to link for (each one skipped, saying why, when its compiler or
+    /// libraries are missing).
+    #[arg(long, value_delimiter = ',', default_value = "x86-64,aarch64,riscv64")]
+    arch: Vec<String>,
 }
 
 /// The floor: every input byte read once from a mapping of its file and written once into
@@ -206,7 +216,31 @@ fn many_objects(dir: &Path, compiler: &str, suffix: &str) -> Vec<PathBuf> {
     objects
 }
 
-fn prepare(dir: &Path, kiln: &Path) -> Vec<Input> {
+/// SQLite's amalgamation from the crate libsqlite3-sys (tests/c-sources, which
+/// scripts/test_deps.sh fetches), found with `cargo metadata --offline`.
+fn sqlite_amalgamation() -> Option<PathBuf> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/c-sources/Cargo.toml");
+    let out = Command::new("cargo")
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split("\"manifest_path\":\"")
+        .filter_map(|rest| rest.split('"').next())
+        .find(|path| path.contains("/libsqlite3-sys-"))
+        .and_then(|path| Path::new(path).parent())
+        .map(|dir| dir.join("sqlite3/sqlite3.c"))
+        .filter(|c| c.exists())
+}
+
+fn prepare(dir: &Path, kiln: &Path, arches: &[String]) -> Vec<Input> {
     std::fs::create_dir_all(dir).unwrap();
     let programs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs");
     let d = dir.display();
@@ -216,29 +250,49 @@ fn prepare(dir: &Path, kiln: &Path) -> Vec<Input> {
     let arm64 = std::env::var_os("KILN_AARCH64_SYSROOT")
         .map(|root| PathBuf::from(root).join("usr/lib/aarch64-linux-gnu"))
         .unwrap_or_else(|| "/usr/lib/aarch64-linux-gnu".into());
-    for (arch, compiler, lib) in [
-        ("x86-64", "cc", PathBuf::from("/usr/lib/x86_64-linux-gnu")),
-        ("aarch64", "aarch64-linux-gnu-gcc", arm64),
+    for (arch, compiler, suffix) in [
+        ("x86-64", "cc", ""),
+        ("aarch64", "aarch64-linux-gnu-gcc", "-a64"),
+        ("riscv64", "riscv64-linux-gnu-gcc", "-rv64"),
     ] {
-        let lib = lib.as_path();
-        if Command::new(compiler).arg("--version").output().is_err()
-            || !lib.join("libsqlite3.a").exists()
-        {
-            eprintln!(
-                "{arch}: {compiler} or {}/libsqlite3.a missing, skipped",
-                lib.display()
-            );
+        if !arches.iter().any(|a| a == arch) {
             continue;
         }
-        let suffix = if arch == "x86-64" { "" } else { "-a64" };
+        if Command::new(compiler).arg("--version").output().is_err() {
+            eprintln!("{arch}: {compiler} missing, skipped");
+            continue;
+        }
+        let sqlite_lib = match arch {
+            "x86-64" => Some(PathBuf::from("/usr/lib/x86_64-linux-gnu/libsqlite3.a")),
+            "aarch64" => Some(arm64.join("libsqlite3.a")),
+            // Compiled once from the amalgamation (-O1: 17 s here), kept in `dir`.
+            _ => sqlite_amalgamation().map(|source| {
+                let object = dir.join(format!("sqlite3{suffix}.o"));
+                if !object.exists() {
+                    sh(&format!(
+                        "{compiler} -O1 -c {} -o {}",
+                        source.display(),
+                        object.display()
+                    ));
+                }
+                object
+            }),
+        };
+        let Some(sqlite_lib) = sqlite_lib.filter(|l| l.exists()) else {
+            eprintln!("{arch}: SQLite missing (libsqlite3.a, or the amalgamation of tests/c-sources), skipped");
+            continue;
+        };
+        let includes = match sqlite_amalgamation() {
+            Some(source) if arch == "riscv64" => {
+                format!("-I{}", source.parent().unwrap().display())
+            }
+            _ => String::new(),
+        };
         sh(&format!(
-            "{compiler} -O2 -c {}/sqlite_driver.c -o {d}/sqlite_driver{suffix}.o",
+            "{compiler} -O2 {includes} -c {}/sqlite_driver.c -o {d}/sqlite_driver{suffix}.o",
             programs.display()
         ));
-        let sqlite = vec![
-            dir.join(format!("sqlite_driver{suffix}.o")),
-            lib.join("libsqlite3.a"),
-        ];
+        let sqlite = vec![dir.join(format!("sqlite_driver{suffix}.o")), sqlite_lib];
         let many = many_objects(dir, compiler, suffix);
         for (name, files, libs) in [("sqlite", sqlite, vec!["-lm"]), ("many", many, vec![])] {
             let command = || {
@@ -246,7 +300,7 @@ fn prepare(dir: &Path, kiln: &Path) -> Vec<Input> {
                 if arch == "x86-64" {
                     k.args(["run", "--noexec"]).args(&files).args(&libs);
                 } else {
-                    k.args(["link", "--target", "aarch64", "--allow-undefined", "-o"])
+                    k.args(["link", "--target", arch, "--allow-undefined", "-o"])
                         .arg(dir.join(format!("{name}{suffix}.elf")))
                         .args(&files);
                 }
@@ -303,7 +357,7 @@ fn main() {
     }
     let me = std::env::current_exe().unwrap();
     let kiln = me.with_file_name("kiln");
-    let inputs = prepare(&args.dir, &kiln);
+    let inputs = prepare(&args.dir, &kiln, &args.arch);
     println!("whole process, median of {} interleaved runs\n", args.runs);
     println!(
         "{:<16} {:>10} {:>10} {:>10} {:>11} {:>10}",
@@ -357,6 +411,7 @@ fn main() {
         }
     }
     print_times_table(&names, &columns);
+    stub_calls(&args.dir, &kiln, &args.arch);
     verdicts.extend(start_up(&args.dir, &kiln, args.runs * 4));
     println!();
     for v in verdicts {
@@ -391,4 +446,104 @@ fn start_up(dir: &Path, kiln: &Path, runs: usize) -> Option<String> {
         "start-up: kiln run of an empty main / native {ratio:.2}x, target <= 2.00x (aim 1.3x): {}",
         kiln_bench::verdict(ratio <= 2.0)
     ))
+}
+
+/// What a call through a stub adds to a direct call, per architecture: the instructions
+/// from the stub's entry to its indirect jump, in the image of a link whose program calls
+/// a host function out of a direct call's reach (`--defsym` 500 GiB away).
+fn stub_calls(dir: &Path, kiln: &Path, arches: &[String]) {
+    let source = dir.join("stub_call.c");
+    let program = "#include <unistd.h>\nint main(void) { return getpid() & 1; }\n";
+    if std::fs::write(&source, program).is_err() {
+        return;
+    }
+    println!("\ncall through a stub, instructions added to a direct call (from the linked image):");
+    for (arch, compiler, objdump_options) in [
+        ("x86-64", "cc", ""),
+        ("aarch64", "aarch64-linux-gnu-gcc", ""),
+        ("riscv64", "riscv64-linux-gnu-gcc", "--mattr=+m,+a,+f,+d,+c"),
+    ] {
+        if !arches.iter().any(|a| a == arch) {
+            continue;
+        }
+        let (object, image) = (
+            dir.join(format!("stub_call-{arch}.o")),
+            dir.join(format!("stub_call-{arch}.elf")),
+        );
+        let built = Command::new(compiler)
+            .args(["-O2", "-c"])
+            .arg(&source)
+            .arg("-o")
+            .arg(&object)
+            .status()
+            .is_ok_and(|s| s.success())
+            && Command::new(kiln)
+                .args([
+                    "link",
+                    "--target",
+                    arch,
+                    "--defsym",
+                    "getpid=0x7d0000000000",
+                    "-o",
+                ])
+                .arg(&image)
+                .arg(&object)
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+        let listing = built
+            .then(|| {
+                Command::new("llvm-objdump-16")
+                    .arg("-d")
+                    .args(objdump_options.split_whitespace())
+                    .arg(&image)
+                    .output()
+                    .ok()
+            })
+            .flatten();
+        let Some(listing) = listing else {
+            println!("  {arch:<8} not measured ({compiler}, kiln link or llvm-objdump-16 failed)");
+            continue;
+        };
+        let text = String::from_utf8_lossy(&listing.stdout);
+        // The instructions of `getpid@plt`, up to and with its indirect jump.
+        let mut stub = Vec::new();
+        let mut inside = false;
+        for line in text.lines() {
+            if line.ends_with("<getpid@plt>:") {
+                inside = true;
+                continue;
+            }
+            if !inside {
+                continue;
+            }
+            let Some((_, rest)) = line.trim_start().split_once(": ") else {
+                if line.trim().is_empty() && !stub.is_empty() {
+                    break;
+                }
+                continue;
+            };
+            let insn = rest
+                .split_once('\t')
+                .map_or("", |(_, text)| text)
+                .replace('\t', " ");
+            let jump = insn.starts_with("jmpq *")
+                || insn.starts_with("jmp *")
+                || insn.starts_with("br ")
+                || insn.starts_with("jr ");
+            stub.push(insn);
+            if jump {
+                break;
+            }
+        }
+        if stub.is_empty() {
+            println!("  {arch:<8} not measured (no getpid@plt in the image)");
+        } else {
+            println!(
+                "  {arch:<8} +{} instructions: {}",
+                stub.len(),
+                stub.join("; ")
+            );
+        }
+    }
 }

@@ -90,6 +90,18 @@ impl Architecture {
         }
     }
 
+    /// Every relocation type Kiln applies for this architecture: its number and its psABI
+    /// name, in the table's order (a type may have two numbers, as AArch64's `NONE`).
+    ///
+    /// ```
+    /// use kiln_link::Architecture;
+    /// let types: Vec<_> = Architecture::Riscv64.relocation_types().collect();
+    /// assert!(types.contains(&(19, "R_RISCV_CALL_PLT")));
+    /// ```
+    pub fn relocation_types(self) -> impl Iterator<Item = (u32, &'static str)> {
+        self.arch().relocations().iter().map(|r| (r.r_type, r.name))
+    }
+
     /// The bytes that fill code memory nobody may run: a stray jump into them traps.
     pub fn trap_pattern(self) -> [u8; 4] {
         self.arch().trap()
