@@ -145,12 +145,23 @@ impl Guest {
 
     /// Compiles each of `sources` with `flags` into `dir`, all at once.
     fn compile_all(self, dir: &Path, sources: &[PathBuf], flags: &[&str]) -> Vec<PathBuf> {
+        self.compile_with(self.gcc, dir, sources, flags)
+    }
+
+    /// [`Guest::compile_all`] with `compiler` (the C++ one, say).
+    fn compile_with(
+        self,
+        compiler: &str,
+        dir: &Path,
+        sources: &[PathBuf],
+        flags: &[&str],
+    ) -> Vec<PathBuf> {
         let jobs: Vec<(PathBuf, std::process::Child)> = sources
             .iter()
             .map(|source| {
                 let stem = source.file_stem().unwrap().to_string_lossy();
                 let out = dir.join(format!("{stem}.o"));
-                let child = Command::new(self.gcc)
+                let child = Command::new(compiler)
                     .args(flags)
                     .arg("-c")
                     .arg(source)
@@ -185,8 +196,20 @@ impl Guest {
     /// Links `inputs` natively (`libs` as the driver takes them) and runs the result
     /// under qemu with `args`.
     fn native_run(self, dir: &Path, inputs: &[PathBuf], libs: &[&str], args: &[&str]) -> Output {
+        self.native_run_with(self.gcc, dir, inputs, libs, args)
+    }
+
+    /// [`Guest::native_run`] linked by `driver` (the C++ one, say).
+    fn native_run_with(
+        self,
+        driver: &str,
+        dir: &Path,
+        inputs: &[PathBuf],
+        libs: &[&str],
+        args: &[&str],
+    ) -> Output {
         let exe = dir.join("native");
-        let status = Command::new(self.gcc)
+        let status = Command::new(driver)
             .args(inputs)
             .args(libs)
             .arg("-o")
@@ -712,29 +735,10 @@ fn cxx_programs_on_aarch64_and_riscv64_as_natively() {
         for program in ["cxx_exceptions", "thread_local_dtors"] {
             let dir = tmp().join(format!("{}-{program}", guest.name));
             std::fs::create_dir_all(&dir).unwrap();
-            let object = dir.join(format!("{program}.o"));
-            let status = Command::new(guest.gxx)
-                .args(["-O2", "-c"])
-                .arg(repo().join(format!("tests/programs/{program}.cpp")))
-                .arg("-o")
-                .arg(&object)
-                .status()
-                .unwrap();
-            assert!(status.success(), "{} {program}", guest.gxx);
-            let exe = dir.join("native");
-            let status = Command::new(guest.gxx)
-                .arg(&object)
-                .args(["-pthread", "-o"])
-                .arg(&exe)
-                .status()
-                .unwrap();
-            assert!(status.success(), "{} native link of {program}", guest.gxx);
-            let native = Command::new(guest.qemu)
-                .args(["-L", guest.root])
-                .arg(&exe)
-                .output()
-                .unwrap();
-            let kiln = kiln_run(executor.port, &[object], &["-lstdc++"], &[]);
+            let source = repo().join(format!("tests/programs/{program}.cpp"));
+            let objects = guest.compile_with(guest.gxx, &dir, &[source], &["-O2"]);
+            let native = guest.native_run_with(guest.gxx, &dir, &objects, &["-pthread"], &[]);
+            let kiln = kiln_run(executor.port, &objects, &["-lstdc++"], &[]);
             assert_same(&format!("{} {program}", guest.name), &native, &kiln);
         }
     }

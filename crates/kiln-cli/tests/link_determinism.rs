@@ -185,3 +185,50 @@ fn one_thread_and_several_give_the_same_image() {
         assert_eq!(one.len(), other.len(), "one thread and {label}: lengths");
     }
 }
+
+/// One large section (6,000 functions in one `.text`, 18,000 calls: past the 16 Ki edges
+/// from which a section is cut into pieces) is patched in pieces on several cores: the
+/// image is the same as on one thread.
+#[test]
+fn a_large_section_patched_in_pieces_gives_the_same_image() {
+    let dir = kiln_testkit::scratch_dir("link_determinism_pieces");
+    let mut c = String::new();
+    for i in 0..6000 {
+        c.push_str(&format!("int h{i}(int x);\n"));
+    }
+    for i in 0..6000 {
+        let (a, b, d) = ((i + 1) % 6000, (i + 7) % 6000, (i + 13) % 6000);
+        c.push_str(&format!(
+            "int h{i}(int x) {{ return x > 0 ? h{a}(x - 1) + h{b}(x - 2) + h{d}(x - 3) : {i}; }}\n"
+        ));
+    }
+    let source = dir.join("one_text.c");
+    std::fs::write(&source, c).unwrap();
+    let object = dir.join("one_text.o");
+    kiln_testkit::cc(&["-O0", "-c"], &source, &object);
+    let inputs = [object];
+    let (one, said) = link_on(Some(1), "x86_64", &inputs, &dir.join("one.elf"));
+    let relocations: usize = said
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .find(|w| w[1].starts_with("relocations"))
+        .and_then(|w| w[0].parse().ok())
+        .unwrap_or(0);
+    assert!(
+        relocations >= 24_000,
+        "{relocations} relocations: too few to be cut into pieces:\n{said}"
+    );
+    for threads in [2, 3, 4] {
+        let (many, _) = link_on(
+            Some(threads),
+            "x86_64",
+            &inputs,
+            &dir.join(format!("{threads}.elf")),
+        );
+        assert!(
+            one == many,
+            "linked on {threads} threads, the image differs from one thread's"
+        );
+    }
+}

@@ -15,6 +15,9 @@ use rustc_hash::FxHashMap;
 pub(crate) struct Where<'n> {
     pub(crate) object: &'n str,
     pub(crate) section: &'n [u8],
+    /// Where the bytes given with it start in the section (a piece of a large section
+    /// patched on its own core); offsets in errors are the section's.
+    pub(crate) origin: u64,
 }
 
 /// Where the module's TLS block is: its module id, and its offset from the thread pointer
@@ -222,7 +225,7 @@ impl<'l, 'a> Resolver<'l, 'a> {
         let err_bad = |what: String| LinkError::BadRelocation {
             object: at.object.to_string(),
             section: lossy(at.section),
-            offset,
+            offset: offset + at.origin,
             what,
         };
         let arch = self.linker.arch;
@@ -235,7 +238,7 @@ impl<'l, 'a> Resolver<'l, 'a> {
             return Err(err_bad(format!(
                 "{} of {width} bytes does not fit the section ({} bytes)",
                 row.name,
-                bytes.len()
+                bytes.len() as u64 + at.origin
             )));
         }
         let (s, discarded) = self.address(key);
@@ -250,7 +253,7 @@ impl<'l, 'a> Resolver<'l, 'a> {
         let unsupported_tls = |model: &'static str| LinkError::UnsupportedTls {
             object: at.object.to_string(),
             section: lossy(at.section),
-            offset: reloc_offset,
+            offset: reloc_offset + at.origin,
             symbol: symbol_name(),
             model,
         };
@@ -383,7 +386,7 @@ impl<'l, 'a> Resolver<'l, 'a> {
             Err(EncodeError::Misaligned(align)) => Err(LinkError::Misaligned {
                 object: at.object.to_string(),
                 section: lossy(at.section),
-                offset,
+                offset: offset + at.origin,
                 kind: row.name,
                 symbol: lossy(self.name(key)),
                 value,
@@ -392,7 +395,7 @@ impl<'l, 'a> Resolver<'l, 'a> {
             Err(EncodeError::Range) => Err(LinkError::Overflow {
                 object: at.object.to_string(),
                 section: lossy(at.section),
-                offset,
+                offset: offset + at.origin,
                 kind: row.name,
                 symbol: lossy(self.name(key)),
                 value,

@@ -144,6 +144,11 @@ pub fn python_tests_env() -> Vec<(String, PathBuf)> {
 /// crates tests/c-sources/Cargo.toml names for the C they carry: fetched by
 /// scripts/test_deps.sh (`cargo fetch`), found here with `cargo metadata --offline`.
 pub fn c_sources(package: &str) -> PathBuf {
+    find_c_sources(package).unwrap_or_else(|why| panic!("{why}"))
+}
+
+/// [`c_sources`], or why it cannot be found (for benchmarks, which skip what is missing).
+pub fn find_c_sources(package: &str) -> Result<PathBuf, String> {
     let manifest = repository().join("tests/c-sources/Cargo.toml");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(cargo)
@@ -156,29 +161,27 @@ pub fn c_sources(package: &str) -> PathBuf {
         ])
         .arg(&manifest)
         .output()
-        .expect("cargo metadata runs");
-    assert!(
-        out.status.success(),
-        "cargo metadata of {}: {} (run scripts/test_deps.sh, which fetches the C sources)",
-        manifest.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .map_err(|e| format!("cargo metadata: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "cargo metadata of {}: {} (run scripts/test_deps.sh, which fetches the C sources)",
+            manifest.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
     // The package's `"manifest_path":".../PACKAGE-VERSION/Cargo.toml"`, read without a
     // JSON parser: the testkit has no dependencies.
     let text = String::from_utf8_lossy(&out.stdout);
-    let dir = text
-        .split("\"manifest_path\":\"")
+    text.split("\"manifest_path\":\"")
         .skip(1)
         .filter_map(|rest| rest.split('"').next())
-        .map(|path| Path::new(path).parent().map(Path::to_path_buf))
-        .find_map(|dir| {
-            dir.filter(|d| {
-                d.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                    n.strip_prefix(package)
-                        .and_then(|v| v.strip_prefix('-'))
-                        .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()))
-                })
+        .filter_map(|path| Path::new(path).parent().map(Path::to_path_buf))
+        .find(|dir| {
+            dir.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.strip_prefix(package)
+                    .and_then(|v| v.strip_prefix('-'))
+                    .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()))
             })
-        });
-    dir.unwrap_or_else(|| panic!("{package} is not among {}'s packages", manifest.display()))
+        })
+        .ok_or_else(|| format!("{package} is not among {}'s packages", manifest.display()))
 }

@@ -38,8 +38,9 @@ struct Args {
     /// Scratch directory for the inputs.
     #[arg(long, default_value = "/tmp/kiln-link-floor")]
     dir: PathBuf,
-    /// The architectures to link for (each one skipped, saying why, when its compiler or
-    /// libraries are missing).
+    /// The architectures whose inputs are linked and timed (each one skipped, saying why,
+    /// when its compiler or libraries are missing). The stub-call row is printed for every
+    /// architecture whose compiler is here.
     #[arg(long, value_delimiter = ',', default_value = "x86-64,aarch64,riscv64")]
     arch: Vec<String>,
 }
@@ -217,25 +218,10 @@ fn many_objects(dir: &Path, compiler: &str, suffix: &str) -> Vec<PathBuf> {
 }
 
 /// SQLite's amalgamation from the crate libsqlite3-sys (tests/c-sources, which
-/// scripts/test_deps.sh fetches), found with `cargo metadata --offline`.
+/// scripts/test_deps.sh fetches).
 fn sqlite_amalgamation() -> Option<PathBuf> {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/c-sources/Cargo.toml");
-    let out = Command::new("cargo")
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--offline",
-            "--manifest-path",
-        ])
-        .arg(&manifest)
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.split("\"manifest_path\":\"")
-        .filter_map(|rest| rest.split('"').next())
-        .find(|path| path.contains("/libsqlite3-sys-"))
-        .and_then(|path| Path::new(path).parent())
+    kiln_testkit::find_c_sources("libsqlite3-sys")
+        .ok()
         .map(|dir| dir.join("sqlite3/sqlite3.c"))
         .filter(|c| c.exists())
 }
@@ -411,7 +397,7 @@ fn main() {
         }
     }
     print_times_table(&names, &columns);
-    stub_calls(&args.dir, &kiln, &args.arch);
+    stub_calls(&args.dir, &kiln);
     verdicts.extend(start_up(&args.dir, &kiln, args.runs * 4));
     println!();
     for v in verdicts {
@@ -451,7 +437,7 @@ fn start_up(dir: &Path, kiln: &Path, runs: usize) -> Option<String> {
 /// What a call through a stub adds to a direct call, per architecture: the instructions
 /// from the stub's entry to its indirect jump, in the image of a link whose program calls
 /// a host function out of a direct call's reach (`--defsym` 500 GiB away).
-fn stub_calls(dir: &Path, kiln: &Path, arches: &[String]) {
+fn stub_calls(dir: &Path, kiln: &Path) {
     let source = dir.join("stub_call.c");
     let program = "#include <unistd.h>\nint main(void) { return getpid() & 1; }\n";
     if std::fs::write(&source, program).is_err() {
@@ -463,9 +449,6 @@ fn stub_calls(dir: &Path, kiln: &Path, arches: &[String]) {
         ("aarch64", "aarch64-linux-gnu-gcc", ""),
         ("riscv64", "riscv64-linux-gnu-gcc", "--mattr=+m,+a,+f,+d,+c"),
     ] {
-        if !arches.iter().any(|a| a == arch) {
-            continue;
-        }
         let (object, image) = (
             dir.join(format!("stub_call-{arch}.o")),
             dir.join(format!("stub_call-{arch}.elf")),

@@ -174,19 +174,9 @@ impl Arch for Aarch64 {
     fn relocations(&self) -> &'static [Relocation] {
         RELOCATIONS
     }
-    fn relocation(&self, r_type: u32) -> Option<&'static Relocation> {
-        static INDEX: std::sync::OnceLock<Vec<Option<&'static Relocation>>> =
-            std::sync::OnceLock::new();
-        super::index(&INDEX, RELOCATIONS, r_type)
-    }
 
-    fn relocation_name(&self, r_type: u32) -> &'static str {
-        self.relocation(r_type)
-            .map_or_else(|| other_name(r_type), |r| r.name)
-    }
-
-    fn stub_size(&self) -> u64 {
-        16
+    fn unapplied_name(&self, r_type: u32) -> &'static str {
+        other_name(r_type)
     }
 
     /// `BTI c; ADRP x16, slot; LDR x16, [x16, :lo12:slot]; BR x16` (x16 is IP0, the

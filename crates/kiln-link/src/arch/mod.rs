@@ -520,7 +520,7 @@ fn insert(bytes: &mut [u8], lsb: u32, width: u32, value: u32) {
 
 /// The row of `r_type` in `table`, through an index by type number built on first use
 /// (a link looks a row up once per relocation).
-pub(crate) fn index(
+fn index(
     cell: &'static std::sync::OnceLock<Vec<Option<&'static Relocation>>>,
     table: &'static [Relocation],
     r_type: u32,
@@ -544,18 +544,35 @@ pub(crate) fn index(
 pub(crate) trait Arch: Sync {
     /// Which one it is.
     fn architecture(&self) -> Architecture;
-    /// The row of relocation type `r_type`, `None` if Kiln does not implement it.
-    fn relocation(&self, r_type: u32) -> Option<&'static Relocation>;
     /// Every relocation type Kiln applies, one row each.
     fn relocations(&self) -> &'static [Relocation];
+    /// The row of relocation type `r_type`, `None` if Kiln does not implement it.
+    fn relocation(&self, r_type: u32) -> Option<&'static Relocation> {
+        // One index per architecture, built on first use.
+        static INDEXES: [std::sync::OnceLock<Vec<Option<&'static Relocation>>>; 3] =
+            [const { std::sync::OnceLock::new() }; 3];
+        index(
+            &INDEXES[self.architecture() as usize],
+            self.relocations(),
+            r_type,
+        )
+    }
+    /// The psABI name of a type Kiln does not apply (dynamic ones, forms compilers do not
+    /// emit), for messages; `"unknown"` if the psABI has none.
+    fn unapplied_name(&self, r_type: u32) -> &'static str;
     /// The row of the relocation type named `name` (`R_X86_64_64`), if Kiln applies it.
     fn relocation_named(&self, name: &str) -> Option<&'static Relocation> {
         self.relocations().iter().find(|r| r.name == name)
     }
     /// The psABI name of `r_type`, also for types Kiln does not implement.
-    fn relocation_name(&self, r_type: u32) -> &'static str;
+    fn relocation_name(&self, r_type: u32) -> &'static str {
+        self.relocation(r_type)
+            .map_or_else(|| self.unapplied_name(r_type), |r| r.name)
+    }
     /// Bytes of one stub.
-    fn stub_size(&self) -> u64;
+    fn stub_size(&self) -> u64 {
+        16
+    }
     /// Writes a stub at `stub_address` that jumps to the address held in the GOT entry at
     /// `slot_address`; `Err` with the displacement that does not fit.
     fn write_stub(&self, stub: &mut [u8], stub_address: u64, slot_address: u64)

@@ -142,19 +142,8 @@ impl Arch for Riscv64 {
         RELOCATIONS
     }
 
-    fn relocation(&self, r_type: u32) -> Option<&'static Relocation> {
-        static INDEX: std::sync::OnceLock<Vec<Option<&'static Relocation>>> =
-            std::sync::OnceLock::new();
-        super::index(&INDEX, RELOCATIONS, r_type)
-    }
-
-    fn relocation_name(&self, r_type: u32) -> &'static str {
-        self.relocation(r_type)
-            .map_or_else(|| other_name(r_type), |r| r.name)
-    }
-
-    fn stub_size(&self) -> u64 {
-        16
+    fn unapplied_name(&self, r_type: u32) -> &'static str {
+        other_name(r_type)
     }
 
     fn write_stub(

@@ -86,19 +86,9 @@ impl Arch for X86_64 {
     fn relocations(&self) -> &'static [Relocation] {
         RELOCATIONS
     }
-    fn relocation(&self, r_type: u32) -> Option<&'static Relocation> {
-        static INDEX: std::sync::OnceLock<Vec<Option<&'static Relocation>>> =
-            std::sync::OnceLock::new();
-        super::index(&INDEX, RELOCATIONS, r_type)
-    }
 
-    fn relocation_name(&self, r_type: u32) -> &'static str {
-        self.relocation(r_type)
-            .map_or_else(|| dynamic_name(r_type), |r| r.name)
-    }
-
-    fn stub_size(&self) -> u64 {
-        16
+    fn unapplied_name(&self, r_type: u32) -> &'static str {
+        dynamic_name(r_type)
     }
 
     /// `endbr64` (a landing pad: a stub may be reached by an indirect branch, and code

@@ -2,7 +2,7 @@
 //! every core when the link has many relocations.
 
 use crate::fixup::{Resolver, TlsPlace, Where};
-use crate::graph::{Allocated, LinkGraph, Synthesized};
+use crate::graph::{Allocated, Edge, LinkGraph, Synthesized};
 use crate::object_file::SHT_NOBITS;
 use crate::passes::section_bytes::runs;
 use crate::symbols::{lossy, Linker, Place, SEG_TLS};
@@ -119,10 +119,15 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 Some(next[l]).filter(|&n| n != usize::MAX)
             })
         };
-        // Where each patched section lies; one without bytes is an error (its turn).
+        // Each section is one piece, but one with many edges in offset order (a large
+        // object's `.text`, compiled without -ffunction-sections) is cut into pieces
+        // patched on different cores. Pieces are numbered in the edges' order.
+        let threads = rayon::current_num_threads().max(1);
+        let edges = &self.edges;
+        let mut pieces: Vec<Piece> = Vec::with_capacity(groups.len());
         let mut first_error: Option<(usize, LinkError)> = None;
         let mut places: [Vec<_>; 4] = Default::default();
-        for (g, (patched, _, _)) in groups.iter().enumerate() {
+        for (g, (patched, first, last)) in groups.iter().enumerate() {
             let Place::At { seg, offset } = patched.place else {
                 continue;
             };
@@ -130,19 +135,48 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 continue;
             }
             if !patched.has_bytes {
-                first_error.get_or_insert((g, no_contents(patched.at)));
+                first_error.get_or_insert((pieces.len(), no_contents(patched.at)));
+                pieces.push(Piece::whole(g));
                 continue;
             }
             let Some(list) = places.get_mut(seg as usize) else {
                 continue;
             };
-            list.push((g, offset as usize, patched.size as usize));
+            let single = (first == last).then(|| lists[*first]);
+            let cuts = single
+                .map(|l| piece_cuts(edges.of(&l), patched.size, threads))
+                .unwrap_or_default();
+            if cuts.is_empty() {
+                list.push((pieces.len(), offset as usize, patched.size as usize));
+                pieces.push(Piece::whole(g));
+                continue;
+            }
+            let l = single.expect("cuts come from a single list");
+            let from = l.start as usize;
+            let bounds = std::iter::once((from, 0u64))
+                .chain(cuts.iter().map(|&(i, byte)| (from + i, byte)))
+                .chain(std::iter::once((l.end as usize, patched.size)));
+            let bounds: smallvec::SmallVec<[(usize, u64); 16]> = bounds.collect();
+            for w in bounds.windows(2) {
+                let ((e0, b0), (e1, b1)) = (w[0], w[1]);
+                list.push((pieces.len(), (offset + b0) as usize, (b1 - b0) as usize));
+                pieces.push(Piece {
+                    group: g,
+                    edges: Some((e0, e1)),
+                    start: b0,
+                });
+            }
         }
         let mut segs = memory.in_flight.segments_mut();
         let writable = segs.iter_mut().take(3).map(|s| &mut *s.bytes);
-        let edges = &self.edges;
-        let count =
-            |g: usize| -> usize { lists_of(g).map(|l| edges.of(&edges.lists[l]).len()).sum() };
+        let count = |p: usize| -> usize {
+            match pieces[p].edges {
+                Some((a, b)) => b - a,
+                None => lists_of(pieces[p].group)
+                    .map(|l| edges.of(&edges.lists[l]).len())
+                    .sum(),
+            }
+        };
         let per_segment = 2 * rayon::current_num_threads();
         let mut runs = runs(writable, &mut places, per_segment, |p| count(p.0)).map_err(|seg| {
             LinkError::Malformed {
@@ -159,20 +193,39 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 let mut first: Option<(usize, LinkError)> = None;
                 let Ok(()) = run.visit::<std::convert::Infallible>(
                     |_, _| {},
-                    |g, offset, bytes| {
-                        let patched = &groups[g].0;
+                    |p, offset, bytes| {
+                        let piece = pieces[p];
+                        let at = Where {
+                            origin: piece.start,
+                            ..groups[piece.group].0.at
+                        };
                         let address = base + offset as u64;
-                        'lists: for list in lists_of(g) {
-                            for edge in edges.of(&edges.lists[list]) {
-                                let done =
-                                    resolver.apply(patched.at, bytes, address, edge, &s.slots, tls);
-                                if let Err(e) = done {
-                                    if first.as_ref().is_none_or(|(f, _)| g < *f) {
-                                        first = Some((g, e));
-                                    }
-                                    break 'lists;
-                                }
+                        let mut apply = |edge: &Edge| {
+                            if piece.start == 0 {
+                                return resolver.apply(at, bytes, address, edge, &s.slots, tls);
+                            }
+                            // In a piece: its offset from the piece's bytes.
+                            let mut edge = *edge;
+                            edge.offset -= piece.start;
+                            resolver.apply(at, bytes, address, &edge, &s.slots, tls)
+                        };
+                        let done = match piece.edges {
+                            Some((a, b)) => edges.all[a..b].iter().try_for_each(|e| {
+                                apply(e)?;
                                 applied += 1;
+                                Ok(())
+                            }),
+                            None => lists_of(piece.group).try_for_each(|l| {
+                                edges.of(&edges.lists[l]).iter().try_for_each(|e| {
+                                    apply(e)?;
+                                    applied += 1;
+                                    Ok(())
+                                })
+                            }),
+                        };
+                        if let Err(e) = done {
+                            if first.as_ref().is_none_or(|(f, _)| p < *f) {
+                                first = Some((p, e));
                             }
                         }
                         Ok(())
@@ -198,6 +251,58 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
     }
 }
 
+/// Part of a section's edges and the bytes they patch, on one core.
+#[derive(Clone, Copy)]
+struct Piece {
+    /// The section (its group of edge lists).
+    group: usize,
+    /// A range of `Edges::all`, or `None` for every list of the section.
+    edges: Option<(usize, usize)>,
+    /// Where the piece's bytes start in the section.
+    start: u64,
+}
+
+impl Piece {
+    fn whole(group: usize) -> Piece {
+        Piece {
+            group,
+            edges: None,
+            start: 0,
+        }
+    }
+}
+
+/// Edges from which a section's are cut into pieces.
+const PIECE_EDGES: usize = 16 << 10;
+
+/// Where to cut one section's edges (`list`) into pieces of about equal work for
+/// `threads`: pairs of (first edge of a piece, in `list`; first byte of its bytes). None if the section is small or its edges are not in offset order. A cut
+/// falls only where 16 bytes separate the fields before from the next edge, and 4 bytes
+/// before that edge: an in-place number (a ULEB128) stays whole before it, and an
+/// instruction an edge rewrites (x86-64's GOT-load relaxation, 3 bytes before its
+/// field) after it.
+fn piece_cuts(list: &[Edge], size: u64, threads: usize) -> Vec<(usize, u64)> {
+    let n = list.len();
+    if n < PIECE_EDGES || threads < 2 {
+        return Vec::new();
+    }
+    let share = (n / (2 * threads)).max(PIECE_EDGES / 2);
+    let mut cuts = Vec::new();
+    let mut end = 0u64;
+    let mut last = 0usize;
+    for (i, e) in list.iter().enumerate() {
+        if i > 0 && e.offset < list[i - 1].offset {
+            return Vec::new();
+        }
+        if i >= last + share && e.offset >= end.saturating_add(16) && e.offset - 4 < size {
+            cuts.push((i, e.offset - 4));
+            last = i;
+        }
+        end = end.max(e.offset.saturating_add(e.row.field.len()));
+    }
+    cuts
+}
+
 /// The section `id` as the edges patch it.
 fn patched<'n>(
     linker: &'n Linker<'_, '_>,
@@ -213,6 +318,7 @@ fn patched<'n>(
                 at: Where {
                     object: &obj.name,
                     section: sec.name,
+                    origin: 0,
                 },
                 size: sec.size,
                 has_bytes: sec.sh_type != SHT_NOBITS,
@@ -225,6 +331,7 @@ fn patched<'n>(
                 at: Where {
                     object: "kiln",
                     section: s.name.as_bytes(),
+                    origin: 0,
                 },
                 size: s.size,
                 has_bytes: true,
