@@ -43,6 +43,10 @@ struct Args {
     /// architecture whose compiler is here.
     #[arg(long, value_delimiter = ',', default_value = "x86-64,aarch64,riscv64")]
     arch: Vec<String>,
+    /// Functions of the generated input, in 4 objects (the figure is 20,000; the test
+    /// command's smoke run takes fewer: compiling 20,000 takes the compiler 25 s here).
+    #[arg(long, default_value_t = 20_000)]
+    functions: usize,
 }
 
 /// The floor: every input byte read once from a mapping of its file and written once into
@@ -174,33 +178,35 @@ fn mold_command(driver: &str, args: &[String], out: &Path) -> Option<Command> {
     ok.then_some(cmd)
 }
 
-fn many_objects(dir: &Path, compiler: &str, suffix: &str) -> Vec<PathBuf> {
-    // 20,000 functions in 4 objects, each function in its own section, called through
-    // tables from main; compiled side by side (each takes the compiler ~6 s).
+fn many_objects(dir: &Path, compiler: &str, suffix: &str, functions: usize) -> Vec<PathBuf> {
+    // `functions` (20,000 for the figure) in 4 objects, each function in its own section,
+    // called through tables from main; compiled side by side (each of the figure's takes
+    // the compiler ~6 s).
+    let per = (functions / 4).max(1);
     let mut objects = Vec::new();
     let mut compiles = Vec::new();
     for part in 0..4 {
-        let c = dir.join(format!("many{part}.c"));
+        let c = dir.join(format!("many{part}-{per}.c"));
         if !c.exists() {
             let mut src = String::new();
-            for i in 0..5000 {
-                let n = part * 5000 + i;
+            for i in 0..per {
+                let n = part * per + i;
                 src.push_str(&format!(
                     "int f{n}(int x) {{ return x * {} + {n}; }}\n",
                     n % 7 + 1
                 ));
             }
             src.push_str(&format!("typedef int (*fn)(int);\nfn table{part}[] = {{"));
-            for i in 0..5000 {
-                src.push_str(&format!("f{},", part * 5000 + i));
+            for i in 0..per {
+                src.push_str(&format!("f{},", part * per + i));
             }
             src.push_str("};\n");
             if part == 0 {
-                src.push_str("#include <stdio.h>\nextern fn table1[], table2[], table3[];\nint main(void) { long s = 0; fn *t[] = {table0, table1, table2, table3}; for (int k = 0; k < 4; k++) for (int i = 0; i < 5000; i++) s += t[k][i](i); printf(\"%ld\\n\", s); return 0; }\n");
+                src.push_str(&format!("#include <stdio.h>\nextern fn table1[], table2[], table3[];\nint main(void) {{ long s = 0; fn *t[] = {{table0, table1, table2, table3}}; for (int k = 0; k < 4; k++) for (int i = 0; i < {per}; i++) s += t[k][i](i); printf(\"%ld\\n\", s); return 0; }}\n"));
             }
             std::fs::write(&c, src).unwrap();
         }
-        let o = dir.join(format!("many{part}{suffix}.o"));
+        let o = dir.join(format!("many{part}-{per}{suffix}.o"));
         let command = format!(
             "{compiler} -O1 -ffunction-sections -c {} -o {}",
             c.display(),
@@ -226,7 +232,7 @@ fn sqlite_amalgamation() -> Option<PathBuf> {
         .filter(|c| c.exists())
 }
 
-fn prepare(dir: &Path, kiln: &Path, arches: &[String]) -> Vec<Input> {
+fn prepare(dir: &Path, kiln: &Path, arches: &[String], functions: usize) -> Vec<Input> {
     std::fs::create_dir_all(dir).unwrap();
     let programs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs");
     let d = dir.display();
@@ -279,7 +285,7 @@ fn prepare(dir: &Path, kiln: &Path, arches: &[String]) -> Vec<Input> {
             programs.display()
         ));
         let sqlite = vec![dir.join(format!("sqlite_driver{suffix}.o")), sqlite_lib];
-        let many = many_objects(dir, compiler, suffix);
+        let many = many_objects(dir, compiler, suffix, functions);
         for (name, files, libs) in [("sqlite", sqlite, vec!["-lm"]), ("many", many, vec![])] {
             let command = || {
                 let mut k = Command::new(kiln);
@@ -343,7 +349,7 @@ fn main() {
     }
     let me = std::env::current_exe().unwrap();
     let kiln = me.with_file_name("kiln");
-    let inputs = prepare(&args.dir, &kiln, &args.arch);
+    let inputs = prepare(&args.dir, &kiln, &args.arch, args.functions);
     println!("whole process, median of {} interleaved runs\n", args.runs);
     println!(
         "{:<16} {:>10} {:>10} {:>10} {:>11} {:>10}",

@@ -518,26 +518,18 @@ fn insert(bytes: &mut [u8], lsb: u32, width: u32, value: u32) {
     bytes[..4].copy_from_slice(&word.to_le_bytes());
 }
 
-/// The row of `r_type` in `table`, through an index by type number built on first use
-/// (a link looks a row up once per relocation).
-fn index(
-    cell: &'static std::sync::OnceLock<Vec<Option<&'static Relocation>>>,
-    table: &'static [Relocation],
-    r_type: u32,
-) -> Option<&'static Relocation> {
-    let index = cell.get_or_init(|| {
-        let len = table
-            .iter()
-            .map(|r| r.r_type as usize + 1)
-            .max()
-            .unwrap_or(0);
-        let mut index = vec![None; len];
-        for row in table {
-            index[row.r_type as usize] = Some(row);
-        }
-        index
-    });
-    index.get(r_type as usize).copied().flatten()
+/// The rows of `table` by type number.
+fn index(table: &'static [Relocation]) -> Vec<Option<&'static Relocation>> {
+    let len = table
+        .iter()
+        .map(|r| r.r_type as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut index = vec![None; len];
+    for row in table {
+        index[row.r_type as usize] = Some(row);
+    }
+    index
 }
 
 /// What an instruction set brings to a link.
@@ -546,16 +538,19 @@ pub(crate) trait Arch: Sync {
     fn architecture(&self) -> Architecture;
     /// Every relocation type Kiln applies, one row each.
     fn relocations(&self) -> &'static [Relocation];
-    /// The row of relocation type `r_type`, `None` if Kiln does not implement it.
-    fn relocation(&self, r_type: u32) -> Option<&'static Relocation> {
-        // One index per architecture, built on first use.
+    /// Every row by type number (`None` where Kiln applies none), built on first use: a
+    /// link looks a row up once per relocation, and takes this once per object.
+    fn relocation_index(&self) -> &'static [Option<&'static Relocation>] {
         static INDEXES: [std::sync::OnceLock<Vec<Option<&'static Relocation>>>; 3] =
             [const { std::sync::OnceLock::new() }; 3];
-        index(
-            &INDEXES[self.architecture() as usize],
-            self.relocations(),
-            r_type,
-        )
+        INDEXES[self.architecture() as usize].get_or_init(|| index(self.relocations()))
+    }
+    /// The row of relocation type `r_type`, `None` if Kiln does not implement it.
+    fn relocation(&self, r_type: u32) -> Option<&'static Relocation> {
+        self.relocation_index()
+            .get(r_type as usize)
+            .copied()
+            .flatten()
     }
     /// The psABI name of a type Kiln does not apply (dynamic ones, forms compilers do not
     /// emit), for messages; `"unknown"` if the psABI has none.

@@ -157,6 +157,7 @@ fn decode_object(
     lists: &mut Vec<EdgeList>,
 ) -> Result<(), LinkError> {
     let arch = linker.arch;
+    let index = arch.relocation_index();
     let obj = &linker.objs[oi];
     for &(target, relas) in &obj.relocations {
         let p = linker.places[oi][target as usize];
@@ -174,9 +175,9 @@ fn decode_object(
         let start = edges.len() as u32;
         for rela in relas {
             let r_type = rela.r_type(LE, false).0;
-            let key = linker.key(oi as u32, rela.r_sym(LE, false));
             let offset = rela.r_offset.get(LE);
-            let Some(row) = arch.relocation(r_type) else {
+            let Some(row) = index.get(r_type as usize).copied().flatten() else {
+                let key = linker.key(oi as u32, rela.r_sym(LE, false));
                 return Err(LinkError::UnknownRelocation {
                     object: obj.name.to_string(),
                     section: lossy(sec.name),
@@ -196,7 +197,7 @@ fn decode_object(
             edges.push(Edge {
                 offset,
                 row,
-                key,
+                key: linker.key(oi as u32, rela.r_sym(LE, false)),
                 addend: rela.r_addend.get(LE),
                 place_delta: 0,
             });
