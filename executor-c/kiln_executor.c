@@ -716,10 +716,12 @@ struct so_symbol {
 static uint64_t align_up(uint64_t v, uint64_t a) { return a > 1 ? (v + a - 1) / a * a : v; }
 
 /* Builds the object in a memfd and opens it; NULL with the reason in `why`. With
- * `tls_size`, `*tp_offset` gets the block's offset from the thread pointer. */
+ * `tls_size`, `*tp_offset` gets the block's offset from the thread pointer. The memfd
+ * stays open as long as the object (`*fd_out`): the loader knows an object by its path,
+ * and a later memfd given the same /proc/self/fd/N would be taken for this one. */
 static void *open_shared_object(const struct so_symbol *symbols, uint32_t n, uint64_t tls_size,
                                 uint64_t tls_align, const uint8_t *image, uint64_t image_len,
-                                int64_t *tp_offset, char *why, size_t why_len) {
+                                int64_t *tp_offset, int *fd_out, char *why, size_t why_len) {
     int tls = tls_size != 0;
     uint32_t nsyms = n + 1;
     uint64_t strsz = 1;
@@ -816,9 +818,9 @@ static void *open_shared_object(const struct so_symbol *symbols, uint32_t n, uin
     char path[64];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     void *handle = dlopen(path, RTLD_NOW | (n ? RTLD_GLOBAL : RTLD_LOCAL));
-    close(fd);
     if (!handle) {
         snprintf(why, why_len, "dlopen of the object made for it: %s", dlerror());
+        close(fd);
         return NULL;
     }
     if (tls) {
@@ -826,10 +828,12 @@ static void *open_shared_object(const struct so_symbol *symbols, uint32_t n, uin
         if (dlinfo(handle, RTLD_DI_LINKMAP, &map) != 0 || !map) {
             snprintf(why, why_len, "dlinfo: %s", dlerror());
             dlclose(handle);
+            close(fd);
             return NULL;
         }
         memcpy(tp_offset, (const void *)(map->l_addr + off_word), 8);
     }
+    *fd_out = fd;
     return handle;
 }
 
@@ -843,7 +847,7 @@ static _Thread_local char static_tls_alignment[64] __attribute__((aligned(64), u
 #define TLS_MODULE_BASE 0x4b494c4e00000000ull
 #define MAX_TLS_MODULES 4096
 static struct tls_module {
-    int placed;
+    int placed, removed, fd;
     int64_t tp_offset;
     void *handle;
 } tls_modules[MAX_TLS_MODULES];
@@ -861,7 +865,7 @@ static atomic_uint tls_module_count;
  * TLS, at one offset from the thread pointer in every thread. */
 static void *kiln_tls_get_addr(const uint64_t *pair) {
     uint64_t index = pair[0] - TLS_MODULE_BASE;
-    if (index >= atomic_load(&tls_module_count) || !tls_modules[index].placed) {
+    if (index >= MAX_TLS_MODULES || index >= atomic_load(&tls_module_count) || !tls_modules[index].placed) {
         static const char message[] = "kiln-executor-c: __tls_get_addr of a module with no TLS block\n";
         (void)!write(log_fd, message, sizeof message - 1);
         abort();
@@ -871,8 +875,10 @@ static void *kiln_tls_get_addr(const uint64_t *pair) {
 
 static void do_reserve_tls_module(uint32_t id, struct reader *r) {
     if (r->left) return reply_error(id, "malformed ReserveTlsModule: trailing bytes");
-    unsigned index = atomic_fetch_add(&tls_module_count, 1);
+    /* Ids are given by the serving thread alone; the count never passes the table. */
+    unsigned index = atomic_load(&tls_module_count);
     if (index >= MAX_TLS_MODULES) return reply_error(id, "ReserveTlsModule: more than %d TLS modules", MAX_TLS_MODULES);
+    atomic_store(&tls_module_count, index + 1);
     reply_value(id, TLS_MODULE_BASE + index);
 }
 
@@ -888,12 +894,14 @@ static void do_place_tls(uint32_t id, struct reader *r, int answer_offset) {
     if (index >= atomic_load(&tls_module_count) || index >= MAX_TLS_MODULES)
         return reply_error(id, "%s: no TLS module %#llx (ReserveTlsModule gives them)", what, (unsigned long long)module);
     struct tls_module *m = &tls_modules[index];
-    if (m->placed) return reply_error(id, "%s: TLS module %#llx already has its block", what, (unsigned long long)module);
+    if (m->placed || m->removed)
+        return reply_error(id, "%s: TLS module %#llx %s", what, (unsigned long long)module,
+                           m->placed ? "already has its block" : "was removed (its id is not given again)");
     if (size == 0 || image_len > size || size > (1u << 28) || (align & (align - 1)) != 0)
         return reply_error(id, "%s: a block of %llu bytes (image %u, alignment %llu) is not one this executor places",
                            what, (unsigned long long)size, image_len, (unsigned long long)align);
     char why[256];
-    m->handle = open_shared_object(NULL, 0, size, align, image, image_len, &m->tp_offset, why, sizeof why);
+    m->handle = open_shared_object(NULL, 0, size, align, image, image_len, &m->tp_offset, &m->fd, why, sizeof why);
     if (!m->handle)
         return reply_error(id, "%s: a %llu-byte block in static TLS: %s (glibc's surplus is set by the tunable glibc.rtld.optional_static_tls)",
                            what, (unsigned long long)size, why);
@@ -910,11 +918,13 @@ static void do_remove_tls(uint32_t id, struct reader *r) {
         return reply_error(id, "RemoveTls: no TLS module %#llx", (unsigned long long)module);
     /* Static TLS is not given back by the loader: the block stays, unused. */
     tls_modules[index].placed = 0;
+    tls_modules[index].removed = 1;
     reply_simple(id, A_OK);
 }
 
 #define MAX_EXPORTS 1024
 static void *exports[MAX_EXPORTS];
+static int export_fds[MAX_EXPORTS];
 static int export_count;
 
 static void do_export_symbols(uint32_t id, struct reader *r) {
@@ -935,7 +945,7 @@ static void do_export_symbols(uint32_t id, struct reader *r) {
         reply_error(id, "malformed ExportSymbols: %s", r->bad ? r->bad : "trailing bytes");
     else if (export_count == MAX_EXPORTS)
         reply_error(id, "ExportSymbols: more than %d exported sets", MAX_EXPORTS);
-    else if (!(handle = open_shared_object(symbols, n, 0, 0, NULL, 0, NULL, why, sizeof why)))
+    else if (!(handle = open_shared_object(symbols, n, 0, 0, NULL, 0, NULL, &export_fds[export_count], why, sizeof why)))
         reply_error(id, "ExportSymbols: %s", why);
     else {
         exports[export_count] = handle;
@@ -950,6 +960,8 @@ static void do_unexport_symbols(uint32_t id, struct reader *r) {
     if (r->bad || r->left) return reply_error(id, "malformed UnexportSymbols: %s", r->bad ? r->bad : "trailing bytes");
     if (handle == 0 || handle > (uint64_t)export_count || !exports[handle - 1])
         return reply_error(id, "UnexportSymbols: no exported set %llu", (unsigned long long)handle);
+    /* The memfd stays open: the loader may keep the object (a library loaded later can
+     * hold it), and its path must not name another object. */
     dlclose(exports[handle - 1]);
     exports[handle - 1] = NULL;
     reply_simple(id, A_OK);

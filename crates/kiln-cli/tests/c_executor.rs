@@ -557,6 +557,21 @@ fn thread_locals_and_exports_on_aarch64_and_riscv64_as_natively() {
         let native = guest.native_run(&dir, &host, &["-Wl,-E", "-ldl"], &[plugin]);
         let kiln = kiln_run(port, &host, &[], &[plugin]);
         assert_same(&format!("{} plugin", guest.name), &native, &kiln);
+        // With a thread-local beside the exports: each in-memory object the executor
+        // loads for them (a static TLS block, then the exports) is one of its own.
+        let with_tls = dir.join("with_tls");
+        std::fs::create_dir_all(&with_tls).unwrap();
+        let source = with_tls.join("plugin_tls.c");
+        std::fs::write(
+            &source,
+            "__thread int tls_counter = 5;\nint touch_tls(void) { return ++tls_counter; }\n",
+        )
+        .unwrap();
+        let mut inputs = host.clone();
+        inputs.extend(guest.compile_all(&with_tls, &[source], &["-O2"]));
+        let native = guest.native_run(&with_tls, &inputs, &["-Wl,-E", "-ldl"], &[plugin]);
+        let kiln = kiln_run(port, &inputs, &[], &[plugin]);
+        assert_same(&format!("{} plugin with TLS", guest.name), &native, &kiln);
     }
 }
 

@@ -1425,6 +1425,8 @@ fn riscv64_low_parts_take_the_value_of_their_high_part() {
         (0x54, rv::LD_A0),    // ld a0, %pcrel_lo(.L50)(a0)
         (0x60, rv::AUIPC_A0), // auipc a0, %pcrel_hi(fn_far): a host function 8 GiB away
         (0x64, rv::ADDI_A0),  // addi a0, a0, %pcrel_lo(.L60)
+        (0x70, rv::LUI_A0),   // lui a0, %hi(fn_far) (non-PIC: the address of a function)
+        (0x74, rv::ADDI_A0),  // addi a0, a0, %lo(fn_far)
     ]);
     let relocs = [
         reloc(0x40, R_RISCV_PCREL_HI20.0, "data_sym", 8),
@@ -1434,6 +1436,8 @@ fn riscv64_low_parts_take_the_value_of_their_high_part() {
         reloc(0x54, R_RISCV_PCREL_LO12_I.0, "text+0x50", 0),
         reloc(0x60, R_RISCV_PCREL_HI20.0, "fn_far", 0),
         reloc(0x64, R_RISCV_PCREL_LO12_I.0, "text+0x60", 0),
+        reloc(0x70, R_RISCV_HI20.0, "fn_far", 0),
+        reloc(0x74, R_RISCV_LO12_I.0, "fn_far", 0),
     ];
     let mut ctx = Ctx {
         externals: vec![("ext_data", ext), ("fn_far", far)],
@@ -1457,6 +1461,12 @@ fn riscv64_low_parts_take_the_value_of_their_high_part() {
     );
     assert_eq!(linked.u64_at(stub_slot), far);
     assert_eq!(linked.u32_at(stub + 8), 0x000e_0067, "jr t3");
+    // Non-PIC, `lui` + `addi` of the same far function: both halves give the stub.
+    let absolute = (rv::upper(at(0x70)) + rv::lower_i(at(0x74))) as u64;
+    assert_eq!(
+        absolute, stub,
+        "%hi and %lo of a far function agree on its stub"
+    );
 
     // A low part whose label has no high part: an error naming where.
     let relocs = [reloc(0x44, R_RISCV_PCREL_LO12_I.0, "text+0x48", 0)];
@@ -1510,6 +1520,22 @@ fn riscv64_label_differences_change_the_bytes_in_place() {
     assert_eq!(linked.u64_at(text + 0x28), 7 + 0x4001);
     assert_eq!(linked.read(text + 0x30, 2), &0x1002u16.to_le_bytes());
     assert_eq!(linked.read(text + 0x38, 1), &[(0u8).wrapping_sub(1)]);
+
+    // A pair whose SET is an address (a label's, as `.uleb128 .L2 - .L1` gives in
+    // `.gcc_except_table`): only the difference must fit the number's one byte.
+    code[0x48] = 0;
+    let relocs = [
+        reloc(0x48, R_RISCV_SET_ULEB128.0, "text+0x30", 0),
+        reloc(0x48, R_RISCV_SUB_ULEB128.0, "text+0x10", 0),
+    ];
+    let linked = link_object(
+        arch,
+        object(arch, &code, &relocs, &absolutes),
+        &mut Ctx::default(),
+    )
+    .expect("a label difference links");
+    let text = linked.section(".text");
+    assert_eq!(linked.read(text + 0x48, 1), &[0x20]);
 
     // A ULEB128 that would need more bytes than it has: an error, not a longer number.
     let relocs = [reloc(0x40, R_RISCV_SET_ULEB128.0, "abs_big", 0)];

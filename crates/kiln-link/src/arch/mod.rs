@@ -498,12 +498,13 @@ pub(crate) fn encode(
                 old |= u64::from(b & 0x7f) << (7 * i);
             }
             let mut new = op.apply(old, v);
+            // Unchecked (a pair's parts): modulo the number's length.
+            if check != Check::None && len < 10 && new >> (7 * len) != 0 {
+                return Err(EncodeError::Range);
+            }
             for (i, b) in bytes[..len].iter_mut().enumerate() {
                 *b = (new & 0x7f) as u8 | if i + 1 < len { 0x80 } else { 0 };
                 new >>= 7;
-            }
-            if new != 0 {
-                return Err(EncodeError::Range);
             }
         }
     }
@@ -592,6 +593,18 @@ pub(crate) trait Arch: Sync {
     /// written in `lo`'s field. `None` if `hi` cannot be its partner.
     fn pair(&self, lo: &Relocation, hi: &Relocation) -> Option<&'static Relocation> {
         let _ = (lo, hi);
+        None
+    }
+    /// The rows two relocations at one offset become when they compute one value together
+    /// (RISC-V's `SET_ULEB128` then `SUB_ULEB128`: a label difference, written modulo the
+    /// number's length as other linkers do, where either alone is checked); `None` for
+    /// any other two.
+    fn pair_at_one_offset(
+        &self,
+        first: &Relocation,
+        second: &Relocation,
+    ) -> Option<(&'static Relocation, &'static Relocation)> {
+        let _ = (first, second);
         None
     }
     /// What a thread-local's offset in its block is biased by in the GOT and in debug

@@ -13,7 +13,7 @@ use super::{Arch, Architecture, Check, Field, InPlaceOp, Relative, Relocation, T
 /// The RISC-V 64 implementation of [`Arch`].
 pub(crate) struct Riscv64;
 
-use Check::{Either, None as NoCheck, Signed};
+use Check::{Either, None as NoCheck, Signed, Unsigned};
 use Field::{BType, CallPair, CbType, CiLui, CjType, IType, JType, SType, UType, Word};
 use Relative::{Absolute, Place};
 use Target::{
@@ -87,8 +87,8 @@ static RELOCATIONS: &[Relocation] = &[
     row!(R_RISCV_SET32, Symbol, Absolute, NoCheck, set(4)),
     row!(R_RISCV_32_PCREL, Symbol, Place, Signed(32), Word(4)),
     row!(R_RISCV_PLT32, Call, Place, Signed(32), Word(4)),
-    row!(R_RISCV_SET_ULEB128, Symbol, Absolute, NoCheck, uleb(Set)),
-    row!(R_RISCV_SUB_ULEB128, Symbol, Absolute, NoCheck, uleb(Sub)),
+    row!(R_RISCV_SET_ULEB128, Symbol, Absolute, Unsigned(64), uleb(Set)),
+    row!(R_RISCV_SUB_ULEB128, Symbol, Absolute, Unsigned(64), uleb(Sub)),
     row!(R_RISCV_TLSDESC_HI20, TlsDescEntry, Place, Signed(32), UType),
     row!(R_RISCV_TLSDESC_LOAD_LO12, Partner, Place, NoCheck, IType),
     row!(R_RISCV_TLSDESC_ADD_LO12, Partner, Place, NoCheck, IType),
@@ -109,6 +109,14 @@ static PAIRED: &[Relocation] = &[
     row!(R_RISCV_PCREL_LO12_S, TlsGdEntry, Place, Signed(32), SType),
     row!(R_RISCV_TLSDESC_LOAD_LO12, TlsDescEntry, Place, Signed(32), IType),
     row!(R_RISCV_TLSDESC_ADD_LO12, TlsDescEntry, Place, Signed(32), IType),
+];
+
+/// A `SET_ULEB128` with the `SUB_ULEB128` after it at the same offset: together they
+/// write a label difference, each part modulo the number's length.
+#[rustfmt::skip]
+static ULEB128_PAIR: [Relocation; 2] = [
+    row!(R_RISCV_SET_ULEB128, Symbol, Absolute, NoCheck, uleb(Set)),
+    row!(R_RISCV_SUB_ULEB128, Symbol, Absolute, NoCheck, uleb(Sub)),
 ];
 
 /// Names of types Kiln does not apply (for messages).
@@ -180,9 +188,16 @@ impl Arch for Riscv64 {
         1 << 31
     }
 
+    /// A high part's value is checked rounded to 4 KiB. An absolute low part
+    /// (`%lo(sym)`, non-PIC) follows its `%hi`: a symbol whose `lui` cannot hold it is
+    /// reached through its stub by both halves.
     fn reaches(&self, row: &Relocation, direct: i128, s: u64, a: i64, p: u64) -> bool {
         let _ = (s, a, p);
-        if row.rounds_to_page() {
+        let absolute_low =
+            row.relative == Absolute && row.check == NoCheck && matches!(row.field, IType | SType);
+        if absolute_low {
+            Signed(32).accepts(direct + 0x800)
+        } else if row.rounds_to_page() {
             row.check.accepts(direct + 0x800)
         } else {
             row.check.accepts(direct)
@@ -201,6 +216,16 @@ impl Arch for Riscv64 {
         PAIRED
             .iter()
             .find(|r| r.target == hi.target && r.field == lo.field && r.name == lo.name)
+    }
+
+    fn pair_at_one_offset(
+        &self,
+        first: &Relocation,
+        second: &Relocation,
+    ) -> Option<(&'static Relocation, &'static Relocation)> {
+        (first.r_type == object::elf::R_RISCV_SET_ULEB128.0
+            && second.r_type == object::elf::R_RISCV_SUB_ULEB128.0)
+            .then(|| (&ULEB128_PAIR[0], &ULEB128_PAIR[1]))
     }
 
     /// glibc's `TLS_DTV_OFFSET` on RISC-V: `__tls_get_addr` adds it back.

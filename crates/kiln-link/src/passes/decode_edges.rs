@@ -173,10 +173,16 @@ fn decode_object(
             continue;
         }
         let start = edges.len() as u32;
-        for rela in relas {
+        // The row the next relocation takes instead of its own (the second of a pair at
+        // one offset).
+        let mut paired_next: Option<&'static crate::arch::Relocation> = None;
+        for (i, rela) in relas.iter().enumerate() {
             let r_type = rela.r_type(LE, false).0;
             let offset = rela.r_offset.get(LE);
-            let Some(row) = index.get(r_type as usize).copied().flatten() else {
+            let row = paired_next
+                .take()
+                .or_else(|| index.get(r_type as usize).copied().flatten());
+            let Some(mut row) = row else {
                 let key = linker.key(oi as u32, rela.r_sym(LE, false));
                 return Err(LinkError::UnknownRelocation {
                     object: obj.name.to_string(),
@@ -189,6 +195,18 @@ fn decode_object(
             };
             if row.target == Target::Nothing {
                 continue;
+            }
+            if let Some(next) = relas.get(i + 1).filter(|n| n.r_offset.get(LE) == offset) {
+                let next_row = index
+                    .get(next.r_type(LE, false).0 as usize)
+                    .copied()
+                    .flatten();
+                if let Some((first, second)) =
+                    next_row.and_then(|n| arch.pair_at_one_offset(row, n))
+                {
+                    row = first;
+                    paired_next = Some(second);
+                }
             }
             if row.target == Target::Partner {
                 edges.push(paired(linker, oi, target, relas, rela, row)?);
