@@ -279,24 +279,36 @@ fn test_programs_run_on_aarch64_as_natively() {
         return;
     }
     let executor = aarch64_executor();
-    let port = executor.port;
-    for (label, flags) in [
-        ("O0", &["-O0", "-fcommon"][..]),
+    let flag_sets: &[(&str, &[&str])] = &[
+        ("O0", &["-O0", "-fcommon"]),
         ("O2-pic", &["-O2", "-fPIC", "-fcommon"]),
         (
             "O2-large",
             &["-O2", "-fno-pic", "-mcmodel=large", "-fcommon"],
         ),
-    ] {
-        let dir = tmp().join(format!("relocs-{label}"));
+    ];
+    relocs_as_natively(AARCH64, executor.port, flag_sets);
+}
+
+/// relocs.c with relocs_other.c compiled with each set of flags for `guest`, run through
+/// the executor at `port` and natively: the same output and status.
+fn relocs_as_natively(guest: Guest, port: u16, flag_sets: &[(&str, &[&str])]) {
+    let includes = match guest.name {
+        "aarch64" => kiln_testkit::aarch64_includes(),
+        _ => Vec::new(),
+    };
+    for &(label, flags) in flag_sets {
+        let dir = tmp().join(format!("{}-relocs-{label}", guest.name));
         std::fs::create_dir_all(&dir).unwrap();
+        let mut flags = flags.to_vec();
+        flags.extend(includes.iter().map(String::as_str));
         let objects = vec![
-            cross_compile(&dir, "relocs.c", flags),
-            cross_compile(&dir, "relocs_other.c", flags),
+            guest.compile(&dir, "relocs.c", &flags),
+            guest.compile(&dir, "relocs_other.c", &flags),
         ];
-        let native = native_run(&dir, &objects, &[], &[]);
+        let native = guest.native_run(&dir, &objects, &[], &[]);
         let kiln = kiln_run(port, &objects, &[], &[]);
-        assert_same(&format!("relocs {label}"), &native, &kiln);
+        assert_same(&format!("{} relocs {label}", guest.name), &native, &kiln);
     }
 }
 
@@ -584,24 +596,15 @@ fn test_programs_run_on_riscv64_as_natively() {
     let port = executor.port;
     // gcc's code models: medany (its default, PIE), medlow (PIE, and non-PIC with
     // everything in the low 2 GiB), and PIC.
-    for (label, flags) in [
-        ("O0-medany", &["-O0", "-fcommon"][..]),
+    let flag_sets: &[(&str, &[&str])] = &[
+        ("O0-medany", &["-O0", "-fcommon"]),
         ("O2-pic", &["-O2", "-fPIC", "-fcommon"]),
         (
             "O2-medlow-pie",
             &["-O2", "-fPIE", "-mcmodel=medlow", "-fcommon"],
         ),
-    ] {
-        let dir = tmp().join(format!("riscv64-relocs-{label}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let objects = vec![
-            RISCV64.compile(&dir, "relocs.c", flags),
-            RISCV64.compile(&dir, "relocs_other.c", flags),
-        ];
-        let native = RISCV64.native_run(&dir, &objects, &[], &[]);
-        let kiln = kiln_run(port, &objects, &[], &[]);
-        assert_same(&format!("riscv64 relocs {label}"), &native, &kiln);
-    }
+    ];
+    relocs_as_natively(RISCV64, port, flag_sets);
     // Non-PIC medlow code: 32-bit absolute addresses (lui/addi) of its data, which the
     // session places in the low 2 GiB; natively a non-PIE executable.
     let dir = tmp().join("riscv64-nopic-medlow");

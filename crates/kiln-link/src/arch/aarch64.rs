@@ -187,9 +187,7 @@ impl Arch for Aarch64 {
         stub_address: u64,
         slot_address: u64,
     ) -> Result<(), i128> {
-        for (i, word) in STUB.iter().enumerate() {
-            stub[i * 4..i * 4 + 4].copy_from_slice(&word.to_le_bytes());
-        }
+        super::write_words(stub, &STUB);
         // The ADRP is the second instruction: its page is that of its own address.
         let page = (slot_address & !0xfff) as i128 - ((stub_address + 4) & !0xfff) as i128;
         super::encode(ADRP, Signed(33), page, &mut stub[4..8]).map_err(|_| page)?;

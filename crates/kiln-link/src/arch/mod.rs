@@ -511,6 +511,13 @@ pub(crate) fn encode(
     Ok(())
 }
 
+/// Writes 32-bit instruction words, little-endian, at the start of `bytes`.
+pub(crate) fn write_words(bytes: &mut [u8], words: &[u32]) {
+    for (at, word) in bytes.chunks_exact_mut(4).zip(words) {
+        at.copy_from_slice(&word.to_le_bytes());
+    }
+}
+
 /// Puts `value` in bits `[lsb, lsb + width)` of the little-endian instruction word.
 fn insert(bytes: &mut [u8], lsb: u32, width: u32, value: u32) {
     let mut word = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);

@@ -160,9 +160,7 @@ impl Arch for Riscv64 {
         stub_address: u64,
         slot_address: u64,
     ) -> Result<(), i128> {
-        for (i, word) in STUB.iter().enumerate() {
-            stub[i * 4..i * 4 + 4].copy_from_slice(&word.to_le_bytes());
-        }
+        super::write_words(stub, &STUB);
         let offset = slot_address as i128 - stub_address as i128;
         super::encode(UType, Signed(32), offset, &mut stub[0..4]).map_err(|_| offset)?;
         super::encode(IType, NoCheck, offset, &mut stub[4..8]).map_err(|_| offset)?;
