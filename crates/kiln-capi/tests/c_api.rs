@@ -28,8 +28,7 @@ fn prefix() -> &'static Path {
         // The executor binary, installed with the library (for KILN_EXECUTOR_SPAWN).
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         run(Command::new(cargo).args(["build", "-p", "kiln-executor"]));
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/install_capi.sh");
-        run(Command::new("bash").arg(script).arg(&prefix).arg("--debug"));
+        kiln_testkit::install_capi(&prefix, &["--debug"]);
         for name in ["math", "user", "archived", "main", "twice", "host_calls"] {
             run(Command::new("cc")
                 .args(["-O1", "-fPIC", "-c"])

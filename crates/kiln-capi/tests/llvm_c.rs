@@ -13,13 +13,7 @@ fn a_thousand_mcjit_engines_disposed_with_their_code_kept_in_kiln() {
     std::fs::create_dir_all(&dir).unwrap();
     let prefix = dir.join("prefix");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    run(Command::new("bash")
-        .arg(root.join("../../scripts/install_capi.sh"))
-        .arg(&prefix)
-        .args(["--debug", "--features", "llvm"]));
-    let pkg = run(Command::new("pkg-config")
-        .args(["--cflags", "--libs", "kiln"])
-        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")));
+    let pkg = kiln_testkit::install_capi(&prefix, &["--debug", "--features", "llvm"]);
     let llvm_prefix =
         std::env::var("LLVM_SYS_140_PREFIX").unwrap_or_else(|_| "/usr/lib/llvm-14".into());
     let cflags = run(Command::new(format!("{llvm_prefix}/bin/llvm-config")).arg("--cflags"));

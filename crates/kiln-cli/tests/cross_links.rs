@@ -510,17 +510,7 @@ fn check_riscv64(seen: &mut Seen<'_>, relocs: &[Reloc], original: &[u8]) {
             RelocationType(r.r_type),
             R_RISCV_PCREL_HI20 | R_RISCV_GOT_HI20 | R_RISCV_TLS_GOT_HI20 | R_RISCV_TLS_GD_HI20
         ) {
-            let page =
-                riscv_upper(seen, r.place, "auipc").map(|hi| r.place.wrapping_add(hi as u64));
-            high.insert(
-                r.offset,
-                (
-                    RelocationType(r.r_type),
-                    r.place,
-                    r.x().filter(|_| page.is_some()),
-                ),
-            );
-            let _ = page;
+            high.insert(r.offset, (RelocationType(r.r_type), r.place, r.x()));
         }
     }
     // Label differences changed in place: the word's value after every relocation at it.

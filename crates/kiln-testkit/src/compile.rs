@@ -87,3 +87,16 @@ pub fn run_ok(cmd: &mut Command) -> String {
     );
     text
 }
+
+/// Installs Kiln's C API (library, header, pkg-config file) into `prefix` with
+/// scripts/install_capi.sh and `args` (`--debug`, `--features llvm`); returns what
+/// `pkg-config --cflags --libs kiln` then says for it.
+pub fn install_capi(prefix: &Path, args: &[&str]) -> String {
+    let script = crate::repository().join("scripts/install_capi.sh");
+    run_ok(Command::new("bash").arg(script).arg(prefix).args(args));
+    run_ok(
+        Command::new("pkg-config")
+            .args(["--cflags", "--libs", "kiln"])
+            .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")),
+    )
+}

@@ -14,7 +14,7 @@ pub mod compile;
 pub mod sysroot;
 
 pub use binaries::{binary, executor_binary, start_executor, ExecutorProcess, KillOnDrop};
-pub use compile::{cc, cc_object, cxx_object, run_ok, scratch_dir};
+pub use compile::{cc, cc_object, cxx_object, install_capi, run_ok, scratch_dir};
 pub use sysroot::{
     aarch64_includes, aarch64_lib_dir, aarch64_sysroot, c_sources, find_c_sources, host_file,
     programs_dir, python_config_dir, python_tests_env, repository, skip_cross, source,

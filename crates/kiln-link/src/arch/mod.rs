@@ -286,6 +286,17 @@ impl InPlaceOp {
 }
 
 impl Field {
+    /// Whether a checked value is the one rounded to 4 KiB that a U-type instruction
+    /// holds (`v + 0x800`): a RISC-V high part, a `call`, or a low part checked as its
+    /// high partner is. (Unchecked, the rounding changes nothing.)
+    pub(crate) fn rounds_to_page(self, check: Check) -> bool {
+        check != Check::None
+            && matches!(
+                self,
+                Field::UType | Field::CallPair | Field::CiLui | Field::IType | Field::SType
+            )
+    }
+
     /// Bytes the field covers.
     pub(crate) fn len(self) -> u64 {
         match self {
@@ -343,11 +354,7 @@ impl Relocation {
     /// holds (`v + 0x800`): a RISC-V high part, a `call`, or a low part checked as its
     /// high partner is.
     pub(crate) fn rounds_to_page(&self) -> bool {
-        match self.field {
-            Field::UType | Field::CallPair | Field::CiLui => true,
-            Field::IType | Field::SType => self.check != Check::None,
-            _ => false,
-        }
+        self.field.rounds_to_page(self.check)
     }
 }
 
@@ -369,11 +376,7 @@ pub(crate) fn encode(
     bytes: &mut [u8],
 ) -> Result<(), EncodeError> {
     // A U-type high part is the value rounded to 4 KiB: that is what must fit.
-    let checked = if matches!(
-        field,
-        Field::UType | Field::CallPair | Field::CiLui | Field::IType | Field::SType
-    ) && check != Check::None
-    {
+    let checked = if field.rounds_to_page(check) {
         value + 0x800
     } else {
         value
