@@ -13,8 +13,13 @@
  * RunFinalizers, RunMain (the program's output forwarded as Output messages, its input
  * taken from Input messages, exit() and fatal signals reported), Call, Input and
  * Shutdown, thread-local storage (every module's block in static TLS, and an
- * __tls_get_addr of its own that finds them) and exports (ExportSymbols). Stdio adoption
- * and debug outputs are answered with an Error naming the request.
+ * __tls_get_addr of its own that finds them), exports (ExportSymbols), and lazy functions:
+ * an entry for call-through stubs on each architecture (__kiln_lazy_entry), ResolveStub
+ * sent for any thread while a request's code runs, StoreCodePointer and OldestCodeGuard
+ * (hot swap, with a guard per request's run of code). The code of RunMain, Call,
+ * RunInitializers and RunFinalizers runs off the thread that reads the connection, which
+ * goes on serving the controller meanwhile. Stdio adoption and debug outputs are answered
+ * with an Error naming the request.
  *
  * Code memory is dual-mapped, as Kiln's own executor does it: a memfd mapped twice, the
  * target view with the final permission of each page (never writable and executable) and
@@ -72,6 +77,7 @@ enum {
     T_EXPORT_SYMBOLS = 22, T_UNEXPORT_SYMBOLS = 23,
     A_OK = 100, A_VALUE = 101, A_RESERVED = 102, A_BYTES = 103, A_SYMBOL = 104,
     A_ERROR = 105, A_CRASHED = 106, A_SYMBOLS = 107, A_EXITED = 108, A_OUTPUT = 109,
+    T_RESOLVE_STUB = 29, T_STORE_CODE_POINTER = 33, T_OLDEST_CODE_GUARD = 34, A_STUB_RESOLVED = 110,
 };
 
 static const char *request_name(int tag) {
@@ -198,7 +204,19 @@ static void logf_(const char *fmt, ...) {
     va_start(ap, fmt);
     int n = vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    if (n > 0) (void)!write(log_fd, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+    if (n <= 0) return;
+    /* A log whose reader is gone must not end the executor: SIGPIPE is held back for
+     * this write (and a pending one taken), the program's own disposition untouched. */
+    sigset_t pipe_only, before;
+    sigemptyset(&pipe_only);
+    sigaddset(&pipe_only, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_only, &before);
+    ssize_t written = write(log_fd, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+    if (written < 0 && errno == EPIPE) {
+        struct timespec now = {0, 0};
+        sigtimedwait(&pipe_only, NULL, &now);
+    }
+    pthread_sigmask(SIG_SETMASK, &before, NULL);
 }
 
 static int write_all(int fd, const uint8_t *p, size_t n) {
@@ -537,6 +555,10 @@ static void do_deinitialize(uint32_t id, struct reader *r) {
     if (r->bad || r->left) return reply_error(id, "malformed Deinitialize: %s", r->bad ? r->bad : "trailing bytes");
     struct reservation *res = pages(id, handle, start, end);
     if (!res) return;
+    /* Writable for a moment (never executable): qemu-user drops the translations of code
+     * on a page that becomes writable, and it does not see the working view's writes, so
+     * a body later placed on the same pages (hot swap frees old ones) runs as written. */
+    mprotect((void *)(uintptr_t)start, end - start, PROT_READ | PROT_WRITE);
     mprotect((void *)(uintptr_t)start, end - start, PROT_NONE);
     memset(res->pages + (start - res->target) / (uint64_t)page_size, 0, (end - start) / (uint64_t)page_size);
     /* The pages' contents are discarded: they read as zeros when prepared again. */
@@ -1049,48 +1071,12 @@ static void do_eh_frame(uint32_t id, struct reader *r, int reg) {
     reply_simple(id, A_OK);
 }
 
-static void do_initializers(uint32_t id, struct reader *r) {
-    uint32_t n;
-    uint64_t *list = rd_addresses(r, &n);
-    if (r->bad || r->left) reply_error(id, "malformed RunInitializers: %s", r->bad ? r->bad : "trailing bytes");
-    else if (all_code(id, list, n)) {
-        for (uint32_t i = 0; i < n; i++) ((void (*)(int, char **, char **))(uintptr_t)list[i])(1, empty_argv, environ);
-        reply_simple(id, A_OK);
-    }
-    free(list);
-}
-
-static void do_finalizers(uint32_t id, struct reader *r) {
-    uint64_t dso = rd_u64(r, "dso_handle");
-    uint32_t n;
-    uint64_t *list = rd_addresses(r, &n);
-    if (r->bad || r->left) reply_error(id, "malformed RunFinalizers: %s", r->bad ? r->bad : "trailing bytes");
-    else if (all_code(id, list, n)) {
-        void (*finalize)(void *) = (void (*)(void *))dlsym(RTLD_DEFAULT, "__cxa_finalize");
-        if (finalize && dso) finalize((void *)(uintptr_t)dso);
-        for (uint32_t i = 0; i < n; i++) ((void (*)(void))(uintptr_t)list[i])();
-        reply_simple(id, A_OK);
-    }
-    free(list);
-}
-
-static void do_call(uint32_t id, struct reader *r) {
-    uint64_t address = rd_u64(r, "address");
-    uint32_t n = rd_count(r, 8, "arguments");
-    uint64_t a[6] = {0};
-    for (uint32_t i = 0; i < n && i < 6; i++) a[i] = rd_u64(r, "argument");
-    if (n > 6) return reply_error(id, "Call takes at most 6 arguments, not %u", n);
-    if (r->bad || r->left) return reply_error(id, "malformed Call: %s", r->bad ? r->bad : "trailing bytes");
-    if (!runnable(address)) return reply_error(id, "%#llx is not code this executor prepared to run", (unsigned long long)address);
-    uint64_t v = ((uint64_t(*)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t))(uintptr_t)address)(a[0], a[1], a[2], a[3], a[4], a[5]);
-    reply_value(id, v);
-}
-
 /* The program's standard streams: pipes whose other ends the forwarder reads. */
 static int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1}, in_pipe[2] = {-1, -1};
+/* Requests whose JIT code runs (a program's exit() is reported while one does). */
+static atomic_int running_code;
 static atomic_int forwarding_busy;
 static pid_t executor_pid;
-static volatile sig_atomic_t in_main;
 
 static void *forward_output(void *unused) {
     (void)unused;
@@ -1179,32 +1165,11 @@ static void on_fatal_signal(int signal) {
 
 static void on_program_exit(int status, void *unused) {
     (void)unused;
-    if (getpid() != executor_pid || !in_main) return;
+    if (getpid() != executor_pid || atomic_load(&running_code) == 0) return;
     drain_output();
     pthread_mutex_lock(&send_lock);
     report(A_EXITED, (uint32_t)status);
     shutdown(sock, SHUT_WR);
-}
-
-struct main_call {
-    uint64_t address;
-    int argc;
-    char **argv;
-    int status;
-    int done_fd;
-};
-
-static void *call_main(void *arg) {
-    struct main_call *m = arg;
-    /* Crash reports run on a stack of their own in this thread too (sigaltstack is per
-     * thread), so a stack overflow in main reports. */
-    static uint8_t main_alt_stack[64 * 1024];
-    stack_t ss = {.ss_sp = main_alt_stack, .ss_size = sizeof main_alt_stack};
-    sigaltstack(&ss, NULL);
-    m->status = ((int (*)(int, char **, char **))(uintptr_t)m->address)(m->argc, m->argv, environ);
-    fflush(NULL);
-    (void)!write(m->done_fd, "d", 1);
-    return NULL;
 }
 
 /* Input the program has not taken yet, and whether its end has come. */
@@ -1238,76 +1203,536 @@ static void give_input(struct reader *r) {
 
 static int read_frame(uint8_t **body, uint32_t *len);
 
-static void do_run_main(uint32_t id, struct reader *r) {
-    uint64_t address = rd_u64(r, "address");
-    uint32_t n = rd_count(r, 4, "argv");
-    char **argv = calloc((size_t)n + 1, sizeof *argv);
-    for (uint32_t i = 0; argv && i < n; i++) argv[i] = rd_string(r, "argument");
-    if (!argv || r->bad || r->left) {
-        if (argv) for (uint32_t i = 0; i < n; i++) free(argv[i]);
-        free(argv);
-        return reply_error(id, "malformed RunMain: %s", r->bad ? r->bad : "trailing bytes");
+/* ---- code guards ---------------------------------------------------------------------- */
+
+/* Each request's run of JIT code holds a guard of the epoch current when it started; a
+ * store of a stub's slot (StoreCodePointer) advances the epoch and answers the epoch the
+ * replaced body was retired at; the controller frees a body once the oldest guard held
+ * (OldestCodeGuard) is later. As Kiln's own executor does (kiln_executor::code_guards). */
+static pthread_mutex_t guard_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t guard_epoch = 1;
+static uint64_t *guards_held;
+static size_t guards_n, guards_cap;
+
+static uint64_t guard_pin(void) {
+    pthread_mutex_lock(&guard_lock);
+    if (guards_n == guards_cap) {
+        size_t cap = guards_cap ? 2 * guards_cap : 64;
+        uint64_t *held = realloc(guards_held, cap * sizeof *held);
+        if (!held) _exit(70); /* a guard not kept could let a running body be freed */
+        guards_held = held;
+        guards_cap = cap;
     }
-    if (!runnable(address)) {
-        for (uint32_t i = 0; i < n; i++) free(argv[i]);
-        free(argv);
-        return reply_error(id, "main at %#llx is not code this executor prepared to run", (unsigned long long)address);
+    uint64_t epoch = guard_epoch;
+    guards_held[guards_n++] = epoch;
+    pthread_mutex_unlock(&guard_lock);
+    return epoch;
+}
+
+static void guard_unpin(uint64_t epoch) {
+    pthread_mutex_lock(&guard_lock);
+    for (size_t i = 0; i < guards_n; i++)
+        if (guards_held[i] == epoch) {
+            guards_held[i] = guards_held[--guards_n];
+            break;
+        }
+    pthread_mutex_unlock(&guard_lock);
+}
+
+static uint64_t guard_advance(void) {
+    pthread_mutex_lock(&guard_lock);
+    uint64_t retired = guard_epoch++;
+    pthread_mutex_unlock(&guard_lock);
+    return retired;
+}
+
+static uint64_t guard_oldest(void) {
+    pthread_mutex_lock(&guard_lock);
+    uint64_t oldest = guard_epoch;
+    for (size_t i = 0; i < guards_n; i++)
+        if (guards_held[i] < oldest) oldest = guards_held[i];
+    pthread_mutex_unlock(&guard_lock);
+    return oldest;
+}
+
+/* ---- running JIT code off the reading thread ------------------------------------------- */
+
+/* The code of RunMain, Call, RunInitializers and RunFinalizers runs on a thread other than
+ * the one that reads the connection: the code thread when it is idle, else a thread of its
+ * own (8 MiB of stack each). The reading thread goes on serving the controller (the links
+ * of lazy functions' bodies among its requests), and each request's code sends its own
+ * answer when it returns. */
+struct code_job {
+    uint32_t id;
+    uint8_t tag;
+    uint64_t address;   /* Call, RunMain */
+    uint64_t args[6];   /* Call */
+    uint64_t *list;     /* RunInitializers, RunFinalizers */
+    uint32_t n;
+    uint64_t dso;       /* RunFinalizers */
+    char **argv;        /* RunMain */
+    int argc;
+};
+
+static pthread_mutex_t jobs_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t jobs_ready = PTHREAD_COND_INITIALIZER;
+static struct code_job *code_thread_job;
+static int code_thread_state; /* 0 not started, 1 idle, 2 busy */
+static atomic_int main_running;
+static pthread_t reading_thread;
+
+static void free_job(struct code_job *job) {
+    for (int i = 0; job->argv && i < job->argc; i++) free(job->argv[i]);
+    free(job->argv);
+    free(job->list);
+    free(job);
+}
+
+typedef uint64_t (*call6)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);
+
+/* Runs the job's code; its value (the call's, main's status). */
+static uint64_t run_code(struct code_job *job) {
+    uint64_t value = 0;
+    switch (job->tag) {
+    case T_CALL: {
+        const uint64_t *a = job->args;
+        value = ((call6)(uintptr_t)job->address)(a[0], a[1], a[2], a[3], a[4], a[5]);
+        break;
     }
-    int done[2];
-    if (pipe2(done, O_CLOEXEC)) {
-        for (uint32_t i = 0; i < n; i++) free(argv[i]);
-        free(argv);
-        return reply_error(id, "pipe: %s", strerror(errno));
+    case T_RUN_INITIALIZERS:
+        for (uint32_t i = 0; i < job->n; i++)
+            ((void (*)(int, char **, char **))(uintptr_t)job->list[i])(1, empty_argv, environ);
+        break;
+    case T_RUN_FINALIZERS: {
+        void (*finalize)(void *) = (void (*)(void *))dlsym(RTLD_DEFAULT, "__cxa_finalize");
+        if (finalize && job->dso) finalize((void *)(uintptr_t)job->dso);
+        for (uint32_t i = 0; i < job->n; i++) ((void (*)(void))(uintptr_t)job->list[i])();
+        break;
     }
-    struct main_call m = {address, (int)n, argv, 0, done[1]};
+    case T_RUN_MAIN:
+        value = (uint32_t)((int (*)(int, char **, char **))(uintptr_t)job->address)(job->argc, job->argv, environ);
+        fflush(NULL);
+        break;
+    }
+    return value;
+}
+
+/* After the job's code: its answer, once nothing of it runs. */
+static void finish_job(struct code_job *job, uint64_t value) {
+    if (job->tag == T_RUN_MAIN) drain_output();
+    /* Not running any more before the answer: a Shutdown sent after it is served. */
+    atomic_fetch_sub(&running_code, 1);
+    if (job->tag == T_RUN_MAIN) atomic_store(&main_running, 0);
+    if (job->tag == T_CALL || job->tag == T_RUN_MAIN) reply_value(job->id, value);
+    else reply_simple(job->id, A_OK);
+    free_job(job);
+}
+
+static void run_job(struct code_job *job) {
+    uint64_t guard = guard_pin();
+    uint64_t value = run_code(job);
+    guard_unpin(guard);
+    finish_job(job, value);
+}
+
+/* Crash reports run on a stack of their own in code threads too (sigaltstack is per
+ * thread), so a stack overflow reports. */
+static void *own_alt_stack(void) {
+    void *stack = malloc(64 * 1024);
+    if (stack) {
+        stack_t ss = {.ss_sp = stack, .ss_size = 64 * 1024};
+        sigaltstack(&ss, NULL);
+    }
+    return stack;
+}
+
+static void *code_thread(void *unused) {
+    (void)unused;
+    own_alt_stack();
+    pthread_mutex_lock(&jobs_lock);
+    for (;;) {
+        while (!code_thread_job) pthread_cond_wait(&jobs_ready, &jobs_lock);
+        struct code_job *job = code_thread_job;
+        code_thread_job = NULL;
+        pthread_mutex_unlock(&jobs_lock);
+        run_job(job);
+        pthread_mutex_lock(&jobs_lock);
+        code_thread_state = 1;
+    }
+    return NULL;
+}
+
+static void *job_thread(void *arg) {
+    void *stack = own_alt_stack();
+    run_job(arg);
+    if (stack) {
+        stack_t off = {.ss_flags = SS_DISABLE};
+        sigaltstack(&off, NULL);
+        free(stack);
+    }
+    return NULL;
+}
+
+static int start_thread(void *(*fn)(void *), void *arg, int joinable, pthread_t *thread) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 8 << 20);
+    pthread_attr_setdetachstate(&attr, joinable ? PTHREAD_CREATE_JOINABLE : PTHREAD_CREATE_DETACHED);
+    pthread_t detached;
+    int rc = pthread_create(thread ? thread : &detached, &attr, fn, arg);
+    pthread_attr_destroy(&attr);
+    return rc;
+}
+
+struct main_run {
+    struct code_job *job;
+    uint64_t status;
+};
+
+static void *main_thread(void *arg) {
+    struct main_run *m = arg;
+    void *stack = own_alt_stack();
+    m->status = run_code(m->job);
+    /* The thread's end runs main's thread_local destructors (as exit() would natively);
+     * the waiter answers after them. The alternate stack is kept: a destructor may crash. */
+    (void)stack;
+    return NULL;
+}
+
+/* Main runs on a thread of its own, which ends when main returns: its thread_local
+ * destructors run then, before the answer, as a native program's run in exit(). */
+static void *main_waiter(void *arg) {
+    struct main_run m = {arg, 0};
+    uint64_t guard = guard_pin();
     pthread_t thread;
-    in_main = 1;
-    if (pthread_create(&thread, &attr, call_main, &m) != 0) {
-        in_main = 0;
-        close(done[0]);
-        close(done[1]);
-        for (uint32_t i = 0; i < n; i++) free(argv[i]);
-        free(argv);
-        return reply_error(id, "cannot start main's thread");
-    }
-    /* Serve Input while main runs; anything else is answered "main is running". */
-    for (;;) {
-        int queued = in_pipe[1] >= 0 && input_queue.len > input_sent;
-        struct pollfd fds[3] = {{sock, POLLIN, 0}, {done[0], POLLIN, 0}, {queued ? in_pipe[1] : -1, POLLOUT, 0}};
-        if (poll(fds, 3, -1) < 0) {
-            if (errno == EINTR) continue;
-            break;
-        }
-        if (fds[1].revents) break;
-        if (fds[2].revents) flush_input();
-        if (fds[0].revents) {
-            uint8_t *body;
-            uint32_t len;
-            if (read_frame(&body, &len) != 0) _exit(0);
-            struct reader fr = {body, len, NULL};
-            uint32_t fid = rd_u32(&fr, "id");
-            uint8_t tag = rd_u8(&fr, "tag");
-            if (fid & 0x80000000u) {
-                logf_("kiln-executor-c: a request id with the top bit set (%#x): closing\n", fid);
-                _exit(1);
-            }
-            if (tag == T_INPUT) give_input(&fr);
-            else reply_error(fid, "main is running");
-            free(body);
-        }
+    if (start_thread(main_thread, &m, 1, &thread) != 0) {
+        guard_unpin(guard);
+        atomic_fetch_sub(&running_code, 1);
+        atomic_store(&main_running, 0);
+        reply_error(m.job->id, "cannot start main's thread");
+        free_job(m.job);
+        return NULL;
     }
     pthread_join(thread, NULL);
-    in_main = 0;
-    close(done[0]);
-    close(done[1]);
-    drain_output();
-    for (uint32_t i = 0; i < n; i++) free(argv[i]);
-    free(argv);
-    reply_value(id, (uint64_t)(uint32_t)m.status);
+    guard_unpin(guard);
+    finish_job(m.job, m.status);
+    return NULL;
 }
+
+/* Runs `job` off the reading thread; its code answers. */
+static void start_job(struct code_job *job) {
+    atomic_fetch_add(&running_code, 1);
+    if (job->tag == T_RUN_MAIN) {
+        if (start_thread(main_waiter, job, 0, NULL) != 0) {
+            atomic_fetch_sub(&running_code, 1);
+            atomic_store(&main_running, 0);
+            reply_error(job->id, "cannot start main's thread");
+            free_job(job);
+        }
+        return;
+    }
+    pthread_mutex_lock(&jobs_lock);
+    if (code_thread_state == 0 && start_thread(code_thread, NULL, 0, NULL) == 0) code_thread_state = 1;
+    if (code_thread_state == 1) {
+        code_thread_state = 2;
+        code_thread_job = job;
+        pthread_cond_signal(&jobs_ready);
+        pthread_mutex_unlock(&jobs_lock);
+        return;
+    }
+    pthread_mutex_unlock(&jobs_lock);
+    if (start_thread(job_thread, job, 0, NULL) != 0) {
+        atomic_fetch_sub(&running_code, 1);
+        reply_error(job->id, "cannot start a thread for the request's code");
+        free_job(job);
+    }
+}
+
+static struct code_job *new_job(uint32_t id, uint8_t tag) {
+    struct code_job *job = calloc(1, sizeof *job);
+    if (!job) _exit(70);
+    job->id = id;
+    job->tag = tag;
+    return job;
+}
+
+static void do_code_list(uint32_t id, uint8_t tag, struct reader *r) {
+    struct code_job *job = new_job(id, tag);
+    if (tag == T_RUN_FINALIZERS) job->dso = rd_u64(r, "dso_handle");
+    job->list = rd_addresses(r, &job->n);
+    if (r->bad || r->left) {
+        reply_error(id, "malformed %s: %s", tag == T_RUN_FINALIZERS ? "RunFinalizers" : "RunInitializers", r->bad ? r->bad : "trailing bytes");
+        free_job(job);
+    } else if (!all_code(id, job->list, job->n)) {
+        free_job(job);
+    } else {
+        start_job(job);
+    }
+}
+
+static void do_call(uint32_t id, struct reader *r) {
+    uint64_t address = rd_u64(r, "address");
+    uint32_t n = rd_count(r, 8, "arguments");
+    if (n > 6) return reply_error(id, "Call takes at most 6 arguments, not %u", n);
+    struct code_job *job = new_job(id, T_CALL);
+    job->address = address;
+    for (uint32_t i = 0; i < n; i++) job->args[i] = rd_u64(r, "argument");
+    if (r->bad || r->left) {
+        reply_error(id, "malformed Call: %s", r->bad ? r->bad : "trailing bytes");
+        free_job(job);
+    } else if (!runnable(address)) {
+        reply_error(id, "%#llx is not code this executor prepared to run", (unsigned long long)address);
+        free_job(job);
+    } else {
+        start_job(job);
+    }
+}
+
+static void do_run_main(uint32_t id, struct reader *r) {
+    struct code_job *job = new_job(id, T_RUN_MAIN);
+    job->address = rd_u64(r, "address");
+    uint32_t n = rd_count(r, 4, "argv");
+    job->argv = calloc((size_t)n + 1, sizeof *job->argv);
+    for (uint32_t i = 0; job->argv && i < n; i++) job->argv[i] = rd_string(r, "argument");
+    job->argc = job->argv ? (int)n : 0;
+    if (!job->argv || r->bad || r->left) {
+        reply_error(id, "malformed RunMain: %s", r->bad ? r->bad : "trailing bytes");
+    } else if (!runnable(job->address)) {
+        reply_error(id, "main at %#llx is not code this executor prepared to run", (unsigned long long)job->address);
+    } else if (atomic_exchange(&main_running, 1)) {
+        reply_error(id, "main is running");
+    } else {
+        return start_job(job);
+    }
+    free_job(job);
+}
+
+/* ---- call-through stubs ------------------------------------------------------------------ */
+
+/* A stub with no body yet jumps to kiln_lazy_entry_asm (below, per architecture) with its
+ * id where the stub put it; the entry saves the caller's argument registers, calls
+ * kiln_lazy_resolve, restores them and jumps where it answered. The calling thread sends
+ * ResolveStub (id 0x8000_0000 | n) and waits; the reading thread, which goes on serving
+ * the controller's requests (the body's link), takes the answer, stores the slot and
+ * wakes it. */
+struct stub_wait {
+    uint32_t n;
+    int done;
+    uint64_t target;
+    struct stub_wait *next;
+};
+
+static pthread_mutex_t stub_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t stub_answered = PTHREAD_COND_INITIALIZER;
+static struct stub_wait *stub_waits;
+static uint32_t stub_requests;
+
+/* Where a call goes whose body could not be made: returns 0, whatever the signature. */
+__attribute__((visibility("hidden"), used)) uint64_t kiln_lazy_call_failed(void) {
+    return 0;
+}
+
+#if defined(__aarch64__)
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+/* Whether membarrier(SYNC_CORE) was registered: after a slot's store, every thread of the
+ * process runs a context synchronization event before it can reach the new body. */
+static int sync_core;
+#endif
+
+/* One atomic store of a stub's slot. */
+static void store_slot(uint64_t slot, uint64_t target) {
+    __atomic_store_n((uint64_t *)(uintptr_t)slot, target, __ATOMIC_SEQ_CST);
+#if defined(__aarch64__)
+    if (sync_core) syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE, 0, 0);
+#endif
+}
+
+__attribute__((visibility("hidden"), used)) uint64_t kiln_lazy_resolve(uint64_t stub) {
+    if (atomic_load(&running_code) == 0 || pthread_equal(pthread_self(), reading_thread)) {
+        logf_("kiln-executor-c: call-through stub %llu called when no request's code runs: the call returns 0\n", (unsigned long long)stub);
+        return (uint64_t)(uintptr_t)kiln_lazy_call_failed;
+    }
+    int saved_errno = errno;
+    struct stub_wait w = {0};
+    pthread_mutex_lock(&stub_lock);
+    do w.n = ++stub_requests & 0x7fffffffu; while (w.n == 0);
+    w.next = stub_waits;
+    stub_waits = &w;
+    pthread_mutex_unlock(&stub_lock);
+    struct writer m = {0};
+    wr_u8(&m, T_RESOLVE_STUB);
+    wr_u64(&m, stub);
+    send_frame(0x80000000u | w.n, &m);
+    free(m.p);
+    pthread_mutex_lock(&stub_lock);
+    while (!w.done) pthread_cond_wait(&stub_answered, &stub_lock);
+    pthread_mutex_unlock(&stub_lock);
+    errno = saved_errno;
+    return w.target;
+}
+
+/* On the reading thread: the controller's answer to a ResolveStub. */
+static void stub_answer(uint32_t fid, uint8_t tag, struct reader *r) {
+    uint64_t target = (uint64_t)(uintptr_t)kiln_lazy_call_failed;
+    if (tag == A_STUB_RESOLVED) {
+        uint64_t to = rd_u64(r, "target"), slot = rd_u64(r, "slot");
+        if (r->bad || r->left) {
+            logf_("kiln-executor-c: malformed StubResolved (%s): the call returns 0\n", r->bad ? r->bad : "trailing bytes");
+        } else {
+            target = to;
+            if (slot && (slot % 8 || !prepared(slot, 8, 2)))
+                logf_("kiln-executor-c: StubResolved names a slot at %#llx, not in prepared writable memory: not stored\n", (unsigned long long)slot);
+            else if (slot)
+                store_slot(slot, to);
+        }
+    } else if (tag != A_ERROR) {
+        logf_("kiln-executor-c: an answer of tag %u to ResolveStub: closing\n", tag);
+        _exit(1);
+    }
+    pthread_mutex_lock(&stub_lock);
+    struct stub_wait **at = &stub_waits;
+    while (*at && (*at)->n != (fid & 0x7fffffffu)) at = &(*at)->next;
+    struct stub_wait *w = *at;
+    if (w) {
+        *at = w->next;
+        w->target = target;
+        w->done = 1;
+        pthread_cond_broadcast(&stub_answered);
+    }
+    pthread_mutex_unlock(&stub_lock);
+    if (!w) {
+        logf_("kiln-executor-c: an answer with id %#x, which no ResolveStub had: closing\n", fid);
+        _exit(1);
+    }
+}
+
+/* StoreCodePointer: hot swap of a lazy function's body. */
+static void do_store_code_pointer(uint32_t id, struct reader *r) {
+    uint64_t slot = rd_u64(r, "slot"), target = rd_u64(r, "target");
+    if (r->bad || r->left) return reply_error(id, "malformed StoreCodePointer: %s", r->bad ? r->bad : "trailing bytes");
+    if (slot % 8 || !prepared(slot, 8, 2))
+        return reply_error(id, "slot %#llx is not 8-byte aligned in prepared writable memory", (unsigned long long)slot);
+    if (!runnable(target))
+        return reply_error(id, "%#llx is not code this executor prepared to run", (unsigned long long)target);
+    store_slot(slot, target);
+    reply_value(id, guard_advance());
+}
+
+/* The saved registers are the calling convention's arguments, whole: the integer ones,
+ * the static chain and the vector/floating-point ones (x86-64: every vector component the
+ * OS enabled, with xsave; AArch64: q0-q7; RISC-V: fa0-fa7). */
+#if defined(__x86_64__)
+#include <cpuid.h>
+/* The bytes xsave needs for every state component the OS enabled, or 0 (fxsave). */
+__attribute__((visibility("hidden"), used)) uint64_t kiln_xsave_size;
+static void measure_vector_state(void) {
+    unsigned a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d) && (c & bit_OSXSAVE) && __get_cpuid_count(0xd, 0, &a, &b, &c, &d))
+        kiln_xsave_size = b;
+}
+__asm__(
+    ".pushsection .text.kiln_lazy_entry,\"ax\",@progbits\n"
+    ".p2align 4\n"
+    ".globl kiln_lazy_entry_asm\n"
+    ".hidden kiln_lazy_entry_asm\n"
+    ".type kiln_lazy_entry_asm, @function\n"
+    "kiln_lazy_entry_asm:\n"
+    "endbr64\n"
+    /* 0(%rsp): the id the stub pushed; 8(%rsp): the caller's return address. */
+    "push %rbp\n"
+    "mov %rsp, %rbp\n"
+    "push %rdi\n push %rsi\n push %rdx\n push %rcx\n push %r8\n push %r9\n push %rax\n push %r10\n"
+    "mov kiln_xsave_size(%rip), %r11\n"
+    "test %r11, %r11\n"
+    "jz 2f\n"
+    "sub %r11, %rsp\n"
+    "and $-64, %rsp\n"
+    "xor %eax, %eax\n"
+    "mov %rax, 512(%rsp)\n mov %rax, 520(%rsp)\n mov %rax, 528(%rsp)\n mov %rax, 536(%rsp)\n"
+    "mov %rax, 544(%rsp)\n mov %rax, 552(%rsp)\n mov %rax, 560(%rsp)\n mov %rax, 568(%rsp)\n"
+    "mov $-1, %eax\n mov $-1, %edx\n"
+    "xsave64 (%rsp)\n"
+    "mov 8(%rbp), %rdi\n"
+    "call kiln_lazy_resolve\n"
+    "mov %rax, %r11\n"
+    "mov $-1, %eax\n mov $-1, %edx\n"
+    "xrstor64 (%rsp)\n"
+    "jmp 3f\n"
+    "2:\n"
+    "sub $512, %rsp\n"
+    "and $-16, %rsp\n"
+    "fxsave64 (%rsp)\n"
+    "mov 8(%rbp), %rdi\n"
+    "call kiln_lazy_resolve\n"
+    "mov %rax, %r11\n"
+    "fxrstor64 (%rsp)\n"
+    "3:\n"
+    "lea -64(%rbp), %rsp\n"
+    "pop %r10\n pop %rax\n pop %r9\n pop %r8\n pop %rcx\n pop %rdx\n pop %rsi\n pop %rdi\n"
+    "pop %rbp\n"
+    "add $8, %rsp\n" /* the id: the caller's return address is on top again */
+    "jmp *%r11\n"
+    ".size kiln_lazy_entry_asm, . - kiln_lazy_entry_asm\n"
+    ".popsection\n");
+#elif defined(__aarch64__)
+static void measure_vector_state(void) {
+    sync_core = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE, 0, 0) == 0;
+}
+/* The id in x17 (the stub's `movz/movk x17`); x16 holds where to go. */
+__asm__(
+    ".pushsection .text.kiln_lazy_entry,\"ax\",%progbits\n"
+    ".p2align 4\n"
+    ".globl kiln_lazy_entry_asm\n"
+    ".hidden kiln_lazy_entry_asm\n"
+    ".type kiln_lazy_entry_asm, %function\n"
+    "kiln_lazy_entry_asm:\n"
+    "hint #34\n" /* bti c: reached by the common tail's br x16 */
+    "stp x29, x30, [sp, #-224]!\n"
+    "mov x29, sp\n"
+    "stp x0, x1, [sp, #16]\n stp x2, x3, [sp, #32]\n stp x4, x5, [sp, #48]\n stp x6, x7, [sp, #64]\n"
+    "stp x8, x18, [sp, #80]\n" /* x8: the indirect result; x18: gcc's static chain */
+    "stp q0, q1, [sp, #96]\n stp q2, q3, [sp, #128]\n stp q4, q5, [sp, #160]\n stp q6, q7, [sp, #192]\n"
+    "mov x0, x17\n"
+    "bl kiln_lazy_resolve\n"
+    "mov x16, x0\n"
+    "ldp q0, q1, [sp, #96]\n ldp q2, q3, [sp, #128]\n ldp q4, q5, [sp, #160]\n ldp q6, q7, [sp, #192]\n"
+    "ldp x8, x18, [sp, #80]\n"
+    "ldp x0, x1, [sp, #16]\n ldp x2, x3, [sp, #32]\n ldp x4, x5, [sp, #48]\n ldp x6, x7, [sp, #64]\n"
+    "ldp x29, x30, [sp], #224\n"
+    "br x16\n"
+    ".size kiln_lazy_entry_asm, . - kiln_lazy_entry_asm\n"
+    ".popsection\n");
+#elif defined(__riscv)
+static void measure_vector_state(void) {}
+/* The id in t5 (the stub's `lui/addiw t5`); t3 holds where to go. */
+__asm__(
+    ".pushsection .text.kiln_lazy_entry,\"ax\",@progbits\n"
+    ".p2align 2\n"
+    ".globl kiln_lazy_entry_asm\n"
+    ".hidden kiln_lazy_entry_asm\n"
+    ".type kiln_lazy_entry_asm, @function\n"
+    "kiln_lazy_entry_asm:\n"
+    "addi sp, sp, -144\n"
+    "sd ra, 0(sp)\n sd t2, 8(sp)\n" /* t2: gcc's static chain */
+    "sd a0, 16(sp)\n sd a1, 24(sp)\n sd a2, 32(sp)\n sd a3, 40(sp)\n"
+    "sd a4, 48(sp)\n sd a5, 56(sp)\n sd a6, 64(sp)\n sd a7, 72(sp)\n"
+    "fsd fa0, 80(sp)\n fsd fa1, 88(sp)\n fsd fa2, 96(sp)\n fsd fa3, 104(sp)\n"
+    "fsd fa4, 112(sp)\n fsd fa5, 120(sp)\n fsd fa6, 128(sp)\n fsd fa7, 136(sp)\n"
+    "mv a0, t5\n"
+    "call kiln_lazy_resolve\n"
+    "mv t3, a0\n"
+    "fld fa0, 80(sp)\n fld fa1, 88(sp)\n fld fa2, 96(sp)\n fld fa3, 104(sp)\n"
+    "fld fa4, 112(sp)\n fld fa5, 120(sp)\n fld fa6, 128(sp)\n fld fa7, 136(sp)\n"
+    "ld a0, 16(sp)\n ld a1, 24(sp)\n ld a2, 32(sp)\n ld a3, 40(sp)\n"
+    "ld a4, 48(sp)\n ld a5, 56(sp)\n ld a6, 64(sp)\n ld a7, 72(sp)\n"
+    "ld ra, 0(sp)\n ld t2, 8(sp)\n"
+    "addi sp, sp, 144\n"
+    "jr t3\n"
+    ".size kiln_lazy_entry_asm, . - kiln_lazy_entry_asm\n"
+    ".popsection\n");
+#endif
+extern void kiln_lazy_entry_asm(void);
 
 /* ---- serving ------------------------------------------------------------------------- */
 
@@ -1338,10 +1763,15 @@ static void send_hello(void) {
     wr_string(&w, TRIPLE);
     wr_u32(&w, (uint32_t)getpid());
     wr_u32(&w, MAX_FRAME);
-    /* Runtime symbols: JIT code's __tls_get_addr is this executor's. */
-    wr_u32(&w, 1);
+    /* Runtime symbols: JIT code's __tls_get_addr is this executor's, and call-through
+     * stubs enter it here. */
+    wr_u32(&w, 3);
     wr_string(&w, "__tls_get_addr");
     wr_u64(&w, (uint64_t)(uintptr_t)kiln_tls_get_addr);
+    wr_string(&w, "__kiln_lazy_entry");
+    wr_u64(&w, (uint64_t)(uintptr_t)kiln_lazy_entry_asm);
+    wr_string(&w, "__kiln_lazy_call_failed");
+    wr_u64(&w, (uint64_t)(uintptr_t)kiln_lazy_call_failed);
     send_frame(0, &w);
     free(w.p);
 }
@@ -1369,8 +1799,19 @@ static int serve(int fd) {
      * the unwinder, and on AArch64 the 128-bit long double helpers (__addtf3, …). */
     dlopen("libgcc_s.so.1", RTLD_NOW | RTLD_GLOBAL);
     setup_stdio();
+    measure_vector_state();
+    reading_thread = pthread_self();
     send_hello();
     for (;;) {
+        /* Input the program has not taken goes into its pipe as the pipe takes it. */
+        int queued = in_pipe[1] >= 0 && input_queue.len > input_sent;
+        struct pollfd fds[2] = {{sock, POLLIN, 0}, {queued ? in_pipe[1] : -1, POLLOUT, 0}};
+        if (poll(fds, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            return 1;
+        }
+        if (fds[1].revents) flush_input();
+        if (!fds[0].revents) continue;
         uint8_t *body;
         uint32_t len;
         if (read_frame(&body, &len) != 0) return 0;
@@ -1378,9 +1819,10 @@ static int serve(int fd) {
         uint32_t id = rd_u32(&r, "id");
         uint8_t tag = rd_u8(&r, "tag");
         if (id & 0x80000000u) {
-            logf_("kiln-executor-c: a request id with the top bit set (%#x): closing\n", id);
+            /* Only an answer to a ResolveStub of ours has the top bit set. */
+            stub_answer(id, tag, &r);
             free(body);
-            return 1;
+            continue;
         }
         if (tracing) logf_("kiln-executor-c: request %u (tag %u, %u bytes)\n", id, tag, len);
         switch (tag) {
@@ -1396,8 +1838,8 @@ static int serve(int fd) {
         case T_LOAD_LIBRARY: do_load_library(id, &r); break;
         case T_REGISTER_EH_FRAME: do_eh_frame(id, &r, 1); break;
         case T_DEREGISTER_EH_FRAME: do_eh_frame(id, &r, 0); break;
-        case T_RUN_INITIALIZERS: do_initializers(id, &r); break;
-        case T_RUN_FINALIZERS: do_finalizers(id, &r); break;
+        case T_RUN_INITIALIZERS: do_code_list(id, tag, &r); break;
+        case T_RUN_FINALIZERS: do_code_list(id, tag, &r); break;
         case T_RUN_MAIN: do_run_main(id, &r); break;
         case T_CALL: do_call(id, &r); break;
         case T_INPUT: give_input(&r); break;
@@ -1409,7 +1851,17 @@ static int serve(int fd) {
         case T_REMOVE_TLS: do_remove_tls(id, &r); break;
         case T_EXPORT_SYMBOLS: do_export_symbols(id, &r); break;
         case T_UNEXPORT_SYMBOLS: do_unexport_symbols(id, &r); break;
+        case T_STORE_CODE_POINTER: do_store_code_pointer(id, &r); break;
+        case T_OLDEST_CODE_GUARD:
+            if (r.left) reply_error(id, "malformed OldestCodeGuard: trailing bytes");
+            else reply_value(id, guard_oldest());
+            break;
+        case T_RESOLVE_STUB: reply_error(id, "ResolveStub goes from the executor to the controller"); break;
         case T_SHUTDOWN:
+            if (atomic_load(&running_code) > 0) {
+                reply_error(id, atomic_load(&main_running) ? "main is running" : "JIT code is running");
+                break;
+            }
             drain_output();
             reply_simple(id, A_OK);
             free(body);

@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 fn kiln() -> PathBuf {
@@ -66,9 +66,14 @@ fn start(command: &mut Command) -> Executor {
         .spawn()
         .expect("the executor starts");
     let mut line = String::new();
-    BufReader::new(child.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    stderr.read_line(&mut line).unwrap();
+    // What it logs later is read (and shown), so that its writes never meet a closed pipe.
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            eprintln!("executor-c: {line}");
+        }
+    });
     let port = line
         .split("127.0.0.1:")
         .nth(1)
@@ -753,4 +758,307 @@ fn cxx_programs_on_aarch64_and_riscv64_as_natively() {
             assert_same(&format!("{} {program}", guest.name), &native, &kiln);
         }
     }
+}
+
+/// The program of the lazy-function tests: each function a `Call` runs in the executor.
+const LAZY_PROGRAM: &str = r#"
+#include <pthread.h>
+#include <unistd.h>
+long answer(void);
+long sum8(long, long, long, long, long, long, long, long);
+double fmix(double, double, double, double, double, double, double, double);
+long outer(long);
+long missing(void);
+long version(void);
+long late(void);
+
+static pthread_barrier_t barrier;
+static void *first_call(void *unused) {
+    (void)unused;
+    pthread_barrier_wait(&barrier);
+    return (void *)answer();
+}
+/* Eight threads make answer's first call at once. */
+long eight_first_calls(void) {
+    pthread_t t[8];
+    long sum = 0;
+    pthread_barrier_init(&barrier, 0, 8);
+    for (int i = 0; i < 8; i++) pthread_create(&t[i], 0, first_call, 0);
+    for (int i = 0; i < 8; i++) { void *r; pthread_join(t[i], &r); sum += (long)r; }
+    return sum;
+}
+/* Every integer and floating-point argument register survives the entry. */
+long arguments(void) {
+    long s = sum8(1, 20, 300, 4000, 50000, 600000, 7000000, 80000000);
+    double f = fmix(1.5, 2, 3, 4, 5, 6, 7, 8.25);
+    return s == 87654321 && f == 1.5 - 2 + 3 - 4 + 5 - 6 + 7 - 8.25;
+}
+long call_outer(long x) { return outer(x); }
+long call_missing(void) { return missing(); }
+/* Two threads call version until they see 20; the versions they see never go back. */
+static void *swap_caller(void *unused) {
+    (void)unused;
+    long last = 0;
+    while (last < 20) { long v = version(); if (v < last) return (void *)-1; last = v; }
+    return (void *)last;
+}
+long two_callers(void) {
+    pthread_t t[2];
+    long ok = 0;
+    for (int i = 0; i < 2; i++) pthread_create(&t[i], 0, swap_caller, 0);
+    for (int i = 0; i < 2; i++) { void *r; pthread_join(t[i], &r); ok += (long)r == 20; }
+    return ok;
+}
+/* A thread that outlives its request makes a stub's first call once no request runs. */
+static volatile long late_result = -1, go;
+static void *late_caller(void *unused) {
+    (void)unused;
+    while (!go) usleep(1000);
+    usleep(300000);
+    late_result = late();
+    return 0;
+}
+long start_late_caller(void) {
+    pthread_t t;
+    pthread_create(&t, 0, late_caller, 0);
+    pthread_detach(t);
+    go = 1;
+    return 0;
+}
+long late_result_now(void) { return late_result; }
+"#;
+
+/// Compiles lazy functions' bodies (from objects made beforehand), counting compiles,
+/// each after a delay (so that concurrent first calls overlap).
+struct Bodies {
+    objects: std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>,
+    compiles: std::sync::atomic::AtomicUsize,
+}
+
+impl kiln::LazyCompiler for Bodies {
+    fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::CompileError> {
+        self.compiles
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(100));
+        let objects = self.objects.lock().unwrap();
+        let object = objects.get(name).cloned();
+        object.ok_or_else(|| format!("no source for {name}").into())
+    }
+}
+
+/// Compiles each `(stem, source, defines)` with `gcc -O1 -fPIC -pthread -c`, all at once;
+/// the objects' bytes in order.
+fn compile_sources(gcc: &str, dir: &Path, sources: &[(String, &str, String)]) -> Vec<Vec<u8>> {
+    let jobs: Vec<_> = sources
+        .iter()
+        .map(|(stem, source, define)| {
+            let c = dir.join(format!("{stem}.c"));
+            std::fs::write(&c, source).unwrap();
+            let object = dir.join(format!("{stem}.o"));
+            let mut command = Command::new(gcc);
+            command.args(["-O1", "-fPIC", "-pthread", "-c"]);
+            if !define.is_empty() {
+                command.arg(define);
+            }
+            let child = command.arg(&c).arg("-o").arg(&object).spawn().unwrap();
+            (object, child)
+        })
+        .collect();
+    jobs.into_iter()
+        .map(|(object, mut child)| {
+            assert!(
+                child.wait().unwrap().success(),
+                "{gcc} {}",
+                object.display()
+            );
+            std::fs::read(object).unwrap()
+        })
+        .collect()
+}
+
+/// Lazy functions, hot swap and a stub called after its request, through executor-c on
+/// `name` (`gcc` its compiler, the executor at `port`): the checks Kiln's own executor
+/// passes in crates/kiln/tests/lazy_functions.rs — eight threads' concurrent first calls
+/// compile once, every argument register survives the entry, a body that calls another
+/// stub (its `ResolveStub` while the first waits), a failed compile reaching the
+/// fallback, hot swap under two calling threads with retired bodies freed only once no
+/// request's code can run them, and a thread that outlives its request getting 0 rather
+/// than a crash.
+fn lazy_functions_through_the_c_executor(name: &str, gcc: &str, port: u16) {
+    use kiln::Jit;
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tmp().join(format!("lazy-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut sources: Vec<(String, &str, String)> = vec![
+        ("lazy_program".into(), LAZY_PROGRAM, String::new()),
+        (
+            "answer".into(),
+            "long answer(void) { return 42; }",
+            String::new(),
+        ),
+        (
+            "sum8".into(),
+            "long sum8(long a, long b, long c, long d, long e, long f, long g, long h) \
+             { return a + b + c + d + e + f + g + h; }",
+            String::new(),
+        ),
+        (
+            "fmix".into(),
+            "double fmix(double a, double b, double c, double d, double e, double f, \
+             double g, double h) { return a - b + c - d + e - f + g - h; }",
+            String::new(),
+        ),
+        (
+            "outer".into(),
+            "long inner(long); long outer(long x) { return inner(x) * 10; }",
+            String::new(),
+        ),
+        (
+            "inner".into(),
+            "long inner(long x) { return x + 1; }",
+            String::new(),
+        ),
+        (
+            "late".into(),
+            "long late(void) { return 7; }",
+            String::new(),
+        ),
+    ];
+    for v in 1..=20 {
+        let source = "long version(void) { return V; }";
+        sources.push((format!("version{v}"), source, format!("-DV={v}")));
+    }
+    let mut objects = compile_sources(gcc, &dir, &sources).into_iter();
+    let program = objects.next().unwrap();
+    let mut bodies = std::collections::HashMap::new();
+    let mut versions = Vec::new();
+    for ((stem, _, _), object) in sources[1..].iter().zip(objects) {
+        match stem.strip_prefix("version") {
+            Some(_) => versions.push(object),
+            None => {
+                bodies.insert(stem.clone(), object);
+            }
+        }
+    }
+    bodies.insert("version".into(), versions[0].clone());
+    let compiler = Arc::new(Bodies {
+        objects: std::sync::Mutex::new(bodies),
+        compiles: Default::default(),
+    });
+    let address = format!("127.0.0.1:{port}");
+    let remote = kiln::Executor::connect(&address, kiln::Timeouts::default()).unwrap();
+    let jit = Jit::builder().executor(remote).build().unwrap();
+    let lib = jit.main_library();
+    let lazy = [
+        "answer", "sum8", "fmix", "outer", "inner", "missing", "version", "late",
+    ];
+    jit.add_lazy_functions(lib, &lazy, compiler.clone())
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    jit.add_object(lib, "lazy_program.o", program).unwrap();
+    jit.add_process_symbols(lib).unwrap();
+    jit.link_pending(lib)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(
+        compiler.compiles.load(SeqCst),
+        0,
+        "{name}: nothing compiled yet"
+    );
+    let call = |function: &str, args: &[u64]| {
+        let address = jit.lookup(lib, function).unwrap();
+        // SAFETY: the program's functions take and return integers, in the executor.
+        unsafe { jit.executor().call(address, args) }
+            .unwrap_or_else(|e| panic!("{name}: {function}: {e}"))
+    };
+
+    // Eight threads' first calls at once: one compile, every thread reaches the body.
+    assert_eq!(call("eight_first_calls", &[]), 8 * 42, "{name}");
+    assert_eq!(compiler.compiles.load(SeqCst), 1, "{name}");
+    assert!(jit.is_compiled(lib, "answer").unwrap());
+    // The calling convention's argument registers, integer and floating-point, whole.
+    assert_eq!(call("arguments", &[]), 1, "{name}: arguments lost");
+    // outer's body calls inner's stub: a second ResolveStub while the link of outer's
+    // body has finished and its call goes on.
+    assert_eq!(call("call_outer", &[4]), 50, "{name}");
+    assert_eq!(compiler.compiles.load(SeqCst), 5, "{name}");
+    // No body for `missing`: the executor's fallback returns 0, the failure is kept.
+    assert_eq!(call("call_missing", &[]), 0, "{name}");
+    let failures = jit.lazy_failures();
+    assert_eq!(failures.len(), 1, "{name}: {failures:?}");
+    assert_eq!(failures[0].function, "missing");
+
+    // Hot swap while two threads of a call call `version` in a loop: the executor stores
+    // each slot (StoreCodePointer) and frees no old body while that call's guard is held.
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| call("two_callers", &[]));
+        let start = std::time::Instant::now();
+        while !jit.is_compiled(lib, "version").unwrap() {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{name}: version never called"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for (v, object) in versions.iter().enumerate().skip(1) {
+            jit.replace_function(lib, "version", object.clone())
+                .unwrap_or_else(|e| panic!("{name}: swap to {}: {e}", v + 1));
+            if v + 1 < 20 {
+                assert_eq!(jit.reclaim(), v, "{name}: a body freed under a guard");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(
+            running.join().unwrap(),
+            2,
+            "{name}: a caller saw a version go back"
+        );
+    });
+    assert_eq!(
+        jit.reclaim(),
+        0,
+        "{name}: retired bodies left after the call returned"
+    );
+
+    // A thread left running after its request returned reaches a stub with no body: its
+    // call returns 0 (no request's code runs to ask for), the executor lives on.
+    let compiles = compiler.compiles.load(SeqCst);
+    assert_eq!(call("start_late_caller", &[]), 0);
+    let start = std::time::Instant::now();
+    let result = loop {
+        std::thread::sleep(Duration::from_millis(1500));
+        let result = call("late_result_now", &[]) as i64;
+        if result != -1 || start.elapsed() > Duration::from_secs(60) {
+            break result;
+        }
+    };
+    assert_eq!(result, 0, "{name}: a stub called after its request");
+    assert_eq!(
+        compiler.compiles.load(SeqCst),
+        compiles,
+        "{name}: nothing asked"
+    );
+}
+
+#[test]
+fn lazy_functions_and_hot_swap_through_the_c_executor_on_x86_64() {
+    let binary = native_executor();
+    let executor = start(Command::new(&binary).env("GLIBC_TUNABLES", STATIC_TLS_TUNABLE));
+    lazy_functions_through_the_c_executor("x86-64", "cc", executor.port);
+}
+
+#[test]
+fn lazy_functions_and_hot_swap_through_the_c_executor_on_aarch64() {
+    if kiln_testkit::skip_cross("lazy_functions_and_hot_swap_through_the_c_executor_on_aarch64") {
+        return;
+    }
+    let executor = AARCH64.executor();
+    lazy_functions_through_the_c_executor("aarch64", AARCH64.gcc, executor.port);
+}
+
+#[test]
+fn lazy_functions_and_hot_swap_through_the_c_executor_on_riscv64() {
+    if kiln_testkit::skip_cross("lazy_functions_and_hot_swap_through_the_c_executor_on_riscv64") {
+        return;
+    }
+    let executor = RISCV64.executor();
+    lazy_functions_through_the_c_executor("riscv64", RISCV64.gcc, executor.port);
 }

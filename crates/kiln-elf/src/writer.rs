@@ -128,6 +128,7 @@ impl<'a> Section<'a> {
 pub struct ElfWriter {
     kind: FileKind,
     machine: elf::Machine,
+    flags: u32,
     out: Vec<u8>,
     room: usize,
     segments: Vec<elf::ProgramHeader64<LE>>,
@@ -156,12 +157,18 @@ impl ElfWriter {
         ElfWriter {
             kind,
             machine,
+            flags: 0,
             out,
             room,
             segments: Vec::with_capacity(room),
             sections: Vec::new(),
             section_names: vec![0],
         }
+    }
+
+    /// Sets the file header's `e_flags` (0 unless set: RISC-V's ABI, for one).
+    pub fn set_flags(&mut self, flags: u32) {
+        self.flags = flags;
     }
 
     /// The offset the next byte goes to.
@@ -314,7 +321,7 @@ impl ElfWriter {
             e_entry: U64::new(LE, entry),
             e_phoff: U64::new(LE, if phnum == 0 { 0 } else { EHDR_SIZE as u64 }),
             e_shoff: U64::new(LE, shoff),
-            e_flags: U32::new(LE, elf::FileFlags(0)),
+            e_flags: U32::new(LE, elf::FileFlags(self.flags)),
             e_ehsize: U16::new(LE, EHDR_SIZE as u16),
             e_phentsize: U16::new(LE, if phnum == 0 { 0 } else { PHDR_SIZE as u16 }),
             e_phnum: U16::new(LE, phnum as u16),

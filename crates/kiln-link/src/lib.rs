@@ -1,6 +1,6 @@
 //! # kiln-link
 //!
-//! Kiln's JIT linker for ELF x86-64 and AArch64 relocatable objects (`cc -c` output) and
+//! Kiln's JIT linker for ELF x86-64, AArch64 and RISC-V 64 relocatable objects (`cc -c` output) and
 //! static archives. It parses objects with the `object` crate, loads archive members only when
 //! they define a needed symbol, resolves symbols with a static linker's rules (strong over
 //! weak, duplicate strong definitions are an error, commons merged, COMDAT groups kept
@@ -10,8 +10,9 @@
 //! a [`kiln_memory::MemoryManager`], applies every relocation gcc and clang emit for the
 //! target [`Architecture`] (overflow is an error naming object, section, offset and
 //! symbol) and finalizes. Everything that differs between instruction sets — the
-//! relocation table, stubs, trap bytes, TLS-descriptor resolver, GOT relaxation — is
-//! behind one trait with an x86-64 and an AArch64 implementation (`src/arch/`).
+//! relocation table, stubs, trap bytes, TLS-descriptor resolver, GOT relaxation, the code
+//! of lazy functions' call-through stubs ([`call_through`]) — is behind one trait with an
+//! implementation per architecture (`src/arch/`).
 //!
 //! The result, a [`LinkedModule`], owns its memory and lists its exported symbols,
 //! initializers, finalizers, `.eh_frame` and TLS template; running those is the
@@ -22,6 +23,7 @@
 #![allow(clippy::result_large_err)]
 
 mod arch;
+pub mod call_through;
 mod error;
 mod fixup;
 mod graph;

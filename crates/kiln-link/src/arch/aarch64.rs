@@ -2,7 +2,10 @@
 //! stub that is both PLT entry and range-extension veneer, `BRK` as trap, and the
 //! TLS-descriptor resolver for static TLS.
 
-use super::{Arch, Architecture, Check, Field, Relative, Relocation, Target};
+use super::{
+    Arch, Architecture, Check, Field, Relative, Relocation, StubRelocation, StubTarget, Target,
+};
+use object::elf;
 
 /// The AArch64 implementation of [`Arch`].
 pub(crate) struct Aarch64;
@@ -158,7 +161,6 @@ fn other_name(r_type: u32) -> &'static str {
     }
 }
 
-/// `ADRP x16, 0`, `LDR x16, [x16, #0]`, `BR x16`, `BRK #0`.
 /// `BTI c` (a landing pad for `BR x16`/`BLR`: pages mapped `PROT_BTI` trap any other
 /// indirect branch target), `ADRP x16, slot`, `LDR x16, [x16, :lo12:slot]`, `BR x16`.
 const STUB: [u32; 4] = [BTI_C, 0x9000_0010, 0xf940_0210, 0xd61f_0200];
@@ -194,6 +196,36 @@ impl Arch for Aarch64 {
         super::encode(lo12(3), Check::None, slot_address as i128, &mut stub[8..12])
             .map_err(|_| slot_address as i128)?;
         Ok(())
+    }
+
+    fn stub_relocations(&self) -> &'static [StubRelocation] {
+        &[
+            StubRelocation {
+                offset: 4,
+                r_type: elf::R_AARCH64_ADR_PREL_PG_HI21.0,
+                target: StubTarget::Slot(0),
+            },
+            StubRelocation {
+                offset: 8,
+                r_type: elf::R_AARCH64_LDST64_ABS_LO12_NC.0,
+                target: StubTarget::Slot(0),
+            },
+        ]
+    }
+
+    /// `BTI c` (reached by the stub's `BR x16`), `MOVZ x17, #id`, `MOVK x17, #id >> 16,
+    /// LSL #16`, `B common`: the entry takes the id from x17 (IP1, which a veneer may
+    /// clobber).
+    fn write_lazy_entry(&self, entry: &mut [u8], id: u32, to_common: i64) {
+        let movz = 0xd280_0011 | ((id & 0xffff) << 5);
+        let movk = 0xf2a0_0011 | ((id >> 16) << 5);
+        // `B` at 12 reaches ±128 MiB: four million stubs.
+        let b = 0x1400_0000 | (((to_common - 12) >> 2) as u32 & 0x03ff_ffff);
+        super::write_words(entry, &[BTI_C, movz, movk, b]);
+    }
+
+    fn absolute64(&self) -> u32 {
+        elf::R_AARCH64_ABS64.0
     }
 
     /// `BRK #0`.

@@ -543,6 +543,26 @@ fn index(table: &'static [Relocation]) -> Vec<Option<&'static Relocation>> {
     index
 }
 
+/// A relocation at a stub [`Arch::write_stub`] wrote, in an object.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StubRelocation {
+    /// Its offset from the stub's start.
+    pub(crate) offset: u64,
+    /// Its type.
+    pub(crate) r_type: u32,
+    /// What it refers to.
+    pub(crate) target: StubTarget,
+}
+
+/// What a [`StubRelocation`] refers to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum StubTarget {
+    /// The stub's slot, plus an addend.
+    Slot(i64),
+    /// A label at the stub's first byte (RISC-V: `%pcrel_lo` names its `%pcrel_hi`).
+    Start,
+}
+
 /// What an instruction set brings to a link.
 pub(crate) trait Arch: Sync {
     /// Which one it is.
@@ -583,6 +603,23 @@ pub(crate) trait Arch: Sync {
     /// `slot_address`; `Err` with the displacement that does not fit.
     fn write_stub(&self, stub: &mut [u8], stub_address: u64, slot_address: u64)
         -> Result<(), i128>;
+    /// The relocations an object needs at a stub [`Arch::write_stub`] wrote at the start
+    /// of a section, for it to reach its slot (a call-through stub's object:
+    /// [`crate::call_through`]).
+    fn stub_relocations(&self) -> &'static [StubRelocation];
+    /// Writes the second half of a call-through stub (16 bytes at `entry`), where its
+    /// slot leads before its function has a body: a landing pad where indirect branches
+    /// need one, the stub's `id` put where the executor's lazy entry takes it, and a
+    /// branch `to_common` bytes on (to the tail of the stubs, a stub of the entry's
+    /// address). Fixed code, no relocation: `to_common` is within the stubs' section.
+    fn write_lazy_entry(&self, entry: &mut [u8], id: u32, to_common: i64);
+    /// The psABI's 64-bit absolute relocation (`R_X86_64_64`): the slots of an object of
+    /// call-through stubs point at their entries with it.
+    fn absolute64(&self) -> u32;
+    /// The ELF `e_flags` of an object Kiln writes (the ABI Kiln links for).
+    fn elf_flags(&self) -> u32 {
+        0
+    }
     /// Four bytes that trap when executed, repeated over unused code.
     fn trap(&self) -> [u8; 4];
     /// Code that resolves a TLS descriptor of a block in static TLS: the descriptor's

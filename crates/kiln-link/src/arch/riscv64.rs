@@ -8,7 +8,11 @@
 //! come out as the assembler would have computed them.
 
 use super::InPlaceOp::{Add, Set, Sub};
-use super::{Arch, Architecture, Check, Field, InPlaceOp, Relative, Relocation, Target};
+use super::{
+    Arch, Architecture, Check, Field, InPlaceOp, Relative, Relocation, StubRelocation, StubTarget,
+    Target,
+};
+use object::elf;
 
 /// The RISC-V 64 implementation of [`Arch`].
 pub(crate) struct Riscv64;
@@ -165,6 +169,49 @@ impl Arch for Riscv64 {
         super::encode(UType, Signed(32), offset, &mut stub[0..4]).map_err(|_| offset)?;
         super::encode(IType, NoCheck, offset, &mut stub[4..8]).map_err(|_| offset)?;
         Ok(())
+    }
+
+    fn stub_relocations(&self) -> &'static [StubRelocation] {
+        &[
+            StubRelocation {
+                offset: 0,
+                r_type: elf::R_RISCV_PCREL_HI20.0,
+                target: StubTarget::Slot(0),
+            },
+            StubRelocation {
+                offset: 4,
+                r_type: elf::R_RISCV_PCREL_LO12_I.0,
+                target: StubTarget::Start,
+            },
+        ]
+    }
+
+    /// `lui t5, %hi(id)`, `addiw t5, t5, %lo(id)`, `auipc t3, %hi(common)`, `jr
+    /// %lo(common)(t3)`: the entry takes the id from t5; `auipc`/`jr` reaches the common
+    /// tail however many stubs there are (`jal` would reach 32,768).
+    fn write_lazy_entry(&self, entry: &mut [u8], id: u32, to_common: i64) {
+        const LUI_T5: u32 = 0x0000_0f37;
+        const ADDIW_T5_T5: u32 = 0x000f_0f1b;
+        const AUIPC_T3: u32 = 0x0000_0e17;
+        const JR_T3: u32 = 0x000e_0067;
+        super::write_words(entry, &[LUI_T5, ADDIW_T5_T5, AUIPC_T3, JR_T3]);
+        // Neither fails: an id is below 2^31 (`addiw` sign-extends 32 bits), and the
+        // common tail lies within the stubs' section.
+        let id = i128::from(id);
+        let _ = super::encode(UType, NoCheck, id, &mut entry[0..4]);
+        let _ = super::encode(IType, NoCheck, id, &mut entry[4..8]);
+        let to_common = i128::from(to_common - 8);
+        let _ = super::encode(UType, NoCheck, to_common, &mut entry[8..12]);
+        let _ = super::encode(IType, NoCheck, to_common, &mut entry[12..16]);
+    }
+
+    fn absolute64(&self) -> u32 {
+        elf::R_RISCV_64.0
+    }
+
+    /// LP64D with compressed instructions allowed (`EF_RISCV_RVC | EF_RISCV_FLOAT_ABI_DOUBLE`).
+    fn elf_flags(&self) -> u32 {
+        elf::EF_RISCV_RVC.0 | elf::EF_RISCV_FLOAT_ABI_DOUBLE.0
     }
 
     /// `ebreak`. Read from its middle (code may be 2-byte aligned), `0x0010` is a

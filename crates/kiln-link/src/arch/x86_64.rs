@@ -1,7 +1,10 @@
 //! x86-64 (System V psABI §4.4): relocation table, PLT stub, trap byte, TLS-descriptor
 //! resolver and `GOTPCRELX` relaxation.
 
-use super::{Arch, Architecture, Check, Field, Relative, Relocation, Target};
+use super::{
+    Arch, Architecture, Check, Field, Relative, Relocation, StubRelocation, StubTarget, Target,
+};
+use object::elf;
 
 /// The x86-64 implementation of [`Arch`].
 pub(crate) struct X86_64;
@@ -106,6 +109,29 @@ impl Arch for X86_64 {
         stub[6..10].copy_from_slice(&disp.to_le_bytes());
         stub[10..16].fill(0xcc);
         Ok(())
+    }
+
+    fn stub_relocations(&self) -> &'static [StubRelocation] {
+        &[StubRelocation {
+            offset: 6,
+            r_type: elf::R_X86_64_PC32.0,
+            target: StubTarget::Slot(-4),
+        }]
+    }
+
+    /// `endbr64; push $id; jmp common; int3; int3`: reached by the stub's `jmp *slot`, so
+    /// it starts with the landing pad IBT requires; the entry takes the id from the stack.
+    fn write_lazy_entry(&self, entry: &mut [u8], id: u32, to_common: i64) {
+        entry[..4].copy_from_slice(&ENDBR64);
+        entry[4] = 0x68; // push $id
+        entry[5..9].copy_from_slice(&id.to_le_bytes());
+        entry[9] = 0xe9; // jmp rel32, from the end of the instruction
+        entry[10..14].copy_from_slice(&((to_common - 14) as i32).to_le_bytes());
+        entry[14..16].fill(0xcc);
+    }
+
+    fn absolute64(&self) -> u32 {
+        elf::R_X86_64_64.0
     }
 
     fn call_reach(&self) -> u64 {

@@ -3,13 +3,13 @@
 //! in by id, and its first call — compiled once whatever the threads, a failure sent to
 //! the fallback, an executor's request answered.
 
-use super::stub_object::{STUB_ENTRY, STUB_SIZE};
 use super::{LazyCompiler, LazyFailure, LazyFunctions};
 use crate::jit::Jit;
 use crate::library::LibraryId;
 use crate::module::Module;
 use crate::Error;
 use kiln_executor::lazy_entry;
+use kiln_link::call_through::{STUB_ENTRY, STUB_SIZE};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, OnceLock, Weak};

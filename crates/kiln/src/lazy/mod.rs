@@ -1,15 +1,18 @@
 //! Call-through stubs: functions compiled on first call, and replaced while they run.
 //!
-//! [`crate::Jit::add_lazy_functions`] gives each name a stub at once: 32 bytes of code (each part reached by an indirect branch starts with `endbr64`),
-//! `jmp *slot(%rip)`, and an 8-byte pointer slot in writable data. The stub is what the
-//! name resolves to, for lookups and for every link, so callers never need relinking.
-//! The slot first points back into the stub's own `push $id; jmp common` sequence, which
-//! enters Kiln on the calling thread (`kiln_executor::lazy_entry`): the first call asks the
-//! [`LazyCompiler`] for an object defining the function, links it (resolving its names as
-//! the stub's library would; the body is announced to plugins, so gdb and perf see it),
-//! stores the body's address in the slot and continues into the body with the caller's
-//! arguments. From then on a call costs one indirect jump. Code is never writable: only the
-//! slot changes.
+//! [`crate::Jit::add_lazy_functions`] gives each name a stub at once: 32 bytes of code
+//! that jump through an 8-byte pointer slot in writable data (`jmp *slot(%rip)` on
+//! x86-64, `adrp`/`ldr`/`br` on AArch64, `auipc`/`ld`/`jr` on RISC-V; the code of each
+//! architecture is [`kiln_link::call_through`]'s). The stub is what the name resolves to,
+//! for lookups and for every link, so callers never need relinking. The slot first points
+//! back into the stub's own entry, which puts the stub's id where the executor's lazy
+//! entry takes it and enters Kiln on the calling thread (`kiln_executor::lazy_entry` in
+//! this process; an executor process's own, executor-c's included): the first call asks
+//! the [`LazyCompiler`] for an object defining the function, links it (resolving its
+//! names as the stub's library would; the body is announced to plugins, so gdb and perf
+//! see it), stores the body's address in the slot and continues into the body with the
+//! caller's arguments. From then on a call costs one indirect jump. Code is never
+//! writable: only the slot changes.
 //!
 //! Concurrent first calls compile once; the others wait for that compile. A compile that
 //! fails (or panics) sends the call to [`LazyCompiler::compile_failed`]'s fallback, and is
@@ -52,12 +55,12 @@ use function::{
     NEXT_ID, PENDING,
 };
 use kiln_executor::lazy_entry;
+use kiln_link::call_through::{slots_symbol, StubNames, STUB_SIZE};
 use kiln_link::ObjectInput;
 use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use stub_object::{slots_symbol, stub_object, Names, STUB_SIZE};
 
 /// The name of a module of call-through stubs.
 const STUBS_NAME: &str = "(call-through stubs)";
@@ -147,11 +150,14 @@ impl Jit {
     /// resolve at once, for lookups and links, to their stubs; the returned module holds
     /// the stubs (one link for all of them).
     ///
-    /// For x86-64 executors ([`Error::Unsupported`] on others). In process, the first
-    /// call compiles on the calling thread. Out of process, Kiln's executor asks this
-    /// controller on the thread that serves the connection (`Executor::call`,
-    /// `run_main` without output forwarding, initializers); its other threads get the
-    /// fallback (docs/PROTOCOL.md, `ResolveStub`).
+    /// For any executor that has an entry for stubs: this process on x86-64, Kiln's
+    /// executor, and executor-c on x86-64, AArch64 and RISC-V ([`Error::Unsupported`]
+    /// for one whose hello names no `__kiln_lazy_entry`). In process, the first call
+    /// compiles on the calling thread. Out of process, any executor thread whose call
+    /// reaches a stub while a request's code runs there (`Executor::call`, `run_main`,
+    /// initializers, and the threads they start) has the executor ask this controller,
+    /// which compiles and links the body into the executor while the call waits
+    /// (docs/PROTOCOL.md, `ResolveStub`).
     ///
     /// The body must have the signature its callers use (Kiln cannot check it), and
     /// [`LazyCompiler::compile`] must not call the function it compiles. Names are checked
@@ -183,11 +189,6 @@ impl Jit {
         names: &[&str],
         compiler: Arc<dyn LazyCompiler>,
     ) -> Result<Module, Error> {
-        if self.architecture() != kiln_link::Architecture::X86_64 {
-            return Err(Error::Unsupported(
-                "call-through stubs are written for x86-64 executors only".into(),
-            ));
-        }
         let remote = self.executor().remote().cloned();
         let (entry, default_fallback) = match &remote {
             None => (
@@ -275,7 +276,9 @@ impl Jit {
                 .collect();
             let memory = &*self.inner().memory;
             let name_of = |i: usize| functions[i].name.clone();
-            let placed = stub_memory::place_stubs(memory, &name_of, &order, ids, entry)?;
+            let architecture = self.architecture();
+            let placed =
+                stub_memory::place_stubs(memory, architecture, &name_of, &order, ids, entry)?;
             let module = publish_placed(self, lib, STUBS_NAME, placed.linked)?;
             (module, functions, placed.stubs, placed.slots)
         };
@@ -337,18 +340,19 @@ impl Jit {
         ids: std::ops::Range<u32>,
         entry: u64,
     ) -> Result<(Module, Vec<Arc<str>>, u64, u64), Error> {
-        let linked = Names {
+        let stub_code = self.architecture().call_through();
+        let linked = StubNames {
             functions: true,
             stubs: true,
         };
         // Lent, not copied: the object of 10,000 stubs is a megabyte.
-        let object = stub_object(names, ids.clone(), entry, linked);
+        let object = stub_code.object(names, ids.clone(), entry, linked);
         let object = ObjectInput::shared(STUBS_NAME, Arc::new(object));
-        let naming = Names {
+        let naming = StubNames {
             functions: false,
             stubs: true,
         };
-        let shown = stub_object(names, ids.clone(), entry, naming);
+        let shown = stub_code.object(names, ids.clone(), entry, naming);
         let shown = ObjectInput::shared(STUBS_NAME, Arc::new(shown));
         let (module, _) = self
             .link(
@@ -540,5 +544,4 @@ impl Jit {
 
 mod function;
 mod stub_memory;
-mod stub_object;
 pub mod testing;

@@ -1,10 +1,10 @@
 //! Call-through stubs written straight into code memory: what the stub object
-//! ([`super::stub_object`]) would link to, without an object or a link. The session
-//! publishes the result as any linked module. Used when no plugin (debugger, profiler) is
-//! to be shown the stubs: those are shown the object.
+//! ([`kiln_link::call_through::CallThrough::object`]) would link to, without an object or
+//! a link. The session publishes the result as any linked module. Used when no plugin
+//! (debugger, profiler) is to be shown the stubs: those are shown the object.
 
-use super::stub_object::{stub_code_size, write_stub_code, STUB_ENTRY, STUB_SIZE};
 use crate::Error;
+use kiln_link::call_through::{STUB_ENTRY, STUB_SIZE};
 use kiln_link::{Architecture, Export, LinkedModule};
 use kiln_memory::{AllocationRequest, MemoryManager, Permission, SegmentRequest};
 use std::sync::Arc;
@@ -18,18 +18,21 @@ pub(super) struct PlacedStubs {
     pub(super) slots: u64,
 }
 
-/// Allocates code for the stubs of the functions `names` gives (ids `ids`) and writable slots, writes both
-/// (each slot pointing at its stub's entry; the entry's address, `entry`, after the last
-/// slot) and makes the code executable. `order` is the names' order ([`name_order`]).
+/// Allocates code for `architecture`'s stubs of the functions `names` gives (ids `ids`)
+/// and writable slots, writes both (each slot pointing at its stub's entry; the entry's
+/// address, `entry`, after the last slot) and makes the code executable. `order` is the
+/// names' order ([`name_order`]).
 pub(super) fn place_stubs(
     memory: &dyn MemoryManager,
+    architecture: Architecture,
     names: &dyn Fn(usize) -> Arc<str>,
     order: &[u32],
     ids: std::ops::Range<u32>,
     entry: u64,
 ) -> Result<PlacedStubs, Error> {
     let n = order.len();
-    let code_size = stub_code_size(n);
+    let stub_code = architecture.call_through();
+    let code_size = stub_code.code_size(n);
     let request = AllocationRequest::new()
         .segment(SegmentRequest::new(
             Permission::ReadExecute,
@@ -47,20 +50,20 @@ pub(super) fn place_stubs(
             "the memory manager gave fewer segments than asked for the stubs".into(),
         ));
     };
-    // The code reaches the slots `jmp *slot(%rip)`: within ±2 GiB (one slab).
-    let distance = slots.wrapping_sub(stubs) as i64;
-    let farthest = distance.unsigned_abs() + 8 * (n as u64 + 1) + code_size as u64;
-    if farthest >= 1 << 31 {
-        return Err(Error::Unsupported(format!(
-            "the stubs' slots were placed {distance:#x} bytes from their code, out of a 32-bit displacement's reach"
-        )));
-    }
     let short = || Error::Unsupported("the stubs' memory is shorter than asked for".into());
     let code = in_flight
         .working_memory(0)
         .filter(|code| code.len() >= code_size)
         .ok_or_else(short)?;
-    write_stub_code(code, ids, Some(distance));
+    // The code reaches the slots PC-relative (±2 GiB on x86-64 and RISC-V, ±4 GiB on
+    // AArch64: one slab is within reach).
+    stub_code
+        .write_code(code, ids, Some((stubs, slots)))
+        .map_err(|distance| {
+            Error::Unsupported(format!(
+                "the stubs' slots were placed {distance:#x} bytes from their code, out of its reach on {architecture}"
+            ))
+        })?;
     let data = in_flight
         .working_memory(1)
         .filter(|data| data.len() >= 8 * (n + 1))
@@ -95,7 +98,7 @@ pub(super) fn place_stubs(
             symbol_info: Vec::new(),
             image: Vec::new(),
             image_symbols: None,
-            architecture: Architecture::X86_64,
+            architecture,
             branch_protected: false,
             times: Default::default(),
             pass_times: Vec::new(),
