@@ -8,11 +8,11 @@
 //! (qemu's `-L /usr/aarch64-linux-gnu`); Debian's arm64 libraries come from the private
 //! sysroot scripts/test_deps.sh fills. `KILN_TEST_SKIP_CROSS=1` skips the AArch64 tests.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::process::{Command, Output};
+use std::sync::Arc;
 use std::time::Duration;
 
 fn kiln() -> PathBuf {
@@ -29,66 +29,29 @@ fn tmp() -> PathBuf {
     dir
 }
 
-fn build_executor(name: &str, compiler: &str) -> PathBuf {
-    let out = tmp().join(name);
-    let status = Command::new("bash")
-        .arg(repo().join("executor-c/build.sh"))
-        .arg(&out)
-        .arg(compiler)
-        .status()
-        .expect("bash runs build.sh");
-    assert!(
-        status.success(),
-        "executor-c/build.sh with {compiler} failed"
-    );
-    out
-}
-
 /// A running executor and the port it listens on; killed on drop.
 struct Executor {
-    child: Child,
+    _process: kiln_testkit::ExecutorProcess,
     port: u16,
 }
 
-impl Drop for Executor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start(command: &mut Command) -> Executor {
-    let mut child = command
-        .args(["--listen", "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the executor starts");
-    let mut line = String::new();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    stderr.read_line(&mut line).unwrap();
-    // What it logs later is read (and shown), so that its writes never meet a closed pipe.
-    std::thread::spawn(move || {
-        for line in stderr.lines().map_while(Result::ok) {
-            eprintln!("executor-c: {line}");
-        }
-    });
-    let port = line
-        .split("127.0.0.1:")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
+    let process = kiln_testkit::start_listening(command.args(["--listen", "127.0.0.1:0"]));
+    let port = process
+        .address
+        .rsplit(':')
+        .next()
         .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {line:?}"));
-    Executor { child, port }
+        .unwrap_or_else(|| panic!("no port in {:?}", process.address));
+    Executor {
+        _process: process,
+        port,
+    }
 }
 
 /// The executor built for this machine, once per test process (tests run in parallel).
 fn native_executor() -> PathBuf {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY
-        .get_or_init(|| build_executor("kiln-executor-c", "cc"))
-        .clone()
+    kiln_testkit::c_executor_binary("cc")
 }
 
 /// Static TLS for JIT modules comes from the C library's surplus, which is small unless
@@ -127,19 +90,7 @@ impl Guest {
     /// The executor under qemu, started for one test (each connection is served by a
     /// process of its own); the binary is built once per test process.
     fn executor(self) -> Executor {
-        static BINARIES: OnceLock<std::sync::Mutex<Vec<(&'static str, PathBuf)>>> = OnceLock::new();
-        let binary = {
-            let mut built = BINARIES.get_or_init(Default::default).lock().unwrap();
-            match built.iter().find(|(name, _)| *name == self.name) {
-                Some((_, binary)) => binary.clone(),
-                None => {
-                    let binary =
-                        build_executor(&format!("kiln-executor-c-{}", self.name), self.gcc);
-                    built.push((self.name, binary.clone()));
-                    binary
-                }
-            }
-        };
+        let binary = kiln_testkit::c_executor_binary(self.gcc);
         start(
             Command::new(self.qemu)
                 .env("GLIBC_TUNABLES", STATIC_TLS_TUNABLE)

@@ -381,6 +381,28 @@ pub fn host_isa(pic: bool) -> Result<Arc<dyn TargetIsa>, String> {
         .map_err(|e| e.to_string())
 }
 
+/// The instruction set of `architecture` (an executor's that is not this machine, say),
+/// for position-independent objects, optimizing for speed: the architecture's baseline
+/// (no CPU feature beyond it is assumed). An error names an architecture this build of
+/// Cranelift has no backend for (kiln-lang enables x86-64 and AArch64).
+pub fn isa_for(architecture: kiln::Architecture) -> Result<Arc<dyn TargetIsa>, String> {
+    use cranelift_codegen::settings::{self, Configurable};
+    let triple = match architecture {
+        kiln::Architecture::X86_64 => "x86_64-unknown-linux-gnu",
+        kiln::Architecture::Aarch64 => "aarch64-unknown-linux-gnu",
+        kiln::Architecture::Riscv64 => "riscv64gc-unknown-linux-gnu",
+    };
+    let mut flags = settings::builder();
+    flags.set("is_pic", "true").map_err(|e| e.to_string())?;
+    flags.set("opt_level", "speed").map_err(|e| e.to_string())?;
+    cranelift_codegen::isa::lookup_by_name(triple)
+        .map_err(|e| {
+            format!("no Cranelift backend for {architecture} ({triple}) in this build: {e}")
+        })?
+        .finish(settings::Flags::new(flags))
+        .map_err(|e| e.to_string())
+}
+
 /// Compiles `f` alone into an ELF relocatable object that defines it (global) and
 /// imports what it calls.
 pub fn compile_object(

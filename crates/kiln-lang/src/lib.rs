@@ -61,7 +61,22 @@ pub struct Options {
     pub eager: bool,
     /// Debugger and profiler support for the compiled functions (gdb, perf).
     pub debug: kiln::DebugSupport,
+    /// Run the program in an executor listening at this address (`kiln-executor --listen
+    /// ADDRESS --no-auth`, or executor-c, on this machine or under qemu): its functions
+    /// are compiled for the executor's architecture and linked into it; a first call made
+    /// there compiles through the connection.
+    pub connect: Option<String>,
 }
+
+/// `print` where the program runs in another process (no host function reaches it):
+/// written in the language, over the C library's `putchar` and `fflush`. Digits come
+/// from the number made non-positive, so that `i64::MIN` prints too.
+const REMOTE_PRELUDE: &str = "
+extern fn putchar(c: i32) -> i32;
+extern fn fflush(stream: i64) -> i32;
+fn __kiln_lang_digits(x) = if x <= -10 then { __kiln_lang_digits(x / 10); putchar(48 - x % 10) } else putchar(48 - x);
+fn print(x) = { if x < 0 then { putchar(45); __kiln_lang_digits(x) } else __kiln_lang_digits(0 - x); putchar(10); fflush(0); x };
+";
 
 /// What an item of a loaded source did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,28 +200,43 @@ pub struct Runtime {
     compiler: Arc<Compiler>,
     thread: CodeThread,
     eager: bool,
+    /// The program runs in an executor process ([`Options::connect`]).
+    remote: bool,
     expressions: usize,
 }
 
 impl Runtime {
     /// A runtime with the built-in `print` and the process's C library as externs.
+    ///
+    /// With [`Options::connect`], the program runs in that executor: compiled for its
+    /// architecture, with the executor's C library as externs and a `print` of the
+    /// language's own (a function of the program, compiled on first call like the rest).
     pub fn new(options: Options) -> Result<Self, LangError> {
-        let jit = Jit::builder().debug_support(options.debug).build()?;
+        let mut builder = Jit::builder().debug_support(options.debug);
+        if let Some(address) = &options.connect {
+            builder = builder.executor(kiln::Executor::connect(address, Default::default())?);
+        }
+        let jit = builder.build()?;
+        let remote = options.connect.is_some();
         let lib = jit.main_library();
         jit.add_process_symbols(lib)?;
-        jit.define_symbol(lib, "print", kiln_lang_print as *const () as u64)?;
         let definitions = Arc::new(RwLock::new(Definitions::default()));
-        definitions.write().externs.insert(
-            "print".into(),
-            Extern {
-                name: "print".into(),
-                params: vec![Type::I64],
-                result: Type::I64,
-            },
-        );
-        let isa = codegen::host_isa(true).map_err(LangError::Usage)?;
+        let isa = if remote {
+            codegen::isa_for(jit.architecture()).map_err(LangError::Usage)?
+        } else {
+            jit.define_symbol(lib, "print", kiln_lang_print as *const () as u64)?;
+            definitions.write().externs.insert(
+                "print".into(),
+                Extern {
+                    name: "print".into(),
+                    params: vec![Type::I64],
+                    result: Type::I64,
+                },
+            );
+            codegen::host_isa(true).map_err(LangError::Usage)?
+        };
         let thread = jit.register_thread();
-        Ok(Runtime {
+        let mut runtime = Runtime {
             lib,
             compiler: Arc::new(Compiler {
                 definitions,
@@ -215,9 +245,14 @@ impl Runtime {
             }),
             thread,
             eager: options.eager,
+            remote,
             expressions: 0,
             jit,
-        })
+        };
+        if remote {
+            runtime.load(REMOTE_PRELUDE)?;
+        }
+        Ok(runtime)
     }
 
     /// The Kiln session (for its statistics, plugins, …).
@@ -471,6 +506,15 @@ impl Runtime {
                 args.len()
             )));
         }
+        if self.remote {
+            // The executor guards its own threads while the call runs.
+            let args: Vec<u64> = args.iter().map(|&a| a as u64).collect();
+            // SAFETY: every function of the language (and every expression) is compiled
+            // with the signature `extern "C" fn(i64 × arity) -> i64`, checked above, for
+            // the executor's architecture, and lies in the executor's memory.
+            let result = unsafe { self.jit.executor().call(address, &args) }? as i64;
+            return self.no_failed_compile(result);
+        }
         let a = |i: usize| args[i];
         // SAFETY: every function of the language (and every expression) is compiled with
         // the signature `extern "C" fn(i64 × arity) -> i64`, checked above; it runs in this
@@ -492,6 +536,11 @@ impl Runtime {
                 }
             }
         };
+        self.no_failed_compile(result)
+    }
+
+    /// `result`, unless a compile on first call failed meanwhile.
+    fn no_failed_compile(&self, result: i64) -> Result<i64, LangError> {
         if let Some(failure) = self.jit.lazy_failures().into_iter().next() {
             return Err(LangError::Usage(format!(
                 "compiling {} failed: {}",

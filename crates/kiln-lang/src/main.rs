@@ -29,6 +29,10 @@ struct Args {
     /// Print how many functions were defined and compiled (on standard error).
     #[arg(long)]
     stats: bool,
+    /// Run the program in the executor listening at ADDRESS (`kiln-executor --listen
+    /// ADDRESS --no-auth`, or executor-c under qemu), compiled for its architecture.
+    #[arg(long, value_name = "ADDRESS")]
+    connect: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -40,6 +44,7 @@ fn main() -> ExitCode {
             perf_map: args.perf_map,
             ..Default::default()
         },
+        connect: args.connect.clone(),
     };
     let result = Runtime::new(options).and_then(|mut rt| {
         let status = match &args.file {

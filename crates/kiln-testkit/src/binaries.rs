@@ -50,19 +50,27 @@ pub struct ExecutorProcess {
 /// Starts this build's `kiln-executor ARGS` (from `cwd` if given, without `env_remove`'s
 /// variables) and waits for its "listening on" line; its stderr is drained after.
 pub fn start_executor(args: &[&str], cwd: Option<&Path>, env_remove: &[&str]) -> ExecutorProcess {
-    use std::io::BufRead;
     let mut command = Command::new(executor_binary());
-    command
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
+    command.args(args);
     if let Some(dir) = cwd {
         command.current_dir(dir);
     }
     for name in env_remove {
         command.env_remove(name);
     }
-    let mut child = KillOnDrop(command.spawn().expect("kiln-executor starts"));
+    start_listening(&mut command)
+}
+
+/// Starts `command` (an executor: Kiln's, executor-c, either under qemu) and waits for
+/// its "listening on ADDRESS" line on standard error; what it writes there later is
+/// drained (a log must never meet a closed pipe).
+pub fn start_listening(command: &mut Command) -> ExecutorProcess {
+    use std::io::BufRead;
+    command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = KillOnDrop(command.spawn().expect("the executor starts"));
     let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
     let mut line = String::new();
     while !line.contains("listening on") {
@@ -74,12 +82,35 @@ pub fn start_executor(args: &[&str], cwd: Option<&Path>, env_remove: &[&str]) ->
     }
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
     let address = line
-        .trim()
-        .rsplit(' ')
-        .next()
+        .split("listening on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
         .unwrap_or_default()
         .to_string();
     ExecutorProcess { child, address }
+}
+
+/// executor-c (`executor-c/build.sh`) built with `compiler` (`cc`, or a cross compiler
+/// such as `aarch64-linux-gnu-gcc`), once per test process and compiler.
+pub fn c_executor_binary(compiler: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, binary)) = built.iter().find(|(c, _)| c == compiler) {
+        return binary.clone();
+    }
+    let binary = crate::scratch_dir("c-executor").join(format!("kiln-executor-c-{compiler}"));
+    let status = Command::new("bash")
+        .arg(crate::repository().join("executor-c/build.sh"))
+        .arg(&binary)
+        .arg(compiler)
+        .status()
+        .expect("bash runs executor-c/build.sh");
+    assert!(
+        status.success(),
+        "executor-c/build.sh with {compiler} failed"
+    );
+    built.push((compiler.to_string(), binary.clone()));
+    binary
 }
 
 /// A child process (an executor a test started) killed and reaped when dropped, also when

@@ -13,7 +13,10 @@ pub mod binaries;
 pub mod compile;
 pub mod sysroot;
 
-pub use binaries::{binary, executor_binary, start_executor, ExecutorProcess, KillOnDrop};
+pub use binaries::{
+    binary, c_executor_binary, executor_binary, start_executor, start_listening, ExecutorProcess,
+    KillOnDrop,
+};
 pub use compile::{cc, cc_object, cxx_object, install_capi, run_ok, scratch_dir};
 pub use sysroot::{
     aarch64_includes, aarch64_lib_dir, aarch64_sysroot, c_sources, find_c_sources, host_file,
