@@ -297,9 +297,15 @@ struct reservation {
     uint8_t *working;
     int fd;
     /* Per page: 0 unprepared, else 1 + the permission it was prepared with (0 RX, 1 R,
-     * 2 RW), so that nothing is run, read or flushed on a page that is not ready. */
+     * 2 RW), so that nothing is run, read or flushed on a page that is not ready; with
+     * GUARDED set on a page of code mapped PROT_BTI. */
     uint8_t *pages;
 };
+
+#define GUARDED 0x80
+#ifndef PROT_BTI
+#define PROT_BTI 0x10
+#endif
 
 static struct reservation reservations[MAX_RESERVATIONS];
 static long page_size;
@@ -330,8 +336,9 @@ static int prepared(uint64_t addr, uint64_t len, int permission) {
     uint64_t first = (addr - r->target) / (uint64_t)page_size;
     uint64_t last = (addr + (len ? len : 1) - 1 - r->target) / (uint64_t)page_size;
     for (uint64_t p = first; p <= last; p++) {
-        if (r->pages[p] == 0) return 0;
-        if (permission >= 0 && r->pages[p] != permission + 1) return 0;
+        uint8_t state = r->pages[p] & ~GUARDED;
+        if (state == 0) return 0;
+        if (permission >= 0 && state != permission + 1) return 0;
     }
     return 1;
 }
@@ -493,6 +500,30 @@ static void do_prepare(uint32_t id, struct reader *r) {
     reply_simple(id, A_OK);
 }
 
+/* Maps the pages of code [addr, addr + len) again, over themselves: the same memfd pages,
+ * the same permission (PROT_BTI where guarded), in one atomic mmap that threads running
+ * there do not notice. An emulator that translates code (qemu-user) sees no write through
+ * the working view, and no instruction-cache maintenance: a new mapping is what makes it
+ * drop the translations of code that was on these pages before (a module removed, a body
+ * replaced by hot swap, and new code placed there since). */
+static int remap_code(struct reservation *res, uint64_t addr, uint64_t len) {
+    uint64_t ps = (uint64_t)page_size;
+    uint64_t first = (addr - res->target) / ps, end = (addr + len - res->target + ps - 1) / ps;
+    for (uint64_t p = first; p < end;) {
+        uint8_t guarded = res->pages[p] & GUARDED;
+        uint64_t q = p + 1;
+        while (q < end && (res->pages[q] & GUARDED) == guarded) q++;
+        int prot = PROT_READ | PROT_EXEC;
+#if defined(__aarch64__)
+        if (guarded) prot |= PROT_BTI;
+#endif
+        void *at = (void *)(uintptr_t)(res->target + p * ps);
+        if (mmap(at, (q - p) * ps, prot, MAP_SHARED | MAP_FIXED, res->fd, (off_t)(p * ps)) == MAP_FAILED) return 0;
+        p = q;
+    }
+    return 1;
+}
+
 static void do_initialize(uint32_t id, struct reader *r) {
     uint64_t handle = rd_u64(r, "handle");
     uint32_t n = rd_count(r, 17, "segments");
@@ -525,7 +556,13 @@ static void do_initialize(uint32_t id, struct reader *r) {
         }
     }
     for (uint32_t i = 0; i < n; i++) {
-        if (segs[i][2] == 0 && segs[i][1] > 0) sync_icache((uintptr_t)segs[i][0], (uintptr_t)(segs[i][0] + segs[i][1]));
+        if (segs[i][2] != 0 || segs[i][1] == 0) continue;
+        if (!remap_code(res, segs[i][0], segs[i][1])) {
+            unsigned long long at = segs[i][0], len = segs[i][1];
+            free(segs);
+            return reply_error(id, "mapping code %#llx+%#llx again: %s", at, len, strerror(errno));
+        }
+        sync_icache((uintptr_t)segs[i][0], (uintptr_t)(segs[i][0] + segs[i][1]));
     }
     free(segs);
     reply_simple(id, A_OK);
@@ -533,9 +570,6 @@ static void do_initialize(uint32_t id, struct reader *r) {
 
 /* GuardBranchTargets: whole pages of read-execute code built for BTI are mapped guarded
  * (PROT_BTI): an indirect branch to anything but a landing pad traps with SIGILL. */
-#ifndef PROT_BTI
-#define PROT_BTI 0x10
-#endif
 static void do_guard_branch_targets(uint32_t id, struct reader *r) {
     uint64_t addr = rd_u64(r, "address"), len = rd_u64(r, "length");
     if (r->bad || r->left) return reply_error(id, "malformed GuardBranchTargets: %s", r->bad ? r->bad : "trailing bytes");
@@ -546,6 +580,9 @@ static void do_guard_branch_targets(uint32_t id, struct reader *r) {
 #if defined(__aarch64__)
     if (mprotect((void *)(uintptr_t)addr, len, PROT_READ | PROT_EXEC | PROT_BTI) != 0)
         return reply_error(id, "guard branch targets: mprotect: %s", strerror(errno));
+    struct reservation *res = holding(addr, len);
+    for (uint64_t p = (addr - res->target) / (uint64_t)page_size; p < (addr + len - res->target) / (uint64_t)page_size; p++)
+        res->pages[p] |= GUARDED;
 #endif
     reply_simple(id, A_OK);
 }
@@ -555,10 +592,6 @@ static void do_deinitialize(uint32_t id, struct reader *r) {
     if (r->bad || r->left) return reply_error(id, "malformed Deinitialize: %s", r->bad ? r->bad : "trailing bytes");
     struct reservation *res = pages(id, handle, start, end);
     if (!res) return;
-    /* Writable for a moment (never executable): qemu-user drops the translations of code
-     * on a page that becomes writable, and it does not see the working view's writes, so
-     * a body later placed on the same pages (hot swap frees old ones) runs as written. */
-    mprotect((void *)(uintptr_t)start, end - start, PROT_READ | PROT_WRITE);
     mprotect((void *)(uintptr_t)start, end - start, PROT_NONE);
     memset(res->pages + (start - res->target) / (uint64_t)page_size, 0, (end - start) / (uint64_t)page_size);
     /* The pages' contents are discarded: they read as zeros when prepared again. */
@@ -1311,15 +1344,16 @@ static uint64_t run_code(struct code_job *job) {
     }
     case T_RUN_MAIN:
         value = (uint32_t)((int (*)(int, char **, char **))(uintptr_t)job->address)(job->argc, job->argv, environ);
-        fflush(NULL);
         break;
     }
+    /* What the code wrote is sent before its answer (stdout is a pipe: fully buffered). */
+    fflush(NULL);
     return value;
 }
 
 /* After the job's code: its answer, once nothing of it runs. */
 static void finish_job(struct code_job *job, uint64_t value) {
-    if (job->tag == T_RUN_MAIN) drain_output();
+    drain_output();
     /* Not running any more before the answer: a Shutdown sent after it is served. */
     atomic_fetch_sub(&running_code, 1);
     if (job->tag == T_RUN_MAIN) atomic_store(&main_running, 0);

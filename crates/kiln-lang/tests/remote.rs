@@ -73,6 +73,20 @@ fn runs_through(name: &str, executor: &ExecutorProcess) {
     // `unused` was never compiled (the prelude's two functions were).
     assert!(stderr.contains("6 compiled"), "{name}: {stderr}");
 
+    // A program that writes with `putchar` and never flushes: its output still comes
+    // (the executor flushes what the code wrote before answering the call).
+    let hello = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hello.kl");
+    let (here, there) = (
+        kiln_lang(&[hello]),
+        kiln_lang(&["--connect", &executor.address, hello]),
+    );
+    assert!(!here.stdout.is_empty());
+    assert_eq!(
+        String::from_utf8_lossy(&there.stdout),
+        String::from_utf8_lossy(&here.stdout),
+        "{name}: hello.kl"
+    );
+
     let mut rt = Runtime::new(Options {
         connect: Some(executor.address.clone()),
         ..Options::default()
@@ -89,7 +103,12 @@ fn runs_through(name: &str, executor: &ExecutorProcess) {
         vec![Outcome::Replaced("version".into())]
     );
     assert_eq!(rt.call("twice", &[5]).unwrap(), 45, "{name}");
+    // Each expression is a module linked, called and removed: the next one is placed
+    // where the last one was, and must run as written (under qemu, whose translations of
+    // the old code the executor has to make it drop).
     assert_eq!(rt.load("twice(1) + 1;").unwrap(), vec![Outcome::Value(42)]);
+    assert_eq!(rt.load("twice(2) + 1;").unwrap(), vec![Outcome::Value(43)]);
+    assert_eq!(rt.load("twice(3) + 1;").unwrap(), vec![Outcome::Value(44)]);
     assert!(rt.call("twice", &[]).is_err(), "{name}: arity is checked");
 }
 

@@ -17,7 +17,9 @@
 //! phase and pass by pass, from one more run of each with `--show-times`. Then what a
 //! call through a stub costs on each architecture: the instructions of the stub a link
 //! made, read back from its image with `llvm-objdump-16`, from the stub's entry to its
-//! indirect jump (a direct call has none). Then start-up: `kiln run` of an empty `main`
+//! indirect jump (a direct call has none), and the instructions a resolved call-through
+//! stub (a lazy function's, as Kiln writes it) adds to each call, counted under qemu
+//! (`-singlestep -d exec,nochain -dfilter` on the stub's page). Then start-up: `kiln run` of an empty `main`
 //! against the natively linked empty program, CPU time of the whole process (from
 //! `wait4`), interleaved.
 
@@ -534,5 +536,142 @@ fn stub_calls(dir: &Path, kiln: &Path) {
                 stub.join("; ")
             );
         }
+    }
+    resolved_stub_calls(dir);
+}
+
+/// Where the harness of [`resolved_stub_calls`] maps the stub's code and its slots: fixed,
+/// so that qemu's log can be filtered to the stub's page (below 2^38 for RISC-V's Sv39).
+const STUB_PAGE: u64 = 0x20_0000_0000;
+const SLOT_PAGE: u64 = STUB_PAGE + 0x1000;
+
+/// The guest program that calls through a resolved call-through stub: the stub's code
+/// (Kiln's, from a file) at [`STUB_PAGE`], its slot pointing at `body`, the entry's slot
+/// at `abort` (a resolved stub never reaches its entry).
+const STUB_HARNESS: &str = r#"
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+__attribute__((noinline)) long body(long x) { return x + 1; }
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    unsigned char bytes[4096];
+    FILE *f = fopen(argv[1], "rb");
+    if (!f) return 2;
+    size_t len = fread(bytes, 1, sizeof bytes, f);
+    fclose(f);
+    long n = atol(argv[2]);
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE;
+    unsigned char *code = mmap((void *)STUB_PAGE, 4096, PROT_READ | PROT_WRITE, flags, -1, 0);
+    uint64_t *slots = mmap((void *)SLOT_PAGE, 4096, PROT_READ | PROT_WRITE, flags, -1, 0);
+    if (code != (void *)STUB_PAGE || slots != (void *)SLOT_PAGE) return 3;
+    memcpy(code, bytes, len);
+    if (mprotect(code, 4096, PROT_READ | PROT_EXEC)) return 4;
+    __builtin___clear_cache((char *)code, (char *)code + len);
+    slots[0] = (uint64_t)(uintptr_t)body;
+    slots[1] = (uint64_t)(uintptr_t)abort;
+    long (*stub)(long) = (long (*)(long))(uintptr_t)STUB_PAGE;
+    long sum = 0;
+    for (long i = 0; i < n; i++) sum += stub(i);
+    printf("%ld
+", sum);
+    return 0;
+}
+"#;
+
+/// What a resolved call-through stub adds to a call, counted under qemu: the guest
+/// harness calls `body` through Kiln's stub (written for the harness's addresses by
+/// `kiln_link::call_through`) `CALLS` times, one instruction per translation block, with
+/// qemu logging each block run on the stub's page only. A direct call runs nothing there:
+/// the count per call is what the stub adds.
+fn resolved_stub_calls(dir: &Path) {
+    const CALLS: u64 = 10_000;
+    println!(
+        "\nresolved call-through stub (a lazy function's), instructions added to a direct call (counted under qemu, {CALLS} calls):"
+    );
+    let source = dir.join("stub_harness.c");
+    if std::fs::write(&source, STUB_HARNESS).is_err() {
+        return;
+    }
+    for (arch, architecture, compiler, qemu) in [
+        (
+            "x86-64",
+            kiln::Architecture::X86_64,
+            "cc",
+            "qemu-x86_64-static",
+        ),
+        (
+            "aarch64",
+            kiln::Architecture::Aarch64,
+            "aarch64-linux-gnu-gcc",
+            "qemu-aarch64-static",
+        ),
+        (
+            "riscv64",
+            kiln::Architecture::Riscv64,
+            "riscv64-linux-gnu-gcc",
+            "qemu-riscv64-static",
+        ),
+    ] {
+        let stubs = architecture.call_through();
+        let mut code = vec![0u8; stubs.code_size(1)];
+        if stubs
+            .write_code(&mut code, 0..1, Some((STUB_PAGE, SLOT_PAGE)))
+            .is_err()
+        {
+            println!("  {arch:<8} not measured (the stub cannot reach its slot)");
+            continue;
+        }
+        let (code_file, harness, log) = (
+            dir.join(format!("stub_code-{arch}.bin")),
+            dir.join(format!("stub_harness-{arch}")),
+            dir.join(format!("stub_harness-{arch}.log")),
+        );
+        let built = std::fs::write(&code_file, &code).is_ok()
+            && Command::new(compiler)
+                .args(["-O2", "-static"])
+                .arg(format!("-DSTUB_PAGE={STUB_PAGE:#x}UL"))
+                .arg(format!("-DSLOT_PAGE={SLOT_PAGE:#x}UL"))
+                .arg(&source)
+                .arg("-o")
+                .arg(&harness)
+                .status()
+                .is_ok_and(|s| s.success());
+        let _ = std::fs::remove_file(&log);
+        let ran = built
+            && Command::new(qemu)
+                .args(["-singlestep", "-d", "exec,nochain", "-dfilter"])
+                .arg(format!("{STUB_PAGE:#x}+0x1000"))
+                .arg("-D")
+                .arg(&log)
+                .arg(&harness)
+                .arg(&code_file)
+                .arg(CALLS.to_string())
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+        let Some(text) = ran.then(|| std::fs::read_to_string(&log).ok()).flatten() else {
+            println!("  {arch:<8} not measured ({compiler} -static or {qemu} failed)");
+            continue;
+        };
+        // `Trace N: HOST [FLAGS/PC/…] …`: one line per instruction run on the page.
+        let pcs: Vec<u64> = text
+            .lines()
+            .filter(|l| l.starts_with("Trace "))
+            .filter_map(|l| {
+                let fields = l.split_once('[')?.1.split('/').nth(1)?;
+                u64::from_str_radix(fields, 16).ok()
+            })
+            .collect();
+        let entry = STUB_PAGE + kiln_link::call_through::STUB_ENTRY;
+        let in_entry = pcs.iter().filter(|&&pc| pc >= entry).count();
+        println!(
+            "  {arch:<8} +{:.2} instructions per call ({} run on the stub's page; its entry half {in_entry} times)",
+            pcs.len() as f64 / CALLS as f64,
+            pcs.len()
+        );
     }
 }
