@@ -576,8 +576,7 @@ int main(int argc, char **argv) {
     long (*stub)(long) = (long (*)(long))(uintptr_t)STUB_PAGE;
     long sum = 0;
     for (long i = 0; i < n; i++) sum += stub(i);
-    printf("%ld
-", sum);
+    printf("%ld\n", sum);
     return 0;
 }
 "#;
