@@ -199,18 +199,13 @@ impl Arch for Aarch64 {
     }
 
     fn stub_relocations(&self) -> &'static [StubRelocation] {
-        &[
-            StubRelocation {
-                offset: 4,
-                r_type: elf::R_AARCH64_ADR_PREL_PG_HI21.0,
-                target: StubTarget::Slot(0),
-            },
-            StubRelocation {
-                offset: 8,
-                r_type: elf::R_AARCH64_LDST64_ABS_LO12_NC.0,
-                target: StubTarget::Slot(0),
-            },
-        ]
+        const PAGE: u32 = elf::R_AARCH64_ADR_PREL_PG_HI21.0;
+        const LO12: u32 = elf::R_AARCH64_LDST64_ABS_LO12_NC.0;
+        const TABLE: &[StubRelocation] = &[
+            StubRelocation::new(4, PAGE, StubTarget::Slot(0)),
+            StubRelocation::new(8, LO12, StubTarget::Slot(0)),
+        ];
+        TABLE
     }
 
     /// `BTI c` (reached by the stub's `BR x16`), `MOVZ x17, #id`, `MOVK x17, #id >> 16,

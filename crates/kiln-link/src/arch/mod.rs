@@ -554,6 +554,17 @@ pub(crate) struct StubRelocation {
     pub(crate) target: StubTarget,
 }
 
+impl StubRelocation {
+    /// A relocation of type `r_type` at `offset` against `target`.
+    pub(crate) const fn new(offset: u64, r_type: u32, target: StubTarget) -> Self {
+        StubRelocation {
+            offset,
+            r_type,
+            target,
+        }
+    }
+}
+
 /// What a [`StubRelocation`] refers to.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum StubTarget {

@@ -172,18 +172,13 @@ impl Arch for Riscv64 {
     }
 
     fn stub_relocations(&self) -> &'static [StubRelocation] {
-        &[
-            StubRelocation {
-                offset: 0,
-                r_type: elf::R_RISCV_PCREL_HI20.0,
-                target: StubTarget::Slot(0),
-            },
-            StubRelocation {
-                offset: 4,
-                r_type: elf::R_RISCV_PCREL_LO12_I.0,
-                target: StubTarget::Start,
-            },
-        ]
+        const HI: u32 = elf::R_RISCV_PCREL_HI20.0;
+        const LO: u32 = elf::R_RISCV_PCREL_LO12_I.0;
+        const TABLE: &[StubRelocation] = &[
+            StubRelocation::new(0, HI, StubTarget::Slot(0)),
+            StubRelocation::new(4, LO, StubTarget::Start),
+        ];
+        TABLE
     }
 
     /// `lui t5, %hi(id)`, `addiw t5, t5, %lo(id)`, `auipc t3, %hi(common)`, `jr

@@ -112,11 +112,9 @@ impl Arch for X86_64 {
     }
 
     fn stub_relocations(&self) -> &'static [StubRelocation] {
-        &[StubRelocation {
-            offset: 6,
-            r_type: elf::R_X86_64_PC32.0,
-            target: StubTarget::Slot(-4),
-        }]
+        const PC32: u32 = elf::R_X86_64_PC32.0;
+        const TABLE: &[StubRelocation] = &[StubRelocation::new(6, PC32, StubTarget::Slot(-4))];
+        TABLE
     }
 
     /// `endbr64; push $id; jmp common; int3; int3`: reached by the stub's `jmp *slot`, so
