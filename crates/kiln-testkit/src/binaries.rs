@@ -91,7 +91,8 @@ pub fn start_listening(command: &mut Command) -> ExecutorProcess {
 }
 
 /// executor-c (`executor-c/build.sh`) built with `compiler` (`cc`, or a cross compiler
-/// such as `aarch64-linux-gnu-gcc`), once per test process and compiler.
+/// such as `aarch64-linux-gnu-gcc`; with `x86_64-w64-mingw32-gcc` the Windows executor,
+/// whose path ends in `.exe`), once per test process and compiler.
 pub fn c_executor_binary(compiler: &str) -> PathBuf {
     static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
@@ -109,6 +110,12 @@ pub fn c_executor_binary(compiler: &str) -> PathBuf {
         status.success(),
         "executor-c/build.sh with {compiler} failed"
     );
+    let exe = binary.with_extension("exe");
+    let binary = if compiler.contains("mingw32") {
+        exe
+    } else {
+        binary
+    };
     built.push((compiler.to_string(), binary.clone()));
     binary
 }

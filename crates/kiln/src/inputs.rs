@@ -112,6 +112,9 @@ impl Jit {
     pub(crate) fn add_input(&self, lib: LibraryId, mut input: ObjectInput) -> Result<(), Error> {
         // The parse is kept for the link: one parse per object.
         input.check(self.inner.architecture)?;
+        if self.inner.target_os == crate::TargetOs::Windows {
+            refuse_thread_locals(&input.name, input.bytes())?;
+        }
         self.library(lib)?.state.write().pending.push(input);
         Ok(())
     }
@@ -297,9 +300,14 @@ impl Jit {
     /// from that archive into the module that calls them, as a native link does, so that
     /// their handlers belong to the calling module (its own `__dso_handle`) and run when
     /// it is removed.
+    ///
+    /// For a Windows executor the process symbols are those of its C runtime's DLLs and
+    /// of the DLLs loaded since (no `libc_nonshared.a`).
     pub fn add_process_symbols(&self, lib: LibraryId) -> Result<(), Error> {
         // The executor's architecture's archive (Debian multiarch).
-        let found = search_dirs_for(self.inner.architecture)
+        let found = (self.inner.target_os == crate::TargetOs::Linux)
+            .then(|| search_dirs_for(self.inner.architecture))
+            .unwrap_or_default()
             .into_iter()
             .map(|d| d.join("libc_nonshared.a"))
             .find(|p| p.is_file());
@@ -327,6 +335,23 @@ impl Jit {
         name: &str,
         dirs: &[PathBuf],
     ) -> Result<(), Error> {
+        if self.inner.target_os == crate::TargetOs::Windows {
+            // `-lNAME` is `NAME.dll`, found by the executor's own search (LoadLibrary).
+            let dll = if name.to_ascii_lowercase().ends_with(".dll") {
+                name.to_string()
+            } else {
+                format!("{name}.dll")
+            };
+            let handle = self.inner.executor.load_library(&dll)?;
+            return self.add_generator(
+                lib,
+                Box::new(ExecutorSymbols {
+                    executor: self.inner.executor.clone(),
+                    library: handle,
+                    name: dll,
+                }),
+            );
+        }
         let mut all = dirs.to_vec();
         all.extend(search_dirs_for(self.inner.architecture));
         for file in find_library(name, &all)? {
@@ -355,5 +380,25 @@ impl Jit {
                 name: path,
             }),
         )
+    }
+}
+
+/// Refuses an object with thread-local sections for a Windows executor: its thread-locals
+/// would need the Windows TLS directory, which Kiln does not make yet.
+fn refuse_thread_locals(name: &str, bytes: &[u8]) -> Result<(), Error> {
+    use object::{Object, ObjectSection, SectionFlags};
+    let Ok(file) = object::File::parse(bytes) else {
+        return Ok(()); // Checked already: the link reports what is wrong.
+    };
+    let tls = file.sections().find(|s| match s.flags() {
+        SectionFlags::Elf { sh_flags, .. } => sh_flags.0 & object::elf::SHF_TLS.0 != 0,
+        _ => false,
+    });
+    match tls {
+        Some(section) => Err(Error::Unsupported(format!(
+            "{name}: section {}: thread-locals are not supported on Windows executors yet",
+            section.name().unwrap_or("?")
+        ))),
+        None => Ok(()),
     }
 }

@@ -158,6 +158,7 @@ impl JitBuilder {
     pub fn build(self) -> Result<Jit, Error> {
         let executor = self.executor.unwrap_or_else(Executor::in_process);
         let architecture = executor.architecture()?;
+        let target_os = executor.target_os();
         // Debug outputs are on before any memory is reserved: an executor maps the code
         // of a debuggable session privately.
         let debug_listener =
@@ -195,6 +196,7 @@ impl JitBuilder {
                 session: NEXT_SESSION.fetch_add(1, Ordering::Relaxed),
                 executor,
                 architecture,
+                target_os,
                 export_to_libraries: self.export_to_libraries,
                 noexec: self.noexec,
                 memory,
@@ -231,6 +233,11 @@ impl Jit {
     /// The instruction set the session links for: its executor's.
     pub fn architecture(&self) -> kiln_link::Architecture {
         self.inner.architecture
+    }
+
+    /// The operating system the session's code runs on (its executor's).
+    pub fn target_os(&self) -> crate::TargetOs {
+        self.inner.target_os
     }
 
     /// A builder.

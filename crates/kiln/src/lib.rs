@@ -40,7 +40,7 @@ pub use debug_support::{DebugListener, DebugSupport};
 pub use error::{Error, ErrorKind};
 pub use executor::{
     default_executor_path, EhRegistration, Executor, ExecutorService, ExecutorSymbols,
-    ExportHandle, Retirement, Transport,
+    ExportHandle, Retirement, TargetOs, Transport,
 };
 pub use generator::{FnGenerator, Found, SymbolGenerator};
 pub use inputs::{map_file, SharedBytes};

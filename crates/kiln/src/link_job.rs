@@ -354,15 +354,27 @@ impl LinkJob<'_> {
                 }
             }
         }
+        if linked.tls.is_some() && self.jit.inner.target_os == crate::TargetOs::Windows {
+            // An archive member's thread-locals (objects added directly were refused).
+            return Err(Error::Unsupported(
+                "the module has thread-locals (from an archive member): they are not supported on Windows executors yet".into(),
+            ));
+        }
         let tls_module = linked.tls.as_ref().map(|t| t.module_id);
         if let Some(template) = linked.tls.take() {
             executor.install_tls(template)?;
         }
         let eh = match linked.eh_frame {
+            // Windows unwinds with its own tables (RUNTIME_FUNCTION), not `.eh_frame`:
+            // none are made yet, so nothing is registered.
+            Some(_) if self.jit.inner.target_os == crate::TargetOs::Windows => None,
             Some(address) => executor.register_eh_frame(address)?,
             None => None,
         };
+        // Windows has no process-wide namespace that a DLL's imports search: nothing to
+        // export to.
         let exports = if self.jit.inner.export_to_libraries
+            && self.jit.inner.target_os == crate::TargetOs::Linux
             && self.publish == Publish::Yes
             && linked.exports.iter().any(|e| e.visible)
         {

@@ -73,6 +73,36 @@ pub fn default_executor_path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("kiln-executor"))
 }
 
+/// The operating system an executor runs its code on, from its hello's triple: what a
+/// link for it takes from the system (Linux: the C library's archives and ld scripts,
+/// `-lNAME` as `libNAME.so`; Windows: `-lNAME` as `NAME.dll`, the C runtime's DLLs).
+///
+/// ```
+/// use kiln::TargetOs;
+/// assert_eq!(TargetOs::from_triple("x86_64-pc-windows-gnu"), TargetOs::Windows);
+/// assert_eq!(TargetOs::from_triple("aarch64-unknown-linux-gnu"), TargetOs::Linux);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetOs {
+    /// Linux with glibc (Kiln's own executor, executor-c).
+    Linux,
+    /// Windows (executor-c's Windows executor, under Wine or on Windows): ELF objects
+    /// compiled for `x86_64-w64-windows-gnu-elf`, calling the C runtime's DLLs.
+    Windows,
+}
+
+impl TargetOs {
+    /// The system a target triple names: Windows for `…-windows-…` and `…-mingw32`,
+    /// else Linux.
+    pub fn from_triple(triple: &str) -> TargetOs {
+        if triple.contains("-windows") || triple.contains("mingw") {
+            TargetOs::Windows
+        } else {
+            TargetOs::Linux
+        }
+    }
+}
+
 impl Executor {
     /// This process.
     pub fn in_process() -> Self {
@@ -185,6 +215,14 @@ impl Executor {
     /// trap bytes); an error if Kiln does not link for that triple.
     pub fn architecture(&self) -> Result<kiln_link::Architecture, Error> {
         self.service.architecture()
+    }
+
+    /// The operating system the executor runs code on (this process's: Linux).
+    pub fn target_os(&self) -> TargetOs {
+        match self.remote() {
+            Some(remote) => TargetOs::from_triple(&remote.hello().triple),
+            None => TargetOs::Linux,
+        }
     }
 
     /// The connection, for a remote executor.

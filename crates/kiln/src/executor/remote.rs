@@ -58,7 +58,7 @@ impl ExecutorService for Remote {
         let triple = &self.remote.hello().triple;
         kiln_link::Architecture::from_triple(triple).ok_or_else(|| {
             Error::Executor(format!(
-                "the executor runs {triple} code, which Kiln does not link for (x86_64 and aarch64 only)"
+                "the executor runs {triple} code, which Kiln does not link for (x86_64, aarch64 and riscv64 only)"
             ))
         })
     }
