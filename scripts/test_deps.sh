@@ -105,6 +105,10 @@ declare -A cross_needs=(
   [aarch64-linux-gnu-g++]=g++-aarch64-linux-gnu
   [riscv64-linux-gnu-g++]=g++-riscv64-linux-gnu
   [qemu-aarch64-static]=qemu-user-static
+  # Windows: the mingw-w64 cross compiler (and its headers and import libraries, which
+  # clang-16 --target=x86_64-w64-windows-gnu-elf uses too) and Wine to run what it builds.
+  [x86_64-w64-mingw32-gcc]=gcc-mingw-w64-x86-64
+  [/usr/lib/wine/wine64]=wine64
 )
 # Packages the tests need only for their files, and look for under $NATIVE_SYSROOT too:
 # when apt cannot install them cleanly, they are unpacked there.

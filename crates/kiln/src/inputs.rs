@@ -305,9 +305,12 @@ impl Jit {
     /// of the DLLs loaded since (no `libc_nonshared.a`).
     pub fn add_process_symbols(&self, lib: LibraryId) -> Result<(), Error> {
         // The executor's architecture's archive (Debian multiarch).
-        let found = (self.inner.target_os == crate::TargetOs::Linux)
-            .then(|| search_dirs_for(self.inner.architecture))
-            .unwrap_or_default()
+        let dirs = if self.inner.target_os == crate::TargetOs::Linux {
+            search_dirs_for(self.inner.architecture)
+        } else {
+            Vec::new()
+        };
+        let found = dirs
             .into_iter()
             .map(|d| d.join("libc_nonshared.a"))
             .find(|p| p.is_file());
