@@ -295,7 +295,8 @@ struct RunArgs {
     #[arg(long, value_name = "PATH")]
     sandbox_write: Vec<PathBuf>,
     /// With --connect or a pre-started executor: keep the executor's environment and
-    /// working directory (by default the program gets this process's, as in process).
+    /// working directory (by default the program gets this process's, as in process; a
+    /// Windows executor always keeps its own).
     #[arg(long)]
     no_env: bool,
     /// The executor's key file, for --connect (else $KILN_EXECUTOR_KEY_FILE, or the key
@@ -450,7 +451,8 @@ fn run(o: RunArgs) -> Result<i32, String> {
         };
         let executor = kiln::Executor::connect_with_key(address, key.as_ref(), timeouts)
             .map_err(|e| e.to_string())?;
-        if !o.no_env {
+        // A Windows executor keeps its own: this system's paths mean nothing there.
+        if !o.no_env && executor.target_os() == kiln::TargetOs::Linux {
             if o.verbose {
                 eprintln!("kiln: --connect: the program gets this environment and working directory (--no-env keeps the executor's)");
             }

@@ -105,6 +105,11 @@ impl Jit {
             .map(|(name, bytes)| ObjectInput::shared(name, bytes))
             .collect();
         kiln_link::check_objects(&mut inputs, self.inner.architecture)?;
+        if self.inner.target_os == crate::TargetOs::Windows {
+            for input in &inputs {
+                refuse_thread_locals(&input.name, input.bytes())?;
+            }
+        }
         self.library(lib)?.state.write().pending.extend(inputs);
         Ok(())
     }

@@ -1,0 +1,273 @@
+//! ELF objects on a Windows host: executor-c's Windows executor (`executor-c/build.sh OUT
+//! x86_64-w64-mingw32-gcc`), run under Wine (`wine64`, headless), serving `kiln run
+//! --connect`. Programs compiled with `clang-16 --target=x86_64-w64-windows-gnu-elf` (the
+//! ELF objects LLVM's MCJIT users on Windows make) give the same output and status as the
+//! same source built natively with `x86_64-w64-mingw32-gcc` and run under Wine.
+//! `KILN_TEST_SKIP_CROSS=1` skips them.
+
+use kiln_testkit::ExecutorProcess;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn kiln() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_kiln"))
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Wine, headless, with a prefix of its own under the target directory (never the user's
+/// `~/.wine`).
+fn wine() -> Command {
+    let binary = ["/usr/lib/wine/wine64", "/usr/bin/wine64", "/usr/bin/wine"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("wine64");
+    let mut command = Command::new(binary);
+    command
+        .env("WINEPREFIX", kiln_testkit::scratch_dir("wine-prefix"))
+        .env("WINEDEBUG", "-all");
+    command
+}
+
+/// Makes Wine's prefix once per test process, before the tests (which run in parallel)
+/// start Wine: two first starts at once would both make it.
+fn wine_ready() {
+    static READY: std::sync::Once = std::sync::Once::new();
+    READY.call_once(|| {
+        let status = wine()
+            .args(["cmd.exe", "/c", "exit"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("wine runs");
+        assert!(status.success(), "wine cmd.exe /c exit: {status}");
+    });
+}
+
+/// The Windows executor, listening on a loopback port under Wine.
+fn windows_executor() -> (ExecutorProcess, u16) {
+    wine_ready();
+    let binary = kiln_testkit::c_executor_binary("x86_64-w64-mingw32-gcc");
+    let process =
+        kiln_testkit::start_listening(wine().arg(binary).args(["--listen", "127.0.0.1:0"]));
+    let port = process
+        .address
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {:?}", process.address));
+    (process, port)
+}
+
+/// Compiles `source` into an ELF object for Windows (`x86_64-w64-windows-gnu-elf`).
+fn windows_elf_object(dir: &Path, source: &Path, flags: &[&str]) -> PathBuf {
+    let stem = source.file_stem().unwrap().to_string_lossy();
+    let object = dir.join(format!("{stem}.o"));
+    let status = Command::new("clang-16")
+        .arg("--target=x86_64-w64-windows-gnu-elf")
+        .args(flags)
+        .arg("-c")
+        .arg(source)
+        .arg("-o")
+        .arg(&object)
+        .status()
+        .expect("clang-16 runs");
+    assert!(status.success(), "clang-16 {flags:?} {}", source.display());
+    object
+}
+
+/// `sources` built natively for Windows with mingw-w64 (`-O2` and `flags`) and run under
+/// Wine with `args`.
+fn native_run(dir: &Path, sources: &[PathBuf], flags: &[&str], args: &[&str]) -> Output {
+    wine_ready();
+    let exe = dir.join("native.exe");
+    let status = Command::new("x86_64-w64-mingw32-gcc")
+        .arg("-O2")
+        .args(flags)
+        .args(sources)
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .expect("x86_64-w64-mingw32-gcc runs");
+    assert!(status.success(), "mingw-w64 build of {sources:?}");
+    wine().arg(&exe).args(args).output().expect("wine runs")
+}
+
+fn kiln_run(port: u16, objects: &[PathBuf], args: &[&str]) -> Output {
+    Command::new(kiln())
+        .args(["run", "--connect"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(objects)
+        .arg("--")
+        .args(args)
+        .output()
+        .expect("kiln runs")
+}
+
+/// Wine writes `\r\n` for a text-mode stream, as Windows does, in both runs alike.
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn assert_same(name: &str, native: &Output, kiln: &Output) {
+    assert!(
+        !native.stdout.is_empty(),
+        "{name}: the native program printed nothing"
+    );
+    assert_eq!(
+        text(&kiln.stdout),
+        text(&native.stdout),
+        "{name}: stdout differs (kiln's stderr: {})",
+        text(&kiln.stderr)
+    );
+    assert_eq!(
+        kiln.status.code(),
+        native.status.code(),
+        "{name}: status differs (kiln's stderr: {})",
+        text(&kiln.stderr)
+    );
+}
+
+fn scratch(name: &str) -> PathBuf {
+    kiln_testkit::scratch_dir(&format!("windows/{name}"))
+}
+
+#[test]
+fn c_programs_run_on_windows_as_natively() {
+    if kiln_testkit::skip_cross("c_programs_run_on_windows_as_natively") {
+        return;
+    }
+    let (_executor, port) = windows_executor();
+    let source = repo().join("tests/programs/windows_basics.c");
+    let native = native_run(
+        &scratch("basics-native"),
+        std::slice::from_ref(&source),
+        &[],
+        &["one"],
+    );
+    for flags in [&["-O0"][..], &["-O2"]] {
+        let dir = scratch(&format!("basics{}", flags[0]));
+        let object = windows_elf_object(&dir, &source, flags);
+        let kiln = kiln_run(port, &[object], &["one"]);
+        assert_same(&format!("windows_basics {flags:?}"), &native, &kiln);
+        assert!(
+            text(&kiln.stderr).contains("to stderr"),
+            "{}",
+            text(&kiln.stderr)
+        );
+    }
+}
+
+#[test]
+fn exit_return_and_crash_on_windows() {
+    if kiln_testkit::skip_cross("exit_return_and_crash_on_windows") {
+        return;
+    }
+    let (_executor, port) = windows_executor();
+    let dir = scratch("exit-and-crash");
+    let source = repo().join("tests/programs/exit_and_crash.c");
+    let object = windows_elf_object(&dir, &source, &["-O2"]);
+    let native_dir = scratch("exit-and-crash-native");
+    for how in ["return", "exit"] {
+        let native = native_run(&native_dir, std::slice::from_ref(&source), &[], &[how]);
+        let kiln = kiln_run(port, std::slice::from_ref(&object), &[how]);
+        assert_same(&format!("exit_and_crash {how}"), &native, &kiln);
+    }
+    // A crash: reported as on Linux (SIGSEGV, the address, the JIT function), status
+    // 128 + 11; the listener serves the next client.
+    let crash = kiln_run(port, std::slice::from_ref(&object), &["crash"]);
+    let stderr = text(&crash.stderr);
+    assert_eq!(crash.status.code(), Some(139), "{stderr}");
+    assert!(
+        stderr.contains("SIGSEGV") && stderr.contains("0x10"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("main"),
+        "the JIT function is named: {stderr}"
+    );
+    let again = kiln_run(port, std::slice::from_ref(&object), &["return"]);
+    assert_eq!(again.status.code(), Some(3), "{}", text(&again.stderr));
+}
+
+#[test]
+fn thread_locals_are_refused_by_name_on_windows() {
+    if kiln_testkit::skip_cross("thread_locals_are_refused_by_name_on_windows") {
+        return;
+    }
+    let (_executor, port) = windows_executor();
+    let dir = scratch("tls");
+    let source = dir.join("tls_user.c");
+    std::fs::write(
+        &source,
+        "static __thread int counter;\nint main(void) { return ++counter; }\n",
+    )
+    .unwrap();
+    let object = windows_elf_object(&dir, &source, &["-O2"]);
+    let out = kiln_run(port, &[object], &[]);
+    let stderr = text(&out.stderr);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr.contains("tls_user.o")
+            && stderr.contains("thread-locals")
+            && stderr.contains(".tbss"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn zlib_and_sqlite_from_source_run_on_windows_as_natively() {
+    if kiln_testkit::skip_cross("zlib_and_sqlite_from_source_run_on_windows_as_natively") {
+        return;
+    }
+    let (_executor, port) = windows_executor();
+    let zlib = kiln_testkit::c_sources("libz-sys").join("src/zlib");
+    let sqlite = kiln_testkit::c_sources("libsqlite3-sys").join("sqlite3");
+    let c_files = |dir: &Path| -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "c"))
+            .collect();
+        files.sort();
+        files
+    };
+    let include = |dir: &Path| format!("-I{}", dir.display());
+    for (name, mut sources, flags) in [
+        (
+            "zlib",
+            c_files(&zlib),
+            vec!["-O2".to_string(), include(&zlib)],
+        ),
+        // -O0: the amalgamation takes seconds to compile so, tens at -O2.
+        (
+            "sqlite",
+            vec![sqlite.join("sqlite3.c")],
+            vec!["-O0".to_string(), include(&sqlite)],
+        ),
+    ] {
+        sources.push(repo().join(format!("tests/programs/{name}_driver.c")));
+        let dir = scratch(&format!("{name}-from-source"));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        // Compiled all at once, as a build would.
+        let jobs: Vec<_> = sources
+            .iter()
+            .map(|source| {
+                let dir = dir.clone();
+                let source = source.clone();
+                let flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
+                std::thread::spawn(move || {
+                    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+                    windows_elf_object(&dir, &source, &flags)
+                })
+            })
+            .collect();
+        let objects: Vec<PathBuf> = jobs.into_iter().map(|j| j.join().unwrap()).collect();
+        let native_dir = scratch(&format!("{name}-from-source-native"));
+        let native = native_run(&native_dir, &sources, &flags[1..], &[]);
+        let kiln = kiln_run(port, &objects, &[]);
+        assert_same(&format!("windows {name}"), &native, &kiln);
+    }
+}
