@@ -218,34 +218,48 @@ fn thread_locals_are_refused_by_name_on_windows() {
 }
 
 #[test]
-fn zlib_and_sqlite_from_source_run_on_windows_as_natively() {
-    if kiln_testkit::skip_cross("zlib_and_sqlite_from_source_run_on_windows_as_natively") {
+fn zlib_sqlite_and_lua_from_source_run_on_windows_as_natively() {
+    if kiln_testkit::skip_cross("zlib_sqlite_and_lua_from_source_run_on_windows_as_natively") {
         return;
     }
     let (_executor, port) = windows_executor();
     let zlib = kiln_testkit::c_sources("libz-sys").join("src/zlib");
     let sqlite = kiln_testkit::c_sources("libsqlite3-sys").join("sqlite3");
-    let c_files = |dir: &Path| -> Vec<PathBuf> {
+    let lua = kiln_testkit::c_sources("lua-src").join("lua-5.4.8");
+    let script = repo().join("tests/programs/script.lua");
+    let script = script.to_str().unwrap();
+    let c_files = |dir: &Path, skip: &[&str]| -> Vec<PathBuf> {
         let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().path())
             .filter(|p| p.extension().is_some_and(|e| e == "c"))
+            .filter(|p| !skip.iter().any(|s| p.file_name().is_some_and(|n| n == *s)))
             .collect();
         files.sort();
         files
     };
     let include = |dir: &Path| format!("-I{}", dir.display());
-    for (name, mut sources, flags) in [
+    for (name, mut sources, flags, args) in [
         (
             "zlib",
-            c_files(&zlib),
+            c_files(&zlib, &[]),
             vec!["-O2".to_string(), include(&zlib)],
+            &[][..],
         ),
         // -O0: the amalgamation takes seconds to compile so, tens at -O2.
         (
             "sqlite",
             vec![sqlite.join("sqlite3.c")],
             vec!["-O0".to_string(), include(&sqlite)],
+            &[][..],
+        ),
+        // Lua's errors are longjmps (through the executor's `_setjmp`, which asks for no
+        // unwinding: JIT frames have no unwind tables yet).
+        (
+            "lua",
+            c_files(&lua, &["lua.c", "luac.c", "onelua.c"]),
+            vec!["-O2".to_string(), include(&lua)],
+            &[script][..],
         ),
     ] {
         sources.push(repo().join(format!("tests/programs/{name}_driver.c")));
@@ -266,8 +280,8 @@ fn zlib_and_sqlite_from_source_run_on_windows_as_natively() {
             .collect();
         let objects: Vec<PathBuf> = jobs.into_iter().map(|j| j.join().unwrap()).collect();
         let native_dir = scratch(&format!("{name}-from-source-native"));
-        let native = native_run(&native_dir, &sources, &flags[1..], &[]);
-        let kiln = kiln_run(port, &objects, &[]);
+        let native = native_run(&native_dir, &sources, &flags[1..], args);
+        let kiln = kiln_run(port, &objects, args);
         assert_same(&format!("windows {name}"), &native, &kiln);
     }
 }
