@@ -153,6 +153,8 @@ benchmarks() {
     # functions, not the figure's 20,000 (25 s of compiling).
     "$TARGET"/release/link_floor --runs 2 --arch x86-64,aarch64 --functions 2000 --dir "$TARGET"/link-floor
     "$TARGET"/release/lazy_figures --functions 1000 --runs 1 --calls 1000000 --swap-seconds 0.2
+    # SQLite at -O0 (the figures' -O2 builds take a minute here), under Wine.
+    "$TARGET"/release/windows_figures --runs 1 --opt -O0 --dir "$TARGET"/windows-figures
     "$TARGET"/release/executor_security --connections 300 --runs 1 --dir "$TARGET"/executor-security
     # The MCJIT example as the LLVM phase's `cargo test` built it (debug): a smoke run of
     # the example; its release figures are in docs/BENCHMARKS.md. A release build of
