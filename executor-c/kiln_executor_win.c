@@ -1273,6 +1273,111 @@ static void do_eh_frame(uint32_t id, struct reader *r) {
     reply_simple(id, A_OK);
 }
 
+/* RegisterUnwindInfo / DeregisterUnwindInfo: a module's Windows unwind data (made by the
+ * controller from its .eh_frame), copied into memory of the executor's own and registered
+ * with RtlAddFunctionTable, so that the system's unwinder — crash reports, debuggers,
+ * CaptureStackBackTrace, longjmp and exceptions — walks through JIT frames. The entries'
+ * addresses are 32-bit offsets from one base below every function and below the copy, so
+ * the copy goes within 4 GiB of the functions (tried above them, then below). */
+#define MAX_UNWIND_TABLES 4096
+static struct {
+    PRUNTIME_FUNCTION table;
+    void *block;
+} unwind_tables[MAX_UNWIND_TABLES];
+
+static int by_begin(const void *a, const void *b) {
+    DWORD x = ((const RUNTIME_FUNCTION *)a)->BeginAddress, y = ((const RUNTIME_FUNCTION *)b)->BeginAddress;
+    return (x > y) - (x < y);
+}
+
+/* Memory for `size` bytes whose span with [lo, hi) stays below 4 GiB. */
+static void *unwind_block(uint64_t lo, uint64_t hi, uint64_t size) {
+    const uint64_t step = 1 << 20, reach = (uint64_t)1 << 32;
+    for (uint64_t at = align_up(hi, 1 << 16); at + size - lo < reach; at += step) {
+        void *p = VirtualAlloc((void *)(uintptr_t)at, size, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
+        if (p) return p;
+    }
+    for (uint64_t at = (lo & ~(uint64_t)0xffff) - align_up(size, 1 << 16); at > step && hi - at < reach; at -= step) {
+        void *p = VirtualAlloc((void *)(uintptr_t)at, size, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
+        if (p) return p;
+    }
+    return NULL;
+}
+
+static void do_register_unwind_info(uint32_t id, struct reader *r) {
+    uint32_t n = rd_count(r, 20, "functions");
+    uint64_t *begin = calloc(n ? n : 1, sizeof *begin), *end = calloc(n ? n : 1, sizeof *end);
+    const uint8_t **info = calloc(n ? n : 1, sizeof *info);
+    uint32_t *len = calloc(n ? n : 1, sizeof *len);
+    int slot = -1;
+    for (int i = 0; i < MAX_UNWIND_TABLES && slot < 0; i++)
+        if (!unwind_tables[i].table) slot = i;
+    const char *bad = NULL;
+    uint64_t lo = UINT64_MAX, hi = 0, size = (uint64_t)n * sizeof(RUNTIME_FUNCTION);
+    if (!begin || !end || !info || !len) bad = "out of memory";
+    for (uint32_t i = 0; !bad && i < n; i++) {
+        begin[i] = rd_u64(r, "begin");
+        end[i] = rd_u64(r, "end");
+        info[i] = rd_bytes(r, &len[i], "unwind_info");
+        if (r->bad) break;
+        /* Version 1, then the header and its codes: a multiple of 4 bytes. */
+        if (begin[i] >= end[i] || !runnable(begin[i]) || !runnable(end[i] - 1))
+            bad = "a function that is not code this executor prepared to run";
+        else if (len[i] < 4 || len[i] % 4 || (info[i][0] & 7) != 1 || len[i] < 4 + 2 * (uint32_t)info[i][2])
+            bad = "an UNWIND_INFO that is not version 1 with its codes";
+        lo = begin[i] < lo ? begin[i] : lo;
+        hi = end[i] > hi ? end[i] : hi;
+        size += len[i];
+    }
+    if (!bad && (r->bad || r->left)) bad = r->bad ? r->bad : "trailing bytes";
+    if (!bad && n == 0) bad = "no function";
+    if (!bad && slot < 0) bad = "too many unwind tables";
+    if (!bad && hi - lo >= ((uint64_t)1 << 32)) bad = "functions more than 4 GiB apart";
+    void *block = bad ? NULL : unwind_block(lo, hi, size);
+    if (!bad && !block) bad = "no memory within 4 GiB of the functions";
+    if (!bad) {
+        /* The copy: the entries (sorted, as the unwinder's search needs), then the infos. */
+        uint64_t base = (uint64_t)(uintptr_t)block < lo ? (uint64_t)(uintptr_t)block : lo;
+        RUNTIME_FUNCTION *table = block;
+        uint8_t *at = (uint8_t *)block + (size_t)n * sizeof *table;
+        for (uint32_t i = 0; i < n; i++) {
+            memcpy(at, info[i], len[i]);
+            table[i].BeginAddress = (DWORD)(begin[i] - base);
+            table[i].EndAddress = (DWORD)(end[i] - base);
+            table[i].UnwindData = (DWORD)((uint64_t)(uintptr_t)at - base);
+            at += len[i];
+        }
+        qsort(table, n, sizeof *table, by_begin);
+        DWORD old;
+        VirtualProtect(block, size, PAGE_READONLY, &old);
+        if (!RtlAddFunctionTable(table, n, base)) {
+            VirtualFree(block, 0, MEM_RELEASE);
+            bad = "RtlAddFunctionTable refused the table";
+        } else {
+            unwind_tables[slot].table = table;
+            unwind_tables[slot].block = block;
+        }
+    }
+    free(begin);
+    free(end);
+    free(info);
+    free(len);
+    if (bad) return reply_error(id, "RegisterUnwindInfo: %s", bad);
+    reply_value(id, (uint64_t)slot + 1);
+}
+
+static void do_deregister_unwind_info(uint32_t id, struct reader *r) {
+    uint64_t handle = rd_u64(r, "handle");
+    if (r->bad || r->left) return reply_error(id, "malformed DeregisterUnwindInfo: %s", r->bad ? r->bad : "trailing bytes");
+    if (handle == 0 || handle > MAX_UNWIND_TABLES || !unwind_tables[handle - 1].table)
+        return reply_error(id, "no unwind table with handle %llu", (unsigned long long)handle);
+    RtlDeleteFunctionTable(unwind_tables[handle - 1].table);
+    VirtualFree(unwind_tables[handle - 1].block, 0, MEM_RELEASE);
+    unwind_tables[handle - 1].table = NULL;
+    unwind_tables[handle - 1].block = NULL;
+    reply_simple(id, A_OK);
+}
+
 /* The code of RunMain, Call, RunInitializers and RunFinalizers runs on a thread other than
  * the one that reads the connection: the code thread when it is idle, else a thread of its
  * own (8 MiB of stack each). The reading thread goes on serving the controller, and each
@@ -1601,6 +1706,8 @@ __attribute__((noreturn)) static void serve(SOCKET s) {
         case T_CALL: do_call(id, &r); break;
         case T_INPUT: give_input(&r); break;
         case T_GUARD_BRANCH_TARGETS: do_guard_branch_targets(id, &r); break;
+        case T_REGISTER_UNWIND_INFO: do_register_unwind_info(id, &r); break;
+        case T_DEREGISTER_UNWIND_INFO: do_deregister_unwind_info(id, &r); break;
         case T_RESOLVE_STUB: reply_error(id, "ResolveStub goes from the executor to the controller"); break;
         case T_SHUTDOWN:
             if (atomic_load(&running_code) > 0) {

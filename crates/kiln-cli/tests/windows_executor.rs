@@ -285,3 +285,41 @@ fn zlib_sqlite_and_lua_from_source_run_on_windows_as_natively() {
         assert_same(&format!("windows {name}"), &native, &kiln);
     }
 }
+
+/// The system's unwinder walks through JIT frames once Kiln registers their unwind data
+/// (made from `.eh_frame`: objects compiled with `-fdwarf-exceptions`), as through a
+/// native program's; without call frame information it cannot.
+#[test]
+fn the_unwinder_walks_through_jit_frames_as_through_native_ones() {
+    if kiln_testkit::skip_cross("the_unwinder_walks_through_jit_frames_as_through_native_ones") {
+        return;
+    }
+    let (_executor, port) = windows_executor();
+    let source = repo().join("tests/programs/windows_backtrace.c");
+    let native = native_run(
+        &scratch("backtrace-native"),
+        std::slice::from_ref(&source),
+        &[],
+        &[],
+    );
+    assert_eq!(
+        text(&native.stdout).trim_end(),
+        "depth 10: 11 frames in depth(), main reached"
+    );
+    for opt in ["-O0", "-O2"] {
+        let dir = scratch(&format!("backtrace{opt}"));
+        let object = windows_elf_object(&dir, &source, &[opt, "-fdwarf-exceptions"]);
+        let kiln = kiln_run(port, &[object], &[]);
+        assert_same(&format!("windows_backtrace {opt}"), &native, &kiln);
+    }
+    // The control: the same program without call frame information has no unwind data.
+    let dir = scratch("backtrace-no-cfi");
+    let object = windows_elf_object(&dir, &source, &["-O2"]);
+    let kiln = kiln_run(port, &[object], &[]);
+    assert_ne!(
+        text(&kiln.stdout),
+        text(&native.stdout),
+        "{}",
+        text(&kiln.stderr)
+    );
+}

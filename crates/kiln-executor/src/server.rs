@@ -1678,6 +1678,9 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             Ok(Reply::Plain(Response::Value(crate::code_guards::advance())))
         }
         Request::OldestCodeGuard => Ok(Reply::Plain(Response::Value(crate::code_guards::oldest()))),
+        Request::RegisterUnwindInfo { .. } | Request::DeregisterUnwindInfo { .. } => {
+            Err("Windows unwind data is for Windows executors: this one registers .eh_frame".into())
+        }
         Request::RegisterEhFrame { address } => {
             if state.eh_frames.contains_key(&address) {
                 return Err(format!("eh_frame at {address:#x} is registered already"));

@@ -37,6 +37,7 @@ mod passes;
 mod report;
 mod symbol_scan;
 mod symbols;
+pub mod windows_unwind;
 
 pub use arch::Architecture;
 pub use error::{LinkError, MissingSymbol, MissingSymbols};

@@ -123,6 +123,10 @@ impl Hello {
 /// and whether it is a function.
 pub type WireExport = (String, u64, u64, bool);
 
+/// One function's Windows unwind data: its first byte, one past its last byte, and its
+/// `UNWIND_INFO` (see [`Request::RegisterUnwindInfo`]).
+pub type WireUnwind = (u64, u64, Vec<u8>);
+
 /// What an executor writes for debuggers and profilers, enabled once per executor
 /// process ([`Request::EnableDebugOutputs`]); several enables add up.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -415,6 +419,21 @@ messages! {
         /// held. Answers `Value(epoch)`: a body retired (by [`Request::StoreCodePointer`])
         /// at an earlier epoch can no longer be running, and may be freed.
         OldestCodeGuard = 34 as OLDEST_CODE_GUARD "oldest code guard",
+        /// Windows executors: the unwind data of a module's functions (made by the
+        /// controller from the module's `.eh_frame`), for the system's unwinder (crash
+        /// reports, debuggers' backtraces, `longjmp`, exceptions): the executor copies it
+        /// into memory of its own within reach of the functions and registers it
+        /// (`RtlAddFunctionTable`). Answers a handle for [`Request::DeregisterUnwindInfo`].
+        RegisterUnwindInfo = 35 as REGISTER_UNWIND_INFO "register unwind data" {
+            /// Each function: begin, end, `UNWIND_INFO`.
+            functions: Vec<WireUnwind>,
+        },
+        /// Unwind data registered with [`Request::RegisterUnwindInfo`] goes (its module is
+        /// about to be freed).
+        DeregisterUnwindInfo = 36 as DEREGISTER_UNWIND_INFO "deregister unwind data" {
+            /// The handle.
+            handle: u64,
+        },
     }
 
     /// A response from the executor (or, to a [`Request::ResolveStub`], from the controller).
@@ -743,6 +762,10 @@ mod tests {
                 target: 0x8000,
             },
             Request::OldestCodeGuard,
+            Request::RegisterUnwindInfo {
+                functions: vec![(0x1000, 0x1040, vec![1, 4, 1, 0, 4, 0x50, 0, 0])],
+            },
+            Request::DeregisterUnwindInfo { handle: 2 },
             Request::Batch(vec![
                 Request::Prepare {
                     handle: 1,

@@ -14,7 +14,7 @@ use crate::module::{Announced, Module, ModuleInner};
 use crate::plugin::{LoadedModule, Plugin};
 use crate::resolve::SessionContext;
 use crate::Error;
-use kiln_link::{link, ArchiveInput, LinkCounts, LinkOptions, LinkTimes, ObjectInput};
+use kiln_link::{link, ArchiveInput, LinkCounts, LinkOptions, LinkPass, LinkTimes, ObjectInput};
 use kiln_memory::MemoryManager;
 use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
@@ -47,6 +47,9 @@ struct Resolved {
     uses: Vec<Module>,
     /// Whether the module registers thread-local destructors.
     thread_atexit: bool,
+    /// For a Windows executor: the unwind data of the module's functions, made from its
+    /// `.eh_frame` during the link.
+    windows_unwind: Vec<kiln_link::windows_unwind::WindowsUnwind>,
 }
 
 /// What the executor keeps for a module, installed before it is made.
@@ -117,6 +120,7 @@ pub(crate) fn publish_placed(
     let resolved = Resolved {
         uses: Vec::new(),
         thread_atexit: false,
+        windows_unwind: Vec::new(),
     };
     let plugins = jit.inner.plugins.snapshot();
     job.finish(
@@ -183,7 +187,7 @@ impl LinkJob<'_> {
         if self.publish == Publish::Yes {
             self.check_redefinitions(&linked, objects, &name)?;
         }
-        let installed = self.install(&mut linked)?;
+        let installed = self.install(&mut linked, &resolved.windows_unwind)?;
         let id = self.jit.inner.next_module.fetch_add(1, Ordering::Relaxed);
         let init = std::mem::take(&mut linked.init);
         let event = (!plugins.is_empty()).then(|| loaded_event(id, &name, &mut linked, shown));
@@ -265,8 +269,17 @@ impl LinkJob<'_> {
         gathered: &Gathered,
         plugins: &[Arc<dyn Plugin>],
     ) -> Result<(kiln_link::LinkedModule, Resolved), Error> {
-        let passes: Vec<_> = plugins.iter().flat_map(|p| p.link_passes()).collect();
+        let mut passes: Vec<_> = plugins.iter().flat_map(|p| p.link_passes()).collect();
         let inner = &self.jit.inner;
+        // Windows unwinds with its own tables: made from `.eh_frame` once it is relocated.
+        let unwind = (inner.target_os == crate::TargetOs::Windows)
+            .then(|| Arc::new(kiln_link::windows_unwind::WindowsUnwindPass::default()));
+        if let Some(pass) = &unwind {
+            passes.push((
+                kiln_link::PassPoint::FixedUp,
+                pass.clone() as Arc<dyn LinkPass>,
+            ));
+        }
         let options = LinkOptions {
             memory: &*inner.memory,
             low_memory: Some(&inner.low_memory as &dyn MemoryManager),
@@ -282,9 +295,20 @@ impl LinkJob<'_> {
             // What a lazy object it needed said is the cause.
             Err(error) => return Err(ctx.lazy_error.take().unwrap_or(error.into())),
         };
+        let windows_unwind = match unwind {
+            Some(pass) => {
+                let (functions, skipped) = pass.take();
+                for s in skipped {
+                    tracing::debug!(begin = s.begin, why = %s.why, "no Windows unwind data");
+                }
+                functions
+            }
+            None => Vec::new(),
+        };
         let resolved = Resolved {
             thread_atexit: ctx.thread_atexit,
             uses: ctx.uses.into_values().collect(),
+            windows_unwind,
         };
         Ok((linked, resolved))
     }
@@ -339,7 +363,11 @@ impl LinkJob<'_> {
 
     /// Step 4: what the executor keeps for the module — guarded pages for BTI code, the
     /// thread-local template, the unwind information, exports to shared libraries.
-    fn install(&self, linked: &mut kiln_link::LinkedModule) -> Result<Installed, Error> {
+    fn install(
+        &self,
+        linked: &mut kiln_link::LinkedModule,
+        windows_unwind: &[kiln_link::windows_unwind::WindowsUnwind],
+    ) -> Result<Installed, Error> {
         let executor = &self.jit.inner.executor;
         if linked.branch_protected {
             // BTI-built code (and Kiln's stubs, which start with landing pads): the whole
@@ -365,9 +393,11 @@ impl LinkJob<'_> {
             executor.install_tls(template)?;
         }
         let eh = match linked.eh_frame {
-            // Windows unwinds with its own tables (RUNTIME_FUNCTION), not `.eh_frame`:
-            // none are made yet, so nothing is registered.
-            Some(_) if self.jit.inner.target_os == crate::TargetOs::Windows => None,
+            // Windows unwinds with its own tables (RUNTIME_FUNCTION), made from
+            // `.eh_frame` during the link.
+            _ if self.jit.inner.target_os == crate::TargetOs::Windows => {
+                executor.register_unwind_info(windows_unwind)?
+            }
             Some(address) => executor.register_eh_frame(address)?,
             None => None,
         };

@@ -299,6 +299,7 @@ list_field!(
     (u64, u8),
     WireSegment,
     (String, u64, u64, bool),
+    (u64, u64, Vec<u8>),
     LineRow,
     DebugFunction,
 );

@@ -266,6 +266,13 @@ impl Executor {
         self.service.register_eh_frame(address)
     }
 
+    pub(crate) fn register_unwind_info(
+        &self,
+        functions: &[kiln_link::windows_unwind::WindowsUnwind],
+    ) -> Result<Option<EhRegistration>, Error> {
+        self.service.register_unwind_info(functions)
+    }
+
     pub(crate) fn deregister_eh_frame(&self, registration: EhRegistration) {
         self.service.deregister_eh_frame(registration)
     }

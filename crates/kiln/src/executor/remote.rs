@@ -24,6 +24,9 @@ struct RemoteExport(u64);
 /// An `.eh_frame` registered in the executor: its address there.
 struct RemoteEhFrame(u64);
 
+/// A Windows executor's registration of a module's unwind data: its handle.
+struct RemoteUnwindInfo(u64);
+
 impl Remote {
     fn request(&self, request: Request) -> Result<Response, Error> {
         Ok(self.remote.request(&request)?)
@@ -102,9 +105,31 @@ impl ExecutorService for Remote {
     }
 
     fn deregister_eh_frame(&self, registration: EhRegistration) {
-        if let Some(RemoteEhFrame(address)) = registration.into_inner() {
-            let _ = self.request(Request::DeregisterEhFrame { address });
+        match registration.0.downcast::<RemoteEhFrame>() {
+            Ok(frame) => {
+                let _ = self.request(Request::DeregisterEhFrame { address: frame.0 });
+            }
+            Err(other) => {
+                if let Ok(table) = other.downcast::<RemoteUnwindInfo>() {
+                    let _ = self.request(Request::DeregisterUnwindInfo { handle: table.0 });
+                }
+            }
         }
+    }
+
+    fn register_unwind_info(
+        &self,
+        functions: &[kiln_link::windows_unwind::WindowsUnwind],
+    ) -> Result<Option<EhRegistration>, Error> {
+        if functions.is_empty() {
+            return Ok(None);
+        }
+        let functions = functions
+            .iter()
+            .map(|f| (f.begin, f.end, f.info.clone()))
+            .collect();
+        let handle = self.value(Request::RegisterUnwindInfo { functions })?;
+        Ok(Some(EhRegistration::new(RemoteUnwindInfo(handle))))
     }
 
     fn guard_branch_targets(&self, address: u64, len: u64) -> Result<(), Error> {

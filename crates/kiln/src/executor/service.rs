@@ -101,8 +101,22 @@ pub trait ExecutorService: Send + Sync {
     /// (`None`: the executor has no unwinder to tell).
     fn register_eh_frame(&self, address: u64) -> Result<Option<EhRegistration>, Error>;
 
-    /// Withdraws a registration.
+    /// Withdraws a registration (of `.eh_frame`, or of Windows unwind data).
     fn deregister_eh_frame(&self, registration: EhRegistration);
+
+    /// Registers a module's Windows unwind data (a Windows executor's: made from its
+    /// `.eh_frame` by [`kiln_link::windows_unwind`]) with the system's unwinder; withdrawn
+    /// with [`ExecutorService::deregister_eh_frame`]. Executors of other systems have none
+    /// to register: `Error::Unsupported`.
+    fn register_unwind_info(
+        &self,
+        functions: &[kiln_link::windows_unwind::WindowsUnwind],
+    ) -> Result<Option<EhRegistration>, Error> {
+        let _ = functions;
+        Err(Error::Unsupported(
+            "Windows unwind data, for an executor that is not a Windows one".into(),
+        ))
+    }
 
     /// Maps whole pages of BTI-built code guarded, where the architecture has the guard.
     fn guard_branch_targets(&self, address: u64, len: u64) -> Result<(), Error>;
