@@ -190,6 +190,13 @@ fn exit_return_and_crash_on_windows() {
     );
     let again = kiln_run(port, std::slice::from_ref(&object), &["return"]);
     assert_eq!(again.status.code(), Some(3), "{}", text(&again.stderr));
+    // With unwind tables registered (call frame information in the object), the same.
+    let cfi_dir = scratch("exit-and-crash-cfi");
+    let with_cfi = windows_elf_object(&cfi_dir, &source, &["-O2", "-fdwarf-exceptions"]);
+    let crash = kiln_run(port, &[with_cfi], &["crash"]);
+    let stderr = text(&crash.stderr);
+    assert_eq!(crash.status.code(), Some(139), "{stderr}");
+    assert!(stderr.contains("SIGSEGV") && stderr.contains("main"), "{stderr}");
 }
 
 #[test]
