@@ -1,10 +1,12 @@
 /* windows_basics.c: what a C program compiled for Windows asks of its C runtime — stdio,
  * qsort with a callback, malloc/realloc/free, varargs of its own and printf's, floating
  * point (printed, and through the math library), a stack frame larger than a page (the
- * compiler's stack probe, ___chkstk_ms), strings, environment and arguments. Built natively
+ * compiler's stack probe, ___chkstk_ms), setjmp/longjmp across frames, strings, environment
+ * and arguments. Built natively
  * with x86_64-w64-mingw32-gcc and as an ELF object with clang --target=x86_64-w64-windows-gnu-elf;
  * both runs must print the same and exit with the same status (the count of lines, mod 64). */
 #include <math.h>
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +46,15 @@ static __attribute__((noinline)) unsigned big_frame(unsigned seed) {
     return hash;
 }
 
+static jmp_buf escape;
+
+/* longjmp out of three frames of calls back to main's setjmp. */
+static __attribute__((noinline)) void deeper(int n) {
+    if (n == 0) longjmp(escape, 42);
+    deeper(n - 1);
+    lines += 1000; /* never reached */
+}
+
 int main(int argc, char **argv) {
     say("arguments: %d, first %s", argc, argc > 1 ? argv[1] : "(none)");
     long values[] = {42, -7, 1000000007, 3, 0, -123456789, 99};
@@ -70,6 +81,13 @@ int main(int argc, char **argv) {
     say("realloc: %zu bytes, ends %s", len, grown + len - 10);
     free(grown);
     say("stack probe: %08x", big_frame(3));
+    volatile int jumps = 0;
+    int value = setjmp(escape);
+    if (value == 0) {
+        jumps++;
+        deeper(3);
+    }
+    say("longjmp: value %d after %d jump", value, jumps);
     char copy[64];
     strncpy(copy, "kiln on windows", sizeof copy);
     copy[0] = 'K';
