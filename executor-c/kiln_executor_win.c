@@ -139,21 +139,6 @@ static void send_frame(uint32_t id, const struct writer *body) {
     if (failed) quit(0); /* the controller is gone */
 }
 
-static void reply_simple(uint32_t id, uint8_t tag) {
-    struct writer w = {0};
-    wr_u8(&w, tag);
-    send_frame(id, &w);
-    free(w.p);
-}
-
-static void reply_value(uint32_t id, uint64_t v) {
-    struct writer w = {0};
-    wr_u8(&w, A_VALUE);
-    wr_u64(&w, v);
-    send_frame(id, &w);
-    free(w.p);
-}
-
 __attribute__((format(gnu_printf, 2, 3))) static void reply_error(uint32_t id, const char *fmt, ...) {
     char msg[1024];
     va_list ap;
@@ -182,22 +167,7 @@ struct reservation {
 static struct reservation reservations[MAX_RESERVATIONS];
 static uint64_t page_size = 4096, granularity = 65536;
 
-static struct reservation *reservation(uint64_t handle) {
-    if (handle == 0 || handle > MAX_RESERVATIONS || !reservations[handle - 1].used) return NULL;
-    return &reservations[handle - 1];
-}
-
-/* Whether [addr, addr + len) lies inside reservation `r`. */
-static int inside(const struct reservation *r, uint64_t addr, uint64_t len) {
-    return addr >= r->target && len <= r->len && addr - r->target <= r->len - len;
-}
-
-/* The reservation holding [addr, addr + len), if any. */
-static struct reservation *holding(uint64_t addr, uint64_t len) {
-    for (int i = 0; i < MAX_RESERVATIONS; i++)
-        if (reservations[i].used && inside(&reservations[i], addr, len)) return &reservations[i];
-    return NULL;
-}
+#include "requests.h"
 
 /* Whether every page of [addr, addr + len) is prepared, with `permission` (0 RX, 1 R,
  * 2 RW) or, for -1, with any readable one. */
@@ -212,11 +182,6 @@ static int prepared(uint64_t addr, uint64_t len, int permission) {
         if (permission >= 0 && state != permission + 1) return 0;
     }
     return 1;
-}
-
-/* Whether code at `addr` may run: its page is prepared read-execute. */
-static int runnable(uint64_t addr) {
-    return prepared(addr, 1, 0);
 }
 
 /* The page protection of a permission (0 RX, 1 R, 2 RW); 0 for none. */
@@ -487,33 +452,6 @@ static void do_release(uint32_t id, struct reader *r) {
     free(res->pages);
     memset(res, 0, sizeof *res);
     reply_simple(id, A_OK);
-}
-
-/* Write: into the working view, after checking the whole range lies in the reservation. */
-static void do_write(uint32_t id, struct reader *r) {
-    uint64_t handle = rd_u64(r, "handle"), address = rd_u64(r, "address");
-    uint32_t len;
-    const uint8_t *bytes = rd_bytes(r, &len, "bytes");
-    if (r->bad || r->left) return reply_error(id, "malformed Write: %s", r->bad ? r->bad : "trailing bytes");
-    struct reservation *res = reservation(handle);
-    if (!res) return reply_error(id, "no reservation with handle %llu", (unsigned long long)handle);
-    if (!inside(res, address, len)) return reply_error(id, "write of %u bytes at %#llx is outside reservation %llu", len, (unsigned long long)address, (unsigned long long)handle);
-    memcpy(res->working + (address - res->target), bytes, len);
-    reply_simple(id, A_OK);
-}
-
-/* Read: from the working view (always readable), the range checked as for Write. */
-static void do_read(uint32_t id, struct reader *r) {
-    uint64_t handle = rd_u64(r, "handle"), address = rd_u64(r, "address"), len = rd_u64(r, "len");
-    if (r->bad || r->left) return reply_error(id, "malformed Read: %s", r->bad ? r->bad : "trailing bytes");
-    struct reservation *res = reservation(handle);
-    if (!res) return reply_error(id, "no reservation with handle %llu", (unsigned long long)handle);
-    if (len > 32u * 1024 * 1024 || !inside(res, address, len)) return reply_error(id, "read of %#llx bytes at %#llx is outside reservation %llu", (unsigned long long)len, (unsigned long long)address, (unsigned long long)handle);
-    struct writer w = {0};
-    wr_u8(&w, A_BYTES);
-    wr_bytes(&w, res->working + (address - res->target), (uint32_t)len);
-    send_frame(id, &w);
-    free(w.p);
 }
 
 /* ---- the runtime JIT code gets from the executor ---------------------------------------- */
@@ -1244,24 +1182,6 @@ static void setup_crash_reports(void) {
 
 static char *empty_argv[] = {"kiln", NULL};
 
-/* Checks that every address of a list is code prepared to run; answers if not. */
-static int all_code(uint32_t id, const uint64_t *functions, uint32_t n) {
-    for (uint32_t i = 0; i < n; i++)
-        if (!runnable(functions[i])) {
-            reply_error(id, "%#llx is not code this executor prepared to run", (unsigned long long)functions[i]);
-            return 0;
-        }
-    return 1;
-}
-
-static uint64_t *rd_addresses(struct reader *r, uint32_t *n) {
-    *n = rd_count(r, 8, "functions");
-    uint64_t *list = calloc(*n ? *n : 1, sizeof *list);
-    if (!list) { r->bad = "memory"; return NULL; }
-    for (uint32_t i = 0; i < *n; i++) list[i] = rd_u64(r, "function");
-    return list;
-}
-
 /* RegisterEhFrame / DeregisterEhFrame: Windows unwinds with its own tables (RUNTIME_FUNCTION
  * entries, RtlAddFunctionTable), not with .eh_frame; making them from a module's unwind
  * data is a later step. The request is checked, answered Ok, and nothing is registered
@@ -1399,12 +1319,7 @@ static struct code_job *code_thread_job;
 static int code_thread_state; /* 0 not started, 1 idle, 2 busy */
 static atomic_int main_running;
 
-static void free_job(struct code_job *job) {
-    for (int i = 0; job->argv && i < job->argc; i++) free(job->argv[i]);
-    free(job->argv);
-    free(job->list);
-    free(job);
-}
+#include "code_requests.h"
 
 typedef uint64_t (*call6)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);
 
@@ -1435,17 +1350,6 @@ static uint64_t run_code(struct code_job *job) {
     /* What the code wrote is sent before its answer (stdout is a pipe: fully buffered). */
     flush_all();
     return value;
-}
-
-/* After the job's code: its answer, once what it wrote was sent. */
-static void finish_job(struct code_job *job, uint64_t value) {
-    drain_output();
-    /* Not running any more before the answer: a Shutdown sent after it is served. */
-    atomic_fetch_sub(&running_code, 1);
-    if (job->tag == T_RUN_MAIN) atomic_store(&main_running, 0);
-    if (job->tag == T_CALL || job->tag == T_RUN_MAIN) reply_value(job->id, value);
-    else reply_simple(job->id, A_OK);
-    free_job(job);
 }
 
 static DWORD WINAPI code_thread(void *unused) {
@@ -1567,43 +1471,6 @@ static void do_code_list(uint32_t id, uint8_t tag, struct reader *r) {
     } else {
         start_job(job);
     }
-}
-
-static void do_call(uint32_t id, struct reader *r) {
-    uint64_t address = rd_u64(r, "address");
-    uint32_t n = rd_count(r, 8, "arguments");
-    if (n > 6) return reply_error(id, "Call takes at most 6 arguments, not %u", n);
-    struct code_job *job = new_job(id, T_CALL);
-    job->address = address;
-    for (uint32_t i = 0; i < n; i++) job->args[i] = rd_u64(r, "argument");
-    if (r->bad || r->left) {
-        reply_error(id, "malformed Call: %s", r->bad ? r->bad : "trailing bytes");
-        free_job(job);
-    } else if (!runnable(address)) {
-        reply_error(id, "%#llx is not code this executor prepared to run", (unsigned long long)address);
-        free_job(job);
-    } else {
-        start_job(job);
-    }
-}
-
-static void do_run_main(uint32_t id, struct reader *r) {
-    struct code_job *job = new_job(id, T_RUN_MAIN);
-    job->address = rd_u64(r, "address");
-    uint32_t n = rd_count(r, 4, "argv");
-    job->argv = calloc((size_t)n + 1, sizeof *job->argv);
-    for (uint32_t i = 0; job->argv && i < n; i++) job->argv[i] = rd_string(r, "argument");
-    job->argc = job->argv ? (int)n : 0;
-    if (!job->argv || r->bad || r->left) {
-        reply_error(id, "malformed RunMain: %s", r->bad ? r->bad : "trailing bytes");
-    } else if (!runnable(job->address)) {
-        reply_error(id, "main at %#llx is not code this executor prepared to run", (unsigned long long)job->address);
-    } else if (atomic_exchange(&main_running, 1)) {
-        reply_error(id, "main is running");
-    } else {
-        return start_job(job);
-    }
-    free_job(job);
 }
 
 /* ---- serving ------------------------------------------------------------------------- */
