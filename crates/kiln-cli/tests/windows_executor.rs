@@ -196,7 +196,10 @@ fn exit_return_and_crash_on_windows() {
     let crash = kiln_run(port, &[with_cfi], &["crash"]);
     let stderr = text(&crash.stderr);
     assert_eq!(crash.status.code(), Some(139), "{stderr}");
-    assert!(stderr.contains("SIGSEGV") && stderr.contains("main"), "{stderr}");
+    assert!(
+        stderr.contains("SIGSEGV") && stderr.contains("main"),
+        "{stderr}"
+    );
 }
 
 #[test]
