@@ -458,7 +458,7 @@ static void do_release(uint32_t id, struct reader *r) {
 
 static atomic_int running_code; /* requests whose JIT code runs */
 
-__attribute__((noreturn)) static void crash(uint32_t signal, uint64_t fault, uint64_t pc);
+__attribute__((noreturn)) static void crash(uint32_t signal, uint32_t code, uint64_t fault, uint64_t pc);
 static void drain_output(void);
 static void report_exit(uint32_t status);
 
@@ -490,7 +490,7 @@ __attribute__((noreturn)) static void kiln__exit(int status) {
 
 /* abort(): reported as a crash of signal 6 (SIGABRT), at the caller's address. */
 __attribute__((noreturn)) static void kiln_abort(void) {
-    crash(6, 0, (uint64_t)(uintptr_t)__builtin_return_address(0));
+    crash(6, 0, 0, (uint64_t)(uintptr_t)__builtin_return_address(0));
 }
 
 /* setjmp in mingw's headers is msvcrt's _setjmp(buf, frame): with a frame, msvcrt's
@@ -993,7 +993,7 @@ static void on_program_exit(void) {
  * have overflowed its own), while the crashed thread waits for the end. */
 static HANDLE crash_event;
 static volatile LONG crash_claimed;
-static uint32_t crash_signal;
+static uint32_t crash_signal, crash_code;
 static uint64_t crash_fault, crash_pc;
 
 static void report_crash(void) {
@@ -1001,10 +1001,11 @@ static void report_crash(void) {
      * this waits (a second at most) for the pipes to empty. No flush of the program's
      * buffers (their locks may be held by the thread that died), as natively. */
     for (int i = 0; i < 1000 && out_read[0] && !output_sent(); i++) Sleep(1);
-    uint8_t fields[20];
+    uint8_t fields[24];
     put_le(fields, crash_signal, 4);
     put_le(fields + 4, crash_fault, 8);
     put_le(fields + 12, crash_pc, 8);
+    put_le(fields + 20, crash_code, 4); /* the exception code the signal stands for */
     hold_send_lock();
     report(A_CRASHED, fields, sizeof fields);
     shutdown(sock, SD_SEND);
@@ -1018,9 +1019,10 @@ static DWORD WINAPI crash_reporter(void *unused) {
     return 0;
 }
 
-__attribute__((noreturn)) static void crash(uint32_t signal, uint64_t fault, uint64_t pc) {
+__attribute__((noreturn)) static void crash(uint32_t signal, uint32_t code, uint64_t fault, uint64_t pc) {
     if (InterlockedCompareExchange(&crash_claimed, 1, 0) == 0) {
         crash_signal = signal;
+        crash_code = code;
         crash_fault = fault;
         crash_pc = pc;
         if (!crash_event || !SetEvent(crash_event)) report_crash();
@@ -1105,7 +1107,7 @@ static int handler_before_jit_code(const CONTEXT *fault) {
  * nothing): a fault in the walk itself reports the crash it was looking at. */
 static DWORD walk_slot = TLS_OUT_OF_INDEXES;
 struct fault_info {
-    uint32_t signal;
+    uint32_t signal, code;
     uint64_t fault, pc;
 };
 
@@ -1119,12 +1121,12 @@ static LONG CALLBACK on_exception(EXCEPTION_POINTERS *ep) {
     if (!signal) return EXCEPTION_CONTINUE_SEARCH;
     DWORD saved_error = GetLastError();
     struct fault_info *outer = walk_slot != TLS_OUT_OF_INDEXES ? TlsGetValue(walk_slot) : NULL;
-    if (outer) crash(outer->signal, outer->fault, outer->pc);
+    if (outer) crash(outer->signal, outer->code, outer->fault, outer->pc);
     uint64_t pc = (uint64_t)(uintptr_t)rec->ExceptionAddress;
     /* A stack overflow has no stack left to walk on: a crash at once (the thread's stack
      * guarantee keeps room for this handler). */
     if (rec->ExceptionCode != EXCEPTION_STACK_OVERFLOW && walk_slot != TLS_OUT_OF_INDEXES) {
-        struct fault_info info = {signal, fault_address(rec), pc};
+        struct fault_info info = {signal, (uint32_t)rec->ExceptionCode, fault_address(rec), pc};
         TlsSetValue(walk_slot, &info);
         int handled_maybe = handler_before_jit_code(ep->ContextRecord);
         TlsSetValue(walk_slot, NULL);
@@ -1133,7 +1135,7 @@ static LONG CALLBACK on_exception(EXCEPTION_POINTERS *ep) {
             return EXCEPTION_CONTINUE_SEARCH;
         }
     }
-    crash(signal, fault_address(rec), pc);
+    crash(signal, (uint32_t)rec->ExceptionCode, fault_address(rec), pc);
 }
 
 /* What the frame handlers left unhandled (the dispatch reached a thread's first frame):
@@ -1148,13 +1150,13 @@ static LONG WINAPI on_unhandled(EXCEPTION_POINTERS *ep) {
         LONG action = previous_filter(ep);
         if (action == EXCEPTION_CONTINUE_EXECUTION) return action;
     }
-    crash(signal ? signal : 6, fault_address(rec), (uint64_t)(uintptr_t)rec->ExceptionAddress);
+    crash(signal ? signal : 6, (uint32_t)rec->ExceptionCode, fault_address(rec), (uint64_t)(uintptr_t)rec->ExceptionAddress);
 }
 
 /* msvcrt's own abort() (assert, a failed check of its own) raises SIGABRT. */
 static void on_abort_signal(int unused) {
     (void)unused;
-    crash(6, 0, 0);
+    crash(6, 0, 0, 0);
 }
 
 /* Room on the thread's stack for the exception handler after a stack overflow. */

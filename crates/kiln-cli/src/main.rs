@@ -683,6 +683,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
             name,
             fault_address,
             pc,
+            exception,
             ..
         })) => {
             // As in process: what was accessed, where, in which JIT function.
@@ -702,6 +703,14 @@ fn run(o: RunArgs) -> Result<i32, String> {
             }
             if let Some((function, offset)) = function {
                 line.push_str(&format!(" in {function}+{offset:#x}"));
+            }
+            if exception != 0 {
+                line.push_str(&format!(
+                    " (Windows exception {exception:#010x}{})",
+                    windows_exception_name(exception)
+                        .map(|n| format!(", {n}"))
+                        .unwrap_or_default()
+                ));
             }
             eprintln!("{line} in the executor (pid {pid})");
             return Ok(128 + signal);
@@ -820,4 +829,24 @@ fn cache(action: CacheAction, dir: Option<PathBuf>) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The name of a Windows exception code a crash report carries (`winnt.h`'s).
+fn windows_exception_name(code: u32) -> Option<&'static str> {
+    Some(match code {
+        0xc000_0005 => "EXCEPTION_ACCESS_VIOLATION",
+        0xc000_001d => "EXCEPTION_ILLEGAL_INSTRUCTION",
+        0xc000_0096 => "EXCEPTION_PRIV_INSTRUCTION",
+        0xc000_0094 => "EXCEPTION_INT_DIVIDE_BY_ZERO",
+        0xc000_0095 => "EXCEPTION_INT_OVERFLOW",
+        0xc000_00fd => "EXCEPTION_STACK_OVERFLOW",
+        0x8000_0003 => "EXCEPTION_BREAKPOINT",
+        0x8000_0004 => "EXCEPTION_SINGLE_STEP",
+        0xc000_0006 => "EXCEPTION_IN_PAGE_ERROR",
+        0x8000_0002 => "EXCEPTION_DATATYPE_MISALIGNMENT",
+        0xc000_008c => "EXCEPTION_ARRAY_BOUNDS_EXCEEDED",
+        0xc000_008e => "EXCEPTION_FLT_DIVIDE_BY_ZERO",
+        0xc000_0409 => "STATUS_STACK_BUFFER_OVERRUN",
+        _ => return None,
+    })
 }

@@ -185,6 +185,10 @@ fn exit_return_and_crash_on_windows() {
         "{stderr}"
     );
     assert!(
+        stderr.contains("Windows exception 0xc0000005, EXCEPTION_ACCESS_VIOLATION"),
+        "the exception code is named: {stderr}"
+    );
+    assert!(
         stderr.contains("main"),
         "the JIT function is named: {stderr}"
     );

@@ -42,6 +42,8 @@ pub enum RemoteError {
         fault_address: u64,
         /// The faulting instruction (0: not reported).
         pc: u64,
+        /// A Windows executor's exception code, which the signal stands for (0: none).
+        exception: u32,
         /// What it was doing.
         request: String,
     },
@@ -976,6 +978,7 @@ impl RemoteExecutor {
                 signal,
                 fault_address,
                 pc,
+                exception,
             } => {
                 let error = RemoteError::Crashed {
                     pid: self.hello.pid,
@@ -983,6 +986,7 @@ impl RemoteExecutor {
                     name: signal_name(signal),
                     fault_address,
                     pc,
+                    exception,
                     request: name,
                 };
                 conn.broken = Some(error.to_string());
@@ -1018,6 +1022,7 @@ impl RemoteExecutor {
                                     name: signal_name(signal),
                                     fault_address: 0,
                                     pc: 0,
+                                    exception: 0,
                                     request: request.to_string(),
                                 }
                             }

@@ -469,6 +469,9 @@ messages! {
             fault_address: u64 as ZeroIfAbsent,
             /// The instruction that faulted (0 if the executor did not say).
             pc: u64 as ZeroIfAbsent,
+            /// A Windows executor's exception code (`0xC0000005`, an access violation),
+            /// which the signal stands for; 0 elsewhere.
+            exception: u32 as ZeroIfAbsent,
         },
         /// Symbols, in the order asked: (address or 0, kind).
         Symbols = 107 as SYMBOLS "symbols" (symbols: Vec<(u64, u8)>),
@@ -851,11 +854,13 @@ mod tests {
             signal: -1,
             fault_address: 5,
             pc: 6,
+            exception: 0xc000_0005,
         }
         .encode();
         let mut want = vec![0, 0, 0, 0, tag::CRASHED, 0xff, 0xff, 0xff, 0xff];
         want.extend_from_slice(&5u64.to_le_bytes());
         want.extend_from_slice(&6u64.to_le_bytes());
+        want.extend_from_slice(&0xc000_0005u32.to_le_bytes());
         assert_eq!(body(&frame), want.as_slice());
         // The signal alone (an older executor's report): the addresses read as 0.
         let alone = [0, 0, 0, 0, tag::CRASHED, 11, 0, 0, 0];
@@ -864,7 +869,8 @@ mod tests {
             Response::Crashed {
                 signal: 11,
                 fault_address: 0,
-                pc: 0
+                pc: 0,
+                exception: 0,
             }
         );
 
@@ -945,6 +951,7 @@ mod tests {
                 signal: 11,
                 fault_address: 0x10,
                 pc: 0x7f00_0000_1234,
+                exception: 0,
             },
             Response::Exited { status: 3 },
             Response::Output {
