@@ -1178,17 +1178,6 @@ static void *code_thread(void *unused) {
     return NULL;
 }
 
-static void *job_thread(void *arg) {
-    void *stack = own_alt_stack();
-    run_job(arg);
-    if (stack) {
-        stack_t off = {.ss_flags = SS_DISABLE};
-        sigaltstack(&off, NULL);
-        free(stack);
-    }
-    return NULL;
-}
-
 static int start_thread(void *(*fn)(void *), void *arg, int joinable, pthread_t *thread) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -1200,38 +1189,41 @@ static int start_thread(void *(*fn)(void *), void *arg, int joinable, pthread_t 
     return rc;
 }
 
-struct main_run {
+struct own_run {
     struct code_job *job;
-    uint64_t status;
+    uint64_t value;
+    void *alt_stack;
 };
 
-static void *main_thread(void *arg) {
-    struct main_run *m = arg;
-    void *stack = own_alt_stack();
-    m->status = run_code(m->job);
-    /* The thread's end runs main's thread_local destructors (as exit() would natively);
-     * the waiter answers after them. The alternate stack is kept: a destructor may crash. */
-    (void)stack;
+static void *own_thread(void *arg) {
+    struct own_run *m = arg;
+    m->alt_stack = own_alt_stack();
+    m->value = run_code(m->job);
+    /* The thread's end runs its thread_local destructors (main's, as exit() would run them
+     * natively); the waiter answers after them. */
     return NULL;
 }
 
-/* Main runs on a thread of its own, which ends when main returns: its thread_local
- * destructors run then, before the answer, as a native program's run in exit(). */
-static void *main_waiter(void *arg) {
-    struct main_run m = {arg, 0};
+/* Main, and a request's code when the code thread is busy, run on a thread of their own,
+ * which ends when the code returns: its thread_local destructors run then, before the
+ * answer, under the request's guard (the module cannot be gone under them). */
+static void *own_waiter(void *arg) {
+    struct own_run m = {arg, 0, NULL};
     uint64_t guard = guard_pin();
     pthread_t thread;
-    if (start_thread(main_thread, &m, 1, &thread) != 0) {
+    if (start_thread(own_thread, &m, 1, &thread) != 0) {
         guard_unpin(guard);
         atomic_fetch_sub(&running_code, 1);
-        atomic_store(&main_running, 0);
-        reply_error(m.job->id, "cannot start main's thread");
+        if (m.job->tag == T_RUN_MAIN) atomic_store(&main_running, 0);
+        reply_error(m.job->id, "cannot start a thread for the request's code");
         free_job(m.job);
         return NULL;
     }
     pthread_join(thread, NULL);
+    /* The thread is gone: nothing can be running on its alternate stack. */
+    free(m.alt_stack);
     guard_unpin(guard);
-    finish_job(m.job, m.status);
+    finish_job(m.job, m.value);
     return NULL;
 }
 
@@ -1239,7 +1231,7 @@ static void *main_waiter(void *arg) {
 static void start_job(struct code_job *job) {
     atomic_fetch_add(&running_code, 1);
     if (job->tag == T_RUN_MAIN) {
-        if (start_thread(main_waiter, job, 0, NULL) != 0) {
+        if (start_thread(own_waiter, job, 0, NULL) != 0) {
             atomic_fetch_sub(&running_code, 1);
             atomic_store(&main_running, 0);
             reply_error(job->id, "cannot start main's thread");
@@ -1257,7 +1249,7 @@ static void start_job(struct code_job *job) {
         return;
     }
     pthread_mutex_unlock(&jobs_lock);
-    if (start_thread(job_thread, job, 0, NULL) != 0) {
+    if (start_thread(own_waiter, job, 0, NULL) != 0) {
         atomic_fetch_sub(&running_code, 1);
         reply_error(job->id, "cannot start a thread for the request's code");
         free_job(job);
@@ -1328,6 +1320,12 @@ static void store_slot(uint64_t slot, uint64_t target) {
 }
 
 __attribute__((visibility("hidden"), used)) uint64_t kiln_lazy_resolve(uint64_t stub) {
+    if (getpid() != executor_pid) {
+        /* A child the program forked: the connection is its parent's, whose requests and
+         * answers it must not mix with. */
+        logf_("kiln-executor-c: call-through stub %llu called in a forked child: the call returns 0\n", (unsigned long long)stub);
+        return (uint64_t)(uintptr_t)kiln_lazy_call_failed;
+    }
     if (atomic_load(&running_code) == 0 || pthread_equal(pthread_self(), reading_thread)) {
         logf_("kiln-executor-c: call-through stub %llu called when no request's code runs: the call returns 0\n", (unsigned long long)stub);
         return (uint64_t)(uintptr_t)kiln_lazy_call_failed;

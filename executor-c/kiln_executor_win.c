@@ -472,7 +472,51 @@ static void kiln_main_noop(void) {}
 static atomic_int exit_requested;
 static uint32_t exit_status;
 
+/* The program's atexit handlers: kept here, not by msvcrt (whose exit() alone runs its
+ * own), so that they also run when main returns — the controller then ends the executor
+ * with Shutdown, not exit() — newest first, as exit() runs them. A handler in JIT code
+ * that is no longer prepared to run (its module removed) is skipped. */
+static SRWLOCK atexit_lock = SRWLOCK_INIT;
+static void (**atexit_handlers)(void);
+static size_t atexit_count, atexit_room;
+
+static int kiln_atexit(void (*handler)(void)) {
+    AcquireSRWLockExclusive(&atexit_lock);
+    if (atexit_count == atexit_room) {
+        size_t room = atexit_room ? 2 * atexit_room : 32;
+        void (**grown)(void) = realloc(atexit_handlers, room * sizeof *grown);
+        if (!grown) {
+            ReleaseSRWLockExclusive(&atexit_lock);
+            return -1;
+        }
+        atexit_handlers = grown;
+        atexit_room = room;
+    }
+    atexit_handlers[atexit_count++] = handler;
+    ReleaseSRWLockExclusive(&atexit_lock);
+    return 0;
+}
+
+static _onexit_t kiln_onexit(_onexit_t handler) {
+    return kiln_atexit((void (*)(void))handler) == 0 ? handler : NULL;
+}
+
+static int runnable(uint64_t addr);
+static struct reservation *holding(uint64_t addr, uint64_t len);
+
+static void run_atexit_handlers(void) {
+    for (;;) {
+        AcquireSRWLockExclusive(&atexit_lock);
+        void (*handler)(void) = atexit_count ? atexit_handlers[--atexit_count] : NULL;
+        ReleaseSRWLockExclusive(&atexit_lock);
+        if (!handler) return;
+        uint64_t at = (uint64_t)(uintptr_t)handler;
+        if (!holding(at, 1) || runnable(at)) handler();
+    }
+}
+
 __attribute__((noreturn)) static void kiln_exit(int status) {
+    run_atexit_handlers();
     exit_status = (uint32_t)status;
     atomic_store(&exit_requested, 1);
     exit(status);
@@ -595,6 +639,8 @@ static const struct runtime_symbol runtime_symbols[] = {
     {"__main", kiln_main_noop},
     {"__chkstk_ms", kiln_static____chkstk_ms}, /* the probe under its other spelling */
     {"exit", (void (*)(void))kiln_exit},
+    {"atexit", (void (*)(void))kiln_atexit},
+    {"_onexit", (void (*)(void))kiln_onexit},
     {"_exit", (void (*)(void))kiln__exit},
     {"abort", kiln_abort},
     {"_setjmp", kiln_setjmp_entry},
@@ -1245,8 +1291,8 @@ static void do_register_unwind_info(uint32_t id, struct reader *r) {
         /* Version 1, then the header and its codes: a multiple of 4 bytes. */
         if (begin[i] >= end[i] || !runnable(begin[i]) || !runnable(end[i] - 1))
             bad = "a function that is not code this executor prepared to run";
-        else if (len[i] < 4 || len[i] % 4 || (info[i][0] & 7) != 1 || len[i] < 4 + 2 * (uint32_t)info[i][2])
-            bad = "an UNWIND_INFO that is not version 1 with its codes";
+        else if (len[i] < 4 || len[i] % 4 || info[i][0] != 1 || len[i] < 4 + 2 * (uint32_t)info[i][2])
+            bad = "an UNWIND_INFO that is not version 1, without handler or chain, with its codes";
         lo = begin[i] < lo ? begin[i] : lo;
         hi = end[i] > hi ? end[i] : hi;
         size += len[i];
@@ -1583,6 +1629,10 @@ __attribute__((noreturn)) static void serve(SOCKET s) {
                 reply_error(id, atomic_load(&main_running) ? "main is running" : "JIT code is running");
                 break;
             }
+            /* The program's end, after main returned: its atexit handlers, their output
+             * sent before the answer. */
+            run_atexit_handlers();
+            flush_all();
             drain_output();
             reply_simple(id, A_OK);
             free(body);

@@ -2,7 +2,7 @@
  * qsort with a callback, malloc/realloc/free, varargs of its own and printf's, floating
  * point (printed, and through the math library), a stack frame larger than a page (the
  * compiler's stack probe, ___chkstk_ms), setjmp/longjmp across frames, strings, environment
- * and arguments. Built natively
+ * and arguments, and an atexit handler that runs after main returns. Built natively
  * with x86_64-w64-mingw32-gcc and as an ELF object with clang --target=x86_64-w64-windows-gnu-elf;
  * both runs must print the same and exit with the same status (the count of lines, mod 64). */
 #include <math.h>
@@ -55,7 +55,12 @@ static __attribute__((noinline)) void deeper(int n) {
     lines += 1000; /* never reached */
 }
 
+static void bye(void) {
+    printf("atexit: bye after %d lines\n", lines);
+}
+
 int main(int argc, char **argv) {
+    atexit(bye);
     say("arguments: %d, first %s", argc, argc > 1 ? argv[1] : "(none)");
     long values[] = {42, -7, 1000000007, 3, 0, -123456789, 99};
     size_t n = sizeof values / sizeof *values;

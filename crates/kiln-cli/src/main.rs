@@ -558,6 +558,14 @@ fn run(o: RunArgs) -> Result<i32, String> {
             add_objects(&mut objects)?;
         }
         match kind {
+            inputs::InputKind::Source if jit.target_os() == kiln::TargetOs::Windows => {
+                // The system compiler writes this system's ELF (its calling convention, its
+                // C library): nothing a Windows executor can run.
+                return Err(format!(
+                    "{name}: kiln run compiles sources for this system; for a Windows executor compile them yourself \
+                     (clang-16 --target=x86_64-w64-windows-gnu-elf -c {name}) and give the objects"
+                ));
+            }
             inputs::InputKind::Source => {
                 let t = Instant::now();
                 let hit = jit.add_source(lib, input, &flags).map_err(explain)?;

@@ -337,3 +337,34 @@ fn the_unwinder_walks_through_jit_frames_as_through_native_ones() {
         text(&kiln.stderr)
     );
 }
+
+/// `kiln run` compiles sources for this system: for a Windows executor it refuses them,
+/// saying how to compile them. What mingw's driver links by default (`-lm`, `-lmingwex`,
+/// …) is the executor's process already.
+#[test]
+fn sources_are_refused_and_mingw_default_libraries_are_the_process() {
+    if kiln_testkit::skip_cross("sources_are_refused_and_mingw_default_libraries_are_the_process") {
+        return;
+    }
+    let (_executor, port) = windows_executor();
+    let source = repo().join("tests/programs/exit_and_crash.c");
+    let out = kiln_run(port, std::slice::from_ref(&source), &[]);
+    let stderr = text(&out.stderr);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr.contains("exit_and_crash.c")
+            && stderr.contains("--target=x86_64-w64-windows-gnu-elf"),
+        "{stderr}"
+    );
+    let dir = scratch("default-libraries");
+    let object = windows_elf_object(&dir, &source, &["-O2"]);
+    let out = Command::new(kiln())
+        .args(["run", "--connect"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg(&object)
+        .args(["-lm", "-lmingwex", "-lpthread"])
+        .args(["--", "return"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+}

@@ -168,6 +168,17 @@ fn codes(states: &[Option<State>]) -> Result<(Vec<UnwindCode>, Option<u8>), Stri
     let Some(Some(first)) = states.first() else {
         return Ok((codes, None));
     };
+    // A function's first instruction sees its caller's frame: the CFA 8 bytes above rsp
+    // (the return address), nothing saved. Anything else is a fragment of another
+    // function's frame (gcc's `.cold` parts), which unwind codes cannot describe.
+    if first.cfa != X86_64::RSP || first.offset != 8 || !first.saved.is_empty() {
+        return Err(format!(
+            "its first row is not a function's entry (CFA register {} + {}, {} saved): a fragment of another function",
+            first.cfa.0,
+            first.offset,
+            first.saved.len()
+        ));
+    }
     let (mut cfa, mut offset) = (first.cfa, first.offset);
     let mut saved: Vec<(Register, i64)> = first.saved.clone();
     for state in states.iter().skip(1) {
@@ -405,8 +416,15 @@ impl crate::LinkPass for WindowsUnwindPass {
 
     fn run(&self, graph: &mut crate::GraphView<'_, '_, '_>) -> Result<(), crate::PassError> {
         let mut found = (Vec::new(), Vec::new());
-        let sections: Vec<crate::GraphSection> = graph
-            .sections()
+        let all = graph.sections();
+        // Where the module's code lies: an FDE of a function outside it (a discarded COMDAT
+        // copy's, relocated against nothing) describes no code of this module.
+        let code: Vec<(u64, u64)> = all
+            .iter()
+            .filter(|s| s.code)
+            .filter_map(|s| s.address.map(|a| (a, a + s.size)))
+            .collect();
+        let sections: Vec<crate::GraphSection> = all
             .into_iter()
             .filter(|s| s.name == ".eh_frame" && s.address.is_some())
             .collect();
@@ -416,8 +434,15 @@ impl crate::LinkPass for WindowsUnwindPass {
                 continue;
             };
             let (entries, skipped) = from_eh_frame(bytes, address)?;
-            found.0.extend(entries);
+            let (inside, outside): (Vec<_>, Vec<_>) = entries.into_iter().partition(|e| {
+                e.begin < e.end && code.iter().any(|&(lo, hi)| lo <= e.begin && e.end <= hi)
+            });
+            found.0.extend(inside);
             found.1.extend(skipped);
+            found.1.extend(outside.into_iter().map(|e| Skipped {
+                begin: e.begin,
+                why: "a function outside the module's code (a discarded COMDAT copy's)".into(),
+            }));
         }
         *self.collected.lock().unwrap_or_else(|p| p.into_inner()) = found;
         Ok(())

@@ -344,7 +344,23 @@ impl Jit {
         dirs: &[PathBuf],
     ) -> Result<(), Error> {
         if self.inner.target_os == crate::TargetOs::Windows {
-            // `-lNAME` is `NAME.dll`, found by the executor's own search (LoadLibrary).
+            // What mingw's driver links by default is the executor's process already: its
+            // C runtime (with libmingwex's C99 functions) and libgcc.
+            const PROVIDED: [&str; 8] = [
+                "c", "m", "pthread", "mingw32", "mingwex", "msvcrt", "gcc", "moldname",
+            ];
+            if PROVIDED.contains(&name) {
+                return Ok(());
+            }
+            // `libNAME.a` of objects for Windows, in the directories given (-L).
+            if let Some(archive) = dirs
+                .iter()
+                .map(|d| d.join(format!("lib{name}.a")))
+                .find(|p| p.is_file())
+            {
+                return self.add_archive_file(lib, archive);
+            }
+            // Else `-lNAME` is `NAME.dll`, found by the executor's own search (LoadLibrary).
             let dll = if name.to_ascii_lowercase().ends_with(".dll") {
                 name.to_string()
             } else {

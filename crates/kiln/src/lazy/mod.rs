@@ -239,6 +239,14 @@ impl Jit {
         }
         // One range of consecutive ids for the batch.
         let count = u32::try_from(names.len()).unwrap_or(u32::MAX);
+        // A stub's entry branches to the batch's common tail: AArch64's `B` reaches
+        // 128 MiB, 4 Mi stubs; a batch stays well inside every architecture's reach.
+        if count > 1 << 21 {
+            return Err(Error::Unsupported(format!(
+                "{count} call-through stubs in one batch: at most {} (call add_lazy_functions again for more)",
+                1 << 21
+            )));
+        }
         let first = NEXT_ID.fetch_add(count, Ordering::Relaxed);
         if u64::from(first) + u64::from(count) >= 1 << 31 {
             return Err(Error::Unsupported(
