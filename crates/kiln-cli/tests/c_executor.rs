@@ -591,21 +591,11 @@ fn zlib_sqlite_and_lua_from_source_run_on_riscv64_as_natively() {
     let zlib = kiln_testkit::c_sources("libz-sys").join("src/zlib");
     let sqlite = kiln_testkit::c_sources("libsqlite3-sys").join("sqlite3");
     let lua = kiln_testkit::c_sources("lua-src").join("lua-5.4.8");
-    let c_files = |dir: &Path, skip: &[&str]| -> Vec<PathBuf> {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "c"))
-            .filter(|p| !skip.iter().any(|s| p.file_name().is_some_and(|n| n == *s)))
-            .collect();
-        files.sort();
-        files
-    };
     let include = |dir: &Path| format!("-I{}", dir.display());
     for (name, sources, flags, libs, args) in [
         (
             "zlib",
-            c_files(&zlib, &[]),
+            kiln_testkit::c_files(&zlib, &[]),
             vec!["-O2".into(), "-DHAVE_UNISTD_H".into(), include(&zlib)],
             &[][..],
             &[][..],
@@ -620,7 +610,7 @@ fn zlib_sqlite_and_lua_from_source_run_on_riscv64_as_natively() {
         ),
         (
             "lua",
-            c_files(&lua, &["lua.c", "luac.c", "onelua.c"]),
+            kiln_testkit::c_files(&lua, &["lua.c", "luac.c", "onelua.c"]),
             vec![
                 "-O2".into(),
                 "-fPIC".into(),

@@ -17,18 +17,9 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Wine, headless, with a prefix of its own under the target directory (never the user's
-/// `~/.wine`).
+/// Wine, headless, with a prefix of its own under the target directory.
 fn wine() -> Command {
-    let binary = ["/usr/lib/wine/wine64", "/usr/bin/wine64", "/usr/bin/wine"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .unwrap_or("wine64");
-    let mut command = Command::new(binary);
-    command
-        .env("WINEPREFIX", kiln_testkit::scratch_dir("wine-prefix"))
-        .env("WINEDEBUG", "-all");
-    command
+    kiln_testkit::wine(&kiln_testkit::scratch_dir("wine-prefix"))
 }
 
 /// Makes Wine's prefix once per test process, before the tests (which run in parallel)
@@ -242,21 +233,11 @@ fn zlib_sqlite_and_lua_from_source_run_on_windows_as_natively() {
     let lua = kiln_testkit::c_sources("lua-src").join("lua-5.4.8");
     let script = repo().join("tests/programs/script.lua");
     let script = script.to_str().unwrap();
-    let c_files = |dir: &Path, skip: &[&str]| -> Vec<PathBuf> {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "c"))
-            .filter(|p| !skip.iter().any(|s| p.file_name().is_some_and(|n| n == *s)))
-            .collect();
-        files.sort();
-        files
-    };
     let include = |dir: &Path| format!("-I{}", dir.display());
     for (name, mut sources, flags, args) in [
         (
             "zlib",
-            c_files(&zlib, &[]),
+            kiln_testkit::c_files(&zlib, &[]),
             vec!["-O2".to_string(), include(&zlib)],
             &[][..],
         ),
@@ -271,7 +252,7 @@ fn zlib_sqlite_and_lua_from_source_run_on_windows_as_natively() {
         // unwinding: JIT frames have no unwind tables yet).
         (
             "lua",
-            c_files(&lua, &["lua.c", "luac.c", "onelua.c"]),
+            kiln_testkit::c_files(&lua, &["lua.c", "luac.c", "onelua.c"]),
             vec!["-O2".to_string(), include(&lua)],
             &[script][..],
         ),

@@ -143,3 +143,15 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Wine (Debian's `wine64`), headless (`WINEDEBUG=-all`), with its prefix at `prefix`
+/// (never the user's `~/.wine`): what runs the Windows executor and mingw-built programs.
+pub fn wine(prefix: &Path) -> Command {
+    let binary = ["/usr/lib/wine/wine64", "/usr/bin/wine64", "/usr/bin/wine"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("wine64");
+    let mut command = Command::new(binary);
+    command.env("WINEPREFIX", prefix).env("WINEDEBUG", "-all");
+    command
+}

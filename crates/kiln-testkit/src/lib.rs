@@ -14,12 +14,12 @@ pub mod compile;
 pub mod sysroot;
 
 pub use binaries::{
-    binary, c_executor_binary, executor_binary, start_executor, start_listening, ExecutorProcess,
-    KillOnDrop,
+    binary, c_executor_binary, executor_binary, start_executor, start_listening, wine,
+    ExecutorProcess, KillOnDrop,
 };
 pub use compile::{cc, cc_object, cxx_object, install_capi, run_ok, scratch_dir};
 pub use sysroot::{
-    aarch64_includes, aarch64_lib_dir, aarch64_sysroot, c_sources, find_c_sources, host_file,
-    programs_dir, python_config_dir, python_tests_env, repository, skip_cross, source,
+    aarch64_includes, aarch64_lib_dir, aarch64_sysroot, c_files, c_sources, find_c_sources,
+    host_file, programs_dir, python_config_dir, python_tests_env, repository, skip_cross, source,
     AARCH64_GUEST_ROOT,
 };

@@ -185,3 +185,16 @@ pub fn find_c_sources(package: &str) -> Result<PathBuf, String> {
         })
         .ok_or_else(|| format!("{package} is not among {}'s packages", manifest.display()))
 }
+
+/// The C files of `dir` (a library's sources from [`c_sources`]), sorted, without those
+/// named in `skip` (a library's programs: `lua.c`, `luac.c`).
+pub fn c_files(dir: &Path, skip: &[&str]) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "c"))
+        .filter(|p| !skip.iter().any(|s| p.file_name().is_some_and(|n| n == *s)))
+        .collect();
+    files.sort();
+    files
+}

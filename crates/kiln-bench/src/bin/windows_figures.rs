@@ -37,18 +37,7 @@ struct Args {
 }
 
 fn wine() -> Command {
-    let binary = ["/usr/lib/wine/wine64", "/usr/bin/wine64", "/usr/bin/wine"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .unwrap_or("wine64");
-    let mut command = Command::new(binary);
-    command
-        .env(
-            "WINEPREFIX",
-            std::env::temp_dir().join("kiln-windows-figures-wine"),
-        )
-        .env("WINEDEBUG", "-all");
-    command
+    kiln_testkit::wine(&std::env::temp_dir().join("kiln-windows-figures-wine"))
 }
 
 fn run_ok(command: &mut Command, what: &str) -> Result<(), String> {
