@@ -85,10 +85,27 @@ pub struct DiskUsage {
 pub struct DiskCache {
     root: PathBuf,
     dir: PathBuf,
-    limits: DiskLimits,
-    mac_key: MacKey,
-    counters: Counters,
+    pub(crate) limits: DiskLimits,
+    pub(crate) mac_key: MacKey,
+    pub(crate) counters: Counters,
+    /// What entries' names end with (objects `.kobj`, linked images `.kimg`).
+    suffix: &'static str,
 }
+
+/// Where one kind of entry lives in a cache root.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EntryKind {
+    /// The directory in the root (its layout version).
+    pub(crate) dir: &'static str,
+    /// What names end with.
+    pub(crate) suffix: &'static str,
+}
+
+/// The object cache's entries.
+const OBJECTS: EntryKind = EntryKind {
+    dir: VERSION_DIR,
+    suffix: SUFFIX,
+};
 
 impl DiskCache {
     /// A cache in `root` (entries in `root/v1`), created (mode 0700) if missing, with the
@@ -97,7 +114,18 @@ impl DiskCache {
     /// to a directory above it, and with [`CacheError::KeyFile`] if the key file is not
     /// this user's alone.
     pub fn open(root: impl AsRef<Path>, limits: DiskLimits) -> Result<Self, CacheError> {
-        Self::open_inner(root.as_ref(), limits, None)
+        Self::open_inner(root.as_ref(), limits, None, OBJECTS)
+    }
+
+    /// The store of another kind of entry in the same root (its own directory, the same
+    /// key and trust checks).
+    pub(crate) fn open_kind(
+        root: &Path,
+        limits: DiskLimits,
+        mac_key: Option<MacKey>,
+        kind: EntryKind,
+    ) -> Result<Self, CacheError> {
+        Self::open_inner(root, limits, mac_key, kind)
     }
 
     /// A cache in `root` whose entries are sealed with `mac_key` (a key a fleet shares).
@@ -106,13 +134,14 @@ impl DiskCache {
         limits: DiskLimits,
         mac_key: MacKey,
     ) -> Result<Self, CacheError> {
-        Self::open_inner(root.as_ref(), limits, Some(mac_key))
+        Self::open_inner(root.as_ref(), limits, Some(mac_key), OBJECTS)
     }
 
     fn open_inner(
         root: &Path,
         limits: DiskLimits,
         mac_key: Option<MacKey>,
+        kind: EntryKind,
     ) -> Result<Self, CacheError> {
         let root = trust::private_directory(root)?;
         let mac_key = match mac_key {
@@ -122,7 +151,7 @@ impl DiskCache {
                 None => MacKey::load_or_create(&root.join(KEY_FILE))?,
             },
         };
-        let dir = root.join(VERSION_DIR);
+        let dir = root.join(kind.dir);
         if std::fs::symlink_metadata(&dir).is_err() {
             match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
                 Ok(()) => {}
@@ -136,6 +165,7 @@ impl DiskCache {
             limits,
             mac_key,
             counters: Counters::default(),
+            suffix: kind.suffix,
         };
         cache.check_entry_directory()?;
         Ok(cache)
@@ -188,8 +218,8 @@ impl DiskCache {
         }
     }
 
-    fn path(&self, key: &CacheKey) -> PathBuf {
-        self.dir.join(format!("{}{SUFFIX}", key.hex()))
+    pub(crate) fn path(&self, key: &CacheKey) -> PathBuf {
+        self.dir.join(format!("{}{}", key.hex(), self.suffix))
     }
 
     /// Entries with their sizes and last use, oldest first; the temporary files; and the
@@ -207,10 +237,10 @@ impl DiskCache {
             let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
             let name = item.file_name();
             let name = name.to_string_lossy();
-            let ours = name.ends_with(SUFFIX) || name.starts_with(".tmp");
+            let ours = name.ends_with(self.suffix) || name.starts_with(".tmp");
             if ours && !meta.file_type().is_file() {
                 scan.strays.push(path);
-            } else if name.ends_with(SUFFIX) {
+            } else if name.ends_with(self.suffix) {
                 scan.entries.push((modified, meta.len(), path));
             } else if name.starts_with(".tmp") {
                 scan.temporaries.push((modified, path));

@@ -33,6 +33,8 @@ mod compiler;
 mod disk;
 mod entry;
 mod files;
+mod image;
+mod image_key;
 mod memory;
 mod note;
 mod redis;
@@ -43,6 +45,8 @@ pub use compiler::{
     compile_cached, embed_signature, signature_of, CompileOutcome, Compiler, SystemCompiler,
 };
 pub use disk::{DiskCache, DiskLimits, DiskUsage};
+pub use image::{CachedImage, DiskImageCache, ImageCache, ImageToStore};
+pub use image_key::{ImageKeyBuilder, RACY};
 pub use memory::MemoryCache;
 pub use redis::{RedisCache, UNAVAILABLE_FOR};
 pub use signature::{CacheKey, Signature};

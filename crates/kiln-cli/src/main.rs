@@ -3,6 +3,7 @@
 //! address and writes the image to a file; `kiln cache` looks after the cache; `kiln demo`
 //! shows the memory layer alone.
 
+mod image;
 mod inputs;
 mod link_only;
 mod times;
@@ -49,7 +50,8 @@ enum Command {
     /// Links for a chosen architecture at chosen addresses, without running anything,
     /// and writes the result as an ELF image to disassemble (`llvm-objdump -d FILE`).
     Link(Box<link_only::LinkArgs>),
-    /// The object cache of `kiln run`: its figures, emptying it, applying its limits.
+    /// The caches of `kiln run` (objects and linked images): their figures, emptying
+    /// them, applying their limits.
     Cache {
         /// What to do.
         #[arg(value_enum)]
@@ -218,6 +220,11 @@ struct RunArgs {
     /// Compile sources without the object cache.
     #[arg(long)]
     no_cache: bool,
+    /// Link every time: neither map the program from the image cache nor store it there
+    /// (by default a program that runs in this process is mapped from its cached image
+    /// when the same inputs, libraries and options were linked before).
+    #[arg(long)]
+    no_image_cache: bool,
     /// The object cache's directory (default: $KILN_CACHE_DIR, $XDG_CACHE_HOME/kiln,
     /// ~/.cache/kiln or $XDG_RUNTIME_DIR/kiln; it must be yours and writable by no one
     /// else, or it is not used).
@@ -516,6 +523,18 @@ fn run(o: RunArgs) -> Result<i32, String> {
     if let Some(cache) = &cache {
         builder = builder.object_cache(cache.clone());
     }
+    let image_cache = match image::open(&o) {
+        Ok(cache) => Some(cache),
+        Err(why) => {
+            if o.verbose {
+                eprintln!("kiln: image cache not used: {why}");
+            }
+            None
+        }
+    };
+    if let Some(cache) = &image_cache {
+        builder = builder.image_cache(cache.clone());
+    }
     let jit = builder
         .executor(executor)
         .export_to_libraries(!o.no_export_dynamic && !o.noexec)
@@ -536,6 +555,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
         }))
     });
     let flags = compiler_flags(&o);
+    let mut image_key = image_cache.as_ref().map(|_| image::key_start(&o, &jit));
     // Consecutive objects are added together (checked on every core when they are large),
     // before whatever input comes next: their order among the objects is kept.
     let mut objects = Vec::new();
@@ -554,6 +574,14 @@ fn run(o: RunArgs) -> Result<i32, String> {
         let contents = bytes.as_ref().map(|b| (**b).as_ref());
         let name = input.display().to_string();
         let kind = inputs::classify(input, contents)?;
+        if let (Some(key), false) = (&mut image_key, kind == inputs::InputKind::Source) {
+            if let Err(why) = image::add_file(key, input) {
+                if o.verbose {
+                    eprintln!("kiln: image cache not used: {why}");
+                }
+                image_key = None;
+            }
+        }
         if kind != inputs::InputKind::Object {
             add_objects(&mut objects)?;
         }
@@ -568,7 +596,22 @@ fn run(o: RunArgs) -> Result<i32, String> {
             }
             inputs::InputKind::Source => {
                 let t = Instant::now();
-                let hit = jit.add_source(lib, input, &flags).map_err(explain)?;
+                let (hit, object_key) =
+                    jit.add_source_keyed(lib, input, &flags).map_err(explain)?;
+                // A source is named by its object's signature (sources compiled without
+                // the object cache have none: no image then).
+                match (&mut image_key, object_key) {
+                    (Some(key), Some(object_key)) => {
+                        key.key("source", &object_key);
+                    }
+                    (Some(_), None) => {
+                        if o.verbose {
+                            eprintln!("kiln: image cache not used: sources compiled without the object cache");
+                        }
+                        image_key = None;
+                    }
+                    (None, _) => {}
+                }
                 if o.verbose {
                     eprintln!(
                         "kiln: {name}: {} in {:.1} ms",
@@ -640,8 +683,28 @@ fn run(o: RunArgs) -> Result<i32, String> {
         jit.define_symbol(lib, symbol, address).map_err(explain)?;
     }
     jit.add_process_symbols(lib).map_err(|e| e.to_string())?;
+    // Everything the link reads is in place: the key ends with every file this process
+    // maps (the executable, the host's libraries, the mapped inputs).
+    let image_key = image_key.and_then(|mut key| match key.mapped_files() {
+        Ok(_) => Some(key.finish()),
+        Err(why) => {
+            if o.verbose {
+                eprintln!("kiln: image cache not used: {why}");
+            }
+            None
+        }
+    });
     let load = start.elapsed();
-    let linked = jit.link_pending(lib).map_err(explain)?;
+    let linked = match &image_key {
+        Some(key) => jit.link_pending_cached(lib, key),
+        None => jit.link_pending(lib),
+    }
+    .map_err(explain)?;
+    if let (true, Some((_, report))) = (o.verbose, &linked) {
+        if let Some(line) = image::describe(report) {
+            eprintln!("{line}");
+        }
+    }
     for failure in jit.plugin_failures() {
         eprintln!(
             "kiln: warning: {} ({} of {}): {}",
@@ -815,8 +878,16 @@ fn cache(action: CacheAction, dir: Option<PathBuf>) -> Result<(), String> {
     )?;
     let cache = kiln_cache::DiskCache::open(&root, kiln_cache::DiskLimits::default())
         .map_err(|e| e.to_string())?;
+    let images = kiln_cache::DiskImageCache::open(&root, kiln_cache::DiskLimits::default())
+        .map_err(|e| e.to_string())?;
     match action {
         CacheAction::Stats => {
+            let usage = images.usage().map_err(|e| e.to_string())?;
+            println!("image cache: {}", images.dir().display());
+            println!(
+                "images: {} ({} bytes; temporary files: {})",
+                usage.entries, usage.bytes, usage.temporaries
+            );
             let usage = cache.usage().map_err(|e| e.to_string())?;
             let limits = kiln_cache::DiskLimits::default();
             println!("cache: {}", cache.dir().display());
@@ -830,10 +901,14 @@ fn cache(action: CacheAction, dir: Option<PathBuf>) -> Result<(), String> {
         CacheAction::Clear => {
             let removed = cache.clear().map_err(|e| e.to_string())?;
             println!("removed {removed} entries from {}", cache.dir().display());
+            let removed = images.clear().map_err(|e| e.to_string())?;
+            println!("removed {removed} images from {}", images.dir().display());
         }
         CacheAction::Prune => {
             let removed = cache.prune().map_err(|e| e.to_string())?;
             println!("evicted {removed} entries from {}", cache.dir().display());
+            let removed = images.prune().map_err(|e| e.to_string())?;
+            println!("evicted {removed} images from {}", images.dir().display());
         }
     }
     Ok(())

@@ -4,6 +4,7 @@
 use crate::arch::{self, EncodeError, Relative, Relocation, Target};
 use crate::graph::{Allocated, Edge};
 use crate::object_file::{ObjSym, SymSection};
+use crate::relocatable::{Binding, FixupRow, ImageFixup, Recorder};
 use crate::symbols::{
     lossy, Def, Linker, Place, ResolvedSymbols, Slot, SymbolId, SEG_BSS, SEG_TLS,
 };
@@ -36,6 +37,23 @@ pub(crate) fn write_got(
     tls: TlsPlace,
     tlsdesc_resolver: u64,
 ) {
+    // A relocatable link records the entries that depend on the process or the span.
+    let record = |i: usize, binding: Binding| {
+        if let Some(recorder) = resolver.recorder {
+            if !Recorder::invariant(&binding, Relative::Absolute) {
+                let field = resolver.got_base + i as u64 * 8 - recorder.base;
+                recorder.push(ImageFixup {
+                    at: field,
+                    place: field,
+                    row: FixupRow::word64(),
+                    binding,
+                    addend: 0,
+                    stub: None,
+                });
+            }
+        }
+    };
+    let base = resolver.recorder.map_or(0, |r| r.base);
     let mut put = |i: usize, v: u64| got[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
     let tp_off = |key: SymbolId| -> u64 {
         let (offset, _) = resolver.address(key);
@@ -45,15 +63,21 @@ pub(crate) fn write_got(
     while i < slot_list.len() {
         match slot_list[i] {
             Slot::Address(key) => {
-                put(i, resolver.address(key).0);
+                let (address, discarded) = resolver.address(key);
+                put(i, address);
+                if !discarded {
+                    record(i, resolver.binding(key, address, base));
+                }
                 i += 1;
             }
             Slot::TpOff(key) => {
                 put(i, tp_off(key));
+                record(i, Binding::TpOff(resolver.address(key).0));
                 i += 1;
             }
             Slot::TlsGd(key) => {
                 put(i, tls.module);
+                record(i, Binding::DtpMod);
                 let offset = resolver.address(key).0;
                 put(
                     i + 1,
@@ -63,12 +87,15 @@ pub(crate) fn write_got(
             }
             Slot::TlsLd => {
                 put(i, tls.module);
+                record(i, Binding::DtpMod);
                 put(i + 1, 0);
                 i += 2;
             }
             Slot::TlsDesc(key) => {
                 put(i, tlsdesc_resolver);
+                record(i, Binding::Image(tlsdesc_resolver.wrapping_sub(base)));
                 put(i + 1, tp_off(key));
+                record(i + 1, Binding::TpOff(resolver.address(key).0));
                 i += 2;
             }
         }
@@ -113,6 +140,11 @@ pub(crate) struct Resolver<'l, 'a> {
     pub(crate) plt_base: u64,
     pub(crate) dso_handle: u64,
     pub(crate) stubs: &'l FxHashMap<SymbolId, u64>,
+    /// Where a relocatable link records its fixups (see [`crate::relocatable`]).
+    pub(crate) recorder: Option<&'l Recorder>,
+    /// Whether the edges applied are the TLS image's (whose addresses are offsets in the
+    /// block, not in the span).
+    pub(crate) tls_image: bool,
 }
 
 impl<'l, 'a> Resolver<'l, 'a> {
@@ -129,6 +161,84 @@ impl<'l, 'a> Resolver<'l, 'a> {
             plt_base: allocated.plt_base,
             dso_handle: allocated.dso_handle,
             stubs,
+            recorder: None,
+            tls_image: false,
+        }
+    }
+
+    /// The same resolver, recording fixups in `recorder` (a relocatable link's).
+    pub(crate) fn recording(mut self, recorder: Option<&'l Recorder>) -> Self {
+        self.recorder = recorder;
+        self
+    }
+
+    /// Where `key`'s address `s` comes from, for a fixup.
+    fn binding(&self, key: SymbolId, s: u64, base: u64) -> Binding {
+        let by_section =
+            |obj: u32, sym: u32| match self.linker.objs[obj as usize].symbols[sym as usize].section
+            {
+                SymSection::Section(_) => Binding::Image(s.wrapping_sub(base)),
+                _ => Binding::Absolute(s),
+            };
+        match key {
+            SymbolId::Local(o, sym) => by_section(o, sym),
+            SymbolId::Global(g) => match self.linker.globals[g as usize].def {
+                Def::Defined { obj, sym, .. } => by_section(obj, sym),
+                Def::Common { .. } | Def::GotBase | Def::DsoHandle => {
+                    Binding::Image(s.wrapping_sub(base))
+                }
+                Def::External(_) => Binding::Symbol(lossy(self.name(key)).into()),
+                Def::None | Def::Zero | Def::TlsModuleBase => Binding::Absolute(s),
+            },
+        }
+    }
+
+    /// Records the field at `field` (a target address) of `row` if its value `binding`
+    /// gives depends on where the span is or on the process; refuses the image if such
+    /// a field cannot be written again.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        recorder: &Recorder,
+        at: Where<'_>,
+        field: u64,
+        p: u64,
+        row: &Relocation,
+        binding: Binding,
+        addend: i64,
+        stub: Option<u64>,
+    ) {
+        if Recorder::invariant(&binding, row.relative) {
+            return;
+        }
+        let fixup = FixupRow::of(row);
+        let refuse = |why: &str| {
+            recorder.refuse(|| {
+                format!(
+                    "{} in {} section {} at {:#x} ({binding:?}): {why}",
+                    row.name,
+                    at.object,
+                    lossy(at.section),
+                    field
+                )
+            })
+        };
+        if self.tls_image {
+            refuse("a thread-local initialized with an address");
+        } else if fixup.in_place() {
+            refuse("a field changed in place cannot be written again");
+        } else if row.relative == Relative::GotBase {
+            refuse("GOT-relative to a value of the process");
+        } else {
+            let base = recorder.base;
+            recorder.push(ImageFixup {
+                at: field.wrapping_sub(base),
+                place: p.wrapping_sub(base),
+                row: fixup,
+                binding,
+                addend,
+                stub: stub.map(|s| s.wrapping_sub(base)),
+            });
         }
     }
 
@@ -309,7 +419,11 @@ impl<'l, 'a> Resolver<'l, 'a> {
             }
             Target::DtpOff => s as i128 - i128::from(arch.dtv_offset()),
             Target::DtpMod => {
-                return self.write(at, bytes, offset, row, tls.module as i128, key, false)
+                if let Some(recorder) = self.recorder {
+                    let field = section_addr + offset;
+                    self.record(recorder, at, field, p, row, Binding::DtpMod, addend, None);
+                }
+                return self.write(at, bytes, offset, row, tls.module as i128, key, false);
             }
             Target::Unsupported(model) => {
                 tls_checked(model)?;
@@ -327,12 +441,51 @@ impl<'l, 'a> Resolver<'l, 'a> {
             }
         };
         let mut value = relative(t);
-        // A function out of the instruction's reach is reached through its stub.
+        // A function out of the instruction's reach is reached through its stub; in a
+        // relocatable link, every call of a host function is (the code then needs no
+        // fixup: the stub jumps through the GOT).
+        let mut via_stub = None;
         if matches!(row.target, Target::Symbol | Target::Call) {
             if let Some(&n) = self.stubs.get(&key) {
-                if !arch.reaches(row, value, s, addend, p) {
+                let prefer =
+                    self.recorder.is_some() && row.target == Target::Call && self.is_external(key);
+                if prefer || !arch.reaches(row, value, s, addend, p) {
                     value = relative(self.stub_address(n) as i128);
+                    via_stub = Some(self.stub_address(n));
                 }
+            }
+        }
+        if let (Some(recorder), false) = (self.recorder, discarded) {
+            let base = recorder.base;
+            let image = |address: u64| Binding::Image(address.wrapping_sub(base));
+            let binding = match row.target {
+                Target::Symbol | Target::Call => Some(match via_stub {
+                    Some(stub) => image(stub),
+                    None => self.binding(key, s, base),
+                }),
+                Target::Plt => Some(match self.stubs.get(&key) {
+                    Some(&n) => image(self.stub_address(n)),
+                    None => self.binding(key, s, base),
+                }),
+                Target::GotEntry
+                | Target::GotBase
+                | Target::TlsGdEntry
+                | Target::TlsLdEntry
+                | Target::TpOffEntry
+                | Target::TlsDescEntry => Some(image(t as u64)),
+                Target::TpOff => Some(Binding::TpOff(s)),
+                _ => None,
+            };
+            if let Some(binding) = binding {
+                // A host function's stub, should the function be out of reach elsewhere.
+                let stub = match (row.target, via_stub) {
+                    (Target::Symbol | Target::Call, None) => {
+                        self.stubs.get(&key).map(|&n| self.stub_address(n))
+                    }
+                    _ => None,
+                };
+                let field = section_addr + offset;
+                self.record(recorder, at, field, p, row, binding, addend, stub);
             }
         }
         self.write(at, bytes, offset, row, value, key, discarded)

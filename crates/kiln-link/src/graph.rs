@@ -146,6 +146,8 @@ pub(crate) struct LinkGraph<'a, 'c> {
     pub(crate) init: Vec<u64>,
     pub(crate) fini: Vec<u64>,
     pub(crate) image: Vec<ImageSegment>,
+    /// A relocatable link's fixups (see [`crate::relocatable`]), from `allocate` on.
+    pub(crate) recorder: Option<crate::relocatable::Recorder>,
     pub(crate) counts: LinkCounts,
     pub(crate) times: LinkTimes,
     /// Each pass's time, in order (plugins' passes under their own names).
@@ -186,6 +188,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             init: Vec::new(),
             fini: Vec::new(),
             image: Vec::new(),
+            recorder: None,
             counts,
             times,
             pass_times: Vec::new(),

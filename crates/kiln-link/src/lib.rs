@@ -34,6 +34,7 @@ mod linked;
 mod object_file;
 mod pass;
 mod passes;
+pub mod relocatable;
 mod report;
 mod symbol_scan;
 mod symbols;

@@ -83,6 +83,12 @@ pub struct LinkOptions<'m> {
     /// Passes of the link's client (a session's plugins), each run at its point of the
     /// link ([`PassPoint`]); an error from one fails the link.
     pub passes: &'m [(PassPoint, Arc<dyn LinkPass>)],
+    /// Make the module relocatable ([`LinkedModule::relocatable`]): calls of host
+    /// functions through stubs, and every field whose value depends on where the module
+    /// is or on the process recorded. `memory` must lay modules out as one span
+    /// ([`kiln_memory::SpanMemoryManager`]); the segments' bytes are kept as with
+    /// [`LinkOptions::keep_image`].
+    pub relocatable: bool,
     /// Measure each phase and pass ([`LinkedModule::times`], [`LinkedModule::pass_times`]);
     /// off, the link reads no clock (a small module's link is a few microseconds, and a
     /// clock read costs tens of nanoseconds).
@@ -100,6 +106,7 @@ impl<'m> LinkOptions<'m> {
             architecture: Architecture::host(),
             keep_image: false,
             passes: &[],
+            relocatable: false,
             times: false,
         }
     }
@@ -220,6 +227,7 @@ pub fn link<'a>(
         (Vec::new(), Vec::new(), Vec::new())
     };
     let image_symbols = options.keep_image.then(|| graph.image_symbols(&allocated));
+    let recorder = graph.recorder.take();
     if image_symbols.is_some() {
         lap(&mut graph, "(image symbols)");
     }
@@ -235,7 +243,7 @@ pub fn link<'a>(
         align: l.tls_align,
         tp_offset: graph.tp_offset,
     });
-    Ok(LinkedModule {
+    let mut linked = LinkedModule {
         allocation,
         exports,
         init: graph.init,
@@ -255,5 +263,21 @@ pub fn link<'a>(
         times,
         pass_times: graph.pass_times,
         counts: graph.counts,
-    })
+        relocatable: None,
+    };
+    if let Some(recorder) = recorder {
+        let page = kiln_memory::page_size();
+        let refused = recorder.refused.into_inner().or_else(|| {
+            (!options.passes.is_empty()).then(|| "client passes ran in the link".to_string())
+        });
+        linked.relocatable = Some(match refused {
+            Some(why) => Err(why),
+            None => {
+                let mut fixups = recorder.fixups.into_inner();
+                fixups.sort_unstable_by_key(|f| f.at);
+                crate::relocatable::RelocatableImage::of(&linked, recorder.base, page, fixups)
+            }
+        });
+    }
+    Ok(linked)
 }

@@ -179,6 +179,11 @@ pub struct LinkedModule {
     pub pass_times: Vec<(Cow<'static, str>, Duration)>,
     /// Counts.
     pub counts: LinkCounts,
+    /// With [`LinkOptions::relocatable`](crate::LinkOptions::relocatable): the module as
+    /// an image that can be mapped again ([`crate::relocatable`]), or why it cannot be
+    /// one (non-PIC code in low memory, a thread-local initialized with an address, a
+    /// client's pass); else `None`. Its segments' bytes are [`LinkedModule::image`].
+    pub relocatable: Option<Result<crate::relocatable::RelocatableImage, String>>,
 }
 
 impl LinkedModule {

@@ -44,6 +44,7 @@ mod page_runs;
 mod permission;
 mod slab;
 mod slab_backend;
+mod span;
 mod stats;
 mod thread_cache;
 
@@ -64,4 +65,10 @@ pub use mapper::{
 pub use page_runs::PageRuns;
 pub use permission::Permission;
 pub use slab::SlabLayout;
+pub use span::{map_span_from_file, FileSegment, SpanLayout, SpanMemoryManager};
 pub use stats::{MemoryStats, PoolStats};
+
+/// The page size of this machine.
+pub fn page_size() -> u64 {
+    mapper::sys::page_size()
+}

@@ -15,7 +15,7 @@ mod dual_mapped;
 mod fork;
 mod in_process;
 mod offline;
-mod placement;
+pub(crate) mod placement;
 pub(crate) mod sys;
 
 pub use dual_mapped::DualMappedMapper;

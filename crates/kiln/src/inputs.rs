@@ -275,6 +275,18 @@ impl Jit {
         path: impl AsRef<Path>,
         flags: &[String],
     ) -> Result<bool, Error> {
+        self.add_source_keyed(lib, path, flags).map(|(hit, _)| hit)
+    }
+
+    /// [`Jit::add_source`], also giving the object's key in the object cache (the
+    /// signature of what made it: a [`kiln_cache::ImageKeyBuilder`] names the source by
+    /// it); `None` without an object cache.
+    pub fn add_source_keyed(
+        &self,
+        lib: LibraryId,
+        path: impl AsRef<Path>,
+        flags: &[String],
+    ) -> Result<(bool, Option<kiln_cache::CacheKey>), Error> {
         let path = path.as_ref();
         let outcome = kiln_cache::compile_cached(
             &*self.inner.compiler,
@@ -284,7 +296,8 @@ impl Jit {
         )
         .map_err(|e| Error::Compile(e.to_string()))?;
         self.add_object(lib, &path.display().to_string(), outcome.object)?;
-        Ok(outcome.hit)
+        let key = self.inner.object_cache.is_some().then_some(outcome.key);
+        Ok((outcome.hit, key))
     }
 
     /// Adds a generator for names `lib` does not define.

@@ -91,9 +91,18 @@ pub struct JitBuilder {
     debug_support: DebugSupport,
     compiler: Option<Arc<dyn kiln_cache::Compiler>>,
     object_cache: Option<Arc<dyn kiln_cache::ObjectCache>>,
+    image_cache: Option<Arc<dyn kiln_cache::ImageCache>>,
 }
 
 impl JitBuilder {
+    /// The linked-image cache [`Jit::link_pending_cached`] maps modules from and stores
+    /// them in (default: none). Used for code that runs in this process; a remote
+    /// executor's links do not use it.
+    pub fn image_cache(mut self, cache: Arc<dyn kiln_cache::ImageCache>) -> Self {
+        self.image_cache = Some(cache);
+        self
+    }
+
     /// The compiler of [`Jit::add_source`] (default: the system's `cc` and `c++`).
     pub fn compiler(mut self, compiler: Arc<dyn kiln_cache::Compiler>) -> Self {
         self.compiler = Some(compiler);
@@ -209,6 +218,7 @@ impl JitBuilder {
                     .compiler
                     .unwrap_or_else(|| Arc::new(kiln_cache::SystemCompiler::new())),
                 object_cache: self.object_cache,
+                image_cache: self.image_cache,
             }),
         };
         jit.create_library("main");

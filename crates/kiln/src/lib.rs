@@ -19,6 +19,7 @@ mod debug_support;
 mod error;
 mod executor;
 mod generator;
+mod image_cache;
 mod inputs;
 mod jit;
 pub mod lazy;
@@ -43,9 +44,12 @@ pub use executor::{
     ExportHandle, Retirement, TargetOs, Transport,
 };
 pub use generator::{FnGenerator, Found, SymbolGenerator};
+pub use image_cache::ImageOutcome;
 pub use inputs::{map_file, SharedBytes};
 pub use jit::{Jit, JitBuilder};
-pub use kiln_cache::{Compiler, ObjectCache, SystemCompiler};
+pub use kiln_cache::{
+    CacheKey, Compiler, DiskImageCache, ImageCache, ImageKeyBuilder, ObjectCache, SystemCompiler,
+};
 pub use kiln_link::{
     Architecture, GraphEdge, GraphSection, GraphView, LinkPass, NewSectionKind, PassError,
     PassPoint, PlacedSection, SectionId, SymbolInfo, SymbolKind,

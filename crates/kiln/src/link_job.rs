@@ -29,10 +29,16 @@ pub struct LinkReport {
     pub pass_times: Vec<(std::borrow::Cow<'static, str>, std::time::Duration)>,
     /// Counts.
     pub counts: LinkCounts,
+    /// For a link through the image cache ([`Jit::link_pending_cached`]): whether the
+    /// module was mapped from it, or linked and stored, and why not.
+    pub image: Option<crate::ImageOutcome>,
+    /// Why an image the cache held was not used (it failed to map or to rebind here: the
+    /// module was linked instead).
+    pub image_refused: Option<String>,
 }
 
 /// What a link took from its library: given back if it fails.
-struct Gathered {
+pub(crate) struct Gathered {
     /// The inputs, then the lazy objects taken (the module is named after its first).
     /// (Inline for the common link of one object: no heap allocation.)
     objects: smallvec::SmallVec<[ObjectInput; 1]>,
@@ -42,14 +48,14 @@ struct Gathered {
 }
 
 /// What resolution found besides addresses.
-struct Resolved {
+pub(crate) struct Resolved {
     /// The modules whose definitions the link used.
-    uses: Vec<Module>,
+    pub(crate) uses: Vec<Module>,
     /// Whether the module registers thread-local destructors.
-    thread_atexit: bool,
+    pub(crate) thread_atexit: bool,
     /// For a Windows executor: the unwind data of the module's functions, made from its
     /// `.eh_frame` during the link.
-    windows_unwind: Vec<kiln_link::windows_unwind::WindowsUnwind>,
+    pub(crate) windows_unwind: Vec<kiln_link::windows_unwind::WindowsUnwind>,
 }
 
 /// What the executor keeps for a module, installed before it is made.
@@ -60,11 +66,11 @@ struct Installed {
 }
 
 /// One link into one library.
-struct LinkJob<'j> {
-    jit: &'j Jit,
-    library: &'j Arc<Library>,
-    publish: Publish,
-    times: bool,
+pub(crate) struct LinkJob<'j> {
+    pub(crate) jit: &'j Jit,
+    pub(crate) library: &'j Arc<Library>,
+    pub(crate) publish: Publish,
+    pub(crate) times: bool,
 }
 
 impl Jit {
@@ -90,7 +96,7 @@ impl Jit {
         let Some(gathered) = job.gather(request.extra, request.wanted)? else {
             return Ok(None);
         };
-        let result = job.run(&gathered, request.shown, lock);
+        let result = job.run(&gathered, request.shown, lock, request.image.as_ref());
         if result.is_err() && !gathered.taken.is_empty() {
             library.state.write().restore_lazy(gathered.taken);
         }
@@ -142,6 +148,7 @@ impl LinkJob<'_> {
         gathered: &Gathered,
         shown: Option<ObjectInput>,
         lock: Option<parking_lot::MutexGuard<'_, ()>>,
+        image: Option<&kiln_cache::CacheKey>,
     ) -> Result<(Module, LinkReport), Error> {
         // No plugin registered: no walk over plugins, no event built.
         let plugins: Vec<Arc<dyn Plugin>> = self.jit.inner.plugins.snapshot();
@@ -149,13 +156,22 @@ impl LinkJob<'_> {
         // initialize, unwind information, guarded pages) in one message, sent when
         // `install` is done (or with the first request that needs an answer).
         let _batching = self.jit.inner.executor.remote().map(|r| r.batch());
-        let (linked, resolved) = self.link_objects(gathered, &plugins)?;
+        let (linked, resolved, outcome, refused) = match image {
+            Some(key) => {
+                let link = self.link_through_image_cache(gathered, &plugins, key)?;
+                (link.linked, link.resolved, Some(link.outcome), link.refused)
+            }
+            None => {
+                let (linked, resolved) = self.link_objects(gathered, &plugins, false)?;
+                (linked, resolved, None, None)
+            }
+        };
         let name = gathered
             .objects
             .first()
             .map(|o| o.name.clone())
             .unwrap_or_default();
-        self.finish(
+        let (module, mut report) = self.finish(
             linked,
             resolved,
             &gathered.objects,
@@ -163,7 +179,10 @@ impl LinkJob<'_> {
             shown,
             plugins,
             lock,
-        )
+        )?;
+        report.image = outcome;
+        report.image_refused = refused;
+        Ok((module, report))
     }
 
     /// The steps after the link itself (of objects, or of a module placed without one):
@@ -183,6 +202,8 @@ impl LinkJob<'_> {
             times: linked.times,
             pass_times: std::mem::take(&mut linked.pass_times),
             counts: linked.counts,
+            image: None,
+            image_refused: None,
         };
         if self.publish == Publish::Yes {
             self.check_redefinitions(&linked, objects, &name)?;
@@ -263,11 +284,14 @@ impl LinkJob<'_> {
         }))
     }
 
-    /// Step 2: the link itself, its names resolved as [`crate::resolve`] says.
-    fn link_objects(
+    /// Step 2: the link itself, its names resolved as [`crate::resolve`] says;
+    /// `relocatable`: into a span of its own, its image kept with its fixups (for the
+    /// image cache).
+    pub(crate) fn link_objects(
         &self,
         gathered: &Gathered,
         plugins: &[Arc<dyn Plugin>],
+        relocatable: bool,
     ) -> Result<(kiln_link::LinkedModule, Resolved), Error> {
         let mut passes: Vec<_> = plugins.iter().flat_map(|p| p.link_passes()).collect();
         let inner = &self.jit.inner;
@@ -280,13 +304,18 @@ impl LinkJob<'_> {
                 pass.clone() as Arc<dyn LinkPass>,
             ));
         }
+        let span = relocatable.then(kiln_memory::SpanMemoryManager::default);
         let options = LinkOptions {
-            memory: &*inner.memory,
+            memory: match &span {
+                Some(span) => span as &dyn MemoryManager,
+                None => &*inner.memory,
+            },
             low_memory: Some(&inner.low_memory as &dyn MemoryManager),
             report_sections: !plugins.is_empty(),
             architecture: inner.architecture,
             keep_image: false,
             passes: &passes,
+            relocatable,
             times: self.times,
         };
         let mut ctx = SessionContext::new(self.jit, self.library, self.publish);

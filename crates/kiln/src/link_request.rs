@@ -27,6 +27,9 @@ pub(crate) struct LinkRequest<'w> {
     pub(crate) publish: Publish,
     /// Whether the report has the link's phase and pass times (else no clock is read).
     pub(crate) times: bool,
+    /// The key of the module's image in the session's image cache: mapped from it if
+    /// there, stored in it after the link if not.
+    pub(crate) image: Option<kiln_cache::CacheKey>,
 }
 
 impl LinkRequest<'_> {
@@ -38,6 +41,7 @@ impl LinkRequest<'_> {
             wanted: &[],
             publish: Publish::Yes,
             times: false,
+            image: None,
         }
     }
 

@@ -93,4 +93,37 @@ impl Jit {
             },
         )
     }
+
+    /// [`Jit::link_pending`] through the session's image cache
+    /// ([`JitBuilder::image_cache`](crate::JitBuilder::image_cache)): if it holds an image
+    /// under `key`, the module is mapped from it — its code pages shared with every
+    /// process that maps the same image, only the fields that depend on this process
+    /// written — and published as a link would publish it (symbols, initializers,
+    /// `.eh_frame`, thread-locals, removal); else the pending objects are linked and the
+    /// image stored under `key`. [`LinkReport::image`] says which, and why an image was not
+    /// used or stored.
+    ///
+    /// `key` must name everything the link reads: the objects and archives (their
+    /// contents, or identities that change with them), the host libraries symbols resolve
+    /// into, the options. [`kiln_cache::ImageKeyBuilder`] makes one; `kiln run` shows how.
+    /// A key that leaves an input out maps a stale image.
+    ///
+    /// The cache is not used (the link runs as [`Jit::link_pending`]'s) for a remote or
+    /// Windows executor, with a plugin that adds link passes, or when the session has no
+    /// image cache. Plugins are told of a mapped module with its global symbols only (no
+    /// object was linked).
+    pub fn link_pending_cached(
+        &self,
+        lib: LibraryId,
+        key: &kiln_cache::CacheKey,
+    ) -> Result<Option<(Module, LinkReport)>, Error> {
+        self.link(
+            lib,
+            LinkRequest {
+                times: true,
+                image: Some(*key),
+                ..LinkRequest::module()
+            },
+        )
+    }
 }

@@ -52,6 +52,7 @@ pub(crate) struct Inner {
     pub(crate) next_module: AtomicU64,
     pub(crate) compiler: Arc<dyn kiln_cache::Compiler>,
     pub(crate) object_cache: Option<Arc<dyn kiln_cache::ObjectCache>>,
+    pub(crate) image_cache: Option<Arc<dyn kiln_cache::ImageCache>>,
 }
 
 /// Memory in the low 2 GiB for non-PIC code, reserved on first use (most programs never

@@ -51,7 +51,9 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let tls = self.tls_place(memory);
         let s = &self.synthesized;
         let allocated = memory;
-        let resolver = Resolver::new(&self.linker, allocated, &s.stubs);
+        let mut resolver =
+            Resolver::new(&self.linker, allocated, &s.stubs).recording(self.recorder.as_ref());
+        resolver.tls_image = tls_image;
         let bases = allocated.bases;
         let mut segs = allocated.in_flight.segments_mut();
         let mut applied = 0;
@@ -90,7 +92,8 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         use rayon::prelude::*;
         let tls = self.tls_place(memory);
         let s = &self.synthesized;
-        let resolver = Resolver::new(&self.linker, memory, &s.stubs);
+        let resolver =
+            Resolver::new(&self.linker, memory, &s.stubs).recording(self.recorder.as_ref());
         let bases = memory.bases;
         // The sections, in the order of their first edge list; each with its lists.
         // A section's lists are chained (`next`), not gathered in a vector of their own: no

@@ -11,7 +11,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         memory: &mut Allocated,
         options: &LinkOptions<'_>,
     ) -> Result<(), LinkError> {
-        if !options.keep_image {
+        if !options.keep_image && !options.relocatable {
             return Ok(());
         }
         let seg_size = self.layout.seg_size;

@@ -223,7 +223,7 @@ pub(crate) unsafe fn mmap_replace(
     len: u64,
     prot: libc::c_int,
     flags: libc::c_int,
-    fd: &OwnedFd,
+    fd: &impl AsRawFd,
     offset: u64,
 ) -> io::Result<()> {
     // SAFETY: the caller owns the range; MAP_FIXED replaces only it.

@@ -103,6 +103,7 @@ pub(super) fn place_stubs(
             times: Default::default(),
             pass_times: Vec::new(),
             counts: Default::default(),
+            relocatable: None,
         },
         stubs,
         slots,

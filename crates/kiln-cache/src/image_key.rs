@@ -1,0 +1,195 @@
+//! The key of a linked image: everything the link read, cheaply. Files are named by what
+//! identifies their contents without reading them — device, inode, size, modification and
+//! change times — as build tools do; the host's libraries and every mapped input are
+//! found in `/proc/self/maps`.
+//!
+//! A file changed within the last [`RACY`] is keyed by its contents instead: the kernel's
+//! file times advance in ticks, so a file written twice within one tick keeps its times,
+//! and a key made from them could name the first contents while the link read the second.
+//! A file older than that cannot change without its change time (which no program can
+//! set) moving past the key's.
+
+use crate::{io, CacheError, CacheKey};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+/// How recent a change must be for a file to be keyed by its contents.
+pub const RACY: Duration = Duration::from_secs(2);
+
+/// Builds the key of a linked image from labelled parts (in a fixed order: the same parts
+/// in the same order give the same key).
+///
+/// ```
+/// let mut key = kiln_cache::ImageKeyBuilder::new("example");
+/// key.text("flags", "-O2");
+/// let a = key.finish();
+/// let mut other = kiln_cache::ImageKeyBuilder::new("example");
+/// other.text("flags", "-O0");
+/// assert_ne!(a, other.finish());
+/// ```
+#[derive(Debug, Clone)]
+pub struct ImageKeyBuilder {
+    hasher: blake3::Hasher,
+}
+
+impl ImageKeyBuilder {
+    /// A key for images made by `maker` (a name and version: a different maker is a
+    /// different key).
+    pub fn new(maker: &str) -> Self {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(b"kiln linked image key 1\0");
+        let mut builder = ImageKeyBuilder { hasher };
+        builder.text("maker", maker);
+        builder
+    }
+
+    /// Adds a labelled text.
+    pub fn text(&mut self, label: &str, value: &str) -> &mut Self {
+        self.bytes(label, value.as_bytes())
+    }
+
+    /// Adds labelled bytes.
+    pub fn bytes(&mut self, label: &str, value: &[u8]) -> &mut Self {
+        for part in [label.as_bytes(), value] {
+            self.hasher.update(&(part.len() as u64).to_le_bytes());
+            self.hasher.update(part);
+        }
+        self
+    }
+
+    /// Adds an object cache's key (a compiled source's signature).
+    pub fn key(&mut self, label: &str, key: &CacheKey) -> &mut Self {
+        self.bytes(label, &key.0)
+    }
+
+    /// Adds the file at `path`: its identity (device, inode, size, times), or its contents
+    /// if it changed within [`RACY`].
+    pub fn file(&mut self, path: &Path) -> Result<&mut Self, CacheError> {
+        let meta = std::fs::metadata(path).map_err(io(format!("{}", path.display())))?;
+        self.text("file", &path.to_string_lossy());
+        self.identity(path, &meta)
+    }
+
+    fn identity(&mut self, path: &Path, meta: &std::fs::Metadata) -> Result<&mut Self, CacheError> {
+        let changed = SystemTime::UNIX_EPOCH
+            + Duration::new(
+                meta.ctime().max(0) as u64,
+                meta.ctime_nsec().clamp(0, 999_999_999) as u32,
+            );
+        let racy = SystemTime::now()
+            .duration_since(changed)
+            .map_or(true, |age| age < RACY);
+        if racy {
+            let contents = std::fs::read(path).map_err(io(format!("{}", path.display())))?;
+            let hash = blake3::hash(&contents);
+            return Ok(self.bytes("contents", hash.as_bytes()));
+        }
+        let mut identity = Vec::with_capacity(56);
+        for v in [
+            meta.dev(),
+            meta.ino(),
+            meta.size(),
+            meta.mtime() as u64,
+            meta.mtime_nsec() as u64,
+            meta.ctime() as u64,
+            meta.ctime_nsec() as u64,
+        ] {
+            identity.extend_from_slice(&v.to_le_bytes());
+        }
+        Ok(self.bytes("identity", &identity))
+    }
+
+    /// Adds every file mapped in this process (`/proc/self/maps`): the executable, the
+    /// shared libraries loaded (the host symbols' definitions), and inputs mapped from
+    /// files (objects, archives). A file replaced since it was mapped (another inode at
+    /// its path) is named by the mapped inode alone. Memory files and devices are left
+    /// out.
+    pub fn mapped_files(&mut self) -> Result<&mut Self, CacheError> {
+        let maps =
+            std::fs::read_to_string("/proc/self/maps").map_err(io("reading /proc/self/maps"))?;
+        let mut files: Vec<(&str, &str, u64)> = Vec::new();
+        for line in maps.lines() {
+            let mut fields = line.split_ascii_whitespace();
+            let (Some(_), Some(_), Some(_), Some(dev), Some(inode)) = (
+                fields.next(),
+                fields.next(),
+                fields.next(),
+                fields.next(),
+                fields.next(),
+            ) else {
+                continue;
+            };
+            let path = fields.collect::<Vec<_>>().join(" ");
+            let Ok(inode) = inode.parse::<u64>() else {
+                continue;
+            };
+            if inode == 0
+                || !path.starts_with('/')
+                || path.starts_with("/dev/")
+                || path.ends_with("(deleted)")
+            {
+                continue;
+            }
+            // `path` borrows nothing of `maps`: keep it by finding it in the line.
+            let Some(at) = line.find(&path) else { continue };
+            files.push((&line[at..], dev, inode));
+        }
+        files.sort_unstable();
+        files.dedup();
+        for (path, dev, inode) in files {
+            self.text("mapped", path);
+            self.text("mapped device", dev);
+            self.bytes("mapped inode", &inode.to_le_bytes());
+            match std::fs::metadata(path) {
+                Ok(meta) if meta.ino() == inode => {
+                    self.identity(Path::new(path), &meta)?;
+                }
+                _ => {
+                    self.text("replaced", "");
+                }
+            }
+        }
+        Ok(self)
+    }
+
+    /// The key.
+    pub fn finish(&self) -> CacheKey {
+        CacheKey(*self.hasher.finalize().as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changed_file_changes_the_key_even_within_one_tick() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.o");
+        std::fs::write(&path, b"first").unwrap();
+        let key = |p: &Path| {
+            let mut k = ImageKeyBuilder::new("test");
+            k.file(p).unwrap();
+            k.finish()
+        };
+        let first = key(&path);
+        assert_eq!(first, key(&path));
+        // Same size, same tick: the times may not move, the contents do.
+        std::fs::write(&path, b"other").unwrap();
+        assert_ne!(first, key(&path));
+    }
+
+    #[test]
+    fn the_process_maps_name_the_c_library() {
+        let mut k = ImageKeyBuilder::new("test");
+        k.mapped_files().unwrap();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(maps.contains("libc.so"));
+        assert_eq!(k.finish(), {
+            let mut again = ImageKeyBuilder::new("test");
+            again.mapped_files().unwrap();
+            again.finish()
+        });
+    }
+}

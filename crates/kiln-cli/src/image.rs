@@ -1,0 +1,84 @@
+//! `kiln run`'s image cache: when it is used, and the key of a program's link.
+
+use crate::RunArgs;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The image cache `kiln run` links through, or why none (said with `-v`).
+pub(crate) fn open(o: &RunArgs) -> Result<Arc<kiln::DiskImageCache>, String> {
+    let why = if o.no_image_cache {
+        Some("--no-image-cache")
+    } else if o.noexec {
+        Some("--noexec links only")
+    } else if o.oop || o.connect.is_some() {
+        Some("the code runs in an executor process")
+    } else if o.gdb || o.perf_map || o.jitdump.is_some() {
+        Some("debuggers and profilers are given every object linked")
+    } else if o.map {
+        Some("--map lists every symbol linked")
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        return Err(why.to_string());
+    }
+    let root = o
+        .cache_dir
+        .clone()
+        .or_else(kiln_cache::DiskCache::default_root)
+        .ok_or(
+            "no cache directory (none of KILN_CACHE_DIR, XDG_CACHE_HOME, HOME, XDG_RUNTIME_DIR)",
+        )?;
+    kiln::DiskImageCache::open(&root, kiln_cache::DiskLimits::default())
+        .map(Arc::new)
+        .map_err(|e| e.to_string())
+}
+
+/// The start of a program's image key: Kiln's version, the target, the options that
+/// change what is linked. Inputs and the process's mapped files are added as they come.
+pub(crate) fn key_start(o: &RunArgs, jit: &kiln::Jit) -> kiln::ImageKeyBuilder {
+    let mut key = kiln::ImageKeyBuilder::new(concat!("kiln ", env!("CARGO_PKG_VERSION")));
+    key.text("architecture", &jit.architecture().to_string());
+    key.text(
+        "options",
+        &format!(
+            "whole-archive={} undefined={:?} defsym={:?} libraries={:?} library-dirs={:?} export-dynamic={} flags={:?}",
+            o.whole_archive,
+            o.undefined,
+            o.defsym,
+            o.libraries,
+            o.library_dirs,
+            !o.no_export_dynamic,
+            crate::compiler_flags(o),
+        ),
+    );
+    key
+}
+
+/// Adds an input file (an object, archive or shared library) to `key`.
+pub(crate) fn add_file(key: &mut kiln::ImageKeyBuilder, path: &Path) -> Result<(), String> {
+    key.file(path).map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// What `-v` says of a link through the image cache.
+pub(crate) fn describe(report: &kiln::LinkReport) -> Option<String> {
+    let refused = report
+        .image_refused
+        .as_ref()
+        .map(|why| format!(" (a cached image was not used: {why})"))
+        .unwrap_or_default();
+    Some(match report.image.as_ref()? {
+        kiln::ImageOutcome::Mapped { path, fixups } => format!(
+            "kiln: mapped from the image cache ({}, {fixups} fixups): no link",
+            path.display()
+        ),
+        kiln::ImageOutcome::Stored => {
+            format!("kiln: linked; image stored in the image cache{refused}")
+        }
+        kiln::ImageOutcome::NotStored(why) => {
+            format!("kiln: linked; image not stored: {why}{refused}")
+        }
+        kiln::ImageOutcome::Bypassed(why) => format!("kiln: image cache not used: {why}"),
+        other => format!("kiln: image cache: {other:?}"),
+    })
+}

@@ -1,0 +1,385 @@
+//! The linked-image cache of `kiln run`, tested from outside as a user meets it: real
+//! programs (SQLite, Lua, C++ exceptions, thread-locals in static TLS, PIE code reading
+//! libc's data, a plugin the program `dlopen`s) give the native program's output when
+//! linked and stored, and again when mapped from the cache, in other processes (other
+//! libc addresses: ASLR); any change of an input is a miss; a damaged image is a miss and
+//! is replaced; writers racing leave one whole image; mapped code is the file's pages,
+//! never writable and executable.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn kiln() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A fresh directory for one test (its cache, its sources).
+fn scratch(name: &str) -> PathBuf {
+    let dir = kiln_testkit::scratch_dir(&format!("image-cache/{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+const STORED: &str = "image stored in the image cache";
+const MAPPED: &str = "mapped from the image cache";
+
+/// `kiln run -v ARGS` with the cache in `cache`.
+fn run(cache: &Path, dir: &Path, args: &[&str]) -> Output {
+    kiln()
+        .current_dir(dir)
+        .env("KILN_CACHE_DIR", cache)
+        .arg("run")
+        .arg("-v")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn images(cache: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(cache.join("images-v1"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    found.sort();
+    found
+}
+
+fn cc(dir: &Path, source: &str, text: &str, flags: &[&str]) -> PathBuf {
+    let src = dir.join(source);
+    std::fs::write(&src, text).unwrap();
+    let object = src.with_extension("o");
+    let status = Command::new("cc")
+        .args(flags)
+        .arg("-c")
+        .arg(&src)
+        .arg("-o")
+        .arg(&object)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cc {source}");
+    object
+}
+
+/// One program of tests/programs/build_native.sh's manifest: its `kiln run` arguments
+/// and the native program's output.
+fn program(name: &str) -> (Vec<String>, String) {
+    let dir = kiln_testkit::programs_dir("kiln-programs");
+    let manifest = std::fs::read_to_string(dir.join("manifest.tsv")).unwrap();
+    let line = manifest
+        .lines()
+        .find(|l| l.split('\t').next() == Some(name))
+        .unwrap_or_else(|| panic!("{name} not in the manifest"));
+    let f: Vec<&str> = line.split('\t').collect();
+    let words = |s: &str| -> Vec<String> {
+        s.split_whitespace()
+            .map(|w| w.replace("@OUT@", &dir.display().to_string()))
+            .collect()
+    };
+    let mut args: Vec<String> = words(f[3])
+        .into_iter()
+        .map(|o| dir.join(o).display().to_string())
+        .collect();
+    args.extend(words(f[5]));
+    if f[1] == "c++" {
+        args.push("-lstdc++".into());
+    }
+    let program_args = words(f[6]);
+    if !program_args.is_empty() {
+        args.push("--".into());
+        args.extend(program_args);
+    }
+    (args, std::fs::read_to_string(dir.join(f[7])).unwrap())
+}
+
+#[test]
+fn programs_mapped_from_the_cache_behave_as_linked_and_as_native() {
+    // Initial-exec and TLS-descriptor thread-locals (static TLS: offsets of this process),
+    // PIE code reading libc's data directly (environ, stdout), C++ exceptions through JIT
+    // frames with static constructors, thread-local destructors, SQLite and Lua from
+    // Debian's static libraries.
+    for name in [
+        "tls_static-pie",
+        "tls_static-desc",
+        "relocs-O2-pie",
+        "relocs-O0-pie",
+        "cxx_exceptions",
+        "thread_local_dtors",
+        "sqlite_driver",
+        "lua_driver",
+    ] {
+        let dir = scratch(name);
+        let cache = dir.join("cache");
+        let (args, expected) = program(name);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let cold = run(&cache, &dir, &args);
+        let (stdout, stderr) = text(&cold);
+        assert_eq!(cold.status.code(), Some(0), "{name} cold: {stderr}");
+        assert_eq!(stdout, expected, "{name} cold, as native:\n{stderr}");
+        assert!(stderr.contains(STORED), "{name} cold: {stderr}");
+        // Twice more, each its own process: libc and the stack elsewhere (ASLR), the image
+        // mapped elsewhere, its fixups written again.
+        for n in 0..2 {
+            let warm = run(&cache, &dir, &args);
+            let (stdout, stderr) = text(&warm);
+            assert_eq!(warm.status.code(), Some(0), "{name} warm {n}: {stderr}");
+            assert!(stderr.contains(MAPPED), "{name} warm {n}: {stderr}");
+            assert!(
+                !stderr.contains("kiln: linked "),
+                "{name} warm {n}: nothing linked: {stderr}"
+            );
+            assert_eq!(stdout, expected, "{name} warm {n}, as native:\n{stderr}");
+        }
+        assert_eq!(images(&cache).len(), 1, "{name}: one image");
+    }
+}
+
+#[test]
+fn a_plugin_the_mapped_program_dlopens_calls_back_into_it() {
+    let dir = scratch("plugin");
+    let cache = dir.join("cache");
+    let host = kiln_testkit::source("plugin_host.c");
+    let status = Command::new("cc")
+        .args(["-O2", "-c"])
+        .arg(&host)
+        .arg("-o")
+        .arg(dir.join("plugin_host.o"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2"])
+        .arg(kiln_testkit::source("plugin.c"))
+        .arg("-o")
+        .arg(dir.join("plugin.so"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let plugin = dir.join("plugin.so").display().to_string();
+    let args = ["plugin_host.o", "--", &plugin];
+    for (n, expect) in [STORED, MAPPED, MAPPED].into_iter().enumerate() {
+        let out = run(&cache, &dir, &args);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(0), "run {n}: {stderr}");
+        assert!(stderr.contains(expect), "run {n}: {stderr}");
+        assert_eq!(
+            stdout, "host_log: plugin says hello\nplugin_run(5) = 210, host_calls = 1\n",
+            "run {n}"
+        );
+    }
+}
+
+#[test]
+fn any_changed_input_is_a_miss_even_within_one_clock_tick() {
+    let dir = scratch("changes");
+    let cache = dir.join("cache");
+    let library = |value: u32| {
+        let src = dir.join("version.c");
+        std::fs::write(
+            &src,
+            format!("int shared_value = {value}; int version(void) {{ return {value}; }}\n"),
+        )
+        .unwrap();
+        let status = Command::new("cc")
+            .args(["-shared", "-fPIC", "-O2"])
+            .arg(&src)
+            .arg("-o")
+            .arg(dir.join("libversion.so"))
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    let main = |value: u32| {
+        cc(
+            &dir,
+            "main.c",
+            &format!(
+                "#include <stdio.h>\nint version(void); extern int shared_value;\n\
+                 int main(void) {{ printf(\"%d %d %d\\n\", {value}, version(), shared_value); return 0; }}\n"
+            ),
+            &["-O2"],
+        )
+    };
+    library(1);
+    main(1);
+    let args = ["main.o", "-L", ".", "-lversion"];
+    let out = |expect: &str, stdout: &str| {
+        let out = run(&cache, &dir, &args);
+        let (o, e) = text(&out);
+        assert!(e.contains(expect), "{e}");
+        assert_eq!(o, stdout, "{e}");
+    };
+    out(STORED, "1 1 1\n");
+    out(MAPPED, "1 1 1\n");
+    // The object rewritten at once (same size, the same clock tick likely): a miss.
+    main(2);
+    out(STORED, "2 1 1\n");
+    out(MAPPED, "2 1 1\n");
+    // A host library changed (same name): a miss.
+    library(3);
+    out(STORED, "2 3 3\n");
+    out(MAPPED, "2 3 3\n");
+    // Other options: a miss.
+    let other = run(
+        &cache,
+        &dir,
+        &["--defsym", "unused=0x10", "main.o", "-L", ".", "-lversion"],
+    );
+    assert!(text(&other).1.contains(STORED), "{}", text(&other).1);
+    assert_eq!(images(&cache).len(), 4);
+}
+
+#[test]
+fn a_damaged_image_is_a_miss_and_is_replaced() {
+    let dir = scratch("damaged");
+    let cache = dir.join("cache");
+    cc(
+        &dir,
+        "prog.c",
+        "#include <stdio.h>\nstatic const char *words[] = {\"one\", \"two\"};\n\
+         int main(void) { for (int i = 0; i < 2; i++) puts(words[i]); return 4; }\n",
+        &["-O2"],
+    );
+    let args = ["prog.o"];
+    let first = run(&cache, &dir, &args);
+    assert!(text(&first).1.contains(STORED));
+    let image = images(&cache).pop().expect("an image");
+    let len = std::fs::metadata(&image).unwrap().len();
+    // A flipped bit in the last page (the program's data), then the file cut short.
+    let damages: [&dyn Fn(&Path); 2] = [
+        &|p| {
+            let mut bytes = std::fs::read(p).unwrap();
+            let at = bytes.len() - 100;
+            bytes[at] ^= 0x40;
+            std::fs::write(p, bytes).unwrap();
+        },
+        &|p| {
+            let file = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+            file.set_len(len - 1000).unwrap();
+        },
+    ];
+    for (n, damage) in damages.iter().enumerate() {
+        damage(&image);
+        let out = run(&cache, &dir, &args);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(4), "damage {n}: {stderr}");
+        assert_eq!(stdout, "one\ntwo\n", "damage {n}");
+        assert!(!stderr.contains(MAPPED), "damage {n}: {stderr}");
+        assert!(stderr.contains(STORED), "damage {n}: replaced: {stderr}");
+        let again = run(&cache, &dir, &args);
+        assert!(
+            text(&again).1.contains(MAPPED),
+            "damage {n}: {}",
+            text(&again).1
+        );
+        assert_eq!(text(&again).0, "one\ntwo\n");
+    }
+}
+
+#[test]
+fn writers_racing_leave_one_whole_image() {
+    let dir = scratch("race");
+    let cache = dir.join("cache");
+    let (args, expected) = program("sqlite_driver");
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            kiln()
+                .current_dir(&dir)
+                .env("KILN_CACHE_DIR", &cache)
+                .arg("run")
+                .args(&args)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
+        assert_eq!(text(&out).0, expected);
+    }
+    let left: Vec<_> = std::fs::read_dir(cache.join("images-v1"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left.len(), 1, "one image, no temporary file: {left:?}");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let warm = run(&cache, &dir, &args);
+    assert!(text(&warm).1.contains(MAPPED), "{}", text(&warm).1);
+    assert_eq!(text(&warm).0, expected);
+}
+
+#[test]
+fn mapped_code_is_the_files_pages_never_writable_and_executable() {
+    let dir = scratch("mapping");
+    let cache = dir.join("cache");
+    cc(
+        &dir,
+        "maps.c",
+        "#include <stdio.h>\n#include <string.h>\n\
+         int main(void) {\n\
+           FILE *f = fopen(\"/proc/self/maps\", \"r\"); char line[512];\n\
+           while (fgets(line, sizeof line, f)) {\n\
+             char perms[5] = {0}; sscanf(line, \"%*s %4s\", perms);\n\
+             if (perms[1] == 'w' && perms[2] == 'x') printf(\"WX %s\", line);\n\
+             if (strstr(line, \".kimg\")) printf(\"image %s\\n\", perms);\n\
+           }\n\
+           return 0;\n\
+         }\n",
+        &["-O2"],
+    );
+    let cold = run(&cache, &dir, &["maps.o"]);
+    assert!(text(&cold).1.contains(STORED));
+    assert!(!text(&cold).0.contains("WX"), "{}", text(&cold).0);
+    let warm = run(&cache, &dir, &["maps.o"]);
+    let (stdout, stderr) = text(&warm);
+    assert!(stderr.contains(MAPPED), "{stderr}");
+    assert!(
+        !stdout.contains("WX"),
+        "no page writable and executable:\n{stdout}"
+    );
+    assert!(
+        stdout.lines().any(|l| l == "image r-xp"),
+        "the code runs from the image file's pages:\n{stdout}"
+    );
+}
+
+#[test]
+fn no_image_cache_and_an_unusable_cache_only_cost_the_speed() {
+    let dir = scratch("bypass");
+    let cache = dir.join("cache");
+    cc(&dir, "p.c", "int main(void) { return 9; }\n", &[]);
+    let out = run(&cache, &dir, &["--no-image-cache", "p.o"]);
+    assert_eq!(out.status.code(), Some(9));
+    assert!(text(&out)
+        .1
+        .contains("image cache not used: --no-image-cache"));
+    assert!(images(&cache).is_empty());
+    let out = run(&cache, &dir, &["p.o"]);
+    assert_eq!(out.status.code(), Some(9));
+    let stats = kiln()
+        .args(["cache", "stats", "--cache-dir"])
+        .arg(&cache)
+        .output()
+        .unwrap();
+    assert!(text(&stats).0.contains("images: 1 ("), "{}", text(&stats).0);
+    // A file where the image directory should be: the program runs, linked, and -v says
+    // why no image.
+    std::fs::remove_dir_all(cache.join("images-v1")).unwrap();
+    std::fs::write(cache.join("images-v1"), "not a directory").unwrap();
+    let out = run(&cache, &dir, &["p.o"]);
+    assert_eq!(out.status.code(), Some(9), "{}", text(&out).1);
+    assert!(
+        text(&out).1.contains("image cache not used"),
+        "{}",
+        text(&out).1
+    );
+}

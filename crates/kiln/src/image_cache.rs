@@ -1,0 +1,227 @@
+//! A link through the session's image cache ([`crate::Jit::link_pending_cached`]): map the
+//! module's image if the cache has it (the fixups rebound in this process), else link it
+//! relocatable — into one span, its fixups recorded — and store its image.
+
+use crate::link_job::{LinkJob, Resolved};
+use crate::plugin::Plugin;
+use crate::resolve::SessionContext;
+use crate::Error;
+use kiln_cache::{CacheKey, ImageCache, ImageToStore};
+use kiln_link::relocatable::{rebind, RelocatableImage};
+use kiln_memory::{FileSegment, Placement};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What a link through the image cache did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ImageOutcome {
+    /// The module was mapped from the cache: no link ran.
+    Mapped {
+        /// The image file.
+        path: std::path::PathBuf,
+        /// Fixups written in this process.
+        fixups: usize,
+    },
+    /// The module was linked and its image stored.
+    Stored,
+    /// The module was linked; its image was not stored (why: a module that cannot be an
+    /// image, a full or read-only cache).
+    NotStored(String),
+    /// The cache was not consulted (why: a remote executor, a plugin's link passes).
+    Bypassed(String),
+}
+
+/// Linked modules, and images that failed to map, as the link reports them.
+pub(crate) struct ImageLink {
+    pub(crate) linked: kiln_link::LinkedModule,
+    pub(crate) resolved: Resolved,
+    pub(crate) outcome: ImageOutcome,
+    /// Why an image found in the cache was not used (it failed to map or rebind).
+    pub(crate) refused: Option<String>,
+}
+
+impl LinkJob<'_> {
+    /// Why this link cannot go through the image cache, if it cannot.
+    fn image_bypass(&self, plugins: &[Arc<dyn Plugin>]) -> Option<String> {
+        let inner = &self.jit.inner;
+        if inner.image_cache.is_none() {
+            return Some("the session has no image cache".into());
+        }
+        if inner.executor.remote().is_some() || inner.target_os != crate::TargetOs::Linux {
+            return Some("the code runs in another process".into());
+        }
+        if inner.architecture != kiln_link::Architecture::host() {
+            return Some("the code is for another architecture".into());
+        }
+        if plugins.iter().any(|p| !p.link_passes().is_empty()) {
+            return Some("a plugin's passes run in every link".into());
+        }
+        None
+    }
+
+    /// The link of `gathered` through the image cache under `key`.
+    pub(crate) fn link_through_image_cache(
+        &self,
+        gathered: &crate::link_job::Gathered,
+        plugins: &[Arc<dyn Plugin>],
+        key: &CacheKey,
+    ) -> Result<ImageLink, Error> {
+        if let Some(why) = self.image_bypass(plugins) {
+            let (linked, resolved) = self.link_objects(gathered, plugins, false)?;
+            return Ok(ImageLink {
+                linked,
+                resolved,
+                outcome: ImageOutcome::Bypassed(why),
+                refused: None,
+            });
+        }
+        let Some(cache) = self.jit.inner.image_cache.clone() else {
+            unreachable!("image_bypass checked the cache");
+        };
+        let mut refused = None;
+        match self.map_image(&*cache, key) {
+            Ok(Some(link)) => return Ok(link),
+            Ok(None) => {}
+            Err(why) => {
+                tracing::debug!(%why, "a cached image was not used");
+                refused = Some(why);
+            }
+        }
+        let (mut linked, resolved) = self.link_objects(gathered, plugins, true)?;
+        let outcome = store(&*cache, key, &mut linked);
+        Ok(ImageLink {
+            linked,
+            resolved,
+            outcome,
+            refused,
+        })
+    }
+
+    /// The module mapped from the cache's image under `key`: `None` if there is none, an
+    /// error (the caller links instead) if it cannot be used here.
+    fn map_image(
+        &self,
+        cache: &dyn ImageCache,
+        key: &CacheKey,
+    ) -> Result<Option<ImageLink>, String> {
+        let t = self.times.then(Instant::now);
+        let Some(cached) = cache.get(key).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        let image = RelocatableImage::decode(&cached.description)
+            .map_err(|e| format!("{}: {e}", cached.path.display()))?;
+        if image.page != kiln_memory::page_size()
+            || image.architecture != self.jit.inner.architecture
+        {
+            return Err(format!(
+                "{}: made for pages of {} bytes on {}",
+                cached.path.display(),
+                image.page,
+                image.architecture
+            ));
+        }
+        let layout = image.layout().map_err(|e| e.to_string())?;
+        let segments: Vec<FileSegment> = cached
+            .segments
+            .iter()
+            .map(|&file_offset| FileSegment { file_offset })
+            .collect();
+        let memory = kiln_memory::map_span_from_file(
+            &cached.file,
+            &layout,
+            &segments,
+            &Placement::HostLibraries,
+        )
+        .map_err(|e| format!("{}: {e}", cached.path.display()))?;
+        let mapped = t.map(|t| t.elapsed());
+        let t = self.times.then(Instant::now);
+        let mut ctx = SessionContext::new(self.jit, self.library, self.publish);
+        let mut linked = rebind(&image, memory, &mut ctx)
+            .map_err(|e| format!("{}: {e}", cached.path.display()))?;
+        // What plugins are told of a mapped module: its global symbols (no object was
+        // linked, no section placed).
+        let code = linked
+            .allocation
+            .segments()
+            .first()
+            .map_or(0..0, |c| c.target..c.target + c.len);
+        linked.symbol_info = linked
+            .exports
+            .iter()
+            .map(|e| kiln_link::SymbolInfo {
+                name: e.name.to_string(),
+                address: e.address,
+                size: 0,
+                kind: if code.contains(&e.address) {
+                    kiln_link::SymbolKind::Function
+                } else {
+                    kiln_link::SymbolKind::Data
+                },
+                global: true,
+            })
+            .collect();
+        if let (Some(mapped), Some(t)) = (mapped, t) {
+            linked.pass_times.push(("map image".into(), mapped));
+            linked.pass_times.push(("rebind".into(), t.elapsed()));
+        }
+        let resolved = Resolved {
+            thread_atexit: ctx.thread_atexit,
+            uses: ctx.uses.into_values().collect(),
+            windows_unwind: Vec::new(),
+        };
+        Ok(Some(ImageLink {
+            linked,
+            resolved,
+            outcome: ImageOutcome::Mapped {
+                path: cached.path,
+                fixups: image.fixups.len(),
+            },
+            refused: None,
+        }))
+    }
+}
+
+/// Stores the image of `linked` (a relocatable link's) under `key`.
+fn store(
+    cache: &dyn ImageCache,
+    key: &CacheKey,
+    linked: &mut kiln_link::LinkedModule,
+) -> ImageOutcome {
+    let image = match linked.relocatable.take() {
+        Some(Ok(image)) => image,
+        Some(Err(why)) => return ImageOutcome::NotStored(why),
+        None => return ImageOutcome::NotStored("the link made no image".into()),
+    };
+    {
+        let mut bytes: Vec<&mut [u8]> = linked.image.iter_mut().map(|s| &mut s.bytes[..]).collect();
+        image.clear_fixups(&mut bytes);
+    }
+    let segments: Vec<Option<&[u8]>> = image
+        .segments
+        .iter()
+        .enumerate()
+        .map(|(i, &(len, _))| {
+            linked
+                .image
+                .get(i)
+                .map(|s| &s.bytes[..])
+                .filter(|b| !b.is_empty() && b.len() as u64 == len)
+        })
+        .collect();
+    let description = image.encode();
+    let stored = cache.put(
+        key,
+        &ImageToStore {
+            description: &description,
+            segments: &segments,
+            page: image.page,
+        },
+    );
+    // The copy is not needed any more.
+    linked.image = Vec::new();
+    match stored {
+        Ok(()) => ImageOutcome::Stored,
+        Err(e) => ImageOutcome::NotStored(e.to_string()),
+    }
+}
