@@ -240,32 +240,43 @@ fn data_region(segments: &[(Option<u64>, u64)], page: u64) -> Option<(u64, u64)>
     Some((start, end))
 }
 
-/// Whether every block of `[start, end)` of `file` has its hash, checked on every core.
+/// Whether every block of `[start, end)` of `file` has its hash: read from a mapping of
+/// the file (no copy), on one core, or on every core for an image of many megabytes.
 fn blocks_intact(file: &File, start: u64, end: u64, block: u64, hashes: &[u8]) -> bool {
     let count = (end - start).div_ceil(block) as usize;
     if count * 32 != hashes.len() {
         return false;
     }
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(count.max(1));
-    let check = |first: usize| -> bool {
-        let mut buffer = vec![0u8; block as usize];
-        (first..count).step_by(threads).all(|i| {
-            let at = start + i as u64 * block;
-            let len = block.min(end - at) as usize;
-            file.read_exact_at(&mut buffer[..len], at).is_ok()
-                && blake3::hash(&buffer[..len]).as_bytes()[..] == hashes[i * 32..i * 32 + 32]
-        })
+    // SAFETY: an image file is written whole under another name and renamed into place,
+    // never changed in place; its directory is this user's alone (checked at open), so no
+    // other writer can truncate it under the mapping. The mapping is read-only and dropped
+    // before this returns.
+    let Ok(map) = (unsafe { memmap2::Mmap::map(file) }) else {
+        return false;
     };
+    let Some(data) = map.get(start as usize..end as usize) else {
+        return false;
+    };
+    let check = |i: usize| -> bool {
+        let at = i * block as usize;
+        let bytes = &data[at..(at + block as usize).min(data.len())];
+        blake3::hash(bytes).as_bytes()[..] == hashes[i * 32..i * 32 + 32]
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads < 2 || data.len() < PARALLEL_CHECK {
+        return (0..count).all(check);
+    }
     std::thread::scope(|scope| {
         let others: Vec<_> = (1..threads)
-            .map(|t| scope.spawn(move || check(t)))
+            .map(|t| scope.spawn(move || (t..count).step_by(threads).all(check)))
             .collect();
-        let mine = check(0);
+        let mine = (0..count).step_by(threads).all(check);
         others.into_iter().all(|h| h.join().unwrap_or(false)) && mine
     })
 }
+
+/// Bytes of segments from which their blocks are checked on every core.
+const PARALLEL_CHECK: usize = 16 << 20;
 
 impl ImageCache for DiskImageCache {
     fn name(&self) -> String {

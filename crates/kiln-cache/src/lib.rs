@@ -52,6 +52,13 @@ pub use redis::{RedisCache, UNAVAILABLE_FOR};
 pub use signature::{CacheKey, Signature};
 pub use trust::{MacKey, KEY_FILE_VARIABLE};
 
+/// Makes `dir` (mode 0700) if it is missing and checks that no other user can write to it
+/// or to a directory above it, as the caches do; its canonical path. For files of the
+/// caches' kind kept beside them (`kiln run`'s launchers).
+pub fn private_directory(dir: &std::path::Path) -> Result<std::path::PathBuf, CacheError> {
+    trust::private_directory(dir)
+}
+
 /// The largest object an entry may hold by default (a bigger file or value is not read).
 pub const MAX_ENTRY_BYTES: u64 = 128 << 20;
 

@@ -333,6 +333,11 @@ typedef struct kiln_session_options {
   // otherwise). Copied; their `context` must stay valid until their `destroy` is
   // called.
   const struct kiln_executor_callbacks *executor_callbacks;
+  // The linked-image cache directory of [`kiln_link_cached`] (NULL: none; it then
+  // links as [`kiln_link`]). A directory no other user can write to, as `cache_dir`.
+  // Objects added to a session with an image cache are parsed by the link that needs
+  // them (a module mapped from its image reads none).
+  const char *image_cache_dir;
 } kiln_session_options;
 
 // Called when Kiln no longer needs bytes it was lent (from any thread, once).
@@ -621,6 +626,24 @@ enum kiln_status kiln_add_session_resolver(const struct kiln_session *session, c
 // # Safety
 // `session` live; `module` NULL or a valid out-pointer.
 enum kiln_status kiln_link(const struct kiln_session *session, uint64_t library, struct kiln_module **module, struct kiln_error **error);
+
+// [`kiln_link`] through the session's image cache (`options.image_cache_dir`): if the
+// cache holds an image under this key, the module is mapped from it — no link, its code
+// pages shared with every process that maps the same image, only the fields that depend
+// on this process written — and published as a link would; else what is pending is
+// linked and its image stored. `*mapped` (if not NULL) is set to 1 when the module was
+// mapped, 0 when it was linked.
+//
+// `key` (`key_len` bytes) must name everything the link reads that can change: the
+// objects' contents (or the source and compiler that made them), the options. Kiln adds
+// its own version, the target, and every file mapped in this process (the shared
+// libraries host symbols come from). A key that leaves an input out maps a stale
+// image.
+//
+// # Safety
+// `session` live; `key` points to `key_len` readable bytes; `module` and `mapped` NULL
+// or valid out-pointers.
+enum kiln_status kiln_link_cached(const struct kiln_session *session, uint64_t library, const uint8_t *key, uintptr_t key_len, struct kiln_module **module, int *mapped, struct kiln_error **error);
 
 // The address of `name` as `library` sees it (linking what is pending first if the
 // name is not yet defined).

@@ -95,6 +95,11 @@ pub struct kiln_session_options {
     /// otherwise). Copied; their `context` must stay valid until their `destroy` is
     /// called.
     pub executor_callbacks: *const crate::executor::kiln_executor_callbacks,
+    /// The linked-image cache directory of [`kiln_link_cached`] (NULL: none; it then
+    /// links as [`kiln_link`]). A directory no other user can write to, as `cache_dir`.
+    /// Objects added to a session with an image cache are parsed by the link that needs
+    /// them (a module mapped from its image reads none).
+    pub image_cache_dir: *const c_char,
 }
 
 /// A JIT session: libraries of definitions, objects and archives linked into modules,
@@ -159,6 +164,7 @@ fn default_options() -> kiln_session_options {
         sandbox_write: std::ptr::null(),
         sandbox_write_count: 0,
         executor_callbacks: std::ptr::null(),
+        image_cache_dir: std::ptr::null(),
     }
 }
 
@@ -337,6 +343,11 @@ pub unsafe extern "C" fn kiln_session_create(
             });
         if let Some(memory) = memory {
             builder = builder.memory(memory);
+        }
+        if let Some(dir) = opt_cstr(options.image_cache_dir, "image_cache_dir")? {
+            let images = kiln_cache::DiskImageCache::open(dir, kiln_cache::DiskLimits::default())
+                .map_err(|e| kiln_error::new(kiln_status::KILN_ERR_IO, e.to_string()))?;
+            builder = builder.image_cache(Arc::new(images));
         }
         if let Some(dir) = opt_cstr(options.cache_dir, "cache_dir")? {
             let disk = kiln_cache_disk(dir)?;
@@ -892,6 +903,63 @@ pub unsafe extern "C" fn kiln_link(
     guard(error, || {
         let s = self::session(session)?;
         let linked = s.jit.link_pending(LibraryId::from_raw(library))?;
+        if !module.is_null() {
+            let handle = linked.map_or(std::ptr::null_mut(), |(m, _)| {
+                Box::into_raw(Box::new(kiln_module { module: m }))
+            });
+            // SAFETY: a valid out-pointer (checked not NULL).
+            unsafe { *module = handle };
+        }
+        Ok(())
+    })
+}
+
+/// [`kiln_link`] through the session's image cache (`options.image_cache_dir`): if the
+/// cache holds an image under this key, the module is mapped from it — no link, its code
+/// pages shared with every process that maps the same image, only the fields that depend
+/// on this process written — and published as a link would; else what is pending is
+/// linked and its image stored. `*mapped` (if not NULL) is set to 1 when the module was
+/// mapped, 0 when it was linked.
+///
+/// `key` (`key_len` bytes) must name everything the link reads that can change: the
+/// objects' contents (or the source and compiler that made them), the options. Kiln adds
+/// its own version, the target, and every file mapped in this process (the shared
+/// libraries host symbols come from). A key that leaves an input out maps a stale
+/// image.
+///
+/// # Safety
+/// `session` live; `key` points to `key_len` readable bytes; `module` and `mapped` NULL
+/// or valid out-pointers.
+#[no_mangle]
+pub unsafe extern "C" fn kiln_link_cached(
+    session: *const kiln_session,
+    library: u64,
+    key: *const u8,
+    key_len: usize,
+    module: *mut *mut kiln_module,
+    mapped: *mut c_int,
+    error: *mut *mut kiln_error,
+) -> kiln_status {
+    guard(error, || {
+        let s = self::session(session)?;
+        let bytes = slice(key, key_len, "key")?;
+        let mut builder =
+            kiln::ImageKeyBuilder::new(concat!("kiln C API ", env!("CARGO_PKG_VERSION")));
+        builder.text("architecture", &s.jit.architecture().to_string());
+        builder.bytes("client key", bytes);
+        builder
+            .mapped_files()
+            .map_err(|e| kiln_error::new(kiln_status::KILN_ERR_IO, e.to_string()))?;
+        let linked = s
+            .jit
+            .link_pending_cached(LibraryId::from_raw(library), &builder.finish())?;
+        if !mapped.is_null() {
+            let was_mapped = linked.as_ref().is_some_and(|(_, report)| {
+                matches!(report.image, Some(kiln::ImageOutcome::Mapped { .. }))
+            });
+            // SAFETY: a valid out-pointer (checked not NULL).
+            unsafe { *mapped = c_int::from(was_mapped) };
+        }
         if !module.is_null() {
             let handle = linked.map_or(std::ptr::null_mut(), |(m, _)| {
                 Box::into_raw(Box::new(kiln_module { module: m }))

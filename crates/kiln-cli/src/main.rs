@@ -5,6 +5,7 @@
 
 mod image;
 mod inputs;
+mod launcher;
 mod link_only;
 mod times;
 
@@ -726,12 +727,27 @@ fn run(o: RunArgs) -> Result<i32, String> {
     if o.noexec {
         return Ok(0);
     }
-    let mut argv = vec![o
+    let name = o
         .inputs
         .first()
         .and_then(|p| p.file_stem())
         .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "a.out".into())];
+        .unwrap_or_else(|| "a.out".into());
+    // argv[0]: a launcher that runs this program again (CPython's sys.executable), in the
+    // cache directory; the name alone where there is none.
+    let root = o
+        .cache_dir
+        .clone()
+        .or_else(kiln_cache::DiskCache::default_root)
+        .and_then(|root| kiln_cache::private_directory(&root).ok());
+    let launcher = root.and_then(|root| launcher::launcher(&o, &root, &name));
+    if o.verbose {
+        match &launcher {
+            Some(path) => eprintln!("kiln: argv[0] {} (runs this program again)", path.display()),
+            None => eprintln!("kiln: argv[0] {name} (no cache directory for a launcher)"),
+        }
+    }
+    let mut argv = vec![launcher.map_or(name, |p| p.display().to_string())];
     argv.extend(o.args.iter().cloned());
     let address = jit.lookup(lib, &o.entry).map_err(explain)?;
     jit.report_crashes();

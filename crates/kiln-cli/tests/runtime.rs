@@ -279,6 +279,33 @@ fn cpython_forks_like_the_native_interpreter() {
 }
 
 #[test]
+fn cpython_runs_itself_again_through_sys_executable() {
+    // argv[0] is a launcher that runs the same program again (mapped from the image cache):
+    // sys.executable starts this interpreter, not whatever python is on PATH.
+    let script = "import sys, subprocess\n\
+                  r = subprocess.run([sys.executable, '-c', 'import sys; print(6 * 7, sys.executable)'],\n\
+                                     capture_output=True, text=True)\n\
+                  print(r.returncode, r.stdout.split()[0], r.stdout.split()[1] == sys.executable)\n\
+                  print('launcher' if 'launchers-v1' in sys.executable else sys.executable)\n";
+    let out = kiln_python(&["-c", script]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "0 42 True\nlauncher\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // CPython's own tests that start sys.executable (they failed when argv[0] was
+    // `python`, found on PATH: another interpreter).
+    let out = kiln_python(&["-m", "test", "test_compile"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("Tests result: SUCCESS"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn cpython_extension_modules_pass_their_own_test_suites() {
     // lib-dynload's extension modules (_json, _decimal, _ctypes, …) find the interpreter's
     // definitions in the exports Kiln makes, as a native python's `-Wl,-E` exports;

@@ -109,8 +109,12 @@ impl LinkJob<'_> {
         let Some(cached) = cache.get(key).map_err(|e| e.to_string())? else {
             return Ok(None);
         };
+        let looked_up = t.map(|t| t.elapsed());
+        let t = self.times.then(Instant::now);
         let image = RelocatableImage::decode(&cached.description)
             .map_err(|e| format!("{}: {e}", cached.path.display()))?;
+        let decoded = t.map(|t| t.elapsed());
+        let t = self.times.then(Instant::now);
         if image.page != kiln_memory::page_size()
             || image.architecture != self.jit.inner.architecture
         {
@@ -141,6 +145,7 @@ impl LinkJob<'_> {
             .map_err(|e| format!("{}: {e}", cached.path.display()))?;
         // What plugins are told of a mapped module: its global symbols (no object was
         // linked, no section placed).
+        let told = !self.jit.inner.plugins.snapshot().is_empty();
         let code = linked
             .allocation
             .segments()
@@ -149,6 +154,7 @@ impl LinkJob<'_> {
         linked.symbol_info = linked
             .exports
             .iter()
+            .filter(|_| told)
             .map(|e| kiln_link::SymbolInfo {
                 name: e.name.to_string(),
                 address: e.address,
@@ -161,7 +167,13 @@ impl LinkJob<'_> {
                 global: true,
             })
             .collect();
-        if let (Some(mapped), Some(t)) = (mapped, t) {
+        if let (Some(looked_up), Some(decoded), Some(mapped), Some(t)) =
+            (looked_up, decoded, mapped, t)
+        {
+            linked
+                .pass_times
+                .push(("image lookup (checked)".into(), looked_up));
+            linked.pass_times.push(("image decode".into(), decoded));
             linked.pass_times.push(("map image".into(), mapped));
             linked.pass_times.push(("rebind".into(), t.elapsed()));
         }

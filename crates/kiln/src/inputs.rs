@@ -104,7 +104,11 @@ impl Jit {
             .into_iter()
             .map(|(name, bytes)| ObjectInput::shared(name, bytes))
             .collect();
-        kiln_link::check_objects(&mut inputs, self.inner.architecture)?;
+        // With an image cache, the objects are parsed by the link, if one runs: a module
+        // mapped from its image reads none of them.
+        if self.inner.image_cache.is_none() {
+            kiln_link::check_objects(&mut inputs, self.inner.architecture)?;
+        }
         if self.inner.target_os == crate::TargetOs::Windows {
             for input in &inputs {
                 refuse_thread_locals(&input.name, input.bytes())?;
@@ -115,8 +119,11 @@ impl Jit {
     }
 
     pub(crate) fn add_input(&self, lib: LibraryId, mut input: ObjectInput) -> Result<(), Error> {
-        // The parse is kept for the link: one parse per object.
-        input.check(self.inner.architecture)?;
+        // The parse is kept for the link: one parse per object (with an image cache, the
+        // link parses it, if one runs).
+        if self.inner.image_cache.is_none() {
+            input.check(self.inner.architecture)?;
+        }
         if self.inner.target_os == crate::TargetOs::Windows {
             refuse_thread_locals(&input.name, input.bytes())?;
         }

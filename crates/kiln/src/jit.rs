@@ -97,7 +97,9 @@ pub struct JitBuilder {
 impl JitBuilder {
     /// The linked-image cache [`Jit::link_pending_cached`] maps modules from and stores
     /// them in (default: none). Used for code that runs in this process; a remote
-    /// executor's links do not use it.
+    /// executor's links do not use it. Objects added to such a session are parsed by the
+    /// link that needs them, not when added (a module mapped from its image reads none):
+    /// a malformed object is reported by that link.
     pub fn image_cache(mut self, cache: Arc<dyn kiln_cache::ImageCache>) -> Self {
         self.image_cache = Some(cache);
         self

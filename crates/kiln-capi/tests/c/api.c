@@ -264,6 +264,34 @@ int main(int argc, char **argv)
         }
     }
 
+    /* A module through the image cache: linked and stored, then mapped from the image in
+     * a new session (the key is the client's name for its inputs). */
+    {
+        kiln_session_options o3;
+        kiln_session_options_init(&o3, sizeof o3);
+        char image_dir[4096];
+        snprintf(image_dir, sizeof image_dir, "%s/c-images-%d", dir, (int)getpid());
+        o3.image_cache_dir = image_dir;
+        static const char key[] = "math.o, version 1";
+        for (int round = 0; round < 2; round++) {
+            kiln_session *s3 = NULL;
+            OK(kiln_session_create(&o3, &s3, &e));
+            uint64_t l3 = kiln_main_library(s3);
+            OK(kiln_add_object_file(s3, l3, path(dir, "math.o"), &e));
+            OK(kiln_add_process_symbols(s3, l3, &e));
+            kiln_module *m3 = NULL;
+            int mapped = -1;
+            OK(kiln_link_cached(s3, l3, (const uint8_t *)key, sizeof key - 1, &m3, &mapped, &e));
+            CHECK(m3 != NULL);
+            CHECK(mapped == round);
+            uint64_t sq;
+            OK(kiln_lookup(s3, l3, "square", &sq, &e));
+            CHECK(((long (*)(long))(uintptr_t)sq)(12) == 144);
+            kiln_module_release(m3);
+            kiln_session_dispose(s3);
+        }
+    }
+
     kiln_memory_stats stats;
     OK(kiln_session_memory_stats(s, &stats, &e));
     CHECK(stats.slabs >= 1 && stats.bytes_reserved > 0);
