@@ -29,7 +29,6 @@ use crate::{
 };
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -55,11 +54,20 @@ pub struct CachedImage {
     pub file: File,
     /// Where it is.
     pub path: PathBuf,
-    /// The description the linker stored with it.
-    pub description: Vec<u8>,
+    /// The file, mapped read-only (the description is read from it: no copy).
+    map: memmap2::Mmap,
+    /// Where the description is in the file.
+    description: std::ops::Range<usize>,
     /// Each segment's offset in the file (a multiple of the page size the image was
     /// stored with); `None` for a segment that is not in the file (zero-filled or empty).
     pub segments: Vec<Option<u64>>,
+}
+
+impl CachedImage {
+    /// The description the linker stored with the image.
+    pub fn description(&self) -> &[u8] {
+        &self.map[self.description.clone()]
+    }
 }
 
 /// An image to store: the linker's description, each segment's bytes (`None`: not stored,
@@ -240,23 +248,13 @@ fn data_region(segments: &[(Option<u64>, u64)], page: u64) -> Option<(u64, u64)>
     Some((start, end))
 }
 
-/// Whether every block of `[start, end)` of `file` has its hash: read from a mapping of
-/// the file (no copy), on one core, or on every core for an image of many megabytes.
-fn blocks_intact(file: &File, start: u64, end: u64, block: u64, hashes: &[u8]) -> bool {
-    let count = (end - start).div_ceil(block) as usize;
+/// Whether every block of `data` (the segments' region of a mapped image) has its hash:
+/// on one core, or on every core for an image of many megabytes.
+fn blocks_intact(data: &[u8], block: u64, hashes: &[u8]) -> bool {
+    let count = (data.len() as u64).div_ceil(block) as usize;
     if count * 32 != hashes.len() {
         return false;
     }
-    // SAFETY: an image file is written whole under another name and renamed into place,
-    // never changed in place; its directory is this user's alone (checked at open), so no
-    // other writer can truncate it under the mapping. The mapping is read-only and dropped
-    // before this returns.
-    let Ok(map) = (unsafe { memmap2::Mmap::map(file) }) else {
-        return false;
-    };
-    let Some(data) = map.get(start as usize..end as usize) else {
-        return false;
-    };
     let check = |i: usize| -> bool {
         let at = i * block as usize;
         let bytes = &data[at..(at + block as usize).min(data.len())];
@@ -301,18 +299,23 @@ impl ImageCache for DiskImageCache {
             }
             Err(refusal) => return self.reject(&path, &refusal.to_string()),
         };
-        let mut start = [0u8; 16];
-        if file.read_exact_at(&mut start, 0).is_err() || &start[..8] != MAGIC {
+        // The whole file mapped read-only: the header and the blocks are read from the page
+        // cache, not copied.
+        // SAFETY: an image file is written whole under another name and renamed into
+        // place, never changed in place; its directory is this user's alone (checked at
+        // open), so no other writer can truncate it under the mapping.
+        let map = match unsafe { memmap2::Mmap::map(&file) } {
+            Ok(map) => map,
+            Err(_) => return self.reject(&path, "cannot be mapped"),
+        };
+        if map.len() < 16 || &map[..8] != MAGIC {
             return self.reject(&path, "not an image");
         }
-        let header_len = u64::from_le_bytes(start[8..16].try_into().unwrap_or([0; 8]));
+        let header_len = u64::from_le_bytes(map[8..16].try_into().unwrap_or([0; 8]));
         if header_len < 32 + 16 || header_len > meta.len().min(MAX_HEADER) {
             return self.reject(&path, "header length");
         }
-        let mut header = vec![0u8; header_len as usize];
-        if file.read_exact_at(&mut header, 0).is_err() {
-            return self.reject(&path, "truncated header");
-        }
+        let header = &map[..header_len as usize];
         let (body, mac) = header.split_at(header.len() - 32);
         let found: [u8; 32] = mac.try_into().unwrap_or([0; 32]);
         // blake3::Hash compares in constant time.
@@ -332,8 +335,12 @@ impl ImageCache for DiskImageCache {
             Some((start, end)) => {
                 aligned
                     && parsed.block > 0
-                    && end <= meta.len()
-                    && blocks_intact(&file, start, end, parsed.block, parsed.hashes)
+                    && end <= map.len() as u64
+                    && blocks_intact(
+                        &map[start as usize..end as usize],
+                        parsed.block,
+                        parsed.hashes,
+                    )
             }
             None => parsed.hashes.is_empty(),
         };
@@ -343,9 +350,14 @@ impl ImageCache for DiskImageCache {
         self.store.counters.hit();
         // Least recently used: a hit is a use (best effort on a read-only cache).
         let _ = file.set_modified(SystemTime::now());
+        let segments = parsed.segments.iter().map(|s| s.0).collect();
+        // The description's place in the file (a slice of the header, found by address).
+        let start = parsed.description.as_ptr() as usize - map.as_ptr() as usize;
+        let description = start..start + parsed.description.len();
         Ok(Some(CachedImage {
-            description: parsed.description.to_vec(),
-            segments: parsed.segments.iter().map(|s| s.0).collect(),
+            map,
+            description,
+            segments,
             file,
             path,
         }))
@@ -447,6 +459,7 @@ impl ImageCache for DiskImageCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::FileExt;
 
     fn cache() -> (tempfile::TempDir, DiskImageCache) {
         let dir = tempfile::tempdir().unwrap();
@@ -473,7 +486,7 @@ mod tests {
         };
         cache.put(&key, &image).unwrap();
         let got = cache.get(&key).unwrap().expect("a hit");
-        assert_eq!(got.description, b"the linker's");
+        assert_eq!(got.description(), b"the linker's");
         let offsets: Vec<_> = got.segments.clone();
         assert_eq!(offsets[1], None);
         let code_at = offsets[0].unwrap();

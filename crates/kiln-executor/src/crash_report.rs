@@ -9,7 +9,7 @@
 use std::sync::OnceLock;
 
 /// A function of the JIT code: start address and name.
-pub type FunctionEntry = (u64, String);
+pub type FunctionEntry = (u64, std::sync::Arc<str>);
 
 /// Sorted by address; set once.
 static FUNCTIONS: OnceLock<Vec<FunctionEntry>> = OnceLock::new();
@@ -144,7 +144,7 @@ extern "C" fn on_fatal_signal(
 /// Installs the reporter for JIT code in this process: `code` are the JIT code ranges,
 /// `functions` its functions (any order). Only the first call's tables are kept.
 pub fn install(code: Vec<(u64, u64)>, mut functions: Vec<FunctionEntry>) {
-    functions.sort_by_key(|(a, _)| *a);
+    functions.sort_unstable_by_key(|(a, _)| *a);
     let _ = FUNCTIONS.set(functions);
     let _ = CODE_RANGES.set(code);
     const STACK: usize = 64 * 1024;

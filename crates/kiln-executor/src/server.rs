@@ -1754,7 +1754,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             for (name, address, size, function) in symbols {
                 state.code(address)?;
                 list.push(crate::shared_object::ExportedSymbol {
-                    name,
+                    name: name.into(),
                     address,
                     size,
                     function,

@@ -28,8 +28,8 @@ use object::pod::bytes_of;
 /// One exported definition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportedSymbol {
-    /// Its name.
-    pub name: String,
+    /// Its name (shared with the session's index: no copy per export).
+    pub name: std::sync::Arc<str>,
     /// Its absolute address.
     pub address: u64,
     /// Its size in bytes (0 if unknown).
@@ -258,7 +258,7 @@ mod tests {
     fn the_loader_finds_exported_symbols_at_their_absolute_addresses() {
         let symbols: Vec<ExportedSymbol> = (0..40)
             .map(|i| ExportedSymbol {
-                name: format!("kiln_test_export_{i}"),
+                name: format!("kiln_test_export_{i}").into(),
                 address: 0x1234_0000 + i * 16,
                 size: 8,
                 function: i % 2 == 0,

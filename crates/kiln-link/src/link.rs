@@ -275,7 +275,7 @@ pub fn link<'a>(
             None => {
                 let mut fixups = recorder.fixups.into_inner();
                 fixups.sort_unstable_by_key(|f| f.at);
-                crate::relocatable::RelocatableImage::of(&linked, recorder.base, page, fixups)
+                crate::relocatable::RelocatableImage::of(&mut linked, recorder.base, page, fixups)
             }
         });
     }

@@ -285,6 +285,10 @@ pub struct RelocatableImage {
     pub page: u64,
     /// The fields to write at every load.
     pub fixups: Vec<ImageFixup>,
+    /// Offsets of 64-bit words that hold an offset in the image, to which a load adds the
+    /// span's address (as `R_X86_64_RELATIVE` does): most of a program's fixups (its
+    /// tables of pointers), kept as 8 bytes each, applied as one addition.
+    pub relative: Vec<u64>,
     /// The module's global symbols (sorted by name), with whether each is exported.
     pub exports: Vec<(Arc<str>, ImageAddress, bool)>,
     /// Initializers, in order.
@@ -306,8 +310,14 @@ const FORMAT: u32 = 1;
 
 impl RelocatableImage {
     /// Made by a link with [`LinkOptions::relocatable`](crate::LinkOptions::relocatable).
+    ///
+    /// The image's bytes ([`LinkedModule::image`]) are made the stored form: a relative
+    /// word holds its offset, every other data word a fixup writes holds 0 — nothing of
+    /// the process that linked it (no host address, no thread-pointer offset), and a load
+    /// that missed a fixup reads 0, not a stale address that happens to work.
+    /// (Instruction fields keep their opcode bits; a load writes their immediates whole.)
     pub(crate) fn of(
-        linked: &LinkedModule,
+        linked: &mut LinkedModule,
         base: u64,
         page: u64,
         fixups: Vec<ImageFixup>,
@@ -325,6 +335,29 @@ impl RelocatableImage {
             }
         }
         let len = layout.len;
+        let word64 = FixupRow::word64();
+        let mut relative = Vec::new();
+        let mut symbolic = Vec::with_capacity(fixups.len());
+        for f in fixups {
+            match (&f.binding, f.stub) {
+                (Binding::Image(o), None) if f.row == word64 => {
+                    let word = bytes_at(&mut linked.image, &layout, f.at, 8)
+                        .ok_or("a fixup outside the image's bytes")?;
+                    word.copy_from_slice(&o.wrapping_add(f.addend as u64).to_le_bytes());
+                    relative.push(f.at);
+                }
+                _ => {
+                    if let Field::Word(n) = f.row.field {
+                        if let Some(word) = bytes_at(&mut linked.image, &layout, f.at, u64::from(n))
+                        {
+                            word.fill(0);
+                        }
+                    }
+                    symbolic.push(f);
+                }
+            }
+        }
+        let fixups = symbolic;
         let here = |a: u64| ImageAddress::of(a, base, len);
         let tls = linked.tls.as_ref().map(|t| ImageTls {
             image: t.image.clone(),
@@ -337,6 +370,7 @@ impl RelocatableImage {
             segments,
             page,
             fixups,
+            relative,
             exports: linked
                 .exports
                 .iter()
@@ -349,26 +383,6 @@ impl RelocatableImage {
             tls,
             branch_protected: linked.branch_protected,
         })
-    }
-
-    /// Clears the data words the fixups write in `segments` (the image's bytes, in span
-    /// order): what is stored holds no value of the process that linked it (no host
-    /// address, no thread-pointer offset), and a load that missed a fixup would read 0,
-    /// not a stale address that happens to work. (Instruction fields keep their opcode
-    /// bits; a load writes their immediates whole.)
-    pub fn clear_fixups(&self, segments: &mut [&mut [u8]]) {
-        let Ok(layout) = self.layout() else { return };
-        for f in &self.fixups {
-            let Field::Word(n) = f.row.field else {
-                continue;
-            };
-            for (bytes, &(offset, len, _)) in segments.iter_mut().zip(&layout.segments) {
-                if f.at >= offset && f.at + u64::from(n) <= offset + len.min(bytes.len() as u64) {
-                    let at = (f.at - offset) as usize;
-                    bytes[at..at + n as usize].fill(0);
-                }
-            }
-        }
     }
 
     /// The span layout the image is mapped with.
@@ -414,6 +428,10 @@ impl RelocatableImage {
             }
             put_u64(&mut w, f.addend as u64);
             put_u64(&mut w, f.stub.map_or(u64::MAX, |s| s));
+        }
+        put_u32(&mut w, self.relative.len() as u32);
+        for at in &self.relative {
+            put_u64(&mut w, *at);
         }
         put_u32(&mut w, self.exports.len() as u32);
         for (name, address, visible) in &self.exports {
@@ -510,6 +528,20 @@ impl RelocatableImage {
                 stub,
             });
         }
+        let n = r.count(8)?;
+        let mut relative = Vec::with_capacity(n);
+        for _ in 0..n {
+            let at = r.u64()?;
+            let inside = layout.segments.iter().any(|&(offset, len, _)| {
+                at >= offset && at.checked_add(8).is_some_and(|end| end <= offset + len)
+            });
+            if !inside {
+                return Err(format!(
+                    "relative word at {at:#x} is outside the image's segments"
+                ));
+            }
+            relative.push(at);
+        }
         let n = r.count(10)?;
         let mut exports = Vec::with_capacity(n);
         for _ in 0..n {
@@ -561,6 +593,7 @@ impl RelocatableImage {
             segments,
             page,
             fixups,
+            relative,
             exports,
             init,
             fini,
@@ -570,6 +603,24 @@ impl RelocatableImage {
             branch_protected,
         })
     }
+}
+
+/// The bytes of the kept image (`image`, laid out as `layout`) at image offset `at`, `n`
+/// long; `None` where there are none (zero-filled data).
+fn bytes_at<'i>(
+    image: &'i mut [crate::ImageSegment],
+    layout: &kiln_memory::SpanLayout,
+    at: u64,
+    n: u64,
+) -> Option<&'i mut [u8]> {
+    let (i, &(offset, len, _)) = layout
+        .segments
+        .iter()
+        .enumerate()
+        .find(|(_, &(o, l, _))| at >= o && at + n <= o + l)?;
+    let bytes = &mut image.get_mut(i)?.bytes;
+    let start = (at - offset) as usize;
+    (len as usize <= bytes.len()).then(|| &mut bytes[start..start + n as usize])
 }
 
 fn put_u32(w: &mut Vec<u8>, v: u32) {
@@ -660,7 +711,7 @@ impl<'b> Reader<'b> {
 /// finalized. An error (a symbol no longer defined, a value out of a field's reach in this
 /// process) leaves nothing behind: the memory is freed; the caller links instead.
 pub fn rebind(
-    image: &RelocatableImage,
+    image: RelocatableImage,
     mut memory: InFlightAllocation,
     ctx: &mut dyn LinkContext,
 ) -> Result<LinkedModule, LinkError> {
@@ -733,6 +784,30 @@ pub fn rebind(
         return Err(failed("a GOT-relative fixup".into()));
     }
     let mut segs = memory.segments_mut();
+    // The relative words: the image's offset they hold, plus the span's address. The
+    // words of one segment are in order: one pass per segment.
+    let mut next = 0;
+    for seg in segs.iter_mut() {
+        let start = seg.target - base;
+        let end = start + seg.bytes.len() as u64;
+        while let Some(&at) = image
+            .relative
+            .get(next)
+            .filter(|&&at| at + 8 <= end && at >= start)
+        {
+            let i = (at - start) as usize;
+            let word = &mut seg.bytes[i..i + 8];
+            let value = u64::from_le_bytes(word.try_into().unwrap_or([0; 8]));
+            word.copy_from_slice(&value.wrapping_add(base).to_le_bytes());
+            next += 1;
+        }
+    }
+    if next != image.relative.len() {
+        return Err(failed(format!(
+            "relative word at {:#x} outside the segments or out of order",
+            image.relative[next]
+        )));
+    }
     for f in &image.fixups {
         let p = base.wrapping_add(f.place) as i128;
         let a = f.addend as i128;
@@ -780,13 +855,15 @@ pub fn rebind(
     }
     drop(segs);
     let allocation = memory.finalize()?;
+    let relocations = image.fixups.len() + image.relative.len();
+    let segment_bytes = std::array::from_fn(|i| image.segments.get(i).map_or(0, |s| s.0));
     let exports = image
         .exports
-        .iter()
+        .into_iter()
         .map(|(name, address, visible)| Export {
-            name: name.clone(),
+            name,
             address: address.at(base),
-            visible: *visible,
+            visible,
         })
         .collect();
     Ok(LinkedModule {
@@ -796,9 +873,9 @@ pub fn rebind(
         fini: image.fini.iter().map(|a| a.at(base)).collect(),
         eh_frame: image.eh_frame.map(|o| base + o),
         dso_handle: base + image.dso_handle,
-        tls: image.tls.as_ref().map(|t| TlsTemplate {
+        tls: image.tls.map(|t| TlsTemplate {
             module_id,
-            image: t.image.clone(),
+            image: t.image,
             size: t.size,
             align: t.align,
             tp_offset,
@@ -813,10 +890,99 @@ pub fn rebind(
         times: Default::default(),
         pass_times: Vec::new(),
         counts: crate::LinkCounts {
-            relocations: image.fixups.len(),
-            segment_bytes: std::array::from_fn(|i| image.segments.get(i).map_or(0, |s| s.0)),
+            relocations,
+            segment_bytes,
             ..Default::default()
         },
         relocatable: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image() -> RelocatableImage {
+        RelocatableImage {
+            architecture: Architecture::X86_64,
+            segments: vec![
+                (100, Permission::ReadExecute),
+                (16, Permission::Read),
+                (24, Permission::ReadWrite),
+                (8, Permission::ReadWrite),
+            ],
+            page: 4096,
+            fixups: vec![
+                ImageFixup {
+                    at: 4096,
+                    place: 4096,
+                    row: FixupRow::word64(),
+                    binding: Binding::Symbol("puts".into()),
+                    addend: 0,
+                    stub: None,
+                },
+                ImageFixup {
+                    at: 10,
+                    place: 10,
+                    row: FixupRow::of(&arch::Relocation::new(
+                        2,
+                        "R_X86_64_PC32",
+                        arch::Target::Symbol,
+                        Relative::Place,
+                        Check::Signed(32),
+                        Field::Word(4),
+                    )),
+                    binding: Binding::TpOff(8),
+                    addend: -4,
+                    stub: Some(96),
+                },
+            ],
+            relative: vec![8192, 8200],
+            exports: vec![("main".into(), ImageAddress::Image(0), true)],
+            init: vec![ImageAddress::Image(16)],
+            fini: vec![ImageAddress::Absolute(0x1000)],
+            eh_frame: Some(4100),
+            dso_handle: 8208,
+            tls: Some(ImageTls {
+                image: vec![1, 2, 3],
+                size: 16,
+                align: 8,
+                static_tls: true,
+            }),
+            branch_protected: false,
+        }
+    }
+
+    #[test]
+    fn a_description_reads_back_as_written() {
+        let image = image();
+        assert_eq!(RelocatableImage::decode(&image.encode()), Ok(image));
+    }
+
+    #[test]
+    fn a_damaged_description_is_an_error_never_a_panic() {
+        let bytes = image().encode();
+        for len in 0..bytes.len() {
+            assert!(
+                RelocatableImage::decode(&bytes[..len]).is_err(),
+                "cut at {len}"
+            );
+        }
+        // Every byte changed in turn: an error, or a description that still holds
+        // together (a changed addend); never a panic or a huge allocation.
+        for i in 0..bytes.len() {
+            for flip in [0x01u8, 0x80, 0xff] {
+                let mut damaged = bytes.clone();
+                damaged[i] ^= flip;
+                let _ = RelocatableImage::decode(&damaged);
+            }
+        }
+        // A fixup outside the segments is refused.
+        let mut outside = image();
+        outside.fixups[0].at = 4096 * 5;
+        assert!(RelocatableImage::decode(&outside.encode()).is_err());
+        let mut outside = image();
+        outside.relative[1] = 8192 + 20;
+        assert!(RelocatableImage::decode(&outside.encode()).is_err());
+    }
 }

@@ -111,7 +111,7 @@ impl LinkJob<'_> {
         };
         let looked_up = t.map(|t| t.elapsed());
         let t = self.times.then(Instant::now);
-        let image = RelocatableImage::decode(&cached.description)
+        let image = RelocatableImage::decode(cached.description())
             .map_err(|e| format!("{}: {e}", cached.path.display()))?;
         let decoded = t.map(|t| t.elapsed());
         let t = self.times.then(Instant::now);
@@ -141,7 +141,8 @@ impl LinkJob<'_> {
         let mapped = t.map(|t| t.elapsed());
         let t = self.times.then(Instant::now);
         let mut ctx = SessionContext::new(self.jit, self.library, self.publish);
-        let mut linked = rebind(&image, memory, &mut ctx)
+        let fixups = image.fixups.len() + image.relative.len();
+        let mut linked = rebind(image, memory, &mut ctx)
             .map_err(|e| format!("{}: {e}", cached.path.display()))?;
         // What plugins are told of a mapped module: its global symbols (no object was
         // linked, no section placed).
@@ -187,7 +188,7 @@ impl LinkJob<'_> {
             resolved,
             outcome: ImageOutcome::Mapped {
                 path: cached.path,
-                fixups: image.fixups.len(),
+                fixups,
             },
             refused: None,
         }))
@@ -205,10 +206,6 @@ fn store(
         Some(Err(why)) => return ImageOutcome::NotStored(why),
         None => return ImageOutcome::NotStored("the link made no image".into()),
     };
-    {
-        let mut bytes: Vec<&mut [u8]> = linked.image.iter_mut().map(|s| &mut s.bytes[..]).collect();
-        image.clear_fixups(&mut bytes);
-    }
     let segments: Vec<Option<&[u8]>> = image
         .segments
         .iter()

@@ -353,16 +353,22 @@ impl Jit {
         let mut functions = Vec::new();
         for library in self.inner.libraries.read().iter() {
             let state = library.state.read();
+            // Each module's code and its own definitions in it (a slice each, not the
+            // index's table).
             for module in state.modules.values() {
                 let Some(text) = module.inner.allocation.segments().first() else {
                     continue;
                 };
                 code.push((text.target, text.target + text.len));
-            }
-            for (name, d) in state.index.iter().chain(&state.hidden) {
-                if d.module.is_some() && code.iter().any(|&(a, b)| (a..b).contains(&d.address)) {
-                    functions.push((d.address, name.to_string()));
-                }
+                let text = text.target..text.target + text.len;
+                functions.extend(
+                    module
+                        .inner
+                        .symbols
+                        .iter()
+                        .filter(|(_, address, _)| text.contains(address))
+                        .map(|(name, address, _)| (*address, name.clone())),
+                );
             }
         }
         kiln_executor::crash_report::install(code, functions);

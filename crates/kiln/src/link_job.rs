@@ -447,7 +447,7 @@ impl LinkJob<'_> {
                 .iter()
                 .filter(|e| e.visible)
                 .map(|e| kiln_executor::shared_object::ExportedSymbol {
-                    name: e.name.to_string(),
+                    name: e.name.clone(),
                     address: e.address,
                     size: 0,
                     function: code.as_ref().is_some_and(|c| c.contains(&e.address)),

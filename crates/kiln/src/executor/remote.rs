@@ -196,7 +196,7 @@ impl ExecutorService for Remote {
         self.value(Request::ExportSymbols {
             symbols: symbols
                 .into_iter()
-                .map(|s| (s.name, s.address, s.size, s.function))
+                .map(|s| (s.name.to_string(), s.address, s.size, s.function))
                 .collect(),
         })
         .map(|handle| ExportHandle::new(RemoteExport(handle)))
