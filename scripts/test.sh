@@ -147,7 +147,7 @@ benchmarks() {
     "$TARGET"/release/session_scale --modules 200 --churn 2000
     "$TARGET"/release/debug_support --rounds 2 --modules 200 --gdb-modules 50
     "$TARGET"/release/capi_overhead --rounds 3 --batches 1 --queries 500 --llvm-rounds 1
-    "$TARGET"/release/cache_figures --functions 200 --runs 2
+    "$TARGET"/release/cache_figures --functions 200 --runs 2 --image-functions 2000 --image-runs 2
     # RISC-V's inputs take 30 s to compile (SQLite's amalgamation): its links are
     # exercised by the cross tests; its stub-call row is printed here. 2,000 generated
     # functions, not the figure's 20,000 (25 s of compiling).

@@ -9,6 +9,9 @@
 //!    needs).
 //! 3. Redis: the hit latency over loopback, and a warm `kiln run` with two processes
 //!    sharing one Redis at once.
+//! 4. The linked-image cache (`image.rs`).
+
+mod image;
 
 use clap::Parser;
 use kiln_cache::{compile_cached, Compiler, DiskCache, DiskLimits, ObjectCache, SystemCompiler};
@@ -30,6 +33,15 @@ struct Args {
     /// The kiln binary (default: next to this one).
     #[arg(long)]
     kiln: Option<PathBuf>,
+    /// Functions of the image cache's many-function program (in five objects).
+    #[arg(long, default_value_t = 20_000)]
+    image_functions: usize,
+    /// Runs of the image cache's figures (interleaved; the median is reported).
+    #[arg(long, default_value_t = 11)]
+    image_runs: usize,
+    /// Only the image cache's figures (section 4).
+    #[arg(long)]
+    only_images: bool,
 }
 
 fn generate(path: &Path, functions: usize) {
@@ -80,6 +92,10 @@ fn main() {
         .kiln
         .clone()
         .unwrap_or_else(|| std::env::current_exe().unwrap().with_file_name("kiln"));
+    if args.only_images {
+        image::figures(&kiln, dir, args.image_functions, args.image_runs);
+        return;
+    }
     let large = dir.join("large.c");
     generate(&large, args.functions);
     let small = dir.join("small.c");
@@ -203,6 +219,7 @@ fn main() {
     let _ = key;
 
     // 3. Redis.
+    image::figures(&kiln, dir, args.image_functions, args.image_runs);
     if Command::new("redis-server")
         .arg("--version")
         .output()
