@@ -36,6 +36,10 @@ export LLVM_SYS_140_PREFIX="${LLVM_SYS_140_PREFIX:-/usr/lib/llvm-14}"
 export KILN_SYSROOT_DIR="${KILN_SYSROOT_DIR:-$TARGET/sysroot}"
 export KILN_AARCH64_SYSROOT="${KILN_AARCH64_SYSROOT:-$KILN_SYSROOT_DIR/aarch64}"
 export KILN_NATIVE_SYSROOT="${KILN_NATIVE_SYSROOT:-$KILN_SYSROOT_DIR/native}"
+# kiln run's caches (objects, linked images, launchers) for the tests and benchmarks: one
+# of this run's, not the user's ~/.cache/kiln (a run leaves the home as it found it).
+export KILN_CACHE_DIR="$TARGET/tmp/kiln-cache"
+rm -rf "$KILN_CACHE_DIR"
 if [ -n "${KILN_TEST_SKIP_CROSS:-}" ] && [ "$KILN_TEST_SKIP_CROSS" != 0 ]; then
   export KILN_TEST_SKIP_CROSS=1
 else

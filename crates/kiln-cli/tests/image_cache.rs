@@ -70,32 +70,8 @@ fn cc(dir: &Path, source: &str, text: &str, flags: &[&str]) -> PathBuf {
 /// One program of tests/programs/build_native.sh's manifest: its `kiln run` arguments
 /// and the native program's output.
 fn program(name: &str) -> (Vec<String>, String) {
-    let dir = kiln_testkit::programs_dir("kiln-programs");
-    let manifest = std::fs::read_to_string(dir.join("manifest.tsv")).unwrap();
-    let line = manifest
-        .lines()
-        .find(|l| l.split('\t').next() == Some(name))
-        .unwrap_or_else(|| panic!("{name} not in the manifest"));
-    let f: Vec<&str> = line.split('\t').collect();
-    let words = |s: &str| -> Vec<String> {
-        s.split_whitespace()
-            .map(|w| w.replace("@OUT@", &dir.display().to_string()))
-            .collect()
-    };
-    let mut args: Vec<String> = words(f[3])
-        .into_iter()
-        .map(|o| dir.join(o).display().to_string())
-        .collect();
-    args.extend(words(f[5]));
-    if f[1] == "c++" {
-        args.push("-lstdc++".into());
-    }
-    let program_args = words(f[6]);
-    if !program_args.is_empty() {
-        args.push("--".into());
-        args.extend(program_args);
-    }
-    (args, std::fs::read_to_string(dir.join(f[7])).unwrap())
+    let p = kiln_testkit::native_program(name);
+    (p.kiln_run_args(), p.expected)
 }
 
 #[test]
@@ -382,4 +358,52 @@ fn no_image_cache_and_an_unusable_cache_only_cost_the_speed() {
         "{}",
         text(&out).1
     );
+}
+
+#[test]
+fn a_full_or_read_only_disk_only_costs_the_speed() {
+    // The cache on a small file system of its own (a private mount namespace: nothing
+    // outside this test sees it): too small for SQLite's image, then read-only.
+    let dir = scratch("full");
+    let cache = dir.join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    let probe = Command::new("unshare")
+        .args(["-m", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs -o size=64k tmpfs {}",
+            cache.display()
+        ))
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("a_full_or_read_only_disk_only_costs_the_speed: skipped: no private mount namespace here (unshare -m)");
+        return;
+    }
+    let (args, expected) = program("sqlite_driver");
+    let kiln = env!("CARGO_BIN_EXE_kiln");
+    let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+    let script = format!(
+        "set -e; mount -t tmpfs -o size=256k,mode=0700 tmpfs {c}; \
+         KILN_CACHE_DIR={c} {kiln} run -v {a} > {d}/full.out 2> {d}/full.err; \
+         mount -o remount,ro {c}; \
+         KILN_CACHE_DIR={c} {kiln} run -v {a} > {d}/ro.out 2> {d}/ro.err",
+        c = cache.display(),
+        d = dir.display(),
+        a = quoted.join(" ")
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out).1);
+    for case in ["full", "ro"] {
+        let stdout = std::fs::read_to_string(dir.join(format!("{case}.out"))).unwrap();
+        let stderr = std::fs::read_to_string(dir.join(format!("{case}.err"))).unwrap();
+        assert_eq!(stdout, expected, "{case}: {stderr}");
+        assert!(
+            stderr.contains("image not stored") || stderr.contains("image cache not used"),
+            "{case}: -v says why: {stderr}"
+        );
+    }
+    let full = std::fs::read_to_string(dir.join("full.err")).unwrap();
+    assert!(full.contains("image not stored"), "{full}");
 }

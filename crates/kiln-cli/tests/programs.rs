@@ -7,41 +7,12 @@
 //! run once per test process.
 
 use kiln_testkit::executor_binary;
+use kiln_testkit::NativeProgram as Program;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn programs_dir() -> &'static Path {
-    kiln_testkit::programs_dir("kiln-programs")
-}
-
-struct Program {
-    driver: String,
-    objects: Vec<String>,
-    libs: Vec<String>,
-    args: Vec<String>,
-    expected: String,
-}
-
 fn program(name: &str) -> Program {
-    let dir = programs_dir();
-    let manifest = std::fs::read_to_string(dir.join("manifest.tsv")).unwrap();
-    let line = manifest
-        .lines()
-        .find(|l| l.split('\t').next() == Some(name))
-        .unwrap_or_else(|| panic!("{name} not in manifest"));
-    let f: Vec<&str> = line.split('\t').collect();
-    let words = |s: &str| -> Vec<String> {
-        s.split_whitespace()
-            .map(|w| w.replace("@OUT@", &dir.display().to_string()))
-            .collect()
-    };
-    Program {
-        driver: f[1].to_string(),
-        objects: words(f[3]),
-        libs: words(f[5]),
-        args: words(f[6]),
-        expected: std::fs::read_to_string(dir.join(f[7])).unwrap(),
-    }
+    kiln_testkit::native_program(name)
 }
 
 fn kiln_run(p: &Program) -> std::process::Output {
@@ -49,17 +20,8 @@ fn kiln_run(p: &Program) -> std::process::Output {
 }
 
 fn kiln_run_with(p: &Program, flags: &[&str]) -> std::process::Output {
-    let dir = programs_dir();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
-    cmd.arg("run").args(flags);
-    for o in &p.objects {
-        cmd.arg(dir.join(o));
-    }
-    cmd.args(&p.libs);
-    if p.driver == "c++" {
-        cmd.arg("-lstdc++");
-    }
-    cmd.arg("--").args(&p.args);
+    cmd.arg("run").args(flags).args(p.kiln_run_args());
     cmd.output().expect("kiln runs")
 }
 

@@ -20,6 +20,6 @@ pub use binaries::{
 pub use compile::{cc, cc_object, cxx_object, install_capi, run_ok, scratch_dir};
 pub use sysroot::{
     aarch64_includes, aarch64_lib_dir, aarch64_sysroot, c_files, c_sources, find_c_sources,
-    host_file, programs_dir, python_config_dir, python_tests_env, repository, skip_cross, source,
-    AARCH64_GUEST_ROOT,
+    host_file, native_program, programs_dir, python_config_dir, python_tests_env, repository,
+    skip_cross, source, NativeProgram, AARCH64_GUEST_ROOT,
 };

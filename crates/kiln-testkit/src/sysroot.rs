@@ -37,6 +37,65 @@ pub fn programs_dir(name: &str) -> &'static Path {
     })
 }
 
+/// One program of tests/programs/build_native.sh's manifest (in [`programs_dir`]
+/// `kiln-programs`): how to link it, its arguments, the native program's output.
+#[derive(Debug, Clone)]
+pub struct NativeProgram {
+    /// `cc` or `c++`.
+    pub driver: String,
+    /// Its objects, relative to the programs' directory.
+    pub objects: Vec<String>,
+    /// Its libraries (archives by path, `-lNAME`).
+    pub libs: Vec<String>,
+    /// The program's arguments.
+    pub args: Vec<String>,
+    /// What the natively linked program printed.
+    pub expected: String,
+}
+
+impl NativeProgram {
+    /// `kiln run`'s inputs and arguments for it: the objects (absolute), the libraries,
+    /// `-lstdc++` for C++, then `--` and its arguments.
+    pub fn kiln_run_args(&self) -> Vec<String> {
+        let dir = programs_dir("kiln-programs");
+        let mut args: Vec<String> = self
+            .objects
+            .iter()
+            .map(|o| dir.join(o).display().to_string())
+            .collect();
+        args.extend(self.libs.iter().cloned());
+        if self.driver == "c++" {
+            args.push("-lstdc++".into());
+        }
+        args.push("--".into());
+        args.extend(self.args.iter().cloned());
+        args
+    }
+}
+
+/// The program `name` of the manifest (built once per test process).
+pub fn native_program(name: &str) -> NativeProgram {
+    let dir = programs_dir("kiln-programs");
+    let manifest = std::fs::read_to_string(dir.join("manifest.tsv")).expect("the manifest");
+    let line = manifest
+        .lines()
+        .find(|l| l.split('\t').next() == Some(name))
+        .unwrap_or_else(|| panic!("{name} not in the manifest"));
+    let f: Vec<&str> = line.split('\t').collect();
+    let words = |s: &str| -> Vec<String> {
+        s.split_whitespace()
+            .map(|w| w.replace("@OUT@", &dir.display().to_string()))
+            .collect()
+    };
+    NativeProgram {
+        driver: f[1].to_string(),
+        objects: words(f[3]),
+        libs: words(f[5]),
+        args: words(f[6]),
+        expected: std::fs::read_to_string(dir.join(f[7])).expect("the expected output"),
+    }
+}
+
 /// Where scripts/test_deps.sh puts what it does not install on the machine: `name` of
 /// `target/sysroot` (`aarch64`, `native`), or the directory the variable `var` names.
 fn private_sysroot(var: &str, name: &str) -> PathBuf {

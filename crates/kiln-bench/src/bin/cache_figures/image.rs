@@ -6,10 +6,11 @@
 //!    report); and the proportional resident memory (PSS) of the image's pages per process
 //!    with one and with ten processes running the program at once.
 
+use super::{median, ms, time as run};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One program: its objects and libraries (`kiln run` arguments), its arguments.
 struct Program {
@@ -132,27 +133,6 @@ fn programs(dir: &Path, functions: usize) -> Vec<Program> {
         native: dir.join("many.native"),
     });
     list
-}
-
-fn run(cmd: &mut Command) -> (Duration, String) {
-    let t = Instant::now();
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    let elapsed = t.elapsed();
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (elapsed, String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 /// `kiln run [flags] INPUTS -- ARGS` with the image cache in `cache`.
