@@ -12,10 +12,8 @@ pub(crate) fn open(o: &RunArgs) -> Result<Arc<kiln::DiskImageCache>, String> {
         Some("--noexec links only")
     } else if o.oop || o.connect.is_some() {
         Some("the code runs in an executor process")
-    } else if o.gdb || o.perf_map || o.jitdump.is_some() {
-        Some("debuggers and profilers are given every object linked")
-    } else if o.map {
-        Some("--map lists every symbol linked")
+    } else if o.gdb || o.jitdump.is_some() {
+        Some("gdb and jitdump are given every object linked, with its debug information")
     } else {
         None
     };

@@ -268,7 +268,7 @@ fn writers_racing_leave_one_whole_image() {
             kiln()
                 .current_dir(&dir)
                 .env("KILN_CACHE_DIR", &cache)
-                .arg("run")
+                .args(["run", "-v"])
                 .args(&args)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
@@ -406,4 +406,81 @@ fn a_full_or_read_only_disk_only_costs_the_speed() {
     }
     let full = std::fs::read_to_string(dir.join("full.err")).unwrap();
     assert!(full.contains("image not stored"), "{full}");
+}
+
+#[test]
+fn plugins_see_a_mapped_program_as_a_linked_one() {
+    // --map and --perf-map are plugins: told of every symbol of the module, local ones
+    // too. An image stored without them (a run with no plugin) is linked again once.
+    let dir = scratch("plugins");
+    let cache = dir.join("cache");
+    cc(
+        &dir,
+        "syms.c",
+        "#include <stdio.h>\n#include <unistd.h>\n\
+         static int hidden_helper(int x) { return x * 3; }\n\
+         int visible_one(int x) { return hidden_helper(x) + 1; }\n\
+         int table_value = 5;\n\
+         int main(void) { printf(\"%d %d\\n\", (int)getpid(), visible_one(table_value)); return 0; }\n",
+        &["-O1", "-fno-inline"],
+    );
+    // Without -v (itself a plugin: it lists what is linked).
+    let plain = kiln()
+        .current_dir(&dir)
+        .env("KILN_CACHE_DIR", &cache)
+        .args(["run", "syms.o"])
+        .output()
+        .unwrap();
+    assert_eq!(plain.status.code(), Some(0), "{}", text(&plain).1);
+    assert_eq!(images(&cache).len(), 1);
+    // (name, size) of --map's lines; the functions of /tmp/perf-PID.map.
+    let listing = |out: &Output| -> (Vec<(String, String)>, Vec<String>) {
+        let (stdout, stderr) = text(out);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        let mut map: Vec<(String, String)> = stdout
+            .lines()
+            .filter(|l| l.starts_with("0x"))
+            .map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f[2].to_string(), f[1].to_string())
+            })
+            .collect();
+        map.sort();
+        let last = stdout.lines().last().unwrap_or_default();
+        let pid = last.split_whitespace().next().unwrap_or_default();
+        assert_eq!(last.split_whitespace().nth(1), Some("16"), "{stdout}");
+        let perf = std::fs::read_to_string(format!("/tmp/perf-{pid}.map")).unwrap_or_default();
+        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+        let mut functions: Vec<String> = perf
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
+            .collect();
+        functions.sort();
+        (map, functions)
+    };
+    let args = ["--map", "--perf-map", "syms.o"];
+    let relinked = run(&cache, &dir, &args);
+    let stderr = text(&relinked).1;
+    assert!(
+        stderr.contains("stored without the symbols") && stderr.contains(STORED),
+        "{stderr}"
+    );
+    let (map_linked, perf_linked) = listing(&relinked);
+    let mapped = run(&cache, &dir, &args);
+    assert!(text(&mapped).1.contains(MAPPED), "{}", text(&mapped).1);
+    let (map_mapped, perf_mapped) = listing(&mapped);
+    assert!(
+        map_linked.iter().any(|(n, _)| n == "hidden_helper"),
+        "local symbols too: {map_linked:?}"
+    );
+    assert_eq!(map_mapped, map_linked, "--map, mapped as linked");
+    assert!(
+        perf_linked.contains(&"visible_one".to_string()),
+        "{perf_linked:?}"
+    );
+    assert!(
+        perf_linked.contains(&"hidden_helper".to_string()),
+        "{perf_linked:?}"
+    );
+    assert_eq!(perf_mapped, perf_linked, "the perf map, mapped as linked");
 }

@@ -303,6 +303,26 @@ pub struct RelocatableImage {
     pub tls: Option<ImageTls>,
     /// See [`LinkedModule::branch_protected`].
     pub branch_protected: bool,
+    /// Every named symbol (local ones too) with its address and size, as plugins are told
+    /// of a linked module (debuggers, profilers): kept when the link reported them
+    /// ([`LinkOptions::report_sections`](crate::LinkOptions::report_sections)), else
+    /// `None`.
+    pub symbols: Option<Vec<ImageSymbol>>,
+}
+
+/// A symbol of an image, for plugins (see [`crate::SymbolInfo`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageSymbol {
+    /// Its name.
+    pub name: String,
+    /// Where it is.
+    pub address: ImageAddress,
+    /// Its size.
+    pub size: u64,
+    /// What it names.
+    pub kind: crate::SymbolKind,
+    /// Global, or local to its object.
+    pub global: bool,
 }
 
 /// The version of [`RelocatableImage::encode`]'s format.
@@ -382,6 +402,19 @@ impl RelocatableImage {
             dso_handle: linked.dso_handle - base,
             tls,
             branch_protected: linked.branch_protected,
+            symbols: (!linked.symbol_info.is_empty()).then(|| {
+                linked
+                    .symbol_info
+                    .iter()
+                    .map(|s| ImageSymbol {
+                        name: s.name.clone(),
+                        address: here(s.address),
+                        size: s.size,
+                        kind: s.kind,
+                        global: s.global,
+                    })
+                    .collect()
+            }),
         })
     }
 
@@ -459,6 +492,24 @@ impl RelocatableImage {
             None => w.push(0),
         }
         w.push(self.branch_protected as u8);
+        match &self.symbols {
+            Some(symbols) => {
+                w.push(1);
+                put_u32(&mut w, symbols.len() as u32);
+                for s in symbols {
+                    put_str(&mut w, &s.name);
+                    put_address(&mut w, s.address);
+                    put_u64(&mut w, s.size);
+                    w.push(match s.kind {
+                        crate::SymbolKind::Function => 0,
+                        crate::SymbolKind::Data => 1,
+                        crate::SymbolKind::Other => 2,
+                    });
+                    w.push(s.global as u8);
+                }
+            }
+            None => w.push(0),
+        }
         w
     }
 
@@ -580,6 +631,32 @@ impl RelocatableImage {
             }
         };
         let branch_protected = r.u8()? != 0;
+        let symbols = match r.u8()? {
+            0 => None,
+            _ => {
+                let n = r.count(23)?;
+                let mut symbols = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let name = r.str()?.to_string();
+                    let address = r.address()?;
+                    let size = r.u64()?;
+                    let kind = match r.u8()? {
+                        0 => crate::SymbolKind::Function,
+                        1 => crate::SymbolKind::Data,
+                        _ => crate::SymbolKind::Other,
+                    };
+                    let global = r.u8()? != 0;
+                    symbols.push(ImageSymbol {
+                        name,
+                        address,
+                        size,
+                        kind,
+                        global,
+                    });
+                }
+                Some(symbols)
+            }
+        };
         if r.at != bytes.len() {
             return Err(format!("{} bytes after the end", bytes.len() - r.at));
         }
@@ -601,6 +678,7 @@ impl RelocatableImage {
             dso_handle,
             tls,
             branch_protected,
+            symbols,
         })
     }
 }
@@ -882,7 +960,18 @@ pub fn rebind(
         }),
         objects: Vec::new(),
         sections: Vec::new(),
-        symbol_info: Vec::new(),
+        symbol_info: image
+            .symbols
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| crate::SymbolInfo {
+                name: s.name,
+                address: s.address.at(base),
+                size: s.size,
+                kind: s.kind,
+                global: s.global,
+            })
+            .collect(),
         image: Vec::new(),
         image_symbols: None,
         architecture: image.architecture,
@@ -950,6 +1039,13 @@ mod tests {
                 static_tls: true,
             }),
             branch_protected: false,
+            symbols: Some(vec![ImageSymbol {
+                name: "helper".into(),
+                address: ImageAddress::Image(40),
+                size: 12,
+                kind: crate::SymbolKind::Function,
+                global: false,
+            }]),
         }
     }
 

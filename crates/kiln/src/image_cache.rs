@@ -57,6 +57,9 @@ impl LinkJob<'_> {
         if plugins.iter().any(|p| !p.link_passes().is_empty()) {
             return Some("a plugin's passes run in every link".into());
         }
+        if inner.gdb {
+            return Some("gdb is given every object linked, with its debug information".into());
+        }
         None
     }
 
@@ -125,6 +128,14 @@ impl LinkJob<'_> {
                 image.architecture
             ));
         }
+        // Plugins are told of every symbol of a module: an image stored without them (by a
+        // session with no plugin) is linked again, and stored with them.
+        if image.symbols.is_none() && !self.jit.inner.plugins.snapshot().is_empty() {
+            return Err(format!(
+                "{}: stored without the symbols this session's plugins are told of",
+                cached.path.display()
+            ));
+        }
         let layout = image.layout().map_err(|e| e.to_string())?;
         let segments: Vec<FileSegment> = cached
             .segments
@@ -144,30 +155,6 @@ impl LinkJob<'_> {
         let fixups = image.fixups.len() + image.relative.len();
         let mut linked = rebind(image, memory, &mut ctx)
             .map_err(|e| format!("{}: {e}", cached.path.display()))?;
-        // What plugins are told of a mapped module: its global symbols (no object was
-        // linked, no section placed).
-        let told = !self.jit.inner.plugins.snapshot().is_empty();
-        let code = linked
-            .allocation
-            .segments()
-            .first()
-            .map_or(0..0, |c| c.target..c.target + c.len);
-        linked.symbol_info = linked
-            .exports
-            .iter()
-            .filter(|_| told)
-            .map(|e| kiln_link::SymbolInfo {
-                name: e.name.to_string(),
-                address: e.address,
-                size: 0,
-                kind: if code.contains(&e.address) {
-                    kiln_link::SymbolKind::Function
-                } else {
-                    kiln_link::SymbolKind::Data
-                },
-                global: true,
-            })
-            .collect();
         if let (Some(looked_up), Some(decoded), Some(mapped), Some(t)) =
             (looked_up, decoded, mapped, t)
         {

@@ -215,6 +215,7 @@ impl JitBuilder {
                 libraries: RwLock::new(Vec::new()),
                 plugins,
                 _debug_support: debug_support,
+                gdb: self.debug_support.gdb,
                 next_module: AtomicU64::new(1),
                 compiler: self
                     .compiler

@@ -109,9 +109,10 @@ impl Jit {
     /// A key that leaves an input out maps a stale image.
     ///
     /// The cache is not used (the link runs as [`Jit::link_pending`]'s) for a remote or
-    /// Windows executor, with a plugin that adds link passes, or when the session has no
-    /// image cache. Plugins are told of a mapped module with its global symbols only (no
-    /// object was linked).
+    /// Windows executor, with a plugin that adds link passes, with gdb registration
+    /// (gdb is given each object's debug information), or when the session has no image
+    /// cache. Plugins are told of a mapped module with its symbols (every one, local ones
+    /// too, as a link tells them) but no objects or sections: none was linked.
     pub fn link_pending_cached(
         &self,
         lib: LibraryId,

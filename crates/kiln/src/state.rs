@@ -49,6 +49,9 @@ pub(crate) struct Inner {
     pub(crate) plugins: Arc<Plugins>,
     /// The built-in debugger and profiler listener's registration, if on.
     pub(crate) _debug_support: Option<PluginRegistration>,
+    /// Whether modules are registered with the GDB JIT interface (which is given each
+    /// object linked, with its debug information: no module is mapped from an image).
+    pub(crate) gdb: bool,
     pub(crate) next_module: AtomicU64,
     pub(crate) compiler: Arc<dyn kiln_cache::Compiler>,
     pub(crate) object_cache: Option<Arc<dyn kiln_cache::ObjectCache>>,
