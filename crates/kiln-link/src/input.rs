@@ -145,6 +145,13 @@ pub struct ArchiveInput {
     /// Name used in messages.
     pub name: String,
     data: ObjectBytes,
+    /// The symbol table and the members, read when first needed (shared by clones).
+    table: Arc<std::sync::OnceLock<Result<ArchiveTable, String>>>,
+}
+
+/// An archive's symbol table and members.
+#[derive(Debug)]
+struct ArchiveTable {
     /// Symbol → offsets of the members' headers that define it.
     index: FxHashMap<Box<[u8]>, Vec<u64>>,
     /// Member header offset → (member name, data range).
@@ -165,87 +172,54 @@ impl ArchiveInput {
         name: impl Into<String>,
         data: Arc<dyn AsRef<[u8]> + Send + Sync>,
     ) -> Result<Self, LinkError> {
-        let name = name.into();
-        let data = ObjectBytes(data);
-        let err = |what: String| LinkError::Archive {
-            archive: name.clone(),
-            what,
-        };
-        let archive = ArchiveFile::parse(&*data).map_err(|e| err(e.to_string()))?;
-        if archive.is_thin() {
-            return Err(err("thin archives are not supported".into()));
+        let archive = Self::deferred(name, data);
+        archive.table()?;
+        Ok(archive)
+    }
+
+    /// An archive whose symbol table and members are read when a link first needs them
+    /// (a damaged archive is then that link's error): for a session that may need none
+    /// of them (a module mapped from a cached image).
+    pub fn deferred(name: impl Into<String>, data: Arc<dyn AsRef<[u8]> + Send + Sync>) -> Self {
+        ArchiveInput {
+            name: name.into(),
+            data: ObjectBytes(data),
+            table: Arc::new(std::sync::OnceLock::new()),
         }
-        let mut members: FxHashMap<u64, (String, usize, usize)> = FxHashMap::default();
-        let mut add_member = |offset: u64,
-                              member: &object::read::archive::ArchiveMember<'_>|
-         -> Result<(), LinkError> {
-            let (start, len) = member.file_range();
-            let member_name = String::from_utf8_lossy(member.name()).into_owned();
-            let end = start.saturating_add(len);
-            if end > data.len() as u64 {
-                return Err(err(format!("member {member_name} extends past the end")));
-            }
-            members.insert(offset, (member_name, start as usize, end as usize));
-            Ok(())
-        };
-        let mut index: FxHashMap<Box<[u8]>, Vec<u64>> = FxHashMap::default();
-        match archive.symbols().map_err(|e| err(e.to_string()))? {
-            Some(symbols) => {
-                let mut seen = rustc_hash::FxHashSet::default();
-                for symbol in symbols {
-                    let symbol = symbol.map_err(|e| err(e.to_string()))?;
-                    let offset = symbol.offset();
-                    if seen.insert(offset.0) {
-                        let member = archive
-                            .member(offset)
-                            .map_err(|e| err(format!("symbol table entry: {e}")))?;
-                        add_member(offset.0, &member)?;
-                    }
-                    index
-                        .entry(symbol.name().into())
-                        .or_default()
-                        .push(offset.0);
-                }
-            }
-            None => {
-                for member in archive.members() {
-                    let member = member.map_err(|e| err(e.to_string()))?;
-                    // The member's header lies inside `data`; its distance from the start
-                    // is the member's offset, the key the symbol table would use.
-                    let offset = member.header().map_or(0, |h| {
-                        (h as *const _ as usize).wrapping_sub(data.as_ptr() as usize)
-                    }) as u64;
-                    add_member(offset, &member)?;
-                }
-                for (&offset, (_, start, end)) in &members {
-                    for symbol in crate::object_file::defined_globals(&data[*start..*end]) {
-                        index.entry(symbol.into()).or_default().push(offset);
-                    }
-                }
-            }
-        }
-        Ok(ArchiveInput {
-            name,
-            data,
-            index,
-            members,
-        })
+    }
+
+    /// The symbol table and members, read on first use.
+    fn table(&self) -> Result<&ArchiveTable, LinkError> {
+        self.table
+            .get_or_init(|| read_table(&self.data))
+            .as_ref()
+            .map_err(|what| LinkError::Archive {
+                archive: self.name.clone(),
+                what: what.clone(),
+            })
     }
 
     /// Header offsets of the members that define `symbol`.
-    pub(crate) fn definers(&self, symbol: &[u8]) -> &[u64] {
-        self.index.get(symbol).map_or(&[], |v| v.as_slice())
+    pub(crate) fn definers(&self, symbol: &[u8]) -> Result<&[u64], LinkError> {
+        Ok(self
+            .table()?
+            .index
+            .get(symbol)
+            .map_or(&[], |v| v.as_slice()))
     }
 
     /// The member at header offset `offset`, as an object input.
     pub(crate) fn member(&self, offset: u64) -> Result<(String, &[u8]), LinkError> {
-        let (name, start, end) = self
-            .members
-            .get(&offset)
-            .ok_or_else(|| LinkError::Archive {
-                archive: self.name.clone(),
-                what: format!("symbol table points at offset {offset:#x}, which is not a member"),
-            })?;
+        let (name, start, end) =
+            self.table()?
+                .members
+                .get(&offset)
+                .ok_or_else(|| LinkError::Archive {
+                    archive: self.name.clone(),
+                    what: format!(
+                        "symbol table points at offset {offset:#x}, which is not a member"
+                    ),
+                })?;
         Ok((format!("{}({})", self.name, name), &self.data[*start..*end]))
     }
 
@@ -253,7 +227,7 @@ impl ArchiveInput {
     /// bytes.
     pub(crate) fn member_input(&self, offset: u64) -> Result<ObjectInput, LinkError> {
         let (name, _) = self.member(offset)?;
-        let (_, start, end) = self.members[&offset];
+        let (_, start, end) = self.table()?.members[&offset];
         Ok(ObjectInput::shared(
             name,
             Arc::new(MemberBytes {
@@ -263,8 +237,67 @@ impl ArchiveInput {
         ))
     }
 
-    /// Number of members.
+    /// Number of members (0 for an archive that cannot be read).
     pub fn member_count(&self) -> usize {
-        self.members.len()
+        self.table().map_or(0, |t| t.members.len())
     }
+}
+
+/// Reads an archive's symbol table and members (the index of a GNU or BSD symbol table;
+/// an archive without one is indexed by scanning its members' symbol tables).
+fn read_table(data: &ObjectBytes) -> Result<ArchiveTable, String> {
+    let data: &[u8] = data;
+    let archive = ArchiveFile::parse(&*data).map_err(|e| e.to_string())?;
+    if archive.is_thin() {
+        return Err("thin archives are not supported".into());
+    }
+    let mut members: FxHashMap<u64, (String, usize, usize)> = FxHashMap::default();
+    let mut add_member =
+        |offset: u64, member: &object::read::archive::ArchiveMember<'_>| -> Result<(), String> {
+            let (start, len) = member.file_range();
+            let member_name = String::from_utf8_lossy(member.name()).into_owned();
+            let end = start.saturating_add(len);
+            if end > data.len() as u64 {
+                return Err(format!("member {member_name} extends past the end"));
+            }
+            members.insert(offset, (member_name, start as usize, end as usize));
+            Ok(())
+        };
+    let mut index: FxHashMap<Box<[u8]>, Vec<u64>> = FxHashMap::default();
+    match archive.symbols().map_err(|e| e.to_string())? {
+        Some(symbols) => {
+            let mut seen = rustc_hash::FxHashSet::default();
+            for symbol in symbols {
+                let symbol = symbol.map_err(|e| e.to_string())?;
+                let offset = symbol.offset();
+                if seen.insert(offset.0) {
+                    let member = archive
+                        .member(offset)
+                        .map_err(|e| format!("symbol table entry: {e}"))?;
+                    add_member(offset.0, &member)?;
+                }
+                index
+                    .entry(symbol.name().into())
+                    .or_default()
+                    .push(offset.0);
+            }
+        }
+        None => {
+            for member in archive.members() {
+                let member = member.map_err(|e| e.to_string())?;
+                // The member's header lies inside `data`; its distance from the start
+                // is the member's offset, the key the symbol table would use.
+                let offset = member.header().map_or(0, |h| {
+                    (h as *const _ as usize).wrapping_sub(data.as_ptr() as usize)
+                }) as u64;
+                add_member(offset, &member)?;
+            }
+            for (&offset, (_, start, end)) in &members {
+                for symbol in crate::object_file::defined_globals(&data[*start..*end]) {
+                    index.entry(symbol.into()).or_default().push(offset);
+                }
+            }
+        }
+    }
+    Ok(ArchiveTable { index, members })
 }

@@ -516,6 +516,14 @@ impl RelocatableImage {
     /// Reads what [`RelocatableImage::encode`] wrote; a description that is truncated,
     /// of another format version, or inconsistent is an error saying what is wrong.
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        Self::decode_with(bytes, true)
+    }
+
+    /// [`RelocatableImage::decode`], reading the symbols only if `symbols` (they are for
+    /// plugins, and the longest part of a large program's description): without,
+    /// [`RelocatableImage::symbols`] is `Some` and empty if the image has them.
+    pub fn decode_with(bytes: &[u8], symbols: bool) -> Result<Self, String> {
+        let want_symbols = symbols;
         let mut r = Reader { bytes, at: 0 };
         let format = r.u32()?;
         if format != FORMAT {
@@ -633,6 +641,11 @@ impl RelocatableImage {
         let branch_protected = r.u8()? != 0;
         let symbols = match r.u8()? {
             0 => None,
+            _ if !want_symbols => {
+                // Not read: what follows is only the symbols.
+                r.at = bytes.len();
+                Some(Vec::new())
+            }
             _ => {
                 let n = r.count(23)?;
                 let mut symbols = Vec::with_capacity(n);

@@ -292,7 +292,7 @@ impl<'a, 'c> Linker<'a, 'c> {
             let name = self.globals[id as usize].name;
             let archives = self.archives;
             'archives: for (ai, archive) in archives.iter().enumerate() {
-                for &offset in archive.definers(name) {
+                for &offset in archive.definers(name)? {
                     if self.loaded_members.insert((ai, offset)) {
                         let (member_name, data) = archive.member(offset)?;
                         let obj = ObjectFile::parse(member_name, data, self.arch.architecture())?;

@@ -114,7 +114,8 @@ impl LinkJob<'_> {
         };
         let looked_up = t.map(|t| t.elapsed());
         let t = self.times.then(Instant::now);
-        let image = RelocatableImage::decode(cached.description())
+        let told = !self.jit.inner.plugins.snapshot().is_empty();
+        let image = RelocatableImage::decode_with(cached.description(), told)
             .map_err(|e| format!("{}: {e}", cached.path.display()))?;
         let decoded = t.map(|t| t.elapsed());
         let t = self.times.then(Instant::now);
@@ -130,7 +131,7 @@ impl LinkJob<'_> {
         }
         // Plugins are told of every symbol of a module: an image stored without them (by a
         // session with no plugin) is linked again, and stored with them.
-        if image.symbols.is_none() && !self.jit.inner.plugins.snapshot().is_empty() {
+        if image.symbols.is_none() && told {
             return Err(format!(
                 "{}: stored without the symbols this session's plugins are told of",
                 cached.path.display()

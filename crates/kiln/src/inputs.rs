@@ -228,7 +228,8 @@ impl Jit {
         name: &str,
         bytes: impl Into<Arc<[u8]>>,
     ) -> Result<(), Error> {
-        self.push_archive(lib, ArchiveInput::parse(name, bytes)?)
+        let bytes: Arc<[u8]> = bytes.into();
+        self.add_archive_shared(lib, name, Arc::new(bytes))
     }
 
     /// Adds a static archive whose bytes the caller lends (a memory-mapped file): never
@@ -239,7 +240,14 @@ impl Jit {
         name: &str,
         bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
     ) -> Result<(), Error> {
-        self.push_archive(lib, ArchiveInput::parse_shared(name, bytes)?)
+        // With an image cache, the archive is read by the link that needs a member, if
+        // one runs: a module mapped from its image reads none.
+        let archive = if self.inner.image_cache.is_some() {
+            ArchiveInput::deferred(name, bytes)
+        } else {
+            ArchiveInput::parse_shared(name, bytes)?
+        };
+        self.push_archive(lib, archive)
     }
 
     pub(crate) fn push_archive(&self, lib: LibraryId, archive: ArchiveInput) -> Result<(), Error> {
