@@ -247,7 +247,7 @@ impl ArchiveInput {
 /// an archive without one is indexed by scanning its members' symbol tables).
 fn read_table(data: &ObjectBytes) -> Result<ArchiveTable, String> {
     let data: &[u8] = data;
-    let archive = ArchiveFile::parse(&*data).map_err(|e| e.to_string())?;
+    let archive = ArchiveFile::parse(data).map_err(|e| e.to_string())?;
     if archive.is_thin() {
         return Err("thin archives are not supported".into());
     }
