@@ -34,6 +34,7 @@ mod linked;
 mod object_file;
 mod pass;
 mod passes;
+mod rebind;
 pub mod relocatable;
 mod report;
 mod symbol_scan;
@@ -52,6 +53,7 @@ pub use linked::{
 pub use pass::{
     GraphEdge, GraphSection, GraphView, LinkPass, NewSectionKind, PassError, PassPoint, SectionId,
 };
+pub use rebind::rebind;
 pub use symbol_scan::{scan_symbols, ObjectSymbols};
 
 /// Checks that `data` is an ELF relocatable object for `architecture` — every table it

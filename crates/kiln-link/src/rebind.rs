@@ -1,0 +1,324 @@
+//! A linked module to and from its image ([`crate::relocatable`]): the image a
+//! relocatable link makes of its module, and the module [`rebind`] makes again from an
+//! image mapped in another process.
+
+use crate::arch::{self, Field, Relative};
+use crate::linked::{Export, LinkedModule, TlsTemplate};
+use crate::relocatable::{
+    Binding, FixupRow, ImageAddress, ImageFixup, ImageSymbol, ImageTls, RelocatableImage,
+};
+use crate::{LinkContext, LinkError};
+use kiln_memory::{InFlightAllocation, Permission};
+
+impl RelocatableImage {
+    /// Made by a link with [`LinkOptions::relocatable`](crate::LinkOptions::relocatable).
+    ///
+    /// The image's bytes ([`LinkedModule::image`]) are made the stored form: a relative
+    /// word holds its offset, every other data word a fixup writes holds 0 — nothing of
+    /// the process that linked it (no host address, no thread-pointer offset), and a load
+    /// that missed a fixup reads 0, not a stale address that happens to work.
+    /// (Instruction fields keep their opcode bits; a load writes their immediates whole.)
+    pub(crate) fn of(
+        linked: &mut LinkedModule,
+        base: u64,
+        page: u64,
+        fixups: Vec<ImageFixup>,
+    ) -> Result<Self, String> {
+        let segments: Vec<(u64, Permission)> = linked
+            .allocation
+            .segments()
+            .iter()
+            .map(|s| (s.len, s.permission))
+            .collect();
+        let layout = kiln_memory::SpanLayout::new(&segments, page).map_err(|e| e.to_string())?;
+        for (s, &(offset, _, _)) in linked.allocation.segments().iter().zip(&layout.segments) {
+            if s.target != base + offset {
+                return Err("the module's memory is not one span".into());
+            }
+        }
+        let len = layout.len;
+        let word64 = FixupRow::word64();
+        let mut relative = Vec::new();
+        let mut symbolic = Vec::with_capacity(fixups.len());
+        for f in fixups {
+            match (&f.binding, f.stub) {
+                (Binding::Image(o), None) if f.row == word64 => {
+                    let word = bytes_at(&mut linked.image, &layout, f.at, 8)
+                        .ok_or("a fixup outside the image's bytes")?;
+                    word.copy_from_slice(&o.wrapping_add(f.addend as u64).to_le_bytes());
+                    relative.push(f.at);
+                }
+                _ => {
+                    if let Field::Word(n) = f.row.field {
+                        if let Some(word) = bytes_at(&mut linked.image, &layout, f.at, u64::from(n))
+                        {
+                            word.fill(0);
+                        }
+                    }
+                    symbolic.push(f);
+                }
+            }
+        }
+        let fixups = symbolic;
+        let here = |a: u64| ImageAddress::of(a, base, len);
+        let tls = linked.tls.as_ref().map(|t| ImageTls {
+            image: t.image.clone(),
+            size: t.size,
+            align: t.align,
+            static_tls: t.tp_offset.is_some(),
+        });
+        Ok(RelocatableImage {
+            architecture: linked.architecture,
+            segments,
+            page,
+            fixups,
+            relative,
+            exports: linked
+                .exports
+                .iter()
+                .map(|e| (e.name.clone(), here(e.address), e.visible))
+                .collect(),
+            init: linked.init.iter().map(|&a| here(a)).collect(),
+            fini: linked.fini.iter().map(|&a| here(a)).collect(),
+            eh_frame: linked.eh_frame.map(|a| a - base),
+            dso_handle: linked.dso_handle - base,
+            tls,
+            branch_protected: linked.branch_protected,
+            symbols: (!linked.symbol_info.is_empty()).then(|| {
+                linked
+                    .symbol_info
+                    .iter()
+                    .map(|s| ImageSymbol {
+                        name: s.name.clone(),
+                        address: here(s.address),
+                        size: s.size,
+                        kind: s.kind,
+                        global: s.global,
+                    })
+                    .collect()
+            }),
+        })
+    }
+}
+
+/// The bytes of the kept image (`image`, laid out as `layout`) at image offset `at`, `n`
+/// long; `None` where there are none (zero-filled data).
+fn bytes_at<'i>(
+    image: &'i mut [crate::ImageSegment],
+    layout: &kiln_memory::SpanLayout,
+    at: u64,
+    n: u64,
+) -> Option<&'i mut [u8]> {
+    let (i, &(offset, len, _)) = layout
+        .segments
+        .iter()
+        .enumerate()
+        .find(|(_, &(o, l, _))| at >= o && at + n <= o + l)?;
+    let bytes = &mut image.get_mut(i)?.bytes;
+    let start = (at - offset) as usize;
+    (len as usize <= bytes.len()).then(|| &mut bytes[start..start + n as usize])
+}
+
+/// Makes the module of `image` from its span, mapped (`memory`, in flight: its segments
+/// hold the image's bytes): the process's values found through `ctx` (symbols by name, a
+/// TLS module id, the block's static-TLS offset), the fixups written, the memory
+/// finalized. An error (a symbol no longer defined, a value out of a field's reach in this
+/// process) leaves nothing behind: the memory is freed; the caller links instead.
+pub fn rebind(
+    image: RelocatableImage,
+    mut memory: InFlightAllocation,
+    ctx: &mut dyn LinkContext,
+) -> Result<LinkedModule, LinkError> {
+    let base = memory.target(0).unwrap_or(0);
+    let layout = image.layout()?;
+    if memory.segments().len() != layout.segments.len()
+        || memory
+            .segments()
+            .iter()
+            .zip(&layout.segments)
+            .any(|(s, &(offset, len, _))| s.target != base + offset || s.len != len)
+    {
+        return Err(LinkError::Environment(
+            "the image's memory is not laid out as the image".into(),
+        ));
+    }
+    let failed = |what: String| LinkError::Environment(format!("image: {what}"));
+    // The process's values.
+    let (module_id, tp_offset) = match &image.tls {
+        Some(t) => {
+            let id = ctx.tls_module_id().map_err(LinkError::Environment)?;
+            let tp = if t.static_tls {
+                Some(
+                    ctx.place_static_tls(id, &t.image, t.size, t.align)
+                        .map_err(LinkError::Environment)?,
+                )
+            } else {
+                None
+            };
+            (id, tp)
+        }
+        None => (0, None),
+    };
+    let mut names: Vec<&str> = image
+        .fixups
+        .iter()
+        .filter_map(|f| match &f.binding {
+            Binding::Symbol(name) => Some(&**name),
+            _ => None,
+        })
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    let found = ctx.resolve_many(&names);
+    let missing: Vec<&str> = names
+        .iter()
+        .zip(&found)
+        .filter(|(_, a)| a.is_none())
+        .map(|(n, _)| *n)
+        .collect();
+    if !missing.is_empty() {
+        return Err(failed(format!(
+            "{} symbol(s) no longer defined: {}",
+            missing.len(),
+            missing.join(", ")
+        )));
+    }
+    let address_of = |name: &str| -> u64 {
+        names
+            .binary_search(&name)
+            .ok()
+            .and_then(|i| found[i])
+            .unwrap_or(0)
+    };
+    let got_base_unknown = image
+        .fixups
+        .iter()
+        .any(|f| f.row.relative == Relative::GotBase);
+    if got_base_unknown {
+        return Err(failed("a GOT-relative fixup".into()));
+    }
+    let mut segs = memory.segments_mut();
+    // The relative words: the image's offset they hold, plus the span's address. The
+    // words of one segment are in order: one pass per segment.
+    let mut next = 0;
+    for seg in segs.iter_mut() {
+        let start = seg.target - base;
+        let end = start + seg.bytes.len() as u64;
+        while let Some(&at) = image
+            .relative
+            .get(next)
+            .filter(|&&at| at + 8 <= end && at >= start)
+        {
+            let i = (at - start) as usize;
+            let word = &mut seg.bytes[i..i + 8];
+            let value = u64::from_le_bytes(word.try_into().unwrap_or([0; 8]));
+            word.copy_from_slice(&value.wrapping_add(base).to_le_bytes());
+            next += 1;
+        }
+    }
+    if next != image.relative.len() {
+        return Err(failed(format!(
+            "relative word at {:#x} outside the segments or out of order",
+            image.relative[next]
+        )));
+    }
+    for f in &image.fixups {
+        let p = base.wrapping_add(f.place) as i128;
+        let a = f.addend as i128;
+        let value = match &f.binding {
+            Binding::DtpMod => module_id as i128,
+            binding => {
+                let t: i128 = match binding {
+                    Binding::Image(o) => (base + o) as i128,
+                    Binding::Symbol(name) => address_of(name) as i128,
+                    Binding::Absolute(v) => *v as i128,
+                    Binding::TpOff(o) => match tp_offset {
+                        Some(tp) => i128::from(tp) + *o as i128,
+                        None => {
+                            return Err(failed("a thread-pointer offset without static TLS".into()))
+                        }
+                    },
+                    Binding::DtpMod => 0,
+                };
+                let relative = |t: i128| match f.row.relative {
+                    Relative::Absolute => t + a,
+                    Relative::Place => t + a - p,
+                    Relative::Page => ((t + a) & !0xfff) - (p & !0xfff),
+                    Relative::GotBase => t + a,
+                };
+                let direct = relative(t);
+                match f.stub {
+                    Some(stub) if !f.row.check.accepts(direct) => relative((base + stub) as i128),
+                    _ => direct,
+                }
+            }
+        };
+        let Some(seg) = segs.iter_mut().find(|s| {
+            f.at >= s.target - base
+                && f.at + f.row.field.len() <= s.target - base + s.bytes.len() as u64
+        }) else {
+            return Err(failed(format!("fixup at {:#x} outside the segments", f.at)));
+        };
+        let at = (f.at - (seg.target - base)) as usize;
+        arch::encode(f.row.field, f.row.check, value, &mut seg.bytes[at..]).map_err(|e| {
+            failed(format!(
+                "the value of the fixup at {:#x} ({:?}) does not fit in this process ({e:?})",
+                f.at, f.binding
+            ))
+        })?;
+    }
+    drop(segs);
+    let allocation = memory.finalize()?;
+    let relocations = image.fixups.len() + image.relative.len();
+    let segment_bytes = std::array::from_fn(|i| image.segments.get(i).map_or(0, |s| s.0));
+    let exports = image
+        .exports
+        .into_iter()
+        .map(|(name, address, visible)| Export {
+            name,
+            address: address.at(base),
+            visible,
+        })
+        .collect();
+    Ok(LinkedModule {
+        allocation,
+        exports,
+        init: image.init.iter().map(|a| a.at(base)).collect(),
+        fini: image.fini.iter().map(|a| a.at(base)).collect(),
+        eh_frame: image.eh_frame.map(|o| base + o),
+        dso_handle: base + image.dso_handle,
+        tls: image.tls.map(|t| TlsTemplate {
+            module_id,
+            image: t.image,
+            size: t.size,
+            align: t.align,
+            tp_offset,
+        }),
+        objects: Vec::new(),
+        sections: Vec::new(),
+        symbol_info: image
+            .symbols
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| crate::SymbolInfo {
+                name: s.name,
+                address: s.address.at(base),
+                size: s.size,
+                kind: s.kind,
+                global: s.global,
+            })
+            .collect(),
+        image: Vec::new(),
+        image_symbols: None,
+        architecture: image.architecture,
+        branch_protected: image.branch_protected,
+        times: Default::default(),
+        pass_times: Vec::new(),
+        counts: crate::LinkCounts {
+            relocations,
+            segment_bytes,
+            ..Default::default()
+        },
+        relocatable: None,
+    })
+}
