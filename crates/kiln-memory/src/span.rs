@@ -53,7 +53,8 @@ impl SpanLayout {
     }
 }
 
-/// A memory manager that gives each allocation a [span](self) of its own, placed as its
+/// A memory manager that gives each allocation a span of its own (its segments on successive
+/// pages, in request order), placed as its
 /// [`Placement`] asks (by default near the host's shared libraries, as the slab manager's
 /// reservations are).
 #[derive(Debug, Clone)]

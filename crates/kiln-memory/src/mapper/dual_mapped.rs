@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Mutex;
 
-/// The default mapper. See the [module documentation](self).
+/// The default mapper: a memfd mapped twice, a read-write working view and a target view.
 ///
 /// The memfd is created with `MFD_EXEC` where the kernel knows it (Linux 6.3+), so the
 /// kernel does not warn about an executable memfd created without saying so, and with
