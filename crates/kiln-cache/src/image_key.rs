@@ -102,38 +102,36 @@ impl ImageKeyBuilder {
 
     /// Adds every file mapped in this process (`/proc/self/maps`): the executable, the
     /// shared libraries loaded (the host symbols' definitions), and inputs mapped from
-    /// files (objects, archives). A file replaced since it was mapped (another inode at
-    /// its path) is named by the mapped inode alone. Memory files and devices are left
-    /// out.
+    /// files (objects, archives). A file replaced or removed since it was mapped is named
+    /// by the mapped inode and a mark that matches no later run. Memory files and devices
+    /// are left out.
     pub fn mapped_files(&mut self) -> Result<&mut Self, CacheError> {
         let maps =
             std::fs::read_to_string("/proc/self/maps").map_err(io("reading /proc/self/maps"))?;
         let mut files: Vec<(&str, &str, u64)> = Vec::new();
         for line in maps.lines() {
-            let mut fields = line.split_ascii_whitespace();
-            let (Some(_), Some(_), Some(_), Some(dev), Some(inode)) = (
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-                fields.next(),
-            ) else {
-                continue;
-            };
-            let path = fields.collect::<Vec<_>>().join(" ");
-            let Ok(inode) = inode.parse::<u64>() else {
+            // address perms offset dev inode path: the path is the rest of the line after
+            // five fields (it may hold spaces of its own).
+            let mut rest = line;
+            let mut fields = [""; 5];
+            for field in &mut fields {
+                let trimmed = rest.trim_start();
+                let end = trimmed.find(char::is_whitespace).unwrap_or(trimmed.len());
+                *field = &trimmed[..end];
+                rest = &trimmed[end..];
+            }
+            let path = rest.trim_start();
+            let (dev, Ok(inode)) = (fields[3], fields[4].parse::<u64>()) else {
                 continue;
             };
             if inode == 0
                 || !path.starts_with('/')
                 || path.starts_with("/dev/")
-                || path.ends_with("(deleted)")
+                || path.starts_with("/memfd:")
             {
                 continue;
             }
-            // `path` borrows nothing of `maps`: keep it by finding it in the line.
-            let Some(at) = line.find(&path) else { continue };
-            files.push((&line[at..], dev, inode));
+            files.push((path, dev, inode));
         }
         files.sort_unstable();
         files.dedup();
@@ -141,6 +139,13 @@ impl ImageKeyBuilder {
             self.text("mapped", path);
             self.text("mapped device", dev);
             self.bytes("mapped inode", &inode.to_le_bytes());
+            // A file removed or replaced since it was mapped (its name says "(deleted)"):
+            // what this process holds is no file anyone can name again, and the key says
+            // so (it matches no later run).
+            if path.ends_with(" (deleted)") {
+                self.text("deleted", "");
+                continue;
+            }
             match std::fs::metadata(path) {
                 Ok(meta) if meta.ino() == inode => {
                     self.identity(Path::new(path), &meta)?;

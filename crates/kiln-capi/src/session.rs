@@ -922,10 +922,11 @@ pub unsafe extern "C" fn kiln_link(
 /// mapped, 0 when it was linked.
 ///
 /// `key` (`key_len` bytes) must name everything the link reads that can change: the
-/// objects' contents (or the source and compiler that made them), the options. Kiln adds
-/// its own version, the target, and every file mapped in this process (the shared
-/// libraries host symbols come from). A key that leaves an input out maps a stale
-/// image.
+/// objects' contents (or the source and compiler that made them), the options, the
+/// modules linked earlier in the session whose definitions this link uses. Kiln adds its
+/// own version, the target, every file the session read an input from, and every file
+/// mapped in this process (the shared libraries host symbols come from). A key that
+/// leaves an input out maps a stale image.
 ///
 /// # Safety
 /// `session` live; `key` points to `key_len` readable bytes; `module` and `mapped` NULL
@@ -945,11 +946,8 @@ pub unsafe extern "C" fn kiln_link_cached(
         let bytes = slice(key, key_len, "key")?;
         let mut builder =
             kiln::ImageKeyBuilder::new(concat!("kiln C API ", env!("CARGO_PKG_VERSION")));
-        builder.text("architecture", &s.jit.architecture().to_string());
         builder.bytes("client key", bytes);
-        builder
-            .mapped_files()
-            .map_err(|e| kiln_error::new(kiln_status::KILN_ERR_IO, e.to_string()))?;
+        s.jit.add_image_key_inputs(&mut builder)?;
         let linked = s
             .jit
             .link_pending_cached(LibraryId::from_raw(library), &builder.finish())?;

@@ -36,7 +36,7 @@ pub(crate) fn open(o: &RunArgs) -> Result<Arc<kiln::DiskImageCache>, String> {
 /// change what is linked. Inputs and the process's mapped files are added as they come.
 pub(crate) fn key_start(o: &RunArgs, jit: &kiln::Jit) -> kiln::ImageKeyBuilder {
     let mut key = kiln::ImageKeyBuilder::new(concat!("kiln ", env!("CARGO_PKG_VERSION")));
-    key.text("architecture", &jit.architecture().to_string());
+    key.text("target", &jit.architecture().to_string());
     key.text(
         "options",
         &format!(

@@ -686,8 +686,8 @@ fn run(o: RunArgs) -> Result<i32, String> {
     jit.add_process_symbols(lib).map_err(|e| e.to_string())?;
     // Everything the link reads is in place: the key ends with every file this process
     // maps (the executable, the host's libraries, the mapped inputs).
-    let image_key = image_key.and_then(|mut key| match key.mapped_files() {
-        Ok(_) => Some(key.finish()),
+    let image_key = image_key.and_then(|mut key| match jit.add_image_key_inputs(&mut key) {
+        Ok(()) => Some(key.finish()),
         Err(why) => {
             if o.verbose {
                 eprintln!("kiln: image cache not used: {why}");

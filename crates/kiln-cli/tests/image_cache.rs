@@ -78,8 +78,8 @@ fn program(name: &str) -> (Vec<String>, String) {
 fn programs_mapped_from_the_cache_behave_as_linked_and_as_native() {
     // Initial-exec and TLS-descriptor thread-locals (static TLS: offsets of this process),
     // PIE code reading libc's data directly (environ, stdout), C++ exceptions through JIT
-    // frames with static constructors, thread-local destructors, SQLite and Lua from
-    // Debian's static libraries.
+    // frames with static constructors, thread-local destructors, atexit, SQLite and Lua
+    // from Debian's static libraries.
     for name in [
         "tls_static-pie",
         "tls_static-desc",
@@ -87,6 +87,9 @@ fn programs_mapped_from_the_cache_behave_as_linked_and_as_native() {
         "relocs-O0-pie",
         "cxx_exceptions",
         "thread_local_dtors",
+        // atexit handlers under the module's own __dso_handle (a word of the image that
+        // holds its own address), run in order with the finalizers.
+        "runtime_exit",
         "sqlite_driver",
         "lua_driver",
     ] {
@@ -176,39 +179,69 @@ fn any_changed_input_is_a_miss_even_within_one_clock_tick() {
             &dir,
             "main.c",
             &format!(
-                "#include <stdio.h>\nint version(void); extern int shared_value;\n\
-                 int main(void) {{ printf(\"%d %d %d\\n\", {value}, version(), shared_value); return 0; }}\n"
+                "#include <stdio.h>\nint version(void); extern int shared_value; int static_value(void);\n\
+                 int main(void) {{ printf(\"%d %d %d %d\\n\", {value}, version(), shared_value, static_value()); return 0; }}\n"
             ),
             &["-O2"],
         )
     };
+    // A static library too, small enough to be read (not mapped): found by -l.
+    let archive = |value: u32| {
+        cc(
+            &dir,
+            "stat.c",
+            &format!("int static_value(void) {{ return {value}0; }}\n"),
+            &["-O2"],
+        );
+        let _ = std::fs::remove_file(dir.join("libstat.a"));
+        let status = Command::new("ar")
+            .arg("rcs")
+            .arg(dir.join("libstat.a"))
+            .arg(dir.join("stat.o"))
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
     library(1);
+    archive(1);
     main(1);
-    let args = ["main.o", "-L", ".", "-lversion"];
+    let args = ["main.o", "-L", ".", "-lversion", "-lstat"];
     let out = |expect: &str, stdout: &str| {
         let out = run(&cache, &dir, &args);
         let (o, e) = text(&out);
         assert!(e.contains(expect), "{e}");
         assert_eq!(o, stdout, "{e}");
     };
-    out(STORED, "1 1 1\n");
-    out(MAPPED, "1 1 1\n");
+    out(STORED, "1 1 1 10\n");
+    out(MAPPED, "1 1 1 10\n");
     // The object rewritten at once (same size, the same clock tick likely): a miss.
     main(2);
-    out(STORED, "2 1 1\n");
-    out(MAPPED, "2 1 1\n");
+    out(STORED, "2 1 1 10\n");
+    out(MAPPED, "2 1 1 10\n");
     // A host library changed (same name): a miss.
     library(3);
-    out(STORED, "2 3 3\n");
-    out(MAPPED, "2 3 3\n");
+    out(STORED, "2 3 3 10\n");
+    out(MAPPED, "2 3 3 10\n");
+    // A static library -l finds changed: a miss.
+    archive(4);
+    out(STORED, "2 3 3 40\n");
+    out(MAPPED, "2 3 3 40\n");
     // Other options: a miss.
     let other = run(
         &cache,
         &dir,
-        &["--defsym", "unused=0x10", "main.o", "-L", ".", "-lversion"],
+        &[
+            "--defsym",
+            "unused=0x10",
+            "main.o",
+            "-L",
+            ".",
+            "-lversion",
+            "-lstat",
+        ],
     );
     assert!(text(&other).1.contains(STORED), "{}", text(&other).1);
-    assert_eq!(images(&cache).len(), 4);
+    assert_eq!(images(&cache).len(), 5);
 }
 
 #[test]

@@ -40,7 +40,7 @@ pub(crate) fn write_got(
     // A relocatable link records the entries that depend on the process or the span.
     let record = |i: usize, binding: Binding| {
         if let Some(recorder) = resolver.recorder {
-            if !Recorder::invariant(&binding, Relative::Absolute) {
+            if !Recorder::invariant(&binding, Relative::Absolute, arch::Field::Word(8)) {
                 let field = resolver.got_base + i as u64 * 8 - recorder.base;
                 recorder.push(ImageFixup {
                     at: field,
@@ -208,7 +208,7 @@ impl<'l, 'a> Resolver<'l, 'a> {
         addend: i64,
         stub: Option<u64>,
     ) {
-        if Recorder::invariant(&binding, row.relative) {
+        if Recorder::invariant(&binding, row.relative, row.field) {
             return;
         }
         let fixup = FixupRow::of(row);

@@ -143,22 +143,6 @@ pub fn rebind(
         ));
     }
     let failed = |what: String| LinkError::Environment(format!("image: {what}"));
-    // The process's values.
-    let (module_id, tp_offset) = match &image.tls {
-        Some(t) => {
-            let id = ctx.tls_module_id().map_err(LinkError::Environment)?;
-            let tp = if t.static_tls {
-                Some(
-                    ctx.place_static_tls(id, &t.image, t.size, t.align)
-                        .map_err(LinkError::Environment)?,
-                )
-            } else {
-                None
-            };
-            (id, tp)
-        }
-        None => (0, None),
-    };
     let mut names: Vec<&str> = image
         .fixups
         .iter()
@@ -190,14 +174,92 @@ pub fn rebind(
             .and_then(|i| found[i])
             .unwrap_or(0)
     };
-    let got_base_unknown = image
+    if image
         .fixups
         .iter()
-        .any(|f| f.row.relative == Relative::GotBase);
-    if got_base_unknown {
+        .any(|f| f.row.relative == Relative::GotBase)
+    {
         return Err(failed("a GOT-relative fixup".into()));
     }
+    let arch = image.architecture.arch();
     let mut segs = memory.segments_mut();
+    // Where each fixup's field is: its segment and offset in it.
+    let mut fields = Vec::with_capacity(image.fixups.len());
+    for f in &image.fixups {
+        let Some(seg) = segs.iter().position(|s| {
+            f.at >= s.target - base
+                && f.at + f.row.field.len() <= s.target - base + s.bytes.len() as u64
+        }) else {
+            return Err(failed(format!("fixup at {:#x} outside the segments", f.at)));
+        };
+        fields.push((seg, (f.at - (segs[seg].target - base)) as usize));
+    }
+    // The value of a fixup whose binding needs no thread-local of this process, as the link
+    // computes it (a host function out of the field's reach through its stub, as the
+    // architecture decides reach).
+    let value_of = |f: &ImageFixup, tls: Option<(u64, Option<i64>)>| -> Result<i128, LinkError> {
+        let p = base.wrapping_add(f.place) as i128;
+        let a = f.addend as i128;
+        let (module_id, tp_offset) = tls.unwrap_or((0, None));
+        let t: i128 = match &f.binding {
+            Binding::DtpMod => return Ok(i128::from(module_id)),
+            Binding::Image(o) => (base + o) as i128,
+            Binding::Symbol(name) => address_of(name) as i128,
+            Binding::Absolute(v) => *v as i128,
+            Binding::TpOff(o) => match tp_offset {
+                Some(tp) => i128::from(tp) + *o as i128,
+                None => return Err(failed("a thread-pointer offset without static TLS".into())),
+            },
+        };
+        let relative = |t: i128| match f.row.relative {
+            Relative::Absolute | Relative::GotBase => t + a,
+            Relative::Place => t + a - p,
+            Relative::Page => ((t + a) & !0xfff) - (p & !0xfff),
+        };
+        let direct = relative(t);
+        Ok(match f.stub {
+            Some(stub) => {
+                let row = arch::Relocation::new(
+                    0,
+                    "image fixup",
+                    arch::Target::Symbol,
+                    f.row.relative,
+                    f.row.check,
+                    f.row.field,
+                );
+                if arch.reaches(&row, direct, t as u64, f.addend, p as u64) {
+                    direct
+                } else {
+                    relative((base + stub) as i128)
+                }
+            }
+            None => direct,
+        })
+    };
+    let needs_tls = |f: &ImageFixup| matches!(f.binding, Binding::TpOff(_) | Binding::DtpMod);
+    let does_not_fit = |f: &ImageFixup, e: arch::EncodeError| {
+        failed(format!(
+            "the value of the fixup at {:#x} ({:?}) does not fit in this process ({e:?})",
+            f.at, f.binding
+        ))
+    };
+    // Pass 1, before anything of the process is taken (a TLS module id, static TLS): every
+    // value that needs no thread-local, checked as it will be written (into a copy of its
+    // field), so that a value out of reach here fails the load with nothing to give back.
+    let mut values = Vec::with_capacity(image.fixups.len());
+    for (f, &(seg, at)) in image.fixups.iter().zip(&fields) {
+        if needs_tls(f) {
+            values.push(0);
+            continue;
+        }
+        let value = value_of(f, None)?;
+        let len = f.row.field.len() as usize;
+        let mut copy = [0u8; 8];
+        copy[..len].copy_from_slice(&segs[seg].bytes[at..at + len]);
+        arch::encode(f.row.field, f.row.check, value, &mut copy[..len])
+            .map_err(|e| does_not_fit(f, e))?;
+        values.push(value);
+    }
     // The relative words: the image's offset they hold, plus the span's address. The
     // words of one segment are in order: one pass per segment.
     let mut next = 0;
@@ -222,50 +284,31 @@ pub fn rebind(
             image.relative[next]
         )));
     }
-    for f in &image.fixups {
-        let p = base.wrapping_add(f.place) as i128;
-        let a = f.addend as i128;
-        let value = match &f.binding {
-            Binding::DtpMod => module_id as i128,
-            binding => {
-                let t: i128 = match binding {
-                    Binding::Image(o) => (base + o) as i128,
-                    Binding::Symbol(name) => address_of(name) as i128,
-                    Binding::Absolute(v) => *v as i128,
-                    Binding::TpOff(o) => match tp_offset {
-                        Some(tp) => i128::from(tp) + *o as i128,
-                        None => {
-                            return Err(failed("a thread-pointer offset without static TLS".into()))
-                        }
-                    },
-                    Binding::DtpMod => 0,
-                };
-                let relative = |t: i128| match f.row.relative {
-                    Relative::Absolute => t + a,
-                    Relative::Place => t + a - p,
-                    Relative::Page => ((t + a) & !0xfff) - (p & !0xfff),
-                    Relative::GotBase => t + a,
-                };
-                let direct = relative(t);
-                match f.stub {
-                    Some(stub) if !f.row.check.accepts(direct) => relative((base + stub) as i128),
-                    _ => direct,
-                }
-            }
+    // The process's thread-local values.
+    let (module_id, tp_offset) = match &image.tls {
+        Some(t) => {
+            let id = ctx.tls_module_id().map_err(LinkError::Environment)?;
+            let tp = if t.static_tls {
+                Some(
+                    ctx.place_static_tls(id, &t.image, t.size, t.align)
+                        .map_err(LinkError::Environment)?,
+                )
+            } else {
+                None
+            };
+            (id, tp)
+        }
+        None => (0, None),
+    };
+    // Pass 2: the thread-local values, then every field written.
+    for ((f, &(seg, at)), value) in image.fixups.iter().zip(&fields).zip(values) {
+        let value = if needs_tls(f) {
+            value_of(f, Some((module_id, tp_offset)))?
+        } else {
+            value
         };
-        let Some(seg) = segs.iter_mut().find(|s| {
-            f.at >= s.target - base
-                && f.at + f.row.field.len() <= s.target - base + s.bytes.len() as u64
-        }) else {
-            return Err(failed(format!("fixup at {:#x} outside the segments", f.at)));
-        };
-        let at = (f.at - (seg.target - base)) as usize;
-        arch::encode(f.row.field, f.row.check, value, &mut seg.bytes[at..]).map_err(|e| {
-            failed(format!(
-                "the value of the fixup at {:#x} ({:?}) does not fit in this process ({e:?})",
-                f.at, f.binding
-            ))
-        })?;
+        arch::encode(f.row.field, f.row.check, value, &mut segs[seg].bytes[at..])
+            .map_err(|e| does_not_fit(f, e))?;
     }
     drop(segs);
     let allocation = memory.finalize()?;

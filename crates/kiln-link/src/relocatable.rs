@@ -220,11 +220,14 @@ impl Recorder {
 
     /// Whether a value from `binding` computed `relative` to the place is the same
     /// wherever the span is mapped, in any process.
-    pub(crate) fn invariant(binding: &Binding, relative: Relative) -> bool {
+    pub(crate) fn invariant(binding: &Binding, relative: Relative, field: Field) -> bool {
         match binding {
             // The span keeps its layout, and starts on a page: differences between two of
-            // its addresses, and between their pages, do not change.
-            Binding::Image(_) => relative != Relative::Absolute,
+            // its addresses, and between their pages, do not change; nor does an address's
+            // offset in its page (AArch64's `:lo12:`).
+            Binding::Image(_) => {
+                relative != Relative::Absolute || matches!(field, Field::Lo12 { .. })
+            }
             Binding::Absolute(_) => relative == Relative::Absolute,
             Binding::Symbol(_) | Binding::TpOff(_) | Binding::DtpMod => false,
         }
@@ -243,7 +246,8 @@ pub enum ImageAddress {
 impl ImageAddress {
     pub(crate) fn of(address: u64, base: u64, len: u64) -> Self {
         match address.checked_sub(base) {
-            Some(offset) if offset < len => ImageAddress::Image(offset),
+            // The end of the span too (a symbol at the end of the last segment).
+            Some(offset) if offset <= len => ImageAddress::Image(offset),
             _ => ImageAddress::Absolute(address),
         }
     }
@@ -462,6 +466,24 @@ impl RelocatableImage {
             segments.push((len, permission));
         }
         let layout = kiln_memory::SpanLayout::new(&segments, page).map_err(|e| e.to_string())?;
+        // Every offset in the image lies in the span (its end included: a symbol may end
+        // the last segment).
+        let in_span = |o: u64, what: &str| -> Result<u64, String> {
+            if o <= layout.len {
+                Ok(o)
+            } else {
+                Err(format!(
+                    "{what} at {o:#x} is outside the image ({:#x} bytes)",
+                    layout.len
+                ))
+            }
+        };
+        let address_in_span = |a: ImageAddress, what: &str| -> Result<ImageAddress, String> {
+            if let ImageAddress::Image(o) = a {
+                in_span(o, what)?;
+            }
+            Ok(a)
+        };
         let n = r.count(41)?;
         let mut fixups = Vec::with_capacity(n);
         for _ in 0..n {
@@ -469,7 +491,7 @@ impl RelocatableImage {
             let place = r.u64()?;
             let row = FixupRow::decode(&mut r)?;
             let binding = match r.u8()? {
-                0 => Binding::Image(r.u64()?),
+                0 => Binding::Image(in_span(r.u64()?, "a fixup's target")?),
                 1 => Binding::Symbol(r.str()?.into()),
                 2 => Binding::Absolute(r.u64()?),
                 3 => Binding::TpOff(r.u64()?),
@@ -478,6 +500,10 @@ impl RelocatableImage {
             };
             let addend = r.u64()? as i64;
             let stub = Some(r.u64()?).filter(|&s| s != u64::MAX);
+            in_span(place, "a fixup's place")?;
+            if let Some(stub) = stub {
+                in_span(stub, "a stub")?;
+            }
             // Every field inside a segment with bytes (never past the span's end).
             let inside = layout.segments.iter().any(|&(offset, len, _)| {
                 at >= offset
@@ -515,7 +541,7 @@ impl RelocatableImage {
         let mut exports = Vec::with_capacity(n);
         for _ in 0..n {
             let name: Arc<str> = r.str()?.into();
-            let address = r.address()?;
+            let address = address_in_span(r.address()?, "an export")?;
             let visible = r.u8()? != 0;
             exports.push((name, address, visible));
         }
@@ -523,7 +549,20 @@ impl RelocatableImage {
         for list in &mut lists {
             let n = r.count(9)?;
             for _ in 0..n {
-                list.push(r.address()?);
+                // Initializers and finalizers are code of the module (or absolute).
+                let address = r.address()?;
+                if let ImageAddress::Image(o) = address {
+                    let code = layout
+                        .segments
+                        .first()
+                        .map_or(0..0, |&(at, len, _)| at..at + len);
+                    if !code.contains(&o) {
+                        return Err(format!(
+                            "an initializer at {o:#x} is not in the image's code"
+                        ));
+                    }
+                }
+                list.push(address);
             }
         }
         let [init, fini] = lists;
@@ -561,7 +600,7 @@ impl RelocatableImage {
                 let mut symbols = Vec::with_capacity(n);
                 for _ in 0..n {
                     let name = r.str()?.to_string();
-                    let address = r.address()?;
+                    let address = address_in_span(r.address()?, "a symbol")?;
                     let size = r.u64()?;
                     let kind = match r.u8()? {
                         0 => crate::SymbolKind::Function,

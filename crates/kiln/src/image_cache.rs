@@ -195,18 +195,23 @@ fn store(
         Some(Err(why)) => return ImageOutcome::NotStored(why),
         None => return ImageOutcome::NotStored("the link made no image".into()),
     };
-    let segments: Vec<Option<&[u8]>> = image
-        .segments
-        .iter()
-        .enumerate()
-        .map(|(i, &(len, _))| {
-            linked
-                .image
-                .get(i)
-                .map(|s| &s.bytes[..])
-                .filter(|b| !b.is_empty() && b.len() as u64 == len)
-        })
-        .collect();
+    // Each segment's bytes, whole; none for zero-filled data. A segment whose bytes were
+    // not kept whole is no image.
+    let mut segments: Vec<Option<&[u8]>> = Vec::with_capacity(image.segments.len());
+    for (i, &(len, permission)) in image.segments.iter().enumerate() {
+        let bytes = linked.image.get(i).map_or(&[][..], |s| &s.bytes[..]);
+        if bytes.len() as u64 == len && len > 0 {
+            segments.push(Some(bytes));
+        } else if bytes.is_empty() && (len == 0 || permission == kiln_memory::Permission::ReadWrite)
+        {
+            segments.push(None);
+        } else {
+            return ImageOutcome::NotStored(format!(
+                "segment {i}: {} bytes kept of {len}",
+                bytes.len()
+            ));
+        }
+    }
     let description = image.encode();
     let stored = cache.put(
         key,

@@ -131,10 +131,35 @@ impl Jit {
         Ok(())
     }
 
+    /// Reads an input file, remembered for an image's key ([`Jit::add_image_key_inputs`]).
+    fn read_input(&self, path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync>, Error> {
+        let bytes = read_file(path)?;
+        self.inner.files_read.lock().push(path.to_path_buf());
+        Ok(bytes)
+    }
+
+    /// Adds to an image's key what the session knows the link will read: the target, every
+    /// file the session read an input from (objects, archives, the archives `-l` found,
+    /// `libc_nonshared.a`), and every file mapped in this process (the executable, the
+    /// shared libraries host symbols come from, inputs mapped by the caller). The caller
+    /// adds what only it knows: inputs given as bytes, options, and the modules linked
+    /// earlier whose definitions the link uses (see [`Jit::link_pending_cached`]).
+    pub fn add_image_key_inputs(&self, key: &mut kiln_cache::ImageKeyBuilder) -> Result<(), Error> {
+        let io = |e: kiln_cache::CacheError| Error::Unsupported(format!("an image key: {e}"));
+        key.text("architecture", &self.inner.architecture.to_string());
+        let files = self.inner.files_read.lock().clone();
+        for path in files {
+            key.file(&path).map_err(io)?;
+        }
+        key.mapped_files().map_err(io)?;
+        Ok(())
+    }
+
     /// Adds a relocatable object file.
     pub fn add_object_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        self.add_object_shared(lib, &path.display().to_string(), read_file(path)?)
+        let bytes = self.read_input(path)?;
+        self.add_object_shared(lib, &path.display().to_string(), bytes)
     }
 
     /// Adds a relocatable object lazily: only its symbol table is read now, and it is
@@ -262,13 +287,14 @@ impl Jit {
     /// Adds a static archive file.
     pub fn add_archive_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        self.add_archive_shared(lib, &path.display().to_string(), read_file(path)?)
+        let bytes = self.read_input(path)?;
+        self.add_archive_shared(lib, &path.display().to_string(), bytes)
     }
 
     /// Adds an object or an archive, by its contents.
     pub fn add_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        let bytes = read_file(path)?;
+        let bytes = self.read_input(path)?;
         if starts_with(&bytes, b"!<arch>\n") {
             self.add_archive_shared(lib, &path.display().to_string(), bytes)
         } else if starts_with(&bytes, b"\x7fELF") {

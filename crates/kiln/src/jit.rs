@@ -222,6 +222,7 @@ impl JitBuilder {
                     .unwrap_or_else(|| Arc::new(kiln_cache::SystemCompiler::new())),
                 object_cache: self.object_cache,
                 image_cache: self.image_cache,
+                files_read: Default::default(),
             }),
         };
         jit.create_library("main");

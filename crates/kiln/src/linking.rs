@@ -105,7 +105,10 @@ impl Jit {
     ///
     /// `key` must name everything the link reads: the objects and archives (their
     /// contents, or identities that change with them), the host libraries symbols resolve
-    /// into, the options. [`kiln_cache::ImageKeyBuilder`] makes one; `kiln run` shows how.
+    /// into, the options, and the modules linked earlier in the session whose definitions
+    /// the link uses (an image binds to them by name, but which archive members it holds
+    /// depends on what they defined). [`kiln_cache::ImageKeyBuilder`] makes one, and
+    /// [`Jit::add_image_key_inputs`] adds what the session knows; `kiln run` shows how.
     /// A key that leaves an input out maps a stale image.
     ///
     /// The cache is not used (the link runs as [`Jit::link_pending`]'s) for a remote or

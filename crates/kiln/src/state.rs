@@ -56,6 +56,9 @@ pub(crate) struct Inner {
     pub(crate) compiler: Arc<dyn kiln_cache::Compiler>,
     pub(crate) object_cache: Option<Arc<dyn kiln_cache::ObjectCache>>,
     pub(crate) image_cache: Option<Arc<dyn kiln_cache::ImageCache>>,
+    /// Every file the session read an input from (objects, archives, `-l` libraries'
+    /// archives), for an image's key: files read are not in `/proc/self/maps`.
+    pub(crate) files_read: parking_lot::Mutex<Vec<std::path::PathBuf>>,
 }
 
 /// Memory in the low 2 GiB for non-PIC code, reserved on first use (most programs never
