@@ -17,6 +17,18 @@ use std::time::{Duration, SystemTime};
 /// How recent a change must be for a file to be keyed by its contents.
 pub const RACY: Duration = Duration::from_secs(2);
 
+/// Whether `meta`'s file changed within [`RACY`] (or in the future: a clock set back).
+fn racy(meta: &std::fs::Metadata) -> bool {
+    let changed = SystemTime::UNIX_EPOCH
+        + Duration::new(
+            meta.ctime().max(0) as u64,
+            meta.ctime_nsec().clamp(0, 999_999_999) as u32,
+        );
+    SystemTime::now()
+        .duration_since(changed)
+        .map_or(true, |age| age < RACY)
+}
+
 /// Builds the key of a linked image from labelled parts (in a fixed order: the same parts
 /// in the same order give the same key).
 ///
@@ -71,16 +83,20 @@ impl ImageKeyBuilder {
         self.identity(path, &meta)
     }
 
+    /// [`ImageKeyBuilder::file`] of a file whose contents the caller read (or mapped) as
+    /// `contents`: if the file changed within [`RACY`], those are the contents keyed — the
+    /// ones the link reads, even if the file was replaced since.
+    pub fn file_read(&mut self, path: &Path, contents: &[u8]) -> Result<&mut Self, CacheError> {
+        let meta = std::fs::metadata(path).map_err(io(format!("{}", path.display())))?;
+        self.text("file", &path.to_string_lossy());
+        if racy(&meta) {
+            return Ok(self.bytes("contents", blake3::hash(contents).as_bytes()));
+        }
+        self.identity(path, &meta)
+    }
+
     fn identity(&mut self, path: &Path, meta: &std::fs::Metadata) -> Result<&mut Self, CacheError> {
-        let changed = SystemTime::UNIX_EPOCH
-            + Duration::new(
-                meta.ctime().max(0) as u64,
-                meta.ctime_nsec().clamp(0, 999_999_999) as u32,
-            );
-        let racy = SystemTime::now()
-            .duration_since(changed)
-            .map_or(true, |age| age < RACY);
-        if racy {
+        if racy(meta) {
             let contents = std::fs::read(path).map_err(io(format!("{}", path.display())))?;
             let hash = blake3::hash(&contents);
             return Ok(self.bytes("contents", hash.as_bytes()));

@@ -53,9 +53,19 @@ pub(crate) fn key_start(o: &RunArgs, jit: &kiln::Jit) -> kiln::ImageKeyBuilder {
     key
 }
 
-/// Adds an input file (an object, archive or shared library) to `key`.
-pub(crate) fn add_file(key: &mut kiln::ImageKeyBuilder, path: &Path) -> Result<(), String> {
-    key.file(path).map(|_| ()).map_err(|e| e.to_string())
+/// Adds an input file (an object, archive or shared library) to `key`: `contents` what
+/// was read or mapped of it (keyed if it changed within the last seconds).
+pub(crate) fn add_file(
+    key: &mut kiln::ImageKeyBuilder,
+    path: &Path,
+    contents: Option<&[u8]>,
+) -> Result<(), String> {
+    match contents {
+        Some(bytes) => key.file_read(path, bytes),
+        None => key.file(path),
+    }
+    .map(|_| ())
+    .map_err(|e| e.to_string())
 }
 
 /// What `-v` says of a link through the image cache.

@@ -576,7 +576,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
         let name = input.display().to_string();
         let kind = inputs::classify(input, contents)?;
         if let (Some(key), false) = (&mut image_key, kind == inputs::InputKind::Source) {
-            if let Err(why) = image::add_file(key, input) {
+            if let Err(why) = image::add_file(key, input, contents) {
                 if o.verbose {
                     eprintln!("kiln: image cache not used: {why}");
                 }

@@ -96,6 +96,12 @@ fn programs_mapped_from_the_cache_behave_as_linked_and_as_native() {
         let dir = scratch(name);
         let cache = dir.join("cache");
         let (args, expected) = program(name);
+        // Inputs written within the last two seconds are keyed by their contents, older
+        // ones by their identity: a cold run and a warm one on either side of that
+        // boundary would have two keys. The programs are built once, at the first.
+        if name == "tls_static-pie" {
+            std::thread::sleep(kiln_cache::RACY + std::time::Duration::from_millis(200));
+        }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let cold = run(&cache, &dir, &args);
         let (stdout, stderr) = text(&cold);

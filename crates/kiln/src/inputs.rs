@@ -134,7 +134,10 @@ impl Jit {
     /// Reads an input file, remembered for an image's key ([`Jit::add_image_key_inputs`]).
     fn read_input(&self, path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync>, Error> {
         let bytes = read_file(path)?;
-        self.inner.files_read.lock().push(path.to_path_buf());
+        self.inner
+            .files_read
+            .lock()
+            .push((path.to_path_buf(), bytes.clone()));
         Ok(bytes)
     }
 
@@ -148,8 +151,8 @@ impl Jit {
         let io = |e: kiln_cache::CacheError| Error::Unsupported(format!("an image key: {e}"));
         key.text("architecture", &self.inner.architecture.to_string());
         let files = self.inner.files_read.lock().clone();
-        for path in files {
-            key.file(&path).map_err(io)?;
+        for (path, bytes) in files {
+            key.file_read(&path, (*bytes).as_ref()).map_err(io)?;
         }
         key.mapped_files().map_err(io)?;
         Ok(())

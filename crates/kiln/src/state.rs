@@ -58,7 +58,7 @@ pub(crate) struct Inner {
     pub(crate) image_cache: Option<Arc<dyn kiln_cache::ImageCache>>,
     /// Every file the session read an input from (objects, archives, `-l` libraries'
     /// archives), for an image's key: files read are not in `/proc/self/maps`.
-    pub(crate) files_read: parking_lot::Mutex<Vec<std::path::PathBuf>>,
+    pub(crate) files_read: parking_lot::Mutex<Vec<(std::path::PathBuf, crate::SharedBytes)>>,
 }
 
 /// Memory in the low 2 GiB for non-PIC code, reserved on first use (most programs never
