@@ -7,6 +7,7 @@
 //!    with one and with ten processes running the program at once.
 
 use super::{median, ms, time as run};
+use kiln_bench::sh;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -18,15 +19,6 @@ struct Program {
     inputs: Vec<String>,
     args: Vec<String>,
     native: PathBuf,
-}
-
-fn sh(command: &str) {
-    let status = Command::new("sh")
-        .arg("-c")
-        .arg(command)
-        .status()
-        .expect("sh runs");
-    assert!(status.success(), "failed: {command}");
 }
 
 /// `functions` functions in five objects, each in its own section, called through tables
