@@ -635,10 +635,11 @@ enum kiln_status kiln_link(const struct kiln_session *session, uint64_t library,
 // mapped, 0 when it was linked.
 //
 // `key` (`key_len` bytes) must name everything the link reads that can change: the
-// objects' contents (or the source and compiler that made them), the options. Kiln adds
-// its own version, the target, and every file mapped in this process (the shared
-// libraries host symbols come from). A key that leaves an input out maps a stale
-// image.
+// objects' contents (or the source and compiler that made them), the options, the
+// modules linked earlier in the session whose definitions this link uses. Kiln adds its
+// own version, the target, every file the session read an input from, and every file
+// mapped in this process (the shared libraries host symbols come from). A key that
+// leaves an input out maps a stale image.
 //
 // # Safety
 // `session` live; `key` points to `key_len` readable bytes; `module` and `mapped` NULL
