@@ -125,6 +125,11 @@ impl DiskImageCache {
         })
     }
 
+    /// The cache root (checked at open), which holds the images' directory.
+    pub fn root(&self) -> &Path {
+        self.store.root()
+    }
+
     /// The directory images are in.
     pub fn dir(&self) -> &Path {
         self.store.dir()

@@ -735,11 +735,16 @@ fn run(o: RunArgs) -> Result<i32, String> {
         .unwrap_or_else(|| "a.out".into());
     // argv[0]: a launcher that runs this program again (CPython's sys.executable), in the
     // cache directory; the name alone where there is none.
-    let root = o
-        .cache_dir
-        .clone()
-        .or_else(kiln_cache::DiskCache::default_root)
-        .and_then(|root| kiln_cache::private_directory(&root).ok());
+    // The image cache's root was checked when it was opened; without one, it is checked
+    // here.
+    let root = match &image_cache {
+        Some(cache) => Some(cache.root().to_path_buf()),
+        None => o
+            .cache_dir
+            .clone()
+            .or_else(kiln_cache::DiskCache::default_root)
+            .and_then(|root| kiln_cache::private_directory(&root).ok()),
+    };
     let launcher = root.and_then(|root| launcher::launcher(&o, &root, &name));
     if o.verbose {
         match &launcher {

@@ -84,7 +84,7 @@ impl LinkJob<'_> {
             unreachable!("image_bypass checked the cache");
         };
         let mut refused = None;
-        match self.map_image(&*cache, key) {
+        match self.map_image(&*cache, key, !plugins.is_empty()) {
             Ok(Some(link)) => return Ok(link),
             Ok(None) => {}
             Err(why) => {
@@ -103,11 +103,13 @@ impl LinkJob<'_> {
     }
 
     /// The module mapped from the cache's image under `key`: `None` if there is none, an
-    /// error (the caller links instead) if it cannot be used here.
+    /// error (the caller links instead) if it cannot be used here. `told`: the session has
+    /// plugins, which are told of every symbol.
     fn map_image(
         &self,
         cache: &dyn ImageCache,
         key: &CacheKey,
+        told: bool,
     ) -> Result<Option<ImageLink>, String> {
         let t = self.times.then(Instant::now);
         let Some(cached) = cache.get(key).map_err(|e| e.to_string())? else {
@@ -115,7 +117,6 @@ impl LinkJob<'_> {
         };
         let looked_up = t.map(|t| t.elapsed());
         let t = self.times.then(Instant::now);
-        let told = !self.jit.inner.plugins.snapshot().is_empty();
         let image = RelocatableImage::decode_with(cached.description(), told)
             .map_err(|e| format!("{}: {e}", cached.path.display()))?;
         let decoded = t.map(|t| t.elapsed());
