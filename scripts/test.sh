@@ -211,6 +211,18 @@ if ((${#tests_log[@]})); then
       }
     }
     END { printf "-- tests: %d passed, %d failed, %d ignored\n", p, f, g }'
+  # The failed tests by name, and the first lines of what each printed: the end of the
+  # output is often all a reader of the CI run sees.
+  failed_tests=$(cat "${tests_log[@]}" | grep -E '^test .* \.\.\. FAILED$' | sed -E 's/^test (.*) \.\.\. FAILED$/\1/' || true)
+  if [ -n "$failed_tests" ]; then
+    echo "-- failed tests:"
+    printf '%s\n' "$failed_tests" | sed 's/^/   /'
+    for log in "${tests_log[@]}"; do
+      awk '/^---- .* stdout ----$/ {show = 1; n = 0}
+        /^failures:$/ && show {show = 0}
+        show && n < 25 {print "   | " $0; n++}' "$log"
+    done
+  fi
 fi
 if [ -n "${KILN_TEST_SKIP_CROSS:-}" ]; then
   echo "-- skipped (KILN_TEST_SKIP_CROSS): AArch64 cross compiler, qemu and arm64 libraries; their tests passed without running (kiln-cli tests aarch64, c_executor's AArch64 ones)"
