@@ -135,7 +135,8 @@ fn a_server_that_accepts_and_never_answers_is_slow_not_a_hang() {
     let started = Instant::now();
     assert!(cache.put(&CacheKey([3; 32]), b"object").is_err());
     assert!(cache.get(&CacheKey([3; 32])).unwrap().is_none());
-    assert!(started.elapsed() < Duration::from_millis(100));
+    // Less than one operation's deadline: neither waited.
+    assert!(started.elapsed() < TIMEOUT, "{:?}", started.elapsed());
     let skips = cache.take_skips();
     assert_eq!(
         skips.len(),

@@ -621,8 +621,10 @@ fn replayed_first_handshake_messages_are_held_no_longer_than_the_handshake() {
         RemoteExecutor::connect_with_key(&listener.address, Some(&key), timeouts()).unwrap();
     let connected = start.elapsed();
     lookup_getpid(&remote).unwrap();
+    // Served, not held until the replayers' handshake deadline (10 s): half of it leaves
+    // room for a test machine busy with other tests.
     assert!(
-        start.elapsed() < Duration::from_secs(1),
+        start.elapsed() < Duration::from_secs(5),
         "{:?} (connected after {connected:?})",
         start.elapsed()
     );
