@@ -809,13 +809,18 @@ fn run(o: RunArgs) -> Result<i32, String> {
         }
         Err(e) => return Err(e.to_string()),
     };
-    jit.shutdown();
+    // As a program's exit: its finalizers, then the process ends (main exits at once with
+    // the status). Unmapping, withdrawing exports and emptying the index would cost a
+    // large program a millisecond for nothing.
+    jit.finalize_for_exit();
     if let Some(remote) = jit.executor().remote().filter(|_| o.show_times) {
         times::print_round_trips(&remote.round_trips());
     }
     // A remote executor sends the program's last output before it answers.
     if let Some(remote) = jit.executor().remote() {
         remote.shutdown();
+    } else {
+        std::mem::forget(jit);
     }
     Ok(status)
 }

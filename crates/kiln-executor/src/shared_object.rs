@@ -20,9 +20,9 @@
 //! non-executable `PT_GNU_STACK` (without one, glibc makes every thread's stack executable
 //! when it loads the object). The object has no code and no relocations but its TLS slot's.
 
-use kiln_elf::{ElfWriter, FileKind, Segment, SymbolTable};
+use kiln_elf::{ElfWriter, FileKind, Segment};
 use object::elf;
-use object::endian::{LittleEndian as LE, I64, U64};
+use object::endian::{LittleEndian as LE, I64, U16, U32, U64};
 use object::pod::bytes_of;
 
 /// One exported definition.
@@ -71,49 +71,68 @@ pub fn build(
 ) -> SharedObject {
     let e = LE;
     let segments = if tls.is_some() { 3 } else { 2 };
-    let mut w = ElfWriter::new(FileKind::Shared, machine, segments);
+    // Everything is written once, straight into a file of its final size: for a program
+    // of 20,000 exports (740 KB) a table built aside and copied in, and a buffer grown by
+    // doubling, cost twice the fresh pages (and their faults) of the file itself.
+    let nsyms = symbols.len() + 1;
+    let nbucket = (symbols.len() / 2).max(1);
+    let name_bytes = soname.len() + 1 + symbols.iter().map(|s| s.name.len() + 1).sum::<usize>();
+    let tls_bytes = tls.map_or(0, |t| t.image.len() + t.align.clamp(1, 4096) as usize + 32);
+    let contents =
+        nsyms * SYM as usize + 4 * (2 + nbucket + nsyms) + 1 + name_bytes + tls_bytes + 256;
+    let mut w = ElfWriter::with_capacity(FileKind::Shared, machine, segments, contents);
 
-    // .dynsym (the null symbol, then one absolute global per export) and .dynstr.
-    let name_bytes = soname.len() + symbols.iter().map(|s| s.name.len()).sum::<usize>();
-    let mut dynsym = SymbolTable::with_capacity(symbols.len(), name_bytes);
-    let soname_offset = dynsym.add_string(soname.as_bytes());
+    // .dynstr's layout: the empty name, the soname, then each export's name in order.
+    let soname_offset = 1u32;
+    let mut st_name = soname_offset + soname.len() as u32 + 1;
+
+    // .dynsym: the null symbol, then one absolute global per export.
+    let dynsym_offset = w.append(&[0u8; kiln_elf::SYM_SIZE], 8);
     for s in symbols {
         let kind = if s.function {
             elf::STT_FUNC
         } else {
             elf::STT_OBJECT
         };
-        dynsym.push(
-            s.name.as_bytes(),
-            elf::STB_GLOBAL,
-            kind,
-            elf::STV_DEFAULT,
-            elf::SHN_ABS,
-            s.address,
-            s.size,
-        );
+        let sym = elf::Sym64::<LE> {
+            st_name: U32::new(e, st_name),
+            st_info: elf::SymbolInfo::new(elf::STB_GLOBAL, kind),
+            st_other: elf::STV_DEFAULT.into(),
+            st_shndx: U16::new(e, elf::SHN_ABS),
+            st_value: U64::new(e, s.address),
+            st_size: U64::new(e, s.size),
+        };
+        w.append(bytes_of(&sym), 1);
+        st_name += s.name.len() as u32 + 1;
     }
-    let dynsym_offset = w.append(dynsym.symbols(), 8);
 
     // .hash (SysV): nbucket, nchain, buckets, chains.
-    let nsyms = symbols.len() + 1;
-    let nbucket = (symbols.len() / 2).max(1);
-    let mut buckets = vec![0u32; nbucket];
-    let mut chains = vec![0u32; nsyms];
+    let mut table = vec![0u32; 2 + nbucket + nsyms];
+    table[0] = nbucket as u32;
+    table[1] = nsyms as u32;
+    let (buckets, chains) = table[2..].split_at_mut(nbucket);
     for (i, s) in symbols.iter().enumerate() {
         let index = i as u32 + 1;
         let b = elf::hash(s.name.as_bytes()) as usize % nbucket;
         chains[index as usize] = buckets[b];
         buckets[b] = index;
     }
-    let mut hash = Vec::with_capacity(4 * (2 + nbucket + nsyms));
-    hash.extend_from_slice(&(nbucket as u32).to_le_bytes());
-    hash.extend_from_slice(&(nsyms as u32).to_le_bytes());
-    for word in buckets.iter().chain(&chains) {
-        hash.extend_from_slice(&word.to_le_bytes());
+    let hash_offset = w.pad_to(8);
+    for word in &table {
+        w.append(&word.to_le_bytes(), 1);
     }
-    let hash_offset = w.append(&hash, 8);
-    let dynstr_offset = w.append(dynsym.strings(), 1);
+    drop(table);
+
+    // .dynstr
+    let dynstr_offset = w.append(&[0], 1);
+    w.append(soname.as_bytes(), 1);
+    w.append(&[0], 1);
+    for s in symbols {
+        w.append(s.name.as_bytes(), 1);
+        w.append(&[0], 1);
+    }
+    let dynstr_size = w.offset() - dynstr_offset;
+    debug_assert_eq!(dynstr_size, 1 + name_bytes as u64);
 
     // The TLS initialization image.
     let tls_layout = tls.map(|t| (w.append(t.image, t.align.clamp(1, 4096)), t));
@@ -141,7 +160,7 @@ pub fn build(
         (elf::DT_HASH, hash_offset),
         (elf::DT_STRTAB, dynstr_offset),
         (elf::DT_SYMTAB, dynsym_offset),
-        (elf::DT_STRSZ, dynsym.strings().len() as u64),
+        (elf::DT_STRSZ, dynstr_size),
         (elf::DT_SYMENT, SYM),
     ];
     if let Some((_, rela_offset)) = tls_relocation {

@@ -351,29 +351,22 @@ impl Jit {
         if self.inner.executor.pid().is_some() {
             return;
         }
-        let mut code = Vec::new();
-        let mut functions = Vec::new();
+        let mut tables = Vec::new();
         for library in self.inner.libraries.read().iter() {
             let state = library.state.read();
-            // Each module's code and its own definitions in it (a slice each, not the
-            // index's table).
+            // Each module's code and its own definitions (the module itself: no copy).
             for module in state.modules.values() {
                 let Some(text) = module.inner.allocation.segments().first() else {
                     continue;
                 };
-                code.push((text.target, text.target + text.len));
-                let text = text.target..text.target + text.len;
-                functions.extend(
-                    module
-                        .inner
-                        .symbols
-                        .iter()
-                        .filter(|(_, address, _)| text.contains(address))
-                        .map(|(name, address, _)| (*address, name.clone())),
-                );
+                tables.push(kiln_executor::crash_report::CodeTable {
+                    start: text.target,
+                    end: text.target + text.len,
+                    symbols: module.inner.clone(),
+                });
             }
         }
-        kiln_executor::crash_report::install(code, functions);
+        kiln_executor::crash_report::install(tables);
     }
 
     /// The JIT function `address` falls in: its name and the offset into it (the nearest

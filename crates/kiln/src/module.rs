@@ -61,28 +61,41 @@ impl ModuleInner {
         }
     }
 
-    /// Runs finalizers once (the calling thread's thread-local destructors, `atexit`
-    /// handlers, `.fini_array`), withdraws exported definitions and unregisters unwind
-    /// information; the memory stays until the last handle goes.
-    pub(crate) fn finalize(&self) {
+    /// Runs the module's finalizers unless they ran already: the calling thread's
+    /// thread-local destructors, `atexit` handlers, `.fini_array`.
+    pub(crate) fn run_finalizers(&self) {
         let run = {
             let mut done = self.finalized.lock();
             let run = !*done;
             *done = true;
             run
         };
-        if let Some(exports) = self.exports.lock().take() {
-            self.executor.unexport_symbols(exports);
-        }
         if run {
             if let Err(error) = self.executor.run_finalizers(self.dso_handle, &self.fini) {
                 tracing::warn!(%error, module = %self.name, "running finalizers failed");
             }
         }
+    }
+
+    /// Runs finalizers once, withdraws exported definitions and unregisters unwind
+    /// information; the memory stays until the last handle goes.
+    pub(crate) fn finalize(&self) {
+        // Exports go first: a library loaded meanwhile must not bind to a module whose
+        // finalizers are running.
+        if let Some(exports) = self.exports.lock().take() {
+            self.executor.unexport_symbols(exports);
+        }
+        self.run_finalizers();
         self.executor.unregister_module(self.dso_handle);
         if let Some(registration) = self.eh.lock().take() {
             self.executor.deregister_eh_frame(registration);
         }
+    }
+}
+
+impl kiln_executor::crash_report::ModuleSymbols for ModuleInner {
+    fn definitions(&self) -> &[(Arc<str>, u64, bool)] {
+        &self.symbols
     }
 }
 

@@ -189,6 +189,34 @@ impl Jit {
         Ok(())
     }
 
+    /// Runs the finalizers of every module (newest first), as a program's `exit` does, and
+    /// nothing else: the modules stay linked, mapped and published. For a process that
+    /// ends right after (`kiln run`): what [`Jit::shutdown`] and dropping the session
+    /// would also do — withdraw exports, deregister unwind tables, empty the index, unmap
+    /// — the exit does at once. A module's finalizers run once, whichever is called.
+    pub fn finalize_for_exit(&self) {
+        let mut modules: Vec<Module> = self
+            .inner
+            .libraries
+            .read()
+            .iter()
+            .flat_map(|library| {
+                library
+                    .state
+                    .read()
+                    .modules
+                    .values()
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        modules.sort_by_key(|m| std::cmp::Reverse(m.inner.id));
+        for m in &modules {
+            m.inner.run_finalizers();
+        }
+        self.inner.executor.flush();
+    }
+
     /// Runs the finalizers of every module (newest first) and forgets them, as a program's
     /// exit would.
     pub fn shutdown(&self) {
