@@ -17,6 +17,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: plugin_host PLUGIN.so\n");
         return 2;
     }
+    /* The program's own definitions, found through the loader (before any dlopen). */
+    void *self = dlsym(RTLD_DEFAULT, "host_log");
+    printf("dlsym(host_log): %s\n", self == (void *)host_log ? "found" : "missing");
     void *plugin = dlopen(argv[1], RTLD_NOW);
     if (!plugin) {
         printf("dlopen failed: %s\n", dlerror());

@@ -170,8 +170,16 @@ impl ExecutorService for CallbackExecutor {
         self.in_process.unregister_module(dso_handle)
     }
 
-    fn export_symbols(&self, symbols: Vec<ExportedSymbol>) -> Result<ExportHandle, Error> {
-        self.in_process.export_symbols(symbols)
+    fn export_symbols(
+        &self,
+        symbols: Vec<ExportedSymbol>,
+        on_demand: bool,
+    ) -> Result<ExportHandle, Error> {
+        self.in_process.export_symbols(symbols, on_demand)
+    }
+
+    fn loader_shim(&self, name: &str) -> Option<u64> {
+        self.in_process.loader_shim(name)
     }
 
     fn unexport_symbols(&self, handle: ExportHandle) {

@@ -539,6 +539,9 @@ fn run(o: RunArgs) -> Result<i32, String> {
     let jit = builder
         .executor(executor)
         .export_to_libraries(!o.no_export_dynamic && !o.noexec)
+        // Published at the program's first dlopen/dlsym (kiln's own code never searches
+        // the process for the program's names).
+        .exports_on_demand(true)
         .noexec(o.noexec)
         .debug_support(kiln::DebugSupport {
             gdb: o.gdb,

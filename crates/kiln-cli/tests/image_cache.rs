@@ -161,7 +161,8 @@ fn a_plugin_the_mapped_program_dlopens_calls_back_into_it() {
         assert_eq!(out.status.code(), Some(0), "run {n}: {stderr}");
         assert!(stderr.contains(expect), "run {n}: {stderr}");
         assert_eq!(
-            stdout, "host_log: plugin says hello\nplugin_run(5) = 210, host_calls = 1\n",
+            stdout,
+            "dlsym(host_log): found\nhost_log: plugin says hello\nplugin_run(5) = 210, host_calls = 1\n",
             "run {n}"
         );
     }

@@ -114,7 +114,7 @@ fn a_plugin_loaded_by_the_program_calls_back_into_it() {
     cc(&["-O2", "-fPIE", "-c"], &source("plugin_host.c"), &host);
     cc(&["-O2", "-fPIC", "-shared"], &source("plugin.c"), &plugin);
     let plugin_arg = plugin.display().to_string();
-    let expected = "host_log: plugin says hello\nplugin_run(5) = 210, host_calls = 1\n";
+    let expected = "dlsym(host_log): found\nhost_log: plugin says hello\nplugin_run(5) = 210, host_calls = 1\n";
     for mode in [&[][..], &["--oop"]] {
         let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
             .arg("run")
@@ -141,10 +141,62 @@ fn a_plugin_loaded_by_the_program_calls_back_into_it() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        stdout.contains("dlopen failed") && stdout.contains("undefined symbol"),
+        stdout.contains("dlsym(host_log): missing")
+            && stdout.contains("dlopen failed")
+            && stdout.contains("undefined symbol"),
         "{stdout}"
     );
     assert_eq!(out.status.code(), Some(3));
+}
+
+/// `kiln run` publishes a program's exports when the program first calls the loader; a
+/// shared library given to `kiln run` reaches the loader without the program, so with one
+/// the exports are published at once: its own `dlsym(RTLD_DEFAULT, …)` finds the
+/// program's function, in and out of process, mapped from the image cache or linked.
+#[test]
+fn a_library_given_to_kiln_run_finds_the_programs_definitions_itself() {
+    executor_binary();
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("library_lookup");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let lib_c = tmp.join("lookup.c");
+    std::fs::write(
+        &lib_c,
+        "#include <dlfcn.h>\n\
+         int call_program(const char *name, int x) {\n\
+           int (*f)(int) = (int (*)(int))dlsym(RTLD_DEFAULT, name);\n\
+           return f ? f(x) : -1;\n}\n",
+    )
+    .unwrap();
+    let main_c = tmp.join("main.c");
+    std::fs::write(
+        &main_c,
+        "#include <stdio.h>\n\
+         int call_program(const char *name, int x);\n\
+         int twice(int x) { return 2 * x; }\n\
+         int main(void) { printf(\"%d\\n\", call_program(\"twice\", 21)); return 0; }\n",
+    )
+    .unwrap();
+    let lib = tmp.join("liblookup.so");
+    let obj = tmp.join("main.o");
+    cc(&["-O2", "-fPIC", "-shared"], &lib_c, &lib);
+    cc(&["-O2", "-fPIE", "-c"], &main_c, &obj);
+    let cache = tmp.join("cache");
+    for (round, mode) in [&[][..], &[], &["--oop"]].iter().enumerate() {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .env("KILN_CACHE_DIR", &cache)
+            .arg("run")
+            .args(*mode)
+            .arg(&obj)
+            .arg(&lib)
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "42\n",
+            "round {round} {mode:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]

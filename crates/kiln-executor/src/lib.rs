@@ -12,6 +12,7 @@
 pub mod code_guards;
 pub mod crash_report;
 pub mod debug_outputs;
+mod exports;
 pub mod lazy_entry;
 pub mod listener;
 pub mod loader;

@@ -26,6 +26,22 @@ pub fn dlopen(path: &str) -> Result<*mut c_void, String> {
     dlopen_with(path, libc::RTLD_NOW | libc::RTLD_GLOBAL)
 }
 
+/// Whether the shared library at `path` is loaded in this process already (`dlopen` with
+/// `RTLD_NOLOAD`, which loads nothing).
+pub fn is_loaded(path: &str) -> bool {
+    let Ok(c) = CString::new(path) else {
+        return false;
+    };
+    // SAFETY: dlopen reads a NUL-terminated string; RTLD_NOLOAD only looks.
+    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if handle.is_null() {
+        return false;
+    }
+    // SAFETY: the reference the lookup just took.
+    unsafe { libc::dlclose(handle) };
+    true
+}
+
 fn dlopen_with(path: &str, flags: c_int) -> Result<*mut c_void, String> {
     let c = CString::new(path).map_err(|e| e.to_string())?;
     // SAFETY: dlopen reads a NUL-terminated string; running the library's constructors is

@@ -5,7 +5,9 @@
 
 use std::ffi::{c_char, c_int, c_void, CString};
 
-pub use crate::loader::{dlopen, dlopen_bytes, dlsym, host_symbol_is_function, LoadedObject};
+pub use crate::loader::{
+    dlopen, dlopen_bytes, dlsym, host_symbol_is_function, is_loaded, LoadedObject,
+};
 
 type FrameFn = unsafe extern "C" fn(*const c_void);
 
@@ -148,28 +150,10 @@ pub fn flush_stdio() {
     unsafe { libc::fflush(std::ptr::null_mut()) };
 }
 
-/// Definitions made visible to libraries loaded later: an `RTLD_GLOBAL` object of absolute
-/// symbols (see [`crate::shared_object`]). Closed by [`unexport_symbols`].
-#[derive(Debug)]
-pub struct Exports {
-    object: LoadedObject,
-}
-
-static EXPORT_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Exports `symbols` to libraries loaded from now on (and to `dlsym(RTLD_DEFAULT, …)`).
-pub fn export_symbols(symbols: &[crate::shared_object::ExportedSymbol]) -> Result<Exports, String> {
-    let serial = EXPORT_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let soname = format!("kiln-exports-{}-{serial}.so", std::process::id());
-    let object =
-        crate::shared_object::build(&soname, crate::shared_object::host_machine(), symbols, None);
-    dlopen_bytes(&soname, &object.bytes, true).map(|object| Exports { object })
-}
-
-/// Withdraws exported definitions.
-pub fn unexport_symbols(exports: Exports) {
-    exports.object.close();
-}
+pub use crate::exports::{
+    export_symbols, export_symbols_on_demand, exports_pending, loader_shim, note_library_loaded,
+    publish_exports, unexport_symbols, Exports,
+};
 
 /// Makes `variables` (`NAME=VALUE` each) this process's whole environment and enters
 /// `directory` (unless empty): how an executor's program gets its controller's world.

@@ -453,7 +453,7 @@ impl LinkJob<'_> {
                     function: code.as_ref().is_some_and(|c| c.contains(&e.address)),
                 })
                 .collect();
-            Some(executor.export_symbols(list)?)
+            Some(executor.export_symbols(list, self.jit.inner.exports_on_demand)?)
         } else {
             None
         };

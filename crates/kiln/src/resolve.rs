@@ -149,8 +149,15 @@ impl LinkContext for SessionContext<'_> {
         let mut out = self.search_indexes(&order, names);
         for (slot, name) in out.iter_mut().zip(names) {
             if slot.is_none() {
-                // What Kiln's runtime provides in place of the C runtime's.
-                *slot = executor.runtime_symbol(name);
+                // What Kiln's runtime provides in place of the C runtime's (and the
+                // loader's shims, when exports wait for the loader's first use).
+                *slot = executor.runtime_symbol(name).or_else(|| {
+                    if self.jit.inner.exports_on_demand && self.jit.inner.export_to_libraries {
+                        executor.loader_shim(name)
+                    } else {
+                        None
+                    }
+                });
                 if slot.is_some() && name.starts_with("__cxa_thread_atexit") {
                     self.thread_atexit = true;
                 }

@@ -42,6 +42,9 @@ pub(crate) struct Inner {
     pub(crate) session: u32,
     pub(crate) executor: Executor,
     pub(crate) export_to_libraries: bool,
+    /// Exports published at JIT code's first call of the loader
+    /// ([`crate::JitBuilder::exports_on_demand`]).
+    pub(crate) exports_on_demand: bool,
     pub(crate) noexec: bool,
     pub(crate) memory: Arc<dyn MemoryManager>,
     pub(crate) low_memory: LowMemory,

@@ -46,12 +46,15 @@ impl ExecutorService for InProcess {
     }
 
     fn load_library(&self, path: &str) -> Result<u64, Error> {
-        runtime::dlopen(path)
-            .map(|h| h as u64)
-            .map_err(|reason| Error::SharedLibrary {
-                name: path.to_string(),
-                reason,
-            })
+        let already_loaded = runtime::is_loaded(path);
+        let handle = runtime::dlopen(path).map_err(|reason| Error::SharedLibrary {
+            name: path.to_string(),
+            reason,
+        })?;
+        // A library new to the process may look for the program's names itself: exports
+        // made on demand are published now.
+        runtime::note_library_loaded(already_loaded).map_err(Error::Executor)?;
+        Ok(handle as u64)
     }
 
     fn register_eh_frame(&self, address: u64) -> Result<Option<EhRegistration>, Error> {
@@ -135,10 +138,22 @@ impl ExecutorService for InProcess {
         thread_locals::unregister_module(dso_handle);
     }
 
-    fn export_symbols(&self, symbols: Vec<ExportedSymbol>) -> Result<ExportHandle, Error> {
-        runtime::export_symbols(&symbols)
-            .map(ExportHandle::new)
-            .map_err(Error::Executor)
+    fn export_symbols(
+        &self,
+        symbols: Vec<ExportedSymbol>,
+        on_demand: bool,
+    ) -> Result<ExportHandle, Error> {
+        if on_demand {
+            runtime::export_symbols_on_demand(symbols)
+        } else {
+            runtime::export_symbols(&symbols)
+        }
+        .map(ExportHandle::new)
+        .map_err(Error::Executor)
+    }
+
+    fn loader_shim(&self, name: &str) -> Option<u64> {
+        runtime::loader_shim(name)
     }
 
     fn unexport_symbols(&self, handle: ExportHandle) {

@@ -344,12 +344,19 @@ impl Executor {
         self.service.unregister_module(dso_handle)
     }
 
-    /// Makes `symbols` visible to libraries the executor loads from now on.
+    /// Makes `symbols` visible to libraries the executor loads from now on (`on_demand`:
+    /// when JIT code first calls the loader, where the executor can defer them).
     pub(crate) fn export_symbols(
         &self,
         symbols: Vec<ExportedSymbol>,
+        on_demand: bool,
     ) -> Result<ExportHandle, Error> {
-        self.service.export_symbols(symbols)
+        self.service.export_symbols(symbols, on_demand)
+    }
+
+    /// The shim for loader function `name`, where the executor has one.
+    pub(crate) fn loader_shim(&self, name: &str) -> Option<u64> {
+        self.service.loader_shim(name)
     }
 
     pub(crate) fn unexport_symbols(&self, handle: ExportHandle) {

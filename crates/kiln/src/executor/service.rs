@@ -162,8 +162,20 @@ pub trait ExecutorService: Send + Sync {
     /// Forgets what [`ExecutorService::register_module`] told.
     fn unregister_module(&self, _dso_handle: u64) {}
 
-    /// Makes `symbols` visible to libraries the executor loads from now on.
-    fn export_symbols(&self, symbols: Vec<ExportedSymbol>) -> Result<ExportHandle, Error>;
+    /// Makes `symbols` visible to libraries the executor loads from now on;
+    /// `on_demand`: when JIT code first calls the loader (an executor that cannot defer
+    /// them exports them at once).
+    fn export_symbols(
+        &self,
+        symbols: Vec<ExportedSymbol>,
+        on_demand: bool,
+    ) -> Result<ExportHandle, Error>;
+
+    /// The shim JIT code calls in place of loader function `name` (`dlopen`, `dlsym`, …)
+    /// so that exports made on demand are published first; `None` where there is none.
+    fn loader_shim(&self, _name: &str) -> Option<u64> {
+        None
+    }
 
     /// Withdraws an export.
     fn unexport_symbols(&self, handle: ExportHandle);

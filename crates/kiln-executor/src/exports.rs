@@ -1,0 +1,190 @@
+//! Definitions of JIT modules made visible to libraries loaded later, as a native
+//! executable's `-Wl,-E` makes its own: each module's exports are an `RTLD_GLOBAL` shared
+//! object of absolute symbols (see [`crate::shared_object`]), opened with `dlopen`.
+//!
+//! **On demand.** Building and opening that object costs a program of 20,000 functions
+//! about a millisecond and a half at every start, and most programs never load a library.
+//! Exports may therefore be *deferred*: kept as a list, and opened — all of them, in the
+//! order they were made — the first time JIT code asks the dynamic loader anything that
+//! could see them: the session binds the program's `dlopen`, `dlmopen`, `dlsym` and
+//! `dlvsym` to the shims below ([`loader_shim`]), which publish what is pending and then
+//! call the C library's function. A shared library loaded for the program by the session
+//! ([`note_library_loaded`]) publishes them too, and makes later exports immediate: its
+//! code reaches the loader without the shims.
+//!
+//! The shims change nothing else: the C library sees the call come from this executable,
+//! as it sees a call from JIT code (which lies in no loaded object), so `RTLD_NEXT` and the
+//! caller's namespace resolve as they would.
+
+use crate::loader::{dlopen_bytes, LoadedObject};
+use crate::shared_object::ExportedSymbol;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::ffi::{c_char, c_int, c_long, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Exported definitions, open or deferred. Withdrawn by [`unexport_symbols`].
+#[derive(Debug)]
+pub struct Exports {
+    serial: u64,
+}
+
+enum State {
+    /// Not opened yet: published at JIT code's first call of the loader.
+    Deferred(Vec<ExportedSymbol>),
+    Open(LoadedObject),
+    /// Publishing failed (said once, when it happened).
+    Failed,
+}
+
+/// Every module's exports, by serial (the order they were made, which is the order the
+/// loader searches them).
+static EXPORTS: Mutex<BTreeMap<u64, State>> = Mutex::new(BTreeMap::new());
+static SERIAL: AtomicU64 = AtomicU64::new(0);
+/// Some exports are deferred: the shims' one check.
+static PENDING: AtomicBool = AtomicBool::new(false);
+/// A library was loaded for the program: exports are opened when made.
+static IMMEDIATE: AtomicBool = AtomicBool::new(false);
+
+fn open(serial: u64, symbols: &[ExportedSymbol]) -> Result<LoadedObject, String> {
+    let soname = format!("kiln-exports-{}-{serial}.so", std::process::id());
+    let object =
+        crate::shared_object::build(&soname, crate::shared_object::host_machine(), symbols, None);
+    dlopen_bytes(&soname, &object.bytes, true)
+}
+
+/// Exports `symbols` to libraries loaded from now on (and to `dlsym(RTLD_DEFAULT, …)`).
+pub fn export_symbols(symbols: &[ExportedSymbol]) -> Result<Exports, String> {
+    let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+    // Under the lock: deferred exports made before are opened first, in order.
+    let mut exports = EXPORTS.lock();
+    if let Err(error) = publish_locked(&mut exports) {
+        tracing::warn!(%error, "deferred exports could not be opened");
+    }
+    let object = open(serial, symbols)?;
+    exports.insert(serial, State::Open(object));
+    Ok(Exports { serial })
+}
+
+/// Exports `symbols` when JIT code first calls the loader through a shim (or a library is
+/// loaded for the program); at once if one was loaded already.
+pub fn export_symbols_on_demand(symbols: Vec<ExportedSymbol>) -> Result<Exports, String> {
+    if IMMEDIATE.load(Ordering::Acquire) {
+        return export_symbols(&symbols);
+    }
+    let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+    EXPORTS.lock().insert(serial, State::Deferred(symbols));
+    PENDING.store(true, Ordering::Release);
+    Ok(Exports { serial })
+}
+
+/// Opens every deferred export, oldest first. The first failure is returned; the others
+/// are still tried.
+pub fn publish_exports() -> Result<(), String> {
+    publish_locked(&mut EXPORTS.lock())
+}
+
+fn publish_locked(exports: &mut BTreeMap<u64, State>) -> Result<(), String> {
+    PENDING.store(false, Ordering::Release);
+    let mut first_error = None;
+    for (&serial, state) in exports.iter_mut() {
+        let State::Deferred(symbols) = state else {
+            continue;
+        };
+        *state = match open(serial, symbols) {
+            Ok(object) => State::Open(object),
+            Err(e) => {
+                first_error.get_or_insert(e);
+                State::Failed
+            }
+        };
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Whether some exports wait for the loader's first use.
+pub fn exports_pending() -> bool {
+    PENDING.load(Ordering::Acquire)
+}
+
+/// A library was loaded for the program (`already_loaded`: it was in the process before,
+/// a dependency of this executable, whose code never looks for the program's names):
+/// deferred exports are opened now and later ones at once.
+pub fn note_library_loaded(already_loaded: bool) -> Result<(), String> {
+    if already_loaded {
+        return Ok(());
+    }
+    IMMEDIATE.store(true, Ordering::Release);
+    publish_exports()
+}
+
+/// Withdraws exported definitions (never opened, if they were still deferred).
+pub fn unexport_symbols(exports: Exports) {
+    let state = EXPORTS.lock().remove(&exports.serial);
+    if let Some(State::Open(object)) = state {
+        object.close();
+    }
+}
+
+fn publish_pending() {
+    if PENDING.load(Ordering::Acquire) {
+        if let Err(error) = publish_exports() {
+            tracing::warn!(%error, "the program's definitions could not be exported to the library it loads");
+        }
+    }
+}
+
+unsafe extern "C" {
+    // Not in the `libc` crate for every target; glibc has both since 2.3.
+    fn dlmopen(namespace: c_long, file: *const c_char, mode: c_int) -> *mut c_void;
+    fn dlvsym(handle: *mut c_void, symbol: *const c_char, version: *const c_char) -> *mut c_void;
+}
+
+/// `dlopen`, for JIT code: deferred exports first.
+unsafe extern "C" fn dlopen_shim(file: *const c_char, mode: c_int) -> *mut c_void {
+    publish_pending();
+    // SAFETY: the caller's arguments, passed on as given.
+    unsafe { libc::dlopen(file, mode) }
+}
+
+/// `dlmopen`, for JIT code: deferred exports first.
+unsafe extern "C" fn dlmopen_shim(
+    namespace: c_long,
+    file: *const c_char,
+    mode: c_int,
+) -> *mut c_void {
+    publish_pending();
+    // SAFETY: the caller's arguments, passed on as given.
+    unsafe { dlmopen(namespace, file, mode) }
+}
+
+/// `dlsym`, for JIT code: deferred exports first.
+unsafe extern "C" fn dlsym_shim(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    publish_pending();
+    // SAFETY: the caller's arguments, passed on as given.
+    unsafe { libc::dlsym(handle, symbol) }
+}
+
+/// `dlvsym`, for JIT code: deferred exports first.
+unsafe extern "C" fn dlvsym_shim(
+    handle: *mut c_void,
+    symbol: *const c_char,
+    version: *const c_char,
+) -> *mut c_void {
+    publish_pending();
+    // SAFETY: the caller's arguments, passed on as given.
+    unsafe { dlvsym(handle, symbol, version) }
+}
+
+/// The shim JIT code calls for loader function `name` (`dlopen`, `dlmopen`, `dlsym`,
+/// `dlvsym`): its address in this process; `None` for any other name.
+pub fn loader_shim(name: &str) -> Option<u64> {
+    let address = match name {
+        "dlopen" => dlopen_shim as *const () as usize,
+        "dlmopen" => dlmopen_shim as *const () as usize,
+        "dlsym" => dlsym_shim as *const () as usize,
+        "dlvsym" => dlvsym_shim as *const () as usize,
+        _ => return None,
+    };
+    Some(address as u64)
+}
