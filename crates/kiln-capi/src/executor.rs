@@ -178,6 +178,14 @@ impl ExecutorService for CallbackExecutor {
         self.in_process.export_symbols(symbols, on_demand)
     }
 
+    fn export_module_on_demand(
+        &self,
+        module: std::sync::Weak<dyn kiln::ModuleSymbols>,
+        code: std::ops::Range<u64>,
+    ) -> Option<Result<ExportHandle, Error>> {
+        self.in_process.export_module_on_demand(module, code)
+    }
+
     fn loader_shim(&self, name: &str) -> Option<u64> {
         self.in_process.loader_shim(name)
     }

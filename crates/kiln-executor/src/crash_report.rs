@@ -12,12 +12,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-/// What holds a module's definitions, as the session keeps them: name, address, and
-/// whether it is exported (any order; those outside the module's code are ignored).
-pub trait ModuleSymbols: Send + Sync {
-    /// The definitions.
-    fn definitions(&self) -> &[(Arc<str>, u64, bool)];
-}
+pub use crate::module_symbols::ModuleSymbols;
 
 /// A module's code `[start, end)` and its definitions.
 #[derive(Clone)]

@@ -17,11 +17,14 @@
 //! caller's namespace resolve as they would.
 
 use crate::loader::{dlopen_bytes, LoadedObject};
+use crate::module_symbols::ModuleSymbols;
 use crate::shared_object::ExportedSymbol;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_long, c_void};
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Weak;
 
 /// Exported definitions, open or deferred. Withdrawn by [`unexport_symbols`].
 #[derive(Debug)]
@@ -32,6 +35,12 @@ pub struct Exports {
 enum State {
     /// Not opened yet: published at JIT code's first call of the loader.
     Deferred(Vec<ExportedSymbol>),
+    /// A module's exported definitions, read from the module when published (a module
+    /// gone by then exports nothing): no list is made for a program that never asks.
+    DeferredModule {
+        module: Weak<dyn ModuleSymbols>,
+        code: Range<u64>,
+    },
     Open(LoadedObject),
     /// Publishing failed (said once, when it happened).
     Failed,
@@ -78,6 +87,43 @@ pub fn export_symbols_on_demand(symbols: Vec<ExportedSymbol>) -> Result<Exports,
     Ok(Exports { serial })
 }
 
+/// The exports of `module`: its exported definitions, functions where they lie in `code`.
+pub fn exports_of(module: &dyn ModuleSymbols, code: &Range<u64>) -> Vec<ExportedSymbol> {
+    module
+        .definitions()
+        .iter()
+        .filter(|(_, _, exported)| *exported)
+        .map(|(name, address, _)| ExportedSymbol {
+            name: name.clone(),
+            address: *address,
+            size: 0,
+            function: code.contains(address),
+        })
+        .collect()
+}
+
+/// Exports `module`'s exported definitions (functions where they lie in `code`) when JIT
+/// code first calls the loader through a shim, or a library is loaded for the program;
+/// at once if one was loaded already. The module is read then, not now.
+pub fn export_module_on_demand(
+    module: Weak<dyn ModuleSymbols>,
+    code: Range<u64>,
+) -> Result<Exports, String> {
+    if IMMEDIATE.load(Ordering::Acquire) {
+        let list = module
+            .upgrade()
+            .map(|m| exports_of(&*m, &code))
+            .unwrap_or_default();
+        return export_symbols(&list);
+    }
+    let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+    EXPORTS
+        .lock()
+        .insert(serial, State::DeferredModule { module, code });
+    PENDING.store(true, Ordering::Release);
+    Ok(Exports { serial })
+}
+
 /// Opens every deferred export, oldest first. The first failure is returned; the others
 /// are still tried.
 pub fn publish_exports() -> Result<(), String> {
@@ -88,10 +134,15 @@ fn publish_locked(exports: &mut BTreeMap<u64, State>) -> Result<(), String> {
     PENDING.store(false, Ordering::Release);
     let mut first_error = None;
     for (&serial, state) in exports.iter_mut() {
-        let State::Deferred(symbols) = state else {
-            continue;
+        let opened = match state {
+            State::Deferred(symbols) => open(serial, symbols),
+            State::DeferredModule { module, code } => match module.upgrade() {
+                Some(module) => open(serial, &exports_of(&*module, code)),
+                None => Err("the module is gone".into()),
+            },
+            State::Open(_) | State::Failed => continue,
         };
-        *state = match open(serial, symbols) {
+        *state = match opened {
             Ok(object) => State::Open(object),
             Err(e) => {
                 first_error.get_or_insert(e);

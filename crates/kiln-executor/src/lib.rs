@@ -16,6 +16,7 @@ mod exports;
 pub mod lazy_entry;
 pub mod listener;
 pub mod loader;
+pub mod module_symbols;
 pub mod runtime;
 pub mod sandbox;
 pub mod server;

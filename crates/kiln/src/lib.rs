@@ -56,6 +56,7 @@ pub use kiln_link::{
 };
 pub use kiln_link::{LinkCounts, LinkError, LinkTimes, TlsTemplate};
 // What an `ExecutorService` of the caller's making is handed.
+pub use kiln_executor::module_symbols::ModuleSymbols;
 pub use kiln_executor::shared_object::ExportedSymbol;
 pub use kiln_memory::Mapper;
 pub use kiln_memory::{

@@ -208,11 +208,15 @@ impl LinkJob<'_> {
         if self.publish == Publish::Yes {
             self.check_redefinitions(&linked, objects, &name)?;
         }
+        let on_demand = self.exports_wanted(&linked) && self.jit.inner.exports_on_demand;
         let installed = self.install(&mut linked, &resolved.windows_unwind)?;
         let id = self.jit.inner.next_module.fetch_add(1, Ordering::Relaxed);
         let init = std::mem::take(&mut linked.init);
         let event = (!plugins.is_empty()).then(|| loaded_event(id, &name, &mut linked, shown));
         let module = self.make_module(id, name, linked, installed, resolved.uses);
+        if on_demand {
+            self.export_on_demand(&module)?;
+        }
         self.record_uses(&module)?;
         if resolved.thread_atexit {
             // Its thread-local destructors will keep it mapped (a global registry: only
@@ -432,11 +436,7 @@ impl LinkJob<'_> {
         };
         // Windows has no process-wide namespace that a DLL's imports search: nothing to
         // export to.
-        let exports = if self.jit.inner.export_to_libraries
-            && self.jit.inner.target_os == crate::TargetOs::Linux
-            && self.publish == Publish::Yes
-            && linked.exports.iter().any(|e| e.visible)
-        {
+        let exports = if self.exports_wanted(linked) && !self.jit.inner.exports_on_demand {
             let code = linked
                 .allocation
                 .segments()
@@ -466,6 +466,47 @@ impl LinkJob<'_> {
             eh,
             exports,
         })
+    }
+
+    /// Whether the module's definitions are exported to libraries: asked for, a Linux
+    /// executor, a published module with something to export.
+    fn exports_wanted(&self, linked: &kiln_link::LinkedModule) -> bool {
+        self.jit.inner.export_to_libraries
+            && self.jit.inner.target_os == crate::TargetOs::Linux
+            && self.publish == Publish::Yes
+            && linked.exports.iter().any(|e| e.visible)
+    }
+
+    /// Step 5b, with exports on demand: the module's exports, made from the module itself
+    /// when the program first calls the loader (where the executor can wait; at once
+    /// where it cannot). Before the initializers run: one may call `dlopen`.
+    fn export_on_demand(&self, module: &Module) -> Result<(), Error> {
+        let executor = &self.jit.inner.executor;
+        let code = module
+            .inner
+            .allocation
+            .segments()
+            .first()
+            .map_or(0..0, |c| c.target..c.target + c.len);
+        let source: std::sync::Weak<dyn kiln_executor::module_symbols::ModuleSymbols> =
+            Arc::downgrade(&module.inner) as _;
+        let handle = match executor.export_module_on_demand(source, code.clone()) {
+            Some(handle) => handle,
+            None => executor.export_symbols(
+                kiln_executor::runtime::exports_of(&*module.inner, &code),
+                false,
+            ),
+        };
+        match handle {
+            Ok(handle) => {
+                *module.inner.exports.lock() = Some(handle);
+                Ok(())
+            }
+            Err(e) => {
+                *module.inner.finalized.lock() = true; // its initializers never ran
+                Err(e)
+            }
+        }
     }
 
     /// Step 5: the module handle, which owns the memory and what was installed.

@@ -152,6 +152,18 @@ impl ExecutorService for InProcess {
         .map_err(Error::Executor)
     }
 
+    fn export_module_on_demand(
+        &self,
+        module: std::sync::Weak<dyn kiln_executor::module_symbols::ModuleSymbols>,
+        code: std::ops::Range<u64>,
+    ) -> Option<Result<ExportHandle, Error>> {
+        Some(
+            runtime::export_module_on_demand(module, code)
+                .map(ExportHandle::new)
+                .map_err(Error::Executor),
+        )
+    }
+
     fn loader_shim(&self, name: &str) -> Option<u64> {
         runtime::loader_shim(name)
     }

@@ -354,6 +354,16 @@ impl Executor {
         self.service.export_symbols(symbols, on_demand)
     }
 
+    /// `module`'s exports when JIT code first calls the loader; `None` where the executor
+    /// cannot wait.
+    pub(crate) fn export_module_on_demand(
+        &self,
+        module: std::sync::Weak<dyn kiln_executor::module_symbols::ModuleSymbols>,
+        code: std::ops::Range<u64>,
+    ) -> Option<Result<ExportHandle, Error>> {
+        self.service.export_module_on_demand(module, code)
+    }
+
     /// The shim for loader function `name`, where the executor has one.
     pub(crate) fn loader_shim(&self, name: &str) -> Option<u64> {
         self.service.loader_shim(name)

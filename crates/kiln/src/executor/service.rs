@@ -171,6 +171,17 @@ pub trait ExecutorService: Send + Sync {
         on_demand: bool,
     ) -> Result<ExportHandle, Error>;
 
+    /// Makes `module`'s exported definitions (functions where they lie in `code`) visible
+    /// when JIT code first calls the loader, read from the module then; `None` where the
+    /// executor cannot wait (the caller exports a list at once).
+    fn export_module_on_demand(
+        &self,
+        _module: std::sync::Weak<dyn kiln_executor::module_symbols::ModuleSymbols>,
+        _code: std::ops::Range<u64>,
+    ) -> Option<Result<ExportHandle, Error>> {
+        None
+    }
+
     /// The shim JIT code calls in place of loader function `name` (`dlopen`, `dlsym`, …)
     /// so that exports made on demand are published first; `None` where there is none.
     fn loader_shim(&self, _name: &str) -> Option<u64> {
