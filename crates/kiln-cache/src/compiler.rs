@@ -317,8 +317,8 @@ pub fn embed_signature(object: &[u8], signature: &str) -> Result<Vec<u8>, CacheE
 /// What [`compile_cached`] did.
 #[derive(Debug, Clone)]
 pub struct CompileOutcome {
-    /// The object (with its signature note).
-    pub object: Vec<u8>,
+    /// The object (with its signature note): mapped from the cache's entry on a hit.
+    pub object: crate::CachedObject,
     /// Whether it came from the cache.
     pub hit: bool,
     /// The key it is cached under (all zeros without a cache).
@@ -338,7 +338,7 @@ pub fn compile_cached(
     let Some(cache) = cache else {
         // No cache: no signature to compute, no note to add.
         return Ok(CompileOutcome {
-            object: compiler.compile(source, flags)?,
+            object: compiler.compile(source, flags)?.into(),
             hit: false,
             key: CacheKey([0; 32]),
         });
@@ -407,7 +407,7 @@ pub fn compile_cached(
     if signature.racy || !signature.inputs_unchanged() {
         tracing::warn!(source = %source.display(), "an input changed during the compile: not cached");
         return Ok(CompileOutcome {
-            object: compiled,
+            object: compiled.into(),
             hit: false,
             key,
         });
@@ -417,7 +417,7 @@ pub fn compile_cached(
         Err(error) => {
             tracing::warn!(%error, "not cached");
             return Ok(CompileOutcome {
-                object: compiled,
+                object: compiled.into(),
                 hit: false,
                 key,
             });
@@ -431,7 +431,7 @@ pub fn compile_cached(
         }
     }
     Ok(CompileOutcome {
-        object,
+        object: object.into(),
         hit: false,
         key,
     })

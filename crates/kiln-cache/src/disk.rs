@@ -10,22 +10,26 @@
 //! - Writes are atomic: a temporary file in the same directory, renamed over the entry,
 //!   so a reader sees a whole entry or none, and a writer killed mid-write leaves only a
 //!   temporary file (removed by [`DiskCache::prune`] once stale).
-//! - Every read verifies the entry's MAC; a corrupt, truncated or foreign entry is a miss
-//!   and is removed.
+//! - An entry is mapped, not read. Its MAC is verified at the first hit, and the check
+//!   stamped (a MAC of the file's identity beside it, see `stamp.rs`): later hits of the
+//!   unchanged file hash nothing; any change of the file is checked whole again. A
+//!   corrupt, truncated or foreign entry is a miss and is removed.
 //! - Several processes may read and write at once: the last rename of a key wins, and
 //!   every version is whole.
-//! - Size and count limits with least-recently-used eviction: a hit refreshes the
-//!   entry's modification time; after a store, the oldest entries go until both limits
-//!   hold. Pruning never follows a link: a `v1` that is a link is refused.
+//! - Size and count limits with least-recently-used eviction: a hit refreshes its stamp's
+//!   modification time (or, for an entry too recent to be stamped, the entry's); after a
+//!   store, the oldest entries go until both limits hold. Pruning never follows a link: a `v1` that is a link is refused.
 //! - A store that fails (a full disk, a read-only directory) is counted, kept as a
 //!   [`CacheSkip`](crate::CacheSkip) and reported to the caller, who goes on without
 //!   caching.
 
+use crate::cached_object::MappedEntry;
 use crate::files::{self, Links, ReadRefusal};
 use crate::{
     entry, io, trust, CacheError, CacheKey, CacheSkip, CacheStats, Counters, MacKey, ObjectCache,
     SkipReason,
 };
+use crate::{stamp, CachedObject};
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
@@ -218,6 +222,28 @@ impl DiskCache {
         }
     }
 
+    /// After a hit that checked the entry at `path` whole: a stamp of the check, which is
+    /// also the entry's last use; or, for an entry changed too recently to be stamped, its
+    /// own time touched (least recently used; best effort on a read-only cache).
+    pub(crate) fn checked_whole(
+        &self,
+        key: &CacheKey,
+        path: &Path,
+        file: &std::fs::File,
+        meta: &std::fs::Metadata,
+    ) {
+        self.counters.checked_whole();
+        if !stamp::record(&self.mac_key, key, path, meta) {
+            let _ = file.set_modified(SystemTime::now());
+        }
+    }
+
+    /// Removes an entry and its stamp.
+    pub(crate) fn remove_entry(&self, path: &Path) {
+        let _ = std::fs::remove_file(path);
+        stamp::remove(path);
+    }
+
     pub(crate) fn path(&self, key: &CacheKey) -> PathBuf {
         self.dir.join(format!("{}{}", key.hex(), self.suffix))
     }
@@ -230,6 +256,9 @@ impl DiskCache {
         let mut scan = Scan::default();
         let listing =
             std::fs::read_dir(&self.dir).map_err(io(format!("reading {}", self.dir.display())))?;
+        let stamp_suffix = format!("{}{}", self.suffix, stamp::SUFFIX);
+        // Stamps by their entry's path, with their last change (the entry's last use).
+        let mut stamps: std::collections::HashMap<PathBuf, SystemTime> = Default::default();
         for item in listing.flatten() {
             let path = item.path();
             // DirEntry::metadata does not follow links.
@@ -237,15 +266,28 @@ impl DiskCache {
             let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
             let name = item.file_name();
             let name = name.to_string_lossy();
-            let ours = name.ends_with(self.suffix) || name.starts_with(".tmp");
+            let ours = name.ends_with(self.suffix)
+                || name.ends_with(&stamp_suffix)
+                || name.starts_with(".tmp");
             if ours && !meta.file_type().is_file() {
                 scan.strays.push(path);
             } else if name.ends_with(self.suffix) {
                 scan.entries.push((modified, meta.len(), path));
+            } else if name.ends_with(&stamp_suffix) {
+                let entry = path.with_file_name(&name[..name.len() - stamp::SUFFIX.len()]);
+                stamps.insert(entry, modified);
             } else if name.starts_with(".tmp") {
                 scan.temporaries.push((modified, path));
             }
         }
+        for (used, _, path) in &mut scan.entries {
+            if let Some(stamp_used) = stamps.remove(path) {
+                *used = (*used).max(stamp_used);
+            }
+        }
+        // A stamp whose entry is gone (removed by another process between the two).
+        scan.strays
+            .extend(stamps.into_keys().map(|entry| stamp::path_of(&entry)));
         scan.entries.sort();
         Ok(scan)
     }
@@ -287,6 +329,7 @@ impl DiskCache {
             if bytes <= self.limits.max_bytes && count <= self.limits.max_entries {
                 break;
             }
+            stamp::remove(&path);
             if std::fs::remove_file(&path).is_ok() {
                 bytes -= len;
                 count -= 1;
@@ -311,6 +354,7 @@ impl DiskCache {
         }
         let mut removed = 0;
         for (_, _, path) in entries {
+            stamp::remove(&path);
             if std::fs::remove_file(path).is_ok() {
                 removed += 1;
             }
@@ -324,15 +368,13 @@ impl ObjectCache for DiskCache {
         format!("disk:{}", self.dir.display())
     }
 
-    fn get(&self, key: &CacheKey) -> Result<Option<Vec<u8>>, CacheError> {
+    fn get(&self, key: &CacheKey) -> Result<Option<crate::CachedObject>, CacheError> {
         let path = self.path(key);
         let limit = self
             .limits
             .max_entry_bytes
             .saturating_add(entry::HEADER as u64);
-        let read = files::open_regular(&path, Links::Refuse, limit)
-            .and_then(|(file, meta)| files::read_checked(&file, &meta, limit).map(|s| (file, s)));
-        let (file, stored) = match read {
+        let (file, meta) = match files::open_regular(&path, Links::Refuse, limit) {
             Ok(read) => read,
             Err(ReadRefusal::Missing) => {
                 self.counters.miss();
@@ -354,17 +396,35 @@ impl ObjectCache for DiskCache {
                 return Ok(None);
             }
         };
-        match entry::open(&self.mac_key, key, &stored) {
-            Some(object) => {
-                self.counters.hit();
-                // Least recently used: a hit is a use (on the descriptor read, best effort
-                // on a read-only cache).
-                let _ = file.set_modified(SystemTime::now());
-                Ok(Some(object.to_vec()))
+        // Mapped, not read: the link reads the object where the page cache holds it.
+        // SAFETY: an entry is written whole under another name and renamed into place,
+        // never changed in place; its directory is this user's alone (checked at open), so
+        // no other writer can truncate it under the mapping.
+        // An empty file, or one that cannot be mapped: refused below.
+        let map = unsafe { memmap2::Mmap::map(&file) }.ok();
+        // Checked whole once; while the file keeps that identity, its stamp says so.
+        let stamped = map.is_some() && stamp::valid(&self.mac_key, key, &path, &meta);
+        let object = map.as_ref().and_then(|map| {
+            if stamped {
+                entry::payload_range(map)
+            } else {
+                entry::open_range(&self.mac_key, key, map)
             }
-            None => {
+        });
+        match (map, object) {
+            (Some(map), Some(object)) => {
+                self.counters.hit();
+                if !stamped {
+                    self.checked_whole(key, &path, &file, &meta);
+                }
+                Ok(Some(CachedObject::new(std::sync::Arc::new(MappedEntry {
+                    map,
+                    object,
+                }))))
+            }
+            _ => {
                 tracing::warn!(entry = %path.display(), "a cache entry not sealed with this cache's key, or corrupt: removed");
-                let _ = std::fs::remove_file(&path);
+                self.remove_entry(&path);
                 self.counters.reject();
                 self.counters.miss();
                 Ok(None)

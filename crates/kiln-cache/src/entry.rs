@@ -37,17 +37,32 @@ pub(crate) fn seal(mac_key: &MacKey, key: &CacheKey, object: &[u8]) -> Vec<u8> {
 /// The object in stored bytes found under `key`, if they are whole, unaltered and were
 /// sealed with `mac_key` for `key`.
 pub(crate) fn open<'a>(mac_key: &MacKey, key: &CacheKey, stored: &'a [u8]) -> Option<&'a [u8]> {
+    open_range(mac_key, key, stored).map(|r| &stored[r])
+}
+
+/// Where the object is in stored bytes found under `key`, as [`open`] checks them.
+pub(crate) fn open_range(
+    mac_key: &MacKey,
+    key: &CacheKey,
+    stored: &[u8],
+) -> Option<std::ops::Range<usize>> {
+    let range = payload_range(stored)?;
+    let found: [u8; 32] = stored.get(16..48)?.try_into().ok()?;
+    // blake3::Hash compares in constant time.
+    (tag(mac_key, key, &stored[range.clone()]) == blake3::Hash::from_bytes(found)).then_some(range)
+}
+
+/// Where the object is in stored bytes whose MAC was checked before (a stamped entry):
+/// the header's form and length only.
+pub(crate) fn payload_range(stored: &[u8]) -> Option<std::ops::Range<usize>> {
     if stored.len() < HEADER || stored.get(..8)? != MAGIC {
         return None;
     }
     let len = u64::from_le_bytes(stored.get(8..16)?.try_into().ok()?);
-    let payload = stored.get(HEADER..)?;
-    if payload.len() as u64 != len {
+    if (stored.len() - HEADER) as u64 != len {
         return None;
     }
-    let found: [u8; 32] = stored.get(16..48)?.try_into().ok()?;
-    // blake3::Hash compares in constant time.
-    (tag(mac_key, key, payload) == blake3::Hash::from_bytes(found)).then_some(payload)
+    Some(HEADER..stored.len())
 }
 
 #[cfg(test)]

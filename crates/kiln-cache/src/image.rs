@@ -17,10 +17,12 @@
 //!
 //! The MAC (keyed BLAKE3 under the cache's [`MacKey`], as object entries) covers the
 //! header: an image this user did not make, or moved from another key, is a miss. The
-//! segments are covered block by block: each block's hash is in the MACed header and is
-//! checked before the image is used (in parallel, over the pages the mapping will share);
-//! a truncated file, a block of zeros left by a crash, any flipped bit is a miss, and the
-//! entry is removed.
+//! segments are covered block by block: each block's hash is in the MACed header. The
+//! first hit checks the MAC and every block (in parallel, over the pages the mapping will
+//! share); a truncated file, a block of zeros left by a crash, any flipped bit is a miss,
+//! and the entry is removed. That check is then *stamped* (see `stamp.rs`): later hits of
+//! the same, unchanged file hash nothing, and any change of the file (which moves its
+//! change time) makes the next hit check it whole again.
 
 use crate::disk::{DiskCache, EntryKind};
 use crate::files::{self, Links, ReadRefusal};
@@ -30,7 +32,6 @@ use crate::{
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 const MAGIC: &[u8; 8] = b"KILNIMG1";
 /// What the MAC covers first: the format, so that no other use of the key collides.
@@ -153,7 +154,7 @@ impl DiskImageCache {
     /// Removes an entry that failed a check, counted as rejected.
     fn reject(&self, path: &Path, why: &str) -> Result<Option<CachedImage>, CacheError> {
         tracing::warn!(entry = %path.display(), why, "a cached image failed a check: removed");
-        let _ = std::fs::remove_file(path);
+        self.store.remove_entry(path);
         self.store.counters.reject();
         self.store.counters.miss();
         Ok(None)
@@ -322,9 +323,12 @@ impl ImageCache for DiskImageCache {
         }
         let header = &map[..header_len as usize];
         let (body, mac) = header.split_at(header.len() - 32);
+        // Checked whole once (the MAC, every block); while the file keeps that identity,
+        // its stamp says so and nothing is hashed again.
+        let stamped = crate::stamp::valid(&self.store.mac_key, key, &path, &meta);
         let found: [u8; 32] = mac.try_into().unwrap_or([0; 32]);
         // blake3::Hash compares in constant time.
-        if tag(&self.store.mac_key, key, body) != blake3::Hash::from_bytes(found) {
+        if !stamped && tag(&self.store.mac_key, key, body) != blake3::Hash::from_bytes(found) {
             return self.reject(&path, "not sealed with this cache's key for this key");
         }
         let Some(parsed) = parse_header(body, key) else {
@@ -341,11 +345,12 @@ impl ImageCache for DiskImageCache {
                 aligned
                     && parsed.block > 0
                     && end <= map.len() as u64
-                    && blocks_intact(
-                        &map[start as usize..end as usize],
-                        parsed.block,
-                        parsed.hashes,
-                    )
+                    && (stamped
+                        || blocks_intact(
+                            &map[start as usize..end as usize],
+                            parsed.block,
+                            parsed.hashes,
+                        ))
             }
             None => parsed.hashes.is_empty(),
         };
@@ -353,8 +358,9 @@ impl ImageCache for DiskImageCache {
             return self.reject(&path, "a block of the segments is truncated or corrupt");
         }
         self.store.counters.hit();
-        // Least recently used: a hit is a use (best effort on a read-only cache).
-        let _ = file.set_modified(SystemTime::now());
+        if !stamped {
+            self.store.checked_whole(key, &path, &file, &meta);
+        }
         let segments = parsed.segments.iter().map(|s| s.0).collect();
         // The description's place in the file (a slice of the header, found by address).
         let start = parsed.description.as_ptr() as usize - map.as_ptr() as usize;

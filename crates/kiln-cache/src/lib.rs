@@ -29,6 +29,7 @@
 //! - [`Compiler`] turns a source file into a relocatable object; [`SystemCompiler`] drives
 //!   `cc` and `c++`. [`compile_cached`] ties it together.
 
+mod cached_object;
 mod compiler;
 mod disk;
 mod entry;
@@ -39,8 +40,10 @@ mod memory;
 mod note;
 mod redis;
 mod signature;
+mod stamp;
 mod trust;
 
+pub use cached_object::CachedObject;
 pub use compiler::{
     compile_cached, embed_signature, signature_of, CompileOutcome, Compiler, SystemCompiler,
 };
@@ -126,6 +129,10 @@ pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Cach
 pub struct CacheStats {
     /// Lookups that found a valid entry.
     pub hits: u64,
+    /// Hits whose entry was checked whole (its MAC, every block): an entry's first hit, or
+    /// the first after its file changed. The other hits of a disk store were stamped (see
+    /// [`DiskCache`]) and hashed nothing.
+    pub checked_whole: u64,
     /// Lookups that found none.
     pub misses: u64,
     /// Entries stored.
@@ -238,6 +245,7 @@ const KEPT_SKIPS: usize = 32;
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     hits: AtomicU64,
+    checked_whole: AtomicU64,
     misses: AtomicU64,
     puts: AtomicU64,
     rejected: AtomicU64,
@@ -248,6 +256,9 @@ pub(crate) struct Counters {
 impl Counters {
     pub(crate) fn hit(&self) {
         self.hits.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn checked_whole(&self) {
+        self.checked_whole.fetch_add(1, Ordering::Relaxed);
     }
     pub(crate) fn miss(&self) {
         self.misses.fetch_add(1, Ordering::Relaxed);
@@ -293,6 +304,7 @@ impl Counters {
     pub(crate) fn snapshot(&self) -> CacheStats {
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
+            checked_whole: self.checked_whole.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             puts: self.puts.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
@@ -308,8 +320,9 @@ impl Counters {
 pub trait ObjectCache: Send + Sync {
     /// A short name for messages (`disk:/path`, `redis://host:port`).
     fn name(&self) -> String;
-    /// The entry stored for `key`, checksum verified.
-    fn get(&self, key: &CacheKey) -> Result<Option<Vec<u8>>, CacheError>;
+    /// The entry stored for `key`, checked (its MAC, or a stamp of that check for a file
+    /// unchanged since: see the disk cache).
+    fn get(&self, key: &CacheKey) -> Result<Option<CachedObject>, CacheError>;
     /// Stores `object` for `key` (replacing any entry).
     fn put(&self, key: &CacheKey, object: &[u8]) -> Result<(), CacheError>;
     /// Removes the entry for `key`, if any (one whose signature did not match).

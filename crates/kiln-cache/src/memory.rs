@@ -36,7 +36,7 @@ impl ObjectCache for MemoryCache {
         "memory".into()
     }
 
-    fn get(&self, key: &CacheKey) -> Result<Option<Vec<u8>>, CacheError> {
+    fn get(&self, key: &CacheKey) -> Result<Option<crate::CachedObject>, CacheError> {
         let mut entries = self.entries.lock();
         match entries
             .get(key)
@@ -44,7 +44,8 @@ impl ObjectCache for MemoryCache {
         {
             Some(Some(object)) => {
                 self.counters.hit();
-                Ok(Some(object))
+                self.counters.checked_whole();
+                Ok(Some(object.into()))
             }
             Some(None) => {
                 entries.remove(key);

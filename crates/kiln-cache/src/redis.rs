@@ -198,7 +198,7 @@ impl ObjectCache for RedisCache {
         self.url.clone()
     }
 
-    fn get(&self, key: &CacheKey) -> Result<Option<Vec<u8>>, CacheError> {
+    fn get(&self, key: &CacheKey) -> Result<Option<crate::CachedObject>, CacheError> {
         let name = Self::redis_key(key);
         let limit = self
             .max_entry_bytes
@@ -233,7 +233,8 @@ impl ObjectCache for RedisCache {
         {
             Some(Some(object)) => {
                 self.counters.hit();
-                Ok(Some(object.to_vec()))
+                self.counters.checked_whole();
+                Ok(Some(object.to_vec().into()))
             }
             Some(None) => {
                 tracing::warn!(store = %self.url, key = %name,

@@ -99,7 +99,7 @@ fn scene(name: &str) -> Scene {
         compiler,
         victim,
         good_src,
-        good_object: good.object,
+        good_object: good.object.to_vec(),
         good_key: good.key,
         evil_with_good_note,
         attacker,

@@ -339,7 +339,11 @@ impl Jit {
             flags,
         )
         .map_err(|e| Error::Compile(e.to_string()))?;
-        self.add_object(lib, &path.display().to_string(), outcome.object)?;
+        // The cache's bytes as they are (an entry's mapping): no copy.
+        self.add_input(
+            lib,
+            ObjectInput::shared(path.display().to_string(), outcome.object.into_shared()),
+        )?;
         let key = self.inner.object_cache.is_some().then_some(outcome.key);
         Ok((outcome.hit, key))
     }

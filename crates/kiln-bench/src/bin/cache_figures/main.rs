@@ -180,21 +180,31 @@ fn main() {
     let signature = compiler.signature(&large, &flags).unwrap();
     let preprocess = t.elapsed();
     let key = signature.key();
+    // An entry is checked whole (its MAC) at its first hit, and the check stamped once the
+    // file is older than the seconds in which a change could keep its times: wait those
+    // out, then time the first hit (checks and stamps) apart from the later ones.
+    std::thread::sleep(kiln_cache::RACY + std::time::Duration::from_millis(100));
     let mut own = Vec::new();
     let mut object = Vec::new();
-    for _ in 0..args.runs {
+    let mut first = None;
+    for _ in 0..args.runs + 1 {
         let t = Instant::now();
         // Hash: the key from the preprocessed text's hash (done in `signature`) is
-        // recomputed here from the canonical text; read + checksum: `get`; verify: the note.
+        // recomputed here from the canonical text; look up (map, check or stamp): `get`;
+        // verify: the note.
         let key2 = signature.key();
         let entry = cache.get(&key2).unwrap().expect("warm");
         assert_eq!(
             kiln_cache::signature_of(&entry).as_deref(),
             Some(signature.canonical().as_str())
         );
-        own.push(t.elapsed());
-        object = entry;
+        match first {
+            None => first = Some(t.elapsed()),
+            Some(_) => own.push(t.elapsed()),
+        }
+        object = entry.to_vec();
     }
+    let first = first.unwrap_or_default();
     let own = median(own);
     let mut links = Vec::new();
     for _ in 0..args.runs {
@@ -208,12 +218,14 @@ fn main() {
     }
     let link = median(links);
     println!(
-        "\ncache hit, large program: read + checksum + signature check {:.2} ms ({} KB entry) vs its link {:.2} ms: {:.1}% (target <= 10%: {}); the preprocessor run that hashes the source: {:.1} ms",
+        "\ncache hit, large program: look up (mapped, stamped) + signature check {:.3} ms ({} KB entry) vs its link {:.2} ms: {:.1}% (target <= 10%: {}); the first hit after the store (MAC checked whole, then stamped) {:.2} ms: {:.1}%; the preprocessor run that hashes the source: {:.1} ms",
         ms(own),
         object.len() / 1024,
         ms(link),
         100.0 * own.as_secs_f64() / link.as_secs_f64(),
         kiln_bench::verdict(own.as_secs_f64() <= 0.1 * link.as_secs_f64()),
+        ms(first),
+        100.0 * first.as_secs_f64() / link.as_secs_f64(),
         ms(preprocess)
     );
     let _ = key;
