@@ -237,7 +237,7 @@ fn hit_cost(dir: &Path, p: &Program, runs: usize) -> (Duration, Duration) {
         report
     };
     link(true); // stores
-    // Past the racy seconds, the first hit checks the image whole and stamps it.
+                // Past the racy seconds, the first hit checks the image whole and stamps it.
     std::thread::sleep(kiln_cache::RACY + Duration::from_millis(100));
     link(true);
     let mut hits = Vec::new();
