@@ -5,7 +5,8 @@
 use crate::arch::{self, Field, Relative};
 use crate::linked::{Export, LinkedModule, TlsTemplate};
 use crate::relocatable::{
-    Binding, FixupRow, ImageAddress, ImageFixup, ImageSymbol, ImageTls, RelocatableImage,
+    Binding, FixupRow, ImageAddress, ImageExport, ImageFixup, ImageSymbol, ImageTls,
+    RelocatableImage,
 };
 use crate::{LinkContext, LinkError};
 use kiln_memory::{InFlightAllocation, Permission};
@@ -76,7 +77,7 @@ impl RelocatableImage {
             exports: linked
                 .exports
                 .iter()
-                .map(|e| (e.name.clone(), here(e.address), e.visible))
+                .map(|e| ImageExport::new(e.name.clone(), here(e.address), e.visible))
                 .collect(),
             init: linked.init.iter().map(|&a| here(a)).collect(),
             fini: linked.fini.iter().map(|&a| here(a)).collect(),
@@ -317,10 +318,11 @@ pub fn rebind(
     let exports = image
         .exports
         .into_iter()
-        .map(|(name, address, visible)| Export {
-            name,
-            address: address.at(base),
-            visible,
+        // Same size and alignment: collected in place (no second list).
+        .map(|e| Export {
+            address: e.address().at(base),
+            name: e.name,
+            visible: e.visible,
         })
         .collect();
     Ok(LinkedModule {

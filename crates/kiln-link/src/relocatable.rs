@@ -234,6 +234,51 @@ impl Recorder {
     }
 }
 
+/// A global symbol of an image: its name, its address, whether it is exported. Laid out
+/// as [`crate::Export`] is (32 bytes), so that a load turns the decoded list into the
+/// module's in place: a program of 20,000 functions makes no second list of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageExport {
+    /// Its name.
+    pub name: Arc<str>,
+    /// Its offset in the span, or its absolute value (`absolute`).
+    pub value: u64,
+    /// `value` is absolute (the same in every process), not an offset in the span.
+    pub absolute: bool,
+    /// Exported to other modules, or the module's own.
+    pub visible: bool,
+}
+
+const _: () = assert!(
+    std::mem::size_of::<ImageExport>() == std::mem::size_of::<crate::Export>()
+        && std::mem::align_of::<ImageExport>() == std::mem::align_of::<crate::Export>()
+);
+
+impl ImageExport {
+    /// The export of `name` at `address`.
+    pub fn new(name: Arc<str>, address: ImageAddress, visible: bool) -> Self {
+        let (value, absolute) = match address {
+            ImageAddress::Image(o) => (o, false),
+            ImageAddress::Absolute(a) => (a, true),
+        };
+        ImageExport {
+            name,
+            value,
+            absolute,
+            visible,
+        }
+    }
+
+    /// Its address, as an offset in the span or absolute.
+    pub fn address(&self) -> ImageAddress {
+        if self.absolute {
+            ImageAddress::Absolute(self.value)
+        } else {
+            ImageAddress::Image(self.value)
+        }
+    }
+}
+
 /// A module's address (in the span, or absolute): exports, initializers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageAddress {
@@ -293,7 +338,7 @@ pub struct RelocatableImage {
     /// tables of pointers), kept as 8 bytes each, applied as one addition.
     pub relative: Vec<u64>,
     /// The module's global symbols (sorted by name), with whether each is exported.
-    pub exports: Vec<(Arc<str>, ImageAddress, bool)>,
+    pub exports: Vec<ImageExport>,
     /// Initializers, in order.
     pub init: Vec<ImageAddress>,
     /// Finalizers, in order.
@@ -381,10 +426,10 @@ impl RelocatableImage {
             put_u64(&mut w, *at);
         }
         put_u32(&mut w, self.exports.len() as u32);
-        for (name, address, visible) in &self.exports {
-            put_str(&mut w, name);
-            put_address(&mut w, *address);
-            w.push(*visible as u8);
+        for e in &self.exports {
+            put_str(&mut w, &e.name);
+            put_address(&mut w, e.address());
+            w.push(e.visible as u8);
         }
         for list in [&self.init, &self.fini] {
             put_u32(&mut w, list.len() as u32);
@@ -543,7 +588,7 @@ impl RelocatableImage {
             let name: Arc<str> = r.str()?.into();
             let address = address_in_span(r.address()?, "an export")?;
             let visible = r.u8()? != 0;
-            exports.push((name, address, visible));
+            exports.push(ImageExport::new(name, address, visible));
         }
         let mut lists = [Vec::new(), Vec::new()];
         for list in &mut lists {
@@ -767,7 +812,11 @@ mod tests {
                 },
             ],
             relative: vec![8192, 8200],
-            exports: vec![("main".into(), ImageAddress::Image(0), true)],
+            exports: vec![ImageExport::new(
+                "main".into(),
+                ImageAddress::Image(0),
+                true,
+            )],
             init: vec![ImageAddress::Image(16)],
             fini: vec![ImageAddress::Absolute(0x1000)],
             eh_frame: Some(4100),
