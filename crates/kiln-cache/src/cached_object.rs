@@ -45,6 +45,18 @@ impl std::fmt::Debug for CachedObject {
     }
 }
 
+/// An entry's bytes (mapped or read), and where its object is in them.
+pub(crate) struct EntrySlice {
+    pub(crate) bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    pub(crate) object: std::ops::Range<usize>,
+}
+
+impl AsRef<[u8]> for EntrySlice {
+    fn as_ref(&self) -> &[u8] {
+        &(*self.bytes).as_ref()[self.object.clone()]
+    }
+}
+
 /// An entry's file mapped read-only, and where its object is in it.
 pub(crate) struct MappedEntry {
     pub(crate) map: memmap2::Mmap,

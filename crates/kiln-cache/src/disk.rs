@@ -23,7 +23,7 @@
 //!   [`CacheSkip`](crate::CacheSkip) and reported to the caller, who goes on without
 //!   caching.
 
-use crate::cached_object::MappedEntry;
+use crate::cached_object::{EntrySlice, MappedEntry};
 use crate::files::{self, Links, ReadRefusal};
 use crate::{
     entry, io, trust, CacheError, CacheKey, CacheSkip, CacheStats, Counters, MacKey, ObjectCache,
@@ -79,8 +79,8 @@ pub struct DiskUsage {
     pub bytes: u64,
     /// Temporary files (writes in progress, or left by a writer that died).
     pub temporaries: u64,
-    /// Names of entries that are not regular files (links, FIFOs, devices), which
-    /// [`DiskCache::prune`] removes.
+    /// Names of entries that are not regular files (links, FIFOs, devices), and stamps
+    /// whose entry is gone, which [`DiskCache::prune`] removes.
     pub strays: u64,
 }
 
@@ -223,18 +223,13 @@ impl DiskCache {
     }
 
     /// After a hit that checked the entry at `path` whole: a stamp of the check, which is
-    /// also the entry's last use; or, for an entry changed too recently to be stamped, its
-    /// own time touched (least recently used; best effort on a read-only cache).
-    pub(crate) fn checked_whole(
-        &self,
-        key: &CacheKey,
-        path: &Path,
-        file: &std::fs::File,
-        meta: &std::fs::Metadata,
-    ) {
+    /// also the entry's last use; or, for an entry changed too recently to be stamped, a
+    /// stamp file that only carries the use (least recently used; best effort on a
+    /// read-only cache).
+    pub(crate) fn checked_whole(&self, key: &CacheKey, path: &Path, meta: &std::fs::Metadata) {
         self.counters.checked_whole();
         if !stamp::record(&self.mac_key, key, path, meta) {
-            let _ = file.set_modified(SystemTime::now());
+            stamp::record_use(path);
         }
     }
 
@@ -390,39 +385,71 @@ impl ObjectCache for DiskCache {
                 // A link, a FIFO, a device, a giant: never read; the name is removed (a
                 // link's target is untouched).
                 tracing::warn!(entry = %path.display(), %refusal, "a cache entry that is no entry: removed");
-                let _ = std::fs::remove_file(&path);
+                self.remove_entry(&path);
                 self.counters.reject();
                 self.counters.miss();
                 return Ok(None);
             }
         };
-        // Mapped, not read: the link reads the object where the page cache holds it.
-        // SAFETY: an entry is written whole under another name and renamed into place,
-        // never changed in place; its directory is this user's alone (checked at open), so
-        // no other writer can truncate it under the mapping.
-        // An empty file, or one that cannot be mapped: refused below.
-        let map = unsafe { memmap2::Mmap::map(&file) }.ok();
-        // Checked whole once; while the file keeps that identity, its stamp says so.
-        let stamped = map.is_some() && stamp::valid(&self.mac_key, key, &path, &meta);
-        let object = map.as_ref().and_then(|map| {
-            if stamped {
-                entry::payload_range(map)
+        let bytes: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> =
+            if meta.len() < entry::HEADER as u64 {
+                std::sync::Arc::new(Vec::new()) // refused below
+            } else if files::on_network_filesystem(&file) {
+                match files::read_checked(&file, &meta, limit) {
+                    Ok(bytes) => std::sync::Arc::new(bytes),
+                    Err(e) => {
+                        self.counters.miss();
+                        return Err(io(format!("reading {}", path.display()))(
+                            std::io::Error::other(e.to_string()),
+                        ));
+                    }
+                }
             } else {
-                entry::open_range(&self.mac_key, key, map)
-            }
-        });
-        match (map, object) {
-            (Some(map), Some(object)) => {
+                // Mapped, not read: the link reads the object where the page cache holds it.
+                // SAFETY: an entry is written whole under another name and renamed into
+                // place, never changed in place; its directory is this user's alone
+                // (checked at open) and on a local file system (checked above), so no
+                // other writer can truncate it under the mapping.
+                match unsafe { memmap2::Mmap::map(&file) } {
+                    Ok(map) => std::sync::Arc::new(MappedEntry {
+                        object: 0..map.len(),
+                        map,
+                    }),
+                    // No mapping to be had (too many, no memory): a miss; the entry stays.
+                    Err(e) => {
+                        self.counters
+                            .skip(self.name(), "lookup", SkipReason::of_read(&e), &e);
+                        self.counters.miss();
+                        return Ok(None);
+                    }
+                }
+            };
+        let stored: &[u8] = (*bytes).as_ref();
+        // Checked whole once; while the file keeps that identity, its stamp says so. The
+        // identity is read again after the bytes were mapped or read: a change in between
+        // is checked whole.
+        let stamped = stored.len() as u64 == meta.len()
+            && stamp::valid(&self.mac_key, key, &path, &meta)
+            && file
+                .metadata()
+                .is_ok_and(|again| files::unchanged(&meta, &again));
+        let object = if stamped {
+            entry::payload_range(stored)
+        } else {
+            entry::open_range(&self.mac_key, key, stored)
+        };
+        match object {
+            Some(object) => {
                 self.counters.hit();
                 if !stamped {
-                    self.checked_whole(key, &path, &file, &meta);
+                    self.checked_whole(key, &path, &meta);
                 }
-                Ok(Some(CachedObject::new(std::sync::Arc::new(MappedEntry {
-                    map,
+                Ok(Some(CachedObject::new(std::sync::Arc::new(EntrySlice {
+                    bytes,
                     object,
                 }))))
             }
-            _ => {
+            None => {
                 tracing::warn!(entry = %path.display(), "a cache entry not sealed with this cache's key, or corrupt: removed");
                 self.remove_entry(&path);
                 self.counters.reject();
@@ -469,6 +496,7 @@ impl ObjectCache for DiskCache {
     }
 
     fn remove(&self, key: &CacheKey) -> Result<(), CacheError> {
+        stamp::remove(&self.path(key));
         match std::fs::remove_file(self.path(key)) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

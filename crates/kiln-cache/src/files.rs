@@ -94,6 +94,44 @@ pub(crate) fn open_regular(
     Ok((file, meta))
 }
 
+/// Whether `file` is on a network or user-space file system (NFS, SMB/CIFS, FUSE, Ceph,
+/// AFS, 9P), where another host may remove or truncate it: such an entry is read, not
+/// mapped (a page the server no longer has would be a SIGBUS in the reader).
+pub(crate) fn on_network_filesystem(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: statfs is plain data (zeroed is valid); fstatfs fills it for an open
+    // descriptor.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 {
+        return true; // unknown: read, the safe way
+    }
+    const NETWORK: [i64; 9] = [
+        0x6969,      // NFS
+        0x517b,      // SMB
+        0xfe53_4d42, // SMB2
+        0xff53_4d42, // CIFS
+        0x6573_5546, // FUSE
+        0x00c3_6400, // Ceph
+        0x5346_414f, // AFS
+        0x0102_1997, // 9P
+        0x0bd0_0bd0, // Lustre
+    ];
+    NETWORK.contains(&(fs.f_type as i64))
+}
+
+/// Whether `meta` and `again` (the same descriptor's, later) describe the same file
+/// contents: inode, size, modification and change times.
+pub(crate) fn unchanged(meta: &std::fs::Metadata, again: &std::fs::Metadata) -> bool {
+    meta.dev() == again.dev()
+        && meta.ino() == again.ino()
+        && meta.len() == again.len()
+        && meta.mtime() == again.mtime()
+        && meta.mtime_nsec() == again.mtime_nsec()
+        && meta.ctime() == again.ctime()
+        && meta.ctime_nsec() == again.ctime_nsec()
+}
+
 /// The contents of `path`, read as [`open_regular`] allows.
 pub(crate) fn read_regular(path: &Path, links: Links, limit: u64) -> Result<Vec<u8>, ReadRefusal> {
     let (file, meta) = open_regular(path, links, limit)?;

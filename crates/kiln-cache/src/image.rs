@@ -307,25 +307,41 @@ impl ImageCache for DiskImageCache {
         };
         // The whole file mapped read-only: the header and the blocks are read from the page
         // cache, not copied.
+        if meta.len() < 16 {
+            return self.reject(&path, "not an image");
+        }
         // SAFETY: an image file is written whole under another name and renamed into
         // place, never changed in place; its directory is this user's alone (checked at
         // open), so no other writer can truncate it under the mapping.
         let map = match unsafe { memmap2::Mmap::map(&file) } {
             Ok(map) => map,
-            Err(_) => return self.reject(&path, "cannot be mapped"),
+            // No mapping to be had (too many, no memory): a miss; the image stays.
+            Err(e) => {
+                self.store
+                    .counters
+                    .skip(self.name(), "lookup", SkipReason::of_read(&e), &e);
+                self.store.counters.miss();
+                return Ok(None);
+            }
         };
         if map.len() < 16 || &map[..8] != MAGIC {
             return self.reject(&path, "not an image");
         }
         let header_len = u64::from_le_bytes(map[8..16].try_into().unwrap_or([0; 8]));
-        if header_len < 32 + 16 || header_len > meta.len().min(MAX_HEADER) {
+        if header_len < 32 + 16 || header_len > (map.len() as u64).min(MAX_HEADER) {
             return self.reject(&path, "header length");
         }
         let header = &map[..header_len as usize];
         let (body, mac) = header.split_at(header.len() - 32);
         // Checked whole once (the MAC, every block); while the file keeps that identity,
         // its stamp says so and nothing is hashed again.
-        let stamped = crate::stamp::valid(&self.store.mac_key, key, &path, &meta);
+        // The identity is read again after the mapping: a change in between is checked
+        // whole.
+        let stamped = map.len() as u64 == meta.len()
+            && crate::stamp::valid(&self.store.mac_key, key, &path, &meta)
+            && file
+                .metadata()
+                .is_ok_and(|again| files::unchanged(&meta, &again));
         let found: [u8; 32] = mac.try_into().unwrap_or([0; 32]);
         // blake3::Hash compares in constant time.
         if !stamped && tag(&self.store.mac_key, key, body) != blake3::Hash::from_bytes(found) {
@@ -359,7 +375,7 @@ impl ImageCache for DiskImageCache {
         }
         self.store.counters.hit();
         if !stamped {
-            self.store.checked_whole(key, &path, &file, &meta);
+            self.store.checked_whole(key, &path, &meta);
         }
         let segments = parsed.segments.iter().map(|s| s.0).collect();
         // The description's place in the file (a slice of the header, found by address).

@@ -126,6 +126,26 @@ pub(crate) fn record(
     written.is_ok()
 }
 
+/// Records a use of the entry at `entry` that could not be stamped (it changed too
+/// recently): its stamp file, made if missing with no valid stamp in it (32 zero bytes,
+/// which no MAC equals), carries the entry's last use. The entry itself is not touched:
+/// that would move its change time on, and an entry used that often would never be
+/// stamped.
+pub(crate) fn record_use(entry: &Path) {
+    let path = path_of(entry);
+    if let Ok((file, _)) = files::open_regular(&path, Links::Refuse, 32) {
+        let _ = file.set_modified(SystemTime::now());
+        return;
+    }
+    let Some(dir) = entry.parent() else { return };
+    let _ = (|| -> std::io::Result<()> {
+        let mut file = tempfile::Builder::new().prefix(".tmp").tempfile_in(dir)?;
+        file.write_all(&[0u8; 32])?;
+        file.persist(&path).map_err(|e| e.error)?;
+        Ok(())
+    })();
+}
+
 /// Removes the stamp of the entry at `entry`, if any.
 pub(crate) fn remove(entry: &Path) {
     let _ = std::fs::remove_file(path_of(entry));

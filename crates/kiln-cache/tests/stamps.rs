@@ -40,6 +40,11 @@ fn stamp_of(entry: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// Whether the entry at `entry` has a stamp (not only a use recorded: 32 zero bytes).
+fn stamped(entry: &Path) -> bool {
+    std::fs::read(stamp_of(entry)).is_ok_and(|s| s.len() == 32 && s != [0u8; 32])
+}
+
 /// Overwrites one byte of `path` at `offset`, in place (the inode and size stay).
 fn flip(path: &Path, offset: u64) {
     let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
@@ -62,16 +67,17 @@ fn an_object_entry_is_checked_whole_once_then_stamped() {
     // Just written: checked whole, and not stamped (too recent).
     assert_eq!(cache.get(&key).unwrap().unwrap(), object);
     assert_eq!(cache.stats().checked_whole, 1);
+    assert!(!stamped(&entry), "a recent entry is never stamped");
     assert!(
-        !stamp_of(&entry).exists(),
-        "a recent entry is never stamped"
+        stamp_of(&entry).exists(),
+        "its stamp file carries only the use (for least-recently-used)"
     );
 
     // Past the racy seconds: checked whole once more, and stamped.
     settle();
     assert_eq!(cache.get(&key).unwrap().unwrap(), object);
     assert_eq!(cache.stats().checked_whole, 2);
-    assert!(stamp_of(&entry).exists(), "stamped");
+    assert!(stamped(&entry), "stamped");
 
     // Stamped hits hash nothing, in this process and in another cache opened on it.
     for _ in 0..3 {
@@ -123,7 +129,7 @@ fn a_stamp_vouches_only_for_its_own_unchanged_entry() {
         entry_path(cache.dir(), &a, ".kobj"),
         entry_path(cache.dir(), &b, ".kobj"),
     );
-    assert!(stamp_of(&entry_a).exists() && stamp_of(&entry_b).exists());
+    assert!(stamped(&entry_a) && stamped(&entry_b));
 
     // B's entry renamed over A's (another inode), with A's stamp left in place: A's key
     // finds B's object, sealed for B: checked whole, refused.
@@ -171,7 +177,7 @@ fn pruning_and_clearing_take_the_stamps_with_the_entries() {
     settle();
     assert!(cache.get(&key).unwrap().is_some());
     let entry = entry_path(cache.dir(), &key, ".kobj");
-    assert!(stamp_of(&entry).exists());
+    assert!(stamped(&entry));
     assert_eq!(cache.usage().unwrap().entries, 1, "a stamp is no entry");
     // A stamp left without its entry (another process removed it) is pruned.
     std::fs::remove_file(&entry).unwrap();
@@ -207,7 +213,7 @@ fn an_image_is_checked_whole_once_then_stamped_and_a_changed_block_is_caught() {
     let image = cache.get(&key).unwrap().expect("a hit");
     assert_eq!(image.description(), b"the linker's description");
     assert_eq!(cache.stats().checked_whole, 1);
-    assert!(stamp_of(&entry).exists());
+    assert!(stamped(&entry));
     for _ in 0..2 {
         assert!(cache.get(&key).unwrap().is_some());
     }
@@ -221,4 +227,21 @@ fn an_image_is_checked_whole_once_then_stamped_and_a_changed_block_is_caught() {
     );
     assert_eq!(cache.stats().rejected, 1);
     assert!(!entry.exists() && !stamp_of(&entry).exists());
+}
+
+#[test]
+fn an_entry_hit_every_half_second_is_stamped_all_the_same() {
+    let dir = scratch("often");
+    let cache = DiskCache::open(dir.join("cache"), DiskLimits::default()).unwrap();
+    let key = CacheKey([11; 32]);
+    cache.put(&key, b"an entry hit often").unwrap();
+    let entry = entry_path(cache.dir(), &key, ".kobj");
+    // Hits inside the racy seconds must not move the entry's change time on (touching it
+    // for least-recently-used would): the one past them stamps it.
+    for _ in 0..6 {
+        assert!(cache.get(&key).unwrap().is_some());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(cache.get(&key).unwrap().is_some());
+    assert!(stamped(&entry), "stamped once past the racy seconds");
 }

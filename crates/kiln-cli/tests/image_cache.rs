@@ -52,8 +52,14 @@ fn settle() {
 }
 
 fn images(cache: &Path) -> Vec<PathBuf> {
+    // The images, not their stamps (`NAME.kimg.ok`) nor temporary files.
     let mut found: Vec<PathBuf> = std::fs::read_dir(cache.join("images-v1"))
-        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "kimg"))
+                .collect()
+        })
         .unwrap_or_default();
     found.sort();
     found

@@ -4,13 +4,13 @@
 //! as a shell reports a program killed by a signal.
 //!
 //! The handler runs in a signal context: it allocates nothing and takes no lock. The
-//! tables are set before the code runs and only read by the handler. They are the
-//! modules' own symbol tables, shared, not a copy sorted by address: installing costs
+//! tables are set before the code runs and only read by the handler. They are weak
+//! handles of the modules' own symbol tables, not a copy sorted by address: installing costs
 //! nothing per function (a program of 20,000 functions starts 0.7 ms sooner), and a crash
 //! — once per process — scans its module's table for the nearest definition below the
 //! instruction.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{OnceLock, Weak};
 
 pub use crate::module_symbols::ModuleSymbols;
 
@@ -21,8 +21,9 @@ pub struct CodeTable {
     pub start: u64,
     /// One past its last byte.
     pub end: u64,
-    /// Its definitions (the module itself, kept alive by the table).
-    pub symbols: Arc<dyn ModuleSymbols>,
+    /// Its definitions: the module itself, not kept alive by the table (a module removed
+    /// later is freed; a crash then names no function in its code).
+    pub symbols: Weak<dyn ModuleSymbols>,
 }
 
 impl std::fmt::Debug for CodeTable {
@@ -30,26 +31,24 @@ impl std::fmt::Debug for CodeTable {
         f.debug_struct("CodeTable")
             .field("start", &self.start)
             .field("end", &self.end)
-            .field("definitions", &self.symbols.definitions().len())
+            .field("alive", &(self.symbols.strong_count() > 0))
             .finish()
     }
 }
 
-impl CodeTable {
-    /// The function `pc` falls in: the definition at the highest address at or below it,
-    /// within the code. Linear: only a crash asks.
-    pub fn function_at(&self, pc: u64) -> Option<(&str, u64)> {
-        if !(self.start..self.end).contains(&pc) {
-            return None;
-        }
-        let mut best: Option<(&str, u64)> = None;
-        for (name, address, _) in self.symbols.definitions() {
-            if (self.start..=pc).contains(address) && best.is_none_or(|(_, a)| *address > a) {
-                best = Some((name, *address));
-            }
-        }
-        best
+/// The function `pc` falls in among `module`'s definitions: the one at the highest address
+/// at or below it, within `[start, end)`. Linear: only a crash asks.
+fn function_at(module: &dyn ModuleSymbols, start: u64, end: u64, pc: u64) -> Option<(&str, u64)> {
+    if !(start..end).contains(&pc) {
+        return None;
     }
+    let mut best: Option<(&str, u64)> = None;
+    for (name, address, _) in module.definitions() {
+        if (start..=pc).contains(address) && best.is_none_or(|(_, a)| *address > a) {
+            best = Some((name, *address));
+        }
+    }
+    best
 }
 
 /// The JIT code and its functions; set once.
@@ -161,11 +160,17 @@ extern "C" fn on_fatal_signal(
     }
     line.push(b" at ");
     line.hex(pc);
-    if let Some((name, start)) = table.and_then(|t| t.function_at(pc)) {
-        line.push(b" in ");
-        line.push(name.as_bytes());
-        line.push(b"+");
-        line.hex(pc - start);
+    // The module, if it is still there: a weak handle raised with atomics only (no lock,
+    // no allocation), and never let go — the process ends below, and dropping the last
+    // handle here would run the module's destructor in the handler.
+    if let Some((table, module)) = table.and_then(|t| Some((t, t.symbols.upgrade()?))) {
+        if let Some((name, start)) = function_at(&*module, table.start, table.end, pc) {
+            line.push(b" in ");
+            line.push(name.as_bytes());
+            line.push(b"+");
+            line.hex(pc - start);
+        }
+        std::mem::forget(module);
     }
     line.push(b"\n");
     // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer is on this stack.

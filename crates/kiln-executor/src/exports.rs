@@ -47,13 +47,23 @@ enum State {
 }
 
 /// Every module's exports, by serial (the order they were made, which is the order the
-/// loader searches them).
-static EXPORTS: Mutex<BTreeMap<u64, State>> = Mutex::new(BTreeMap::new());
+/// loader searches them), and whether exports are opened when made.
+struct Registry {
+    states: BTreeMap<u64, State>,
+    /// A library new to the process was loaded for the program: exports are opened when
+    /// made (read and written under the lock, so a module's export and a library's load
+    /// cannot cross).
+    immediate: bool,
+}
+
+static EXPORTS: Mutex<Registry> = Mutex::new(Registry {
+    states: BTreeMap::new(),
+    immediate: false,
+});
 static SERIAL: AtomicU64 = AtomicU64::new(0);
-/// Some exports are deferred: the shims' one check.
+/// Some exports are deferred: the shims' one check without the lock. Cleared only once
+/// they are open, so a thread that sees it clear finds them open.
 static PENDING: AtomicBool = AtomicBool::new(false);
-/// A library was loaded for the program: exports are opened when made.
-static IMMEDIATE: AtomicBool = AtomicBool::new(false);
 
 fn open(serial: u64, symbols: &[ExportedSymbol]) -> Result<LoadedObject, String> {
     let soname = format!("kiln-exports-{}-{serial}.so", std::process::id());
@@ -64,25 +74,44 @@ fn open(serial: u64, symbols: &[ExportedSymbol]) -> Result<LoadedObject, String>
 
 /// Exports `symbols` to libraries loaded from now on (and to `dlsym(RTLD_DEFAULT, …)`).
 pub fn export_symbols(symbols: &[ExportedSymbol]) -> Result<Exports, String> {
+    let mut registry = EXPORTS.lock();
+    let (result, modules) = open_now(&mut registry, symbols);
+    drop(registry);
+    drop(modules);
+    result
+}
+
+/// Opens `symbols` under the lock, after whatever is deferred (the loader searches them
+/// in the order they were made); with the modules read, for the caller to let go after
+/// the lock.
+fn open_now(
+    registry: &mut Registry,
+    symbols: &[ExportedSymbol],
+) -> (Result<Exports, String>, HeldModules) {
     let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
-    // Under the lock: deferred exports made before are opened first, in order.
-    let mut exports = EXPORTS.lock();
-    if let Err(error) = publish_locked(&mut exports) {
+    let (result, modules) = publish_locked(registry);
+    if let Err(error) = result {
         tracing::warn!(%error, "deferred exports could not be opened");
     }
-    let object = open(serial, symbols)?;
-    exports.insert(serial, State::Open(object));
-    Ok(Exports { serial })
+    let result = open(serial, symbols).map(|object| {
+        registry.states.insert(serial, State::Open(object));
+        Exports { serial }
+    });
+    (result, modules)
 }
 
 /// Exports `symbols` when JIT code first calls the loader through a shim (or a library is
 /// loaded for the program); at once if one was loaded already.
 pub fn export_symbols_on_demand(symbols: Vec<ExportedSymbol>) -> Result<Exports, String> {
-    if IMMEDIATE.load(Ordering::Acquire) {
-        return export_symbols(&symbols);
+    let mut registry = EXPORTS.lock();
+    if registry.immediate {
+        let (result, modules) = open_now(&mut registry, &symbols);
+        drop(registry);
+        drop(modules);
+        return result;
     }
     let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
-    EXPORTS.lock().insert(serial, State::Deferred(symbols));
+    registry.states.insert(serial, State::Deferred(symbols));
     PENDING.store(true, Ordering::Release);
     Ok(Exports { serial })
 }
@@ -109,16 +138,20 @@ pub fn export_module_on_demand(
     module: Weak<dyn ModuleSymbols>,
     code: Range<u64>,
 ) -> Result<Exports, String> {
-    if IMMEDIATE.load(Ordering::Acquire) {
+    let mut registry = EXPORTS.lock();
+    if registry.immediate {
         let list = module
             .upgrade()
             .map(|m| exports_of(&*m, &code))
             .unwrap_or_default();
-        return export_symbols(&list);
+        let (result, modules) = open_now(&mut registry, &list);
+        drop(registry);
+        drop(modules);
+        return result;
     }
     let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
-    EXPORTS
-        .lock()
+    registry
+        .states
         .insert(serial, State::DeferredModule { module, code });
     PENDING.store(true, Ordering::Release);
     Ok(Exports { serial })
@@ -127,18 +160,32 @@ pub fn export_module_on_demand(
 /// Opens every deferred export, oldest first. The first failure is returned; the others
 /// are still tried.
 pub fn publish_exports() -> Result<(), String> {
-    publish_locked(&mut EXPORTS.lock())
+    let mut registry = EXPORTS.lock();
+    let (result, modules) = publish_locked(&mut registry);
+    drop(registry);
+    drop(modules);
+    result
 }
 
-fn publish_locked(exports: &mut BTreeMap<u64, State>) -> Result<(), String> {
-    PENDING.store(false, Ordering::Release);
+/// A module read while publishing: held until the lock is released.
+type HeldModules = Vec<std::sync::Arc<dyn ModuleSymbols>>;
+
+/// Opens every deferred export under the lock; the modules it read, for the caller to let
+/// go after the lock (a module's last handle withdraws its exports, which takes the lock).
+fn publish_locked(registry: &mut Registry) -> (Result<(), String>, HeldModules) {
     let mut first_error = None;
-    for (&serial, state) in exports.iter_mut() {
+    let mut held = Vec::new();
+    for (&serial, state) in registry.states.iter_mut() {
         let opened = match state {
             State::Deferred(symbols) => open(serial, symbols),
             State::DeferredModule { module, code } => match module.upgrade() {
-                Some(module) => open(serial, &exports_of(&*module, code)),
-                None => Err("the module is gone".into()),
+                Some(module) => {
+                    let opened = open(serial, &exports_of(&*module, code));
+                    held.push(module);
+                    opened
+                }
+                // Gone: its removal withdraws this entry; nothing to open.
+                None => continue,
             },
             State::Open(_) | State::Failed => continue,
         };
@@ -150,7 +197,9 @@ fn publish_locked(exports: &mut BTreeMap<u64, State>) -> Result<(), String> {
             }
         };
     }
-    first_error.map_or(Ok(()), Err)
+    // Cleared once they are open: a shim that sees it clear finds them.
+    PENDING.store(false, Ordering::Release);
+    (first_error.map_or(Ok(()), Err), held)
 }
 
 /// Whether some exports wait for the loader's first use.
@@ -158,20 +207,25 @@ pub fn exports_pending() -> bool {
     PENDING.load(Ordering::Acquire)
 }
 
-/// A library was loaded for the program (`already_loaded`: it was in the process before,
-/// a dependency of this executable, whose code never looks for the program's names):
-/// deferred exports are opened now and later ones at once.
+/// A library new to the process is about to be loaded for the program (`already_loaded`:
+/// it is in the process already, a dependency of this executable, whose code never looks
+/// for the program's names): deferred exports are opened now, before it, as eager ones
+/// would have been, and later ones at once.
 pub fn note_library_loaded(already_loaded: bool) -> Result<(), String> {
     if already_loaded {
         return Ok(());
     }
-    IMMEDIATE.store(true, Ordering::Release);
-    publish_exports()
+    let mut registry = EXPORTS.lock();
+    registry.immediate = true;
+    let (result, modules) = publish_locked(&mut registry);
+    drop(registry);
+    drop(modules);
+    result
 }
 
 /// Withdraws exported definitions (never opened, if they were still deferred).
 pub fn unexport_symbols(exports: Exports) {
-    let state = EXPORTS.lock().remove(&exports.serial);
+    let state = EXPORTS.lock().states.remove(&exports.serial);
     if let Some(State::Open(object)) = state {
         object.close();
     }

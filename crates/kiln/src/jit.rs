@@ -369,7 +369,8 @@ impl Jit {
         let mut tables = Vec::new();
         for library in self.inner.libraries.read().iter() {
             let state = library.state.read();
-            // Each module's code and its own definitions (the module itself: no copy).
+            // Each module's code and its own definitions (the module itself, weakly: no copy,
+            // and a module removed later is still freed).
             for module in state.modules.values() {
                 let Some(text) = module.inner.allocation.segments().first() else {
                     continue;
@@ -377,7 +378,12 @@ impl Jit {
                 tables.push(kiln_executor::crash_report::CodeTable {
                     start: text.target,
                     end: text.target + text.len,
-                    symbols: module.inner.clone(),
+                    symbols: {
+                        let weak: std::sync::Weak<
+                            dyn kiln_executor::module_symbols::ModuleSymbols,
+                        > = std::sync::Arc::downgrade(&module.inner) as _;
+                        weak
+                    },
                 });
             }
         }

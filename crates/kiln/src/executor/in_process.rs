@@ -46,15 +46,18 @@ impl ExecutorService for InProcess {
     }
 
     fn load_library(&self, path: &str) -> Result<u64, Error> {
-        let already_loaded = runtime::is_loaded(path);
-        let handle = runtime::dlopen(path).map_err(|reason| Error::SharedLibrary {
-            name: path.to_string(),
-            reason,
-        })?;
-        // A library new to the process may look for the program's names itself: exports
-        // made on demand are published now.
-        runtime::note_library_loaded(already_loaded).map_err(Error::Executor)?;
-        Ok(handle as u64)
+        // A library new to the process may need the program's names when it loads (its
+        // constructors, its undefined symbols) or look for them itself later: exports made
+        // on demand are published before it, as eager ones would have been.
+        if let Err(error) = runtime::note_library_loaded(runtime::is_loaded(path)) {
+            tracing::warn!(%error, library = path, "the program's exports could not be published");
+        }
+        runtime::dlopen(path)
+            .map(|h| h as u64)
+            .map_err(|reason| Error::SharedLibrary {
+                name: path.to_string(),
+                reason,
+            })
     }
 
     fn register_eh_frame(&self, address: u64) -> Result<Option<EhRegistration>, Error> {
