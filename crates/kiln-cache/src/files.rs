@@ -120,16 +120,38 @@ pub(crate) fn on_network_filesystem(file: &File) -> bool {
     NETWORK.contains(&(fs.f_type as i64))
 }
 
-/// Whether `meta` and `again` (the same descriptor's, later) describe the same file
-/// contents: inode, size, modification and change times.
+/// What identifies a file's contents without reading them, as build tools use it:
+/// device, inode, size, modification and change times (seconds, nanoseconds).
+pub(crate) fn identity(meta: &std::fs::Metadata) -> [u64; 7] {
+    [
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        meta.mtime() as u64,
+        meta.mtime_nsec() as u64,
+        meta.ctime() as u64,
+        meta.ctime_nsec() as u64,
+    ]
+}
+
+/// Whether `meta` and `again` (the same descriptor's, later) have the same
+/// [`identity`].
 pub(crate) fn unchanged(meta: &std::fs::Metadata, again: &std::fs::Metadata) -> bool {
-    meta.dev() == again.dev()
-        && meta.ino() == again.ino()
-        && meta.len() == again.len()
-        && meta.mtime() == again.mtime()
-        && meta.mtime_nsec() == again.mtime_nsec()
-        && meta.ctime() == again.ctime()
-        && meta.ctime_nsec() == again.ctime_nsec()
+    identity(meta) == identity(again)
+}
+
+/// Whether `meta`'s file changed within [`crate::RACY`] (or in the future: a clock set
+/// back). The kernel's file times advance in ticks: within them, a second change of the
+/// file may keep its times.
+pub(crate) fn racy(meta: &std::fs::Metadata) -> bool {
+    let changed = std::time::SystemTime::UNIX_EPOCH
+        + std::time::Duration::new(
+            meta.ctime().max(0) as u64,
+            meta.ctime_nsec().clamp(0, 999_999_999) as u32,
+        );
+    std::time::SystemTime::now()
+        .duration_since(changed)
+        .map_or(true, |age| age < crate::RACY)
 }
 
 /// The contents of `path`, read as [`open_regular`] allows.

@@ -12,22 +12,12 @@
 use crate::{io, CacheError, CacheKey};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// How recent a change must be for a file to be keyed by its contents.
 pub const RACY: Duration = Duration::from_secs(2);
 
-/// Whether `meta`'s file changed within [`RACY`] (or in the future: a clock set back).
-fn racy(meta: &std::fs::Metadata) -> bool {
-    let changed = SystemTime::UNIX_EPOCH
-        + Duration::new(
-            meta.ctime().max(0) as u64,
-            meta.ctime_nsec().clamp(0, 999_999_999) as u32,
-        );
-    SystemTime::now()
-        .duration_since(changed)
-        .map_or(true, |age| age < RACY)
-}
+use crate::files::racy;
 
 /// Builds the key of a linked image from labelled parts (in a fixed order: the same parts
 /// in the same order give the same key).
@@ -102,15 +92,7 @@ impl ImageKeyBuilder {
             return Ok(self.bytes("contents", hash.as_bytes()));
         }
         let mut identity = Vec::with_capacity(56);
-        for v in [
-            meta.dev(),
-            meta.ino(),
-            meta.size(),
-            meta.mtime() as u64,
-            meta.mtime_nsec() as u64,
-            meta.ctime() as u64,
-            meta.ctime_nsec() as u64,
-        ] {
+        for v in crate::files::identity(meta) {
             identity.extend_from_slice(&v.to_le_bytes());
         }
         Ok(self.bytes("identity", &identity))

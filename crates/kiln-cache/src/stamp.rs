@@ -13,7 +13,7 @@
 //!   checks the entry whole again.
 //! - The kernel's file times advance in ticks: a file written twice within one tick keeps
 //!   its times. So a stamp is made only for a file whose change time is at least
-//!   [`RACY`] old: any later change has a later time.
+//!   [`RACY`](crate::RACY) old: any later change has a later time.
 //!
 //! What it does not see: bytes that change under the file system (a failing disk), as
 //! with any cache that trusts the file system for what it has checked once.
@@ -23,11 +23,10 @@
 //! never the entry, whose times the stamp is bound to).
 
 use crate::files::{self, Links};
-use crate::{CacheKey, MacKey, RACY};
+use crate::{CacheKey, MacKey};
 use std::io::{Read, Write};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 /// What a stamp's name adds to its entry's.
 pub(crate) const SUFFIX: &str = ".ok";
@@ -45,30 +44,10 @@ fn tag(mac_key: &MacKey, key: &CacheKey, meta: &std::fs::Metadata) -> blake3::Ha
     let mut hasher = mac_key.hasher();
     hasher.update(DOMAIN);
     hasher.update(&key.0);
-    for v in [
-        meta.dev(),
-        meta.ino(),
-        meta.size(),
-        meta.mtime() as u64,
-        meta.mtime_nsec() as u64,
-        meta.ctime() as u64,
-        meta.ctime_nsec() as u64,
-    ] {
+    for v in files::identity(meta) {
         hasher.update(&v.to_le_bytes());
     }
     hasher.finalize()
-}
-
-/// Whether `meta` (the entry's, from its open descriptor) changed less than [`RACY`] ago.
-fn racy(meta: &std::fs::Metadata) -> bool {
-    let changed = SystemTime::UNIX_EPOCH
-        + Duration::new(
-            meta.ctime().max(0) as u64,
-            meta.ctime_nsec().clamp(0, 999_999_999) as u32,
-        );
-    SystemTime::now()
-        .duration_since(changed)
-        .map_or(true, |age| age < RACY)
 }
 
 /// Whether the entry at `entry`, stored under `key` and now of identity `meta`, has a
@@ -108,7 +87,7 @@ pub(crate) fn record(
     entry: &Path,
     meta: &std::fs::Metadata,
 ) -> bool {
-    if racy(meta) {
+    if files::racy(meta) {
         return false;
     }
     let Some(dir) = entry.parent() else {
