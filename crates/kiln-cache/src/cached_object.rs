@@ -57,18 +57,6 @@ impl AsRef<[u8]> for EntrySlice {
     }
 }
 
-/// An entry's file mapped read-only, and where its object is in it.
-pub(crate) struct MappedEntry {
-    pub(crate) map: memmap2::Mmap,
-    pub(crate) object: std::ops::Range<usize>,
-}
-
-impl AsRef<[u8]> for MappedEntry {
-    fn as_ref(&self) -> &[u8] {
-        &self.map[self.object.clone()]
-    }
-}
-
 impl PartialEq for CachedObject {
     fn eq(&self, other: &Self) -> bool {
         **self == **other

@@ -16,14 +16,16 @@
 //!   corrupt, truncated or foreign entry is a miss and is removed.
 //! - Several processes may read and write at once: the last rename of a key wins, and
 //!   every version is whole.
-//! - Size and count limits with least-recently-used eviction: a hit refreshes its stamp's
-//!   modification time (or, for an entry too recent to be stamped, the entry's); after a
-//!   store, the oldest entries go until both limits hold. Pruning never follows a link: a `v1` that is a link is refused.
+//! - Size and count limits with least-recently-used eviction: a hit refreshes its stamp
+//!   file's modification time (an entry too recent to be stamped gets a stamp file that
+//!   carries only the use; the entry itself is never touched); after a store, the oldest
+//!   entries go until both limits hold. Pruning never follows a link: a `v1` that is a
+//!   link is refused.
 //! - A store that fails (a full disk, a read-only directory) is counted, kept as a
 //!   [`CacheSkip`](crate::CacheSkip) and reported to the caller, who goes on without
 //!   caching.
 
-use crate::cached_object::{EntrySlice, MappedEntry};
+use crate::cached_object::EntrySlice;
 use crate::files::{self, Links, ReadRefusal};
 use crate::{
     entry, io, trust, CacheError, CacheKey, CacheSkip, CacheStats, Counters, MacKey, ObjectCache,
@@ -411,10 +413,7 @@ impl ObjectCache for DiskCache {
                 // (checked at open) and on a local file system (checked above), so no
                 // other writer can truncate it under the mapping.
                 match unsafe { memmap2::Mmap::map(&file) } {
-                    Ok(map) => std::sync::Arc::new(MappedEntry {
-                        object: 0..map.len(),
-                        map,
-                    }),
+                    Ok(map) => std::sync::Arc::new(map),
                     // No mapping to be had (too many, no memory): a miss; the entry stays.
                     Err(e) => {
                         self.counters
@@ -428,11 +427,7 @@ impl ObjectCache for DiskCache {
         // Checked whole once; while the file keeps that identity, its stamp says so. The
         // identity is read again after the bytes were mapped or read: a change in between
         // is checked whole.
-        let stamped = stored.len() as u64 == meta.len()
-            && stamp::valid(&self.mac_key, key, &path, &meta)
-            && file
-                .metadata()
-                .is_ok_and(|again| files::unchanged(&meta, &again));
+        let stamped = stamp::holds(&self.mac_key, key, &path, &file, &meta, stored.len());
         let object = if stamped {
             entry::payload_range(stored)
         } else {
@@ -496,8 +491,9 @@ impl ObjectCache for DiskCache {
     }
 
     fn remove(&self, key: &CacheKey) -> Result<(), CacheError> {
-        stamp::remove(&self.path(key));
-        match std::fs::remove_file(self.path(key)) {
+        let path = self.path(key);
+        stamp::remove(&path);
+        match std::fs::remove_file(path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(io("removing a cache entry")(e)),

@@ -305,11 +305,11 @@ impl ImageCache for DiskImageCache {
             }
             Err(refusal) => return self.reject(&path, &refusal.to_string()),
         };
-        // The whole file mapped read-only: the header and the blocks are read from the page
-        // cache, not copied.
         if meta.len() < 16 {
             return self.reject(&path, "not an image");
         }
+        // The whole file mapped read-only: the header and the blocks are read from the page
+        // cache, not copied.
         // SAFETY: an image file is written whole under another name and renamed into
         // place, never changed in place; its directory is this user's alone (checked at
         // open), so no other writer can truncate it under the mapping.
@@ -335,13 +335,7 @@ impl ImageCache for DiskImageCache {
         let (body, mac) = header.split_at(header.len() - 32);
         // Checked whole once (the MAC, every block); while the file keeps that identity,
         // its stamp says so and nothing is hashed again.
-        // The identity is read again after the mapping: a change in between is checked
-        // whole.
-        let stamped = map.len() as u64 == meta.len()
-            && crate::stamp::valid(&self.store.mac_key, key, &path, &meta)
-            && file
-                .metadata()
-                .is_ok_and(|again| files::unchanged(&meta, &again));
+        let stamped = crate::stamp::holds(&self.store.mac_key, key, &path, &file, &meta, map.len());
         let found: [u8; 32] = mac.try_into().unwrap_or([0; 32]);
         // blake3::Hash compares in constant time.
         if !stamped && tag(&self.store.mac_key, key, body) != blake3::Hash::from_bytes(found) {

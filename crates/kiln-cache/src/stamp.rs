@@ -52,7 +52,7 @@ fn tag(mac_key: &MacKey, key: &CacheKey, meta: &std::fs::Metadata) -> blake3::Ha
 
 /// Whether the entry at `entry`, stored under `key` and now of identity `meta`, has a
 /// stamp for that identity. If it has, its last use is now (the stamp is touched).
-pub(crate) fn valid(
+fn valid(
     mac_key: &MacKey,
     key: &CacheKey,
     entry: &Path,
@@ -77,6 +77,36 @@ pub(crate) fn valid(
     ok
 }
 
+/// Whether the stamp of the entry at `entry` (under `key`, open as `file`, of identity
+/// `meta` when opened, `len` bytes mapped or read from it) still holds: it is valid for
+/// that identity, the bytes are the whole file, and the identity is the same after they
+/// were mapped or read (a change in between is checked whole).
+pub(crate) fn holds(
+    mac_key: &MacKey,
+    key: &CacheKey,
+    entry: &Path,
+    file: &std::fs::File,
+    meta: &std::fs::Metadata,
+    len: usize,
+) -> bool {
+    len as u64 == meta.len()
+        && valid(mac_key, key, entry, meta)
+        && file
+            .metadata()
+            .is_ok_and(|again| files::unchanged(meta, &again))
+}
+
+/// Writes `contents` as the stamp file of the entry at `entry`: a temporary file renamed.
+fn write(entry: &Path, contents: &[u8; 32]) -> std::io::Result<()> {
+    let dir = entry
+        .parent()
+        .ok_or_else(|| std::io::Error::other("an entry with no directory"))?;
+    let mut file = tempfile::Builder::new().prefix(".tmp").tempfile_in(dir)?;
+    file.write_all(contents)?;
+    file.persist(path_of(entry)).map_err(|e| e.error)?;
+    Ok(())
+}
+
 /// Records that the entry at `entry` (under `key`, of identity `meta`) was checked whole
 /// just now; nothing if it changed too recently for its times to tell a later change
 /// apart, or if the stamp cannot be written (the next hit checks again). Whether a stamp
@@ -90,15 +120,7 @@ pub(crate) fn record(
     if files::racy(meta) {
         return false;
     }
-    let Some(dir) = entry.parent() else {
-        return false;
-    };
-    let written = (|| -> std::io::Result<()> {
-        let mut file = tempfile::Builder::new().prefix(".tmp").tempfile_in(dir)?;
-        file.write_all(tag(mac_key, key, meta).as_bytes())?;
-        file.persist(path_of(entry)).map_err(|e| e.error)?;
-        Ok(())
-    })();
+    let written = write(entry, tag(mac_key, key, meta).as_bytes());
     if let Err(error) = &written {
         tracing::debug!(entry = %entry.display(), %error, "no stamp written");
     }
@@ -111,18 +133,11 @@ pub(crate) fn record(
 /// that would move its change time on, and an entry used that often would never be
 /// stamped.
 pub(crate) fn record_use(entry: &Path) {
-    let path = path_of(entry);
-    if let Ok((file, _)) = files::open_regular(&path, Links::Refuse, 32) {
+    if let Ok((file, _)) = files::open_regular(&path_of(entry), Links::Refuse, 32) {
         let _ = file.set_modified(SystemTime::now());
         return;
     }
-    let Some(dir) = entry.parent() else { return };
-    let _ = (|| -> std::io::Result<()> {
-        let mut file = tempfile::Builder::new().prefix(".tmp").tempfile_in(dir)?;
-        file.write_all(&[0u8; 32])?;
-        file.persist(&path).map_err(|e| e.error)?;
-        Ok(())
-    })();
+    let _ = write(entry, &[0u8; 32]);
 }
 
 /// Removes the stamp of the entry at `entry`, if any.

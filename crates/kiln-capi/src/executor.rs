@@ -170,12 +170,8 @@ impl ExecutorService for CallbackExecutor {
         self.in_process.unregister_module(dso_handle)
     }
 
-    fn export_symbols(
-        &self,
-        symbols: Vec<ExportedSymbol>,
-        on_demand: bool,
-    ) -> Result<ExportHandle, Error> {
-        self.in_process.export_symbols(symbols, on_demand)
+    fn export_symbols(&self, symbols: Vec<ExportedSymbol>) -> Result<ExportHandle, Error> {
+        self.in_process.export_symbols(symbols)
     }
 
     fn export_module_on_demand(

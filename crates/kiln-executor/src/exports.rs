@@ -33,8 +33,6 @@ pub struct Exports {
 }
 
 enum State {
-    /// Not opened yet: published at JIT code's first call of the loader.
-    Deferred(Vec<ExportedSymbol>),
     /// A module's exported definitions, read from the module when published (a module
     /// gone by then exports nothing): no list is made for a program that never asks.
     DeferredModule {
@@ -100,22 +98,6 @@ fn open_now(
     (result, modules)
 }
 
-/// Exports `symbols` when JIT code first calls the loader through a shim (or a library is
-/// loaded for the program); at once if one was loaded already.
-pub fn export_symbols_on_demand(symbols: Vec<ExportedSymbol>) -> Result<Exports, String> {
-    let mut registry = EXPORTS.lock();
-    if registry.immediate {
-        let (result, modules) = open_now(&mut registry, &symbols);
-        drop(registry);
-        drop(modules);
-        return result;
-    }
-    let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
-    registry.states.insert(serial, State::Deferred(symbols));
-    PENDING.store(true, Ordering::Release);
-    Ok(Exports { serial })
-}
-
 /// The exports of `module`: its exported definitions, functions where they lie in `code`.
 pub fn exports_of(module: &dyn ModuleSymbols, code: &Range<u64>) -> Vec<ExportedSymbol> {
     module
@@ -177,7 +159,6 @@ fn publish_locked(registry: &mut Registry) -> (Result<(), String>, HeldModules) 
     let mut held = Vec::new();
     for (&serial, state) in registry.states.iter_mut() {
         let opened = match state {
-            State::Deferred(symbols) => open(serial, symbols),
             State::DeferredModule { module, code } => match module.upgrade() {
                 Some(module) => {
                     let opened = open(serial, &exports_of(&*module, code));
@@ -200,11 +181,6 @@ fn publish_locked(registry: &mut Registry) -> (Result<(), String>, HeldModules) 
     // Cleared once they are open: a shim that sees it clear finds them.
     PENDING.store(false, Ordering::Release);
     (first_error.map_or(Ok(()), Err), held)
-}
-
-/// Whether some exports wait for the loader's first use.
-pub fn exports_pending() -> bool {
-    PENDING.load(Ordering::Acquire)
 }
 
 /// A library new to the process is about to be loaded for the program (`already_loaded`:

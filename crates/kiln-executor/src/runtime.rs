@@ -151,8 +151,8 @@ pub fn flush_stdio() {
 }
 
 pub use crate::exports::{
-    export_module_on_demand, export_symbols, export_symbols_on_demand, exports_of, exports_pending,
-    loader_shim, note_library_loaded, publish_exports, unexport_symbols, Exports,
+    export_module_on_demand, export_symbols, exports_of, loader_shim, note_library_loaded,
+    publish_exports, unexport_symbols, Exports,
 };
 
 /// Makes `variables` (`NAME=VALUE` each) this process's whole environment and enters

@@ -378,12 +378,7 @@ impl Jit {
                 tables.push(kiln_executor::crash_report::CodeTable {
                     start: text.target,
                     end: text.target + text.len,
-                    symbols: {
-                        let weak: std::sync::Weak<
-                            dyn kiln_executor::module_symbols::ModuleSymbols,
-                        > = std::sync::Arc::downgrade(&module.inner) as _;
-                        weak
-                    },
+                    symbols: std::sync::Arc::downgrade(&module.inner) as std::sync::Weak<_>,
                 });
             }
         }

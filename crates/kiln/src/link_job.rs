@@ -453,7 +453,7 @@ impl LinkJob<'_> {
                     function: code.as_ref().is_some_and(|c| c.contains(&e.address)),
                 })
                 .collect();
-            Some(executor.export_symbols(list, self.jit.inner.exports_on_demand)?)
+            Some(executor.export_symbols(list)?)
         } else {
             None
         };
@@ -492,10 +492,9 @@ impl LinkJob<'_> {
             Arc::downgrade(&module.inner) as _;
         let handle = match executor.export_module_on_demand(source, code.clone()) {
             Some(handle) => handle,
-            None => executor.export_symbols(
-                kiln_executor::runtime::exports_of(&*module.inner, &code),
-                false,
-            ),
+            None => {
+                executor.export_symbols(kiln_executor::runtime::exports_of(&*module.inner, &code))
+            }
         };
         match handle {
             Ok(handle) => {

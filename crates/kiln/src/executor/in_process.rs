@@ -141,18 +141,10 @@ impl ExecutorService for InProcess {
         thread_locals::unregister_module(dso_handle);
     }
 
-    fn export_symbols(
-        &self,
-        symbols: Vec<ExportedSymbol>,
-        on_demand: bool,
-    ) -> Result<ExportHandle, Error> {
-        if on_demand {
-            runtime::export_symbols_on_demand(symbols)
-        } else {
-            runtime::export_symbols(&symbols)
-        }
-        .map(ExportHandle::new)
-        .map_err(Error::Executor)
+    fn export_symbols(&self, symbols: Vec<ExportedSymbol>) -> Result<ExportHandle, Error> {
+        runtime::export_symbols(&symbols)
+            .map(ExportHandle::new)
+            .map_err(Error::Executor)
     }
 
     fn export_module_on_demand(

@@ -344,14 +344,12 @@ impl Executor {
         self.service.unregister_module(dso_handle)
     }
 
-    /// Makes `symbols` visible to libraries the executor loads from now on (`on_demand`:
-    /// when JIT code first calls the loader, where the executor can defer them).
+    /// Makes `symbols` visible to libraries the executor loads from now on.
     pub(crate) fn export_symbols(
         &self,
         symbols: Vec<ExportedSymbol>,
-        on_demand: bool,
     ) -> Result<ExportHandle, Error> {
-        self.service.export_symbols(symbols, on_demand)
+        self.service.export_symbols(symbols)
     }
 
     /// `module`'s exports when JIT code first calls the loader; `None` where the executor

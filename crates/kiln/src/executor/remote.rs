@@ -192,11 +192,7 @@ impl ExecutorService for Remote {
         self.remote.hello().runtime_symbol(name)
     }
 
-    fn export_symbols(
-        &self,
-        symbols: Vec<ExportedSymbol>,
-        _on_demand: bool,
-    ) -> Result<ExportHandle, Error> {
+    fn export_symbols(&self, symbols: Vec<ExportedSymbol>) -> Result<ExportHandle, Error> {
         self.value(Request::ExportSymbols {
             symbols: symbols
                 .into_iter()

@@ -162,14 +162,8 @@ pub trait ExecutorService: Send + Sync {
     /// Forgets what [`ExecutorService::register_module`] told.
     fn unregister_module(&self, _dso_handle: u64) {}
 
-    /// Makes `symbols` visible to libraries the executor loads from now on;
-    /// `on_demand`: when JIT code first calls the loader (an executor that cannot defer
-    /// them exports them at once).
-    fn export_symbols(
-        &self,
-        symbols: Vec<ExportedSymbol>,
-        on_demand: bool,
-    ) -> Result<ExportHandle, Error>;
+    /// Makes `symbols` visible to libraries the executor loads from now on.
+    fn export_symbols(&self, symbols: Vec<ExportedSymbol>) -> Result<ExportHandle, Error>;
 
     /// Makes `module`'s exported definitions (functions where they lie in `code`) visible
     /// when JIT code first calls the loader, read from the module then; `None` where the
