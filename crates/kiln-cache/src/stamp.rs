@@ -52,12 +52,7 @@ fn tag(mac_key: &MacKey, key: &CacheKey, meta: &std::fs::Metadata) -> blake3::Ha
 
 /// Whether the entry at `entry`, stored under `key` and now of identity `meta`, has a
 /// stamp for that identity. If it has, its last use is now (the stamp is touched).
-fn valid(
-    mac_key: &MacKey,
-    key: &CacheKey,
-    entry: &Path,
-    meta: &std::fs::Metadata,
-) -> bool {
+fn valid(mac_key: &MacKey, key: &CacheKey, entry: &Path, meta: &std::fs::Metadata) -> bool {
     let Ok((mut file, stamp_meta)) = files::open_regular(&path_of(entry), Links::Refuse, 32) else {
         return false;
     };
