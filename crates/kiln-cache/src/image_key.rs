@@ -3,11 +3,16 @@
 //! change times — as build tools do; the host's libraries and every mapped input are
 //! found in `/proc/self/maps`.
 //!
-//! A file changed within the last [`RACY`] is keyed by its contents instead: the kernel's
-//! file times advance in ticks, so a file written twice within one tick keeps its times,
-//! and a key made from them could name the first contents while the link read the second.
-//! A file older than that cannot change without its change time (which no program can
-//! set) moving past the key's.
+//! A file is always keyed the same way, by its identity, whenever the key is made: a key
+//! never depends on when it is computed. But a file changed within the last [`RACY`] is
+//! *unsettled*: the kernel's file times advance in ticks, so a file written twice within
+//! one tick keeps its times, and a key made from them could name the first contents while
+//! the link read the second. A key with an unsettled file
+//! ([`ImageKeyBuilder::unsettled`]) must not be used to store an image (the session links
+//! without the image cache then); a lookup under it could not find one stored by an
+//! earlier process anyway (an image is stored only once all its files are older than
+//! [`RACY`], and a file older than that cannot change without its change time, which no
+//! program can set, moving past the key's).
 
 use crate::{io, CacheError, CacheKey};
 use std::os::unix::fs::MetadataExt;
@@ -33,6 +38,8 @@ use crate::files::racy;
 #[derive(Debug, Clone)]
 pub struct ImageKeyBuilder {
     hasher: blake3::Hasher,
+    /// The first file keyed that changed within [`RACY`] of being keyed.
+    unsettled: Option<String>,
 }
 
 impl ImageKeyBuilder {
@@ -41,7 +48,10 @@ impl ImageKeyBuilder {
     pub fn new(maker: &str) -> Self {
         let mut hasher = blake3::Hasher::new();
         hasher.update(b"kiln linked image key 1\0");
-        let mut builder = ImageKeyBuilder { hasher };
+        let mut builder = ImageKeyBuilder {
+            hasher,
+            unsettled: None,
+        };
         builder.text("maker", maker);
         builder
     }
@@ -65,37 +75,49 @@ impl ImageKeyBuilder {
         self.bytes(label, &key.0)
     }
 
-    /// Adds the file at `path`: its identity (device, inode, size, times), or its contents
-    /// if it changed within [`RACY`].
+    /// Adds the file at `path`: its identity (device, inode, size, times). A file changed
+    /// within [`RACY`] makes the key [unsettled](ImageKeyBuilder::unsettled).
     pub fn file(&mut self, path: &Path) -> Result<&mut Self, CacheError> {
         let meta = std::fs::metadata(path).map_err(io(format!("{}", path.display())))?;
         self.text("file", &path.to_string_lossy());
-        self.identity(path, &meta)
+        Ok(self.identity(path, &meta))
     }
 
-    /// [`ImageKeyBuilder::file`] of a file whose contents the caller read (or mapped) as
-    /// `contents`: if the file changed within [`RACY`], those are the contents keyed — the
-    /// ones the link reads, even if the file was replaced since.
-    pub fn file_read(&mut self, path: &Path, contents: &[u8]) -> Result<&mut Self, CacheError> {
-        let meta = std::fs::metadata(path).map_err(io(format!("{}", path.display())))?;
-        self.text("file", &path.to_string_lossy());
-        if racy(&meta) {
-            return Ok(self.bytes("contents", blake3::hash(contents).as_bytes()));
-        }
-        self.identity(path, &meta)
+    /// [`ImageKeyBuilder::file`] of a file whose contents the caller read (or mapped):
+    /// keyed by identity as every file is (the contents are not hashed). A file replaced
+    /// since it was read has a change time within [`RACY`] of now unless the replacement
+    /// is older than that, and so leaves the key unsettled.
+    pub fn file_read(&mut self, path: &Path, _contents: &[u8]) -> Result<&mut Self, CacheError> {
+        self.file(path)
     }
 
-    fn identity(&mut self, path: &Path, meta: &std::fs::Metadata) -> Result<&mut Self, CacheError> {
-        if racy(meta) {
-            let contents = std::fs::read(path).map_err(io(format!("{}", path.display())))?;
-            let hash = blake3::hash(&contents);
-            return Ok(self.bytes("contents", hash.as_bytes()));
+    /// The first file keyed that changed within [`RACY`] of being keyed (`None`: every
+    /// file is settled). An image must not be stored under an unsettled key: the same
+    /// key may name other contents written within the same tick of the file's times.
+    ///
+    /// ```
+    /// let dir = std::env::temp_dir().join(format!("kiln-doc-unsettled-{}", std::process::id()));
+    /// std::fs::create_dir_all(&dir).unwrap();
+    /// let fresh = dir.join("fresh.o");
+    /// std::fs::write(&fresh, b"just written").unwrap();
+    /// let mut key = kiln_cache::ImageKeyBuilder::new("example");
+    /// key.file(&fresh).unwrap();
+    /// assert!(key.unsettled().is_some());
+    /// std::fs::remove_dir_all(&dir).unwrap();
+    /// ```
+    pub fn unsettled(&self) -> Option<&str> {
+        self.unsettled.as_deref()
+    }
+
+    fn identity(&mut self, path: &Path, meta: &std::fs::Metadata) -> &mut Self {
+        if racy(meta) && self.unsettled.is_none() {
+            self.unsettled = Some(path.display().to_string());
         }
         let mut identity = Vec::with_capacity(56);
         for v in crate::files::identity(meta) {
             identity.extend_from_slice(&v.to_le_bytes());
         }
-        Ok(self.bytes("identity", &identity))
+        self.bytes("identity", &identity)
     }
 
     /// Adds every file mapped in this process (`/proc/self/maps`): the executable, the
@@ -146,7 +168,7 @@ impl ImageKeyBuilder {
             }
             match std::fs::metadata(path) {
                 Ok(meta) if meta.ino() == inode => {
-                    self.identity(Path::new(path), &meta)?;
+                    self.identity(Path::new(path), &meta);
                 }
                 _ => {
                     self.text("replaced", "");
@@ -167,20 +189,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_changed_file_changes_the_key_even_within_one_tick() {
+    fn a_file_changed_within_one_tick_leaves_the_key_unsettled() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.o");
         std::fs::write(&path, b"first").unwrap();
         let key = |p: &Path| {
             let mut k = ImageKeyBuilder::new("test");
             k.file(p).unwrap();
-            k.finish()
+            (k.finish(), k.unsettled().map(str::to_string))
         };
-        let first = key(&path);
-        assert_eq!(first, key(&path));
-        // Same size, same tick: the times may not move, the contents do.
-        std::fs::write(&path, b"other").unwrap();
-        assert_ne!(first, key(&path));
+        let (first, unsettled) = key(&path);
+        // Same size, same tick: the times may not move, the contents do. Such a key is
+        // never used to store an image.
+        assert_eq!(unsettled.as_deref(), Some(path.to_str().unwrap()));
+        assert_eq!(
+            first,
+            key(&path).0,
+            "the key does not depend on when it is made"
+        );
+        // A file changed long ago is settled, and its key is the same whenever it is made.
+        let (old, unsettled) = key(Path::new("/bin/sh"));
+        assert_eq!(unsettled, None);
+        assert_eq!(old, key(Path::new("/bin/sh")).0);
+    }
+
+    #[test]
+    fn a_key_made_inside_and_after_the_racy_window_is_the_same() {
+        // The flake this replaces: a file keyed by contents while racy and by identity
+        // after. Make a file, key it, let the window pass, key it again.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.o");
+        std::fs::write(&path, b"contents").unwrap();
+        let mut early = ImageKeyBuilder::new("test");
+        early.file(&path).unwrap();
+        assert!(early.unsettled().is_some());
+        std::thread::sleep(RACY + Duration::from_millis(100));
+        let mut late = ImageKeyBuilder::new("test");
+        late.file(&path).unwrap();
+        assert_eq!(late.unsettled(), None);
+        assert_eq!(early.finish(), late.finish());
     }
 
     #[test]

@@ -639,7 +639,9 @@ enum kiln_status kiln_link(const struct kiln_session *session, uint64_t library,
 // modules linked earlier in the session whose definitions this link uses. Kiln adds its
 // own version, the target, every file the session read an input from, and every file
 // mapped in this process (the shared libraries host symbols come from). A key that
-// leaves an input out maps a stale image.
+// leaves an input out maps a stale image. While one of those files changed within the
+// last two seconds (a just-built program, a just-written object), no image is stored:
+// its times may not tell a second change within the same clock tick.
 //
 // # Safety
 // `session` live; `key` points to `key_len` readable bytes; `module` and `mapped` NULL

@@ -926,7 +926,9 @@ pub unsafe extern "C" fn kiln_link(
 /// modules linked earlier in the session whose definitions this link uses. Kiln adds its
 /// own version, the target, every file the session read an input from, and every file
 /// mapped in this process (the shared libraries host symbols come from). A key that
-/// leaves an input out maps a stale image.
+/// leaves an input out maps a stale image. While one of those files changed within the
+/// last two seconds (a just-built program, a just-written object), no image is stored:
+/// its times may not tell a second change within the same clock tick.
 ///
 /// # Safety
 /// `session` live; `key` points to `key_len` readable bytes; `module` and `mapped` NULL
@@ -948,9 +950,13 @@ pub unsafe extern "C" fn kiln_link_cached(
             kiln::ImageKeyBuilder::new(concat!("kiln C API ", env!("CARGO_PKG_VERSION")));
         builder.bytes("client key", bytes);
         s.jit.add_image_key_inputs(&mut builder)?;
-        let linked = s
-            .jit
-            .link_pending_cached(LibraryId::from_raw(library), &builder.finish())?;
+        let library = LibraryId::from_raw(library);
+        // A file changed within the last seconds leaves the key unsettled: no image is
+        // stored under it (the link runs as kiln_link's).
+        let linked = match builder.unsettled() {
+            Some(_) => s.jit.link_pending(library)?,
+            None => s.jit.link_pending_cached(library, &builder.finish())?,
+        };
         if !mapped.is_null() {
             let was_mapped = linked.as_ref().is_some_and(|(_, report)| {
                 matches!(report.image, Some(kiln::ImageOutcome::Mapped { .. }))

@@ -690,6 +690,18 @@ fn run(o: RunArgs) -> Result<i32, String> {
     // Everything the link reads is in place: the key ends with every file this process
     // maps (the executable, the host's libraries, the mapped inputs).
     let image_key = image_key.and_then(|mut key| match jit.add_image_key_inputs(&mut key) {
+        // A file changed within the last seconds: its times may not tell a second change
+        // in the same tick, so no image is stored under its key (the link runs as usual).
+        Ok(()) if key.unsettled().is_some() => {
+            if o.verbose {
+                eprintln!(
+                    "kiln: image cache not used: {} changed within the last {} s",
+                    key.unsettled().unwrap_or_default(),
+                    kiln_cache::RACY.as_secs()
+                );
+            }
+            None
+        }
         Ok(()) => Some(key.finish()),
         Err(why) => {
             if o.verbose {

@@ -1,5 +1,6 @@
 //! Link inputs: relocatable objects and static archives, as byte buffers.
 
+use crate::built_object::BuiltObject;
 use crate::object_file::ObjectFile;
 use crate::{Architecture, LinkError};
 use object::read::archive::ArchiveFile;
@@ -46,6 +47,8 @@ pub struct ObjectInput {
     pub data: ObjectBytes,
     /// The parse [`ObjectInput::check`] made, shared by clones.
     checked: Option<Arc<Checked>>,
+    /// An object described in memory ([`ObjectInput::built`]): its view, shared by clones.
+    built: Option<Arc<Built>>,
 }
 
 /// What a parse borrows from: the object's name and bytes, and the architecture it was
@@ -65,12 +68,28 @@ self_cell::self_cell!(
     }
 );
 
+/// What a built object's view borrows from: its name and the object.
+struct BuiltSource {
+    name: String,
+    object: BuiltObject,
+}
+
+self_cell::self_cell!(
+    /// A built object's view, kept beside the object it borrows from.
+    struct Built {
+        owner: BuiltSource,
+        #[covariant]
+        dependent: ObjectFile,
+    }
+);
+
 impl std::fmt::Debug for ObjectInput {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ObjectInput")
             .field("name", &self.name)
             .field("data", &self.data)
             .field("checked", &self.checked.is_some())
+            .field("built", &self.built.is_some())
             .finish()
     }
 }
@@ -83,7 +102,28 @@ impl ObjectInput {
             name: name.into(),
             data: ObjectBytes(Arc::new(data)),
             checked: None,
+            built: None,
         }
+    }
+
+    /// An object described in memory (see [`BuiltObject`]): linked as a parsed object
+    /// is, with no ELF file made. Its [`ObjectInput::bytes`] are empty. A built object
+    /// whose tables do not hold together (a symbol in a section it does not have, a
+    /// relocation of a symbol it does not have) is refused here, as a damaged file is.
+    pub fn built(name: impl Into<String>, mut object: BuiltObject) -> Result<Self, LinkError> {
+        object.seal();
+        let name = name.into();
+        let source = BuiltSource {
+            name: name.clone(),
+            object,
+        };
+        let built = Built::try_new(source, |s| s.object.view(&s.name))?;
+        Ok(ObjectInput {
+            name,
+            data: ObjectBytes(Arc::new(Arc::<[u8]>::from(&[][..]))),
+            checked: None,
+            built: Some(Arc::new(built)),
+        })
     }
 
     /// An object from bytes the caller shares (e.g. a `memmap2::Mmap` in an `Arc`).
@@ -92,6 +132,7 @@ impl ObjectInput {
             name: name.into(),
             data: ObjectBytes(data),
             checked: None,
+            built: None,
         }
     }
 
@@ -114,6 +155,9 @@ impl ObjectInput {
         if self.checked(architecture).is_some() {
             return Ok(());
         }
+        if let Some(error) = self.built_mismatch(architecture) {
+            return Err(error);
+        }
         let source = CheckedSource {
             name: self.name.clone(),
             data: self.data.clone(),
@@ -126,9 +170,24 @@ impl ObjectInput {
         Ok(())
     }
 
+    /// For an object built in memory for another architecture than `architecture`: the
+    /// error that says so.
+    pub(crate) fn built_mismatch(&self, architecture: Architecture) -> Option<LinkError> {
+        let found = self.built.as_ref()?.borrow_owner().object.architecture();
+        (found != architecture).then(|| LinkError::WrongArchitecture {
+            object: self.name.clone(),
+            found: format!("an object built in memory for {found}"),
+            expected: architecture,
+        })
+    }
+
     /// The parse [`ObjectInput::check`] kept, if it is of these very bytes and name for
     /// `architecture` (the fields are public: a changed input is parsed again).
     pub(crate) fn checked(&self, architecture: Architecture) -> Option<&ObjectFile<'_>> {
+        if let Some(built) = &self.built {
+            return (built.borrow_owner().object.architecture() == architecture)
+                .then(|| built.borrow_dependent());
+        }
         let checked = self.checked.as_deref()?;
         let source = checked.borrow_owner();
         let same_bytes = std::ptr::eq(source.data.as_ptr(), self.data.as_ptr())

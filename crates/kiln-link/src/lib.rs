@@ -23,6 +23,7 @@
 #![allow(clippy::result_large_err)]
 
 mod arch;
+pub mod built_object;
 pub mod call_through;
 mod error;
 mod fixup;
@@ -42,6 +43,9 @@ mod symbols;
 pub mod windows_unwind;
 
 pub use arch::Architecture;
+pub use built_object::{
+    BuiltObject, BuiltSection, BuiltSectionKind, BuiltSymbol, BuiltSymbolKind, SymbolBinding,
+};
 pub use error::{LinkError, MissingSymbol, MissingSymbols};
 pub use image_file::ImageSymbols;
 pub use input::{ArchiveInput, ObjectBytes, ObjectInput};

@@ -159,6 +159,9 @@ pub fn link<'a>(
         .map(|o| o.data.len())
         .sum();
     let parse = |input: &'a ObjectInput| -> Result<Cow<'a, ObjectFile<'a>>, LinkError> {
+        if let Some(error) = input.built_mismatch(options.architecture) {
+            return Err(error);
+        }
         Ok(match input.checked(options.architecture) {
             Some(checked) => Cow::Borrowed(checked),
             None => Cow::Owned(ObjectFile::parse(

@@ -77,6 +77,34 @@ impl Jit {
         }
     }
 
+    /// Adds and links one input at once, as [`Jit::link_object`] does: an object's bytes
+    /// or an object described in memory ([`kiln_link::ObjectInput::built`], what a
+    /// compiler front end such as `kiln-cranelift` hands over without writing a file).
+    pub fn link_input(&self, lib: LibraryId, input: ObjectInput) -> Result<Module, Error> {
+        match self.link(lib, LinkRequest::module().with(input))? {
+            Some((module, _)) => Ok(module),
+            None => Err(Error::Executor("nothing was linked".into())),
+        }
+    }
+
+    /// Links `input` alone into a module of `lib` kept out of the library's index: its
+    /// undefined names resolve as `lib` resolves them (the library's definitions, its
+    /// generators, the process's symbols), but its own definitions are reached only
+    /// through the returned handle ([`Module::symbol`]) — no later link or lookup binds to
+    /// them, and another private module may define the same names. What is pending in
+    /// `lib` stays pending. The module lives as long as a handle to it: when the last one
+    /// is dropped its finalizers run, its unwind information is withdrawn, listeners are
+    /// told, and its memory is freed and poisoned.
+    ///
+    /// For a front end with its own namespace (`kiln-cranelift`'s `KilnModule` resolves
+    /// references between its functions itself, and frees them one batch at a time).
+    pub fn link_private(&self, lib: LibraryId, input: ObjectInput) -> Result<Module, Error> {
+        match self.link(lib, LinkRequest::body(input))? {
+            Some((module, _)) => Ok(module),
+            None => Err(Error::Executor("nothing was linked".into())),
+        }
+    }
+
     /// Links the objects added to `lib` since its last link (and the archive members they
     /// need) into a module, registers its unwind information and runs its initializers.
     /// Returns `None` if there was nothing to link.

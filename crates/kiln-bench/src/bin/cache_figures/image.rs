@@ -263,8 +263,8 @@ pub(crate) fn figures(kiln: &Path, dir: &Path, functions: usize, runs: usize) {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let programs = programs(&dir, functions);
-    // Inputs changed within the last two seconds are keyed by their contents, older ones
-    // by their identity: the figures are of the steady state.
+    // Inputs changed within the last two seconds leave the key unsettled (no image is
+    // stored): the figures are of the steady state.
     std::thread::sleep(kiln_cache::RACY + Duration::from_millis(100));
     println!(
         "\n4. linked-image cache: whole processes, median of {runs} interleaved runs (many: {functions} functions in 5 objects)"

@@ -1,0 +1,1033 @@
+//! `KilnModule`: `cranelift_module::Module` on Kiln. Each function or data object defined
+//! becomes a section of an object built in memory ([`kiln_link::BuiltObject`]); each
+//! `finalize_definitions` links what is pending as one private module of the session
+//! ([`kiln::Jit::link_private`]). References to definitions of earlier finalizes are
+//! bound to their addresses; everything else the module does not define resolves as the
+//! session's library resolves it (the builder's symbols, its lookups, the process).
+
+use crate::builder::{HostAddress, KilnBuilder, LookupFn};
+use crate::relocations::elf_type;
+use cranelift_codegen::binemit::Reloc;
+use cranelift_codegen::ir;
+use cranelift_codegen::isa::{OwnedTargetIsa, TargetIsa};
+use cranelift_control::ControlPlane;
+use cranelift_module::{
+    DataDescription, DataId, FuncId, FuncOrDataId, Init, Linkage, Module, ModuleDeclarations,
+    ModuleError, ModuleReloc, ModuleRelocTarget, ModuleResult,
+};
+use kiln_link::{
+    Architecture, BuiltObject, BuiltSection, BuiltSectionKind, BuiltSymbol, BuiltSymbolKind,
+    ObjectInput, SymbolBinding,
+};
+use rustc_hash::FxHashMap;
+use std::collections::HashMap;
+
+const WRITABLE_DATA_ALIGNMENT: u64 = 8;
+const READONLY_DATA_ALIGNMENT: u64 = 1;
+
+/// A finalized definition: where it is, how big, and which finalize (batch) holds it.
+#[derive(Debug, Clone)]
+struct Definition {
+    address: u64,
+    size: u64,
+    batch: u32,
+}
+
+/// Where a declared function or data object stands.
+#[derive(Debug, Clone, Default)]
+enum Slot {
+    /// Not defined (or freed).
+    #[default]
+    Empty,
+    /// Defined, waiting for the next `finalize_definitions` (index into the pending list).
+    Pending,
+    /// Linked.
+    Finalized(Definition),
+}
+
+/// A definition waiting for `finalize_definitions`: its section and symbol in the object
+/// being built, and its relocations (a range of [`Pending::relocs`]).
+#[derive(Debug)]
+struct PendingDefinition {
+    id: FuncOrDataId,
+    section: BuiltSection,
+    symbol: BuiltSymbol,
+    size: u64,
+}
+
+/// What the next `finalize_definitions` links.
+#[derive(Default)]
+struct Pending {
+    object: Option<BuiltObject>,
+    definitions: Vec<PendingDefinition>,
+    /// The relocations of every pending definition, with its section.
+    relocs: Vec<(BuiltSection, ModuleReloc)>,
+}
+
+/// One finalize's module, and how many of its definitions are still live.
+struct Batch {
+    module: kiln::Module,
+    live: u32,
+}
+
+/// What a relocation's target is bound to in the object being built.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum TargetKey {
+    Definition(FuncOrDataId),
+    Name(String),
+}
+
+/// A `cranelift_module::Module` whose code Kiln links and runs (see the crate's
+/// documentation). Built with a [`KilnBuilder`]; its inherent methods are
+/// `cranelift_jit::JITModule`'s, plus [`KilnModule::free_function`],
+/// [`KilnModule::free_data`] and [`KilnModule::session`].
+///
+/// Dropped, it keeps its code mapped (as `JITModule` does: function pointers taken from
+/// it stay valid); [`KilnModule::free_memory`] frees everything, and
+/// [`KilnModule::free_function`] one function.
+pub struct KilnModule {
+    isa: OwnedTargetIsa,
+    architecture: Architecture,
+    jit: kiln::Jit,
+    lib: kiln::LibraryId,
+    libcall_names: Box<dyn Fn(ir::LibCall) -> String + Send + Sync>,
+    declarations: ModuleDeclarations,
+    functions: cranelift_codegen::entity::SecondaryMap<FuncId, Slot>,
+    data: cranelift_codegen::entity::SecondaryMap<DataId, Slot>,
+    pending: Pending,
+    batches: Vec<Option<Batch>>,
+    /// For each definition, the definitions (pending or finalized) whose code refers to it.
+    referrers: FxHashMap<FuncOrDataId, Vec<FuncOrDataId>>,
+    /// For each definition, what it refers to (to leave `referrers` when freed).
+    refers_to: FxHashMap<FuncOrDataId, Box<[FuncOrDataId]>>,
+    /// Whether [`KilnModule::free_memory`] ran (else the code stays mapped when dropped).
+    freed: bool,
+    finalizes: u64,
+}
+
+/// Why something of a [`KilnModule`] failed, carried in [`ModuleError::Backend`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KilnModuleError {
+    /// The session failed (creating it, or a link: an unresolved name, an out-of-range
+    /// target, memory).
+    #[error("{what}: {source}")]
+    Session {
+        /// What was being done.
+        what: String,
+        /// Kiln's error.
+        #[source]
+        source: kiln::Error,
+    },
+    /// Names the module's code refers to that nothing defines: not the module, the
+    /// builder's symbols, its lookups, nor the executor's process.
+    #[error("unresolved at finalize_definitions: {}", unresolved.iter().map(|(d, s)| format!("{d} refers to {s}")).collect::<Vec<_>>().join("; "))]
+    Unresolved {
+        /// (the function or data object, the name it refers to).
+        unresolved: Vec<(String, String)>,
+    },
+    /// A relocation kind Kiln does not link on this architecture.
+    #[error("{definition}: relocation {kind:?} at offset {offset:#x} is not supported by Kiln on {architecture}")]
+    UnsupportedRelocation {
+        /// The function or data object.
+        definition: String,
+        /// Cranelift's kind.
+        kind: Reloc,
+        /// Its offset in the definition.
+        offset: u32,
+        /// The target architecture.
+        architecture: Architecture,
+    },
+    /// A definition is referred to but was never defined and has no name to look up.
+    #[error("{definition} refers to {target}, which is anonymous and not defined")]
+    AnonymousUndefined {
+        /// The function or data object that refers to it.
+        definition: String,
+        /// The anonymous target's name.
+        target: String,
+    },
+    /// A thread-local of an earlier finalize was referred to (its offset belongs to the
+    /// module that holds it).
+    #[error("{definition} refers to thread-local {target} of an earlier finalize_definitions; define thread-locals with the code that uses them")]
+    ThreadLocalAcrossFinalizes {
+        /// The function that refers to it.
+        definition: String,
+        /// The thread-local.
+        target: String,
+    },
+    /// A free of something that is not finalized.
+    #[error("{name} is not finalized ({state})")]
+    NotFinalized {
+        /// The function or data object.
+        name: String,
+        /// What it is instead.
+        state: &'static str,
+    },
+    /// A free of something other definitions still refer to.
+    #[error("{name} cannot be freed: {} still refer to it", users.join(", "))]
+    InUse {
+        /// The function or data object.
+        name: String,
+        /// The definitions that refer to it.
+        users: Vec<String>,
+    },
+    /// `Init::Uninitialized` data.
+    #[error("data object {name} is defined without contents (Init::Uninitialized)")]
+    Uninitialized {
+        /// The data object.
+        name: String,
+    },
+}
+
+fn backend(error: KilnModuleError) -> ModuleError {
+    ModuleError::Backend(anyhow::Error::new(error))
+}
+
+/// A generator of the builder's lookups, newest first.
+struct Lookups(Vec<LookupFn>);
+
+impl kiln::SymbolGenerator for Lookups {
+    fn name(&self) -> String {
+        "KilnBuilder::symbol_lookup_fn".into()
+    }
+    fn generate(&mut self, symbol: &str) -> Option<u64> {
+        self.0
+            .iter()
+            .rev()
+            .find_map(|lookup| lookup(symbol))
+            .map(|p| p as u64)
+    }
+}
+
+impl KilnModule {
+    /// A module from `builder` (as `JITModule::new`). Panics if the session cannot be
+    /// made (as `JITModule::new` panics on a bad ISA); [`KilnModule::try_new`] returns
+    /// the error instead.
+    pub fn new(builder: KilnBuilder) -> Self {
+        match Self::try_new(builder) {
+            Ok(module) => module,
+            Err(error) => panic!("kiln-cranelift: {error}"),
+        }
+    }
+
+    /// [`KilnModule::new`], with the session's failure as an error.
+    pub fn try_new(builder: KilnBuilder) -> ModuleResult<Self> {
+        let KilnBuilder {
+            isa,
+            symbols,
+            lookup_symbols,
+            libcall_names,
+            session,
+            process_symbols,
+        } = builder;
+        use target_lexicon::Architecture as Arch;
+        let architecture = match isa.triple().architecture {
+            Arch::X86_64 => Architecture::X86_64,
+            Arch::Aarch64(_) => Architecture::Aarch64,
+            Arch::Riscv64(_) => Architecture::Riscv64,
+            other => {
+                return Err(ModuleError::Backend(anyhow::anyhow!(
+                    "Kiln does not link code for {other}"
+                )))
+            }
+        };
+        let session_error = |what: &str| {
+            let what = what.to_string();
+            move |source| backend(KilnModuleError::Session { what, source })
+        };
+        let jit = match session {
+            Some(jit) => jit,
+            None => kiln::Jit::new().map_err(session_error("creating the Kiln session"))?,
+        };
+        let lib = jit.create_library("cranelift");
+        let symbols: HashMap<String, HostAddress> = symbols;
+        for (name, HostAddress(address)) in &symbols {
+            jit.define_symbol(lib, name, *address as u64)
+                .map_err(session_error("defining a builder symbol"))?;
+        }
+        if !lookup_symbols.is_empty() {
+            jit.add_generator(lib, Box::new(Lookups(lookup_symbols)))
+                .map_err(session_error("adding the builder's lookups"))?;
+        }
+        if process_symbols {
+            jit.add_process_symbols(lib)
+                .map_err(session_error("adding the process's symbols"))?;
+        }
+        Ok(KilnModule {
+            isa,
+            architecture,
+            jit,
+            lib,
+            libcall_names,
+            declarations: ModuleDeclarations::default(),
+            functions: cranelift_codegen::entity::SecondaryMap::new(),
+            data: cranelift_codegen::entity::SecondaryMap::new(),
+            pending: Pending::default(),
+            batches: Vec::new(),
+            referrers: FxHashMap::default(),
+            refers_to: FxHashMap::default(),
+            freed: false,
+            finalizes: 0,
+        })
+    }
+
+    /// The Kiln session the module links into (its executor, listeners, statistics).
+    pub fn session(&self) -> &kiln::Jit {
+        &self.jit
+    }
+
+    fn slot(&self, id: FuncOrDataId) -> &Slot {
+        match id {
+            FuncOrDataId::Func(f) => &self.functions[f],
+            FuncOrDataId::Data(d) => &self.data[d],
+        }
+    }
+
+    fn slot_mut(&mut self, id: FuncOrDataId) -> &mut Slot {
+        match id {
+            FuncOrDataId::Func(f) => &mut self.functions[f],
+            FuncOrDataId::Data(d) => &mut self.data[d],
+        }
+    }
+
+    fn is_thread_local(&self, id: FuncOrDataId) -> bool {
+        matches!(id, FuncOrDataId::Data(d) if self.declarations.get_data_decl(d).tls)
+    }
+
+    fn name_of(&self, id: FuncOrDataId) -> String {
+        match id {
+            FuncOrDataId::Func(f) => self
+                .declarations
+                .get_function_decl(f)
+                .linkage_name(f)
+                .into_owned(),
+            FuncOrDataId::Data(d) => self
+                .declarations
+                .get_data_decl(d)
+                .linkage_name(d)
+                .into_owned(),
+        }
+    }
+
+    /// Finalizes every function and data object defined since the last finalize: one
+    /// link of them all. Then [`KilnModule::get_finalized_function`] and
+    /// [`KilnModule::get_finalized_data`] give their addresses.
+    ///
+    /// An error (an unresolved name — named with the function that uses it —, a
+    /// relocation Kiln does not handle, memory) leaves everything finalized before as it
+    /// was; the definitions of the failed finalize are dropped (define them again to
+    /// retry).
+    pub fn finalize_definitions(&mut self) -> ModuleResult<()> {
+        let Pending {
+            object,
+            definitions,
+            relocs,
+        } = std::mem::take(&mut self.pending);
+        let Some(object) = object else {
+            return Ok(());
+        };
+        let result = self.link_batch(object, &definitions, &relocs);
+        if result.is_err() {
+            for d in &definitions {
+                *self.slot_mut(d.id) = Slot::Empty;
+                self.forget_references(d.id);
+            }
+        }
+        result
+    }
+
+    /// Binds the relocations' targets, links the object as one private module and
+    /// records where each definition went.
+    fn link_batch(
+        &mut self,
+        mut object: BuiltObject,
+        definitions: &[PendingDefinition],
+        relocs: &[(BuiltSection, ModuleReloc)],
+    ) -> ModuleResult<()> {
+        let mut targets: FxHashMap<TargetKey, BuiltSymbol> = FxHashMap::default();
+        for d in definitions {
+            targets.insert(TargetKey::Definition(d.id), d.symbol);
+        }
+        // Definitions were added in order, one section each: section i is definition i-1.
+        let owner_of = |section: BuiltSection| {
+            definitions
+                .get((section.0 as usize).wrapping_sub(1))
+                .filter(|d| d.section == section)
+                .map(|d| d.id)
+        };
+        let mut last_hi20: Option<u64> = None;
+        let mut labels = 0u32;
+        for (section, reloc) in relocs {
+            let owner = owner_of(*section);
+            let owner_name = || owner.map(|id| self.name_of(id)).unwrap_or_default();
+            let r_type = elf_type(self.architecture, reloc.kind).ok_or_else(|| {
+                backend(KilnModuleError::UnsupportedRelocation {
+                    definition: owner_name(),
+                    kind: reloc.kind,
+                    offset: reloc.offset,
+                    architecture: self.architecture,
+                })
+            })?;
+            match reloc.kind {
+                Reloc::RiscvPCRelHi20 => last_hi20 = Some(u64::from(reloc.offset)),
+                Reloc::RiscvPCRelLo12I => {
+                    // ELF's low part names a label at its high part's instruction.
+                    let hi = last_hi20.ok_or_else(|| {
+                        ModuleError::Backend(anyhow::anyhow!(
+                            "{}: a %pcrel_lo at {:#x} without its %pcrel_hi",
+                            owner_name(),
+                            reloc.offset
+                        ))
+                    })?;
+                    labels += 1;
+                    let label = object.add_symbol(
+                        &format!(".Lpcrel_hi{labels}"),
+                        Some((*section, hi, 0)),
+                        SymbolBinding::Local,
+                        BuiltSymbolKind::Unknown,
+                    );
+                    object.add_relocation(*section, u64::from(reloc.offset), r_type, label, 0);
+                    continue;
+                }
+                _ => {}
+            }
+            let (symbol, extra) =
+                self.target_symbol(&mut object, &mut targets, &reloc.name, owner)?;
+            object.add_relocation(
+                *section,
+                u64::from(reloc.offset),
+                r_type,
+                symbol,
+                reloc.addend.wrapping_add(extra),
+            );
+        }
+        self.finalizes += 1;
+        let name = format!("cranelift finalize {}", self.finalizes);
+        let input = ObjectInput::built(name.clone(), object).map_err(|e| {
+            backend(KilnModuleError::Session {
+                what: name.clone(),
+                source: e.into(),
+            })
+        })?;
+        let module = match self.jit.link_private(self.lib, input) {
+            Ok(module) => module,
+            Err(kiln::Error::Link(kiln::LinkError::UndefinedSymbols { symbols })) => {
+                // Named by the definitions whose code refers to them.
+                let mut unresolved = Vec::new();
+                for missing in &symbols.0 {
+                    for (section, reloc) in relocs {
+                        let refers = match &reloc.name {
+                            ModuleRelocTarget::LibCall(l) => {
+                                (self.libcall_names)(*l) == missing.symbol
+                            }
+                            ModuleRelocTarget::User { .. } => {
+                                let id = if ModuleDeclarations::is_function(&reloc.name) {
+                                    FuncOrDataId::Func(FuncId::from_name(&reloc.name))
+                                } else {
+                                    FuncOrDataId::Data(DataId::from_name(&reloc.name))
+                                };
+                                self.name_of(id) == missing.symbol
+                            }
+                            _ => false,
+                        };
+                        if let (true, Some(owner)) = (refers, owner_of(*section)) {
+                            let pair = (self.name_of(owner), missing.symbol.clone());
+                            if !unresolved.contains(&pair) {
+                                unresolved.push(pair);
+                            }
+                        }
+                    }
+                }
+                return Err(backend(KilnModuleError::Unresolved { unresolved }));
+            }
+            Err(source) => {
+                return Err(backend(KilnModuleError::Session {
+                    what: format!("linking {name}"),
+                    source,
+                }))
+            }
+        };
+        let batch = self.batches.len() as u32;
+        let mut addresses = Vec::with_capacity(definitions.len());
+        for d in definitions {
+            if self.is_thread_local(d.id) {
+                // Each thread has its own: the code reaches it with `tls_value`.
+                addresses.push(0);
+                continue;
+            }
+            let symbol_name = self.name_of(d.id);
+            let address = module.symbol(&symbol_name).ok_or_else(|| {
+                ModuleError::Backend(anyhow::anyhow!(
+                    "{name}: the linked module does not define {symbol_name}"
+                ))
+            })?;
+            addresses.push(address);
+        }
+        for (d, address) in definitions.iter().zip(addresses) {
+            *self.slot_mut(d.id) = Slot::Finalized(Definition {
+                address,
+                size: d.size,
+                batch,
+            });
+        }
+        self.batches.push(Some(Batch {
+            module,
+            live: definitions.len() as u32,
+        }));
+        Ok(())
+    }
+
+    /// The symbol of the object being built that `target` binds to, and an addend to add.
+    fn target_symbol(
+        &self,
+        object: &mut BuiltObject,
+        targets: &mut FxHashMap<TargetKey, BuiltSymbol>,
+        target: &ModuleRelocTarget,
+        owner: Option<FuncOrDataId>,
+    ) -> ModuleResult<(BuiltSymbol, i64)> {
+        let (id, extra) = match target {
+            ModuleRelocTarget::User { .. } => {
+                let id = if ModuleDeclarations::is_function(target) {
+                    FuncOrDataId::Func(FuncId::from_name(target))
+                } else {
+                    FuncOrDataId::Data(DataId::from_name(target))
+                };
+                (id, 0)
+            }
+            ModuleRelocTarget::FunctionOffset(f, offset) => {
+                (FuncOrDataId::Func(*f), i64::from(*offset))
+            }
+            ModuleRelocTarget::LibCall(libcall) => {
+                let name = (self.libcall_names)(*libcall);
+                return Ok((
+                    self.named(object, targets, name, BuiltSymbolKind::Function, false),
+                    0,
+                ));
+            }
+            ModuleRelocTarget::KnownSymbol(known) => {
+                let name = match known {
+                    ir::KnownSymbol::ElfGlobalOffsetTable => "_GLOBAL_OFFSET_TABLE_",
+                    ir::KnownSymbol::CoffTlsIndex => "_tls_index",
+                };
+                return Ok((
+                    self.named(object, targets, name.into(), BuiltSymbolKind::Data, false),
+                    0,
+                ));
+            }
+        };
+        if let Some(&symbol) = targets.get(&TargetKey::Definition(id)) {
+            return Ok((symbol, extra));
+        }
+        let (kind, preemptible, tls, anonymous) = match id {
+            FuncOrDataId::Func(f) => {
+                let decl = self.declarations.get_function_decl(f);
+                (
+                    BuiltSymbolKind::Function,
+                    decl.linkage == Linkage::Preemptible,
+                    false,
+                    decl.name.is_none(),
+                )
+            }
+            FuncOrDataId::Data(d) => {
+                let decl = self.declarations.get_data_decl(d);
+                let kind = if decl.tls {
+                    BuiltSymbolKind::ThreadLocal
+                } else {
+                    BuiltSymbolKind::Data
+                };
+                (
+                    kind,
+                    decl.linkage == Linkage::Preemptible,
+                    decl.tls,
+                    decl.name.is_none(),
+                )
+            }
+        };
+        let name = self.name_of(id);
+        let symbol = match self.slot(id) {
+            Slot::Finalized(definition) => {
+                if tls {
+                    return Err(backend(KilnModuleError::ThreadLocalAcrossFinalizes {
+                        definition: owner.map(|o| self.name_of(o)).unwrap_or_default(),
+                        target: name,
+                    }));
+                }
+                // Bound to its address: private modules are in no index.
+                object.add_absolute_symbol(&name, definition.address, kind)
+            }
+            _ if anonymous => {
+                return Err(backend(KilnModuleError::AnonymousUndefined {
+                    definition: owner.map(|o| self.name_of(o)).unwrap_or_default(),
+                    target: name,
+                }))
+            }
+            _ => {
+                // Declared, not defined here: resolved as the library resolves names.
+                return Ok((self.named(object, targets, name, kind, preemptible), extra));
+            }
+        };
+        targets.insert(TargetKey::Definition(id), symbol);
+        Ok((symbol, extra))
+    }
+
+    /// An undefined name of the object being built (one symbol per name).
+    fn named(
+        &self,
+        object: &mut BuiltObject,
+        targets: &mut FxHashMap<TargetKey, BuiltSymbol>,
+        name: String,
+        kind: BuiltSymbolKind,
+        weak: bool,
+    ) -> BuiltSymbol {
+        let binding = if weak {
+            SymbolBinding::Weak
+        } else {
+            SymbolBinding::Global
+        };
+        *targets
+            .entry(TargetKey::Name(name))
+            .or_insert_with_key(|key| match key {
+                TargetKey::Name(name) => object.add_symbol(name, None, binding, kind),
+                TargetKey::Definition(_) => unreachable!("keyed by name"),
+            })
+    }
+
+    /// The address of a finalized function (as `JITModule::get_finalized_function`).
+    ///
+    /// # Panics
+    /// If the function is not finalized (not defined, pending, or freed), as
+    /// `JITModule`'s does.
+    pub fn get_finalized_function(&self, func_id: FuncId) -> *const u8 {
+        match &self.functions[func_id] {
+            Slot::Finalized(d) => d.address as *const u8,
+            Slot::Pending => panic!("function not yet finalized"),
+            Slot::Empty => panic!("function must be compiled before it can be finalized"),
+        }
+    }
+
+    /// The address and size of a finalized data object (as
+    /// `JITModule::get_finalized_data`). A thread-local has an address per thread: its
+    /// address here is null (its code reaches it with `tls_value`).
+    ///
+    /// # Panics
+    /// If the data object is not finalized, as `JITModule`'s does.
+    pub fn get_finalized_data(&self, data_id: DataId) -> (*const u8, usize) {
+        match &self.data[data_id] {
+            Slot::Finalized(d) => (d.address as *const u8, d.size as usize),
+            Slot::Pending => panic!("data object not yet finalized"),
+            Slot::Empty => panic!("data object must be compiled before it can be finalized"),
+        }
+    }
+
+    /// The address `name` resolves to (as `JITModule::get_address`): a finalized
+    /// definition's, or the library's resolution of a declared name; null for an
+    /// unresolved preemptible name.
+    ///
+    /// # Panics
+    /// If a name that must resolve does not (as `JITModule`'s does).
+    pub fn get_address(&self, name: &ModuleRelocTarget) -> *const u8 {
+        let lookup = |symbol: &str| self.jit.lookup(self.lib, symbol).ok();
+        match name {
+            ModuleRelocTarget::User { .. } => {
+                let (id, linkage) = if ModuleDeclarations::is_function(name) {
+                    let f = FuncId::from_name(name);
+                    (
+                        FuncOrDataId::Func(f),
+                        self.declarations.get_function_decl(f).linkage,
+                    )
+                } else {
+                    let d = DataId::from_name(name);
+                    (
+                        FuncOrDataId::Data(d),
+                        self.declarations.get_data_decl(d).linkage,
+                    )
+                };
+                if let Slot::Finalized(d) = self.slot(id) {
+                    return d.address as *const u8;
+                }
+                let symbol = self.name_of(id);
+                match lookup(&symbol) {
+                    Some(address) => address as *const u8,
+                    None if linkage == Linkage::Preemptible => std::ptr::null(),
+                    None => panic!("can't resolve symbol {symbol}"),
+                }
+            }
+            ModuleRelocTarget::LibCall(libcall) => {
+                let symbol = (self.libcall_names)(*libcall);
+                match lookup(&symbol) {
+                    Some(address) => address as *const u8,
+                    None => panic!("can't resolve libcall {symbol}"),
+                }
+            }
+            ModuleRelocTarget::FunctionOffset(f, offset) => match &self.functions[*f] {
+                Slot::Finalized(d) => (d.address as *const u8).wrapping_add(*offset as usize),
+                _ => panic!("function {f} is not finalized"),
+            },
+            ModuleRelocTarget::KnownSymbol(known) => {
+                panic!("no address for the linker's symbol {known:?}")
+            }
+        }
+    }
+
+    /// Frees one finalized function: its name can be defined again, and once every
+    /// definition of its `finalize_definitions` is freed, their memory is returned and
+    /// filled with trap instructions (a stale call traps, never runs other code).
+    ///
+    /// Refused while another live definition (finalized or pending) refers to it.
+    pub fn free_function(&mut self, func_id: FuncId) -> ModuleResult<()> {
+        self.free(FuncOrDataId::Func(func_id))
+    }
+
+    /// [`KilnModule::free_function`] for a data object.
+    pub fn free_data(&mut self, data_id: DataId) -> ModuleResult<()> {
+        self.free(FuncOrDataId::Data(data_id))
+    }
+
+    fn free(&mut self, id: FuncOrDataId) -> ModuleResult<()> {
+        let name = self.name_of(id);
+        let batch = match self.slot(id) {
+            Slot::Finalized(d) => d.batch,
+            Slot::Pending => {
+                return Err(backend(KilnModuleError::NotFinalized {
+                    name,
+                    state: "defined, not yet finalized",
+                }))
+            }
+            Slot::Empty => {
+                return Err(backend(KilnModuleError::NotFinalized {
+                    name,
+                    state: "not defined",
+                }))
+            }
+        };
+        let users: Vec<String> = self
+            .referrers
+            .get(&id)
+            .into_iter()
+            .flatten()
+            .filter(|&&u| u != id && !matches!(self.slot(u), Slot::Empty))
+            .map(|&u| self.name_of(u))
+            .collect();
+        if !users.is_empty() {
+            return Err(backend(KilnModuleError::InUse { name, users }));
+        }
+        *self.slot_mut(id) = Slot::Empty;
+        self.forget_references(id);
+        if let Some(Some(b)) = self.batches.get_mut(batch as usize) {
+            b.live -= 1;
+            if b.live == 0 {
+                // The last handle: the module's memory is freed and poisoned.
+                self.batches[batch as usize] = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records that `id`'s code refers to `targets`.
+    fn record_references(&mut self, id: FuncOrDataId, targets: Vec<FuncOrDataId>) {
+        if targets.is_empty() {
+            return;
+        }
+        for &t in &targets {
+            self.referrers.entry(t).or_default().push(id);
+        }
+        self.refers_to.insert(id, targets.into_boxed_slice());
+    }
+
+    fn forget_references(&mut self, id: FuncOrDataId) {
+        if let Some(targets) = self.refers_to.remove(&id) {
+            for t in targets.iter() {
+                if let Some(list) = self.referrers.get_mut(t) {
+                    list.retain(|&u| u != id);
+                    if list.is_empty() {
+                        self.referrers.remove(t);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Frees everything the module linked (as `JITModule::free_memory`).
+    ///
+    /// # Safety
+    /// No function of the module may be running, nor be called afterwards: their memory
+    /// is unmapped or reused (a call into it traps at best).
+    pub unsafe fn free_memory(mut self) {
+        self.freed = true;
+        self.batches.clear();
+    }
+
+    fn start_definition(&mut self, id: FuncOrDataId) -> ModuleResult<()> {
+        let (definable, name) = match id {
+            FuncOrDataId::Func(f) => {
+                let decl = self.declarations.get_function_decl(f);
+                (decl.linkage.is_definable(), decl.linkage_name(f))
+            }
+            FuncOrDataId::Data(d) => {
+                let decl = self.declarations.get_data_decl(d);
+                (decl.linkage.is_definable(), decl.linkage_name(d))
+            }
+        };
+        if !definable {
+            return Err(ModuleError::InvalidImportDefinition(name.into_owned()));
+        }
+        if !matches!(self.slot(id), Slot::Empty) {
+            return Err(ModuleError::DuplicateDefinition(name.into_owned()));
+        }
+        Ok(())
+    }
+
+    fn object(&mut self) -> &mut BuiltObject {
+        let architecture = self.architecture;
+        self.pending
+            .object
+            .get_or_insert_with(|| BuiltObject::with_capacity(architecture, 1, 2, 64, 2))
+    }
+
+    /// Adds a definition's section and symbol to the pending object.
+    #[allow(clippy::too_many_arguments)]
+    fn add_pending(
+        &mut self,
+        id: FuncOrDataId,
+        kind: BuiltSectionKind,
+        align: u64,
+        bytes: Option<&[u8]>,
+        size: u64,
+        relocs: &[ModuleReloc],
+    ) {
+        let name = self.name_of(id);
+        let (symbol_kind, section_name) = match kind {
+            BuiltSectionKind::Code => (BuiltSymbolKind::Function, ".text"),
+            BuiltSectionKind::ThreadData => (BuiltSymbolKind::ThreadLocal, ".tdata"),
+            BuiltSectionKind::ThreadZeroed => (BuiltSymbolKind::ThreadLocal, ".tbss"),
+            BuiltSectionKind::ReadOnly => (BuiltSymbolKind::Data, ".rodata"),
+            BuiltSectionKind::Data => (BuiltSymbolKind::Data, ".data"),
+            BuiltSectionKind::Zeroed => (BuiltSymbolKind::Data, ".bss"),
+        };
+        let binding = match id {
+            FuncOrDataId::Func(f) => self.declarations.get_function_decl(f).linkage,
+            FuncOrDataId::Data(d) => self.declarations.get_data_decl(d).linkage,
+        };
+        let binding = if binding == Linkage::Preemptible {
+            SymbolBinding::Weak
+        } else {
+            SymbolBinding::Global
+        };
+        let object = self.object();
+        let section = match bytes {
+            Some(bytes) => {
+                object.add_section(&section_name_for(section_name, &name), kind, align, bytes)
+            }
+            None => {
+                object.add_zeroed_section(&section_name_for(section_name, &name), kind, align, size)
+            }
+        };
+        let symbol = object.add_symbol(&name, Some((section, 0, size)), binding, symbol_kind);
+        self.pending
+            .relocs
+            .extend(relocs.iter().map(|r| (section, r.clone())));
+        self.pending.definitions.push(PendingDefinition {
+            id,
+            section,
+            symbol,
+            size,
+        });
+        *self.slot_mut(id) = Slot::Pending;
+        let mut targets: Vec<FuncOrDataId> = relocs
+            .iter()
+            .filter_map(|r| match &r.name {
+                ModuleRelocTarget::User { .. } if ModuleDeclarations::is_function(&r.name) => {
+                    Some(FuncOrDataId::Func(FuncId::from_name(&r.name)))
+                }
+                ModuleRelocTarget::User { .. } => {
+                    Some(FuncOrDataId::Data(DataId::from_name(&r.name)))
+                }
+                ModuleRelocTarget::FunctionOffset(f, _) => Some(FuncOrDataId::Func(*f)),
+                _ => None,
+            })
+            .filter(|&t| t != id)
+            .collect();
+        targets.sort_unstable();
+        targets.dedup();
+        self.record_references(id, targets);
+    }
+}
+
+/// `.text.NAME` and so on: what a debugger or an error shows for the definition.
+fn section_name_for(prefix: &str, name: &str) -> String {
+    let mut s = String::with_capacity(prefix.len() + 1 + name.len());
+    s.push_str(prefix);
+    s.push('.');
+    s.push_str(name);
+    s
+}
+
+impl Drop for KilnModule {
+    fn drop(&mut self) {
+        if !self.freed {
+            // As JITModule: dropping the module keeps its code (pointers taken from it stay
+            // valid); `free_memory` or `free_function` free it.
+            for batch in self.batches.drain(..).flatten() {
+                std::mem::forget(batch.module);
+            }
+        }
+    }
+}
+
+impl Module for KilnModule {
+    fn isa(&self) -> &dyn TargetIsa {
+        &*self.isa
+    }
+
+    fn declarations(&self) -> &ModuleDeclarations {
+        &self.declarations
+    }
+
+    fn declare_function(
+        &mut self,
+        name: &str,
+        linkage: Linkage,
+        signature: &ir::Signature,
+    ) -> ModuleResult<FuncId> {
+        let (id, _) = self
+            .declarations
+            .declare_function(name, linkage, signature)?;
+        Ok(id)
+    }
+
+    fn declare_anonymous_function(&mut self, signature: &ir::Signature) -> ModuleResult<FuncId> {
+        self.declarations.declare_anonymous_function(signature)
+    }
+
+    fn declare_data(
+        &mut self,
+        name: &str,
+        linkage: Linkage,
+        writable: bool,
+        tls: bool,
+    ) -> ModuleResult<DataId> {
+        let (id, _) = self
+            .declarations
+            .declare_data(name, linkage, writable, tls)?;
+        Ok(id)
+    }
+
+    fn declare_anonymous_data(&mut self, writable: bool, tls: bool) -> ModuleResult<DataId> {
+        self.declarations.declare_anonymous_data(writable, tls)
+    }
+
+    fn define_function_with_control_plane(
+        &mut self,
+        id: FuncId,
+        ctx: &mut cranelift_codegen::Context,
+        ctrl_plane: &mut ControlPlane,
+    ) -> ModuleResult<()> {
+        self.start_definition(FuncOrDataId::Func(id))?;
+        let alignment = ctx.compile(&*self.isa, ctrl_plane)?.buffer.alignment;
+        let Some(code) = ctx.compiled_code() else {
+            return Err(ModuleError::Backend(anyhow::anyhow!(
+                "Cranelift compiled {id} but kept no code"
+            )));
+        };
+        let relocs: Vec<ModuleReloc> = code
+            .buffer
+            .relocs()
+            .iter()
+            .map(|reloc| ModuleReloc::from_mach_reloc(reloc, &ctx.func, id))
+            .collect();
+        let align = u64::from(alignment)
+            .max(u64::from(self.isa.function_alignment().minimum))
+            .max(self.isa.symbol_alignment());
+        let bytes = code.code_buffer();
+        self.add_pending(
+            FuncOrDataId::Func(id),
+            BuiltSectionKind::Code,
+            align,
+            Some(bytes),
+            bytes.len() as u64,
+            &relocs,
+        );
+        Ok(())
+    }
+
+    fn define_function_bytes(
+        &mut self,
+        id: FuncId,
+        alignment: u64,
+        bytes: &[u8],
+        relocs: &[ModuleReloc],
+    ) -> ModuleResult<()> {
+        self.start_definition(FuncOrDataId::Func(id))?;
+        let align = alignment
+            .max(u64::from(self.isa.function_alignment().minimum))
+            .max(self.isa.symbol_alignment());
+        self.add_pending(
+            FuncOrDataId::Func(id),
+            BuiltSectionKind::Code,
+            align,
+            Some(bytes),
+            bytes.len() as u64,
+            relocs,
+        );
+        Ok(())
+    }
+
+    fn define_data(&mut self, id: DataId, data: &DataDescription) -> ModuleResult<()> {
+        self.start_definition(FuncOrDataId::Data(id))?;
+        let decl = self.declarations.get_data_decl(id);
+        let (writable, tls) = (decl.writable, decl.tls);
+        let align = data.align.unwrap_or(if writable {
+            WRITABLE_DATA_ALIGNMENT
+        } else {
+            READONLY_DATA_ALIGNMENT
+        });
+        let pointer_reloc = match self.isa.pointer_bytes() {
+            4 => Reloc::Abs4,
+            _ => Reloc::Abs8,
+        };
+        let relocs: Vec<ModuleReloc> = data.all_relocs(pointer_reloc).collect();
+        match &data.init {
+            Init::Uninitialized => {
+                return Err(backend(KilnModuleError::Uninitialized {
+                    name: self.name_of(FuncOrDataId::Data(id)),
+                }))
+            }
+            Init::Zeros { size } => {
+                let kind = if tls {
+                    BuiltSectionKind::ThreadZeroed
+                } else if writable {
+                    BuiltSectionKind::Zeroed
+                } else {
+                    BuiltSectionKind::ReadOnly
+                };
+                // At least one byte: every data object has an address of its own.
+                let size = (*size as u64).max(1);
+                self.add_pending(FuncOrDataId::Data(id), kind, align, None, size, &relocs);
+            }
+            Init::Bytes { contents } => {
+                let kind = if tls {
+                    BuiltSectionKind::ThreadData
+                } else if writable {
+                    BuiltSectionKind::Data
+                } else {
+                    BuiltSectionKind::ReadOnly
+                };
+                let bytes: &[u8] = if contents.is_empty() { &[0] } else { contents };
+                self.add_pending(
+                    FuncOrDataId::Data(id),
+                    kind,
+                    align,
+                    Some(bytes),
+                    bytes.len() as u64,
+                    &relocs,
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+const _ASSERT_KILN_MODULE_IS_SEND: () = {
+    const fn assert_is_send<T: Send>() {}
+    assert_is_send::<KilnModule>();
+};

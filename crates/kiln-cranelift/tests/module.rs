@@ -1,0 +1,447 @@
+//! `KilnModule` as a Cranelift user drives it: calls across finalizes, data with
+//! relocations, host symbols and lookups, freeing one function (refused while it is
+//! called; a stale call traps), thread-locals from several threads, a thousand functions
+//! at once, and the errors of bad input beside `JITModule`'s.
+
+use cranelift_codegen::ir::{types, AbiParam, InstBuilder, Signature, UserFuncName};
+use cranelift_codegen::Context;
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_module::{default_libcall_names, DataDescription, FuncId, Linkage, Module};
+use kiln_cranelift::{KilnBuilder, KilnModule};
+
+fn module() -> KilnModule {
+    KilnModule::new(KilnBuilder::new(default_libcall_names()).unwrap())
+}
+
+fn sig(module: &impl Module, params: usize) -> Signature {
+    let mut sig = module.make_signature();
+    for _ in 0..params {
+        sig.params.push(AbiParam::new(types::I64));
+    }
+    sig.returns.push(AbiParam::new(types::I64));
+    sig
+}
+
+/// Defines `name(x) = body(x)` with `body` given the builder, the module and `x`.
+fn define<M: Module>(
+    module: &mut M,
+    name: &str,
+    linkage: Linkage,
+    body: impl FnOnce(
+        &mut FunctionBuilder,
+        &mut M,
+        cranelift_codegen::ir::Value,
+    ) -> cranelift_codegen::ir::Value,
+) -> FuncId {
+    let signature = sig(module, 1);
+    let id = module.declare_function(name, linkage, &signature).unwrap();
+    let mut ctx = Context::new();
+    ctx.func.signature = signature;
+    ctx.func.name = UserFuncName::user(0, id.as_u32());
+    let mut fctx = FunctionBuilderContext::new();
+    let config = module.target_config();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let block = b.create_block();
+        b.append_block_params_for_function_params(block);
+        b.switch_to_block(block);
+        let x = b.block_params(block)[0];
+        let y = body(&mut b, module, x);
+        b.ins().return_(&[y]);
+        b.seal_all_blocks();
+        b.finalize(config);
+    }
+    module.define_function(id, &mut ctx).unwrap();
+    id
+}
+
+fn call(module: &KilnModule, id: FuncId, x: i64) -> i64 {
+    // SAFETY: every function of these tests is `fn(i64) -> i64`.
+    let f: extern "C" fn(i64) -> i64 =
+        unsafe { std::mem::transmute(module.get_finalized_function(id)) };
+    f(x)
+}
+
+fn calls(
+    name: &'static str,
+) -> impl FnOnce(
+    &mut FunctionBuilder,
+    &mut KilnModule,
+    cranelift_codegen::ir::Value,
+) -> cranelift_codegen::ir::Value {
+    move |b, m, x| {
+        let callee = m
+            .declare_function(name, Linkage::Import, &sig(m, 1))
+            .unwrap();
+        let callee = m.declare_func_in_func(callee, b.func);
+        let call = b.ins().call(callee, &[x]);
+        b.inst_results(call)[0]
+    }
+}
+
+#[test]
+fn calls_and_data_across_finalizes() {
+    let mut m = module();
+    let double = define(&mut m, "double", Linkage::Local, |b, _, x| {
+        b.ins().iadd(x, x)
+    });
+    m.finalize_definitions().unwrap();
+    // A later finalize calls the earlier function, and reads a word that points at it.
+    let table = m
+        .declare_data("table", Linkage::Local, false, false)
+        .unwrap();
+    let mut data = DataDescription::new();
+    data.define_zeroinit(8);
+    let fref = m.declare_func_in_data(double, &mut data);
+    data.write_function_addr(0, fref);
+    m.define_data(table, &data).unwrap();
+    let quad = define(&mut m, "quad", Linkage::Export, |b, m, x| {
+        let double = m
+            .declare_function("double", Linkage::Local, &sig(m, 1))
+            .unwrap();
+        let double = m.declare_func_in_func(double, b.func);
+        let call = b.ins().call(double, &[x]);
+        let y = b.inst_results(call)[0];
+        // And once more through the table.
+        let gv = m.declare_data_in_func(table, b.func);
+        let ptr = b.ins().symbol_value(types::I64, gv);
+        let fp = b.ins().load(
+            types::I64,
+            cranelift_codegen::ir::MemFlagsData::trusted(),
+            ptr,
+            0,
+        );
+        let sigref = b.import_signature(sig(m, 1));
+        let call = b.ins().call_indirect(sigref, fp, &[y]);
+        b.inst_results(call)[0]
+    });
+    m.finalize_definitions().unwrap();
+    assert_eq!(call(&m, double, 5), 10);
+    assert_eq!(call(&m, quad, 5), 20);
+    let (ptr, size) = m.get_finalized_data(table);
+    assert_eq!(size, 8);
+    // SAFETY: the table's one word, finalized.
+    let word = unsafe { (ptr as *const usize).read() };
+    assert_eq!(word, m.get_finalized_function(double) as usize);
+}
+
+extern "C" fn host_triple(x: i64) -> i64 {
+    3 * x
+}
+
+extern "C" fn host_negate(x: i64) -> i64 {
+    -x
+}
+
+#[test]
+fn builder_symbols_then_lookups_newest_first_then_the_process() {
+    let mut builder = KilnBuilder::new(default_libcall_names()).unwrap();
+    builder.symbol("triple", host_triple as *const u8);
+    builder.symbol_lookup_fn(Box::new(|name| {
+        (name == "negate" || name == "triple").then_some(host_triple as *const u8)
+    }));
+    builder.symbol_lookup_fn(Box::new(|name| {
+        (name == "negate").then_some(host_negate as *const u8)
+    }));
+    let mut m = KilnModule::new(builder);
+    let t = define(&mut m, "t", Linkage::Local, calls("triple"));
+    let n = define(&mut m, "n", Linkage::Local, calls("negate"));
+    // `labs` comes from the process (the C library).
+    let a = define(&mut m, "a", Linkage::Local, calls("labs"));
+    m.finalize_definitions().unwrap();
+    assert_eq!(call(&m, t, 7), 21);
+    assert_eq!(call(&m, n, 7), -7, "the newest lookup first");
+    assert_eq!(call(&m, a, -9), 9);
+}
+
+#[test]
+fn one_function_is_freed_and_defined_again() {
+    let mut m = module();
+    let f = define(&mut m, "f", Linkage::Export, |b, _, x| {
+        b.ins().iadd_imm_s(x, 1)
+    });
+    m.finalize_definitions().unwrap();
+    assert_eq!(call(&m, f, 1), 2);
+    let before = m.session().memory_stats();
+    m.free_function(f).unwrap();
+    assert!(
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.get_finalized_function(f)))
+            .is_err(),
+        "a freed function has no address"
+    );
+    let after = m.session().memory_stats();
+    assert!(
+        after.live_allocations < before.live_allocations,
+        "its memory went back: {before:?} -> {after:?}"
+    );
+    // Its name can be defined again, with another body.
+    let mut ctx = Context::new();
+    ctx.func.signature = sig(&m, 1);
+    ctx.func.name = UserFuncName::user(0, f.as_u32());
+    let mut fctx = FunctionBuilderContext::new();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let block = b.create_block();
+        b.append_block_params_for_function_params(block);
+        b.switch_to_block(block);
+        let x = b.block_params(block)[0];
+        let y = b.ins().imul_imm_s(x, 100);
+        b.ins().return_(&[y]);
+        b.seal_all_blocks();
+        b.finalize(m.target_config());
+    }
+    m.define_function(f, &mut ctx).unwrap();
+    m.finalize_definitions().unwrap();
+    assert_eq!(call(&m, f, 2), 200);
+}
+
+#[test]
+fn a_function_still_called_is_not_freed() {
+    let mut m = module();
+    let callee = define(&mut m, "callee", Linkage::Local, |b, _, x| {
+        b.ins().iadd_imm_s(x, 10)
+    });
+    m.finalize_definitions().unwrap();
+    let caller = define(&mut m, "caller", Linkage::Local, calls("callee"));
+    m.finalize_definitions().unwrap();
+    let error = m.free_function(callee).unwrap_err().to_string();
+    assert!(
+        error.contains("callee") && error.contains("caller"),
+        "{error}"
+    );
+    assert_eq!(call(&m, caller, 1), 11, "nothing was freed");
+    m.free_function(caller).unwrap();
+    m.free_function(callee).unwrap();
+    let error = m.free_function(callee).unwrap_err().to_string();
+    assert!(error.contains("not defined"), "{error}");
+}
+
+/// The child of `a_stale_call_traps`: frees a function, then calls it.
+#[test]
+fn stale_call_child() {
+    if std::env::var_os("KILN_CRANELIFT_STALE_CHILD").is_none() {
+        return; // only as the child
+    }
+    let mut m = module();
+    let f = define(&mut m, "f", Linkage::Export, |b, _, x| {
+        b.ins().iadd_imm_s(x, 1)
+    });
+    m.finalize_definitions().unwrap();
+    let stale: extern "C" fn(i64) -> i64 =
+        // SAFETY: `fn(i64) -> i64`; called after the free on purpose, to trap.
+        unsafe { std::mem::transmute(m.get_finalized_function(f)) };
+    assert_eq!(stale(1), 2);
+    m.free_function(f).unwrap();
+    println!("calling the freed function");
+    let value = stale(1);
+    println!("it returned {value}");
+}
+
+#[test]
+fn a_stale_call_traps() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "stale_call_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("KILN_CRANELIFT_STALE_CHILD", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("calling the freed function"), "{stdout}");
+    assert!(!stdout.contains("it returned"), "{stdout}");
+    use std::os::unix::process::ExitStatusExt;
+    let signal = out.status.signal();
+    assert!(
+        matches!(signal, Some(libc::SIGILL | libc::SIGTRAP | libc::SIGSEGV)),
+        "the child ended with {:?}: {stdout}",
+        out.status
+    );
+}
+
+#[test]
+fn thread_locals_from_several_threads() {
+    let mut m = module();
+    let counter = m
+        .declare_data("counter", Linkage::Local, true, true)
+        .unwrap();
+    let mut data = DataDescription::new();
+    data.define(Box::new(100i64.to_le_bytes()));
+    m.define_data(counter, &data).unwrap();
+    // bump(x): counter += x; return counter
+    let bump = define(&mut m, "bump", Linkage::Export, |b, m, x| {
+        let gv = m.declare_data_in_func(counter, b.func);
+        let addr = b.ins().tls_value(types::I64, gv);
+        let flags = cranelift_codegen::ir::MemFlagsData::trusted();
+        let v = b.ins().load(types::I64, flags, addr, 0);
+        let v = b.ins().iadd(v, x);
+        b.ins().store(flags, v, addr, 0);
+        v
+    });
+    m.finalize_definitions().unwrap();
+    let address = m.get_finalized_function(bump) as usize;
+    let threads: Vec<_> = (1..=4i64)
+        .map(|t| {
+            std::thread::spawn(move || {
+                // SAFETY: `fn(i64) -> i64`, alive while the module is (joined below).
+                let f: extern "C" fn(i64) -> i64 = unsafe { std::mem::transmute(address) };
+                let mut last = 0;
+                for _ in 0..1000 {
+                    last = f(t);
+                }
+                last
+            })
+        })
+        .collect();
+    for (t, thread) in (1..=4i64).zip(threads) {
+        assert_eq!(
+            thread.join().unwrap(),
+            100 + 1000 * t,
+            "thread {t}'s own counter"
+        );
+    }
+    assert_eq!(call(&m, bump, 1), 101, "this thread's counter is untouched");
+}
+
+#[test]
+fn a_thousand_functions_finalized_at_once() {
+    let mut m = module();
+    let mut ids = Vec::new();
+    ids.push(define(&mut m, "chain0", Linkage::Local, |b, _, x| {
+        b.ins().iadd_imm_s(x, 1)
+    }));
+    for i in 1..1000 {
+        let previous: &'static str = Box::leak(format!("chain{}", i - 1).into_boxed_str());
+        ids.push(define(
+            &mut m,
+            &format!("chain{i}"),
+            Linkage::Local,
+            move |b, m, x| {
+                let v = calls(previous)(b, m, x);
+                b.ins().iadd_imm_s(v, 1)
+            },
+        ));
+    }
+    m.finalize_definitions().unwrap();
+    assert_eq!(call(&m, ids[999], 0), 1000);
+    assert_eq!(call(&m, ids[499], 0), 500);
+}
+
+#[test]
+fn an_unresolved_name_names_the_function_and_nothing_finalized_is_lost() {
+    let mut m = module();
+    let good = define(&mut m, "good", Linkage::Local, |b, _, x| {
+        b.ins().iadd_imm_s(x, 2)
+    });
+    m.finalize_definitions().unwrap();
+    let bad = define(
+        &mut m,
+        "uses_a_missing_name",
+        Linkage::Local,
+        calls("kiln_cranelift_no_such_function"),
+    );
+    let error = format!("{:#}", m.finalize_definitions().unwrap_err());
+    assert!(
+        error.contains("kiln_cranelift_no_such_function") && error.contains("uses_a_missing_name"),
+        "{error}"
+    );
+    assert_eq!(call(&m, good, 1), 3, "the earlier finalize is intact");
+    // The failed definition is dropped: defined again (correctly), it links.
+    let mut ctx = Context::new();
+    ctx.func.signature = sig(&m, 1);
+    ctx.func.name = UserFuncName::user(0, bad.as_u32());
+    let mut fctx = FunctionBuilderContext::new();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let block = b.create_block();
+        b.append_block_params_for_function_params(block);
+        b.switch_to_block(block);
+        let x = b.block_params(block)[0];
+        b.ins().return_(&[x]);
+        b.seal_all_blocks();
+        b.finalize(m.target_config());
+    }
+    m.define_function(bad, &mut ctx).unwrap();
+    m.finalize_definitions().unwrap();
+    assert_eq!(call(&m, bad, 9), 9);
+}
+
+#[test]
+fn a_relocation_kind_kiln_does_not_link_is_named() {
+    let mut m = module();
+    let f = m
+        .declare_function("f", Linkage::Local, &sig(&m, 1))
+        .unwrap();
+    let target = m
+        .declare_function("g", Linkage::Import, &sig(&m, 1))
+        .unwrap();
+    let reloc = cranelift_module::ModuleReloc {
+        offset: 0,
+        kind: cranelift_codegen::binemit::Reloc::X86SecRel,
+        name: cranelift_module::ModuleRelocTarget::from(target),
+        addend: 0,
+    };
+    m.define_function_bytes(f, 16, &[0xc3; 8], &[reloc])
+        .unwrap();
+    let error = format!("{:#}", m.finalize_definitions().unwrap_err());
+    assert!(
+        error.contains("X86SecRel") && error.contains("f"),
+        "{error}"
+    );
+}
+
+#[test]
+fn declaration_errors_are_jitmodules() {
+    let mut kiln = module();
+    let mut jit = cranelift_jit::JITModule::new(cranelift_jit::JITBuilder::with_isa(
+        cranelift_native::builder()
+            .unwrap()
+            .finish(cranelift_codegen::settings::Flags::new({
+                use cranelift_codegen::settings::Configurable;
+                let mut b = cranelift_codegen::settings::builder();
+                b.set("is_pic", "false").unwrap();
+                b
+            }))
+            .unwrap(),
+        default_libcall_names(),
+    ));
+    fn errors<M: Module>(m: &mut M) -> Vec<String> {
+        let one = sig(m, 1);
+        let two = sig(m, 2);
+        let mut out = Vec::new();
+        let f = m.declare_function("f", Linkage::Local, &one).unwrap();
+        out.push(format!(
+            "{:?}",
+            m.declare_function("f", Linkage::Local, &two).unwrap_err()
+        ));
+        out.push(format!(
+            "{:?}",
+            m.declare_data("f", Linkage::Local, false, false)
+                .unwrap_err()
+        ));
+        let i = m
+            .declare_function("imported", Linkage::Import, &one)
+            .unwrap();
+        let mut ctx = Context::new();
+        ctx.func.signature = one.clone();
+        out.push(format!(
+            "{:?}",
+            m.define_function_bytes(i, 1, &[0xc3], &[]).unwrap_err()
+        ));
+        m.define_function_bytes(f, 1, &[0xc3], &[]).unwrap();
+        out.push(format!(
+            "{:?}",
+            m.define_function_bytes(f, 1, &[0xc3], &[]).unwrap_err()
+        ));
+        out
+    }
+    let theirs = errors(&mut jit);
+    let ours = errors(&mut kiln);
+    assert_eq!(ours, theirs);
+    assert!(ours[0].starts_with("IncompatibleSignature"), "{ours:?}");
+    assert!(ours[1].starts_with("IncompatibleDeclaration"), "{ours:?}");
+    assert!(ours[2].starts_with("InvalidImportDefinition"), "{ours:?}");
+    assert!(ours[3].starts_with("DuplicateDefinition"), "{ours:?}");
+}
