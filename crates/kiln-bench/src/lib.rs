@@ -4,6 +4,8 @@
 //!
 //! Figures are always printed side by side with ratios; see docs/BENCHMARKS.md.
 
+pub mod cranelift_workload;
+
 use std::process::Command;
 use std::time::Duration;
 

@@ -96,13 +96,15 @@ pub struct KilnModule {
     data: cranelift_codegen::entity::SecondaryMap<DataId, Slot>,
     pending: Pending,
     batches: Vec<Option<Batch>>,
-    /// For each definition, the definitions (pending or finalized) whose code refers to it.
-    referrers: FxHashMap<FuncOrDataId, Vec<FuncOrDataId>>,
-    /// For each definition, what it refers to (to leave `referrers` when freed).
-    refers_to: FxHashMap<FuncOrDataId, Box<[FuncOrDataId]>>,
+    /// For each declaration, how many live definitions (pending or finalized) refer to it.
+    referrers: FxHashMap<FuncOrDataId, u32>,
+    /// For each live definition, what its code refers to (inline for up to two).
+    refers_to: FxHashMap<FuncOrDataId, smallvec::SmallVec<[FuncOrDataId; 2]>>,
     /// Whether [`KilnModule::free_memory`] ran (else the code stays mapped when dropped).
     freed: bool,
     finalizes: u64,
+    /// A buffer kept between definitions (their section names).
+    scratch: String,
 }
 
 /// Why something of a [`KilnModule`] failed, carried in [`ModuleError::Backend`].
@@ -268,6 +270,7 @@ impl KilnModule {
             refers_to: FxHashMap::default(),
             freed: false,
             finalizes: 0,
+            scratch: String::new(),
         })
     }
 
@@ -295,17 +298,14 @@ impl KilnModule {
     }
 
     fn name_of(&self, id: FuncOrDataId) -> String {
+        self.name(id).into_owned()
+    }
+
+    /// The name a definition has in the link (borrowed; made for an anonymous one).
+    fn name(&self, id: FuncOrDataId) -> std::borrow::Cow<'_, str> {
         match id {
-            FuncOrDataId::Func(f) => self
-                .declarations
-                .get_function_decl(f)
-                .linkage_name(f)
-                .into_owned(),
-            FuncOrDataId::Data(d) => self
-                .declarations
-                .get_data_decl(d)
-                .linkage_name(d)
-                .into_owned(),
+            FuncOrDataId::Func(f) => self.declarations.get_function_decl(f).linkage_name(f),
+            FuncOrDataId::Data(d) => self.declarations.get_data_decl(d).linkage_name(d),
         }
     }
 
@@ -426,7 +426,7 @@ impl KilnModule {
                                 } else {
                                     FuncOrDataId::Data(DataId::from_name(&reloc.name))
                                 };
-                                self.name_of(id) == missing.symbol
+                                self.name(id) == missing.symbol
                             }
                             _ => false,
                         };
@@ -455,7 +455,7 @@ impl KilnModule {
                 addresses.push(0);
                 continue;
             }
-            let symbol_name = self.name_of(d.id);
+            let symbol_name = self.name(d.id);
             let address = module.symbol(&symbol_name).ok_or_else(|| {
                 ModuleError::Backend(anyhow::anyhow!(
                     "{name}: the linked module does not define {symbol_name}"
@@ -700,15 +700,15 @@ impl KilnModule {
                 }))
             }
         };
-        let users: Vec<String> = self
-            .referrers
-            .get(&id)
-            .into_iter()
-            .flatten()
-            .filter(|&&u| u != id && !matches!(self.slot(u), Slot::Empty))
-            .map(|&u| self.name_of(u))
-            .collect();
-        if !users.is_empty() {
+        if self.referrers.get(&id).is_some_and(|&n| n > 0) {
+            // Who they are (a scan, on this error only).
+            let mut users: Vec<String> = self
+                .refers_to
+                .iter()
+                .filter(|(_, targets)| targets.contains(&id))
+                .map(|(&u, _)| self.name_of(u))
+                .collect();
+            users.sort();
             return Err(backend(KilnModuleError::InUse { name, users }));
         }
         *self.slot_mut(id) = Slot::Empty;
@@ -724,22 +724,22 @@ impl KilnModule {
     }
 
     /// Records that `id`'s code refers to `targets`.
-    fn record_references(&mut self, id: FuncOrDataId, targets: Vec<FuncOrDataId>) {
+    fn record_references(&mut self, id: FuncOrDataId, targets: &[FuncOrDataId]) {
         if targets.is_empty() {
             return;
         }
-        for &t in &targets {
-            self.referrers.entry(t).or_default().push(id);
+        for &t in targets {
+            *self.referrers.entry(t).or_default() += 1;
         }
-        self.refers_to.insert(id, targets.into_boxed_slice());
+        self.refers_to.insert(id, targets.iter().copied().collect());
     }
 
     fn forget_references(&mut self, id: FuncOrDataId) {
         if let Some(targets) = self.refers_to.remove(&id) {
             for t in targets.iter() {
-                if let Some(list) = self.referrers.get_mut(t) {
-                    list.retain(|&u| u != id);
-                    if list.is_empty() {
+                if let Some(count) = self.referrers.get_mut(t) {
+                    *count -= 1;
+                    if *count == 0 {
                         self.referrers.remove(t);
                     }
                 }
@@ -777,13 +777,6 @@ impl KilnModule {
         Ok(())
     }
 
-    fn object(&mut self) -> &mut BuiltObject {
-        let architecture = self.architecture;
-        self.pending
-            .object
-            .get_or_insert_with(|| BuiltObject::with_capacity(architecture, 1, 2, 64, 2))
-    }
-
     /// Adds a definition's section and symbol to the pending object.
     #[allow(clippy::too_many_arguments)]
     fn add_pending(
@@ -795,34 +788,41 @@ impl KilnModule {
         size: u64,
         relocs: &[ModuleReloc],
     ) {
-        let name = self.name_of(id);
-        let (symbol_kind, section_name) = match kind {
-            BuiltSectionKind::Code => (BuiltSymbolKind::Function, ".text"),
-            BuiltSectionKind::ThreadData => (BuiltSymbolKind::ThreadLocal, ".tdata"),
-            BuiltSectionKind::ThreadZeroed => (BuiltSymbolKind::ThreadLocal, ".tbss"),
-            BuiltSectionKind::ReadOnly => (BuiltSymbolKind::Data, ".rodata"),
-            BuiltSectionKind::Data => (BuiltSymbolKind::Data, ".data"),
-            BuiltSectionKind::Zeroed => (BuiltSymbolKind::Data, ".bss"),
+        let (symbol_kind, prefix) = match kind {
+            BuiltSectionKind::Code => (BuiltSymbolKind::Function, ".text."),
+            BuiltSectionKind::ThreadData => (BuiltSymbolKind::ThreadLocal, ".tdata."),
+            BuiltSectionKind::ThreadZeroed => (BuiltSymbolKind::ThreadLocal, ".tbss."),
+            BuiltSectionKind::ReadOnly => (BuiltSymbolKind::Data, ".rodata."),
+            BuiltSectionKind::Data => (BuiltSymbolKind::Data, ".data."),
+            BuiltSectionKind::Zeroed => (BuiltSymbolKind::Data, ".bss."),
         };
-        let binding = match id {
+        let linkage = match id {
             FuncOrDataId::Func(f) => self.declarations.get_function_decl(f).linkage,
             FuncOrDataId::Data(d) => self.declarations.get_data_decl(d).linkage,
         };
-        let binding = if binding == Linkage::Preemptible {
+        let binding = if linkage == Linkage::Preemptible {
             SymbolBinding::Weak
         } else {
             SymbolBinding::Global
         };
-        let object = self.object();
+        // `.text.NAME` and so on: what a debugger or an error shows for the definition
+        // (made in a buffer kept between definitions: no allocation per definition).
+        let mut section_name = std::mem::take(&mut self.scratch);
+        section_name.clear();
+        section_name.push_str(prefix);
+        section_name.push_str(&self.name(id));
+        let architecture = self.architecture;
+        let object = self
+            .pending
+            .object
+            .get_or_insert_with(|| BuiltObject::with_capacity(architecture, 1, 2, 64, 2));
         let section = match bytes {
-            Some(bytes) => {
-                object.add_section(&section_name_for(section_name, &name), kind, align, bytes)
-            }
-            None => {
-                object.add_zeroed_section(&section_name_for(section_name, &name), kind, align, size)
-            }
+            Some(bytes) => object.add_section(&section_name, kind, align, bytes),
+            None => object.add_zeroed_section(&section_name, kind, align, size),
         };
-        let symbol = object.add_symbol(&name, Some((section, 0, size)), binding, symbol_kind);
+        let name = &section_name[prefix.len()..];
+        let symbol = object.add_symbol(name, Some((section, 0, size)), binding, symbol_kind);
+        self.scratch = section_name;
         self.pending
             .relocs
             .extend(relocs.iter().map(|r| (section, r.clone())));
@@ -833,7 +833,7 @@ impl KilnModule {
             size,
         });
         *self.slot_mut(id) = Slot::Pending;
-        let mut targets: Vec<FuncOrDataId> = relocs
+        let mut targets: smallvec::SmallVec<[FuncOrDataId; 8]> = relocs
             .iter()
             .filter_map(|r| match &r.name {
                 ModuleRelocTarget::User { .. } if ModuleDeclarations::is_function(&r.name) => {
@@ -849,17 +849,8 @@ impl KilnModule {
             .collect();
         targets.sort_unstable();
         targets.dedup();
-        self.record_references(id, targets);
+        self.record_references(id, &targets);
     }
-}
-
-/// `.text.NAME` and so on: what a debugger or an error shows for the definition.
-fn section_name_for(prefix: &str, name: &str) -> String {
-    let mut s = String::with_capacity(prefix.len() + 1 + name.len());
-    s.push_str(prefix);
-    s.push('.');
-    s.push_str(name);
-    s
 }
 
 impl Drop for KilnModule {
