@@ -3,8 +3,10 @@
 # C compiler and JIT-link it with Debian's libsqlite3.a into memory, then run it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Where cargo puts what it builds (CARGO_TARGET_DIR if set).
+# Where cargo puts what it builds (CARGO_TARGET_DIR if set), and the profile it builds
+# (KILN_PROFILE: release unless set; the test command uses its own, `smoke`).
 TARGET="${CARGO_TARGET_DIR:-target}"
+PROFILE="${KILN_PROFILE:-release}"
 if [ ! -e /usr/lib/x86_64-linux-gnu/libsqlite3.a ] || ! command -v cc >/dev/null; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
@@ -17,13 +19,13 @@ if [ ! -e /usr/lib/x86_64-linux-gnu/libsqlite3.a ] || ! command -v cc >/dev/null
   fi
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends gcc libsqlite3-dev >/dev/null
 fi
-echo "== building kiln and kiln-executor (release; the first build takes a few minutes)" >&2
-cargo build --release -p kiln-cli -p kiln-executor
+echo "== building kiln and kiln-executor ($PROFILE; the first build takes a few minutes)" >&2
+cargo build --profile "$PROFILE" -p kiln-cli -p kiln-executor
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 cc -O2 -c tests/programs/sqlite_driver.c -o "$out/sqlite_driver.o"
 echo "== kiln run: sqlite_driver.o + Debian's libsqlite3.a + libm, linked in memory (no file is written)" >&2
 status=0
-"$TARGET"/release/kiln run -v --show-times "$out/sqlite_driver.o" /usr/lib/x86_64-linux-gnu/libsqlite3.a -lm || status=$?
-echo "== main returned $status (kiln is $TARGET/release/kiln; kiln --help for more)" >&2
+"$TARGET/$PROFILE"/kiln run -v --show-times "$out/sqlite_driver.o" /usr/lib/x86_64-linux-gnu/libsqlite3.a -lm || status=$?
+echo "== main returned $status (kiln is $TARGET/$PROFILE/kiln; kiln --help for more)" >&2
 exit "$status"

@@ -132,34 +132,36 @@ llvm_checks() {
 }
 phase "kiln-llvm with LLVM 14 (feature llvm)" llvm_checks
 
-# The release build of the phases below at opt-level 1: the benchmarks are a smoke run of
+# The optimized build of the phases below, in a profile of its own (Cargo.toml's
+# `smoke`: release at opt-level 1, in target/smoke): the benchmarks are a smoke run of
 # small workloads that keeps them working (the figures in docs/BENCHMARKS.md come from a
-# plain `cargo build --release`), and the build takes 2m45s instead of 4m54s here.
-# Exported, so that the Python package's and the demo's `cargo build --release` reuse it.
-export CARGO_PROFILE_RELEASE_OPT_LEVEL="${CARGO_PROFILE_RELEASE_OPT_LEVEL:-1}"
-phase "release build (kiln, executor, benchmarks; opt-level 1)" \
-  cargo build --release -p kiln-bench -p kiln-cli -p kiln-executor -p kiln-lang
+# plain `cargo build --release`), and target/release is left as `cargo build --release`
+# (the README's first command) made it. The Python package and the demo use this build.
+SMOKE="$TARGET/smoke"
+phase "optimized build (kiln, executor, C library, benchmarks; profile smoke)" \
+  cargo build --profile smoke -p kiln-bench -p kiln-cli -p kiln-executor -p kiln-lang -p kiln-capi
 
 # Their figures go to $LOGS/benchmarks.log (printed if one fails).
 benchmarks() {
   local log="$LOGS/benchmarks.log"
   if ! (
     set -e
-    "$TARGET"/release/many_modules --modules 500 --no-syscalls
-    "$TARGET"/release/alloc_throughput --ops 5000
-    "$TARGET"/release/tls_access --iterations 1000000 --runs 1
-    "$TARGET"/release/session_scale --modules 200 --churn 2000
-    "$TARGET"/release/debug_support --rounds 2 --modules 200 --gdb-modules 50
-    "$TARGET"/release/capi_overhead --rounds 3 --batches 1 --queries 500 --llvm-rounds 1
-    "$TARGET"/release/cache_figures --functions 200 --runs 2 --image-functions 2000 --image-runs 2
+    "$SMOKE"/many_modules --modules 500 --no-syscalls
+    "$SMOKE"/alloc_throughput --ops 5000
+    "$SMOKE"/tls_access --iterations 1000000 --runs 1
+    "$SMOKE"/session_scale --modules 200 --churn 2000
+    "$SMOKE"/cranelift_backend --modules 2000 --batch 200 --rounds 1
+    "$SMOKE"/debug_support --rounds 2 --modules 200 --gdb-modules 50
+    "$SMOKE"/capi_overhead --rounds 3 --batches 1 --queries 500 --llvm-rounds 1
+    "$SMOKE"/cache_figures --functions 200 --runs 2 --image-functions 2000 --image-runs 2
     # RISC-V's inputs take 30 s to compile (SQLite's amalgamation): its links are
     # exercised by the cross tests; its stub-call row is printed here. 2,000 generated
     # functions, not the figure's 20,000 (25 s of compiling).
-    "$TARGET"/release/link_floor --runs 2 --arch x86-64,aarch64 --functions 2000 --dir "$TARGET"/link-floor
-    "$TARGET"/release/lazy_figures --functions 1000 --runs 1 --calls 1000000 --swap-seconds 0.2
+    "$SMOKE"/link_floor --runs 2 --arch x86-64,aarch64 --functions 2000 --dir "$TARGET"/link-floor
+    "$SMOKE"/lazy_figures --functions 1000 --runs 1 --calls 1000000 --swap-seconds 0.2
     # SQLite at -O0 (the figures' -O2 builds take a minute here), under Wine.
-    "$TARGET"/release/windows_figures --runs 1 --opt -O0 --dir "$TARGET"/windows-figures
-    "$TARGET"/release/executor_security --connections 300 --runs 1 --dir "$TARGET"/executor-security
+    "$SMOKE"/windows_figures --runs 1 --opt -O0 --dir "$TARGET"/windows-figures
+    "$SMOKE"/executor_security --connections 300 --runs 1 --dir "$TARGET"/executor-security
     # The MCJIT example as the LLVM phase's `cargo test` built it (debug): a smoke run of
     # the example; its release figures are in docs/BENCHMARKS.md. A release build of
     # kiln-llvm with LLVM here cost ~1.5 minutes of the test command's 20.
@@ -173,26 +175,39 @@ benchmarks() {
 phase "benchmarks, small workload" benchmarks
 
 # The Python package: built into a wheel by pip from ./python (its C library is the
-# release kiln-capi the benchmarks above built), tested with pytest against objects of
+# kiln-capi of the optimized build above, given with KILN_CAPI_LIB), tested with pytest against objects of
 # the C compiler and of llvmlite, in a virtual environment of Debian's Python under the
 # target directory (nothing is installed on the host's Python).
 python_package() {
   local venv="$TARGET/python-venv"
   [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv" || return 1
-  "$venv/bin/pip" install --quiet --disable-pip-version-check ./python pytest llvmlite &&
+  KILN_CAPI_LIB="$SMOKE/libkiln_capi.so" \
+    "$venv/bin/pip" install --quiet --disable-pip-version-check ./python pytest llvmlite &&
     # From elsewhere than the source tree: `import kiln` is the installed wheel's.
     (cd "$TARGET" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests") &&
     "$venv/bin/python" python/benchmarks/llvmlite_functions.py --functions 100 --rounds 1 \
       >>"$LOGS/benchmarks.log"
 }
 phase "Python package (pip install ./python, pytest)" python_package
-phase "the main job (scripts/demo.sh)" bash -c './scripts/demo.sh >/dev/null'
+phase "the main job (scripts/demo.sh)" bash -c 'KILN_PROFILE=smoke ./scripts/demo.sh >/dev/null'
 
 phase "fuzz targets (scripts/fuzz_check.sh)" ./scripts/fuzz_check.sh
 
 # --- more phases go here ------------------------------------------------------------------
 # Add a phase as `phase "what it checks" COMMAND ARGS...` (a shell function for several
 # commands); its time and result join the summary. Keep them above the package check.
+
+# The tests' scratch files (target/tmp): removed once every phase passed (a failed run
+# keeps them for a look); the logs stay in $LOGS.
+clean_scratch() {
+  if ((${#failed_phases[@]})); then
+    echo "kept $TARGET/tmp (a phase failed)"
+  else
+    rm -rf "$TARGET/tmp" "$TARGET/link-floor" "$TARGET/windows-figures" "$TARGET/executor-security"
+    echo "removed the tests' scratch files; target is $(du -sh "$TARGET" | cut -f1)"
+  fi
+}
+phase "scratch files removed" clean_scratch
 
 # --- the machine as it was ------------------------------------------------------------------
 phase "installed packages unchanged (dpkg -l)" dpkg_unchanged "$LOGS/dpkg-before.txt"

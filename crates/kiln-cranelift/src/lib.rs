@@ -15,6 +15,8 @@
 //!   refused while other code refers to it; once a finalize's definitions are all freed
 //!   their memory is returned and filled with traps;
 //! - **thread-locals** (`declare_data(.., tls: true)`), resolved for every thread;
+//! - **unwind tables** (`.eh_frame` from Cranelift's unwind information, registered): a
+//!   Rust panic or a C++ exception passes through JIT frames;
 //! - **relocations that never overflow**: every module of a session lies in one reserved
 //!   range, and calls beyond a branch's reach go through stubs or veneers;
 //! - **the session's services**: another executor process, debuggers and profilers
@@ -60,6 +62,7 @@
 mod builder;
 mod module;
 mod relocations;
+mod unwind;
 
 pub use builder::KilnBuilder;
 pub use module::{KilnModule, KilnModuleError};

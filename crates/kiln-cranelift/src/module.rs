@@ -53,6 +53,8 @@ struct PendingDefinition {
     section: BuiltSection,
     symbol: BuiltSymbol,
     size: u64,
+    /// A compiled function's System V unwind information (for `.eh_frame`).
+    unwind: Option<cranelift_codegen::isa::unwind::systemv::UnwindInfo>,
 }
 
 /// What the next `finalize_definitions` links.
@@ -401,6 +403,12 @@ impl KilnModule {
                 reloc.addend.wrapping_add(extra),
             );
         }
+        let unwound: Vec<_> = definitions
+            .iter()
+            .filter_map(|d| Some((d.symbol, d.unwind.as_ref()?)))
+            .collect();
+        crate::unwind::add_eh_frame(&*self.isa, self.architecture, &mut object, &unwound)
+            .map_err(|e| ModuleError::Backend(anyhow::anyhow!(e)))?;
         self.finalizes += 1;
         let name = format!("cranelift finalize {}", self.finalizes);
         let input = ObjectInput::built(name.clone(), object).map_err(|e| {
@@ -669,6 +677,20 @@ impl KilnModule {
         }
     }
 
+    /// The finalized function `address` falls in, and the offset into it: for
+    /// backtraces and crash reports of JIT code (its frames carry no symbol table a
+    /// debugger reads; with the session's debug support, gdb and perf see them too).
+    pub fn function_at(&self, address: *const u8) -> Option<(String, usize)> {
+        let address = address as u64;
+        self.functions.iter().find_map(|(f, slot)| match slot {
+            Slot::Finalized(d) if (d.address..d.address + d.size).contains(&address) => Some((
+                self.name_of(FuncOrDataId::Func(f)),
+                (address - d.address) as usize,
+            )),
+            _ => None,
+        })
+    }
+
     /// Frees one finalized function: its name can be defined again, and once every
     /// definition of its `finalize_definitions` is freed, their memory is returned and
     /// filled with trap instructions (a stale call traps, never runs other code).
@@ -831,6 +853,7 @@ impl KilnModule {
             section,
             symbol,
             size,
+            unwind: None,
         });
         *self.slot_mut(id) = Slot::Pending;
         let mut targets: smallvec::SmallVec<[FuncOrDataId; 8]> = relocs
@@ -929,6 +952,10 @@ impl Module for KilnModule {
         let align = u64::from(alignment)
             .max(u64::from(self.isa.function_alignment().minimum))
             .max(self.isa.symbol_alignment());
+        let unwind = match code.create_unwind_info(&*self.isa)? {
+            Some(cranelift_codegen::isa::unwind::UnwindInfo::SystemV(info)) => Some(info),
+            _ => None,
+        };
         let bytes = code.code_buffer();
         self.add_pending(
             FuncOrDataId::Func(id),
@@ -938,6 +965,9 @@ impl Module for KilnModule {
             bytes.len() as u64,
             &relocs,
         );
+        if let Some(d) = self.pending.definitions.last_mut() {
+            d.unwind = unwind;
+        }
         Ok(())
     }
 

@@ -445,3 +445,102 @@ fn declaration_errors_are_jitmodules() {
     assert!(ours[2].starts_with("InvalidImportDefinition"), "{ours:?}");
     assert!(ours[3].starts_with("DuplicateDefinition"), "{ours:?}");
 }
+
+static FRAMES: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+/// Called from JIT code: records the stack (walked by the unwinder, through the JIT
+/// frame), then panics for 13.
+extern "C-unwind" fn host_may_panic(x: i64) -> i64 {
+    let mut frames = [std::ptr::null_mut(); 64];
+    // SAFETY: glibc's backtrace writes at most 64 entries into the array.
+    let n = unsafe { libc::backtrace(frames.as_mut_ptr(), 64) };
+    *FRAMES.lock().unwrap() = frames[..n.max(0) as usize]
+        .iter()
+        .map(|&p| p as usize)
+        .collect();
+    if x == 13 {
+        panic!("thirteen");
+    }
+    x + 1
+}
+
+#[inline(never)]
+fn call_through(address: usize, x: i64) -> i64 {
+    // SAFETY: `fn(i64) -> i64` that may unwind (its unwind table is registered).
+    let f: extern "C-unwind" fn(i64) -> i64 = unsafe { std::mem::transmute(address) };
+    f(x)
+}
+
+#[test]
+fn a_panic_passes_through_jit_frames_and_a_backtrace_names_them() {
+    let mut builder = KilnBuilder::new(default_libcall_names()).unwrap();
+    builder.symbol("host_may_panic", host_may_panic as *const u8);
+    let mut m = KilnModule::new(builder);
+    let through = define(&mut m, "jit_through", Linkage::Export, |b, m, x| {
+        let v = calls("host_may_panic")(b, m, x);
+        // Work after the call: the call is not a tail call.
+        b.ins().imul_imm_s(v, 2)
+    });
+    m.finalize_definitions().unwrap();
+    let address = m.get_finalized_function(through) as usize;
+    assert_eq!(call_through(address, 1), 4);
+    // The stack as the unwinder walked it: the JIT frame, named, and the frames of the
+    // test beyond it (the walk went through the JIT frame).
+    let frames = FRAMES.lock().unwrap().clone();
+    let jit = frames
+        .iter()
+        .position(|&pc| m.function_at(pc as *const u8).is_some())
+        .unwrap_or_else(|| panic!("no JIT frame in {frames:x?}"));
+    assert_eq!(
+        m.function_at(frames[jit] as *const u8).map(|(n, _)| n),
+        Some("jit_through".to_string())
+    );
+    assert!(
+        frames.len() > jit + 2,
+        "the walk stopped at the JIT frame: {frames:x?}"
+    );
+    let caught = std::panic::catch_unwind(|| call_through(address, 13));
+    let message = caught.expect_err("the panic reaches the host");
+    assert_eq!(message.downcast_ref::<&str>(), Some(&"thirteen"));
+    // The module still works after the unwind.
+    assert_eq!(call_through(address, 2), 6);
+}
+
+#[test]
+fn perf_sees_jit_functions_through_the_sessions_listeners() {
+    let jit = kiln::Jit::builder()
+        .debug_support(kiln::DebugSupport {
+            perf_map: true,
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let mut builder = KilnBuilder::new(default_libcall_names()).unwrap();
+    builder.session(jit);
+    let mut m = KilnModule::new(builder);
+    let f = define(
+        &mut m,
+        "kiln_cranelift_perf_probe",
+        Linkage::Export,
+        |b, _, x| b.ins().iadd_imm_s(x, 5),
+    );
+    m.finalize_definitions().unwrap();
+    assert_eq!(call(&m, f, 1), 6);
+    // The map is written by the executor's writer thread: flushed here, as at exit.
+    kiln_executor::debug_outputs::flush();
+    let map = std::fs::read_to_string(format!("/tmp/perf-{}.map", std::process::id())).unwrap();
+    let address = m.get_finalized_function(f) as usize;
+    let line = map
+        .lines()
+        .find(|l| l.ends_with(" kiln_cranelift_perf_probe"))
+        .unwrap_or_else(|| {
+            panic!(
+                "not in the perf map:\n{map}\n{:?}",
+                m.session().plugin_failures()
+            )
+        });
+    assert!(
+        line.starts_with(&format!("{address:x} ")),
+        "{line} vs {address:x}"
+    );
+}
