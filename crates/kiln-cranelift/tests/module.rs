@@ -544,3 +544,30 @@ fn perf_sees_jit_functions_through_the_sessions_listeners() {
         "{line} vs {address:x}"
     );
 }
+
+#[test]
+fn out_of_process_the_code_runs_in_kiln_executor() {
+    let executor = kiln::Executor::spawn(
+        &kiln_testkit::executor_binary(),
+        kiln::Transport::SharedMemory,
+        kiln::Timeouts::default(),
+    )
+    .unwrap();
+    let pid = executor.pid();
+    let jit = kiln::Jit::builder().executor(executor).build().unwrap();
+    let mut builder = KilnBuilder::new(default_libcall_names()).unwrap();
+    builder.session(jit);
+    let mut m = KilnModule::new(builder);
+    // Calls libc's `labs` as the executor's process resolves it.
+    let f = define(&mut m, "remote_abs_plus_one", Linkage::Export, |b, m, x| {
+        let v = calls("labs")(b, m, x);
+        b.ins().iadd_imm_s(v, 1)
+    });
+    m.finalize_definitions().unwrap();
+    let address = m.get_finalized_function(f) as u64;
+    assert!(pid.is_some_and(|p| p != std::process::id()));
+    // SAFETY: `fn(i64) -> i64`, called in the executor's process.
+    let result = unsafe { m.session().executor().call(address, &[(-41i64) as u64]) }.unwrap();
+    assert_eq!(result, 42);
+    m.free_function(f).unwrap();
+}
