@@ -1,5 +1,10 @@
 //! cranelift-jit 0.135's `examples/jit-minimal.rs`, with `KilnModule` for `JITModule`
 //! (see the crate's documentation): its `main` is this test's (it asserts its result).
 // The peer's code as published: its own style, not this workspace's lints.
-#![allow(clippy::all, clippy::undocumented_unsafe_blocks, missing_docs, unreachable_pub)]
+#![allow(
+    clippy::all,
+    clippy::undocumented_unsafe_blocks,
+    missing_docs,
+    unreachable_pub
+)]
 include!(concat!(env!("OUT_DIR"), "/jit_minimal.rs"));
