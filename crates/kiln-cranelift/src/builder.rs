@@ -34,6 +34,7 @@ pub struct KilnBuilder {
     pub(crate) libcall_names: Box<dyn Fn(ir::LibCall) -> String + Send + Sync>,
     pub(crate) session: Option<kiln::Jit>,
     pub(crate) process_symbols: bool,
+    pub(crate) hot_swap: bool,
 }
 
 impl KilnBuilder {
@@ -86,6 +87,7 @@ impl KilnBuilder {
             libcall_names,
             session: None,
             process_symbols: true,
+            hot_swap: false,
         }
     }
 
@@ -121,6 +123,17 @@ impl KilnBuilder {
     /// support (gdb, perf map, jitdump), an object cache, or plugins.
     pub fn session(&mut self, session: kiln::Jit) -> &mut Self {
         self.session = Some(session);
+        self
+    }
+
+    /// Hot swap (off by default): every function is called through a call-through stub
+    /// (one indirect jump more per call), so that a finalized function can be defined
+    /// again — `define_function` on its id, then `finalize_definitions` — while it runs:
+    /// callers reach the new body, and the old one is freed once no thread runs it (the
+    /// session's code guards: [`kiln::Jit::register_thread`]). A freed function's stub
+    /// leads to a trap.
+    pub fn hot_swap(&mut self, on: bool) -> &mut Self {
+        self.hot_swap = on;
         self
     }
 

@@ -28,7 +28,11 @@ const READONLY_DATA_ALIGNMENT: u64 = 1;
 /// A finalized definition: where it is, how big, and which finalize (batch) holds it.
 #[derive(Debug, Clone)]
 struct Definition {
+    /// What references bind to and `get_finalized_function` gives: the body, or with hot
+    /// swap the function's call-through stub.
     address: u64,
+    /// The current body.
+    body: u64,
     size: u64,
     batch: u32,
 }
@@ -55,6 +59,9 @@ struct PendingDefinition {
     size: u64,
     /// A compiled function's System V unwind information (for `.eh_frame`).
     unwind: Option<cranelift_codegen::isa::unwind::systemv::UnwindInfo>,
+    /// With hot swap, the finalized definition this one replaces (and what it referred
+    /// to): restored if the finalize fails.
+    replaces: Option<(Definition, smallvec::SmallVec<[FuncOrDataId; 2]>)>,
 }
 
 /// What the next `finalize_definitions` links.
@@ -107,6 +114,27 @@ pub struct KilnModule {
     finalizes: u64,
     /// A buffer kept between definitions (their section names).
     scratch: String,
+    /// Every function is called through a stub whose body can be replaced.
+    hot_swap: bool,
+    /// The functions that have a stub (hot swap).
+    stubbed: rustc_hash::FxHashSet<FuncId>,
+    /// The stubs' modules (hot swap).
+    stub_modules: Vec<kiln::Module>,
+    /// Where freed functions' stubs lead (hot swap): a trap, linked on first use.
+    trap: Option<(kiln::Module, u64)>,
+}
+
+/// What a function's body is named with hot swap: the function's name is its stub's.
+const BODY_SUFFIX: &str = " (body)";
+
+/// The compiler of hot-swap stubs: never asked (each stub's body is set at the finalize
+/// that made it, before its address is handed out).
+struct LinkedAtFinalize;
+
+impl kiln::LazyCompiler for LinkedAtFinalize {
+    fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::CompileError> {
+        Err(format!("{name} is linked by finalize_definitions, not on first call").into())
+    }
 }
 
 /// Why something of a [`KilnModule`] failed, carried in [`ModuleError::Backend`].
@@ -223,6 +251,7 @@ impl KilnModule {
             libcall_names,
             session,
             process_symbols,
+            hot_swap,
         } = builder;
         use target_lexicon::Architecture as Arch;
         let architecture = match isa.triple().architecture {
@@ -273,6 +302,10 @@ impl KilnModule {
             freed: false,
             finalizes: 0,
             scratch: String::new(),
+            hot_swap,
+            stubbed: Default::default(),
+            stub_modules: Vec::new(),
+            trap: None,
         })
     }
 
@@ -331,8 +364,15 @@ impl KilnModule {
         let result = self.link_batch(object, &definitions, &relocs);
         if result.is_err() {
             for d in &definitions {
-                *self.slot_mut(d.id) = Slot::Empty;
                 self.forget_references(d.id);
+                // A redefinition that failed leaves the definition it was to replace.
+                *self.slot_mut(d.id) = match &d.replaces {
+                    Some((old, refs)) => {
+                        self.record_references(d.id, refs);
+                        Slot::Finalized(old.clone())
+                    }
+                    None => Slot::Empty,
+                };
             }
         }
         result
@@ -349,6 +389,36 @@ impl KilnModule {
         let mut targets: FxHashMap<TargetKey, BuiltSymbol> = FxHashMap::default();
         for d in definitions {
             targets.insert(TargetKey::Definition(d.id), d.symbol);
+        }
+        // With hot swap, the functions defined for the first time get their stubs now
+        // (their bodies are linked below, then set): references to every function of the
+        // module bind to its stub, by name.
+        if self.hot_swap {
+            let new: Vec<String> = definitions
+                .iter()
+                .filter_map(|d| match d.id {
+                    FuncOrDataId::Func(f) if !self.stubbed.contains(&f) => Some(self.name_of(d.id)),
+                    _ => None,
+                })
+                .collect();
+            if !new.is_empty() {
+                let names: Vec<&str> = new.iter().map(String::as_str).collect();
+                let stubs = self
+                    .jit
+                    .add_lazy_functions(self.lib, &names, std::sync::Arc::new(LinkedAtFinalize))
+                    .map_err(|source| {
+                        backend(KilnModuleError::Session {
+                            what: "making the functions' stubs".into(),
+                            source,
+                        })
+                    })?;
+                self.stub_modules.push(stubs);
+                for d in definitions {
+                    if let FuncOrDataId::Func(f) = d.id {
+                        self.stubbed.insert(f);
+                    }
+                }
+            }
         }
         // Definitions were added in order, one section each: section i is definition i-1.
         let owner_of = |section: BuiltSection| {
@@ -460,20 +530,48 @@ impl KilnModule {
         for d in definitions {
             if self.is_thread_local(d.id) {
                 // Each thread has its own: the code reaches it with `tls_value`.
-                addresses.push(0);
+                addresses.push((0, 0));
                 continue;
             }
-            let symbol_name = self.name(d.id);
-            let address = module.symbol(&symbol_name).ok_or_else(|| {
+            let swapped = self.hot_swap && matches!(d.id, FuncOrDataId::Func(_));
+            let mut symbol_name = self.name_of(d.id);
+            if swapped {
+                symbol_name.push_str(BODY_SUFFIX);
+            }
+            let body = module.symbol(&symbol_name).ok_or_else(|| {
                 ModuleError::Backend(anyhow::anyhow!(
                     "{name}: the linked module does not define {symbol_name}"
                 ))
             })?;
-            addresses.push(address);
+            addresses.push((body, body));
         }
-        for (d, address) in definitions.iter().zip(addresses) {
+        if self.hot_swap {
+            // Each stub to its new body (an old one is retired: freed once no code guard
+            // taken before now is held).
+            for (d, (address, body)) in definitions.iter().zip(addresses.iter_mut()) {
+                if !matches!(d.id, FuncOrDataId::Func(_)) {
+                    continue;
+                }
+                let function = self.name_of(d.id);
+                let session = |source| {
+                    backend(KilnModuleError::Session {
+                        what: format!("making {function}'s new body current"),
+                        source,
+                    })
+                };
+                self.jit
+                    .set_function_body(self.lib, &function, *body, &module)
+                    .map_err(session)?;
+                *address = self.jit.lookup(self.lib, &function).map_err(session)?;
+            }
+        }
+        for (d, (address, body)) in definitions.iter().zip(addresses) {
+            if let Some((old, _)) = &d.replaces {
+                self.release(old.batch);
+            }
             *self.slot_mut(d.id) = Slot::Finalized(Definition {
                 address,
+                body,
                 size: d.size,
                 batch,
             });
@@ -523,6 +621,17 @@ impl KilnModule {
                 ));
             }
         };
+        if self.hot_swap
+            && matches!(id, FuncOrDataId::Func(_))
+            && matches!(target, ModuleRelocTarget::User { .. })
+        {
+            // Its stub, which the library publishes under its name.
+            let name = self.name_of(id);
+            return Ok((
+                self.named(object, targets, name, BuiltSymbolKind::Function, false),
+                extra,
+            ));
+        }
         if let Some(&symbol) = targets.get(&TargetKey::Definition(id)) {
             return Ok((symbol, extra));
         }
@@ -683,9 +792,9 @@ impl KilnModule {
     pub fn function_at(&self, address: *const u8) -> Option<(String, usize)> {
         let address = address as u64;
         self.functions.iter().find_map(|(f, slot)| match slot {
-            Slot::Finalized(d) if (d.address..d.address + d.size).contains(&address) => Some((
+            Slot::Finalized(d) if (d.body..d.body + d.size).contains(&address) => Some((
                 self.name_of(FuncOrDataId::Func(f)),
-                (address - d.address) as usize,
+                (address - d.body) as usize,
             )),
             _ => None,
         })
@@ -733,16 +842,69 @@ impl KilnModule {
             users.sort();
             return Err(backend(KilnModuleError::InUse { name, users }));
         }
+        if self.hot_swap && matches!(id, FuncOrDataId::Func(_)) {
+            // Its stub leads to a trap from now on; the body is retired (freed once no
+            // code guard taken before now is held).
+            let trap = self.trap()?;
+            self.jit
+                .retire_function(self.lib, &name, trap)
+                .map_err(|source| {
+                    backend(KilnModuleError::Session {
+                        what: format!("retiring {name}"),
+                        source,
+                    })
+                })?;
+        }
         *self.slot_mut(id) = Slot::Empty;
         self.forget_references(id);
+        self.release(batch);
+        Ok(())
+    }
+
+    /// One definition of `batch` is gone: the last one takes the batch's module with it
+    /// (its memory freed and poisoned once no other handle holds it).
+    fn release(&mut self, batch: u32) {
         if let Some(Some(b)) = self.batches.get_mut(batch as usize) {
             b.live -= 1;
             if b.live == 0 {
-                // The last handle: the module's memory is freed and poisoned.
                 self.batches[batch as usize] = None;
             }
         }
-        Ok(())
+    }
+
+    /// The address of a function that traps, linked on first use: where a freed
+    /// function's stub leads.
+    fn trap(&mut self) -> ModuleResult<u64> {
+        if let Some((_, address)) = &self.trap {
+            return Ok(*address);
+        }
+        // `ud2`, `udf #0`, and RISC-V's all-zero word, an illegal instruction.
+        let code: &[u8] = match self.architecture {
+            Architecture::X86_64 => &[0x0f, 0x0b],
+            Architecture::Aarch64 | Architecture::Riscv64 => &[0, 0, 0, 0],
+        };
+        let mut object = BuiltObject::new(self.architecture);
+        let text = object.add_section(".text.trap", BuiltSectionKind::Code, 16, code);
+        object.add_symbol(
+            "kiln_cranelift_freed_function",
+            Some((text, 0, code.len() as u64)),
+            SymbolBinding::Global,
+            BuiltSymbolKind::Function,
+        );
+        let session = |source| {
+            backend(KilnModuleError::Session {
+                what: "linking the trap of freed functions".into(),
+                source,
+            })
+        };
+        let input =
+            ObjectInput::built("freed functions' trap", object).map_err(|e| session(e.into()))?;
+        let module = self.jit.link_private(self.lib, input).map_err(session)?;
+        let address = module
+            .symbol("kiln_cranelift_freed_function")
+            .ok_or_else(|| ModuleError::Backend(anyhow::anyhow!("the trap has no address")))?;
+        self.trap = Some((module, address));
+        Ok(address)
     }
 
     /// Records that `id`'s code refers to `targets`.
@@ -793,10 +955,13 @@ impl KilnModule {
         if !definable {
             return Err(ModuleError::InvalidImportDefinition(name.into_owned()));
         }
-        if !matches!(self.slot(id), Slot::Empty) {
-            return Err(ModuleError::DuplicateDefinition(name.into_owned()));
+        match self.slot(id) {
+            Slot::Empty => Ok(()),
+            // Hot swap: a finalized function is defined again; its next finalize makes the
+            // new body current (callers reach it through the function's stub).
+            Slot::Finalized(_) if self.hot_swap && matches!(id, FuncOrDataId::Func(_)) => Ok(()),
+            _ => Err(ModuleError::DuplicateDefinition(name.into_owned())),
         }
-        Ok(())
     }
 
     /// Adds a definition's section and symbol to the pending object.
@@ -842,9 +1007,25 @@ impl KilnModule {
             Some(bytes) => object.add_section(&section_name, kind, align, bytes),
             None => object.add_zeroed_section(&section_name, kind, align, size),
         };
+        // With hot swap a function's body has a name of its own (` (body)` after the
+        // function's): the function's name is its stub's, which references bind to.
+        let body = self.hot_swap && matches!(id, FuncOrDataId::Func(_));
+        if body {
+            section_name.push_str(BODY_SUFFIX);
+        }
         let name = &section_name[prefix.len()..];
         let symbol = object.add_symbol(name, Some((section, 0, size)), binding, symbol_kind);
         self.scratch = section_name;
+        // A redefinition (hot swap) replaces the finalized definition at finalize.
+        let replaces = match self.slot(id) {
+            Slot::Finalized(d) => {
+                let d = d.clone();
+                let refs = self.refers_to.get(&id).cloned().unwrap_or_default();
+                self.forget_references(id);
+                Some((d, refs))
+            }
+            _ => None,
+        };
         self.pending
             .relocs
             .extend(relocs.iter().map(|r| (section, r.clone())));
@@ -854,6 +1035,7 @@ impl KilnModule {
             symbol,
             size,
             unwind: None,
+            replaces,
         });
         *self.slot_mut(id) = Slot::Pending;
         let mut targets: smallvec::SmallVec<[FuncOrDataId; 8]> = relocs

@@ -571,3 +571,116 @@ fn out_of_process_the_code_runs_in_kiln_executor() {
     assert_eq!(result, 42);
     m.free_function(f).unwrap();
 }
+
+fn hot_swap_module() -> KilnModule {
+    let mut builder = KilnBuilder::new(default_libcall_names()).unwrap();
+    builder.hot_swap(true);
+    KilnModule::new(builder)
+}
+
+/// Defines (or defines again) `name(x) = x + k`.
+fn define_plus(m: &mut KilnModule, name: &str, k: i64) -> FuncId {
+    define(m, name, Linkage::Export, move |b, _, x| {
+        b.ins().iadd_imm_s(x, k)
+    })
+}
+
+#[test]
+fn hot_swap_callers_reach_the_new_body_and_the_old_one_is_freed() {
+    let mut m = hot_swap_module();
+    let value = define_plus(&mut m, "value", 1);
+    m.finalize_definitions().unwrap();
+    let caller = define(&mut m, "caller", Linkage::Export, |b, m, x| {
+        let v = calls("value")(b, m, x);
+        b.ins().imul_imm_s(v, 10)
+    });
+    m.finalize_definitions().unwrap();
+    let stub = m.get_finalized_function(value);
+    let thread = m.session().register_thread();
+    {
+        let _guard = thread.pin();
+        assert_eq!(call(&m, caller, 1), 20);
+    }
+    // Defined again while finalized: the next finalize makes the new body current.
+    define_plus(&mut m, "value", 2);
+    m.finalize_definitions().unwrap();
+    assert_eq!(
+        m.get_finalized_function(value),
+        stub,
+        "callers hold the stub"
+    );
+    {
+        let _guard = thread.pin();
+        assert_eq!(call(&m, caller, 1), 30, "the caller reaches the new body");
+        assert_eq!(call(&m, value, 1), 3);
+    }
+    assert_eq!(m.session().reclaim(), 0, "the old body is freed");
+    // A function that was redefined can be freed (its caller first).
+    m.free_function(caller).unwrap();
+    m.free_function(value).unwrap();
+    assert_eq!(m.session().reclaim(), 0);
+    // And defined again after its free: its stub leads to the new body.
+    define_plus(&mut m, "value", 7);
+    m.finalize_definitions().unwrap();
+    assert_eq!(m.get_finalized_function(value), stub);
+    assert_eq!(call(&m, value, 1), 8);
+}
+
+#[test]
+fn without_hot_swap_a_second_definition_is_jitmodules_error() {
+    let mut m = module();
+    define_plus(&mut m, "once", 1);
+    m.finalize_definitions().unwrap();
+    let signature = sig(&m, 1);
+    let id = m
+        .declare_function("once", Linkage::Export, &signature)
+        .unwrap();
+    let error = m.define_function_bytes(id, 16, &[0xc3], &[]).unwrap_err();
+    assert!(
+        matches!(error, cranelift_module::ModuleError::DuplicateDefinition(ref n) if n == "once"),
+        "{error:?}"
+    );
+}
+
+/// The child of `a_freed_hot_swap_function_traps`.
+#[test]
+fn freed_hot_swap_child() {
+    if std::env::var_os("KILN_CRANELIFT_FREED_SWAP_CHILD").is_none() {
+        return; // only as the child
+    }
+    let mut m = hot_swap_module();
+    let f = define_plus(&mut m, "f", 1);
+    m.finalize_definitions().unwrap();
+    let stale: extern "C" fn(i64) -> i64 =
+        // SAFETY: `fn(i64) -> i64` (its stub); called after the free on purpose, to trap.
+        unsafe { std::mem::transmute(m.get_finalized_function(f)) };
+    assert_eq!(stale(1), 2);
+    m.free_function(f).unwrap();
+    m.session().reclaim();
+    println!("calling the freed function");
+    let value = stale(1);
+    println!("it returned {value}");
+}
+
+#[test]
+fn a_freed_hot_swap_function_traps() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "freed_hot_swap_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("KILN_CRANELIFT_FREED_SWAP_CHILD", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("calling the freed function"), "{stdout}");
+    assert!(!stdout.contains("it returned"), "{stdout}");
+    use std::os::unix::process::ExitStatusExt;
+    assert!(
+        matches!(out.status.signal(), Some(libc::SIGILL | libc::SIGTRAP)),
+        "the child ended with {:?}: {stdout}",
+        out.status
+    );
+}

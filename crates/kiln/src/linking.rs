@@ -20,8 +20,21 @@ impl Jit {
         name: &str,
         object: Vec<u8>,
     ) -> Result<(u64, Module), Error> {
+        self.link_body_input(
+            lib,
+            name,
+            ObjectInput::new(format!("{name} (body)"), object),
+        )
+    }
+
+    /// [`Jit::link_body`] of any link input.
+    pub(crate) fn link_body_input(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        input: ObjectInput,
+    ) -> Result<(u64, Module), Error> {
         // Linked alone: a bad object fails only its own link.
-        let input = ObjectInput::new(format!("{name} (body)"), object);
         let (module, _) = self
             .link(lib, LinkRequest::body(input))?
             .ok_or_else(|| Error::SymbolNotFound(name.to_string()))?;
