@@ -684,3 +684,50 @@ fn a_freed_hot_swap_function_traps() {
         out.status
     );
 }
+
+#[test]
+fn on_aarch64_through_executor_c_under_qemu() {
+    if kiln_testkit::skip_cross("on_aarch64_through_executor_c_under_qemu") {
+        return;
+    }
+    let binary = kiln_testkit::c_executor_binary("aarch64-linux-gnu-gcc");
+    let executor = kiln_testkit::start_listening(
+        std::process::Command::new("qemu-aarch64-static")
+            .args(["-L", kiln_testkit::AARCH64_GUEST_ROOT])
+            .arg(binary)
+            .args(["--listen", "127.0.0.1:0"]),
+    );
+    let jit = kiln::Jit::builder()
+        .executor(kiln::Executor::connect(&executor.address, kiln::Timeouts::default()).unwrap())
+        .build()
+        .unwrap();
+    let isa = {
+        use cranelift_codegen::settings::Configurable;
+        let mut flags = cranelift_codegen::settings::builder();
+        flags.set("is_pic", "false").unwrap();
+        flags.set("use_colocated_libcalls", "false").unwrap();
+        cranelift_codegen::isa::lookup_by_name("aarch64-unknown-linux-gnu")
+            .unwrap()
+            .finish(cranelift_codegen::settings::Flags::new(flags))
+            .unwrap()
+    };
+    let mut builder = KilnBuilder::with_isa(isa, default_libcall_names());
+    builder.session(jit);
+    let mut m = KilnModule::new(builder);
+    let inner = define(&mut m, "inner", Linkage::Local, |b, m, x| {
+        // libc's labs, in the executor's (AArch64) process.
+        calls("labs")(b, m, x)
+    });
+    m.finalize_definitions().unwrap();
+    // A later finalize calls it (a direct call: within the session's range).
+    let outer = define(&mut m, "outer", Linkage::Export, |b, m, x| {
+        let v = calls("inner")(b, m, x);
+        b.ins().iadd_imm_s(v, 100)
+    });
+    m.finalize_definitions().unwrap();
+    let address = m.get_finalized_function(outer) as u64;
+    // SAFETY: `fn(i64) -> i64`, in the executor's process.
+    let result = unsafe { m.session().executor().call(address, &[(-5i64) as u64]) }.unwrap();
+    assert_eq!(result, 105);
+    let _ = inner;
+}
