@@ -731,3 +731,65 @@ fn on_aarch64_through_executor_c_under_qemu() {
     assert_eq!(result, 105);
     let _ = inner;
 }
+
+/// The child of `gdb_breaks_in_a_jit_function`: a session with gdb registration, one
+/// function finalized and called.
+#[test]
+fn gdb_child() {
+    if std::env::var_os("KILN_CRANELIFT_GDB_CHILD").is_none() {
+        return; // only as the child
+    }
+    let jit = kiln::Jit::builder()
+        .debug_support(kiln::DebugSupport {
+            gdb: true,
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let mut builder = KilnBuilder::new(default_libcall_names()).unwrap();
+    builder.session(jit);
+    let mut m = KilnModule::new(builder);
+    let f = define(&mut m, "kiln_gdb_probe", Linkage::Export, |b, _, x| {
+        b.ins().imul_imm_s(x, 3)
+    });
+    m.finalize_definitions().unwrap();
+    println!("probe returned {}", call(&m, f, 14));
+}
+
+#[test]
+fn gdb_breaks_in_a_jit_function() {
+    let out = std::process::Command::new("gdb")
+        .args(["-batch", "-nx", "-ex", "set debuginfod enabled off"])
+        .args([
+            "-ex",
+            "set breakpoint pending on",
+            "-ex",
+            "break kiln_gdb_probe",
+        ])
+        .args([
+            "-ex", "run", "-ex", "x/i $pc", "-ex", "bt 4", "-ex", "continue",
+        ])
+        .arg("--args")
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "gdb_child", "--nocapture", "--test-threads=1"])
+        .env("KILN_CRANELIFT_GDB_CHILD", "1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("gdb runs (the test command installs it)");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Pending until the finalize registers the code; hit at the call.
+    assert!(
+        all.contains("Breakpoint 1, ") && all.contains(" in kiln_gdb_probe ()"),
+        "{all}"
+    );
+    assert!(
+        all.lines()
+            .any(|l| l.starts_with("=> ") && l.contains("<kiln_gdb_probe")),
+        "{all}"
+    );
+    assert!(all.contains("probe returned 42"), "{all}");
+}

@@ -303,6 +303,152 @@ impl BuiltObject {
         });
     }
 
+    /// The object as an ELF relocatable file (`cc -c`'s kind): the same sections at the
+    /// same indexes, its symbols (locals first, as ELF orders them) and its relocations
+    /// (`.rela` sections). What a debugger is shown of a built object, and what an object
+    /// cache stores: the link of the file is the link of the object.
+    ///
+    /// ```
+    /// use kiln_link::{Architecture, BuiltObject, BuiltSectionKind, BuiltSymbolKind, SymbolBinding};
+    /// let mut object = BuiltObject::new(Architecture::X86_64);
+    /// let text = object.add_section(".text.seven", BuiltSectionKind::Code, 16, &[0xb8, 7, 0, 0, 0, 0xc3]);
+    /// object.add_symbol("seven", Some((text, 0, 6)), SymbolBinding::Global, BuiltSymbolKind::Function);
+    /// let elf = object.to_elf();
+    /// kiln_link::check_object("seven.o", &elf, Architecture::X86_64).unwrap();
+    /// ```
+    pub fn to_elf(&self) -> Vec<u8> {
+        use kiln_elf::{ElfWriter, FileKind, Section, SymbolTable};
+        let mut sorted = self.clone();
+        sorted.seal();
+        let text = |r: &Range<u32>| &sorted.names[r.start as usize..r.end as usize];
+        let mut w = ElfWriter::with_capacity(
+            FileKind::Relocatable,
+            elf::Machine(self.architecture.elf_machine()),
+            0,
+            sorted.bytes.len() + 24 * sorted.relocations.len(),
+        );
+        if self.architecture == Architecture::Riscv64 {
+            // The psABI's double-float ABI, as the objects Kiln links are built.
+            w.set_flags(elf::EF_RISCV_FLOAT_ABI_DOUBLE.0);
+        }
+        // The sections, at their indexes.
+        for section in sorted.sections.iter().skip(1) {
+            let offset = if section.sh_type == SHT_NOBITS {
+                w.offset()
+            } else {
+                w.append(&sorted.bytes[section.data.clone()], section.align)
+            };
+            let name = String::from_utf8_lossy(text(&section.name));
+            w.section(Section::new(
+                &name,
+                elf::SectionType(section.sh_type),
+                elf::SectionFlags(section.flags),
+                offset,
+                section.size,
+                section.align,
+            ));
+        }
+        // Symbols: locals first, then the others (each one's new index kept).
+        let mut order: Vec<usize> = (1..sorted.symbols.len()).collect();
+        order.sort_by_key(|&i| sorted.symbols[i].binding != Binding::Local);
+        let mut index = vec![0u32; sorted.symbols.len()];
+        let mut table = SymbolTable::with_capacity(order.len(), sorted.names.len());
+        let mut first_global = None;
+        for &i in &order {
+            let sym = &sorted.symbols[i];
+            if sym.binding != Binding::Local && first_global.is_none() {
+                first_global = Some(table.len());
+            }
+            let bind = match sym.binding {
+                Binding::Local => elf::STB_LOCAL,
+                Binding::Global => elf::STB_GLOBAL,
+                Binding::Weak => elf::STB_WEAK,
+            };
+            let shndx = match sym.section {
+                SymSection::Undefined => elf::SHN_UNDEF,
+                SymSection::Absolute => elf::SHN_ABS,
+                SymSection::Common => elf::SHN_COMMON,
+                SymSection::Section(n) => elf::SymbolSection(n as u16),
+            };
+            index[i] = table.push(
+                text(&sym.name),
+                bind,
+                elf::SymbolType(sym.kind),
+                elf::STV_DEFAULT,
+                shndx,
+                sym.value,
+                sym.size,
+            );
+        }
+        let symtab_index = w.next_section_index() + {
+            // One `.rela` section per relocated section comes first.
+            let mut sections = sorted.relocated.clone();
+            sections.dedup();
+            sections.len() as u32
+        };
+        let mut at = 0;
+        while let Some(&section) = sorted.relocated.get(at) {
+            let run = sorted.relocated[at..]
+                .iter()
+                .take_while(|&&s| s == section)
+                .count();
+            let mut relas = Vec::with_capacity(24 * run);
+            for rela in &sorted.relocations[at..at + run] {
+                let sym = rela.r_sym(LE, false) as usize;
+                let r_type = rela.r_type(LE, false);
+                let info =
+                    (u64::from(index.get(sym).copied().unwrap_or(0)) << 32) | u64::from(r_type.0);
+                let out = Rela {
+                    r_offset: rela.r_offset,
+                    r_info: object::U64::new(LE, info),
+                    r_addend: rela.r_addend,
+                };
+                relas.extend_from_slice(object::pod::bytes_of(&out));
+            }
+            let offset = w.append(&relas, 8);
+            let name = format!(
+                ".rela{}",
+                String::from_utf8_lossy(text(&sorted.sections[section as usize].name))
+            );
+            let mut header = Section::new(
+                &name,
+                elf::SHT_RELA,
+                elf::SHF_INFO_LINK,
+                offset,
+                relas.len() as u64,
+                8,
+            );
+            header.link = symtab_index;
+            header.info = section;
+            header.entry_size = 24;
+            w.section(header);
+            at += run;
+        }
+        let symbols_at = w.append(table.symbols(), 8);
+        let strings_at = w.append(table.strings(), 1);
+        let mut symtab = Section::new(
+            ".symtab",
+            elf::SHT_SYMTAB,
+            elf::SectionFlags(0),
+            symbols_at,
+            table.symbols().len() as u64,
+            8,
+        );
+        symtab.link = symtab_index + 1;
+        symtab.info = first_global.unwrap_or(table.len());
+        symtab.entry_size = 24;
+        w.section(symtab);
+        w.section(Section::new(
+            ".strtab",
+            elf::SHT_STRTAB,
+            elf::SectionFlags(0),
+            strings_at,
+            table.strings().len() as u64,
+            1,
+        ));
+        w.finish(0)
+    }
+
     /// Number of sections (without the null one).
     pub fn section_count(&self) -> usize {
         self.sections.len() - 1

@@ -170,6 +170,17 @@ impl ObjectInput {
         Ok(())
     }
 
+    /// For an object built in memory ([`ObjectInput::built`]): the same object as an ELF
+    /// file ([`BuiltObject::to_elf`]), under the same name. What listeners (a debugger)
+    /// are shown of it: they read ELF. `None` for an object given as bytes.
+    pub fn as_elf(&self) -> Option<ObjectInput> {
+        let built = self.built.as_ref()?;
+        Some(ObjectInput::new(
+            self.name.clone(),
+            built.borrow_owner().object.to_elf(),
+        ))
+    }
+
     /// For an object built in memory for another architecture than `architecture`: the
     /// error that says so.
     pub(crate) fn built_mismatch(&self, architecture: Architecture) -> Option<LinkError> {

@@ -634,6 +634,13 @@ fn loaded_event(
     shown: Option<ObjectInput>,
 ) -> Arc<LoadedModule> {
     let mut objects = std::mem::take(&mut linked.objects);
+    // Objects built in memory are shown as the ELF files they describe (listeners, gdb's
+    // above all, read ELF).
+    for object in &mut objects {
+        if let Some(elf) = object.as_elf() {
+            *object = elf;
+        }
+    }
     if let Some(shown) = shown {
         if let Some(o) = objects.iter_mut().find(|o| o.name == shown.name) {
             *o = shown;
