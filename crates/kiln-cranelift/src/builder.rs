@@ -35,6 +35,7 @@ pub struct KilnBuilder {
     pub(crate) session: Option<kiln::Jit>,
     pub(crate) process_symbols: bool,
     pub(crate) hot_swap: bool,
+    pub(crate) code_cache: Option<std::sync::Arc<dyn kiln::ObjectCache>>,
 }
 
 impl KilnBuilder {
@@ -88,6 +89,7 @@ impl KilnBuilder {
             session: None,
             process_symbols: true,
             hot_swap: false,
+            code_cache: None,
         }
     }
 
@@ -134,6 +136,18 @@ impl KilnBuilder {
     /// leads to a trap.
     pub fn hot_swap(&mut self, on: bool) -> &mut Self {
         self.hot_swap = on;
+        self
+    }
+
+    /// Keeps compiled functions in `cache` (one of Kiln's object caches: a directory,
+    /// `kiln_cache::DiskCache`, or Redis): [`KilnModule::define_function_and_cache`] stores a
+    /// function under the caller's key, and [`KilnModule::define_function_from_cache`]
+    /// defines it again — in a later process too — without compiling.
+    ///
+    /// [`KilnModule::define_function_and_cache`]: crate::KilnModule::define_function_and_cache
+    /// [`KilnModule::define_function_from_cache`]: crate::KilnModule::define_function_from_cache
+    pub fn code_cache(&mut self, cache: std::sync::Arc<dyn kiln::ObjectCache>) -> &mut Self {
+        self.code_cache = Some(cache);
         self
     }
 

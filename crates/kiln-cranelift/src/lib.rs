@@ -19,6 +19,10 @@
 //!   Rust panic or a C++ exception passes through JIT frames;
 //! - **relocations that never overflow**: every module of a session lies in one reserved
 //!   range, and calls beyond a branch's reach go through stubs or veneers;
+//! - **a code cache**: compiled functions kept in one of Kiln's object caches under the
+//!   caller's key, defined again in a later process without compiling;
+//! - **hot swap** ([`KilnBuilder::hot_swap`]): a finalized function defined again while
+//!   it runs; callers reach the new body;
 //! - **the session's services**: another executor process, debuggers and profilers
 //!   (gdb, perf map, jitdump) as listeners, through [`KilnBuilder::session`].
 //!
@@ -60,6 +64,7 @@
 #![allow(clippy::result_large_err)]
 
 mod builder;
+mod code_cache;
 mod module;
 mod relocations;
 mod unwind;

@@ -71,6 +71,28 @@ struct Pending {
     definitions: Vec<PendingDefinition>,
     /// The relocations of every pending definition, with its section.
     relocs: Vec<(BuiltSection, ModuleReloc)>,
+    /// Relocations already in ELF's terms (a function from the code cache).
+    raw: Vec<RawReloc>,
+}
+
+/// A relocation in ELF's terms, its target bound at finalize.
+struct RawReloc {
+    section: BuiltSection,
+    offset: u64,
+    r_type: u32,
+    target: RawTarget,
+    addend: i64,
+    owner: FuncOrDataId,
+}
+
+/// What a [`RawReloc`] refers to.
+enum RawTarget {
+    /// A declaration of the module (bound as a compiled function's reference to it is).
+    Definition(FuncOrDataId),
+    /// A name the module does not declare (a libcall, a host symbol).
+    Name(String),
+    /// A symbol of the object being built.
+    Symbol(BuiltSymbol),
 }
 
 /// One finalize's module, and how many of its definitions are still live.
@@ -122,6 +144,8 @@ pub struct KilnModule {
     stub_modules: Vec<kiln::Module>,
     /// Where freed functions' stubs lead (hot swap): a trap, linked on first use.
     trap: Option<(kiln::Module, u64)>,
+    /// Where compiled functions are kept between processes.
+    code_cache: Option<std::sync::Arc<dyn kiln::ObjectCache>>,
 }
 
 /// What a function's body is named with hot swap: the function's name is its stub's.
@@ -252,6 +276,7 @@ impl KilnModule {
             session,
             process_symbols,
             hot_swap,
+            code_cache,
         } = builder;
         use target_lexicon::Architecture as Arch;
         let architecture = match isa.triple().architecture {
@@ -306,6 +331,7 @@ impl KilnModule {
             stubbed: Default::default(),
             stub_modules: Vec::new(),
             trap: None,
+            code_cache,
         })
     }
 
@@ -357,11 +383,12 @@ impl KilnModule {
             object,
             definitions,
             relocs,
+            raw,
         } = std::mem::take(&mut self.pending);
         let Some(object) = object else {
             return Ok(());
         };
-        let result = self.link_batch(object, &definitions, &relocs);
+        let result = self.link_batch(object, &definitions, &relocs, &raw);
         if result.is_err() {
             for d in &definitions {
                 self.forget_references(d.id);
@@ -385,6 +412,7 @@ impl KilnModule {
         mut object: BuiltObject,
         definitions: &[PendingDefinition],
         relocs: &[(BuiltSection, ModuleReloc)],
+        raw: &[RawReloc],
     ) -> ModuleResult<()> {
         let mut targets: FxHashMap<TargetKey, BuiltSymbol> = FxHashMap::default();
         for d in definitions {
@@ -420,15 +448,10 @@ impl KilnModule {
                 }
             }
         }
-        // Definitions were added in order, one section each: section i is definition i-1.
-        let owner_of = |section: BuiltSection| {
-            definitions
-                .get((section.0 as usize).wrapping_sub(1))
-                .filter(|d| d.section == section)
-                .map(|d| d.id)
-        };
+        let owners: FxHashMap<BuiltSection, FuncOrDataId> =
+            definitions.iter().map(|d| (d.section, d.id)).collect();
+        let owner_of = |section: BuiltSection| owners.get(&section).copied();
         let mut last_hi20: Option<u64> = None;
-        let mut labels = 0u32;
         for (section, reloc) in relocs {
             let owner = owner_of(*section);
             let owner_name = || owner.map(|id| self.name_of(id)).unwrap_or_default();
@@ -451,13 +474,7 @@ impl KilnModule {
                             reloc.offset
                         ))
                     })?;
-                    labels += 1;
-                    let label = object.add_symbol(
-                        &format!(".Lpcrel_hi{labels}"),
-                        Some((*section, hi, 0)),
-                        SymbolBinding::Local,
-                        BuiltSymbolKind::Unknown,
-                    );
+                    let label = crate::code_cache::pcrel_label(&mut object, *section, hi);
                     object.add_relocation(*section, u64::from(reloc.offset), r_type, label, 0);
                     continue;
                 }
@@ -471,6 +488,34 @@ impl KilnModule {
                 r_type,
                 symbol,
                 reloc.addend.wrapping_add(extra),
+            );
+        }
+        for r in raw {
+            let (symbol, extra) = match &r.target {
+                RawTarget::Definition(id) => self.target_symbol(
+                    &mut object,
+                    &mut targets,
+                    &ModuleRelocTarget::from(*id),
+                    Some(r.owner),
+                )?,
+                RawTarget::Name(name) => (
+                    self.named(
+                        &mut object,
+                        &mut targets,
+                        name.clone(),
+                        BuiltSymbolKind::Unknown,
+                        false,
+                    ),
+                    0,
+                ),
+                RawTarget::Symbol(symbol) => (*symbol, 0),
+            };
+            object.add_relocation(
+                r.section,
+                r.offset,
+                r.r_type,
+                symbol,
+                r.addend.wrapping_add(extra),
             );
         }
         let unwound: Vec<_> = definitions
@@ -784,6 +829,186 @@ impl KilnModule {
                 panic!("no address for the linker's symbol {known:?}")
             }
         }
+    }
+
+    /// Defines function `id` from the code cache ([`KilnBuilder::code_cache`]) if it holds
+    /// it under `key` — no compile: its code, relocations and unwind table as stored by
+    /// [`KilnModule::define_function_and_cache`], in this process or an earlier one.
+    /// `Ok(false)` on a miss (or with no cache, or a damaged entry, which is removed):
+    /// compile it then. The key is the caller's name for what the function is made from
+    /// (its source, say); the function's name, the target and every code generation flag
+    /// are added to it.
+    ///
+    /// [`KilnBuilder::code_cache`]: crate::KilnBuilder::code_cache
+    pub fn define_function_from_cache(&mut self, id: FuncId, key: &[u8]) -> ModuleResult<bool> {
+        let Some(cache) = self.code_cache.clone() else {
+            return Ok(false);
+        };
+        let me = FuncOrDataId::Func(id);
+        self.start_definition(me)?;
+        let name = self.name_of(me);
+        let key = crate::code_cache::key(&*self.isa, &name, key);
+        let entry = match cache.get(&key) {
+            Ok(Some(entry)) => entry,
+            Ok(None) => return Ok(false),
+            Err(error) => {
+                tracing::warn!(%error, function = %name, "code cache not read");
+                return Ok(false);
+            }
+        };
+        let cached = match crate::code_cache::read(&entry, &name, self.architecture) {
+            Ok(cached) => cached,
+            Err(error) => {
+                tracing::warn!(%error, function = %name, "a damaged code cache entry, removed");
+                let _ = cache.remove(&key);
+                return Ok(false);
+            }
+        };
+        let (_, _, align, code) = &cached.sections[0];
+        self.add_pending(
+            me,
+            BuiltSectionKind::Code,
+            *align,
+            Some(code),
+            cached.size.max(code.len() as u64),
+            &[],
+        );
+        let Some(definition) = self.pending.definitions.last() else {
+            return Ok(false);
+        };
+        let (text, function) = (definition.section, definition.symbol);
+        let architecture = self.architecture;
+        let object = self
+            .pending
+            .object
+            .get_or_insert_with(|| BuiltObject::new(architecture));
+        let mut sections = vec![text];
+        for (section_name, kind, align, bytes) in &cached.sections[1..] {
+            sections.push(object.add_section(section_name, *kind, *align, bytes));
+        }
+        let mut targets = Vec::new();
+        for (at, offset, r_type, target, addend) in cached.relocs {
+            let section = sections[at];
+            let target = match target {
+                crate::code_cache::CachedTarget::Itself => RawTarget::Symbol(function),
+                crate::code_cache::CachedTarget::Label(s, value) => {
+                    RawTarget::Symbol(crate::code_cache::pcrel_label(object, sections[s], value))
+                }
+                crate::code_cache::CachedTarget::Name(n) => match self.declarations.get_name(&n) {
+                    Some(declared) => {
+                        targets.push(declared);
+                        RawTarget::Definition(declared)
+                    }
+                    None => RawTarget::Name(n),
+                },
+            };
+            self.pending.raw.push(RawReloc {
+                section,
+                offset,
+                r_type,
+                target,
+                addend,
+                owner: me,
+            });
+        }
+        targets.sort_unstable();
+        targets.dedup();
+        targets.retain(|&t| t != me);
+        self.record_references(me, &targets);
+        Ok(true)
+    }
+
+    /// `define_function`, then the compiled function stored in the code cache under `key`
+    /// (see [`KilnModule::define_function_from_cache`]). A function that cannot be cached
+    /// (it refers to an anonymous declaration, whose name is only this module's) or a
+    /// store that fails is defined all the same, with a warning.
+    pub fn define_function_and_cache(
+        &mut self,
+        id: FuncId,
+        key: &[u8],
+        ctx: &mut cranelift_codegen::Context,
+    ) -> ModuleResult<()> {
+        self.define_function(id, ctx)?;
+        let Some(cache) = self.code_cache.clone() else {
+            return Ok(());
+        };
+        let me = FuncOrDataId::Func(id);
+        let name = self.name_of(me);
+        let Some(code) = ctx.compiled_code() else {
+            return Ok(());
+        };
+        let relocs: Vec<ModuleReloc> = code
+            .buffer
+            .relocs()
+            .iter()
+            .map(|r| ModuleReloc::from_mach_reloc(r, &ctx.func, id))
+            .collect();
+        let align = u64::from(code.buffer.alignment)
+            .max(u64::from(self.isa.function_alignment().minimum))
+            .max(self.isa.symbol_alignment());
+        let unwind = self
+            .pending
+            .definitions
+            .last()
+            .and_then(|d| d.unwind.as_ref());
+        let name_of =
+            |target: &ModuleRelocTarget| -> Result<(crate::code_cache::Target, i64), String> {
+                use crate::code_cache::Target;
+                let (id, extra) = match target {
+                    ModuleRelocTarget::User { .. } if ModuleDeclarations::is_function(target) => {
+                        (FuncOrDataId::Func(FuncId::from_name(target)), 0)
+                    }
+                    ModuleRelocTarget::User { .. } => {
+                        (FuncOrDataId::Data(DataId::from_name(target)), 0)
+                    }
+                    ModuleRelocTarget::FunctionOffset(f, offset) => {
+                        (FuncOrDataId::Func(*f), i64::from(*offset))
+                    }
+                    ModuleRelocTarget::LibCall(libcall) => {
+                        return Ok((Target::Name((self.libcall_names)(*libcall)), 0))
+                    }
+                    ModuleRelocTarget::KnownSymbol(ir::KnownSymbol::ElfGlobalOffsetTable) => {
+                        return Ok((Target::Name("_GLOBAL_OFFSET_TABLE_".into()), 0))
+                    }
+                    ModuleRelocTarget::KnownSymbol(ir::KnownSymbol::CoffTlsIndex) => {
+                        return Ok((Target::Name("_tls_index".into()), 0))
+                    }
+                };
+                if id == me {
+                    return Ok((Target::Itself, extra));
+                }
+                let anonymous = match id {
+                    FuncOrDataId::Func(f) => self.declarations.get_function_decl(f).name.is_none(),
+                    FuncOrDataId::Data(d) => self.declarations.get_data_decl(d).name.is_none(),
+                };
+                if anonymous {
+                    return Err(format!(
+                        "it refers to {}, which is anonymous",
+                        self.name(id)
+                    ));
+                }
+                Ok((Target::Name(self.name_of(id)), extra))
+            };
+        let stored = crate::code_cache::function_object(
+            &*self.isa,
+            self.architecture,
+            &crate::code_cache::CompiledFunction {
+                name: &name,
+                code: code.code_buffer(),
+                align,
+                relocs: &relocs,
+                unwind,
+            },
+            name_of,
+        )
+        .and_then(|object| {
+            let key = crate::code_cache::key(&*self.isa, &name, key);
+            cache.put(&key, &object).map_err(|e| e.to_string())
+        });
+        if let Err(error) = stored {
+            tracing::warn!(%error, function = %name, "not stored in the code cache");
+        }
+        Ok(())
     }
 
     /// The finalized function `address` falls in, and the offset into it: for

@@ -793,3 +793,91 @@ fn gdb_breaks_in_a_jit_function() {
     );
     assert!(all.contains("probe returned 42"), "{all}");
 }
+
+/// `twice(x) = 2x`, and `compute(x) = twice(x) + labs(x)`, both compiled and stored in the
+/// code cache at `dir` under "v1".
+fn cache_module(dir: &std::path::Path) -> (KilnModule, FuncId, FuncId) {
+    let cache = kiln_cache::DiskCache::open(dir, kiln_cache::DiskLimits::default()).unwrap();
+    let mut builder = KilnBuilder::new(default_libcall_names()).unwrap();
+    builder.code_cache(std::sync::Arc::new(cache));
+    let mut m = KilnModule::new(builder);
+    let signature = sig(&m, 1);
+    let twice = m
+        .declare_function("twice", Linkage::Local, &signature)
+        .unwrap();
+    let compute = m
+        .declare_function("compute", Linkage::Export, &signature)
+        .unwrap();
+    (m, twice, compute)
+}
+
+/// The child of `a_later_process_defines_cached_functions_without_compiling`.
+#[test]
+fn cache_child() {
+    let Some(dir) = std::env::var_os("KILN_CRANELIFT_CACHE_CHILD") else {
+        return; // only as the child
+    };
+    let (mut m, twice, compute) = cache_module(std::path::Path::new(&dir));
+    // No function is built or compiled here: both come from the cache.
+    assert!(m.define_function_from_cache(twice, b"v1").unwrap());
+    assert!(m.define_function_from_cache(compute, b"v1").unwrap());
+    // Another key is a miss.
+    let other = m
+        .declare_function("other", Linkage::Local, &sig(&m, 1))
+        .unwrap();
+    assert!(!m.define_function_from_cache(other, b"v1").unwrap());
+    m.finalize_definitions().unwrap();
+    println!("compute(-5) = {}", call(&m, compute, -5));
+}
+
+#[test]
+fn a_later_process_defines_cached_functions_without_compiling() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("code-cache");
+    let _ = std::fs::remove_dir_all(&dir);
+    {
+        let (mut m, twice, compute) = cache_module(&dir);
+        assert!(
+            !m.define_function_from_cache(compute, b"v1").unwrap(),
+            "empty"
+        );
+        for (id, name) in [(twice, "twice"), (compute, "compute")] {
+            let mut ctx = Context::new();
+            ctx.func.signature = sig(&m, 1);
+            ctx.func.name = UserFuncName::user(0, id.as_u32());
+            let mut fctx = FunctionBuilderContext::new();
+            let config = m.target_config();
+            {
+                let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+                let block = b.create_block();
+                b.append_block_params_for_function_params(block);
+                b.switch_to_block(block);
+                let x = b.block_params(block)[0];
+                let y = if name == "twice" {
+                    b.ins().iadd(x, x)
+                } else {
+                    let t = calls("twice")(&mut b, &mut m, x);
+                    let a = calls("labs")(&mut b, &mut m, x);
+                    b.ins().iadd(t, a)
+                };
+                b.ins().return_(&[y]);
+                b.seal_all_blocks();
+                b.finalize(config);
+            }
+            m.define_function_and_cache(id, b"v1", &mut ctx).unwrap();
+        }
+        m.finalize_definitions().unwrap();
+        assert_eq!(call(&m, compute, -5), -5);
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "cache_child", "--nocapture", "--test-threads=1"])
+        .env("KILN_CRANELIFT_CACHE_CHILD", &dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("compute(-5) = -5"), "{stdout}");
+}
