@@ -685,15 +685,14 @@ fn a_freed_hot_swap_function_traps() {
     );
 }
 
-#[test]
-fn on_aarch64_through_executor_c_under_qemu() {
-    if kiln_testkit::skip_cross("on_aarch64_through_executor_c_under_qemu") {
-        return;
-    }
-    let binary = kiln_testkit::c_executor_binary("aarch64-linux-gnu-gcc");
+/// Functions compiled here for `triple`, linked into a session whose executor is
+/// executor-c under `qemu` (built with `gcc`, its guest's libraries at `root`), run there:
+/// a call across finalizes and a call into the executor's C library.
+fn run_under_qemu(triple: &str, gcc: &str, qemu: &str, root: &str) {
+    let binary = kiln_testkit::c_executor_binary(gcc);
     let executor = kiln_testkit::start_listening(
-        std::process::Command::new("qemu-aarch64-static")
-            .args(["-L", kiln_testkit::AARCH64_GUEST_ROOT])
+        std::process::Command::new(qemu)
+            .args(["-L", root])
             .arg(binary)
             .args(["--listen", "127.0.0.1:0"]),
     );
@@ -706,7 +705,7 @@ fn on_aarch64_through_executor_c_under_qemu() {
         let mut flags = cranelift_codegen::settings::builder();
         flags.set("is_pic", "false").unwrap();
         flags.set("use_colocated_libcalls", "false").unwrap();
-        cranelift_codegen::isa::lookup_by_name("aarch64-unknown-linux-gnu")
+        cranelift_codegen::isa::lookup_by_name(triple)
             .unwrap()
             .finish(cranelift_codegen::settings::Flags::new(flags))
             .unwrap()
@@ -714,10 +713,8 @@ fn on_aarch64_through_executor_c_under_qemu() {
     let mut builder = KilnBuilder::with_isa(isa, default_libcall_names());
     builder.session(jit);
     let mut m = KilnModule::new(builder);
-    let inner = define(&mut m, "inner", Linkage::Local, |b, m, x| {
-        // libc's labs, in the executor's (AArch64) process.
-        calls("labs")(b, m, x)
-    });
+    // libc's labs, in the executor's process.
+    define(&mut m, "inner", Linkage::Local, calls("labs"));
     m.finalize_definitions().unwrap();
     // A later finalize calls it (a direct call: within the session's range).
     let outer = define(&mut m, "outer", Linkage::Export, |b, m, x| {
@@ -728,8 +725,33 @@ fn on_aarch64_through_executor_c_under_qemu() {
     let address = m.get_finalized_function(outer) as u64;
     // SAFETY: `fn(i64) -> i64`, in the executor's process.
     let result = unsafe { m.session().executor().call(address, &[(-5i64) as u64]) }.unwrap();
-    assert_eq!(result, 105);
-    let _ = inner;
+    assert_eq!(result, 105, "{triple}");
+}
+
+#[test]
+fn on_aarch64_through_executor_c_under_qemu() {
+    if kiln_testkit::skip_cross("on_aarch64_through_executor_c_under_qemu") {
+        return;
+    }
+    run_under_qemu(
+        "aarch64-unknown-linux-gnu",
+        "aarch64-linux-gnu-gcc",
+        "qemu-aarch64-static",
+        kiln_testkit::AARCH64_GUEST_ROOT,
+    );
+}
+
+#[test]
+fn on_riscv64_through_executor_c_under_qemu() {
+    if kiln_testkit::skip_cross("on_riscv64_through_executor_c_under_qemu") {
+        return;
+    }
+    run_under_qemu(
+        "riscv64gc-unknown-linux-gnu",
+        "riscv64-linux-gnu-gcc",
+        "qemu-riscv64-static",
+        "/usr/riscv64-linux-gnu",
+    );
 }
 
 /// The child of `gdb_breaks_in_a_jit_function`: a session with gdb registration, one
