@@ -4,26 +4,30 @@
 #   cc prog.c $(pkg-config --cflags --libs kiln)
 # (with PKG_CONFIG_PATH=PREFIX/lib/pkgconfig unless PREFIX is a system prefix).
 #
-#   scripts/install_capi.sh PREFIX [--debug] [--features llvm]
+#   scripts/install_capi.sh PREFIX [--debug | --profile NAME] [--features llvm]
+#
+# The library is built with cargo's release profile unless --debug (the dev profile) or
+# --profile NAME (a profile of Cargo.toml's: the test command's `smoke`) says otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PREFIX="${1:?usage: scripts/install_capi.sh PREFIX [--debug] [--features llvm]}"
+PREFIX="${1:?usage: scripts/install_capi.sh PREFIX [--debug | --profile NAME] [--features llvm]}"
 shift
 PROFILE=release
 FEATURES=()
 while (($#)); do
   case "$1" in
     --debug) PROFILE=debug ;;
+    --profile) PROFILE="$2"; shift ;;
     --features) FEATURES=(--features "$2"); shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
 done
 TARGET="${CARGO_TARGET_DIR:-target}"
-if [ "$PROFILE" = release ]; then
-  cargo build --release -p kiln-capi "${FEATURES[@]}"
-else
+if [ "$PROFILE" = debug ]; then
   cargo build -p kiln-capi "${FEATURES[@]}"
+else
+  cargo build --profile "$PROFILE" -p kiln-capi "${FEATURES[@]}"
 fi
 mkdir -p "$PREFIX/lib/pkgconfig" "$PREFIX/include"
 PREFIX="$(cd "$PREFIX" && pwd)"

@@ -28,6 +28,7 @@ fn main() {
     let code = module.get_finalized_function(id);
     // SAFETY: the code was compiled with this signature.
     let square: extern "C" fn(i64) -> i64 = unsafe { std::mem::transmute(code) };
+    assert_eq!(square(12), 144);
     println!("square(12) = {}", square(12));
     module.free_function(id).unwrap(); // JITModule cannot free one function
 }

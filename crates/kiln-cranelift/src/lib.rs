@@ -71,3 +71,12 @@ mod unwind;
 
 pub use builder::KilnBuilder;
 pub use module::{KilnModule, KilnModuleError};
+
+/// The README's example, `examples/square.rs`, run as a test (`cargo test --doc`); a test
+/// of `tests/main.rs` checks that the README shows it word for word.
+///
+/// ```
+#[doc = include_str!("../examples/square.rs")]
+/// ```
+#[cfg(doctest)]
+pub struct ReadmeExample;

@@ -242,7 +242,7 @@ fn a_stale_call_traps() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "stale_call_child",
+            "module::stale_call_child",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -667,7 +667,7 @@ fn a_freed_hot_swap_function_traps() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "freed_hot_swap_child",
+            "module::freed_hot_swap_child",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -793,7 +793,12 @@ fn gdb_breaks_in_a_jit_function() {
         ])
         .arg("--args")
         .arg(std::env::current_exe().unwrap())
-        .args(["--exact", "gdb_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "module::gdb_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("KILN_CRANELIFT_GDB_CHILD", "1")
         .stdin(std::process::Stdio::null())
         .output()
@@ -891,7 +896,12 @@ fn a_later_process_defines_cached_functions_without_compiling() {
         assert_eq!(call(&m, compute, -5), -5);
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "cache_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "module::cache_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("KILN_CRANELIFT_CACHE_CHILD", &dir)
         .output()
         .unwrap();

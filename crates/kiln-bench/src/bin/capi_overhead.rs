@@ -145,8 +145,14 @@ fn main() {
     std::fs::create_dir_all(dir).unwrap();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let prefix = dir.join("prefix");
+    // The C library of this build's profile (the directory this binary is in: release,
+    // or the test command's smoke), not another optimized build of it.
+    let profile = std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.file_name()?.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "release".into());
     sh(&format!(
-        "bash {}/scripts/install_capi.sh {} >/dev/null",
+        "bash {}/scripts/install_capi.sh {} --profile {profile} >/dev/null",
         root.display(),
         prefix.display()
     ));
