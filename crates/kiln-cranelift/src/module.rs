@@ -1414,43 +1414,25 @@ impl Module for KilnModule {
             _ => Reloc::Abs8,
         };
         let relocs: Vec<ModuleReloc> = data.all_relocs(pointer_reloc).collect();
-        match &data.init {
+        let (bytes, size): (Option<&[u8]>, u64) = match &data.init {
             Init::Uninitialized => {
                 return Err(backend(KilnModuleError::Uninitialized {
                     name: self.name_of(FuncOrDataId::Data(id)),
                 }))
             }
-            Init::Zeros { size } => {
-                let kind = if tls {
-                    BuiltSectionKind::ThreadZeroed
-                } else if writable {
-                    BuiltSectionKind::Zeroed
-                } else {
-                    BuiltSectionKind::ReadOnly
-                };
-                // At least one byte: every data object has an address of its own.
-                let size = (*size as u64).max(1);
-                self.add_pending(FuncOrDataId::Data(id), kind, align, None, size, &relocs);
-            }
-            Init::Bytes { contents } => {
-                let kind = if tls {
-                    BuiltSectionKind::ThreadData
-                } else if writable {
-                    BuiltSectionKind::Data
-                } else {
-                    BuiltSectionKind::ReadOnly
-                };
-                let bytes: &[u8] = if contents.is_empty() { &[0] } else { contents };
-                self.add_pending(
-                    FuncOrDataId::Data(id),
-                    kind,
-                    align,
-                    Some(bytes),
-                    bytes.len() as u64,
-                    &relocs,
-                );
-            }
-        }
+            // At least one byte: every data object has an address of its own.
+            Init::Zeros { size } => (None, (*size as u64).max(1)),
+            Init::Bytes { contents } if contents.is_empty() => (Some(&[0]), 1),
+            Init::Bytes { contents } => (Some(contents), contents.len() as u64),
+        };
+        let kind = match (tls, writable, bytes.is_some()) {
+            (true, _, false) => BuiltSectionKind::ThreadZeroed,
+            (true, _, true) => BuiltSectionKind::ThreadData,
+            (false, true, false) => BuiltSectionKind::Zeroed,
+            (false, true, true) => BuiltSectionKind::Data,
+            (false, false, _) => BuiltSectionKind::ReadOnly,
+        };
+        self.add_pending(FuncOrDataId::Data(id), kind, align, bytes, size, &relocs);
         Ok(())
     }
 }

@@ -175,22 +175,9 @@ fn one_function_is_freed_and_defined_again() {
         "its memory went back: {before:?} -> {after:?}"
     );
     // Its name can be defined again, with another body.
-    let mut ctx = Context::new();
-    ctx.func.signature = sig(&m, 1);
-    ctx.func.name = UserFuncName::user(0, f.as_u32());
-    let mut fctx = FunctionBuilderContext::new();
-    {
-        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-        let block = b.create_block();
-        b.append_block_params_for_function_params(block);
-        b.switch_to_block(block);
-        let x = b.block_params(block)[0];
-        let y = b.ins().imul_imm_s(x, 100);
-        b.ins().return_(&[y]);
-        b.seal_all_blocks();
-        b.finalize(m.target_config());
-    }
-    m.define_function(f, &mut ctx).unwrap();
+    define(&mut m, "f", Linkage::Export, |b, _, x| {
+        b.ins().imul_imm_s(x, 100)
+    });
     m.finalize_definitions().unwrap();
     assert_eq!(call(&m, f, 2), 200);
 }
@@ -349,21 +336,7 @@ fn an_unresolved_name_names_the_function_and_nothing_finalized_is_lost() {
     );
     assert_eq!(call(&m, good, 1), 3, "the earlier finalize is intact");
     // The failed definition is dropped: defined again (correctly), it links.
-    let mut ctx = Context::new();
-    ctx.func.signature = sig(&m, 1);
-    ctx.func.name = UserFuncName::user(0, bad.as_u32());
-    let mut fctx = FunctionBuilderContext::new();
-    {
-        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-        let block = b.create_block();
-        b.append_block_params_for_function_params(block);
-        b.switch_to_block(block);
-        let x = b.block_params(block)[0];
-        b.ins().return_(&[x]);
-        b.seal_all_blocks();
-        b.finalize(m.target_config());
-    }
-    m.define_function(bad, &mut ctx).unwrap();
+    define(&mut m, "uses_a_missing_name", Linkage::Local, |_, _, x| x);
     m.finalize_definitions().unwrap();
     assert_eq!(call(&m, bad, 9), 9);
 }
@@ -506,18 +479,20 @@ fn a_panic_passes_through_jit_frames_and_a_backtrace_names_them() {
     assert_eq!(call_through(address, 2), 6);
 }
 
-#[test]
-fn perf_sees_jit_functions_through_the_sessions_listeners() {
-    let jit = kiln::Jit::builder()
-        .debug_support(kiln::DebugSupport {
-            perf_map: true,
-            ..Default::default()
-        })
-        .build()
-        .unwrap();
+/// A module whose session tells debuggers and profilers what `support` says.
+fn debug_module(support: kiln::DebugSupport) -> KilnModule {
+    let jit = kiln::Jit::builder().debug_support(support).build().unwrap();
     let mut builder = KilnBuilder::new(default_libcall_names()).unwrap();
     builder.session(jit);
-    let mut m = KilnModule::new(builder);
+    KilnModule::new(builder)
+}
+
+#[test]
+fn perf_sees_jit_functions_through_the_sessions_listeners() {
+    let mut m = debug_module(kiln::DebugSupport {
+        perf_map: true,
+        ..Default::default()
+    });
     let f = define(
         &mut m,
         "kiln_cranelift_perf_probe",
@@ -761,16 +736,10 @@ fn gdb_child() {
     if std::env::var_os("KILN_CRANELIFT_GDB_CHILD").is_none() {
         return; // only as the child
     }
-    let jit = kiln::Jit::builder()
-        .debug_support(kiln::DebugSupport {
-            gdb: true,
-            ..Default::default()
-        })
-        .build()
-        .unwrap();
-    let mut builder = KilnBuilder::new(default_libcall_names()).unwrap();
-    builder.session(jit);
-    let mut m = KilnModule::new(builder);
+    let mut m = debug_module(kiln::DebugSupport {
+        gdb: true,
+        ..Default::default()
+    });
     let f = define(&mut m, "kiln_gdb_probe", Linkage::Export, |b, _, x| {
         b.ins().imul_imm_s(x, 3)
     });
