@@ -6,7 +6,7 @@ use crate::library::{LibraryId, LibraryState};
 use crate::module::{Module, ModuleInner};
 use crate::Error;
 use rustc_hash::FxHashMap;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
 /// Whether `module` is still in its library's index.
 fn is_listed(module: &ModuleInner, state: &LibraryState) -> bool {
@@ -26,11 +26,16 @@ impl Jit {
             .and_then(|id| state.modules.get(&id).cloned()))
     }
 
-    /// The live modules of `lib`, oldest first.
+    /// The live modules of `lib`, oldest first: its linked modules (call-through stubs
+    /// among them) and the current bodies of its lazy functions (which are in no index:
+    /// removing the stubs' module takes them with it).
     pub fn modules(&self, lib: LibraryId) -> Result<Vec<Module>, Error> {
-        let library = self.library(lib)?;
-        let state = library.state.read();
-        let mut modules: Vec<Module> = state.modules.values().cloned().collect();
+        let mut modules: Vec<Module> = {
+            let library = self.library(lib)?;
+            let state = library.state.read();
+            state.modules.values().cloned().collect()
+        };
+        modules.extend(self.lazy_bodies(lib));
         modules.sort_by_key(|m| m.inner.id);
         Ok(modules)
     }
@@ -62,21 +67,14 @@ impl Jit {
             .enumerate()
             .map(|(i, m)| (key(&m.inner), i))
             .collect();
-        let in_set = |m: &ModuleInner| index.contains_key(&key(m));
         // Users outside the set (live, or still listed) refuse the whole removal.
         for module in modules {
             let library = self.library(module.inner.library)?;
             let state = library.state.read();
-            let outside: Vec<String> = module
-                .inner
-                .users
-                .lock()
-                .iter()
-                .filter_map(Weak::upgrade)
-                .filter(|u| !in_set(u))
-                .filter(|u| !*u.finalized.lock() || is_listed(u, &state))
-                .map(|u| u.name.to_string())
-                .collect();
+            let own_bodies = self.stub_bodies(module);
+            let outside = blocking_users(module, &state, |u| {
+                index.contains_key(&u) || own_bodies.contains(&u)
+            });
             if !outside.is_empty() {
                 return Err(Error::ModuleInUse {
                     module: module.inner.name.to_string(),
@@ -132,7 +130,11 @@ impl Jit {
     /// handle to it (and the last module that refers to it) is gone.
     ///
     /// Refused, with [`Error::ModuleInUse`] naming them, while live modules refer to it
-    /// (remove those first): their code calls into it.
+    /// (remove those first): their code calls into it. A module of call-through stubs
+    /// ([`Jit::add_lazy_functions`]) retires its functions' bodies first (their slots lead
+    /// to the batch's fallback, and a body is freed once no [`crate::CodeGuard`] taken
+    /// before is held): the stubs go with their bodies, and a call through a stub held
+    /// meanwhile reaches the fallback.
     ///
     /// The finalizers run in this order, on the calling thread:
     /// 1. the calling thread's destructors of the module's C++ `thread_local` objects
@@ -150,17 +152,26 @@ impl Jit {
     /// is mapped. (Out of process, the executor runs steps 1–3 on its serving thread.)
     pub fn remove_module(&self, module: &Module) -> Result<(), Error> {
         let library = self.library(module.inner.library)?;
+        // Call-through stubs go with their functions' bodies, which use them: those are
+        // no reason to refuse (they are retired below, once nothing else refuses).
+        let own_bodies = self.stub_bodies(module);
+        let users = {
+            let state = library.state.read();
+            blocking_users(module, &state, |u| own_bodies.contains(&u))
+        };
+        if !users.is_empty() {
+            return Err(Error::ModuleInUse {
+                module: module.inner.name.to_string(),
+                users,
+            });
+        }
+        // Freed once no code guard taken before now is held; with no lock held (freeing
+        // a body may ask the executor).
+        self.retire_stub_bodies(module)?;
         {
             let mut state = library.state.write();
-            let users: Vec<String> = module
-                .inner
-                .users
-                .lock()
-                .iter()
-                .filter_map(Weak::upgrade)
-                .filter(|u| !*u.finalized.lock() || is_listed(u, &state))
-                .map(|u| u.name.to_string())
-                .collect();
+            // Refused if a user came meanwhile.
+            let users = blocking_users(module, &state, |u| own_bodies.contains(&u));
             if !users.is_empty() {
                 return Err(Error::ModuleInUse {
                     module: module.inner.name.to_string(),
@@ -233,4 +244,23 @@ impl Jit {
         }
         self.inner.executor.flush();
     }
+}
+
+/// The users of `module` that keep it from being removed (live, or still listed in their
+/// library), but those `ignored` says.
+fn blocking_users(
+    module: &Module,
+    state: &LibraryState,
+    ignored: impl Fn(*const ModuleInner) -> bool,
+) -> Vec<String> {
+    module
+        .inner
+        .users
+        .lock()
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|u| !ignored(Arc::as_ptr(u)))
+        .filter(|u| !*u.finalized.lock() || is_listed(u, state))
+        .map(|u| u.name.to_string())
+        .collect()
 }

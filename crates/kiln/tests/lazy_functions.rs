@@ -939,3 +939,57 @@ fn stubs_first_calls_and_a_hot_swap_leave_no_mapping_writable_and_executable() {
         .map(|l| l.split_whitespace().nth(1).unwrap().to_string());
     assert_eq!(stack.as_deref(), Some("rw-p"));
 }
+
+#[test]
+fn lazy_bodies_are_listed_and_go_with_their_stubs() {
+    // even and odd call each other through their stubs: each body uses the stubs' module.
+    let even = kiln_testkit::cc_object(
+        "even",
+        "long odd(long); long even(long n) { return n == 0 ? 1 : odd(n - 1); }",
+        &["-O1", "-fPIC", "-fno-optimize-sibling-calls"],
+    );
+    let odd = kiln_testkit::cc_object(
+        "odd",
+        "long even(long); long odd(long n) { return n == 0 ? 0 : even(n - 1); }",
+        &["-O1", "-fPIC", "-fno-optimize-sibling-calls"],
+    );
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let compiler = Arc::new(table(&[("even", even), ("odd", odd)]));
+    let stubs = jit
+        .add_lazy_functions(lib, &["even", "odd"], compiler)
+        .unwrap();
+    // SAFETY: `long even(long)`, in this process.
+    let even_fn = unsafe {
+        jit.lookup_fn::<extern "C" fn(i64) -> i64>(lib, "even")
+            .unwrap()
+    };
+    assert_eq!(even_fn(10), 1);
+    assert_eq!(even_fn(7), 0);
+    // The stubs and both bodies are the library's modules.
+    let modules = jit.modules(lib).unwrap();
+    let names: Vec<&str> = modules.iter().map(|m| m.name()).collect();
+    assert_eq!(modules.len(), 3, "{names:?}");
+    assert!(names.iter().any(|n| n.starts_with("even")), "{names:?}");
+    assert!(names.iter().any(|n| n.starts_with("odd")), "{names:?}");
+    // A module that uses a stub keeps the stubs (and so their bodies) as they are.
+    let caller = kiln_testkit::cc_object(
+        "caller",
+        "long even(long); long caller(void) { return even(4); }",
+        &["-O1", "-fPIC"],
+    );
+    let caller = jit.link_object(lib, "caller.o", caller).unwrap();
+    assert!(matches!(
+        jit.remove_module(&stubs),
+        Err(Error::ModuleInUse { ref users, .. }) if users == &["caller.o".to_string()]
+    ));
+    assert_eq!(even_fn(2), 1, "nothing was retired by the refused removal");
+    jit.remove_module(&caller).unwrap();
+    drop(caller);
+    // The stubs go, and their bodies with them (no code guard is held).
+    drop(modules);
+    jit.remove_module(&stubs).unwrap();
+    assert_eq!(jit.retired_bodies(), 0);
+    assert!(jit.modules(lib).unwrap().is_empty());
+    assert!(jit.lookup(lib, "even").is_err());
+}

@@ -643,6 +643,85 @@ impl Jit {
         left
     }
 
+    /// The current bodies of `lib`'s lazy functions (each body's module once), oldest
+    /// first: what [`Jit::modules`] lists beside the library's modules.
+    pub(crate) fn lazy_bodies(&self, lib: LibraryId) -> Vec<Module> {
+        let batches: Vec<Arc<StubBatch>> = self
+            .lazy_functions()
+            .batches
+            .lock()
+            .values()
+            .filter(|b| b.library == lib)
+            .cloned()
+            .collect();
+        let mut bodies: Vec<Module> = Vec::new();
+        for batch in batches {
+            for function in batch.functions.iter() {
+                if let Body::Ready { module, .. } = &*function.body.lock() {
+                    if !bodies.iter().any(|m| m.same(module)) {
+                        bodies.push(module.clone());
+                    }
+                }
+            }
+        }
+        bodies.sort_by_key(|m| m.inner.id);
+        bodies
+    }
+
+    /// If `module` holds call-through stubs: its functions' current bodies' modules (by
+    /// identity); else none.
+    pub(crate) fn stub_bodies(&self, module: &Module) -> Vec<*const crate::module::ModuleInner> {
+        let batch = self
+            .lazy_functions()
+            .batches
+            .lock()
+            .get(&module.inner.id)
+            .cloned();
+        let Some(batch) = batch else {
+            return Vec::new();
+        };
+        batch
+            .functions
+            .iter()
+            .filter_map(|f| match &*f.body.lock() {
+                Body::Ready { module, .. } => Some(Arc::as_ptr(&module.inner)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// If `module` holds call-through stubs: retires every body of its functions (their
+    /// slots lead to the batch's fallback), frees what no code guard can reach, and forgets
+    /// the batch; a removal of the stubs then finds only the bodies still running (or on
+    /// a guarded thread's stack) among their users.
+    pub(crate) fn retire_stub_bodies(&self, module: &Module) -> Result<(), Error> {
+        let Some(batch) = self
+            .lazy_functions()
+            .batches
+            .lock()
+            .get(&module.inner.id)
+            .cloned()
+        else {
+            return Ok(());
+        };
+        for index in 0..batch.functions.len() {
+            let function = FunctionRef {
+                batch: batch.clone(),
+                index: index as u32,
+            };
+            if matches!(&*function.function().body.lock(), Body::Ready { .. }) {
+                let fallback = batch.default_fallback;
+                self.set_body(&function, fallback, Body::Failed { fallback })?;
+            }
+        }
+        self.reclaim();
+        self.lazy_functions()
+            .batches
+            .lock()
+            .remove(&module.inner.id);
+        Ok(())
+    }
+
     /// Replaced bodies not freed yet (a guard taken before their replacement is held).
     pub fn retired_bodies(&self) -> usize {
         self.lazy_functions().retired.load(Ordering::SeqCst)
