@@ -1,13 +1,32 @@
 //! The executor's sandbox (opt-in: `kiln-executor --sandbox`): once it has started, a
-//! seccomp filter and a Landlock ruleset restrict what the JIT code it runs can do.
+//! seccomp filter, a Landlock ruleset and an empty set of capabilities restrict what the
+//! JIT code it runs can do.
 //!
 //! What it takes away:
 //! - **starting programs and reaching into others**: `execve`, `execveat`, `ptrace`,
 //!   `process_vm_readv`/`writev` fail with `EPERM` (seccomp, every thread);
-//! - **serving the network**: `listen` fails with `EPERM` (outgoing connections stay);
+//! - **serving the network**: `listen` fails with `EPERM`, and so does `io_uring_setup`
+//!   (io_uring's own operations would get past the filter: its `LISTEN`, say); outgoing
+//!   connections stay;
 //! - **changing the system or its own confinement**: `mount`, `umount2`, `pivot_root`,
 //!   `chroot`, `setns`, `unshare`, `bpf`, `perf_event_open`, `userfaultfd`, module and
-//!   `kexec` loading, and the kernel keyring fail with `EPERM`;
+//!   `kexec` loading, and the kernel keyring fail with `EPERM`; so does `clone` with any
+//!   `CLONE_NEW*` flag (a new namespace), and `clone3` fails with `ENOSYS` (its flags are
+//!   in memory a filter cannot read: the C library then falls back to `clone`, whose
+//!   flags the filter checks) — threads and `fork` work;
+//! - **file metadata**: `chmod`, `fchmod`, `fchmodat(2)`, `chown`, `fchown`, `lchown`,
+//!   `fchownat`, `utime`, `utimes`, `futimesat`, `utimensat` and the `setxattr` and
+//!   `removexattr` families fail with `EPERM` everywhere, under `--sandbox-write` too (a
+//!   filter sees no paths, and Landlock does not cover metadata): a file the program
+//!   creates still gets the mode it asks `open` for;
+//! - **capabilities**: every capability is dropped (effective, permitted, inheritable,
+//!   ambient) and, where the executor may (as root), the bounding set emptied;
+//!   `no_new_privs` is set: a root executor's JIT code has no more rights over files than
+//!   their permissions give root's uid, and nothing it starts could gain any;
+//! - **writable and executable memory**: `mmap`, `mprotect` and `pkey_mprotect` asking for
+//!   `PROT_WRITE | PROT_EXEC` together fail with `EPERM` (Kiln maps code W^X in every mode,
+//!   so its own loading never asks; `prctl(PR_SET_MDWE)` is not used: it would also refuse
+//!   making a written page executable, which is how the executor loads code);
 //! - **files outside the configuration**: Landlock (the calling thread and everything it
 //!   starts later) allows reading (and mapping) only beneath the system directories the
 //!   C runtime needs (`/usr`, `/lib`, `/lib64`, `/bin`, `/etc`, `/proc`, `/sys`, `/dev`,
@@ -15,21 +34,25 @@
 //!   `/dev/null` and beneath `--sandbox-write` directories; anything else fails with
 //!   `EACCES`.
 //!
-//! What it does not protect: memory, CPU and time (use the controller's timeouts and
-//! resource limits), descriptors the executor already holds (its standard streams, the
-//! connection, shared memory), outgoing network connections, and signals to processes of
-//! the same user. JIT code still runs with the user's identity: the sandbox narrows what
-//! a compromised or malicious program can reach, it is not a boundary between users.
+//! What stays allowed: threads and `fork`, outgoing connections (`connect`), signals to
+//! processes of the same user (`kill`), reading and writing as above. What it does not
+//! protect: memory, CPU and time (use the controller's timeouts and resource limits),
+//! descriptors the executor already holds (its standard streams, the connection, shared
+//! memory). JIT code still runs with the user's identity: the sandbox narrows what a
+//! compromised or malicious program can reach, it is not a boundary between users.
 //!
 //! Both layers use crates made for the job: `seccompiler` (rust-vmm, Firecracker's) builds
-//! the BPF program, `landlock` the ruleset. A kernel without Landlock gets the seccomp part
-//! and a warning ([`SandboxReport::files_restricted`] is `false`).
+//! the BPF programs, `landlock` the ruleset. A kernel without Landlock gets the rest and a
+//! warning ([`SandboxReport::files_restricted`] is `false`).
 
 use landlock::{
     path_beneath_rules, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus,
     ABI,
 };
-use seccompiler::{SeccompAction, SeccompFilter, TargetArch};
+use seccompiler::{
+    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    TargetArch,
+};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -49,6 +72,9 @@ pub struct SandboxReport {
     pub syscalls_restricted: bool,
     /// The Landlock ruleset is enforced (fully or as far as this kernel's Landlock goes).
     pub files_restricted: bool,
+    /// The process holds no capability, and its bounding set is empty (or it could not
+    /// be emptied because the process never had the right to: an unprivileged user's).
+    pub capabilities_dropped: bool,
 }
 
 /// The system directories the C runtime (and `dlopen`) needs to read.
@@ -83,10 +109,81 @@ fn denied_syscalls() -> Vec<i64> {
         libc::SYS_add_key,
         libc::SYS_request_key,
         libc::SYS_keyctl,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+        // File metadata (Landlock does not cover it).
+        libc::SYS_fchmod,
+        libc::SYS_fchmodat,
+        FCHMODAT2,
+        libc::SYS_fchown,
+        libc::SYS_fchownat,
+        libc::SYS_utimensat,
+        libc::SYS_setxattr,
+        libc::SYS_lsetxattr,
+        libc::SYS_fsetxattr,
+        libc::SYS_removexattr,
+        libc::SYS_lremovexattr,
+        libc::SYS_fremovexattr,
+        SETXATTRAT,
+        REMOVEXATTRAT,
     ];
+    // The calls x86-64 has besides their `*at` forms (AArch64 has only those).
     #[cfg(target_arch = "x86_64")]
-    calls.push(libc::SYS_uselib);
+    calls.extend([
+        libc::SYS_uselib,
+        libc::SYS_chmod,
+        libc::SYS_chown,
+        libc::SYS_lchown,
+        libc::SYS_utime,
+        libc::SYS_utimes,
+        libc::SYS_futimesat,
+    ]);
     calls
+}
+
+/// `fchmodat2` (Linux 6.6), `setxattrat` and `removexattrat` (Linux 6.13): the same
+/// numbers on every architecture (the unified table), not all in the `libc` crate yet.
+const FCHMODAT2: i64 = 452;
+const SETXATTRAT: i64 = 463;
+const REMOVEXATTRAT: i64 = 466;
+
+/// `clone` flags that make a namespace.
+const NAMESPACE_FLAGS: [u64; 8] = [
+    libc::CLONE_NEWNS as u64,
+    libc::CLONE_NEWCGROUP as u64,
+    libc::CLONE_NEWUTS as u64,
+    libc::CLONE_NEWIPC as u64,
+    libc::CLONE_NEWUSER as u64,
+    libc::CLONE_NEWPID as u64,
+    libc::CLONE_NEWNET as u64,
+    0x80, // CLONE_NEWTIME
+];
+
+/// Rules refusing calls by their arguments: `clone` with a namespace flag (its flags are
+/// argument 0 on x86-64 and AArch64), and memory made writable and executable at once
+/// (`prot` is argument 2 of `mmap`, `mprotect` and `pkey_mprotect`).
+fn argument_rules() -> Result<Vec<(i64, Vec<SeccompRule>)>, seccompiler::BackendError> {
+    let flag = |index: u8, bits: u64| {
+        SeccompCondition::new(
+            index,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::MaskedEq(bits),
+            bits,
+        )
+        .and_then(|c| SeccompRule::new(vec![c]))
+    };
+    let clone: Vec<SeccompRule> = NAMESPACE_FLAGS
+        .iter()
+        .map(|&f| flag(0, f))
+        .collect::<Result<_, _>>()?;
+    let wx = (libc::PROT_WRITE | libc::PROT_EXEC) as u64;
+    Ok(vec![
+        (libc::SYS_clone, clone),
+        (libc::SYS_mmap, vec![flag(2, wx)?]),
+        (libc::SYS_mprotect, vec![flag(2, wx)?]),
+        (libc::SYS_pkey_mprotect, vec![flag(2, wx)?]),
+    ])
 }
 
 /// Restricts this process as [the module](self) says: call it once, before the thread that
@@ -94,11 +191,84 @@ fn denied_syscalls() -> Vec<i64> {
 /// the seccomp filter to every thread).
 pub fn enter(config: &SandboxConfig) -> Result<SandboxReport, String> {
     let files_restricted = restrict_files(config)?;
+    let capabilities_dropped = drop_capabilities()?;
     restrict_syscalls()?;
     Ok(SandboxReport {
         syscalls_restricted: true,
         files_restricted,
+        capabilities_dropped,
     })
+}
+
+/// Sets `no_new_privs`, empties the bounding set (where the process may: it needs
+/// `CAP_SETPCAP`, which root has) and the ambient set, then drops every capability of the
+/// calling thread (effective, permitted, inheritable). Called while the process has one
+/// thread: capabilities are per thread.
+fn drop_capabilities() -> Result<bool, String> {
+    let error = |what: &str| format!("sandbox: {what}: {}", std::io::Error::last_os_error());
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(error("setting no_new_privs"));
+    }
+    let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse::<libc::c_ulong>().ok())
+        .unwrap_or(40);
+    let mut bounding_emptied = true;
+    for cap in 0..=last {
+        // SAFETY: prctl with integer arguments only.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } != 0 {
+            match std::io::Error::last_os_error().raw_os_error() {
+                // Without CAP_SETPCAP (an unprivileged user): it can gain nothing by the
+                // bounding set, execve being refused and no_new_privs set.
+                Some(libc::EPERM) => bounding_emptied = false,
+                Some(libc::EINVAL) => break, // past this kernel's last capability
+                _ => return Err(error("emptying the capability bounding set")),
+            }
+        }
+    }
+    // SAFETY: prctl with integer arguments only.
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    };
+    // capset(2) with version 3 and two empty data words: no capability left. Written
+    // out (no crate needed for one call): the header and data layouts are the kernel's ABI.
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = Header {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capset reads the header and two data structs, all valid for the call.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) } != 0 {
+        return Err(error("dropping the capabilities"));
+    }
+    let root = {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    };
+    Ok(bounding_emptied || !root)
 }
 
 fn restrict_files(config: &SandboxConfig) -> Result<bool, String> {
@@ -142,20 +312,34 @@ fn restrict_syscalls() -> Result<(), String> {
     } else {
         TargetArch::x86_64
     };
-    let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> = denied_syscalls()
+    let filter_error = |e: seccompiler::BackendError| format!("sandbox: seccomp filter: {e}");
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = denied_syscalls()
         .into_iter()
         .map(|n| (n, Vec::new()))
         .collect();
-    let filter = SeccompFilter::new(
+    rules.extend(argument_rules().map_err(filter_error)?);
+    let refused = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EPERM as u32),
         arch,
     )
-    .map_err(|e| format!("sandbox: seccomp filter: {e}"))?;
-    let program: seccompiler::BpfProgram = filter
-        .try_into()
-        .map_err(|e| format!("sandbox: seccomp filter: {e:?}"))?;
-    seccompiler::apply_filter_all_threads(&program)
-        .map_err(|e| format!("sandbox: installing the seccomp filter: {e}"))
+    .map_err(filter_error)?;
+    // clone3 is refused with ENOSYS (a second filter: each has one action for its rules;
+    // the kernel applies every filter, and clone3 matches only this one).
+    let clone3 = SeccompFilter::new(
+        BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )
+    .map_err(filter_error)?;
+    for filter in [refused, clone3] {
+        let program: seccompiler::BpfProgram = filter
+            .try_into()
+            .map_err(|e| format!("sandbox: seccomp filter: {e:?}"))?;
+        seccompiler::apply_filter_all_threads(&program)
+            .map_err(|e| format!("sandbox: installing the seccomp filter: {e}"))?;
+    }
+    Ok(())
 }
