@@ -15,14 +15,20 @@ linked into a :class:`Module`, names are looked up to addresses. Every failure r
 :class:`KilnError` carrying Kiln's message (which names the object, section and symbol
 involved). Links release the GIL: other Python threads run meanwhile, and links into
 different libraries run in parallel.
+
+Sessions and modules are safe to share between threads: :meth:`Session.close` (and
+:meth:`Module.release`) waits for the calls on it in flight to return, and calls made
+after it raise :class:`KilnError`. A name or path with an embedded NUL character raises
+:class:`ValueError` (C strings end at the first NUL: it would be cut short).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
-from typing import Any, Optional, Sequence, TypeVar, Union
+from typing import Any, Iterator, Optional, Sequence, TypeVar, Union
 
 from . import _capi
 
@@ -62,6 +68,84 @@ def _check(status: int, error: ctypes.c_void_p) -> None:
     raise KilnError(_capi.STATUS_NAMES.get(status, f"status {status}"), message)
 
 
+def _cstring(value: str, what: str) -> bytes:
+    """``value`` as a C string (UTF-8); :class:`ValueError` if it holds a NUL, which C
+    would read as its end."""
+    if "\0" in value:
+        raise ValueError(f"{what} contains a NUL character: {value!r}")
+    return value.encode()
+
+
+def _cpath(path: Union[str, os.PathLike], what: str = "path") -> bytes:
+    """``path`` as a C string (its bytes, ``os.fsencode``); :class:`ValueError` if it
+    holds a NUL."""
+    encoded = os.fsencode(path)
+    if b"\0" in encoded:
+        raise ValueError(f"{what} contains a NUL character: {encoded!r}")
+    return encoded
+
+
+class _Handle:
+    """A C handle shared between threads: calls on it count themselves in flight
+    (:meth:`use`), and :meth:`close` refuses new calls, waits for those in flight, then
+    frees it. So the handle is never freed under a call (the C API's contract: no call
+    on a session or module runs while it is disposed)."""
+
+    def __init__(self, handle: int, what: str) -> None:
+        self._handle: Optional[int] = handle
+        self._what = what
+        self._closing = False
+        self._calls = 0
+        self._cond = threading.Condition(threading.RLock())
+        self._local = threading.local()
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None or self._closing
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[int]:
+        """The handle, held open for the ``with`` block; :class:`KilnError` if closed."""
+        with self._cond:
+            if self._handle is None or self._closing:
+                raise KilnError("invalid argument", f"the {self._what} is closed")
+            self._calls += 1
+            handle = self._handle
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        try:
+            yield handle
+        finally:
+            self._local.depth = depth
+            with self._cond:
+                self._calls -= 1
+                if self._calls == 0:
+                    self._cond.notify_all()
+
+    def close(self, free: Any) -> None:
+        """Refuses new calls, waits for those in flight, then calls ``free(handle)``
+        (once: later closes return at once; a concurrent one waits for the first)."""
+        with self._cond:
+            if self._handle is None:
+                return
+            if getattr(self._local, "depth", 0):
+                # Waiting would wait for ourselves.
+                raise KilnError(
+                    "invalid argument",
+                    f"the {self._what} cannot be closed from within a call on it",
+                )
+            self._closing = True
+            while self._calls:
+                self._cond.wait()
+            if self._handle is None:
+                return
+            handle, self._handle = self._handle, None
+            # Freed with the lock held: a concurrent close() returns only once it is
+            # freed; a call made meanwhile (even from a finalizer on this thread) sees
+            # it closed.
+            free(handle)
+
+
 class Module:
     """A linked module. While it is held its code stays; :meth:`release` (or the end of
     a ``with`` block) lets it go once nothing else holds it. Remove it from its library
@@ -69,24 +153,32 @@ class Module:
 
     def __init__(self, session: "Session", handle: int, library: int) -> None:
         self._session = session
-        self._handle: Optional[int] = handle
+        self._handle = _Handle(handle, "module")
         self.library = library
 
     @property
     def handle(self) -> int:
-        if self._handle is None:
+        """The C handle (``kiln_module*``); valid only while the module is not released:
+        prefer the methods, which keep it so for their call."""
+        with self._use() as handle:
+            return handle
+
+    def _use(self) -> "contextlib.AbstractContextManager[int]":
+        """The module's handle, kept (not released) for the ``with`` block."""
+        if self._handle.closed:
             raise KilnError("invalid argument", "the module was released")
-        return self._handle
+        return self._handle.use()
 
     def symbol(self, name: str) -> int:
         """The address of a global symbol the module defines (0 if it defines none)."""
-        return int(_capi.lib.kiln_module_symbol(ctypes.c_void_p(self.handle), name.encode()))
+        encoded = _cstring(name, "the symbol's name")
+        with self._use() as handle:
+            return int(_capi.lib.kiln_module_symbol(ctypes.c_void_p(handle), encoded))
 
     def release(self) -> None:
-        """Gives up this handle (idempotent)."""
-        if self._handle is not None:
-            _capi.lib.kiln_module_release(ctypes.c_void_p(self._handle))
-            self._handle = None
+        """Gives up this handle (idempotent); waits for calls using it in flight (a
+        :meth:`Session.remove` of it in another thread)."""
+        self._handle.close(lambda handle: _capi.lib.kiln_module_release(ctypes.c_void_p(handle)))
 
     def __enter__(self) -> "Module":
         return self
@@ -107,37 +199,41 @@ class Session:
     """A Kiln session in this process: libraries, objects, links, lookups.
 
     Use it as a context manager, or call :meth:`close`; code linked by a session must not
-    be called after it is closed.
+    be called after it is closed. Its methods may be called from several threads at
+    once; :meth:`close` waits for those in flight, and later calls raise
+    :class:`KilnError`.
     """
 
     def __init__(self) -> None:
         handle = ctypes.c_void_p()
         error = ctypes.c_void_p()
         _check(_capi.lib.kiln_session_create(None, ctypes.byref(handle), ctypes.byref(error)), error)
-        self._handle: Optional[ctypes.c_void_p] = handle
-        self._lock = threading.Lock()
+        if not handle.value:
+            raise KilnError("invalid argument", "kiln_session_create returned no session")
+        self._handle = _Handle(handle.value, "session")
 
     # -- the session ------------------------------------------------------------------------
 
-    @property
-    def _h(self) -> ctypes.c_void_p:
-        if self._handle is None:
-            raise KilnError("invalid argument", "the session is closed")
-        return self._handle
+    def _use(self) -> "contextlib.AbstractContextManager[int]":
+        """The session's handle, kept open (not disposed) for the ``with`` block."""
+        return self._handle.use()
 
     @property
     def main_library(self) -> int:
         """The id of the library objects go to by default."""
-        return int(_capi.lib.kiln_main_library(self._h))
+        with self._use() as h:
+            return int(_capi.lib.kiln_main_library(ctypes.c_void_p(h)))
 
     def create_library(self, name: str) -> int:
         """A new library (its own namespace of symbols); its id."""
+        encoded = _cstring(name, "the library's name")
         library = ctypes.c_uint64()
         error = ctypes.c_void_p()
-        _check(
-            _capi.lib.kiln_create_library(self._h, name.encode(), ctypes.byref(library), ctypes.byref(error)),
-            error,
-        )
+        with self._use() as h:
+            status = _capi.lib.kiln_create_library(
+                ctypes.c_void_p(h), encoded, ctypes.byref(library), ctypes.byref(error)
+            )
+        _check(status, error)
         return library.value
 
     def _library(self, library: Optional[int]) -> int:
@@ -148,68 +244,76 @@ class Session:
     def add_object(self, data: BytesLike, name: str = "object.o", library: Optional[int] = None) -> None:
         """Adds an ELF relocatable object (its bytes; Kiln copies them) to ``library``,
         to be linked by the next :meth:`link`. A malformed object is refused at once."""
+        encoded = _cstring(name, "the object's name")
         data = bytes(data)
         error = ctypes.c_void_p()
-        _check(
-            _capi.lib.kiln_add_object(
-                self._h,
+        with self._use() as h:
+            status = _capi.lib.kiln_add_object(
+                ctypes.c_void_p(h),
                 self._library(library),
-                name.encode(),
+                encoded,
                 data,
                 len(data),
                 _capi.RELEASE_FN(),
                 None,
                 ctypes.byref(error),
-            ),
-            error,
-        )
+            )
+        _check(status, error)
 
     def add_object_file(self, path: Union[str, os.PathLike], library: Optional[int] = None) -> None:
         """Adds an object file (read now)."""
+        encoded = _cpath(path)
         error = ctypes.c_void_p()
-        _check(
-            _capi.lib.kiln_add_object_file(self._h, self._library(library), os.fsencode(path), ctypes.byref(error)),
-            error,
-        )
+        with self._use() as h:
+            status = _capi.lib.kiln_add_object_file(
+                ctypes.c_void_p(h), self._library(library), encoded, ctypes.byref(error)
+            )
+        _check(status, error)
 
     def add_archive_file(self, path: Union[str, os.PathLike], library: Optional[int] = None) -> None:
         """Adds a static library (``.a``): its members are linked as they are needed."""
+        encoded = _cpath(path)
         error = ctypes.c_void_p()
-        _check(
-            _capi.lib.kiln_add_archive_file(self._h, self._library(library), os.fsencode(path), ctypes.byref(error)),
-            error,
-        )
+        with self._use() as h:
+            status = _capi.lib.kiln_add_archive_file(
+                ctypes.c_void_p(h), self._library(library), encoded, ctypes.byref(error)
+            )
+        _check(status, error)
 
     def add_library_by_name(
-        self, name: str, dirs: Sequence[str] = (), library: Optional[int] = None
+        self, name: str, dirs: Sequence[Union[str, os.PathLike]] = (), library: Optional[int] = None
     ) -> None:
         """``-lNAME``: a shared library (loaded) or a static one, searched as the system
         linker searches (``dirs`` first)."""
-        array = (ctypes.c_char_p * len(dirs))(*[d.encode() for d in dirs])
+        encoded = _cstring(name, "the library's name")
+        array = (ctypes.c_char_p * len(dirs))(*[_cpath(d, "a directory") for d in dirs])
         error = ctypes.c_void_p()
-        _check(
-            _capi.lib.kiln_add_library_by_name(
-                self._h, self._library(library), name.encode(), array, len(dirs), ctypes.byref(error)
-            ),
-            error,
-        )
+        with self._use() as h:
+            status = _capi.lib.kiln_add_library_by_name(
+                ctypes.c_void_p(h), self._library(library), encoded, array, len(dirs), ctypes.byref(error)
+            )
+        _check(status, error)
 
     def add_process_symbols(self, library: Optional[int] = None) -> None:
         """Names the objects leave undefined resolve in this process too (the C library,
         Python's own symbols, what was ``dlopen``ed)."""
         error = ctypes.c_void_p()
-        _check(_capi.lib.kiln_add_process_symbols(self._h, self._library(library), ctypes.byref(error)), error)
+        with self._use() as h:
+            status = _capi.lib.kiln_add_process_symbols(
+                ctypes.c_void_p(h), self._library(library), ctypes.byref(error)
+            )
+        _check(status, error)
 
     def define_symbol(self, name: str, address: int, library: Optional[int] = None) -> None:
         """Defines ``name`` at an absolute address (a host function the JIT code calls:
         ``ctypes.cast(callback, ctypes.c_void_p).value``)."""
+        encoded = _cstring(name, "the symbol's name")
         error = ctypes.c_void_p()
-        _check(
-            _capi.lib.kiln_define_symbol(
-                self._h, self._library(library), name.encode(), address, ctypes.byref(error)
-            ),
-            error,
-        )
+        with self._use() as h:
+            status = _capi.lib.kiln_define_symbol(
+                ctypes.c_void_p(h), self._library(library), encoded, address, ctypes.byref(error)
+            )
+        _check(status, error)
 
     # -- linking ----------------------------------------------------------------------------
 
@@ -217,10 +321,12 @@ class Session:
         """Links what was added to ``library`` since its last link into a module (``None``
         when nothing was added), runs its initializers. The GIL is released meanwhile.
         On failure the library is as before and :class:`KilnError` names what failed."""
-        library = self._library(library)
         module = ctypes.c_void_p()
         error = ctypes.c_void_p()
-        _check(_capi.lib.kiln_link(self._h, library, ctypes.byref(module), ctypes.byref(error)), error)
+        with self._use() as h:
+            library = self._library(library)
+            status = _capi.lib.kiln_link(ctypes.c_void_p(h), library, ctypes.byref(module), ctypes.byref(error))
+        _check(status, error)
         if not module.value:
             return None
         return Module(self, module.value, library)
@@ -228,12 +334,14 @@ class Session:
     def lookup(self, name: str, library: Optional[int] = None) -> int:
         """The address of ``name`` as ``library`` sees it (linking what is pending first if
         the name is not defined yet)."""
+        encoded = _cstring(name, "the symbol's name")
         address = ctypes.c_uint64()
         error = ctypes.c_void_p()
-        _check(
-            _capi.lib.kiln_lookup(self._h, self._library(library), name.encode(), ctypes.byref(address), ctypes.byref(error)),
-            error,
-        )
+        with self._use() as h:
+            status = _capi.lib.kiln_lookup(
+                ctypes.c_void_p(h), self._library(library), encoded, ctypes.byref(address), ctypes.byref(error)
+            )
+        _check(status, error)
         return address.value
 
     def lookup_fn(self, name: str, signature: F, library: Optional[int] = None) -> F:
@@ -246,25 +354,34 @@ class Session:
         """Removes ``module`` from its library: its names go, its finalizers run; its code
         is freed once no handle holds it (release ``module`` too)."""
         error = ctypes.c_void_p()
-        _check(_capi.lib.kiln_remove_module(self._h, ctypes.c_void_p(module.handle), ctypes.byref(error)), error)
+        with self._use() as h, module._use() as m:
+            status = _capi.lib.kiln_remove_module(ctypes.c_void_p(h), ctypes.c_void_p(m), ctypes.byref(error))
+        _check(status, error)
 
     def memory_stats(self) -> _capi.MemoryStats:
         """The executable-memory manager's figures (live allocations, bytes mapped and
         resident, ...)."""
         stats = _capi.MemoryStats()
         error = ctypes.c_void_p()
-        _check(_capi.lib.kiln_session_memory_stats(self._h, ctypes.byref(stats), ctypes.byref(error)), error)
+        with self._use() as h:
+            status = _capi.lib.kiln_session_memory_stats(ctypes.c_void_p(h), ctypes.byref(stats), ctypes.byref(error))
+        _check(status, error)
         return stats
 
     # -- lifetime ---------------------------------------------------------------------------
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._handle.closed
+
     def close(self) -> None:
         """Disposes the session (idempotent): its modules' finalizers run and the code of
-        those no :class:`Module` holds is freed."""
-        with self._lock:
-            if self._handle is not None:
-                _capi.lib.kiln_session_dispose(self._handle)
-                self._handle = None
+        those no :class:`Module` holds is freed. Calls on the session in flight in other
+        threads are waited for first; calls made after it raise :class:`KilnError`.
+        Closing from within a call on the session (a callback it runs) raises
+        :class:`KilnError`."""
+        self._handle.close(lambda handle: _capi.lib.kiln_session_dispose(ctypes.c_void_p(handle)))
 
     def __enter__(self) -> "Session":
         return self

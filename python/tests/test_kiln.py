@@ -191,3 +191,72 @@ def test_version_and_context_managers() -> None:
     session.close()
     with pytest.raises(kiln.KilnError, match="closed"):
         _ = session.main_library
+
+
+def test_close_racing_every_call_never_crashes_the_interpreter(tmp_path: Path) -> None:
+    # Threads call link, add_object, lookup and remove while the main thread closes the
+    # session: each call either finishes before the close disposes the session or raises
+    # KilnError; nothing crashes (the interpreter would die with it).
+    data = cc_object(tmp_path, "racer", "long racer(long x) { return x + 1; }")
+    other = cc_object(tmp_path, "other", "long other(long x) { return x - 1; }")
+    outcomes = {"ok": 0, "refused": 0}
+    lock = threading.Lock()
+    for round in range(150):
+        session = kiln.Session()
+        session.add_object(data, "racer.o")
+        module = session.link()
+        assert module is not None
+        start = threading.Barrier(5)
+
+        def worker(kind: int) -> None:
+            start.wait()
+            for _ in range(10):
+                try:
+                    if kind == 0:
+                        session.add_object(other, "other.o")
+                        session.link()
+                    elif kind == 1:
+                        assert session.lookup_fn("racer", LONG_FN)(1) == 2
+                    elif kind == 2:
+                        session.remove(module)
+                    else:
+                        session.add_object(data, "again.o")
+                    result = "ok"
+                except kiln.KilnError:
+                    result = "refused"
+                with lock:
+                    outcomes[result] += 1
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        start.wait()
+        # Close after a varying delay: at once (every call refused) or after some ran.
+        time.sleep((round % 5) * 0.0005)
+        session.close()
+        for t in threads:
+            t.join()
+        module.release()
+        with pytest.raises(kiln.KilnError):
+            session.lookup("racer")
+    # Both ends of the race were seen: calls that ran and calls refused.
+    assert outcomes["ok"] > 0 and outcomes["refused"] > 0, outcomes
+
+
+def test_a_name_with_an_embedded_nul_is_refused(tmp_path: Path) -> None:
+    data = cc_object(tmp_path, "add", "long add(long x) { return x + 2; }")
+    with kiln.Session() as session:
+        session.add_object(data, "add.o")
+        module = session.link()
+        assert module is not None
+        assert session.lookup_fn("add", LONG_FN)(1) == 3
+        for call in (
+            lambda: session.lookup("add\0x"),
+            lambda: session.define_symbol("x\0y", 1),
+            lambda: session.add_object(data, "a\0b.o"),
+            lambda: session.add_object_file("add\0.o"),
+            lambda: module.symbol("add\0"),
+        ):
+            with pytest.raises(ValueError):
+                call()
+        module.release()
