@@ -202,14 +202,14 @@ impl ExecutorService for CallbackExecutor {
         self.in_process.unregister_debug(handle)
     }
 
-    unsafe fn run_main(&self, address: u64, args: &[String]) -> Result<i32, Error> {
+    unsafe fn run_main(&self, address: u64, args: &[Vec<u8>]) -> Result<i32, Error> {
         let Some(run_main) = self.callbacks.run_main else {
             // SAFETY: the caller's contract.
             return unsafe { self.in_process.run_main(address, args) };
         };
         let strings: Vec<CString> = args
             .iter()
-            .map(|a| CString::new(a.as_str()))
+            .map(|a| CString::new(a.as_slice()))
             .collect::<Result<_, _>>()
             .map_err(|_| Error::Executor("an argument holds a NUL byte".into()))?;
         let mut argv: Vec<*const c_char> = strings.iter().map(|s| s.as_ptr()).collect();

@@ -1051,9 +1051,20 @@ pub unsafe extern "C" fn kiln_run_main(
         let out = out(status, "status")?;
         let argc = usize::try_from(argc)
             .map_err(|_| kiln_error::invalid(format!("argc is {argc}: negative")))?;
-        let args: Vec<String> = slice(argv, argc, "argv")?
+        // The arguments' bytes as they are (not necessarily UTF-8).
+        let args: Vec<std::ffi::OsString> = slice(argv, argc, "argv")?
             .iter()
-            .map(|&a| cstr(a, "argv[i]").map(str::to_string))
+            .map(|&a| {
+                if a.is_null() {
+                    return Err(kiln_error::invalid("argv[i] is NULL".to_string()));
+                }
+                // SAFETY: a NUL-terminated string (the caller's contract for argv).
+                let bytes = unsafe { std::ffi::CStr::from_ptr(a) }.to_bytes();
+                Ok(
+                    <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes)
+                        .to_os_string(),
+                )
+            })
             .collect::<Result<_, _>>()?;
         // SAFETY: the caller's contract: `main` is a C main.
         *out = unsafe { s.jit.run_main(LibraryId::from_raw(library), &args) }?;

@@ -99,13 +99,13 @@ pub unsafe fn run_finalizers(dso_handle: u64, functions: &[u64]) {
 ///
 /// # Safety
 /// `address` must be a finalized `int main(int, char**, char**)` of a live module.
-pub unsafe fn call_main(address: u64, args: &[String]) -> i32 {
+pub unsafe fn call_main(address: u64, args: &[Vec<u8>]) -> i32 {
     extern "C" {
         static environ: *mut *mut c_char;
     }
     let c_args: Vec<CString> = args
         .iter()
-        .map(|a| CString::new(a.as_str()).unwrap_or_default())
+        .map(|a| CString::new(a.as_slice()).unwrap_or_default())
         .collect();
     let mut argv: Vec<*mut c_char> = c_args.iter().map(|a| a.as_ptr() as *mut c_char).collect();
     argv.push(std::ptr::null_mut());

@@ -306,8 +306,9 @@ messages! {
         RunMain = 17 as RUN_MAIN "run main" {
             /// Address of main.
             address: u64,
-            /// argv (`argv[0]` first).
-            args: Vec<String>,
+            /// argv (`argv[0]` first), each the operating system's bytes (not necessarily
+            /// UTF-8; no NUL).
+            args: Vec<Vec<u8>>,
         },
         /// Call `u64 f(u64, …)` with up to six integer arguments.
         Call = 18 as CALL "call" {
@@ -701,7 +702,7 @@ mod tests {
             Request::RemoveTls { module_id: 5 },
             Request::RunMain {
                 address: 0x1000,
-                args: vec!["prog".into(), "x".into()],
+                args: vec![b"prog".to_vec(), vec![b'x', 0xff]],
             },
             Request::Call {
                 address: 0x1000,
@@ -876,7 +877,7 @@ mod tests {
 
         let frame = Request::RunMain {
             address: 7,
-            args: vec!["ab".into()],
+            args: vec![b"ab".to_vec()],
         }
         .encode();
         let mut want = vec![0, 0, 0, 0, tag::RUN_MAIN];

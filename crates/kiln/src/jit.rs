@@ -350,7 +350,11 @@ impl Jit {
     /// `main` of `lib` must be a C `int main(int, char **, char **)` (or compatible): Kiln
     /// calls whatever address the name resolves to, including one given to
     /// [`Jit::define_symbol`].
-    pub unsafe fn run_main(&self, lib: LibraryId, args: &[String]) -> Result<i32, Error> {
+    pub unsafe fn run_main<A: AsRef<std::ffi::OsStr>>(
+        &self,
+        lib: LibraryId,
+        args: &[A],
+    ) -> Result<i32, Error> {
         let main = self.lookup(lib, "main")?;
         // SAFETY: the caller's contract.
         unsafe { self.inner.executor.run_main(main, args) }

@@ -509,7 +509,7 @@ fn out_of_process_hot_swap_while_main_and_its_threads_call() {
         std::thread::scope(|scope| {
             let running = scope.spawn(|| {
                 // SAFETY: the program defines a C main.
-                unsafe { jit.run_main(lib, &["swap".into()]) }.map_err(|e| e.to_string())
+                unsafe { jit.run_main(lib, &["swap"]) }.map_err(|e| e.to_string())
             });
             // The first call compiled and linked version 1: main runs.
             let start = std::time::Instant::now();
@@ -668,7 +668,7 @@ fn out_of_process_stubs_resolve_from_main_and_every_thread_it_starts() {
             .unwrap();
         jit.add_process_symbols(lib).unwrap();
         // SAFETY: the program defines a C main.
-        let status = unsafe { jit.run_main(lib, &["threads".into()]) }.unwrap();
+        let status = unsafe { jit.run_main(lib, &["threads"]) }.unwrap();
         // 4 threads: inner 4 each, sq 1 + 4 + 9 + 16; main: inner 4.
         assert_eq!(status, 16 + 30 + 4, "{how}");
         assert_eq!(compiler.compiles.load(Ordering::SeqCst), 2, "{how}");

@@ -183,7 +183,7 @@ impl ExecutorService for InProcess {
         kiln_executor::debug_outputs::unregister(handle)
     }
 
-    unsafe fn run_main(&self, address: u64, args: &[String]) -> Result<i32, Error> {
+    unsafe fn run_main(&self, address: u64, args: &[Vec<u8>]) -> Result<i32, Error> {
         // SAFETY: the caller's contract.
         let status = unsafe { runtime::call_main(address, args) };
         runtime::flush_stdio();

@@ -392,9 +392,24 @@ impl Executor {
     /// For the in-process executor, `address` must be a finalized `int main(int, char**,
     /// char**)` of a live module (a remote executor checks the address lies in memory it
     /// reserved; a crash there is reported as an error).
-    pub unsafe fn run_main(&self, address: u64, args: &[String]) -> Result<i32, Error> {
+    ///
+    /// `args` are the operating system's strings (`String`, `OsString`, `&str`…), passed
+    /// on as their bytes: an argument need not be UTF-8.
+    pub unsafe fn run_main<A: AsRef<std::ffi::OsStr>>(
+        &self,
+        address: u64,
+        args: &[A],
+    ) -> Result<i32, Error> {
+        use std::os::unix::ffi::OsStrExt;
+        let args: Vec<Vec<u8>> = args
+            .iter()
+            .map(|a| a.as_ref().as_bytes().to_vec())
+            .collect();
+        if args.iter().any(|a| a.contains(&0)) {
+            return Err(Error::Executor("an argument holds a NUL byte".into()));
+        }
         // SAFETY: the caller's contract.
-        unsafe { self.service.run_main(address, args) }
+        unsafe { self.service.run_main(address, &args) }
     }
 
     /// Calls `u64 f(u64, …)` at `address` with up to six integer arguments.

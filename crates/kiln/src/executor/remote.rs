@@ -221,7 +221,7 @@ impl ExecutorService for Remote {
         let _ = self.request(Request::UnregisterDebug { handle });
     }
 
-    unsafe fn run_main(&self, address: u64, args: &[String]) -> Result<i32, Error> {
+    unsafe fn run_main(&self, address: u64, args: &[Vec<u8>]) -> Result<i32, Error> {
         self.value(Request::RunMain {
             address,
             args: args.to_vec(),

@@ -201,7 +201,7 @@ pub trait ExecutorService: Send + Sync {
     /// In process, `address` must be a finalized `int main(int, char**, char**)` of a
     /// live module (an executor process checks it lies in memory it reserved and reports
     /// a crash as an error).
-    unsafe fn run_main(&self, address: u64, args: &[String]) -> Result<i32, Error>;
+    unsafe fn run_main(&self, address: u64, args: &[Vec<u8>]) -> Result<i32, Error>;
 
     /// Calls `u64 f(u64, …)` at `address` with up to six integer arguments.
     ///
