@@ -19,7 +19,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root/fuzz"
 seconds=${FUZZ_SECONDS:-10}
-targets=(object_loader protocol_decoder)
+targets=(object_loader protocol_decoder image_description windows_unwind)
 
 # (No separate `cargo check`: the build below checks the same code, and a check first
 # compiled every dependency twice, as metadata and then as code.)
