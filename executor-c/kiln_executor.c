@@ -1679,7 +1679,7 @@ int main(int argc, char **argv) {
     int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (listener < 0 || bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(listener, 16) != 0) {
+    if (listener < 0 || bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(listener, SOMAXCONN) != 0) {
         fprintf(stderr, "kiln-executor-c: cannot listen on %s: %s\n", argv[2], strerror(errno));
         return 1;
     }

@@ -1768,7 +1768,7 @@ int main(int argc, char **argv) {
     char why[256];
     /* Not inheritable: the children started for connections must not hold it. */
     SOCKET listener = WSASocketW(AF_INET, SOCK_STREAM, IPPROTO_TCP, NULL, 0, WSA_FLAG_OVERLAPPED | WSA_FLAG_NO_HANDLE_INHERIT);
-    if (listener == INVALID_SOCKET || bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(listener, 16) != 0) {
+    if (listener == INVALID_SOCKET || bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(listener, SOMAXCONN) != 0) {
         fprintf(stderr, "kiln-executor-c: cannot listen on %s: %s\n", argv[2], win_error((DWORD)WSAGetLastError(), why, sizeof why));
         return 1;
     }
