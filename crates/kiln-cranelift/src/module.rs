@@ -943,9 +943,7 @@ impl KilnModule {
             .iter()
             .map(|r| ModuleReloc::from_mach_reloc(r, &ctx.func, id))
             .collect();
-        let align = u64::from(code.buffer.alignment)
-            .max(u64::from(self.isa.function_alignment().minimum))
-            .max(self.isa.symbol_alignment());
+        let align = self.function_align(u64::from(code.buffer.alignment));
         let unwind = self
             .pending
             .definitions
@@ -1166,6 +1164,12 @@ impl KilnModule {
         self.batches.clear();
     }
 
+    /// A function's alignment: what its code asks for, at least the ISA's minimum.
+    fn function_align(&self, code: u64) -> u64 {
+        code.max(u64::from(self.isa.function_alignment().minimum))
+            .max(self.isa.symbol_alignment())
+    }
+
     fn start_definition(&mut self, id: FuncOrDataId) -> ModuleResult<()> {
         let (definable, name) = match id {
             FuncOrDataId::Func(f) => {
@@ -1356,9 +1360,7 @@ impl Module for KilnModule {
             .iter()
             .map(|reloc| ModuleReloc::from_mach_reloc(reloc, &ctx.func, id))
             .collect();
-        let align = u64::from(alignment)
-            .max(u64::from(self.isa.function_alignment().minimum))
-            .max(self.isa.symbol_alignment());
+        let align = self.function_align(u64::from(alignment));
         let unwind = match code.create_unwind_info(&*self.isa)? {
             Some(cranelift_codegen::isa::unwind::UnwindInfo::SystemV(info)) => Some(info),
             _ => None,
@@ -1386,9 +1388,7 @@ impl Module for KilnModule {
         relocs: &[ModuleReloc],
     ) -> ModuleResult<()> {
         self.start_definition(FuncOrDataId::Func(id))?;
-        let align = alignment
-            .max(u64::from(self.isa.function_alignment().minimum))
-            .max(self.isa.symbol_alignment());
+        let align = self.function_align(alignment);
         self.add_pending(
             FuncOrDataId::Func(id),
             BuiltSectionKind::Code,
