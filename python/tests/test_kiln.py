@@ -216,7 +216,10 @@ def test_close_racing_every_call_never_crashes_the_interpreter(tmp_path: Path) -
                         session.add_object(other, "other.o")
                         session.link()
                     elif kind == 1:
-                        assert session.lookup_fn("racer", LONG_FN)(1) == 2
+                        # Looked up, not called: after a remove, the lookup links
+                        # again.o into a module no handle holds, freed by the close
+                        # (code must not be called after its session is closed).
+                        assert session.lookup("racer") != 0
                     elif kind == 2:
                         session.remove(module)
                     else:

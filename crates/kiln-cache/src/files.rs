@@ -47,8 +47,9 @@ pub(crate) enum Links {
     Follow,
 }
 
-/// What kind of file `mode` describes, for messages.
-pub(crate) fn kind_of(mode: u32) -> &'static str {
+/// What kind of file `mode` (`st_mode`) describes, for messages: "a FIFO", "a character
+/// device", "a regular file", ...
+pub fn kind_of(mode: u32) -> &'static str {
     match mode & libc::S_IFMT {
         libc::S_IFIFO => "a FIFO",
         libc::S_IFCHR => "a character device",

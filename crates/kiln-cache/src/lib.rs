@@ -48,6 +48,7 @@ pub use compiler::{
     compile_cached, embed_signature, signature_of, CompileOutcome, Compiler, SystemCompiler,
 };
 pub use disk::{DiskCache, DiskLimits, DiskUsage};
+pub use files::kind_of;
 pub use image::{CachedImage, DiskImageCache, ImageCache, ImageToStore};
 pub use image_key::{ImageKeyBuilder, RACY};
 pub use memory::MemoryCache;

@@ -51,8 +51,8 @@ enum Command {
     /// Links for a chosen architecture at chosen addresses, without running anything,
     /// and writes the result as an ELF image to disassemble (`llvm-objdump -d FILE`).
     Link(Box<link_only::LinkArgs>),
-    /// The caches of `kiln run` (objects and linked images): their figures, emptying
-    /// them, applying their limits.
+    /// The caches of `kiln run` (objects, linked images and the programs' launchers):
+    /// their figures, emptying them, applying their limits.
     Cache {
         /// What to do.
         #[arg(value_enum)]
@@ -328,9 +328,9 @@ struct RunArgs {
     /// $JITDUMPDIR, else ~/.debug/jit).
     #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "")]
     jitdump: Option<PathBuf>,
-    /// Arguments for the program (after `--`).
+    /// Arguments for the program (after `--`), passed on as the operating system's bytes.
     #[arg(last = true)]
-    args: Vec<String>,
+    args: Vec<std::ffi::OsString>,
 }
 
 /// Contradictory flags are errors, not ignored.
@@ -356,6 +356,14 @@ fn check_flags(o: &RunArgs) -> Result<(), String> {
     }
     if o.no_cache && (o.cache_dir.is_some() || o.cache_redis.is_some()) {
         return Err("--no-cache contradicts --cache-dir and --cache-redis".into());
+    }
+    // Compiler flags are text (they key the object cache): a directory whose name is not
+    // UTF-8 would reach the compiler with U+FFFD in it, naming another directory.
+    if let Some(dir) = o.include.iter().find(|d| d.to_str().is_none()) {
+        return Err(format!(
+            "-I {}: the name is not UTF-8 (compiler flags are passed as text): give it through a link whose name is",
+            dir.display()
+        ));
     }
     Ok(())
 }
@@ -571,10 +579,16 @@ fn run(o: RunArgs) -> Result<i32, String> {
             .map_err(explain)
     };
     for input in &o.inputs {
-        // Mapped, not read: an archive's members are linked from the file's pages.
-        let bytes = (!kiln_cache::SystemCompiler::is_source(input))
-            .then(|| kiln::map_file(input).ok())
-            .flatten();
+        // Mapped, not read: an archive's members are linked from the file's pages. What is
+        // not a regular file (a device, a FIFO, a /proc file) is refused at once, unread;
+        // a missing file or a directory is explained by `classify`.
+        let bytes = match (!kiln_cache::SystemCompiler::is_source(input))
+            .then(|| kiln::map_file(input).map_err(|e| e.to_string()))
+        {
+            Some(Ok(bytes)) => Some(bytes),
+            Some(Err(e)) if input.exists() && !input.is_dir() => return Err(e),
+            Some(Err(_)) | None => None,
+        };
         let contents = bytes.as_ref().map(|b| (**b).as_ref());
         let name = input.display().to_string();
         let kind = inputs::classify(input, contents)?;
@@ -742,12 +756,11 @@ fn run(o: RunArgs) -> Result<i32, String> {
     if o.noexec {
         return Ok(0);
     }
-    let name = o
+    let name: std::ffi::OsString = o
         .inputs
         .first()
         .and_then(|p| p.file_stem())
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "a.out".into());
+        .map_or_else(|| "a.out".into(), |s| s.to_os_string());
     // argv[0]: a launcher that runs this program again (CPython's sys.executable), in the
     // cache directory; the name alone where there is none.
     // The image cache's root was checked when it was opened; without one, it is checked
@@ -764,10 +777,13 @@ fn run(o: RunArgs) -> Result<i32, String> {
     if o.verbose {
         match &launcher {
             Some(path) => eprintln!("kiln: argv[0] {} (runs this program again)", path.display()),
-            None => eprintln!("kiln: argv[0] {name} (no cache directory for a launcher)"),
+            None => eprintln!(
+                "kiln: argv[0] {} (no cache directory for a launcher)",
+                name.to_string_lossy()
+            ),
         }
     }
-    let mut argv = vec![launcher.map_or(name, |p| p.display().to_string())];
+    let mut argv = vec![launcher.map_or(name, |p| p.into_os_string())];
     argv.extend(o.args.iter().cloned());
     let address = jit.lookup(lib, &o.entry).map_err(explain)?;
     jit.report_crashes();
@@ -849,8 +865,10 @@ fn main() -> ExitCode {
             .with_writer(std::io::stderr)
             .init();
     }
-    // `-pthread`, as compiler drivers spell it, is `--pthread` here.
-    let args = std::env::args().map(|a| {
+    // `-pthread`, as compiler drivers spell it, is `--pthread` here. The arguments are
+    // the operating system's (not necessarily UTF-8: a program's arguments and paths are
+    // passed on as their bytes).
+    let args = std::env::args_os().map(|a| {
         if a == "-pthread" {
             "--pthread".into()
         } else {
@@ -938,18 +956,34 @@ fn cache(action: CacheAction, dir: Option<PathBuf>) -> Result<(), String> {
             );
             println!("bytes: {} of at most {}", usage.bytes, limits.max_bytes);
             println!("temporary files: {}", usage.temporaries);
+            let usage = launcher::usage(cache.root())?;
+            println!("launchers: {}", launcher::dir(cache.root()).display());
+            println!(
+                "launchers: {} of at most {}, {} bytes of at most {}, {} temporary",
+                usage.entries, limits.max_entries, usage.bytes, limits.max_bytes, usage.temporaries
+            );
         }
         CacheAction::Clear => {
             let removed = cache.clear().map_err(|e| e.to_string())?;
             println!("removed {removed} entries from {}", cache.dir().display());
             let removed = images.clear().map_err(|e| e.to_string())?;
             println!("removed {removed} images from {}", images.dir().display());
+            let removed = launcher::clear(cache.root())?;
+            println!(
+                "removed {removed} launchers from {}",
+                launcher::dir(cache.root()).display()
+            );
         }
         CacheAction::Prune => {
             let removed = cache.prune().map_err(|e| e.to_string())?;
             println!("evicted {removed} entries from {}", cache.dir().display());
             let removed = images.prune().map_err(|e| e.to_string())?;
             println!("evicted {removed} images from {}", images.dir().display());
+            let removed = launcher::prune(cache.root(), &kiln_cache::DiskLimits::default())?;
+            println!(
+                "evicted {removed} launchers from {}",
+                launcher::dir(cache.root()).display()
+            );
         }
     }
     Ok(())

@@ -88,6 +88,9 @@ struct Outputs {
     settings: DebugOutputs,
     /// Which perf files are open (they are in [`FILES`], the writer's).
     perf_map_open: bool,
+    /// The perf map was wanted but its name was taken by something not ours (a link,
+    /// another user's file): skipped, with a warning, for this process.
+    perf_map_skipped: bool,
     jitdump_open: bool,
     /// Each entry is boxed: the debugger's list points at it, so it must not move
     /// when the vector grows.
@@ -109,6 +112,7 @@ pub fn enable(settings: &DebugOutputs) -> Result<(), String> {
         pid: 0,
         settings: DebugOutputs::default(),
         perf_map_open: false,
+        perf_map_skipped: false,
         jitdump_open: false,
         modules: FxHashMap::default(),
         perf_jobs: FxHashMap::default(),
@@ -144,7 +148,11 @@ impl Outputs {
     fn open_files(&mut self) -> Result<(), String> {
         let pid = std::process::id();
         let wanted = (self.settings.perf_map, self.settings.jitdump_dir.is_some());
-        if pid == self.pid && (self.perf_map_open, self.jitdump_open) == wanted {
+        let settled = (
+            self.perf_map_open || self.perf_map_skipped,
+            self.jitdump_open,
+        );
+        if pid == self.pid && settled == wanted {
             return Ok(());
         }
         let mut files = FILES.lock();
@@ -156,12 +164,14 @@ impl Outputs {
             // A forked child: the parent's files are the parent's.
             self.pid = pid;
             files.perf_map = None;
+            self.perf_map_skipped = false;
             // The parent's jitdump is left as it is (no close record from the child).
             std::mem::forget(files.jitdump.take());
         }
-        if self.settings.perf_map && files.perf_map.is_none() {
+        if self.settings.perf_map && files.perf_map.is_none() && !self.perf_map_skipped {
             let path = format!("/tmp/perf-{pid}.map");
-            files.perf_map = Some(create_own_file(Path::new(&path), false)?);
+            files.perf_map = open_perf_map(Path::new(&path));
+            self.perf_map_skipped = files.perf_map.is_none();
         }
         if let (Some(dir), None) = (&self.settings.jitdump_dir, &files.jitdump) {
             files.jitdump = Some(Jitdump::create(dir, pid)?);
@@ -339,6 +349,47 @@ fn default_jitdump_base() -> PathBuf {
     }
 }
 
+/// Opens the perf map `path` (`/tmp/perf-<pid>.map`) as [`create_own_file`] does; when
+/// that fails (the name is taken by a symbolic link, a FIFO, another user's file: planted
+/// or not, it is not ours to write) the program still runs: the map is skipped, with a
+/// warning on stderr that says what was found there. Perf then shows the JIT code's
+/// addresses without names.
+pub(crate) fn open_perf_map(path: &Path) -> Option<File> {
+    match create_own_file(path, false) {
+        Ok(file) => Some(file),
+        Err(why) => {
+            tracing::warn!(%why, "perf map skipped");
+            eprintln!("kiln: warning: no perf map: {why}; the program runs without it (perf shows its JIT code unnamed)");
+            None
+        }
+    }
+}
+
+/// What `meta` (an `lstat`'s or `fstat`'s) describes, for messages: its kind and owner
+/// ("a symbolic link owned by uid 65534").
+fn found(meta: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let t = meta.file_type();
+    let kind = if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_file() {
+        "a regular file"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "an unknown kind of file"
+    };
+    format!("{kind} owned by uid {}", meta.uid())
+}
+
 /// Creates `path` for writing (and reading, with `read`), in a directory others may write
 /// to (`/tmp`): never through a symbolic link another user planted, never into a file of
 /// theirs. A new file is made with `O_CREAT | O_EXCL` (which does not follow links), mode
@@ -367,6 +418,10 @@ pub(crate) fn create_own_file(path: &Path, read: bool) -> Result<std::fs::File, 
             "refusing to write {shown}: {what} (another user may have planted it; remove it or choose another directory)"
         ))
     };
+    // What is at `path` itself (not where a link leads), for the messages.
+    let there = || {
+        std::fs::symlink_metadata(path).map_or_else(|e| format!("unreadable ({e})"), |m| found(&m))
+    };
     let existing = match std::fs::OpenOptions::new()
         .read(read)
         .write(true)
@@ -375,10 +430,10 @@ pub(crate) fn create_own_file(path: &Path, read: bool) -> Result<std::fs::File, 
     {
         Ok(file) => file,
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return refuse("it is a symbolic link".into())
+            return refuse(format!("it is {}", there()))
         }
         Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
-            return refuse("it is not a regular file (a FIFO or a socket)".into())
+            return refuse(format!("it is not a regular file: {}", there()))
         }
         Err(e) => return Err(format!("opening {shown}: {e}")),
     };
@@ -388,10 +443,10 @@ pub(crate) fn create_own_file(path: &Path, read: bool) -> Result<std::fs::File, 
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if !meta.file_type().is_file() {
-        return refuse("it is not a regular file".into());
+        return refuse(format!("it is not a regular file: {}", found(&meta)));
     }
     if meta.uid() != me {
-        return refuse(format!("it belongs to uid {}, not to uid {me}", meta.uid()));
+        return refuse(format!("it is {}, not by uid {me}", found(&meta)));
     }
     if meta.nlink() != 1 {
         return refuse(format!("it has {} hard links", meta.nlink()));
@@ -652,7 +707,7 @@ fn write_job(outputs: &mut PerfFiles, job: &PerfJob) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::create_own_file;
+    use super::{create_own_file, open_perf_map};
     use std::io::Write;
     use std::os::unix::fs::MetadataExt;
 
@@ -705,10 +760,67 @@ mod tests {
             // As root: give the file to `nobody` and try again.
             std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
             let error = create_own_file(&path, false).unwrap_err();
-            assert!(error.contains("belongs to uid 65534"), "{error}");
+            assert!(
+                error.contains("owned by uid 65534, not by uid 0"),
+                "{error}"
+            );
             assert_eq!(std::fs::metadata(&path).unwrap().uid(), 65534);
             assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\n");
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_planted_perf_map_is_skipped_saying_what_is_there() {
+        let dir = scratch("planted");
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        // A symbolic link (given to `nobody` when we can): skipped, its target untouched.
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "precious\n").unwrap();
+        let link = dir.join("perf-3.map");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        let owner = if root {
+            std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+            65534
+        } else {
+            // SAFETY: geteuid has no preconditions.
+            unsafe { libc::geteuid() }
+        };
+        assert!(open_perf_map(&link).is_none());
+        let error = create_own_file(&link, false).unwrap_err();
+        assert!(
+            error.contains(&format!("a symbolic link owned by uid {owner}")),
+            "{error}"
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        // A FIFO: skipped at once (never blocks).
+        let fifo = dir.join("perf-4.map");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(open_perf_map(&fifo).is_none());
+        let error = create_own_file(&fifo, false).unwrap_err();
+        assert!(error.contains("a FIFO owned by uid"), "{error}");
+        // Another user's regular file: skipped, left as it was.
+        if root {
+            let theirs = dir.join("perf-5.map");
+            std::fs::write(&theirs, "theirs\n").unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            assert!(open_perf_map(&theirs).is_none());
+            let error = create_own_file(&theirs, false).unwrap_err();
+            assert!(
+                error.contains("a regular file owned by uid 65534"),
+                "{error}"
+            );
+            assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "theirs\n");
+        }
+        // A free name: opened.
+        assert!(open_perf_map(&dir.join("perf-6.map")).is_some());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

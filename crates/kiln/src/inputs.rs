@@ -11,12 +11,54 @@ use kiln_link::{ArchiveInput, ObjectInput};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// A file's bytes, read once into memory the session shares (never copied again).
-pub(crate) fn read_file(path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync>, Error> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+/// Opens an input file: without blocking (a FIFO with no writer would block the open for
+/// good), then checked on the descriptor to be a regular file. A character device
+/// (`/dev/zero`), a FIFO, a socket, a directory is refused at once with its kind — never
+/// read (`/dev/zero` never ends; `/proc` files say their size is 0). Links are followed.
+pub(crate) fn open_input(path: &Path) -> Result<(std::fs::File, std::fs::Metadata), Error> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let io = |source| Error::Io {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let file = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    let procfs = {
+        // SAFETY: an all-zero statfs is a valid value, filled by the call.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a descriptor this function owns and an out-pointer to a statfs.
+        let r = unsafe { libc::fstatfs(std::os::fd::AsRawFd::as_raw_fd(&file), &mut fs) };
+        r == 0 && fs.f_type == libc::PROC_SUPER_MAGIC
+    };
+    if !meta.file_type().is_file() || procfs {
+        let kind = if procfs {
+            "a /proc file"
+        } else {
+            kiln_cache::kind_of(meta.mode())
+        };
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("not a regular file ({kind}): inputs are read from regular files"),
+        )));
+    }
+    Ok((file, meta))
+}
+
+/// A file's bytes, read once into memory the session shares (never copied again). Only
+/// a regular file is read ([`open_input`]), and no more than its size when opened.
+pub(crate) fn read_file(path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync>, Error> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let (file, meta) = open_input(path)?;
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    std::io::Read::read_to_end(&mut std::io::Read::take(&file, meta.len()), &mut bytes)
+        .map_err(io)?;
     Ok(Arc::new(bytes))
 }
 
@@ -32,11 +74,12 @@ pub fn map_file(path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync>, Error
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
+    // A regular file only: a device, a FIFO, a /proc file is refused at once.
+    let (file, meta) = open_input(path)?;
+    let len = meta.len();
     if len < 64 << 10 {
         let mut bytes = Vec::with_capacity(len as usize);
-        std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(io)?;
+        std::io::Read::read_to_end(&mut std::io::Read::take(&file, len), &mut bytes).map_err(io)?;
         return Ok(Arc::new(bytes));
     }
     // SAFETY: a private read-only mapping of a file Kiln only reads. Link inputs are build
@@ -485,5 +528,44 @@ fn refuse_thread_locals(name: &str, bytes: &[u8]) -> Result<(), Error> {
             section.name().unwrap_or("?")
         ))),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{map_file, read_file};
+    use std::path::Path;
+
+    /// Both readers refuse `path`, naming it and `kind` (a reader that blocked would hang
+    /// the test: it is not timed, which a busy machine could fail).
+    fn refused(path: &Path, kind: &str) {
+        for result in [read_file(path).map(|_| ()), map_file(path).map(|_| ())] {
+            let error = result.expect_err("not a regular file").to_string();
+            assert!(
+                error.starts_with(&format!("{}: not a regular file ({kind})", path.display())),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn inputs_that_are_not_regular_files_are_refused_unread() {
+        refused(Path::new("/dev/zero"), "a character device");
+        refused(Path::new("/proc/self/status"), "a /proc file");
+        let dir = std::env::temp_dir().join(format!("kiln-inputs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        refused(&dir, "a directory");
+        let fifo = dir.join("fifo.o");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // No writer: an open that blocked would never return.
+        refused(&fifo, "a FIFO");
+        // A regular file is read whole.
+        let file = dir.join("file.o");
+        std::fs::write(&file, b"\x7fELF bytes").unwrap();
+        assert_eq!((*read_file(&file).unwrap()).as_ref(), b"\x7fELF bytes");
+        assert_eq!((*map_file(&file).unwrap()).as_ref(), b"\x7fELF bytes");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
