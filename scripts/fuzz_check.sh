@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The fuzz targets (fuzz/, a cargo workspace of its own) must build and run with the
+# The fuzz targets (fuzz/, a cargo workspace of its own, and fuzz/c/, libFuzzer harnesses
+# of executor-c's C) must build and run with the
 # toolchain this machine has (stable: no cargo-fuzz, no nightly). This script checks the
 # fuzz crate, builds its targets and runs each for a bounded time over its committed seed
 # corpus (fuzz/corpus/<target>/). A crash, a panic or a time-out fails it, and libFuzzer
@@ -70,5 +71,28 @@ for target in "${targets[@]}"; do
         failed=$((failed + 1))
     fi
 done
+# executor-c's frame parser (executor-c/wire.h, C): a libFuzzer harness built with
+# clang-16 (-fsanitize=fuzzer,address: coverage-guided), run as the targets above.
+c_target=executor_c_frames
+if command -v clang-16 >/dev/null && [[ -e /usr/lib/llvm-16/lib/clang/16/lib/linux/libclang_rt.fuzzer-x86_64.a ]]; then
+    clang-16 -g -O1 -fsanitize=fuzzer,address -Wall -Wextra -Werror \
+        "$root/fuzz/c/$c_target.c" -o "$scratch/$c_target"
+    mkdir -p "$scratch/$c_target.new"
+    echo "fuzz: $c_target (C, libFuzzer) for ${seconds}s over $(ls "$root/fuzz/corpus/$c_target" | wc -l) seeds"
+    if "$scratch/$c_target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+        -max_len=65536 -print_final_stats=1 \
+        -artifact_prefix="$root/fuzz/artifacts/$c_target-" \
+        "$scratch/$c_target.new" "$root/fuzz/corpus/$c_target" >"$scratch/$c_target.log" 2>&1; then
+        grep -E '^(Done|stat::number_of_executed_units)' "$scratch/$c_target.log" | sed "s/^/fuzz: $c_target: /"
+        passed=$((passed + 1))
+    else
+        echo "fuzz: $c_target FAILED; its output:"
+        tail -n 40 "$scratch/$c_target.log"
+        failed=$((failed + 1))
+    fi
+else
+    echo "fuzz: $c_target: no clang-16 with libFuzzer (libclang-rt-16-dev): not run"
+    failed=$((failed + 1))
+fi
 echo "fuzz: $passed passed, $failed failed"
 [[ $failed == 0 ]]

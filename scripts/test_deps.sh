@@ -71,6 +71,8 @@ declare -A needs=(
   [llvm-jitlink-16]=llvm-16
   [llvm-objdump-16]=llvm-16
   [clang-16]=clang-16
+  # libFuzzer for C (the fuzz phase's harness of executor-c's frame parser).
+  [/usr/lib/llvm-16/lib/clang/16/lib/linux/libclang_rt.fuzzer-x86_64.a]=libclang-rt-16-dev
   # The object cache's Redis backend and the ccache comparison.
   [redis-server]=redis-server
   [ccache]=ccache
