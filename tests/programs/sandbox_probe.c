@@ -2,10 +2,16 @@
  * the errno's name. argv[1]: a file to create in an allowed directory; argv[2]: a file to
  * create in a directory not allowed; argv[3]: a file to read that is not allowed.
  * Every attempt that a sandbox would refuse is harmless when it is not refused: modes,
- * owners and times are set to what they are already, namespaces made are left at once. */
+ * owners, times and file attributes are set to what they are already, namespaces made are
+ * left at once, the descriptor taken through a pidfd is the probe's own, memory made
+ * writable and executable is unmapped and the personality restored (execve and ptrace
+ * excepted: run unsandboxed, it becomes /bin/true). Run as a user, the files the metadata
+ * cases touch must be the user's (argv[3] chowned to it) for their refusal to mean
+ * anything. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
@@ -14,8 +20,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/personality.h>
 #include <sys/ptrace.h>
+#include <sys/shm.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -114,6 +123,23 @@ int main(int argc, char **argv) {
     int fchmod_ok = fd >= 0 && fstat(fd, &hs) == 0 && fchmod(fd, hs.st_mode & 07777) == 0;
     printf("fchmod: %s\n", result(fchmod_ok));
     if (fd >= 0) close(fd);
+    /* Inside the writable directory too, on the probe's own file (so refused by nothing
+     * but the sandbox, for root and for a user alike). */
+    fd = open(argv[1], O_RDONLY);
+    int own_ok = fd >= 0 && fstat(fd, &hs) == 0 && fchmod(fd, hs.st_mode & 07777) == 0;
+    printf("fchmod allowed: %s\n", result(own_ok));
+    int attributes = 0;
+    int attributes_ok = fd >= 0 && ioctl(fd, FS_IOC_GETFLAGS, &attributes) == 0 &&
+                        ioctl(fd, FS_IOC_SETFLAGS, &attributes) == 0;
+    printf("file attributes: %s\n", result(attributes_ok));
+    if (fd >= 0) close(fd);
+
+    /* Reaching into a process (this one) through a pidfd. */
+    long pidfd = syscall(SYS_pidfd_open, getpid(), 0);
+    long stolen = pidfd >= 0 ? syscall(SYS_pidfd_getfd, (int)pidfd, 0, 0) : -1;
+    printf("pidfd_getfd: %s\n", result(stolen >= 0));
+    if (stolen >= 0) close((int)stolen);
+    if (pidfd >= 0) close((int)pidfd);
 
     /* Namespaces, io_uring. */
     printf("clone newuser: %s\n", result(clone_with(CLONE_NEWUSER)));
@@ -134,6 +160,17 @@ int main(int argc, char **argv) {
     printf("mmap wx: %s\n", result(q != MAP_FAILED));
     if (q != MAP_FAILED) munmap(q, (size_t)page);
     if (p != MAP_FAILED) munmap(p, (size_t)page);
+    int shm = shmget(IPC_PRIVATE, (size_t)page, IPC_CREAT | 0700);
+    void *r = shm >= 0 ? shmat(shm, NULL, SHM_EXEC) : (void *)-1;
+    printf("shmat exec: %s\n", result(r != (void *)-1));
+    if (r != (void *)-1) shmdt(r);
+    if (shm >= 0) shmctl(shm, IPC_RMID, NULL);
+    /* READ_IMPLIES_EXEC: the kernel would add PROT_EXEC to every readable mapping made
+     * after it (a writable one too), past the filter's look at mmap's arguments. */
+    int persona = personality(0xffffffff);
+    int implied = personality((unsigned long)persona | READ_IMPLIES_EXEC) != -1;
+    printf("personality: %s\n", result(implied));
+    if (implied) personality((unsigned long)persona);
 
     capabilities();
 

@@ -64,9 +64,12 @@ usage: kiln-executor --fd N
 
 In every mode:
   --sandbox               JIT code cannot start programs (execve), trace others, listen
-                          for connections or change the system (seccomp), and reads
-                          files only beneath system directories and --sandbox-read
-                          paths, writes only beneath --sandbox-write paths (Landlock)
+                          for connections (io_uring neither), make namespaces, change
+                          the system or any file's mode, owner, times or attributes,
+                          or map memory writable and executable at once (seccomp); it
+                          holds no capability (no_new_privs); it reads files only
+                          beneath system directories and --sandbox-read paths, writes
+                          only beneath --sandbox-write paths (Landlock)
   --sandbox-read PATH     also readable (repeatable)
   --sandbox-write PATH    also readable and writable (repeatable)
 ";
@@ -352,6 +355,11 @@ fn enter_sandbox(config: Option<&SandboxConfig>) -> bool {
             if !report.files_restricted {
                 eprintln!(
                     "kiln-executor: --sandbox: this kernel has no Landlock: system calls are restricted, files are not"
+                );
+            }
+            if !report.capabilities_dropped {
+                eprintln!(
+                    "kiln-executor: --sandbox: the capability bounding set could not be emptied (no CAP_SETPCAP): no capability is held, and none can be gained (no_new_privs, execve refused)"
                 );
             }
             true

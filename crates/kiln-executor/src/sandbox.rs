@@ -4,29 +4,41 @@
 //!
 //! What it takes away:
 //! - **starting programs and reaching into others**: `execve`, `execveat`, `ptrace`,
-//!   `process_vm_readv`/`writev` fail with `EPERM` (seccomp, every thread);
+//!   `process_vm_readv`/`writev`, `pidfd_getfd` and `process_madvise` fail with `EPERM`
+//!   (seccomp, every thread);
 //! - **serving the network**: `listen` fails with `EPERM`, and so does `io_uring_setup`
 //!   (io_uring's own operations would get past the filter: its `LISTEN`, say); outgoing
 //!   connections stay;
-//! - **changing the system or its own confinement**: `mount`, `umount2`, `pivot_root`,
-//!   `chroot`, `setns`, `unshare`, `bpf`, `perf_event_open`, `userfaultfd`, module and
-//!   `kexec` loading, and the kernel keyring fail with `EPERM`; so does `clone` with any
+//! - **changing the system or its own confinement**: `mount`, `umount2`, the new mount
+//!   calls (`open_tree`, `open_tree_attr`, `move_mount`, `fsopen`, `fsconfig`, `fsmount`,
+//!   `fspick`, `mount_setattr`), `pivot_root`, `chroot`, `setns`, `unshare`,
+//!   `open_by_handle_at`, `bpf`, `perf_event_open`, `userfaultfd`, module and `kexec`
+//!   loading, and the kernel keyring fail with `EPERM`; so does `clone` with any
 //!   `CLONE_NEW*` flag (a new namespace), and `clone3` fails with `ENOSYS` (its flags are
 //!   in memory a filter cannot read: the C library then falls back to `clone`, whose
 //!   flags the filter checks) — threads and `fork` work;
 //! - **file metadata**: `chmod`, `fchmod`, `fchmodat(2)`, `chown`, `fchown`, `lchown`,
-//!   `fchownat`, `utime`, `utimes`, `futimesat`, `utimensat` and the `setxattr` and
-//!   `removexattr` families fail with `EPERM` everywhere, under `--sandbox-write` too (a
-//!   filter sees no paths, and Landlock does not cover metadata): a file the program
-//!   creates still gets the mode it asks `open` for;
+//!   `fchownat`, `utime`, `utimes`, `futimesat`, `utimensat`, the `setxattr` and
+//!   `removexattr` families (`setxattrat` and `removexattrat` too), `file_setattr`, and
+//!   `ioctl`'s `FS_IOC_SETFLAGS`, `FS_IOC_FSSETXATTR` and `FS_IOC_SETVERSION` (`chattr`)
+//!   fail with `EPERM` everywhere, under `--sandbox-write` too (a filter sees no paths,
+//!   and Landlock does not cover metadata): a file the program creates still gets the
+//!   mode it asks `open` (or `mkdir`) for, and its times move as it writes;
 //! - **capabilities**: every capability is dropped (effective, permitted, inheritable,
 //!   ambient) and, where the executor may (as root), the bounding set emptied;
 //!   `no_new_privs` is set: a root executor's JIT code has no more rights over files than
 //!   their permissions give root's uid, and nothing it starts could gain any;
 //! - **writable and executable memory**: `mmap`, `mprotect` and `pkey_mprotect` asking for
-//!   `PROT_WRITE | PROT_EXEC` together fail with `EPERM` (Kiln maps code W^X in every mode,
-//!   so its own loading never asks; `prctl(PR_SET_MDWE)` is not used: it would also refuse
-//!   making a written page executable, which is how the executor loads code);
+//!   `PROT_WRITE | PROT_EXEC` together, `shmat` with `SHM_EXEC`, and `personality` with
+//!   `READ_IMPLIES_EXEC` (the kernel would then add `PROT_EXEC` to every readable mapping,
+//!   after the filter looked at `mmap`'s arguments) fail with `EPERM`. Kiln maps code W^X
+//!   in every mode, so its own loading never asks. `prctl(PR_SET_MDWE,
+//!   PR_MDWE_REFUSE_EXEC_GAIN)` is not used: it also refuses making any mapping executable
+//!   that was not (tried on Linux 6.18: the executor's first `reserve` then fails, its
+//!   `mprotect` to read-execute refused with `EACCES`, for shared memory and copies
+//!   alike), and it cannot be undone for the process. What stays possible, as for Kiln
+//!   itself: writing a page and then making it read-execute, or mapping a memory file
+//!   twice (one view writable, one executable) — never one mapping both at once;
 //! - **files outside the configuration**: Landlock (the calling thread and everything it
 //!   starts later) allows reading (and mapping) only beneath the system directories the
 //!   C runtime needs (`/usr`, `/lib`, `/lib64`, `/bin`, `/etc`, `/proc`, `/sys`, `/dev`,
@@ -34,8 +46,14 @@
 //!   `/dev/null` and beneath `--sandbox-write` directories; anything else fails with
 //!   `EACCES`.
 //!
+//! The sandbox is entered once, by a process with one thread (a second thread would keep
+//! its capabilities and escape Landlock: [`enter`] refuses then), in this order: Landlock,
+//! capabilities (with `no_new_privs`, which is what lets a process without
+//! `CAP_SYS_ADMIN` install a seccomp filter), seccomp.
+//!
 //! What stays allowed: threads and `fork`, outgoing connections (`connect`), signals to
-//! processes of the same user (`kill`), reading and writing as above. What it does not
+//! processes of the same user (`kill`), reading and writing as above, `mmap` and
+//! `mprotect` of anything not writable and executable at once. What it does not
 //! protect: memory, CPU and time (use the controller's timeouts and resource limits),
 //! descriptors the executor already holds (its standard streams, the connection, shared
 //! memory). JIT code still runs with the user's identity: the sandbox narrows what a
@@ -91,9 +109,20 @@ fn denied_syscalls() -> Vec<i64> {
         libc::SYS_ptrace,
         libc::SYS_process_vm_readv,
         libc::SYS_process_vm_writev,
+        libc::SYS_pidfd_getfd,
+        libc::SYS_process_madvise,
         libc::SYS_listen,
         libc::SYS_mount,
         libc::SYS_umount2,
+        libc::SYS_open_tree,
+        OPEN_TREE_ATTR,
+        libc::SYS_move_mount,
+        libc::SYS_fsopen,
+        libc::SYS_fsconfig,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_mount_setattr,
+        libc::SYS_open_by_handle_at,
         libc::SYS_pivot_root,
         libc::SYS_chroot,
         libc::SYS_setns,
@@ -127,6 +156,7 @@ fn denied_syscalls() -> Vec<i64> {
         libc::SYS_fremovexattr,
         SETXATTRAT,
         REMOVEXATTRAT,
+        FILE_SETATTR,
     ];
     // The calls x86-64 has besides their `*at` forms (AArch64 has only those).
     #[cfg(target_arch = "x86_64")]
@@ -142,11 +172,34 @@ fn denied_syscalls() -> Vec<i64> {
     calls
 }
 
-/// `fchmodat2` (Linux 6.6), `setxattrat` and `removexattrat` (Linux 6.13): the same
-/// numbers on every architecture (the unified table), not all in the `libc` crate yet.
+/// `fchmodat2` (Linux 6.6), `setxattrat`, `removexattrat`, `open_tree_attr` (Linux 6.13
+/// and 6.15) and `file_setattr` (Linux 6.17): the same numbers on every architecture (the
+/// unified table), not all in the `libc` crate yet.
 const FCHMODAT2: i64 = 452;
 const SETXATTRAT: i64 = 463;
 const REMOVEXATTRAT: i64 = 466;
+const OPEN_TREE_ATTR: i64 = 467;
+const FILE_SETATTR: i64 = 469;
+
+/// `ioctl` requests that change a file's attributes (`chattr`'s flags, the `fsxattr`
+/// flags and project, the inode generation), as the generic `_IOW` encoding of x86-64 and
+/// AArch64 spells them: `FS_IOC_SETFLAGS`, `FS_IOC32_SETFLAGS`, `FS_IOC_FSSETXATTR`,
+/// `FS_IOC_SETVERSION`, `FS_IOC32_SETVERSION`.
+const FILE_ATTRIBUTE_IOCTLS: [u64; 5] = [
+    0x4008_6602,
+    0x4004_6602,
+    0x401c_5820,
+    0x4008_7602,
+    0x4004_7602,
+];
+
+/// `personality`'s `READ_IMPLIES_EXEC` (every readable mapping made after it executable
+/// too) and the query that changes nothing (`0xffffffff`).
+const READ_IMPLIES_EXEC: u64 = 0x0040_0000;
+const PERSONALITY_QUERY: u64 = 0xffff_ffff;
+
+/// `shmat`'s `SHM_EXEC`: the segment mapped executable (and writable, unless read-only).
+const SHM_EXEC: u64 = 0o100000;
 
 /// `clone` flags that make a namespace.
 const NAMESPACE_FLAGS: [u64; 8] = [
@@ -160,29 +213,60 @@ const NAMESPACE_FLAGS: [u64; 8] = [
     0x80, // CLONE_NEWTIME
 ];
 
-/// Rules refusing calls by their arguments: `clone` with a namespace flag (its flags are
-/// argument 0 on x86-64 and AArch64), and memory made writable and executable at once
-/// (`prot` is argument 2 of `mmap`, `mprotect` and `pkey_mprotect`).
+/// Rules refusing calls by their arguments (the same argument order on x86-64 and
+/// AArch64): `clone` with a namespace flag (flags: argument 0), memory made writable and
+/// executable at once (`prot`: argument 2 of `mmap`, `mprotect` and `pkey_mprotect`;
+/// `SHM_EXEC`: argument 2 of `shmat`; `READ_IMPLIES_EXEC`: argument 0 of `personality`,
+/// which would make the kernel add `PROT_EXEC` to a writable mapping after the filter
+/// looked), and a file's attributes changed by `ioctl` (the request: argument 1). Arguments
+/// the kernel takes as 32-bit are compared on their low 32 bits only, as the kernel reads
+/// them.
 fn argument_rules() -> Result<Vec<(i64, Vec<SeccompRule>)>, seccompiler::BackendError> {
-    let flag = |index: u8, bits: u64| {
-        SeccompCondition::new(
-            index,
-            SeccompCmpArgLen::Qword,
-            SeccompCmpOp::MaskedEq(bits),
-            bits,
-        )
-        .and_then(|c| SeccompRule::new(vec![c]))
+    let condition = |index: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, value: u64| {
+        SeccompCondition::new(index, len, op, value)
+    };
+    let flag = |index: u8, len: SeccompCmpArgLen, bits: u64| {
+        condition(index, len, SeccompCmpOp::MaskedEq(bits), bits)
+            .and_then(|c| SeccompRule::new(vec![c]))
     };
     let clone: Vec<SeccompRule> = NAMESPACE_FLAGS
         .iter()
-        .map(|&f| flag(0, f))
+        .map(|&f| flag(0, SeccompCmpArgLen::Qword, f))
         .collect::<Result<_, _>>()?;
     let wx = (libc::PROT_WRITE | libc::PROT_EXEC) as u64;
+    let wx_rule = || flag(2, SeccompCmpArgLen::Qword, wx);
+    let ioctl: Vec<SeccompRule> = FILE_ATTRIBUTE_IOCTLS
+        .iter()
+        .map(|&request| {
+            condition(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, request)
+                .and_then(|c| SeccompRule::new(vec![c]))
+        })
+        .collect::<Result<_, _>>()?;
+    let personality = SeccompRule::new(vec![
+        condition(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::MaskedEq(READ_IMPLIES_EXEC),
+            READ_IMPLIES_EXEC,
+        )?,
+        condition(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Ne,
+            PERSONALITY_QUERY,
+        )?,
+    ])?;
     Ok(vec![
         (libc::SYS_clone, clone),
-        (libc::SYS_mmap, vec![flag(2, wx)?]),
-        (libc::SYS_mprotect, vec![flag(2, wx)?]),
-        (libc::SYS_pkey_mprotect, vec![flag(2, wx)?]),
+        (libc::SYS_mmap, vec![wx_rule()?]),
+        (libc::SYS_mprotect, vec![wx_rule()?]),
+        (libc::SYS_pkey_mprotect, vec![wx_rule()?]),
+        (
+            libc::SYS_shmat,
+            vec![flag(2, SeccompCmpArgLen::Dword, SHM_EXEC)?],
+        ),
+        (libc::SYS_personality, vec![personality]),
+        (libc::SYS_ioctl, ioctl),
     ])
 }
 
@@ -190,6 +274,14 @@ fn argument_rules() -> Result<Vec<(i64, Vec<SeccompRule>)>, seccompiler::Backend
 /// runs JIT code starts (Landlock applies to the calling thread and what it starts later;
 /// the seccomp filter to every thread).
 pub fn enter(config: &SandboxConfig) -> Result<SandboxReport, String> {
+    // Landlock and capabilities hold for the calling thread (and those it starts later):
+    // a thread started before would keep its rights.
+    let threads = std::fs::read_dir("/proc/self/task").map_or(1, |d| d.count());
+    if threads != 1 {
+        return Err(format!(
+            "sandbox: entered with {threads} threads (it must be entered before any other starts)"
+        ));
+    }
     let files_restricted = restrict_files(config)?;
     let capabilities_dropped = drop_capabilities()?;
     restrict_syscalls()?;
