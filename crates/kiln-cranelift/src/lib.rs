@@ -23,6 +23,7 @@
 //!   caller's key, defined again in a later process without compiling;
 //! - **hot swap** ([`KilnBuilder::hot_swap`]): a finalized function defined again while
 //!   it runs; callers reach the new body;
+//! - **lazy functions** ([`KilnModule::declare_lazy_function`]): compiled on first call;
 //! - **the session's services**: another executor process, debuggers and profilers
 //!   (gdb, perf map, jitdump) as listeners, through [`KilnBuilder::session`].
 //!
@@ -65,11 +66,13 @@
 
 mod builder;
 mod code_cache;
+mod lazy;
 mod module;
 mod relocations;
 mod unwind;
 
 pub use builder::KilnBuilder;
+pub use lazy::{LazyCompile, LazyContext};
 pub use module::{KilnModule, KilnModuleError};
 
 /// The README's example, `examples/square.rs`, run as a test (`cargo test --doc`); a test

@@ -882,3 +882,123 @@ fn a_later_process_defines_cached_functions_without_compiling() {
     );
     assert!(stdout.contains("compute(-5) = -5"), "{stdout}");
 }
+
+/// A lazy function's callback: `name(x) = x * factor`, counting its compiles.
+fn times(
+    factor: i64,
+    compiles: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> kiln_cranelift::LazyCompile {
+    let compiles = compiles.clone();
+    std::sync::Arc::new(move |cx: &mut kiln_cranelift::LazyContext<'_>| {
+        compiles.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let config = cx.target_config();
+        let mut fctx = FunctionBuilderContext::new();
+        let mut b = FunctionBuilder::new(cx.func, &mut fctx);
+        let block = b.create_block();
+        b.append_block_params_for_function_params(block);
+        b.switch_to_block(block);
+        let x = b.block_params(block)[0];
+        let y = b.ins().imul_imm_s(x, factor);
+        b.ins().return_(&[y]);
+        b.seal_all_blocks();
+        b.finalize(config);
+        Ok(())
+    })
+}
+
+#[test]
+fn lazy_functions_compile_on_first_call_and_can_be_swapped() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut m = hot_swap_module();
+    let compiles = std::sync::Arc::new(AtomicUsize::new(0));
+    let signature = sig(&m, 1);
+    let lazy = m
+        .declare_lazy_function(
+            "lazy_times7",
+            Linkage::Export,
+            &signature,
+            times(7, &compiles),
+        )
+        .unwrap();
+    // An eager caller, finalized while the lazy function is still uncompiled.
+    let caller = define(&mut m, "calls_lazy", Linkage::Export, |b, m, x| {
+        let v = calls("lazy_times7")(b, m, x);
+        b.ins().iadd_imm_s(v, 1)
+    });
+    m.finalize_definitions().unwrap();
+    assert_eq!(compiles.load(Ordering::SeqCst), 0, "nothing compiled yet");
+    let thread = m.session().register_thread();
+    {
+        let _guard = thread.pin();
+        assert_eq!(call(&m, caller, 3), 22);
+        assert_eq!(call(&m, lazy, 2), 14);
+    }
+    assert_eq!(
+        compiles.load(Ordering::SeqCst),
+        1,
+        "compiled once, on the first call"
+    );
+    // A lazy function calling another lazy one, both compiled on that first call.
+    let inner = m
+        .declare_lazy_function(
+            "lazy_inner",
+            Linkage::Local,
+            &signature,
+            times(3, &compiles),
+        )
+        .unwrap();
+    let outer_compile: kiln_cranelift::LazyCompile =
+        std::sync::Arc::new(move |cx: &mut kiln_cranelift::LazyContext<'_>| {
+            let callee = cx
+                .declare_func_in_func(inner)
+                .ok_or("lazy_inner undeclared")?;
+            let config = cx.target_config();
+            let mut fctx = FunctionBuilderContext::new();
+            let mut b = FunctionBuilder::new(cx.func, &mut fctx);
+            let block = b.create_block();
+            b.append_block_params_for_function_params(block);
+            b.switch_to_block(block);
+            let x = b.block_params(block)[0];
+            let call = b.ins().call(callee, &[x]);
+            let y = b.inst_results(call)[0];
+            let y = b.ins().iadd_imm_s(y, 100);
+            b.ins().return_(&[y]);
+            b.seal_all_blocks();
+            b.finalize(config);
+            Ok(())
+        });
+    let outer = m
+        .declare_lazy_function("lazy_outer", Linkage::Export, &signature, outer_compile)
+        .unwrap();
+    {
+        let _guard = thread.pin();
+        assert_eq!(call(&m, outer, 5), 115);
+    }
+    assert_eq!(
+        compiles.load(Ordering::SeqCst),
+        2,
+        "lazy_inner compiled on its first call"
+    );
+    // Defined again (hot swap): the caller reaches the new body; then freed.
+    define_plus(&mut m, "lazy_times7", 1000);
+    m.finalize_definitions().unwrap();
+    {
+        let _guard = thread.pin();
+        assert_eq!(call(&m, caller, 3), 1004);
+    }
+    m.free_function(caller).unwrap();
+    m.free_function(lazy).unwrap();
+    assert_eq!(m.session().reclaim(), 0);
+}
+
+#[test]
+fn a_lazy_function_needs_hot_swap() {
+    let mut m = module();
+    let compiles = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let signature = sig(&m, 1);
+    let error = m
+        .declare_lazy_function("nope", Linkage::Export, &signature, times(2, &compiles))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("hot_swap"), "{error}");
+}
