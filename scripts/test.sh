@@ -119,14 +119,20 @@ fi
 
 # --- checks -----------------------------------------------------------------------------
 phase "cargo fmt --check" cargo fmt --all -- --check
-phase "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
+# Clippy's metadata (half a gigabyte, read by nothing else) goes to a directory of its own,
+# removed after the LLVM phase's clippy: the build scripts and procedural macros it
+# compiles are compiled again for the tests, which costs less than keeping it.
+CLIPPY_DIR="$TARGET/clippy"
+clippy() { CARGO_TARGET_DIR="$CLIPPY_DIR" cargo clippy "$@"; }
+phase "cargo clippy -D warnings" clippy --workspace --all-targets -- -D warnings
 # kiln-bench has no tests (its benchmarks run below): building its thirteen empty test
 # harnesses in debug cost the phase time for nothing (clippy still checks it).
 phase "cargo test --workspace" cargo_test workspace --workspace --exclude kiln-bench --no-fail-fast
 
 llvm_checks() {
-  cargo clippy -p kiln-llvm --features llvm --all-targets -- -D warnings &&
-    cargo clippy -p kiln-capi --features llvm --all-targets -- -D warnings &&
+  clippy -p kiln-llvm --features llvm --all-targets -- -D warnings &&
+    clippy -p kiln-capi --features llvm --all-targets -- -D warnings &&
+    rm -rf "$CLIPPY_DIR" &&
     cargo_test llvm -p kiln-llvm --features llvm --no-fail-fast &&
     cargo_test capi-llvm -p kiln-capi --features llvm --test llvm_c --no-fail-fast
 }
