@@ -49,17 +49,18 @@ trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$root/fuzz/artifacts"
 passed=0
 failed=0
-for target in "${targets[@]}"; do
-    corpus="$root/fuzz/corpus/$target"
+# run_target NAME BINARY: runs BINARY for $seconds over fuzz/corpus/NAME (new inputs go to
+# a scratch directory; the corpus is only read), counting it passed or failed.
+run_target() {
+    local target=$1 binary=$2 corpus="$root/fuzz/corpus/$1"
     if [[ ! -d $corpus ]] || [[ -z $(ls -A "$corpus") ]]; then
         echo "fuzz: $target: no seed corpus in $corpus"
         failed=$((failed + 1))
-        continue
+        return
     fi
     mkdir -p "$scratch/$target"
     echo "fuzz: $target for ${seconds}s over $(ls "$corpus" | wc -l) seeds"
-    # New inputs go to the first directory (scratch); the corpus is only read.
-    if "$bin/$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    if "$binary" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
         -max_len=65536 -print_final_stats=1 \
         -artifact_prefix="$root/fuzz/artifacts/$target-" \
         "$scratch/$target" "$corpus" >"$scratch/$target.log" 2>&1; then
@@ -70,26 +71,17 @@ for target in "${targets[@]}"; do
         tail -n 40 "$scratch/$target.log"
         failed=$((failed + 1))
     fi
+}
+for target in "${targets[@]}"; do
+    run_target "$target" "$bin/$target"
 done
 # executor-c's frame parser (executor-c/wire.h, C): a libFuzzer harness built with
 # clang-16 (-fsanitize=fuzzer,address: coverage-guided), run as the targets above.
 c_target=executor_c_frames
 if command -v clang-16 >/dev/null && [[ -e /usr/lib/llvm-16/lib/clang/16/lib/linux/libclang_rt.fuzzer-x86_64.a ]]; then
     clang-16 -g -O1 -fsanitize=fuzzer,address -Wall -Wextra -Werror \
-        "$root/fuzz/c/$c_target.c" -o "$scratch/$c_target"
-    mkdir -p "$scratch/$c_target.new"
-    echo "fuzz: $c_target (C, libFuzzer) for ${seconds}s over $(ls "$root/fuzz/corpus/$c_target" | wc -l) seeds"
-    if "$scratch/$c_target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-        -max_len=65536 -print_final_stats=1 \
-        -artifact_prefix="$root/fuzz/artifacts/$c_target-" \
-        "$scratch/$c_target.new" "$root/fuzz/corpus/$c_target" >"$scratch/$c_target.log" 2>&1; then
-        grep -E '^(Done|stat::number_of_executed_units)' "$scratch/$c_target.log" | sed "s/^/fuzz: $c_target: /"
-        passed=$((passed + 1))
-    else
-        echo "fuzz: $c_target FAILED; its output:"
-        tail -n 40 "$scratch/$c_target.log"
-        failed=$((failed + 1))
-    fi
+        "$root/fuzz/c/$c_target.c" -o "$scratch/$c_target.bin"
+    run_target "$c_target" "$scratch/$c_target.bin"
 else
     echo "fuzz: $c_target: no clang-16 with libFuzzer (libclang-rt-16-dev): not run"
     failed=$((failed + 1))
