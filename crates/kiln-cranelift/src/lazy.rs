@@ -6,7 +6,7 @@
 use crate::code_cache::{function_object, CompiledFunction, Target};
 use cranelift_codegen::ir;
 use cranelift_codegen::isa::{OwnedTargetIsa, TargetFrontendConfig};
-use cranelift_module::{FuncId, Linkage, ModuleDeclarations, ModuleReloc, ModuleRelocTarget};
+use cranelift_module::{FuncId, FuncOrDataId, Linkage, ModuleRelocTarget};
 use kiln_link::Architecture;
 use std::sync::{Arc, RwLock};
 
@@ -102,44 +102,24 @@ impl kiln::LazyCompiler for LazyFunctions {
         })?;
         ctx.compile(&*self.isa, &mut Default::default())
             .map_err(|e| format!("compiling {name}: {:?}", e.inner))?;
-        let code = ctx
-            .compiled_code()
-            .ok_or_else(|| format!("compiling {name}: no code"))?;
-        let relocs: Vec<ModuleReloc> = code
-            .buffer
-            .relocs()
-            .iter()
-            .map(|r| ModuleReloc::from_mach_reloc(r, &ctx.func, id))
-            .collect();
-        let unwind = match code.create_unwind_info(&*self.isa) {
-            Ok(Some(cranelift_codegen::isa::unwind::UnwindInfo::SystemV(info))) => Some(info),
-            _ => None,
-        };
-        let align = u64::from(code.buffer.alignment)
-            .max(u64::from(self.isa.function_alignment().minimum))
-            .max(self.isa.symbol_alignment());
+        let (code, parts) = crate::module::compiled_parts(&*self.isa, &ctx, id)
+            .map_err(|e| format!("compiling {name}: {e}"))?;
         // Its references by name: the module's functions are its stubs in the library.
         let name_of = |target: &ModuleRelocTarget| -> Result<(Target, i64), String> {
-            match target {
-                ModuleRelocTarget::User { .. } if ModuleDeclarations::is_function(target) => {
-                    let callee = FuncId::from_name(target);
-                    if callee == id {
-                        return Ok((Target::Itself, 0));
-                    }
-                    functions
-                        .get(callee.as_u32() as usize)
-                        .and_then(Option::as_ref)
-                        .map(|d| (Target::Name(d.name.clone()), 0))
-                        .ok_or_else(|| format!("{name} calls an undeclared function"))
+            if let ModuleRelocTarget::LibCall(libcall) = target {
+                return Ok((Target::Name((self.libcall_names)(*libcall)), 0));
+            }
+            match crate::module::declared_target(target) {
+                Some((FuncOrDataId::Func(callee), extra)) if callee == id => {
+                    Ok((Target::Itself, extra))
                 }
-                ModuleRelocTarget::LibCall(libcall) => {
-                    Ok((Target::Name((self.libcall_names)(*libcall)), 0))
-                }
-                ModuleRelocTarget::FunctionOffset(f, offset) if *f == id => {
-                    Ok((Target::Itself, i64::from(*offset)))
-                }
-                other => Err(format!(
-                    "{name} refers to {other:?}: a lazy function reaches the module's functions and the host's names only"
+                Some((FuncOrDataId::Func(callee), 0)) => functions
+                    .get(callee.as_u32() as usize)
+                    .and_then(Option::as_ref)
+                    .map(|d| (Target::Name(d.name.clone()), 0))
+                    .ok_or_else(|| format!("{name} calls an undeclared function")),
+                _ => Err(format!(
+                    "{name} refers to {target:?}: a lazy function reaches the module's functions and the host's names only"
                 )),
             }
         };
@@ -148,10 +128,10 @@ impl kiln::LazyCompiler for LazyFunctions {
             self.architecture,
             &CompiledFunction {
                 name,
-                code: code.code_buffer(),
-                align,
-                relocs: &relocs,
-                unwind: unwind.as_ref(),
+                code,
+                align: parts.align,
+                relocs: &parts.relocs,
+                unwind: parts.unwind.as_ref(),
             },
             name_of,
         )?)

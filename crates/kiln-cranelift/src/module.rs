@@ -245,6 +245,63 @@ pub enum KilnModuleError {
     },
 }
 
+/// The declaration a relocation target names, and the offset into it (`FunctionOffset`'s);
+/// `None` for a libcall or a linker's symbol.
+pub(crate) fn declared_target(target: &ModuleRelocTarget) -> Option<(FuncOrDataId, i64)> {
+    match target {
+        ModuleRelocTarget::User { .. } if ModuleDeclarations::is_function(target) => {
+            Some((FuncOrDataId::Func(FuncId::from_name(target)), 0))
+        }
+        ModuleRelocTarget::User { .. } => Some((FuncOrDataId::Data(DataId::from_name(target)), 0)),
+        ModuleRelocTarget::FunctionOffset(f, offset) => {
+            Some((FuncOrDataId::Func(*f), i64::from(*offset)))
+        }
+        ModuleRelocTarget::LibCall(_) | ModuleRelocTarget::KnownSymbol(_) => None,
+    }
+}
+
+/// The parts of a compiled function the link and the code cache take: its relocations,
+/// System V unwind information and alignment (at least the ISA's minimum).
+pub(crate) struct CompiledParts {
+    pub(crate) relocs: Vec<ModuleReloc>,
+    pub(crate) unwind: Option<cranelift_codegen::isa::unwind::systemv::UnwindInfo>,
+    pub(crate) align: u64,
+}
+
+/// [`CompiledParts`] of function `id`, compiled in `ctx`, and its code.
+pub(crate) fn compiled_parts<'c>(
+    isa: &dyn TargetIsa,
+    ctx: &'c cranelift_codegen::Context,
+    id: FuncId,
+) -> ModuleResult<(&'c [u8], CompiledParts)> {
+    let Some(code) = ctx.compiled_code() else {
+        return Err(ModuleError::Backend(anyhow::anyhow!(
+            "Cranelift compiled {id} but kept no code"
+        )));
+    };
+    let unwind = match code.create_unwind_info(isa)? {
+        Some(cranelift_codegen::isa::unwind::UnwindInfo::SystemV(info)) => Some(info),
+        _ => None,
+    };
+    let parts = CompiledParts {
+        relocs: code
+            .buffer
+            .relocs()
+            .iter()
+            .map(|r| ModuleReloc::from_mach_reloc(r, &ctx.func, id))
+            .collect(),
+        unwind,
+        align: function_align(isa, u64::from(code.buffer.alignment)),
+    };
+    Ok((code.code_buffer(), parts))
+}
+
+/// A function's alignment: what its code asks for, at least the ISA's minimum.
+pub(crate) fn function_align(isa: &dyn TargetIsa, code: u64) -> u64 {
+    code.max(u64::from(isa.function_alignment().minimum))
+        .max(isa.symbol_alignment())
+}
+
 fn backend(error: KilnModuleError) -> ModuleError {
     ModuleError::Backend(anyhow::Error::new(error))
 }
@@ -555,15 +612,8 @@ impl KilnModule {
                             ModuleRelocTarget::LibCall(l) => {
                                 (self.libcall_names)(*l) == missing.symbol
                             }
-                            ModuleRelocTarget::User { .. } => {
-                                let id = if ModuleDeclarations::is_function(&reloc.name) {
-                                    FuncOrDataId::Func(FuncId::from_name(&reloc.name))
-                                } else {
-                                    FuncOrDataId::Data(DataId::from_name(&reloc.name))
-                                };
-                                self.name(id) == missing.symbol
-                            }
-                            _ => false,
+                            _ => declared_target(&reloc.name)
+                                .is_some_and(|(id, _)| self.name(id) == missing.symbol),
                         };
                         if let (true, Some(owner)) = (refers, owner_of(*section)) {
                             let pair = (self.name_of(owner), missing.symbol.clone());
@@ -649,16 +699,10 @@ impl KilnModule {
         owner: Option<FuncOrDataId>,
     ) -> ModuleResult<(BuiltSymbol, i64)> {
         let (id, extra) = match target {
-            ModuleRelocTarget::User { .. } => {
-                let id = if ModuleDeclarations::is_function(target) {
-                    FuncOrDataId::Func(FuncId::from_name(target))
-                } else {
-                    FuncOrDataId::Data(DataId::from_name(target))
-                };
-                (id, 0)
-            }
-            ModuleRelocTarget::FunctionOffset(f, offset) => {
-                (FuncOrDataId::Func(*f), i64::from(*offset))
+            ModuleRelocTarget::User { .. } | ModuleRelocTarget::FunctionOffset(..) => {
+                declared_target(target).ok_or_else(|| {
+                    ModuleError::Backend(anyhow::anyhow!("{target:?} names no declaration"))
+                })?
             }
             ModuleRelocTarget::LibCall(libcall) => {
                 let name = (self.libcall_names)(*libcall);
@@ -766,10 +810,19 @@ impl KilnModule {
             })
     }
 
-    /// A function's alignment: what its code asks for, at least the ISA's minimum.
-    fn function_align(&self, code: u64) -> u64 {
-        code.max(u64::from(self.isa.function_alignment().minimum))
-            .max(self.isa.symbol_alignment())
+    /// Adds compiled function `id` (`code` and its `parts`) to what the next finalize links.
+    pub(super) fn add_compiled(&mut self, id: FuncId, code: &[u8], parts: &CompiledParts) {
+        self.add_pending(
+            FuncOrDataId::Func(id),
+            BuiltSectionKind::Code,
+            parts.align,
+            Some(code),
+            code.len() as u64,
+            &parts.relocs,
+        );
+        if let Some(d) = self.pending.definitions.last_mut() {
+            d.unwind = parts.unwind.clone();
+        }
     }
 
     fn start_definition(&mut self, id: FuncOrDataId) -> ModuleResult<()> {
@@ -871,16 +924,7 @@ impl KilnModule {
         *self.slot_mut(id) = Slot::Pending;
         let mut targets: smallvec::SmallVec<[FuncOrDataId; 8]> = relocs
             .iter()
-            .filter_map(|r| match &r.name {
-                ModuleRelocTarget::User { .. } if ModuleDeclarations::is_function(&r.name) => {
-                    Some(FuncOrDataId::Func(FuncId::from_name(&r.name)))
-                }
-                ModuleRelocTarget::User { .. } => {
-                    Some(FuncOrDataId::Data(DataId::from_name(&r.name)))
-                }
-                ModuleRelocTarget::FunctionOffset(f, _) => Some(FuncOrDataId::Func(*f)),
-                _ => None,
-            })
+            .filter_map(|r| declared_target(&r.name).map(|(t, _)| t))
             .filter(|&t| t != id)
             .collect();
         targets.sort_unstable();
@@ -953,35 +997,9 @@ impl Module for KilnModule {
         ctrl_plane: &mut ControlPlane,
     ) -> ModuleResult<()> {
         self.start_definition(FuncOrDataId::Func(id))?;
-        let alignment = ctx.compile(&*self.isa, ctrl_plane)?.buffer.alignment;
-        let Some(code) = ctx.compiled_code() else {
-            return Err(ModuleError::Backend(anyhow::anyhow!(
-                "Cranelift compiled {id} but kept no code"
-            )));
-        };
-        let relocs: Vec<ModuleReloc> = code
-            .buffer
-            .relocs()
-            .iter()
-            .map(|reloc| ModuleReloc::from_mach_reloc(reloc, &ctx.func, id))
-            .collect();
-        let align = self.function_align(u64::from(alignment));
-        let unwind = match code.create_unwind_info(&*self.isa)? {
-            Some(cranelift_codegen::isa::unwind::UnwindInfo::SystemV(info)) => Some(info),
-            _ => None,
-        };
-        let bytes = code.code_buffer();
-        self.add_pending(
-            FuncOrDataId::Func(id),
-            BuiltSectionKind::Code,
-            align,
-            Some(bytes),
-            bytes.len() as u64,
-            &relocs,
-        );
-        if let Some(d) = self.pending.definitions.last_mut() {
-            d.unwind = unwind;
-        }
+        ctx.compile(&*self.isa, ctrl_plane)?;
+        let (code, parts) = compiled_parts(&*self.isa, ctx, id)?;
+        self.add_compiled(id, code, &parts);
         Ok(())
     }
 
@@ -993,7 +1011,7 @@ impl Module for KilnModule {
         relocs: &[ModuleReloc],
     ) -> ModuleResult<()> {
         self.start_definition(FuncOrDataId::Func(id))?;
-        let align = self.function_align(alignment);
+        let align = function_align(&*self.isa, alignment);
         self.add_pending(
             FuncOrDataId::Func(id),
             BuiltSectionKind::Code,

@@ -318,8 +318,17 @@ impl BuiltObject {
     /// ```
     pub fn to_elf(&self) -> Vec<u8> {
         use kiln_elf::{ElfWriter, FileKind, Section, SymbolTable};
-        let mut sorted = self.clone();
-        sorted.seal();
+        // Relocations grouped by section, as the `.rela` sections hold them: an object given
+        // to `ObjectInput::built` is already (a copy only for one that is not).
+        let unsealed;
+        let sorted = if self.relocated.is_sorted() {
+            self
+        } else {
+            let mut copy = self.clone();
+            copy.seal();
+            unsealed = copy;
+            &unsealed
+        };
         let text = |r: &Range<u32>| &sorted.names[r.start as usize..r.end as usize];
         let mut w = ElfWriter::with_capacity(
             FileKind::Relocatable,

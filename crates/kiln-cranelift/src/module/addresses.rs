@@ -40,18 +40,12 @@ impl KilnModule {
         let lookup = |symbol: &str| self.jit.lookup(self.lib, symbol).ok();
         match name {
             ModuleRelocTarget::User { .. } => {
-                let (id, linkage) = if ModuleDeclarations::is_function(name) {
-                    let f = FuncId::from_name(name);
-                    (
-                        FuncOrDataId::Func(f),
-                        self.declarations.get_function_decl(f).linkage,
-                    )
-                } else {
-                    let d = DataId::from_name(name);
-                    (
-                        FuncOrDataId::Data(d),
-                        self.declarations.get_data_decl(d).linkage,
-                    )
+                let Some((id, _)) = declared_target(name) else {
+                    unreachable!("a user name names a declaration")
+                };
+                let linkage = match id {
+                    FuncOrDataId::Func(f) => self.declarations.get_function_decl(f).linkage,
+                    FuncOrDataId::Data(d) => self.declarations.get_data_decl(d).linkage,
                 };
                 if let Slot::Finalized(d) = self.slot(id) {
                     return d.address as *const u8;

@@ -100,39 +100,23 @@ impl KilnModule {
         key: &[u8],
         ctx: &mut cranelift_codegen::Context,
     ) -> ModuleResult<()> {
-        self.define_function(id, ctx)?;
         let Some(cache) = self.code_cache.clone() else {
-            return Ok(());
+            return self.define_function(id, ctx);
         };
         let me = FuncOrDataId::Func(id);
+        self.start_definition(me)?;
+        ctx.compile(&*self.isa, &mut Default::default())?;
+        // Compiled once: what the link takes is what the cache stores.
+        let (code, parts) = compiled_parts(&*self.isa, ctx, id)?;
+        self.add_compiled(id, code, &parts);
         let name = self.name_of(me);
-        let Some(code) = ctx.compiled_code() else {
-            return Ok(());
-        };
-        let relocs: Vec<ModuleReloc> = code
-            .buffer
-            .relocs()
-            .iter()
-            .map(|r| ModuleReloc::from_mach_reloc(r, &ctx.func, id))
-            .collect();
-        let align = self.function_align(u64::from(code.buffer.alignment));
-        let unwind = self
-            .pending
-            .definitions
-            .last()
-            .and_then(|d| d.unwind.as_ref());
         let name_of =
             |target: &ModuleRelocTarget| -> Result<(crate::code_cache::Target, i64), String> {
                 use crate::code_cache::Target;
                 let (id, extra) = match target {
-                    ModuleRelocTarget::User { .. } if ModuleDeclarations::is_function(target) => {
-                        (FuncOrDataId::Func(FuncId::from_name(target)), 0)
-                    }
-                    ModuleRelocTarget::User { .. } => {
-                        (FuncOrDataId::Data(DataId::from_name(target)), 0)
-                    }
-                    ModuleRelocTarget::FunctionOffset(f, offset) => {
-                        (FuncOrDataId::Func(*f), i64::from(*offset))
+                    ModuleRelocTarget::User { .. } | ModuleRelocTarget::FunctionOffset(..) => {
+                        declared_target(target)
+                            .ok_or_else(|| format!("{target:?} names no declaration"))?
                     }
                     ModuleRelocTarget::LibCall(libcall) => {
                         return Ok((Target::Name((self.libcall_names)(*libcall)), 0))
@@ -164,10 +148,10 @@ impl KilnModule {
             self.architecture,
             &crate::code_cache::CompiledFunction {
                 name: &name,
-                code: code.code_buffer(),
-                align,
-                relocs: &relocs,
-                unwind,
+                code,
+                align: parts.align,
+                relocs: &parts.relocs,
+                unwind: parts.unwind.as_ref(),
             },
             name_of,
         )
