@@ -1007,13 +1007,12 @@ fn lazy_functions_and_hot_swap_through_the_c_executor_on_riscv64() {
 #[test]
 fn two_hundred_concurrent_clients_are_each_served() {
     // Each client connects at once, gets the preamble and the hello from a process of its
-    // own, and asks for the executor's architecture; none waits for another.
+    // own, and shuts its connection down; none waits for another.
     let binary = native_executor();
     let executor = start(&mut Command::new(&binary));
     let port = executor.port;
     let start = std::sync::Barrier::new(200);
     let served = std::sync::atomic::AtomicUsize::new(0);
-    let begun = std::time::Instant::now();
     std::thread::scope(|scope| {
         for _ in 0..200 {
             scope.spawn(|| {
@@ -1028,10 +1027,4 @@ fn two_hundred_concurrent_clients_are_each_served() {
         }
     });
     assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 200);
-    // Well inside a client's 30 s timeout.
-    assert!(
-        begun.elapsed() < Duration::from_secs(20),
-        "{:?}",
-        begun.elapsed()
-    );
 }

@@ -239,19 +239,28 @@ fn any_changed_input_is_a_miss_even_within_one_clock_tick() {
     out(STORED, "1 1 1 10\n");
     out(MAPPED, "1 1 1 10\n");
     // The object rewritten at once (same size, the same clock tick likely): a miss.
+    let written = std::time::Instant::now();
     main(2);
     let now = run(&cache, &dir, &args);
+    // Whether the run keyed main.o within the seconds after its change (a machine too
+    // busy to start it in time keys it settled, and stores the image: checked below).
+    let within = written.elapsed() < kiln_cache::RACY - std::time::Duration::from_millis(200);
     assert_eq!(text(&now).0, "2 1 1 10\n", "{}", text(&now).1);
     assert!(!text(&now).1.contains(MAPPED), "{}", text(&now).1);
-    // ... and nothing is stored under a key whose file may change again within the tick.
-    assert!(!text(&now).1.contains(STORED), "{}", text(&now).1);
-    assert!(
-        text(&now).1.contains("main.o changed within the last"),
-        "{}",
-        text(&now).1
-    );
+    if within {
+        // ... and nothing is stored under a key whose file may change again within the
+        // tick.
+        assert!(!text(&now).1.contains(STORED), "{}", text(&now).1);
+        assert!(
+            text(&now).1.contains("main.o changed within the last"),
+            "{}",
+            text(&now).1
+        );
+    }
     settle();
-    out(STORED, "2 1 1 10\n");
+    if within {
+        out(STORED, "2 1 1 10\n");
+    }
     out(MAPPED, "2 1 1 10\n");
     // A host library changed (same name): a miss.
     library(3);
@@ -278,8 +287,8 @@ fn any_changed_input_is_a_miss_even_within_one_clock_tick() {
         ],
     );
     assert!(text(&other).1.contains(STORED), "{}", text(&other).1);
-    // Five stores: the run right after a change stored none.
-    assert_eq!(images(&cache).len(), 5);
+    // Five stores: the run right after a change stored none (six if it came too late).
+    assert_eq!(images(&cache).len(), if within { 5 } else { 6 });
 }
 
 #[test]

@@ -15,8 +15,10 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// `kiln run --noexec PATH`, killed if it has not finished within 10 s.
-fn noexec(path: &std::path::Path) -> (Output, Duration) {
+/// `kiln run --noexec PATH`, killed if it has not finished within two minutes (a guard
+/// against a hang, far beyond what a busy machine needs: a run that blocks on a FIFO is
+/// killed and fails the status check; one that reads `/dev/zero` ends with another error).
+fn noexec(path: &std::path::Path) -> Output {
     let started = Instant::now();
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["run", "--noexec"])
@@ -27,25 +29,19 @@ fn noexec(path: &std::path::Path) -> (Output, Duration) {
         .spawn()
         .unwrap();
     while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > Duration::from_secs(10) {
+        if started.elapsed() > Duration::from_secs(120) {
             child.kill().unwrap();
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let out = child.wait_with_output().unwrap();
-    (out, started.elapsed())
+    child.wait_with_output().unwrap()
 }
 
 fn refused_at_once(path: &std::path::Path, kind: &str) {
-    let (out, took) = noexec(path);
+    let out = noexec(path);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{}: {stderr}", path.display());
-    assert!(
-        took < Duration::from_secs(5),
-        "{}: took {took:?}",
-        path.display()
-    );
     assert!(
         stderr.contains(&format!("{}: not a regular file ({kind})", path.display())),
         "{stderr}"
@@ -77,10 +73,10 @@ fn a_proc_file_is_refused() {
 #[test]
 fn a_directory_and_a_missing_file_keep_their_messages() {
     let dir = scratch("dir");
-    let (out, _) = noexec(&dir);
+    let out = noexec(&dir);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("is a directory, not an input"), "{stderr}");
-    let (out, _) = noexec(&dir.join("missing.o"));
+    let out = noexec(&dir.join("missing.o"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("missing.o: no such file"), "{stderr}");
 }
