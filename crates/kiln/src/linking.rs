@@ -20,21 +20,8 @@ impl Jit {
         name: &str,
         object: Vec<u8>,
     ) -> Result<(u64, Module), Error> {
-        self.link_body_input(
-            lib,
-            name,
-            ObjectInput::new(format!("{name} (body)"), object),
-        )
-    }
-
-    /// [`Jit::link_body`] of any link input.
-    pub(crate) fn link_body_input(
-        &self,
-        lib: LibraryId,
-        name: &str,
-        input: ObjectInput,
-    ) -> Result<(u64, Module), Error> {
         // Linked alone: a bad object fails only its own link.
+        let input = ObjectInput::new(format!("{name} (body)"), object);
         let (module, _) = self
             .link(lib, LinkRequest::body(input))?
             .ok_or_else(|| Error::SymbolNotFound(name.to_string()))?;
@@ -84,16 +71,6 @@ impl Jit {
         bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
     ) -> Result<Module, Error> {
         let input = ObjectInput::shared(name, bytes);
-        match self.link(lib, LinkRequest::module().with(input))? {
-            Some((module, _)) => Ok(module),
-            None => Err(Error::Executor("nothing was linked".into())),
-        }
-    }
-
-    /// Adds and links one input at once, as [`Jit::link_object`] does: an object's bytes
-    /// or an object described in memory ([`kiln_link::ObjectInput::built`], what a
-    /// compiler front end such as `kiln-cranelift` hands over without writing a file).
-    pub fn link_input(&self, lib: LibraryId, input: ObjectInput) -> Result<Module, Error> {
         match self.link(lib, LinkRequest::module().with(input))? {
             Some((module, _)) => Ok(module),
             None => Err(Error::Executor("nothing was linked".into())),

@@ -62,17 +62,6 @@ use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// The compiler of functions given stubs after they were linked
-/// ([`Jit::add_defined_functions`]): never asked (their slots point at their bodies
-/// before the stubs can be reached).
-struct DefinedAlready;
-
-impl LazyCompiler for DefinedAlready {
-    fn compile(&self, name: &str) -> Result<Vec<u8>, CompileError> {
-        Err(format!("{name} was linked before its stub was made; it has no compiler").into())
-    }
-}
-
 /// The name of a module of call-through stubs.
 const STUBS_NAME: &str = "(call-through stubs)";
 
@@ -430,49 +419,6 @@ impl Jit {
         self.set_body(&function, address, Body::Ready { address, module })
     }
 
-    /// [`Jit::replace_function`] with the new body as any link input: an object's bytes or
-    /// an object built in memory ([`kiln_link::ObjectInput::built`], what `kiln-cranelift`
-    /// hands over).
-    pub fn replace_function_input(
-        &self,
-        lib: LibraryId,
-        name: &str,
-        input: ObjectInput,
-    ) -> Result<u64, Error> {
-        let function = self.lazy_function(lib, name)?;
-        let (address, module) = self.link_body_input(lib, name, input)?;
-        self.set_body(&function, address, Body::Ready { address, module })
-    }
-
-    /// Gives functions already linked a call-through stub each, so that they can be
-    /// replaced ([`Jit::replace_function`]) and retired ([`Jit::retire_function`]) as
-    /// lazy functions are: `bodies` are (name, address of its body in `owner`); each stub
-    /// starts pointing at its body, and `owner` is kept while a body of it is current.
-    /// The stubs are published in `lib` under the names (which `lib` must not define
-    /// yet): code linked after this, and lookups, reach the bodies through them. Returns
-    /// the stubs' module.
-    pub fn add_defined_functions(
-        &self,
-        lib: LibraryId,
-        bodies: &[(&str, u64)],
-        owner: &Module,
-    ) -> Result<Module, Error> {
-        let names: Vec<&str> = bodies.iter().map(|(name, _)| *name).collect();
-        let stubs = self.add_lazy_functions(lib, &names, Arc::new(DefinedAlready))?;
-        for &(name, address) in bodies {
-            let function = self.lazy_function(lib, name)?;
-            // No lock held for the store (out of process it is a request): until the body
-            // is recorded below, a call already goes straight to it through the slot.
-            self.store_slot(&function, address)?;
-            *function.function().body.lock() = Body::Ready {
-                address,
-                module: owner.clone(),
-            };
-            function.function().ready.notify_all();
-        }
-        Ok(stubs)
-    }
-
     /// Makes `address`, a function in `owner` (a module linked before, private or not),
     /// the body of the lazy function `name` of `lib`: calls that load its slot after this
     /// returns reach it, and the old body (if any) is retired as
@@ -517,24 +463,6 @@ impl Jit {
             },
         )
         .map(|_| ())
-    }
-
-    /// Stores `address` in `function`'s slot (in this process, or in the executor's).
-    fn store_slot(&self, function: &FunctionRef, address: u64) -> Result<crate::Retirement, Error> {
-        if function.batch.executor.is_some() {
-            // SAFETY: the stub slot and a body in the executor, which checks they lie in
-            // its memory before its one atomic store.
-            unsafe {
-                self.inner()
-                    .executor
-                    .store_code_pointer(function.slot(), address)
-            }
-        } else {
-            // SAFETY: the function's stub slot, in the stub module its library holds;
-            // only atomic stores and the stub's loads touch it.
-            unsafe { lazy_entry::store_code_pointer(function.slot(), address) };
-            Ok(crate::Retirement::SessionGuards)
-        }
     }
 
     /// Makes `new` the body of `function` (its slot at `address`), retiring the old body.
