@@ -3,7 +3,10 @@
 //! called; a stale call traps), thread-locals from several threads, a thousand functions
 //! at once, and the errors of bad input beside `JITModule`'s.
 
-use cranelift_codegen::ir::{types, AbiParam, InstBuilder, Signature, UserFuncName};
+use cranelift_codegen::ir::{
+    types, AbiParam, Function, InstBuilder, Signature, UserFuncName, Value,
+};
+use cranelift_codegen::isa::TargetFrontendConfig;
 use cranelift_codegen::Context;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{default_libcall_names, DataDescription, FuncId, Linkage, Module};
@@ -22,35 +25,38 @@ fn sig(module: &impl Module, params: usize) -> Signature {
     sig
 }
 
+/// Builds `f(x) = body(x)` into `func`: one block, `x` its only parameter.
+fn build_body(
+    func: &mut Function,
+    config: TargetFrontendConfig,
+    body: impl FnOnce(&mut FunctionBuilder, Value) -> Value,
+) {
+    let mut fctx = FunctionBuilderContext::new();
+    let mut b = FunctionBuilder::new(func, &mut fctx);
+    let block = b.create_block();
+    b.append_block_params_for_function_params(block);
+    b.switch_to_block(block);
+    let x = b.block_params(block)[0];
+    let y = body(&mut b, x);
+    b.ins().return_(&[y]);
+    b.seal_all_blocks();
+    b.finalize(config);
+}
+
 /// Defines `name(x) = body(x)` with `body` given the builder, the module and `x`.
 fn define<M: Module>(
     module: &mut M,
     name: &str,
     linkage: Linkage,
-    body: impl FnOnce(
-        &mut FunctionBuilder,
-        &mut M,
-        cranelift_codegen::ir::Value,
-    ) -> cranelift_codegen::ir::Value,
+    body: impl FnOnce(&mut FunctionBuilder, &mut M, Value) -> Value,
 ) -> FuncId {
     let signature = sig(module, 1);
     let id = module.declare_function(name, linkage, &signature).unwrap();
     let mut ctx = Context::new();
     ctx.func.signature = signature;
     ctx.func.name = UserFuncName::user(0, id.as_u32());
-    let mut fctx = FunctionBuilderContext::new();
     let config = module.target_config();
-    {
-        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-        let block = b.create_block();
-        b.append_block_params_for_function_params(block);
-        b.switch_to_block(block);
-        let x = b.block_params(block)[0];
-        let y = body(&mut b, module, x);
-        b.ins().return_(&[y]);
-        b.seal_all_blocks();
-        b.finalize(config);
-    }
+    build_body(&mut ctx.func, config, |b, x| body(b, module, x));
     module.define_function(id, &mut ctx).unwrap();
     id
 }
@@ -62,13 +68,7 @@ fn call(module: &KilnModule, id: FuncId, x: i64) -> i64 {
     f(x)
 }
 
-fn calls(
-    name: &'static str,
-) -> impl FnOnce(
-    &mut FunctionBuilder,
-    &mut KilnModule,
-    cranelift_codegen::ir::Value,
-) -> cranelift_codegen::ir::Value {
+fn calls(name: &'static str) -> impl FnOnce(&mut FunctionBuilder, &mut KilnModule, Value) -> Value {
     move |b, m, x| {
         let callee = m
             .declare_function(name, Linkage::Import, &sig(m, 1))
@@ -840,25 +840,16 @@ fn a_later_process_defines_cached_functions_without_compiling() {
             let mut ctx = Context::new();
             ctx.func.signature = sig(&m, 1);
             ctx.func.name = UserFuncName::user(0, id.as_u32());
-            let mut fctx = FunctionBuilderContext::new();
             let config = m.target_config();
-            {
-                let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-                let block = b.create_block();
-                b.append_block_params_for_function_params(block);
-                b.switch_to_block(block);
-                let x = b.block_params(block)[0];
-                let y = if name == "twice" {
+            build_body(&mut ctx.func, config, |b, x| {
+                if name == "twice" {
                     b.ins().iadd(x, x)
                 } else {
-                    let t = calls("twice")(&mut b, &mut m, x);
-                    let a = calls("labs")(&mut b, &mut m, x);
+                    let t = calls("twice")(b, &mut m, x);
+                    let a = calls("labs")(b, &mut m, x);
                     b.ins().iadd(t, a)
-                };
-                b.ins().return_(&[y]);
-                b.seal_all_blocks();
-                b.finalize(config);
-            }
+                }
+            });
             m.define_function_and_cache(id, b"v1", &mut ctx).unwrap();
         }
         m.finalize_definitions().unwrap();
@@ -892,16 +883,7 @@ fn times(
     std::sync::Arc::new(move |cx: &mut kiln_cranelift::LazyContext<'_>| {
         compiles.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let config = cx.target_config();
-        let mut fctx = FunctionBuilderContext::new();
-        let mut b = FunctionBuilder::new(cx.func, &mut fctx);
-        let block = b.create_block();
-        b.append_block_params_for_function_params(block);
-        b.switch_to_block(block);
-        let x = b.block_params(block)[0];
-        let y = b.ins().imul_imm_s(x, factor);
-        b.ins().return_(&[y]);
-        b.seal_all_blocks();
-        b.finalize(config);
+        build_body(cx.func, config, |b, x| b.ins().imul_imm_s(x, factor));
         Ok(())
     })
 }
@@ -953,18 +935,11 @@ fn lazy_functions_compile_on_first_call_and_can_be_swapped() {
                 .declare_func_in_func(inner)
                 .ok_or("lazy_inner undeclared")?;
             let config = cx.target_config();
-            let mut fctx = FunctionBuilderContext::new();
-            let mut b = FunctionBuilder::new(cx.func, &mut fctx);
-            let block = b.create_block();
-            b.append_block_params_for_function_params(block);
-            b.switch_to_block(block);
-            let x = b.block_params(block)[0];
-            let call = b.ins().call(callee, &[x]);
-            let y = b.inst_results(call)[0];
-            let y = b.ins().iadd_imm_s(y, 100);
-            b.ins().return_(&[y]);
-            b.seal_all_blocks();
-            b.finalize(config);
+            build_body(cx.func, config, |b, x| {
+                let call = b.ins().call(callee, &[x]);
+                let y = b.inst_results(call)[0];
+                b.ins().iadd_imm_s(y, 100)
+            });
             Ok(())
         });
     let outer = m
