@@ -62,6 +62,26 @@ fn probe_args(s: &Setup) -> Vec<String> {
     ]
 }
 
+/// `kiln run --connect address` three times: each connection's process refuses every
+/// forbidden thing.
+fn refused_three_times_over_tcp(s: &Setup, address: &str) {
+    for round in 0..3 {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["run", "--no-export-dynamic", "--connect", address])
+            .arg(&s.object)
+            .arg("--")
+            .args(probe_args(s))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            REFUSED,
+            "TCP, round {round}: {err}"
+        );
+    }
+}
+
 #[test]
 fn a_sandboxed_child_executor_refuses_each_forbidden_thing() {
     executor_binary();
@@ -121,21 +141,7 @@ fn a_sandboxed_listener_serves_connection_after_connection() {
         &[],
     );
     let address = listener.address.clone();
-    for round in 0..3 {
-        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(["run", "--no-export-dynamic", "--connect", &address])
-            .arg(&s.object)
-            .arg("--")
-            .args(probe_args(&s))
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout),
-            REFUSED,
-            "round {round}: {err}"
-        );
-    }
+    refused_three_times_over_tcp(&s, &address);
     // The listener itself is not sandboxed and lives on.
     let mut listener = listener;
     assert!(listener.child.try_wait().unwrap().is_none());
@@ -286,21 +292,7 @@ fn sandboxed_listeners_refuse_each_forbidden_thing_as_an_unprivileged_user() {
         .args(["--sandbox-write", &allowed])
         .env("HOME", &cache);
     let mut listener = kiln_testkit::start_listening(&mut command);
-    for round in 0..3 {
-        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(["run", "--no-export-dynamic", "--connect", &listener.address])
-            .arg(&s.object)
-            .arg("--")
-            .args(probe_args(&s))
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout),
-            REFUSED,
-            "TCP, round {round}: {err}"
-        );
-    }
+    refused_three_times_over_tcp(&s, &listener.address);
     assert!(listener.child.try_wait().unwrap().is_none());
     // On a Unix socket: listener and controller both nobody's.
     through_a_unix_listener(&s, Some(&cache));
