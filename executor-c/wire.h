@@ -1,7 +1,7 @@
 /*
  * wire.h: what executor-c's executors share of docs/PROTOCOL.md — the message tags, the
  * names of requests, and the decoding (struct reader, rd_*) and encoding (struct writer,
- * wr_*) of fields. Included by kiln_executor.c (Linux) and kiln_executor_win.c (Windows);
+ * wr_*) of fields. Included by executor.c and the platform files (platform.h);
  * everything here is static (inline: a file that does not use one of them is not warned).
  *
  * Decoding never reads past the frame: every rd_* checks the bytes left first, and the

@@ -27,8 +27,11 @@ int main(void) {
     int in_depth = 0, reached_main = 0;
     for (int i = 0; i < captured; i++) {
         char *pc = frames[i];
-        in_depth += pc >= (char *)depth && pc < (char *)depth + 256;
-        reached_main |= pc >= (char *)main && pc < (char *)main + 512;
+        /* A return address follows a call: never a function's first byte (a stack word
+         * holding a function's address, which a walk without unwind data may take for a
+         * return address, is not counted). */
+        in_depth += pc > (char *)depth && pc < (char *)depth + 256;
+        reached_main |= pc > (char *)main && pc < (char *)main + 512;
     }
     printf("depth %ld: %d frames in depth(), main %s\n", d, in_depth, reached_main ? "reached" : "not reached");
     return 0;
