@@ -1,17 +1,20 @@
 /*
  * kiln-executor-c: a Kiln executor written in C from docs/PROTOCOL.md alone, for targets
  * where Rust is not available (here: AArch64 and RISC-V 64 under qemu-user, x86-64 Linux,
- * and x86-64 Windows under Wine). It serves the copy transport over TCP, plaintext, on a
- * loopback address:
+ * and x86-64 Windows under Wine). It serves the copy transport over TCP, keyed as
+ * kiln-executor is (docs/PROTOCOL.md, "Keyed TCP"):
  *
- *   kiln-executor-c --listen 127.0.0.1:PORT     (PORT 0: any; the address is printed)
+ *   kiln-executor-c --listen ADDRESS:PORT [--key-file FILE] [--max-unauthenticated N]
+ *   kiln-executor-c --listen 127.0.0.1:PORT --no-auth     (plaintext, loopback only)
  *
- * and each connection in a process of its own. This file is the protocol and every
- * request's handling, for every system; what differs between systems — sockets and
- * processes, memory views and their protection, threads and locks, crash and exit
- * reports, the program's standard streams, symbols and libraries, unwind tables, static
- * TLS and exports — is asked of the platform (platform.h): platform_posix.c for Linux,
- * platform_windows.c for Windows. The message tags and the fields' encoding are in wire.h.
+ * (PORT 0: any; the address is printed once it listens.) Each connection runs the Noise
+ * handshake with the pre-shared key (noise.c, Monocypher's primitives) and is served in a
+ * process of its own. This file is the protocol and every request's handling, for every
+ * system; what differs between systems — sockets and processes, memory views and their
+ * protection, threads and locks, crash and exit reports, the program's standard streams,
+ * symbols and libraries, unwind tables, static TLS and exports — is asked of the platform
+ * (platform.h): platform_posix.c for Linux, platform_windows.c for Windows. The message
+ * tags and the fields' encoding are in wire.h.
  *
  * Code memory is dual-mapped, as Kiln's own executor does it: a memory object mapped
  * twice, the target view with the final permission of each page (never writable and
@@ -37,8 +40,8 @@
 
 static int tracing; /* KILN_EXECUTOR_TRACE=1: requests logged to stderr */
 
-/* Moves all `n` bytes to (`out`) or from the connection: 0, or -1 when it failed or
- * ended. No allocation, no lock (crash reports send with it). */
+/* Moves all `n` bytes to (`out`) or from the connection, as they are on the wire: 0, or
+ * -1 when it failed or ended. No allocation, no lock (crash reports send with it). */
 static int transfer_all(uint8_t *p, size_t n, int out) {
     while (n > 0) {
         long k = plat_transfer(p, n, out);
@@ -47,6 +50,97 @@ static int transfer_all(uint8_t *p, size_t n, int out) {
         n -= (size_t)k;
     }
     return 0;
+}
+
+/* The keyed transport: once the handshake is done, the frame stream travels in Noise
+ * transport messages (a big-endian u16 length, the ciphertext and its tag), as many as a
+ * frame needs. What one message brought and the frames have not taken yet waits in
+ * `plain` (the reading thread's alone). */
+static int secure;
+static struct noise_session session;
+static uint8_t plain[NOISE_MAX_MESSAGE], record[NOISE_MAX_MESSAGE];
+static size_t plain_len, plain_at;
+
+/* Wire bytes for `n` bytes of frames. */
+static size_t wire_size(size_t n) {
+    if (!secure) return n;
+    size_t messages = (n + NOISE_MAX_PLAIN - 1) / NOISE_MAX_PLAIN;
+    return n + messages * (2 + NOISE_TAG);
+}
+
+/* `n` bytes of frames as they go on the wire into `wire` (wire_size(n) bytes; the same
+ * bytes when the connection is not keyed). Under the send lock, or where nothing else
+ * sends (crash reports). */
+static void seal_frames(const uint8_t *p, size_t n, uint8_t *wire) {
+    if (!secure) {
+        memmove(wire, p, n);
+        return;
+    }
+    while (n > 0) {
+        size_t chunk = n < NOISE_MAX_PLAIN ? n : NOISE_MAX_PLAIN;
+        size_t len = chunk + NOISE_TAG;
+        wire[0] = (uint8_t)(len >> 8);
+        wire[1] = (uint8_t)len;
+        noise_seal(&session.send, p, chunk, wire + 2);
+        wire += 2 + len;
+        p += chunk;
+        n -= chunk;
+    }
+}
+
+/* Reads `n` bytes of frames: 0, or -1 when the connection ended or a message failed its
+ * tag (tampered, replayed, reordered, another session's: the connection is closed). */
+static int read_frames(uint8_t *p, size_t n) {
+    if (!secure) return transfer_all(p, n, 0);
+    while (n > 0) {
+        if (plain_at == plain_len) {
+            uint8_t len[2];
+            if (transfer_all(len, 2, 0) != 0) return -1;
+            size_t k = (size_t)len[0] << 8 | len[1];
+            if (k < NOISE_TAG || transfer_all(record, k, 0) != 0) return -1;
+            if (noise_open(&session.recv, record, k, plain) != 0) {
+                logf_("kiln-executor-c: a message failed its integrity check (tampered, replayed or out of order): closing\n");
+                return -1;
+            }
+            plain_len = k - NOISE_TAG;
+            plain_at = 0;
+            continue;
+        }
+        size_t take = plain_len - plain_at < n ? plain_len - plain_at : n;
+        memcpy(p, plain + plain_at, take);
+        plain_at += take;
+        p += take;
+        n -= take;
+    }
+    return 0;
+}
+
+/* The handshake's transfers on the process's connection. */
+static int connection_io(void *ctx, uint8_t *p, size_t n, int out) {
+    (void)ctx;
+    return transfer_all(p, n, out);
+}
+
+/* The key this executor was started with (NULL: --no-auth). */
+static uint8_t psk[NOISE_KEY];
+static int keyed;
+
+static const uint8_t preamble_keyed[8] = {'K', 'I', 'L', 'N', 0, 0, 0, 'N'};
+static const uint8_t preamble_plain[8] = {'K', 'I', 'L', 'N', 0, 0, 0, 'P'};
+
+int secure_accept(noise_io io, void *ctx, struct noise_session *s, char *why, size_t why_len) {
+    uint8_t ephemeral[NOISE_KEY];
+    if (plat_random(ephemeral, sizeof ephemeral) != 0) {
+        snprintf(why, why_len, "no random bytes for the handshake");
+        return -1;
+    }
+    uint8_t preamble[8];
+    memcpy(preamble, preamble_keyed, 8);
+    const char *reason = "the connection ended before the handshake";
+    int r = io(ctx, preamble, 8, 1) == 0 ? noise_respond(psk, ephemeral, io, ctx, s, &reason) : -1;
+    noise_wipe(ephemeral, sizeof ephemeral);
+    if (r != 0) snprintf(why, why_len, "%s", reason);
+    return r;
 }
 
 void logf_(const char *fmt, ...) {
@@ -68,16 +162,21 @@ int frame_in_flight(void) { return atomic_load(&sending); }
  * the body's length and the 8 bytes before it). */
 static void send_frame(uint32_t id, const struct writer *body) {
     uint32_t len = (uint32_t)body->len + 4;
-    uint8_t *frame = malloc(body->len + 8);
+    size_t n = body->len + 8;
+    uint8_t *frame = malloc(n);
     if (!frame) plat_quit(70);
     for (int i = 0; i < 4; i++) frame[i] = (uint8_t)(len >> (8 * i));
     for (int i = 0; i < 4; i++) frame[4 + i] = (uint8_t)(id >> (8 * i));
     memcpy(frame + 8, body->p, body->len);
+    uint8_t *wire = secure ? malloc(wire_size(n)) : frame;
+    if (!wire) plat_quit(70);
     plat_lock(LOCK_SEND);
     atomic_store(&sending, 1);
-    int failed = transfer_all(frame, body->len + 8, 1) != 0;
+    seal_frames(frame, n, wire);
+    int failed = transfer_all(wire, wire_size(n), 1) != 0;
     atomic_store(&sending, 0);
     plat_unlock(LOCK_SEND);
+    if (wire != frame) free(wire);
     free(frame);
     if (failed) plat_quit(0); /* the controller is gone */
 }
@@ -88,11 +187,12 @@ void put_le(uint8_t *at, uint64_t v, int bytes) {
 
 /* The callers' fields (4 or 24 bytes) fit the 64-byte frame. */
 void send_report(uint8_t tag, const uint8_t *fields, size_t n) {
-    uint8_t frame[64] = {0};
+    uint8_t frame[64] = {0}, wire[2 + 64 + NOISE_TAG];
     put_le(frame, 5 + n, 4);
     frame[8] = tag;
     memcpy(frame + 9, fields, n);
-    (void)transfer_all(frame, 9 + n, 1);
+    seal_frames(frame, 9 + n, wire);
+    (void)transfer_all(wire, wire_size(9 + n), 1);
 }
 
 void send_output(int stream, const uint8_t *bytes, uint32_t n) {
@@ -1095,14 +1195,14 @@ static void do_store_code_pointer(uint32_t id, struct reader *r) {
  * exactly its length. */
 static int read_frame(uint8_t **body, uint32_t *len) {
     uint8_t head[4];
-    if (transfer_all(head, 4, 0) != 0) return -1;
+    if (read_frames(head, 4) != 0) return -1;
     *len = (uint32_t)head[0] | (uint32_t)head[1] << 8 | (uint32_t)head[2] << 16 | (uint32_t)head[3] << 24;
     if (*len < 5 || *len > MAX_FRAME) {
         logf_("kiln-executor-c: frame of %u bytes refused (limit %u): closing\n", *len, MAX_FRAME);
         return -1;
     }
     *body = malloc(*len);
-    if (!*body || transfer_all(*body, *len, 0) != 0) {
+    if (!*body || read_frames(*body, *len) != 0) {
         free(*body);
         return -1;
     }
@@ -1130,19 +1230,34 @@ static void send_hello(void) {
     free(w.p);
 }
 
-void serve_connection(uintptr_t connection) {
+void serve_connection(uintptr_t connection, const struct noise_session *established) {
     plat_connect(connection);
     tracing = getenv("KILN_EXECUTOR_TRACE") != NULL;
     page_size = plat_page_size();
-    static uint8_t preamble[8] = {'K', 'I', 'L', 'N', 0, 0, 0, 'P'};
-    if (transfer_all(preamble, 8, 1) != 0) plat_quit(1);
+    char why[256];
+    if (established) {
+        /* The handshake was done by the process that accepted the connection. */
+        session = *established;
+        secure = 1;
+    } else if (keyed) {
+        if (secure_accept(connection_io, NULL, &session, why, sizeof why) != 0) {
+            logf_("kiln-executor-c: refused a connection: %s\n", why);
+            plat_quit(1);
+        }
+        secure = 1;
+    } else if (transfer_all((uint8_t *)preamble_plain, 8, 1) != 0) {
+        plat_quit(1);
+    }
+    /* Keyed, the peer's first transport message decrypted: it holds the key. */
+    plat_authenticated();
     plat_setup_crash_reports();
     plat_setup_stdio();
     plat_setup_runtime();
     plat_mark_reading_thread();
     send_hello();
     for (;;) {
-        if (plat_wait_request() != 0) plat_quit(1);
+        /* A request already decrypted needs no waiting for the socket. */
+        if (plain_at == plain_len && plat_wait_request() != 0) plat_quit(1);
         uint8_t *body;
         uint32_t len;
         if (read_frame(&body, &len) != 0) plat_quit(0);
@@ -1219,43 +1334,144 @@ void serve_connection(uintptr_t connection) {
 
 /* ---- the listener -------------------------------------------------------------------- */
 
+static const char usage[] =
+    "usage: kiln-executor-c --listen ADDRESS:PORT [--key-file FILE] [--max-unauthenticated N]\n"
+    "       kiln-executor-c --listen 127.0.0.1:PORT --no-auth\n"
+    "\n"
+    "  --listen ADDRESS:PORT    accept controllers on this IPv4 address (PORT 0: any; the\n"
+    "                           address is printed once it listens); each connection\n"
+    "                           authenticates with the key and is encrypted\n"
+    "  --key-file FILE          the key: 64 hex digits, in a file only its owner may read\n"
+    "                           (created, mode 0600, if missing; without the option a new\n"
+    "                           one is made and its path printed)\n"
+    "  --no-auth                plaintext, loopback addresses only\n"
+    "  --max-unauthenticated N  most connections still in their handshake (default 64; the\n"
+    "                           oldest makes room for a new one)\n";
+
+/* 64 hex digits, white space around them ignored: 0 with the key. */
+static int parse_key(const char *text, uint8_t out[NOISE_KEY]) {
+    while (*text == ' ' || *text == '\t' || *text == '\n' || *text == '\r') text++;
+    for (int i = 0; i < 2 * NOISE_KEY; i++) {
+        char c = text[i];
+        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (v < 0) return -1;
+        if (i % 2 == 0) out[i / 2] = (uint8_t)(v << 4);
+        else out[i / 2] |= (uint8_t)v;
+    }
+    for (text += 2 * NOISE_KEY; *text; text++)
+        if (*text != ' ' && *text != '\t' && *text != '\n' && *text != '\r') return -1;
+    return 0;
+}
+
+/* The key from `path` (checked private, parsed), or a new one written to it (a new file,
+ * mode 0600) or, with no path, to a new file in the runtime or temporary directory. */
+static int take_key(const char *path, uint16_t port) {
+    char why[512], text[160];
+    if (path) {
+        int r = plat_read_private_file(path, text, sizeof text, why, sizeof why);
+        if (r == 0) {
+            if (parse_key(text, psk) != 0) {
+                fprintf(stderr, "kiln-executor-c: %s: a key is 64 hexadecimal digits (32 bytes)\n", path);
+                return -1;
+            }
+            fprintf(stderr, "kiln-executor-c: key from %s\n", path);
+            return 0;
+        }
+        if (r != PRIVATE_FILE_MISSING) {
+            fprintf(stderr, "kiln-executor-c: %s: %s\n", path, why);
+            return -1;
+        }
+    }
+    if (plat_random(psk, sizeof psk) != 0) {
+        fprintf(stderr, "kiln-executor-c: no random bytes for a key\n");
+        return -1;
+    }
+    char made[1024];
+    if (!path) {
+        const char *dir = getenv("XDG_RUNTIME_DIR");
+        if (!dir || !*dir) dir = getenv("TMPDIR");
+        if (!dir || !*dir) dir = getenv("TEMP");
+        if (!dir || !*dir) dir = "/tmp";
+        snprintf(made, sizeof made, "%s/kiln-executor-c-%u-%u.key", dir, (unsigned)plat_process_id(), (unsigned)port);
+        path = made;
+    }
+    for (int i = 0; i < NOISE_KEY; i++) snprintf(text + 2 * i, 3, "%02x", psk[i]);
+    text[2 * NOISE_KEY] = '\n';
+    text[2 * NOISE_KEY + 1] = 0;
+    if (plat_write_private_file(path, text, why, sizeof why) != 0) {
+        fprintf(stderr, "kiln-executor-c: %s: %s\n", path, why);
+        return -1;
+    }
+    noise_wipe(text, sizeof text);
+    fprintf(stderr,
+            "kiln-executor-c: new key in %s (%s): give it to kiln run --key-file %s or KILN_EXECUTOR_KEY_FILE\n",
+            path, plat_private_file_note, path);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int started = plat_startup(argc, argv);
     if (started >= 0) return started;
-    if (argc != 3 || strcmp(argv[1], "--listen") != 0) {
-        fprintf(stderr, "usage: kiln-executor-c --listen 127.0.0.1:PORT\n");
+    const char *address = NULL, *key_file = NULL;
+    int no_auth = 0;
+    long max_unauthenticated = 64;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc) address = argv[++i];
+        else if (strcmp(argv[i], "--key-file") == 0 && i + 1 < argc) key_file = argv[++i];
+        else if (strcmp(argv[i], "--no-auth") == 0) no_auth = 1;
+        else if (strcmp(argv[i], "--max-unauthenticated") == 0 && i + 1 < argc) {
+            char *end;
+            max_unauthenticated = strtol(argv[++i], &end, 10);
+            if (*end || max_unauthenticated < 1 || max_unauthenticated > MAX_UNAUTHENTICATED) {
+                fprintf(stderr, "kiln-executor-c: --max-unauthenticated takes 1 to %d\n", MAX_UNAUTHENTICATED);
+                return 2;
+            }
+        } else {
+            fputs(usage, stderr);
+            return 2;
+        }
+    }
+    if (!address || (no_auth && key_file)) {
+        fputs(usage, stderr);
         return 2;
     }
     char host[64];
-    const char *colon = strrchr(argv[2], ':');
-    if (!colon || (size_t)(colon - argv[2]) >= sizeof host) {
-        fprintf(stderr, "kiln-executor-c: expected ADDRESS:PORT, not %s\n", argv[2]);
+    const char *colon = strrchr(address, ':');
+    if (!colon || (size_t)(colon - address) >= sizeof host) {
+        fprintf(stderr, "kiln-executor-c: expected ADDRESS:PORT, not %s\n", address);
         return 2;
     }
-    memcpy(host, argv[2], (size_t)(colon - argv[2]));
-    host[colon - argv[2]] = 0;
+    memcpy(host, address, (size_t)(colon - address));
+    host[colon - address] = 0;
     uint16_t port = (uint16_t)atoi(colon + 1);
     char why[1024];
-    switch (plat_listen(host, port, &port, why, sizeof why)) {
+    switch (plat_listen(host, port, no_auth, &port, why, sizeof why)) {
     case 0: break;
     case LISTEN_NOT_IPV4:
         fprintf(stderr, "kiln-executor-c: %s is not an IPv4 address\n", host);
         return 2;
     case LISTEN_NOT_LOOPBACK:
-        fprintf(stderr, "kiln-executor-c: refusing to serve %s: it speaks plaintext, so it listens on loopback addresses only\n", host);
+        fprintf(stderr,
+                "kiln-executor-c: refusing to serve %s without authentication: anyone who reaches it could run code as "
+                "this user. Drop --no-auth (connections then need the key), or listen on a loopback address.\n",
+                host);
         return 2;
     default:
-        fprintf(stderr, "kiln-executor-c: cannot listen on %s: %s\n", argv[2], why);
+        fprintf(stderr, "kiln-executor-c: cannot listen on %s: %s\n", address, why);
         return 1;
+    }
+    if (!no_auth) {
+        if (take_key(key_file, port) != 0) return 1;
+        keyed = 1;
+    } else {
+        fprintf(stderr, "kiln-executor-c: --no-auth: any local process that reaches %s:%u can run code as this user\n",
+                host, port);
     }
     fprintf(stderr, "kiln-executor-c: listening on %s:%u (%s)\n", host, port, plat_triple);
     fflush(stderr);
-    for (;;) {
-        uintptr_t connection;
-        if (plat_accept(&connection, why, sizeof why) != 0) {
-            fprintf(stderr, "kiln-executor-c: accept: %s\n", why);
-            return 1;
-        }
-        plat_hand_over(connection);
+    if (plat_serve(keyed, (int)max_unauthenticated, why, sizeof why) != 0) {
+        fprintf(stderr, "kiln-executor-c: %s\n", why);
+        return 1;
     }
+    return 0;
 }

@@ -17,8 +17,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "noise.h"
+
 #define MAX_RESERVATIONS 1024
 #define MAX_LIBRARIES 256
+/* The most --max-unauthenticated may be. */
+#define MAX_UNAUTHENTICATED 1024
+/* How long a connection has, from its acceptance, to complete the handshake (its first
+ * transport message decrypted): until then it is not authenticated. */
+#define HANDSHAKE_SECONDS 10
 
 /* ---- what the platform's file offers ------------------------------------------------ */
 
@@ -31,14 +38,29 @@ int plat_serves(int tag);
 /* Process start: -1 to go on to `--listen`, else main's status (Windows: a connection
  * handed over on the command line is served from here). */
 int plat_startup(int argc, char **argv);
-/* The listener on `host`:`port` (an IPv4 address, and a loopback one: it speaks
- * plaintext): 0 with the port bound, else LISTEN_NOT_IPV4, LISTEN_NOT_LOOPBACK or
- * LISTEN_FAILED (with `why`). The next connection (0, or -1 with the reason); a
- * connection served by a process of its own, which calls serve_connection. */
+/* The listener on `host`:`port` (an IPv4 address; a loopback one when `plaintext`): 0 with
+ * the port bound, else LISTEN_NOT_IPV4, LISTEN_NOT_LOOPBACK or LISTEN_FAILED (with `why`).
+ * Then serving it for ever: each connection in a process of its own, which calls
+ * serve_connection. Keyed, at most `max_unauthenticated` connections wait for their
+ * handshake (the oldest is dropped to make room), each for HANDSHAKE_SECONDS at most;
+ * serving returns only when accepting fails (-1 with `why`). */
 enum { LISTEN_NOT_IPV4 = 1, LISTEN_NOT_LOOPBACK, LISTEN_FAILED };
-int plat_listen(const char *host, uint16_t port, uint16_t *bound, char *why, size_t why_len);
-int plat_accept(uintptr_t *connection, char *why, size_t why_len);
-void plat_hand_over(uintptr_t connection);
+int plat_listen(const char *host, uint16_t port, int plaintext, uint16_t *bound, char *why, size_t why_len);
+int plat_serve(int keyed, int max_unauthenticated, char *why, size_t why_len);
+/* This process's connection is authenticated (or needs no key): its deadline ends, and the
+ * listener no longer counts it among those waiting. */
+void plat_authenticated(void);
+/* `n` random bytes from the system: 0, or -1. */
+int plat_random(uint8_t *p, size_t n);
+/* A file only its owner may read or write, read whole into `text` (NUL-terminated): 0,
+ * PRIVATE_FILE_MISSING, or -1 with `why` (others may read or write it: its mode, as
+ * kiln-executor checks it; unreadable; too long). A new such file written with `text`
+ * (never over an existing one): 0, or -1 with `why`. */
+enum { PRIVATE_FILE_MISSING = 1 };
+int plat_read_private_file(const char *path, char *text, size_t size, char *why, size_t why_len);
+int plat_write_private_file(const char *path, const char *text, char *why, size_t why_len);
+/* How private a file plat_write_private_file made is (said beside its path). */
+extern const char plat_private_file_note[];
 
 /* The connection served by this process: taken; one send (`out`) or receive of at most
  * `n` bytes (the count moved, 0 if interrupted, -1 when it failed or ended); its sending
@@ -173,7 +195,13 @@ int plat_replace_environment(char **vars, uint32_t n, char *why, size_t why_len)
 
 /* ---- what executor.c offers the platform's file -------------------------------------- */
 
-__attribute__((noreturn)) void serve_connection(uintptr_t connection);
+/* Serves `connection` in this process: keyed, its handshake first (unless `established`,
+ * a session whose handshake another process ran: Windows' listener), then the protocol. */
+__attribute__((noreturn)) void serve_connection(uintptr_t connection, const struct noise_session *established);
+/* The preamble `N` sent through `io` and the handshake run as responder with this
+ * executor's key, up to the initiator's first transport message: 0 with the session, or
+ * -1 with `why`. */
+int secure_accept(noise_io io, void *ctx, struct noise_session *s, char *why, size_t why_len);
 __attribute__((format(gnu_printf, 1, 2))) void logf_(const char *fmt, ...);
 /* An Output frame of stream 1 (stdout) or 2 (stderr). */
 void send_output(int stream, const uint8_t *bytes, uint32_t n);

@@ -2,7 +2,9 @@
  * platform_posix.c: executor.c's platform (platform.h) on Linux — x86-64, AArch64 and
  * RISC-V 64 (the last two here under qemu-user) — with glibc.
  *
- * - Transport: TCP; each connection served in a forked process.
+ * - Transport: TCP; each connection served in a forked process, which runs the handshake
+ *   under an alarm (HANDSHAKE_SECONDS) and tells the listener through a pipe once it is
+ *   authenticated; the listener kills the oldest waiting process to make room.
  * - Memory: a memfd mapped twice per reservation (the target view with each page's final
  *   permission, the working view writable). Code written is made what its target runs by
  *   mapping its pages again over themselves (qemu-user drops its translations of them)
@@ -33,7 +35,9 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -76,14 +80,14 @@ int plat_startup(int argc, char **argv) {
     return -1;
 }
 
-int plat_listen(const char *host, uint16_t port, uint16_t *bound, char *why, size_t why_len) {
+int plat_listen(const char *host, uint16_t port, int plaintext, uint16_t *bound, char *why, size_t why_len) {
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port)};
     if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) return LISTEN_NOT_IPV4;
-    if ((ntohl(addr.sin_addr.s_addr) >> 24) != 127) return LISTEN_NOT_LOOPBACK;
+    if (plaintext && (ntohl(addr.sin_addr.s_addr) >> 24) != 127) return LISTEN_NOT_LOOPBACK;
     listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (listener < 0 || bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(listener, 16) != 0) {
+    if (listener < 0 || bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(listener, 128) != 0) {
         snprintf(why, why_len, "%s", strerror(errno));
         return LISTEN_FAILED;
     }
@@ -94,29 +98,140 @@ int plat_listen(const char *host, uint16_t port, uint16_t *bound, char *why, siz
     return 0;
 }
 
-int plat_accept(uintptr_t *connection, char *why, size_t why_len) {
+/* A connection's process tells the listener it is authenticated by writing its pid here. */
+static int authenticated_pipe[2] = {-1, -1};
+
+/* The processes whose connections are not authenticated yet, oldest first. */
+static pid_t waiting[MAX_UNAUTHENTICATED];
+static int waiting_count;
+
+static void forget_waiting(int i) {
+    memmove(waiting + i, waiting + i + 1, (size_t)(waiting_count - i - 1) * sizeof *waiting);
+    waiting_count--;
+}
+
+/* Takes the pids of authenticated processes off the pipe (records of 4 bytes: a pipe
+ * write of at most PIPE_BUF bytes is never split), and forgets processes that ended
+ * (reaped by the kernel: kill finds no such process). */
+static void update_waiting(void) {
+    int32_t pids[64];
+    ssize_t n;
+    while ((n = read(authenticated_pipe[0], pids, sizeof pids)) > 0)
+        for (ssize_t k = 0; k < n / 4; k++)
+            for (int i = 0; i < waiting_count; i++)
+                if (waiting[i] == pids[k]) {
+                    forget_waiting(i);
+                    break;
+                }
+    for (int i = 0; i < waiting_count;)
+        if (kill(waiting[i], 0) != 0 && errno == ESRCH) forget_waiting(i);
+        else i++;
+}
+
+int plat_serve(int keyed, int max_unauthenticated, char *why, size_t why_len) {
+    if (pipe2(authenticated_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        snprintf(why, why_len, "pipe: %s", strerror(errno));
+        return -1;
+    }
     for (;;) {
         int fd = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
-        if (fd >= 0) {
-            *connection = (uintptr_t)fd;
-            return 0;
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                /* Out of descriptors or memory for a moment: the connection stays queued. */
+                usleep(10000);
+                continue;
+            }
+            snprintf(why, why_len, "accept: %s", strerror(errno));
+            return -1;
         }
-        if (errno == EINTR) continue;
-        snprintf(why, why_len, "%s", strerror(errno));
-        return -1;
+        if (keyed) {
+            update_waiting();
+            while (waiting_count >= max_unauthenticated) {
+                kill(waiting[0], SIGKILL);
+                forget_waiting(0);
+            }
+        }
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(listener);
+            close(authenticated_pipe[0]);
+            signal(SIGCHLD, SIG_DFL); /* the program's system() and waitpid() need it */
+            /* Until the handshake is done: SIGALRM's default action ends the process. */
+            if (keyed) alarm(HANDSHAKE_SECONDS);
+            serve_connection((uintptr_t)fd, NULL);
+        }
+        if (pid < 0) fprintf(stderr, "kiln-executor-c: fork: %s\n", strerror(errno));
+        else if (keyed) waiting[waiting_count++] = pid;
+        close(fd);
     }
 }
 
-void plat_hand_over(uintptr_t connection) {
-    int fd = (int)connection;
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(listener);
-        signal(SIGCHLD, SIG_DFL); /* the program's system() and waitpid() need it */
-        serve_connection(connection);
+void plat_authenticated(void) {
+    alarm(0);
+    if (authenticated_pipe[1] >= 0) {
+        int32_t pid = (int32_t)getpid();
+        ssize_t n = write(authenticated_pipe[1], &pid, sizeof pid);
+        (void)n; /* a listener gone or a full pipe: it finds the process by kill() */
+        close(authenticated_pipe[1]);
+        authenticated_pipe[1] = -1;
     }
-    if (pid < 0) fprintf(stderr, "kiln-executor-c: fork: %s\n", strerror(errno));
+}
+
+int plat_random(uint8_t *p, size_t n) {
+    while (n > 0) {
+        ssize_t k = getrandom(p, n, 0);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+int plat_read_private_file(const char *path, char *text, size_t size, char *why, size_t why_len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return PRIVATE_FILE_MISSING;
+        snprintf(why, why_len, "%s", strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (st.st_mode & 077) != 0) {
+        snprintf(why, why_len, "the key file is readable or writable by others (mode %o); make it 0600",
+                 (unsigned)(st.st_mode & 0777));
+        close(fd);
+        return -1;
+    }
+    ssize_t n = read(fd, text, size - 1);
     close(fd);
+    if (n < 0 || (size_t)n == size - 1) {
+        snprintf(why, why_len, "%s", n < 0 ? strerror(errno) : "longer than a key");
+        return -1;
+    }
+    text[n] = 0;
+    return 0;
+}
+
+const char plat_private_file_note[] = "mode 0600";
+
+int plat_write_private_file(const char *path, const char *text, char *why, size_t why_len) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        snprintf(why, why_len, "%s", strerror(errno));
+        return -1;
+    }
+    size_t n = strlen(text);
+    int ok = write(fd, text, n) == (ssize_t)n;
+    if (close(fd) != 0) ok = 0;
+    if (!ok) {
+        snprintf(why, why_len, "could not write it");
+        unlink(path);
+        return -1;
+    }
+    return 0;
 }
 
 void plat_connect(uintptr_t connection) {

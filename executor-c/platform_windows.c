@@ -2,10 +2,15 @@
  * platform_windows.c: executor.c's platform (platform.h) on x86-64 Windows, built with
  * x86_64-w64-mingw32-gcc (here it runs under Wine).
  *
- * - Transport: TCP (TCP_NODELAY); a process per connection: the listener starts itself
- *   again for every connection it accepts and hands the child the socket
- *   (WSADuplicateSocket: Wine's ws2_32 does not know a socket inherited as a bare handle),
- *   so one program's crash, exit() or stall ends its own process only.
+ * - Transport: TCP (TCP_NODELAY); a process per connection: the listener runs each
+ *   connection's handshake on a thread of its own (HANDSHAKE_SECONDS at most, at most
+ *   --max-unauthenticated at once, the oldest dropped to make room: a flood of silent or
+ *   replayed connections costs threads, never processes), then starts itself again for
+ *   the authenticated connection and hands the child the socket (WSADuplicateSocket:
+ *   Wine's ws2_32 does not know a socket inherited as a bare handle) with the session's
+ *   keys, so one program's crash, exit() or stall ends its own process only.
+ * - Keys: Windows has no mode bits; the key file is read as it is (its ACL guards it), and
+ *   a new one is created only where none exists.
  * - Memory: a section (CreateFileMapping of the paging file) mapped twice, the target view
  *   with the final protection of each page (never writable and executable) and a writable
  *   working view; FlushInstructionCache over code written.
@@ -31,6 +36,7 @@
 #include <winsock2.h>
 #include <ws2tcpip.h>
 #include <windows.h>
+#include <bcrypt.h>
 #include <fcntl.h>
 #include <io.h>
 #include <signal.h>
@@ -1121,18 +1127,31 @@ void plat_program_end(void) {
 
 /* ---- the listener -------------------------------------------------------------------- */
 
-/* Starts this executor again to serve `fd`: the child reads the socket's description
- * (WSADuplicateSocket, made for its process id) from a pipe whose read end it inherits,
- * named on its command line. Only that pipe end is inheritable while the child starts
- * (the listening socket never is, and the listener starts one child at a time). A socket
- * inherited as a handle is what Windows allows too, but Wine's ws2_32 answers WSAENOTSOCK
- * for one it did not create. The command line fits its array: the path is shorter than
- * 4096 characters, the option and a 64-bit number take fewer than 64. */
-static void start_server(SOCKET fd) {
+/* Children are started one at a time: only the pipe end of the child being started is
+ * inheritable meanwhile. */
+static SRWLOCK starting = SRWLOCK_INIT;
+
+/* What the listener hands a connection's process on the pipe: the socket's description,
+ * whether it is keyed, and then the session the listener's handshake established. */
+struct handover {
+    WSAPROTOCOL_INFOW info;
+    uint32_t keyed;
+    struct noise_session session;
+};
+
+/* Starts this executor again to serve `fd`: the child reads the handover (the socket's
+ * description, WSADuplicateSocket, made for its process id; the session) from a pipe whose
+ * read end it inherits, named on its command line. A socket inherited as a handle is what
+ * Windows allows too, but Wine's ws2_32 answers WSAENOTSOCK for one it did not create. The
+ * command line fits its array: the path is shorter than 4096 characters, the option and a
+ * 64-bit number take fewer than 64. */
+static void start_server(SOCKET fd, const struct noise_session *session) {
     char why[256];
     SECURITY_ATTRIBUTES inherit = {sizeof inherit, NULL, TRUE};
     HANDLE rd, wr;
-    if (!CreatePipe(&rd, &wr, &inherit, sizeof(WSAPROTOCOL_INFOW) * 2)) {
+    AcquireSRWLockExclusive(&starting);
+    if (!CreatePipe(&rd, &wr, &inherit, sizeof(struct handover) * 2)) {
+        ReleaseSRWLockExclusive(&starting);
         fprintf(stderr, "kiln-executor-c: pipe: %s\n", win_error(GetLastError(), why, sizeof why));
         return;
     }
@@ -1141,6 +1160,7 @@ static void start_server(SOCKET fd) {
     DWORD n = GetModuleFileNameW(NULL, self, sizeof self / sizeof *self);
     wchar_t command[4096 + 64];
     if (n == 0 || n >= sizeof self / sizeof *self) {
+        ReleaseSRWLockExclusive(&starting);
         fprintf(stderr, "kiln-executor-c: the executor's own path: %s\n", win_error(GetLastError(), why, sizeof why));
         CloseHandle(rd);
         CloseHandle(wr);
@@ -1162,35 +1182,49 @@ static void start_server(SOCKET fd) {
     BOOL started = CreateProcessW(self, command, NULL, NULL, TRUE, 0, NULL, NULL, &si, &pi);
     DWORD e = GetLastError();
     CloseHandle(rd);
+    ReleaseSRWLockExclusive(&starting);
     if (!started) {
         fprintf(stderr, "kiln-executor-c: starting a process for the connection: %s\n", win_error(e, why, sizeof why));
         CloseHandle(wr);
         return;
     }
-    WSAPROTOCOL_INFOW info;
+    struct handover handover;
+    memset(&handover, 0, sizeof handover);
     DWORD put = 0;
-    if (WSADuplicateSocketW(fd, pi.dwProcessId, &info) != 0) {
+    if (WSADuplicateSocketW(fd, pi.dwProcessId, &handover.info) != 0) {
         fprintf(stderr, "kiln-executor-c: WSADuplicateSocket: %s\n", win_error((DWORD)WSAGetLastError(), why, sizeof why));
         TerminateProcess(pi.hProcess, 1);
-    } else if (!WriteFile(wr, &info, sizeof info, &put, NULL) || put != sizeof info) {
-        fprintf(stderr, "kiln-executor-c: handing the connection over: %s\n", win_error(GetLastError(), why, sizeof why));
-        TerminateProcess(pi.hProcess, 1);
+    } else {
+        if (session) {
+            handover.keyed = 1;
+            handover.session = *session;
+        }
+        if (!WriteFile(wr, &handover, sizeof handover, &put, NULL) || put != sizeof handover) {
+            fprintf(stderr, "kiln-executor-c: handing the connection over: %s\n", win_error(GetLastError(), why, sizeof why));
+            TerminateProcess(pi.hProcess, 1);
+        }
     }
+    noise_wipe(&handover, sizeof handover);
     CloseHandle(wr);
     CloseHandle(pi.hThread);
     CloseHandle(pi.hProcess);
 }
 
-/* The child's side: the socket described on the pipe `handle` (read into `info`, at most
- * its size, and used only if it came whole). */
-static SOCKET take_duplicate(const char *handle) {
+/* The child's side: the handover read from the pipe `handle` (used only if it came whole);
+ * the socket, and the session when keyed. */
+static SOCKET take_duplicate(const char *handle, struct noise_session *session, int *keyed) {
     HANDLE h = (HANDLE)(uintptr_t)_strtoui64(handle, NULL, 10);
-    WSAPROTOCOL_INFOW info;
+    struct handover handover;
     DWORD got = 0, n;
-    while (got < sizeof info && ReadFile(h, (uint8_t *)&info + got, sizeof info - got, &n, NULL) && n > 0) got += n;
+    while (got < sizeof handover && ReadFile(h, (uint8_t *)&handover + got, sizeof handover - got, &n, NULL) && n > 0)
+        got += n;
     CloseHandle(h);
-    if (got != sizeof info) return INVALID_SOCKET;
-    return WSASocketW(FROM_PROTOCOL_INFO, FROM_PROTOCOL_INFO, FROM_PROTOCOL_INFO, &info, 0, WSA_FLAG_NO_HANDLE_INHERIT);
+    if (got != sizeof handover) return INVALID_SOCKET;
+    *keyed = handover.keyed != 0;
+    *session = handover.session;
+    noise_wipe(&handover.session, sizeof handover.session);
+    return WSASocketW(FROM_PROTOCOL_INFO, FROM_PROTOCOL_INFO, FROM_PROTOCOL_INFO, &handover.info, 0,
+                      WSA_FLAG_NO_HANDLE_INHERIT);
 }
 
 /* WSAStartup; a connection handed over on the command line served. */
@@ -1202,27 +1236,26 @@ int plat_startup(int argc, char **argv) {
         return 1;
     }
     if (argc == 3 && strcmp(argv[1], "--serve-duplicate") == 0) {
-        SOCKET s = take_duplicate(argv[2]);
+        static struct noise_session session;
+        int keyed = 0;
+        SOCKET s = take_duplicate(argv[2], &session, &keyed);
         if (s == INVALID_SOCKET) {
             fprintf(stderr, "kiln-executor-c: no connection to serve (error %d)\n", WSAGetLastError());
             return 1;
         }
-        serve_connection((uintptr_t)s);
-    }
-    if (argc == 3 && strcmp(argv[1], "--serve-socket") == 0) {
-        /* A socket inherited as a handle (Windows; Wine's ws2_32 refuses those). */
-        serve_connection((uintptr_t)_strtoui64(argv[2], NULL, 10));
+        serve_connection((uintptr_t)s, keyed ? &session : NULL);
     }
     return -1;
 }
 
-int plat_listen(const char *host, uint16_t port, uint16_t *bound, char *why, size_t why_len) {
+int plat_listen(const char *host, uint16_t port, int plaintext, uint16_t *bound, char *why, size_t why_len) {
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port)};
     if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) return LISTEN_NOT_IPV4;
-    if ((ntohl(addr.sin_addr.s_addr) >> 24) != 127) return LISTEN_NOT_LOOPBACK;
+    if (plaintext && (ntohl(addr.sin_addr.s_addr) >> 24) != 127) return LISTEN_NOT_LOOPBACK;
     /* Not inheritable: the children started for connections must not hold it. */
     listener = WSASocketW(AF_INET, SOCK_STREAM, IPPROTO_TCP, NULL, 0, WSA_FLAG_OVERLAPPED | WSA_FLAG_NO_HANDLE_INHERIT);
-    if (listener == INVALID_SOCKET || bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(listener, 16) != 0) {
+    if (listener == INVALID_SOCKET || bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0 ||
+        listen(listener, SOMAXCONN) != 0) {
         win_error((DWORD)WSAGetLastError(), why, why_len);
         return LISTEN_FAILED;
     }
@@ -1232,21 +1265,165 @@ int plat_listen(const char *host, uint16_t port, uint16_t *bound, char *why, siz
     return 0;
 }
 
-int plat_accept(uintptr_t *connection, char *why, size_t why_len) {
+/* Connections in their handshake, each on a thread of its own, oldest first. The listener
+ * drops the oldest to make room by taking it off the list and marking it; its thread sees
+ * the mark within WAIT_STEP_MS (a receive waits in steps: Wine wakes no receive blocked in
+ * another thread when the socket is shut down), and alone closes the socket and frees the
+ * entry, after taking it off the list under the lock. */
+#define WAIT_STEP_MS 100
+struct waiting {
+    SOCKET fd;
+    ULONGLONG deadline; /* GetTickCount64 */
+    volatile LONG dropped;
+};
+static struct waiting *waiting[MAX_UNAUTHENTICATED];
+static int waiting_count;
+static SRWLOCK waiting_lock = SRWLOCK_INIT;
+
+/* The handshake's transfers on a waiting connection: a receive waits at most for what is
+ * left of the connection's deadline, and ends when the listener drops the connection. */
+static int waiting_io(void *ctx, uint8_t *p, size_t n, int out) {
+    struct waiting *w = ctx;
+    while (n > 0) {
+        if (!out) {
+            for (;;) {
+                if (w->dropped || GetTickCount64() >= w->deadline) return -1;
+                fd_set readable;
+                FD_ZERO(&readable);
+                FD_SET(w->fd, &readable);
+                TIMEVAL step = {0, WAIT_STEP_MS * 1000};
+                int ready = select(0, &readable, NULL, NULL, &step);
+                if (ready < 0) return -1;
+                if (ready > 0) break;
+            }
+        }
+        int len = n > (1u << 30) ? (1 << 30) : (int)n;
+        int k = out ? send(w->fd, (const char *)p, len, 0) : recv(w->fd, (char *)p, len, 0);
+        if (k <= 0) return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* `w` taken off the list, if the listener has not dropped it already. */
+static void forget_waiting(struct waiting *w) {
+    AcquireSRWLockExclusive(&waiting_lock);
+    for (int i = 0; i < waiting_count; i++)
+        if (waiting[i] == w) {
+            memmove(waiting + i, waiting + i + 1, (size_t)(waiting_count - i - 1) * sizeof *waiting);
+            waiting_count--;
+            break;
+        }
+    ReleaseSRWLockExclusive(&waiting_lock);
+}
+
+static DWORD WINAPI handshake_thread(void *arg) {
+    struct waiting *w = arg;
+    struct noise_session session;
+    char why[256];
+    /* Sends wait at most the handshake's time too (a peer that never reads). */
+    DWORD limit = HANDSHAKE_SECONDS * 1000;
+    setsockopt(w->fd, SOL_SOCKET, SO_SNDTIMEO, (const char *)&limit, sizeof limit);
+    int ok = secure_accept(waiting_io, w, &session, why, sizeof why) == 0;
+    if (!ok && !w->dropped) logf_("kiln-executor-c: refused a connection: %s\n", why);
+    forget_waiting(w);
+    if (ok) {
+        DWORD none = 0;
+        setsockopt(w->fd, SOL_SOCKET, SO_SNDTIMEO, (const char *)&none, sizeof none);
+        start_server(w->fd, &session);
+    }
+    noise_wipe(&session, sizeof session);
+    closesocket(w->fd);
+    free(w);
+    return 0;
+}
+
+int plat_serve(int keyed, int max_unauthenticated, char *why, size_t why_len) {
     for (;;) {
         SOCKET fd = accept(listener, NULL, NULL);
-        if (fd != INVALID_SOCKET) {
-            *connection = (uintptr_t)fd;
-            return 0;
+        if (fd == INVALID_SOCKET) {
+            int e = WSAGetLastError();
+            if (e == WSAEINTR || e == WSAECONNRESET) continue;
+            if (e == WSAEMFILE || e == WSAENOBUFS) {
+                Sleep(10);
+                continue;
+            }
+            win_error((DWORD)e, why, why_len);
+            return -1;
         }
-        int e = WSAGetLastError();
-        if (e == WSAEINTR || e == WSAECONNRESET) continue;
-        win_error((DWORD)e, why, why_len);
-        return -1;
+        if (!keyed) {
+            start_server(fd, NULL);
+            closesocket(fd);
+            continue;
+        }
+        struct waiting *w = malloc(sizeof *w);
+        if (!w) {
+            closesocket(fd);
+            continue;
+        }
+        *w = (struct waiting){fd, GetTickCount64() + HANDSHAKE_SECONDS * 1000, 0};
+        AcquireSRWLockExclusive(&waiting_lock);
+        while (waiting_count >= max_unauthenticated) {
+            InterlockedExchange(&waiting[0]->dropped, 1);
+            memmove(waiting, waiting + 1, (size_t)(waiting_count - 1) * sizeof *waiting);
+            waiting_count--;
+        }
+        waiting[waiting_count++] = w;
+        ReleaseSRWLockExclusive(&waiting_lock);
+        HANDLE t = CreateThread(NULL, 64 << 10, handshake_thread, w, STACK_SIZE_PARAM_IS_A_RESERVATION, NULL);
+        if (t) {
+            CloseHandle(t);
+        } else {
+            forget_waiting(w);
+            closesocket(fd);
+            free(w);
+        }
     }
 }
 
-void plat_hand_over(uintptr_t connection) {
-    start_server((SOCKET)connection);
-    closesocket((SOCKET)connection);
+/* The connection's process is started only once its handshake is done. */
+void plat_authenticated(void) {}
+
+int plat_random(uint8_t *p, size_t n) {
+    return BCryptGenRandom(NULL, p, (ULONG)n, BCRYPT_USE_SYSTEM_PREFERRED_RNG) == 0 ? 0 : -1;
+}
+
+int plat_read_private_file(const char *path, char *text, size_t size, char *why, size_t why_len) {
+    HANDLE f = CreateFileA(path, GENERIC_READ, FILE_SHARE_READ, NULL, OPEN_EXISTING, 0, NULL);
+    if (f == INVALID_HANDLE_VALUE) {
+        DWORD e = GetLastError();
+        if (e == ERROR_FILE_NOT_FOUND || e == ERROR_PATH_NOT_FOUND) return PRIVATE_FILE_MISSING;
+        win_error(e, why, why_len);
+        return -1;
+    }
+    DWORD n = 0;
+    BOOL ok = ReadFile(f, text, (DWORD)size - 1, &n, NULL);
+    CloseHandle(f);
+    if (!ok || n == size - 1) {
+        snprintf(why, why_len, "%s", ok ? "longer than a key" : "unreadable");
+        return -1;
+    }
+    text[n] = 0;
+    return 0;
+}
+
+const char plat_private_file_note[] =
+    "Windows has no mode bits: let only its owner read it (its ACL; under Wine, chmod 600 it)";
+
+int plat_write_private_file(const char *path, const char *text, char *why, size_t why_len) {
+    HANDLE f = CreateFileA(path, GENERIC_WRITE, 0, NULL, CREATE_NEW, FILE_ATTRIBUTE_NORMAL, NULL);
+    if (f == INVALID_HANDLE_VALUE) {
+        win_error(GetLastError(), why, why_len);
+        return -1;
+    }
+    DWORD n = (DWORD)strlen(text), put = 0;
+    BOOL ok = WriteFile(f, text, n, &put, NULL) && put == n;
+    CloseHandle(f);
+    if (!ok) {
+        snprintf(why, why_len, "could not write it");
+        DeleteFileA(path);
+        return -1;
+    }
+    return 0;
 }

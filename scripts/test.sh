@@ -167,7 +167,7 @@ benchmarks() {
     "$SMOKE"/lazy_figures --functions 1000 --runs 1 --calls 1000000 --swap-seconds 0.2
     # SQLite at -O0 (the figures' -O2 builds take a minute here), under Wine.
     "$SMOKE"/windows_figures --runs 1 --opt -O0 --dir "$TARGET"/windows-figures
-    "$SMOKE"/executor_security --connections 300 --runs 1 --dir "$TARGET"/executor-security
+    "$SMOKE"/executor_security --connections 300 --runs 1 --handshakes 3 --executors kiln-executor,x86_64 --dir "$TARGET"/executor-security
     # The MCJIT example as the LLVM phase's `cargo test` built it (debug): a smoke run of
     # the example; its release figures are in docs/BENCHMARKS.md. A release build of
     # kiln-llvm with LLVM here cost ~1.5 minutes of the test command's 20.

@@ -270,8 +270,7 @@ if [ -z "$SKIP_CROSS" ]; then
     echo "${arm64_packages[*]}" >"$stamp"
   fi
 fi
-# --- C sources carried by crates (SQLite, Lua, zlib), compiled by the cross tests --------
-if [ -z "$SKIP_CROSS" ]; then
-  logged cargo fetch --manifest-path tests/c-sources/Cargo.toml
-fi
+# --- C sources carried by crates (SQLite, Lua, zlib: compiled by the cross tests;
+# Monocypher: executor-c's cryptography, for every executor-c test) --------------------------
+logged cargo fetch --manifest-path tests/c-sources/Cargo.toml
 echo "test_deps: done (apt's output: $LOG)"

@@ -4,9 +4,8 @@
 //! pointer to a landing pad works, one that skips it traps (SIGILL), and the same call in
 //! code built without BTI is not guarded. Skipped with KILN_TEST_SKIP_CROSS=1.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 
 /// The cross compiler's C library, qemu's guest root.
 const GUEST_ROOT: &str = "/usr/aarch64-linux-gnu";
@@ -17,45 +16,16 @@ fn tmp() -> PathBuf {
     dir
 }
 
-struct Executor(Child, String);
-
-impl Drop for Executor {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// executor-c built for AArch64 and started under qemu with BTI (`-cpu max`).
-fn executor() -> Executor {
-    let binary = tmp().join("kiln-executor-c-aarch64");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let status = Command::new("bash")
-        .arg(repo.join("executor-c/build.sh"))
-        .arg(&binary)
-        .arg("aarch64-linux-gnu-gcc")
-        .status()
-        .unwrap();
-    assert!(status.success(), "executor-c for AArch64 builds");
-    let mut child = Command::new("qemu-aarch64-static")
-        .args(["-cpu", "max", "-L", GUEST_ROOT])
-        .arg(&binary)
-        .args(["--listen", "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("qemu-aarch64-static runs");
-    let mut line = String::new();
-    BufReader::new(child.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let address = line
-        .split_whitespace()
-        .find(|w| w.starts_with("127.0.0.1:"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
-    Executor(child, address)
+/// executor-c built for AArch64 and started under qemu with BTI (`-cpu max`), keyed.
+fn executor() -> kiln_testkit::ExecutorProcess {
+    let binary = kiln_testkit::c_executor_binary("aarch64-linux-gnu-gcc");
+    kiln_testkit::start_listening(
+        Command::new("qemu-aarch64-static")
+            .args(["-cpu", "max", "-L", GUEST_ROOT])
+            .arg(&binary)
+            .args(["--listen", "127.0.0.1:0", "--key-file"])
+            .arg(kiln_testkit::key_file()),
+    )
 }
 
 fn compile(flags: &[&str], out: &Path) {
@@ -70,9 +40,16 @@ fn compile(flags: &[&str], out: &Path) {
     assert!(status.success(), "aarch64-linux-gnu-gcc {flags:?}");
 }
 
-fn run(executor: &Executor, object: &Path, args: &[&str]) -> Output {
+fn run(executor: &kiln_testkit::ExecutorProcess, object: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["run", "--no-export-dynamic", "--connect", &executor.1])
+        .args([
+            "run",
+            "--no-export-dynamic",
+            "--connect",
+            &executor.address,
+            "--key-file",
+        ])
+        .arg(kiln_testkit::key_file())
         .arg(object)
         .arg("--")
         .args(args)

@@ -8,7 +8,9 @@
 //! (qemu's `-L /usr/aarch64-linux-gnu`); Debian's arm64 libraries come from the private
 //! sysroot scripts/test_deps.sh fills. `KILN_TEST_SKIP_CROSS=1` skips the AArch64 tests.
 
-use std::io::{Read, Write};
+use kiln::Key;
+use kiln_remote::channel::{Channel, Stream};
+use kiln_remote::secure::{Role, PREAMBLE_NOISE};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -36,7 +38,11 @@ struct Executor {
 }
 
 fn start(command: &mut Command) -> Executor {
-    let process = kiln_testkit::start_listening(command.args(["--listen", "127.0.0.1:0"]));
+    let process = kiln_testkit::start_listening(
+        command
+            .args(["--listen", "127.0.0.1:0", "--key-file"])
+            .arg(kiln_testkit::key_file()),
+    );
     let port = process
         .address
         .rsplit(':')
@@ -200,7 +206,9 @@ fn native_run(dir: &Path, inputs: &[PathBuf], libs: &[&str], args: &[&str]) -> O
 
 fn kiln_run(port: u16, inputs: &[PathBuf], libs: &[&str], args: &[&str]) -> Output {
     Command::new(kiln())
-        .args(["run", "--connect"])
+        .args(["run", "--key-file"])
+        .arg(kiln_testkit::key_file())
+        .arg("--connect")
         .arg(format!("127.0.0.1:{port}"))
         .args(inputs)
         .args(libs)
@@ -351,33 +359,30 @@ fn frame(id: u32, tag: u8, fields: &[u8]) -> Vec<u8> {
 }
 
 /// Reads one frame: (id, tag, fields).
-fn read_frame(stream: &mut TcpStream) -> (u32, u8, Vec<u8>) {
-    let mut len = [0u8; 4];
-    stream.read_exact(&mut len).unwrap();
-    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
-    stream.read_exact(&mut body).unwrap();
+fn read_frame(channel: &mut Channel) -> (u32, u8, Vec<u8>) {
+    let body = channel.recv().unwrap();
     let id = u32::from_le_bytes(body[..4].try_into().unwrap());
     (id, body[4], body[5..].to_vec())
 }
 
-/// Connects, checks the preamble and the hello; the stream is ready for requests.
-fn connect(port: u16) -> TcpStream {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    let mut preamble = [0u8; 8];
-    stream.read_exact(&mut preamble).unwrap();
-    assert_eq!(&preamble, b"KILN\0\0\0P");
-    let (id, tag, hello) = read_frame(&mut stream);
+/// Connects with the test key, checks the preamble, runs the handshake and checks the
+/// hello; the channel is ready for requests (sent as raw frames).
+fn connect(port: u16) -> Channel {
+    let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut channel = Channel::new(Stream::Tcp(stream));
+    channel.set_timeout(Some(Duration::from_secs(30))).unwrap();
+    assert_eq!(channel.recv_raw(8).unwrap(), PREAMBLE_NOISE);
+    let key = Key::read_file(&kiln_testkit::key_file()).unwrap();
+    channel.secure(&key, Role::Initiator).unwrap();
+    let (id, tag, hello) = read_frame(&mut channel);
     assert_eq!((id, tag), (0, 0));
     assert_eq!(&hello[..4], b"KILN");
     assert_eq!(u32::from_le_bytes(hello[4..8].try_into().unwrap()), 2);
-    stream
+    channel
 }
 
-fn error_text(stream: &mut TcpStream, id: u32) -> String {
-    let (got, tag, fields) = read_frame(stream);
+fn error_text(channel: &mut Channel, id: u32) -> String {
+    let (got, tag, fields) = read_frame(channel);
     assert_eq!(
         (got, tag),
         (id, 105),
@@ -394,32 +399,32 @@ fn malformed_messages_get_errors_and_the_executor_lives_on() {
     // An unknown tag, a truncated Reserve, a Write to a reservation that does not exist,
     // a Reserve of a size that is not whole pages, a Lookup with a string longer than the
     // frame: each an Error, and the connection goes on.
-    s.write_all(&frame(1, 77, &[])).unwrap();
+    s.send(&frame(1, 77, &[])).unwrap();
     assert!(error_text(&mut s, 1).contains("unknown request tag 77"));
-    s.write_all(&frame(2, 1, &[1, 2, 3])).unwrap();
+    s.send(&frame(2, 1, &[1, 2, 3])).unwrap();
     assert!(error_text(&mut s, 2).contains("malformed Reserve"));
     let mut write = 9u64.to_le_bytes().to_vec();
     write.extend(0x1000u64.to_le_bytes());
     write.extend(3u32.to_le_bytes());
     write.extend([1, 2, 3]);
-    s.write_all(&frame(3, 6, &write)).unwrap();
+    s.send(&frame(3, 6, &write)).unwrap();
     assert!(error_text(&mut s, 3).contains("no reservation with handle 9"));
     let mut reserve = 100u64.to_le_bytes().to_vec();
     reserve.push(0);
     reserve.extend([0u8; 16]);
     reserve.push(0);
-    s.write_all(&frame(4, 1, &reserve)).unwrap();
+    s.send(&frame(4, 1, &reserve)).unwrap();
     assert!(error_text(&mut s, 4).contains("cannot reserve 0x64 bytes"));
     let mut lookup = 0u64.to_le_bytes().to_vec();
     lookup.extend(1000u32.to_le_bytes());
     lookup.extend(b"printf");
-    s.write_all(&frame(5, 8, &lookup)).unwrap();
+    s.send(&frame(5, 8, &lookup)).unwrap();
     assert!(error_text(&mut s, 5).contains("malformed Lookup"));
     // A well-formed Lookup still works on the same connection.
     let mut lookup = 0u64.to_le_bytes().to_vec();
     lookup.extend(6u32.to_le_bytes());
     lookup.extend(b"printf");
-    s.write_all(&frame(6, 8, &lookup)).unwrap();
+    s.send(&frame(6, 8, &lookup)).unwrap();
     let (id, tag, fields) = read_frame(&mut s);
     assert_eq!((id, tag), (6, 104));
     assert_ne!(u64::from_le_bytes(fields[..8].try_into().unwrap()), 0);
@@ -429,29 +434,28 @@ fn malformed_messages_get_errors_and_the_executor_lives_on() {
     reserve.push(0);
     reserve.extend([0u8; 16]);
     reserve.push(0);
-    s.write_all(&frame(7, 1, &reserve)).unwrap();
+    s.send(&frame(7, 1, &reserve)).unwrap();
     let (id, tag, fields) = read_frame(&mut s);
     assert_eq!((id, tag), (7, 102), "Reserved");
     let target = u64::from_le_bytes(fields[..8].try_into().unwrap());
     let handle = u64::from_le_bytes(fields[8..16].try_into().unwrap());
     let mut call = target.to_le_bytes().to_vec();
     call.extend(0u32.to_le_bytes());
-    s.write_all(&frame(8, 18, &call)).unwrap();
+    s.send(&frame(8, 18, &call)).unwrap();
     assert!(error_text(&mut s, 8).contains("not code this executor prepared to run"));
     let mut initialize = handle.to_le_bytes().to_vec();
     initialize.extend(1u32.to_le_bytes());
     initialize.extend(target.to_le_bytes());
     initialize.extend(0x1000u64.to_le_bytes());
     initialize.push(0);
-    s.write_all(&frame(9, 3, &initialize)).unwrap();
+    s.send(&frame(9, 3, &initialize)).unwrap();
     assert!(error_text(&mut s, 9).contains("not on pages prepared"));
     // A frame beyond the limit ends this connection, before anything is allocated...
-    s.write_all(&u32::MAX.to_le_bytes()).unwrap();
-    let mut rest = Vec::new();
-    assert_eq!(s.read_to_end(&mut rest).unwrap_or(0), 0);
+    s.send(&u32::MAX.to_le_bytes()).unwrap();
+    assert!(s.recv().is_err(), "the connection is closed");
     // ...and the executor serves the next one.
     let mut s = connect(executor.port);
-    s.write_all(&frame(1, 19, &[])).unwrap();
+    s.send(&frame(1, 19, &[])).unwrap();
     let (id, tag, _) = read_frame(&mut s);
     assert_eq!((id, tag), (1, 100));
 }
@@ -887,7 +891,9 @@ fn lazy_functions_through_the_c_executor(name: &str, gcc: &str, port: u16) {
         compiles: Default::default(),
     });
     let address = format!("127.0.0.1:{port}");
-    let remote = kiln::Executor::connect(&address, kiln::Timeouts::default()).unwrap();
+    let key = Key::read_file(&kiln_testkit::key_file()).unwrap();
+    let remote =
+        kiln::Executor::connect_with_key(&address, Some(&key), kiln::Timeouts::default()).unwrap();
     let jit = Jit::builder().executor(remote).build().unwrap();
     let lib = jit.main_library();
     let lazy = [
@@ -1019,7 +1025,7 @@ fn two_hundred_concurrent_clients_are_each_served() {
                 start.wait();
                 let mut stream = connect(port);
                 // Shutdown (tag 19): an answer, and the connection's process ends.
-                stream.write_all(&frame(1, 19, &[])).unwrap();
+                stream.send(&frame(1, 19, &[])).unwrap();
                 let (id, _, _) = read_frame(&mut stream);
                 assert_eq!(id, 1);
                 served.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -1027,4 +1033,104 @@ fn two_hundred_concurrent_clients_are_each_served() {
         }
     });
     assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 200);
+}
+
+/// W^X for executor-c's whole process, on every architecture: the probe
+/// (tests/programs/wx_probe.c) run by each executor scans its own `/proc/self/maps` (qemu
+/// shows the guest's) from main and from a second thread and finds no mapping writable and
+/// executable; the x86-64 listener's and its connection process's maps are scanned from
+/// outside too.
+#[test]
+fn no_c_executor_process_maps_anything_writable_and_executable() {
+    let native = native_executor();
+    let mut runs = vec![("x86_64", "cc", start(&mut Command::new(&native)))];
+    if !kiln_testkit::skip_cross("no_c_executor_process_maps_anything_writable_and_executable") {
+        runs.push(("aarch64", AARCH64.gcc, AARCH64.executor()));
+        runs.push(("riscv64", RISCV64.gcc, RISCV64.executor()));
+    }
+    for (name, gcc, executor) in &runs {
+        let dir = tmp().join(format!("wx-{name}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let object = dir.join("wx_probe.o");
+        let status = Command::new(gcc)
+            .args(["-O1", "-c"])
+            .arg(kiln_testkit::source("wx_probe.c"))
+            .arg("-o")
+            .arg(&object)
+            .status()
+            .unwrap();
+        assert!(status.success(), "{gcc} wx_probe.c");
+        let out = kiln_run(executor.port, &[object], &["-lpthread"], &[]);
+        let report = String::from_utf8_lossy(&out.stdout);
+        let what = format!(
+            "{name}:\n{report}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!report.contains("W+X"), "writable and executable: {what}");
+        for who in ["main", "thread"] {
+            assert!(
+                report.contains(&format!("{who} stack=")),
+                "no report: {what}"
+            );
+            assert!(report.contains(&format!("{who} stack=rw-p wx=0")), "{what}");
+        }
+        assert_eq!(out.status.code(), Some(0), "{what}");
+    }
+    // The x86-64 listener from outside (under qemu, the host's maps are qemu's own).
+    let pid = runs[0].2._process.child.id();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let wx: Vec<&str> = maps
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1).and_then(|p| p.get(1..3)) == Some("wx"))
+        .collect();
+    assert_eq!(wx, Vec::<&str>::new(), "the listener");
+}
+
+/// Across machines: executor-c for AArch64 under qemu in a network namespace of its own,
+/// listening with its key on its end of a veth pair (not a loopback address), is reached
+/// by `kiln run --connect` from this namespace, across the link; a client without the key
+/// is refused.
+#[test]
+fn an_aarch64_executor_on_another_network_is_reached_with_its_key() {
+    if kiln_testkit::skip_cross("an_aarch64_executor_on_another_network_is_reached_with_its_key") {
+        return;
+    }
+    let pair = kiln_testkit::VethPair::create();
+    let executor = kiln_testkit::start_listening(
+        pair.command(AARCH64.qemu)
+            .args(["-L", AARCH64.root])
+            .arg(kiln_testkit::c_executor_binary(AARCH64.gcc))
+            .arg("--listen")
+            .arg(format!("{}:0", pair.inside))
+            .arg("--key-file")
+            .arg(kiln_testkit::key_file()),
+    );
+    assert!(
+        executor.address.starts_with(&pair.inside),
+        "{}",
+        executor.address
+    );
+    let dir = tmp().join("across");
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = kiln_testkit::source("across_machines.c");
+    let object = AARCH64.compile_all(&dir, &[source], &["-O2"]).remove(0);
+    let out = Command::new(kiln())
+        .args(["run", "--key-file"])
+        .arg(kiln_testkit::key_file())
+        .args(["--connect", &executor.address])
+        .arg(&object)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n", "{stderr}");
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    let out = Command::new(kiln())
+        .args(["run", "--connect", &executor.address])
+        .arg(&object)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("requires a key"), "{stderr}");
+    drop(executor);
 }

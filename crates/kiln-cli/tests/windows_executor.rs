@@ -41,8 +41,12 @@ fn wine_ready() {
 fn windows_executor() -> (ExecutorProcess, u16) {
     wine_ready();
     let binary = kiln_testkit::c_executor_binary("x86_64-w64-mingw32-gcc");
-    let process =
-        kiln_testkit::start_listening(wine().arg(binary).args(["--listen", "127.0.0.1:0"]));
+    let process = kiln_testkit::start_listening(
+        wine()
+            .arg(binary)
+            .args(["--listen", "127.0.0.1:0", "--key-file"])
+            .arg(kiln_testkit::key_file()),
+    );
     let port = process
         .address
         .rsplit(':')
@@ -88,7 +92,9 @@ fn native_run(dir: &Path, sources: &[PathBuf], flags: &[&str], args: &[&str]) ->
 
 fn kiln_run(port: u16, objects: &[PathBuf], args: &[&str]) -> Output {
     Command::new(kiln())
-        .args(["run", "--connect"])
+        .args(["run", "--key-file"])
+        .arg(kiln_testkit::key_file())
+        .arg("--connect")
         .arg(format!("127.0.0.1:{port}"))
         .args(objects)
         .arg("--")
@@ -340,7 +346,9 @@ fn sources_are_refused_and_mingw_default_libraries_are_the_process() {
     let dir = scratch("default-libraries");
     let object = windows_elf_object(&dir, &source, &["-O2"]);
     let out = Command::new(kiln())
-        .args(["run", "--connect"])
+        .args(["run", "--key-file"])
+        .arg(kiln_testkit::key_file())
+        .arg("--connect")
         .arg(format!("127.0.0.1:{port}"))
         .arg(&object)
         .args(["-lm", "-lmingwex", "-lpthread"])
@@ -348,4 +356,113 @@ fn sources_are_refused_and_mingw_default_libraries_are_the_process() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+}
+
+/// W^X for the Windows executor's whole process, in both of its modes (keyed, and
+/// plaintext with `--no-auth`): tests/programs/windows_wx_walk.c, linked by Kiln and run
+/// there, walks the address space with `VirtualQuery` from main and from a second thread
+/// and finds no region writable and executable, and its own code executable and not
+/// writable. The same program built natively is the control that the walk sees code.
+#[test]
+fn no_region_of_the_windows_executor_is_writable_and_executable() {
+    if kiln_testkit::skip_cross("no_region_of_the_windows_executor_is_writable_and_executable") {
+        return;
+    }
+    let source = repo().join("tests/programs/windows_wx_walk.c");
+    let native = native_run(
+        &scratch("wx-native"),
+        std::slice::from_ref(&source),
+        &[],
+        &[],
+    );
+    assert_eq!(native.status.code(), Some(0), "{}", text(&native.stdout));
+    let object = windows_elf_object(&scratch("wx"), &source, &["-O2"]);
+    let (keyed, port) = windows_executor();
+    let plain = kiln_testkit::start_listening(
+        wine()
+            .arg(kiln_testkit::c_executor_binary("x86_64-w64-mingw32-gcc"))
+            .args(["--listen", "127.0.0.1:0", "--no-auth"]),
+    );
+    let runs = [
+        ("keyed", kiln_run(port, std::slice::from_ref(&object), &[])),
+        (
+            "--no-auth",
+            Command::new(kiln())
+                .args(["run", "--connect", &plain.address])
+                .arg(&object)
+                .output()
+                .unwrap(),
+        ),
+    ];
+    for (mode, out) in runs {
+        let report = text(&out.stdout);
+        let what = format!("{mode}:\n{report}\n{}", text(&out.stderr));
+        for who in ["main", "thread"] {
+            assert!(
+                report.contains(&format!("{who}: "))
+                    && report.contains("executable, 0 writable and executable"),
+                "{what}"
+            );
+        }
+        assert!(
+            report.contains("own code found executable and not writable: main yes, thread yes"),
+            "{what}"
+        );
+        assert!(!report.contains("writable and executable: 0x"), "{what}");
+        assert_eq!(out.status.code(), Some(0), "{what}");
+    }
+    drop(keyed);
+}
+
+/// Across machines: the Windows executor listening with its key on this namespace's end
+/// of a veth pair (not a loopback address) is reached by `kiln run --connect` run in the
+/// other namespace, across the link. (The controller is the one in the namespace the test
+/// makes: Wine's sockets are made by its wineserver, which serves the namespace it was
+/// started in, shared by every test's Wine.)
+#[test]
+fn the_windows_executor_on_another_network_is_reached_with_its_key() {
+    if kiln_testkit::skip_cross("the_windows_executor_on_another_network_is_reached_with_its_key") {
+        return;
+    }
+    wine_ready();
+    let pair = kiln_testkit::VethPair::create();
+    let executor = kiln_testkit::start_listening(
+        wine()
+            .arg(kiln_testkit::c_executor_binary("x86_64-w64-mingw32-gcc"))
+            .arg("--listen")
+            .arg(format!("{}:0", pair.outside))
+            .arg("--key-file")
+            .arg(kiln_testkit::key_file()),
+    );
+    assert!(
+        executor.address.starts_with(&pair.outside),
+        "{}",
+        executor.address
+    );
+    let dir = scratch("across");
+    let source = kiln_testkit::source("across_machines.c");
+    let object = windows_elf_object(&dir, &source, &["-O2"]);
+    let out = pair
+        .command(kiln())
+        .args(["run", "--key-file"])
+        .arg(kiln_testkit::key_file())
+        .args(["--connect", &executor.address])
+        .arg(&object)
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(text(&out.stdout), "42\r\n", "{stderr}");
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    let out = pair
+        .command(kiln())
+        .args(["run", "--connect", &executor.address])
+        .arg(&object)
+        .output()
+        .unwrap();
+    assert!(
+        text(&out.stderr).contains("requires a key"),
+        "{}",
+        text(&out.stderr)
+    );
+    drop(executor);
 }

@@ -669,10 +669,19 @@ fn run_under_qemu(triple: &str, gcc: &str, qemu: &str, root: &str) {
         std::process::Command::new(qemu)
             .args(["-L", root])
             .arg(binary)
-            .args(["--listen", "127.0.0.1:0"]),
+            .args(["--listen", "127.0.0.1:0", "--key-file"])
+            .arg(kiln_testkit::key_file()),
     );
+    let key = kiln::Key::read_file(&kiln_testkit::key_file()).unwrap();
     let jit = kiln::Jit::builder()
-        .executor(kiln::Executor::connect(&executor.address, kiln::Timeouts::default()).unwrap())
+        .executor(
+            kiln::Executor::connect_with_key(
+                &executor.address,
+                Some(&key),
+                kiln::Timeouts::default(),
+            )
+            .unwrap(),
+        )
         .build()
         .unwrap();
     let isa = {

@@ -61,11 +61,14 @@ pub struct Options {
     pub eager: bool,
     /// Debugger and profiler support for the compiled functions (gdb, perf).
     pub debug: kiln::DebugSupport,
-    /// Run the program in an executor listening at this address (`kiln-executor --listen
-    /// ADDRESS --no-auth`, or executor-c, on this machine or under qemu): its functions
-    /// are compiled for the executor's architecture and linked into it; a first call made
-    /// there compiles through the connection.
+    /// Run the program in an executor listening at this address (`kiln-executor --listen`
+    /// or executor-c, on this machine, under qemu or Wine, or on another machine): its
+    /// functions are compiled for the executor's architecture and linked into it; a first
+    /// call made there compiles through the connection.
     pub connect: Option<String>,
+    /// The executor's key (its `--key-file`'s); `None` connects in plaintext, which only an
+    /// executor started with `--no-auth` accepts.
+    pub key: Option<kiln::Key>,
 }
 
 /// `print` where the program runs in another process (no host function reaches it):
@@ -214,7 +217,11 @@ impl Runtime {
     pub fn new(options: Options) -> Result<Self, LangError> {
         let mut builder = Jit::builder().debug_support(options.debug);
         if let Some(address) = &options.connect {
-            builder = builder.executor(kiln::Executor::connect(address, Default::default())?);
+            builder = builder.executor(kiln::Executor::connect_with_key(
+                address,
+                options.key.as_ref(),
+                Default::default(),
+            )?);
         }
         let jit = builder.build()?;
         let remote = options.connect.is_some();

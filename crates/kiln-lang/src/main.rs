@@ -30,13 +30,29 @@ struct Args {
     #[arg(long)]
     stats: bool,
     /// Run the program in the executor listening at ADDRESS (`kiln-executor --listen
-    /// ADDRESS --no-auth`, or executor-c under qemu), compiled for its architecture.
+    /// ADDRESS`, or executor-c under qemu or Wine), compiled for its architecture.
     #[arg(long, value_name = "ADDRESS")]
     connect: Option<String>,
+    /// The executor's key file (else KILN_EXECUTOR_KEY_FILE or KILN_EXECUTOR_KEY; none:
+    /// plaintext, for an executor started with --no-auth).
+    #[arg(long, value_name = "FILE", requires = "connect")]
+    key_file: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let key = match &args.key_file {
+        Some(path) => kiln::Key::read_file(path).map(Some),
+        None if args.connect.is_some() => kiln::Key::from_env(),
+        None => Ok(None),
+    };
+    let key = match key {
+        Ok(key) => key,
+        Err(e) => {
+            eprintln!("kiln-lang: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let options = Options {
         eager: args.eager,
         debug: kiln::DebugSupport {
@@ -45,6 +61,7 @@ fn main() -> ExitCode {
             ..Default::default()
         },
         connect: args.connect.clone(),
+        key,
     };
     let result = Runtime::new(options).and_then(|mut rt| {
         let status = match &args.file {

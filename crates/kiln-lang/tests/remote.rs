@@ -46,7 +46,15 @@ fn executor_c(gcc: &str, qemu: Option<(&str, &str)>) -> ExecutorProcess {
         }
         None => Command::new(binary),
     };
-    kiln_testkit::start_listening(command.args(["--listen", "127.0.0.1:0"]))
+    kiln_testkit::start_listening(
+        command
+            .args(["--listen", "127.0.0.1:0", "--key-file"])
+            .arg(kiln_testkit::key_file()),
+    )
+}
+
+fn key_path() -> String {
+    kiln_testkit::key_file().to_string_lossy().into_owned()
 }
 
 /// The program through `executor` as in this process; then the library: lazy compiles
@@ -62,7 +70,14 @@ fn runs_through(name: &str, executor: &ExecutorProcess) {
         "6765\n42\n0\n-9223372036854775808\n9223372036854775807\n"
     );
     assert_eq!(here.status.code(), Some(101));
-    let there = kiln_lang(&["--connect", &executor.address, "--stats", file]);
+    let there = kiln_lang(&[
+        "--connect",
+        &executor.address,
+        "--key-file",
+        &key_path(),
+        "--stats",
+        file,
+    ]);
     let stderr = String::from_utf8_lossy(&there.stderr);
     assert_eq!(
         String::from_utf8_lossy(&there.stdout),
@@ -78,7 +93,13 @@ fn runs_through(name: &str, executor: &ExecutorProcess) {
     let hello = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hello.kl");
     let (here, there) = (
         kiln_lang(&[hello]),
-        kiln_lang(&["--connect", &executor.address, hello]),
+        kiln_lang(&[
+            "--connect",
+            &executor.address,
+            "--key-file",
+            &key_path(),
+            hello,
+        ]),
     );
     assert!(!here.stdout.is_empty());
     assert_eq!(
@@ -89,6 +110,7 @@ fn runs_through(name: &str, executor: &ExecutorProcess) {
 
     let mut rt = Runtime::new(Options {
         connect: Some(executor.address.clone()),
+        key: Some(kiln::Key::read_file(&kiln_testkit::key_file()).unwrap()),
         ..Options::default()
     })
     .unwrap_or_else(|e| panic!("{name}: {e}"));

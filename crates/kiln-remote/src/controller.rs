@@ -393,6 +393,34 @@ fn io_err(e: impl std::fmt::Display) -> RemoteError {
     RemoteError::Io(e.to_string())
 }
 
+/// How long [`connect_retrying`] keeps trying an address that refuses connections: an
+/// executor just started (Wine's first start takes 10–20 s) is not listening yet.
+const CONNECT_RETRY: Duration = Duration::from_secs(30);
+
+/// A TCP connection to `address`; refused connections are tried again every 100 ms for
+/// [`CONNECT_RETRY`] (an executor starting up), other failures are errors at once.
+fn connect_retrying(address: &str) -> Result<std::net::TcpStream, RemoteError> {
+    let start = std::time::Instant::now();
+    loop {
+        match std::net::TcpStream::connect(address) {
+            Ok(stream) => return Ok(stream),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && start.elapsed() < CONNECT_RETRY =>
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                return Err(RemoteError::Start(format!(
+                    "{address}: {e} (for {} s: is an executor listening there?)",
+                    CONNECT_RETRY.as_secs()
+                )))
+            }
+            Err(e) => return Err(RemoteError::Start(format!("{address}: {e}"))),
+        }
+    }
+}
+
 impl RemoteExecutor {
     /// Starts `executor` (the `kiln-executor` binary) as a child connected by a
     /// socketpair; its stdout and stderr are this process's.
@@ -517,8 +545,7 @@ impl RemoteExecutor {
         key: Option<&crate::secure::Key>,
         timeouts: Timeouts,
     ) -> Result<Self, RemoteError> {
-        let stream = std::net::TcpStream::connect(address)
-            .map_err(|e| RemoteError::Start(format!("{address}: {e}")))?;
+        let stream = connect_retrying(address)?;
         let mut channel = Channel::new(Stream::Tcp(stream));
         channel
             .set_timeout(Some(timeouts.request))

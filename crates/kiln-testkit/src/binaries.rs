@@ -90,6 +90,33 @@ pub fn start_listening(command: &mut Command) -> ExecutorProcess {
     ExecutorProcess { child, address }
 }
 
+/// A key file (64 hex digits, mode 0600) made once per test process, for executors started
+/// with `--key-file` and the clients that reach them (`kiln run --key-file`,
+/// `Key::read_file`). Its 32 bytes come from the kernel's random source.
+pub fn key_file() -> PathBuf {
+    static MADE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| {
+        use std::io::{Read, Write};
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut bytes = [0u8; 32];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut bytes))
+            .expect("random bytes for a key");
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let path = crate::scratch_dir("keys").join(format!("test-{}.key", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .expect("the key file is created");
+        writeln!(file, "{hex}").expect("the key file is written");
+        path
+    })
+    .clone()
+}
+
 /// executor-c (`executor-c/build.sh`) built with `compiler` (`cc`, or a cross compiler
 /// such as `aarch64-linux-gnu-gcc`; with `x86_64-w64-mingw32-gcc` the Windows executor,
 /// whose path ends in `.exe`), once per test process and compiler.

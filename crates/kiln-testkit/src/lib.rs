@@ -9,15 +9,18 @@
 //!
 //! Helpers panic with a message saying what is missing: they are for tests.
 
+pub mod attacks;
 pub mod binaries;
 pub mod compile;
+pub mod netns;
 pub mod sysroot;
 
 pub use binaries::{
-    binary, c_executor_binary, executor_binary, start_executor, start_listening, wine,
+    binary, c_executor_binary, executor_binary, key_file, start_executor, start_listening, wine,
     ExecutorProcess, KillOnDrop,
 };
 pub use compile::{cc, cc_object, cxx_object, install_capi, run_ok, scratch_dir};
+pub use netns::VethPair;
 pub use sysroot::{
     aarch64_includes, aarch64_lib_dir, aarch64_sysroot, c_files, c_sources, find_c_sources,
     host_file, native_program, programs_dir, python_config_dir, python_tests_env, repository,

@@ -317,11 +317,39 @@ impl Channel {
                 })?;
             }
         }
-        let transport = Arc::new(handshake.into_stateless_transport_mode().map_err(auth)?);
-        self.send.lock().secure = Some((transport.clone(), 0));
+        let transport = handshake.into_stateless_transport_mode().map_err(auth)?;
+        // The initiator's first transport message, empty: the responder serves nothing
+        // before it decrypts (see crate::secure).
+        match role {
+            Role::Initiator => {
+                let n = transport.write_message(0, &[], &mut buf).map_err(auth)?;
+                let mut record = Vec::with_capacity(n + 2);
+                record.extend_from_slice(&(n as u16).to_be_bytes());
+                record.extend_from_slice(&buf[..n]);
+                self.raw_write(&record)?;
+            }
+            Role::Responder => {
+                let record = self.read_record()?;
+                let n = transport
+                    .read_message(0, &record, &mut scratch)
+                    .map_err(|_| {
+                        ChannelError::Auth(
+                            "the peer did not complete the handshake (a replayed first message, or a wrong key)"
+                                .into(),
+                        )
+                    })?;
+                if n != 0 {
+                    return Err(ChannelError::Auth(
+                        "the handshake's confirmation carried data".into(),
+                    ));
+                }
+            }
+        }
+        let transport = Arc::new(transport);
+        self.send.lock().secure = Some((transport.clone(), u64::from(role == Role::Initiator)));
         self.secure = Some(Secure {
             transport,
-            nonce: 0,
+            nonce: u64::from(role == Role::Responder),
             plain: Vec::new(),
             pos: 0,
         });

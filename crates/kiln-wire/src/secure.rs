@@ -1,11 +1,15 @@
 //! Authenticated, encrypted connections between a controller and an executor over TCP.
 //!
 //! Both ends hold one 32-byte pre-shared [`Key`]. Before anything else, they run the Noise
-//! handshake `Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s` (the `snow` crate): fresh ephemeral
+//! handshake `Noise_NNpsk0_25519_ChaChaPoly_SHA512` (the `snow` crate): fresh ephemeral
 //! keys on both sides, mixed with the pre-shared key, so that only a peer holding the key
-//! completes it, and every session has keys of its own (forward secrecy). After it, every
-//! byte travels in Noise transport messages: ChaCha20-Poly1305 with a per-direction
-//! message counter as nonce. So:
+//! completes it, and every session has keys of its own (forward secrecy). Right after it
+//! the initiator sends one empty transport message, which the responder must decrypt
+//! before it serves anything: a replayed first handshake message gets no further, its
+//! sender holding no session key. After it, every byte travels in Noise transport
+//! messages: ChaCha20-Poly1305 with a per-direction message counter as nonce. The suite
+//! (SHA-512 rather than BLAKE2s) is one that Monocypher, the small C library executor-c
+//! takes its cryptography from, provides whole, HMAC included. So:
 //! - a client with a wrong key, or one speaking the plain protocol, fails the first
 //!   handshake message and is dropped before the executor reads a single request;
 //! - a tampered message fails its tag; a replayed, dropped or reordered one fails because
@@ -21,7 +25,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 /// The Noise protocol name Kiln speaks.
-pub const NOISE_PATTERN: &str = "Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s";
+pub const NOISE_PATTERN: &str = "Noise_NNpsk0_25519_ChaChaPoly_SHA512";
 
 /// What a TCP executor sends first, before anything else: whether it requires the Noise
 /// handshake (`N`) or serves plaintext (`P`, `--no-auth`). Only a hint to give a clear

@@ -8,6 +8,9 @@
 use kiln::{Executor, Jit, Key, RemoteError, Timeouts};
 use kiln_remote::protocol::{Request, Response};
 use kiln_remote::RemoteExecutor;
+use kiln_testkit::attacks::{
+    closed_within, man_in_the_middle, recording_proxy, rss_kib, Attack, SECOND_REQUEST,
+};
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -83,22 +86,6 @@ fn lookup_getpid(remote: &RemoteExecutor) -> Result<u64, RemoteError> {
     }
 }
 
-/// Reads until the peer closes; `true` if it closed (without sending more than `limit`
-/// bytes) within `within`.
-fn closed_within(s: &mut TcpStream, within: Duration, limit: usize) -> bool {
-    s.set_read_timeout(Some(within)).unwrap();
-    let mut got = 0;
-    let mut buf = [0u8; 4096];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => return got <= limit,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got <= limit,
-            Err(_) => return false,
-        }
-    }
-}
-
 #[test]
 fn a_wrong_key_or_a_plaintext_client_is_refused_before_any_request() {
     let (path, key) = key_file("auth");
@@ -141,68 +128,12 @@ fn a_wrong_key_or_a_plaintext_client_is_refused_before_any_request() {
     let _ = std::fs::remove_file(&path);
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Attack {
-    Tamper,
-    Replay,
-}
-
-/// A man in the middle that forwards everything, except that the client's third Noise
-/// message (its second request) is tampered with or replaced by a replay of the second.
-fn man_in_the_middle(upstream: String, attack: Attack) -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        let (mut client, _) = listener.accept().unwrap();
-        let mut server = TcpStream::connect(&upstream).unwrap();
-        let mut client_r = client.try_clone().unwrap();
-        let mut server_w = server.try_clone().unwrap();
-        std::thread::spawn(move || {
-            let _ = std::io::copy(&mut server, &mut client);
-            // The executor hung up: so does the man in the middle.
-            let _ = client.shutdown(std::net::Shutdown::Both);
-        });
-        let mut previous: Vec<u8> = Vec::new();
-        let mut n = 0;
-        loop {
-            let mut len = [0u8; 2];
-            if client_r.read_exact(&mut len).is_err() {
-                break;
-            }
-            let mut body = vec![0u8; u16::from_be_bytes(len) as usize];
-            if client_r.read_exact(&mut body).is_err() {
-                break;
-            }
-            n += 1;
-            let mut record = len.to_vec();
-            record.extend_from_slice(&body);
-            let sent = if n == 3 {
-                match attack {
-                    Attack::Tamper => {
-                        let last = record.len() - 1;
-                        record[last] ^= 1;
-                        record.clone()
-                    }
-                    Attack::Replay => previous.clone(),
-                }
-            } else {
-                record.clone()
-            };
-            if server_w.write_all(&sent).is_err() {
-                break;
-            }
-            previous = record;
-        }
-    });
-    address
-}
-
 #[test]
 fn tampered_and_replayed_messages_end_the_connection() {
     let (path, key) = key_file("mitm");
     let listener = listen(&["127.0.0.1:0", "--key-file", path.to_str().unwrap()]);
     for attack in [Attack::Tamper, Attack::Replay] {
-        let address = man_in_the_middle(listener.address.clone(), attack);
+        let address = man_in_the_middle(listener.address.clone(), attack, SECOND_REQUEST);
         let remote = RemoteExecutor::connect_with_key(&address, Some(&key), timeouts()).unwrap();
         // The first request passes untouched…
         lookup_getpid(&remote).unwrap();
@@ -372,15 +303,6 @@ fn a_silent_client_is_dropped_after_the_idle_timeout_and_a_huge_frame_before_all
         matches!(&reply, Response::Error(m) if m.contains("too large")),
         "{reply:?}"
     );
-}
-
-/// VmRSS of `pid` in KiB (`None` if it is gone).
-fn rss_kib(pid: u32) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
 fn process_rss_kib(pid: u32) -> u64 {
@@ -555,33 +477,6 @@ fn a_flood_of_silent_connections_holds_few_processes_and_a_keyed_client_gets_in(
     let left = settle_children(pid, 0, Duration::from_secs(5));
     assert_eq!(left, 0, "connection processes left after the flood ended");
     let _ = std::fs::remove_file(&path);
-}
-
-/// A proxy that forwards one connection both ways and keeps the client's first record
-/// (the Noise handshake's first message, with its length).
-fn recording_proxy(upstream: String) -> (String, std::sync::mpsc::Receiver<Vec<u8>>) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    let (send, recorded) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let (mut client, _) = listener.accept().unwrap();
-        let mut server = TcpStream::connect(&upstream).unwrap();
-        let mut client_r = client.try_clone().unwrap();
-        let mut server_w = server.try_clone().unwrap();
-        std::thread::spawn(move || {
-            let _ = std::io::copy(&mut server, &mut client);
-            let _ = client.shutdown(std::net::Shutdown::Both);
-        });
-        let mut len = [0u8; 2];
-        client_r.read_exact(&mut len).unwrap();
-        let mut record = len.to_vec();
-        record.resize(2 + u16::from_be_bytes(len) as usize, 0);
-        client_r.read_exact(&mut record[2..]).unwrap();
-        server_w.write_all(&record).unwrap();
-        send.send(record).unwrap();
-        let _ = std::io::copy(&mut client_r, &mut server_w);
-    });
-    (address, recorded)
 }
 
 #[test]

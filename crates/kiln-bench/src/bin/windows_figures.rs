@@ -185,13 +185,15 @@ fn figures(args: &Args) -> Result<(), String> {
     let listening = kiln_testkit::start_listening(
         wine()
             .arg(executor.with_extension("exe"))
-            .args(["--listen", "127.0.0.1:0"]),
+            .args(["--listen", "127.0.0.1:0", "--key-file"])
+            .arg(kiln_testkit::key_file()),
     );
     let address = listening.address.clone();
 
     let kiln_windows = |noexec: bool| {
         let mut c = Command::new(&kiln);
-        c.args(["run", "--connect", &address]);
+        c.args(["run", "--connect", &address, "--key-file"])
+            .arg(kiln_testkit::key_file());
         if noexec {
             c.args(["--noexec", "--show-times"]);
         }
