@@ -409,6 +409,12 @@ impl KilnModule {
         &self.jit
     }
 
+    /// The session's library the module's definitions are linked into (where
+    /// [`kiln::Jit::lookup`] finds them by name).
+    pub fn library(&self) -> kiln::LibraryId {
+        self.lib
+    }
+
     fn slot(&self, id: FuncOrDataId) -> &Slot {
         match id {
             FuncOrDataId::Func(f) => &self.functions[f],

@@ -1,10 +1,12 @@
-//! From a function's syntax to Cranelift IR, into any `cranelift_module::Module`: an
-//! object file for Kiln (`cranelift-object`), or cranelift-jit's module (for comparing).
+//! From a function's syntax to Cranelift IR: built into any function whose calls an
+//! [`Imports`] resolves — a `cranelift_module::Module` (kiln-cranelift's `KilnModule`,
+//! which the runtime uses; cranelift-jit's or cranelift-object's, for comparing) or a lazy
+//! function's context.
 
 use crate::syntax::{BinaryOp, Expr, Extern, Function, Position, Statement, Type, UnaryOp};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::{types, AbiParam, InstBuilder, Signature, Value};
-use cranelift_codegen::isa::TargetIsa;
+use cranelift_codegen::ir::{self, types, AbiParam, FuncRef, InstBuilder, Signature, Value};
+use cranelift_codegen::isa::{TargetFrontendConfig, TargetIsa};
 use cranelift_codegen::Context;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_module::{FuncId, Linkage, Module};
@@ -63,13 +65,18 @@ pub fn count(n: usize, what: &str) -> String {
 
 pub use crate::check::check;
 
+/// The signature of a function of the language with `arity` parameters, from `base` (an
+/// empty signature in the target's calling convention).
+pub fn signature_from(mut base: Signature, arity: usize) -> Signature {
+    base.params
+        .extend(std::iter::repeat_n(AbiParam::new(types::I64), arity));
+    base.returns.push(AbiParam::new(types::I64));
+    base
+}
+
 /// The signature of a function of the language with `arity` parameters.
 pub fn signature(module: &dyn ModuleSignatures, arity: usize) -> Signature {
-    let mut sig = module.new_signature();
-    sig.params
-        .extend(std::iter::repeat_n(AbiParam::new(types::I64), arity));
-    sig.returns.push(AbiParam::new(types::I64));
-    sig
+    signature_from(module.new_signature(), arity)
 }
 
 /// What [`signature`] needs of a module (object-safe).
@@ -84,16 +91,49 @@ impl<M: Module> ModuleSignatures for M {
     }
 }
 
-fn extern_signature(module: &dyn ModuleSignatures, x: &Extern) -> Signature {
+/// Where a function's calls go: each callee declared (as an import) and referred to from
+/// the function being built.
+pub trait Imports {
+    /// An empty signature in the target's calling convention.
+    fn new_signature(&self) -> Signature;
+    /// A reference, in `func`, to `name` with `signature`.
+    fn import(
+        &mut self,
+        func: &mut ir::Function,
+        name: &str,
+        signature: &Signature,
+    ) -> Result<FuncRef, String>;
+}
+
+impl<M: Module> Imports for M {
+    fn new_signature(&self) -> Signature {
+        self.make_signature()
+    }
+
+    fn import(
+        &mut self,
+        func: &mut ir::Function,
+        name: &str,
+        signature: &Signature,
+    ) -> Result<FuncRef, String> {
+        let id = self
+            .declare_function(name, Linkage::Import, signature)
+            .map_err(|e| e.to_string())?;
+        Ok(self.declare_func_in_func(id, func))
+    }
+}
+
+/// The signature of extern `x`, from `base` (an empty signature in the target's calling
+/// convention).
+pub fn extern_signature(mut base: Signature, x: &Extern) -> Signature {
     let ty = |t: Type| match t {
         Type::I64 => types::I64,
         Type::I32 => types::I32,
     };
-    let mut sig = module.new_signature();
-    sig.params
+    base.params
         .extend(x.params.iter().map(|&t| AbiParam::new(ty(t))));
-    sig.returns.push(AbiParam::new(ty(x.result)));
-    sig
+    base.returns.push(AbiParam::new(ty(x.result)));
+    base
 }
 
 /// Declares `f` in `module` with `linkage` and compiles its body into it. Callees are
@@ -106,58 +146,82 @@ pub fn define<M: Module>(
     callees: &dyn Callees,
     linkage: Linkage,
 ) -> Result<FuncId, CompileError> {
-    check(f, callees)?;
     let failed = |message: String| CompileError {
         function: f.name.clone(),
         position: f.position,
         message,
     };
+    check(f, callees)?;
     let sig = signature(module, f.params.len());
     let id = module
         .declare_function(&f.name, linkage, &sig)
         .map_err(|e| failed(e.to_string()))?;
     context.clear();
-    context.func.signature = sig;
     let config = module.target_config();
-    {
-        let mut b = FunctionBuilder::new(&mut context.func, builder_context);
-        let entry = b.create_block();
-        b.append_block_params_for_function_params(entry);
-        b.switch_to_block(entry);
-        b.seal_block(entry);
-        let mut scopes = vec![HashMap::new()];
-        for (i, p) in f.params.iter().enumerate() {
-            let var = b.declare_var(types::I64);
-            let value = b.block_params(entry)[i];
-            b.def_var(var, value);
-            scopes[0].insert(p.clone(), var);
-        }
-        let mut gen = Generator {
-            module,
-            b,
-            scopes,
-            callees,
-            imports: HashMap::new(),
-        };
-        let result = gen.expr(&f.body).map_err(failed)?;
-        gen.b.ins().return_(&[result]);
-        gen.b.finalize(config);
-    }
+    build(
+        &mut context.func,
+        builder_context,
+        f,
+        callees,
+        module,
+        config,
+    )?;
     module
         .define_function(id, context)
         .map_err(|e| failed(format!("{e:?}")))?;
     Ok(id)
 }
 
-struct Generator<'a, 'f, M: Module> {
-    module: &'a mut M,
+/// Builds `f` into `func` (its signature set here), its calls resolved by `imports`.
+pub fn build(
+    func: &mut ir::Function,
+    builder_context: &mut FunctionBuilderContext,
+    f: &Function,
+    callees: &dyn Callees,
+    imports: &mut dyn Imports,
+    config: TargetFrontendConfig,
+) -> Result<(), CompileError> {
+    check(f, callees)?;
+    let failed = |message: String| CompileError {
+        function: f.name.clone(),
+        position: f.position,
+        message,
+    };
+    func.signature = signature_from(imports.new_signature(), f.params.len());
+    let mut b = FunctionBuilder::new(func, builder_context);
+    let entry = b.create_block();
+    b.append_block_params_for_function_params(entry);
+    b.switch_to_block(entry);
+    b.seal_block(entry);
+    let mut scopes = vec![HashMap::new()];
+    for (i, p) in f.params.iter().enumerate() {
+        let var = b.declare_var(types::I64);
+        let value = b.block_params(entry)[i];
+        b.def_var(var, value);
+        scopes[0].insert(p.clone(), var);
+    }
+    let mut gen = Generator {
+        imports,
+        b,
+        scopes,
+        callees,
+        refs: HashMap::new(),
+    };
+    let result = gen.expr(&f.body).map_err(failed)?;
+    gen.b.ins().return_(&[result]);
+    gen.b.finalize(config);
+    Ok(())
+}
+
+struct Generator<'a, 'f> {
+    imports: &'a mut dyn Imports,
     b: FunctionBuilder<'f>,
     scopes: Vec<HashMap<String, Variable>>,
     callees: &'a dyn Callees,
-    imports: HashMap<String, cranelift_codegen::ir::FuncRef>,
+    refs: HashMap<String, FuncRef>,
 }
 
-impl<M: Module> Generator<'_, '_, M> {
+impl Generator<'_, '_> {
     fn var(&self, name: &str) -> Result<Variable, String> {
         self.scopes
             .iter()
@@ -330,19 +394,16 @@ impl<M: Module> Generator<'_, '_, M> {
                 for a in args {
                     values.push(self.expr(a)?);
                 }
-                let fref = match self.imports.get(name) {
+                let fref = match self.refs.get(name) {
                     Some(&f) => f,
                     None => {
+                        let base = self.imports.new_signature();
                         let sig = match &callee {
-                            Callee::Function(n) => signature(self.module, *n),
-                            Callee::Extern(x) => extern_signature(self.module, x),
+                            Callee::Function(n) => signature_from(base, *n),
+                            Callee::Extern(x) => extern_signature(base, x),
                         };
-                        let id = self
-                            .module
-                            .declare_function(name, Linkage::Import, &sig)
-                            .map_err(|e| e.to_string())?;
-                        let f = self.module.declare_func_in_func(id, self.b.func);
-                        self.imports.insert(name.clone(), f);
+                        let f = self.imports.import(self.b.func, name, &sig)?;
+                        self.refs.insert(name.clone(), f);
                         f
                     }
                 };
@@ -404,7 +465,8 @@ pub fn isa_for(architecture: kiln::Architecture) -> Result<Arc<dyn TargetIsa>, S
 }
 
 /// Compiles `f` alone into an ELF relocatable object that defines it (global) and
-/// imports what it calls.
+/// imports what it calls (with cranelift-object: the path the runtime took before
+/// `KilnModule`, kept for comparing the two in kiln-bench's `lazy_figures`).
 pub fn compile_object(
     isa: &Arc<dyn TargetIsa>,
     f: &Function,

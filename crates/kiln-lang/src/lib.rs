@@ -1,9 +1,11 @@
 //! # kiln-lang
 //!
-//! A small expression language, compiled function by function with Cranelift into ELF
-//! objects and linked by Kiln — lazily: each function is a call-through stub until its
-//! first call compiles it ([`kiln::Jit::add_lazy_functions`]), and redefining a function
-//! replaces its body while the program runs ([`kiln::Jit::replace_function`]).
+//! A small expression language, compiled function by function with Cranelift and linked
+//! by Kiln through kiln-cranelift's [`KilnModule`] (no object file on the way) — lazily:
+//! each function is a call-through stub until its first call compiles it
+//! ([`KilnModule::declare_lazy_function`]), and redefining a function replaces its body
+//! while the program runs (the module's hot swap: `define_function` on the finalized
+//! function, then `finalize_definitions`).
 //!
 //! ```
 //! # fn main() -> Result<(), kiln_lang::LangError> {
@@ -27,9 +29,13 @@ pub mod check;
 pub mod codegen;
 pub mod syntax;
 
-use codegen::{Callee, Callees, CompileError};
-use cranelift_codegen::isa::TargetIsa;
-use kiln::{CodeThread, Jit, LazyCompiler, LibraryId};
+use codegen::{Callee, Callees, CompileError, Imports};
+use cranelift_codegen::ir::{self, FuncRef, Signature};
+use cranelift_codegen::isa::CallConv;
+use cranelift_frontend::FunctionBuilderContext;
+use cranelift_module::{FuncId, Linkage, Module, ModuleError};
+use kiln::{CodeThread, Jit, LibraryId};
+use kiln_cranelift::{KilnBuilder, KilnModule, LazyCompile, LazyContext};
 use parking_lot::RwLock;
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -49,6 +55,9 @@ pub enum LangError {
     /// Kiln failed to link or run.
     #[error(transparent)]
     Kiln(#[from] kiln::Error),
+    /// The module refused a declaration or definition, or its link failed.
+    #[error("{0}")]
+    Module(#[from] ModuleError),
     /// A call the runtime cannot make, or a redefinition it refuses.
     #[error("{0}")]
     Usage(String),
@@ -142,23 +151,90 @@ impl Callees for Definitions {
     }
 }
 
-/// Compiles a function from its definition, on its first call.
+/// Compiles the program's functions from their definitions: on their first call (lazy),
+/// or when they are defined.
 struct Compiler {
     definitions: Arc<RwLock<Definitions>>,
-    isa: Arc<dyn TargetIsa>,
     compiled: AtomicUsize,
+    /// The module's ids of the program's functions and externs, by name: what calls refer
+    /// to.
+    ids: RwLock<FxHashMap<String, FuncId>>,
+    /// The target's calling convention (lazy compiles' signatures).
+    call_conv: CallConv,
 }
 
-impl LazyCompiler for Compiler {
-    fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::CompileError> {
-        let definitions = self.definitions.read();
-        let f = definitions
-            .functions
+/// A lazy compile's calls: to the module's functions by id (the program's stubs, the
+/// externs' imports).
+struct LazyImports<'a> {
+    ids: &'a FxHashMap<String, FuncId>,
+    definitions: &'a Definitions,
+    call_conv: CallConv,
+}
+
+impl Imports for LazyImports<'_> {
+    fn new_signature(&self) -> Signature {
+        Signature::new(self.call_conv)
+    }
+
+    fn import(
+        &mut self,
+        func: &mut ir::Function,
+        name: &str,
+        signature: &Signature,
+    ) -> Result<FuncRef, String> {
+        let id = *self
+            .ids
             .get(name)
-            .ok_or_else(|| format!("no function {name}"))?;
-        let object = codegen::compile_object(&self.isa, &f.function()?, &*definitions)?;
-        self.compiled.fetch_add(1, Ordering::Relaxed);
-        Ok(object)
+            .ok_or_else(|| format!("'{name}' is not declared in the module"))?;
+        let signature = func.import_signature(signature.clone());
+        let user = func.declare_imported_user_function(ir::UserExternalName {
+            namespace: 0,
+            index: id.as_u32(),
+        });
+        // The program's functions are the module's own (colocated, as `KilnModule`'s
+        // `declare_func_in_func` makes them); externs come from elsewhere.
+        let colocated = self.definitions.functions.contains_key(name);
+        Ok(func.import_function(ir::ExtFuncData {
+            name: ir::ExternalName::user(user),
+            signature,
+            colocated,
+            patchable: false,
+        }))
+    }
+}
+
+impl Compiler {
+    /// The callback that compiles function `name` on its first call.
+    fn lazy(self: &Arc<Self>, name: String) -> LazyCompile {
+        let compiler = self.clone();
+        Arc::new(move |ctx: &mut LazyContext<'_>| {
+            let definitions = compiler.definitions.read();
+            let f = definitions
+                .functions
+                .get(&name)
+                .ok_or_else(|| format!("no function {name}"))?
+                .function()
+                .map_err(|e| e.to_string())?;
+            let ids = compiler.ids.read();
+            let mut imports = LazyImports {
+                ids: &ids,
+                definitions: &definitions,
+                call_conv: compiler.call_conv,
+            };
+            let config = ctx.target_config();
+            let mut builder_context = FunctionBuilderContext::new();
+            codegen::build(
+                ctx.func,
+                &mut builder_context,
+                &f,
+                &*definitions,
+                &mut imports,
+                config,
+            )
+            .map_err(|e| e.to_string())?;
+            compiler.compiled.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })
     }
 }
 
@@ -196,10 +272,10 @@ extern "C" fn kiln_lang_print(x: i64) -> i64 {
     x
 }
 
-/// A program being run: a Kiln session, the definitions, the Cranelift ISA.
+/// A program being run: its functions in a [`KilnModule`] (and so a Kiln session), the
+/// definitions.
 pub struct Runtime {
-    jit: Jit,
-    lib: LibraryId,
+    module: KilnModule,
     compiler: Arc<Compiler>,
     thread: CodeThread,
     eager: bool,
@@ -215,24 +291,29 @@ impl Runtime {
     /// architecture, with the executor's C library as externs and a `print` of the
     /// language's own (a function of the program, compiled on first call like the rest).
     pub fn new(options: Options) -> Result<Self, LangError> {
-        let mut builder = Jit::builder().debug_support(options.debug);
+        let mut session = Jit::builder().debug_support(options.debug);
         if let Some(address) = &options.connect {
-            builder = builder.executor(kiln::Executor::connect_with_key(
+            session = session.executor(kiln::Executor::connect_with_key(
                 address,
                 options.key.as_ref(),
                 Default::default(),
             )?);
         }
-        let jit = builder.build()?;
+        let session = session.build()?;
         let remote = options.connect.is_some();
-        let lib = jit.main_library();
-        jit.add_process_symbols(lib)?;
-        let definitions = Arc::new(RwLock::new(Definitions::default()));
         let isa = if remote {
-            codegen::isa_for(jit.architecture()).map_err(LangError::Usage)?
+            codegen::isa_for(session.architecture()).map_err(LangError::Usage)?
         } else {
-            jit.define_symbol(lib, "print", kiln_lang_print as *const () as u64)?;
-            definitions.write().externs.insert(
+            codegen::host_isa(true).map_err(LangError::Usage)?
+        };
+        let call_conv = isa.default_call_conv();
+        let mut builder = KilnBuilder::with_isa(isa, cranelift_module::default_libcall_names());
+        // Lazy: every function behind a stub, compiled on first call and redefinable.
+        builder.session(session).hot_swap(!options.eager);
+        let mut definitions = Definitions::default();
+        if !remote {
+            builder.symbol("print", kiln_lang_print as *const u8);
+            definitions.externs.insert(
                 "print".into(),
                 Extern {
                     name: "print".into(),
@@ -240,22 +321,31 @@ impl Runtime {
                     result: Type::I64,
                 },
             );
-            codegen::host_isa(true).map_err(LangError::Usage)?
-        };
-        let thread = jit.register_thread();
+        }
+        let module = KilnModule::try_new(builder)?;
+        let thread = module.session().register_thread();
         let mut runtime = Runtime {
-            lib,
+            module,
             compiler: Arc::new(Compiler {
-                definitions,
-                isa,
+                definitions: Arc::new(RwLock::new(Definitions::default())),
                 compiled: AtomicUsize::new(0),
+                ids: RwLock::new(FxHashMap::default()),
+                call_conv,
             }),
             thread,
             eager: options.eager,
             remote,
             expressions: 0,
-            jit,
         };
+        for x in std::mem::take(&mut definitions.externs).into_values() {
+            runtime.declare_extern(&x)?;
+            runtime
+                .compiler
+                .definitions
+                .write()
+                .externs
+                .insert(x.name.clone(), x);
+        }
         if remote {
             runtime.load(REMOTE_PRELUDE)?;
         }
@@ -264,12 +354,27 @@ impl Runtime {
 
     /// The Kiln session (for its statistics, plugins, …).
     pub fn jit(&self) -> &Jit {
-        &self.jit
+        self.module.session()
     }
 
-    /// The library the program's functions are defined in.
+    /// The session's library the program's functions are defined in.
     pub fn library(&self) -> LibraryId {
-        self.lib
+        self.module.library()
+    }
+
+    /// The module the program's functions are defined in.
+    pub fn module(&self) -> &KilnModule {
+        &self.module
+    }
+
+    /// Declares extern `x` in the module (an import), for calls to refer to.
+    fn declare_extern(&mut self, x: &Extern) -> Result<(), LangError> {
+        let signature = codegen::extern_signature(self.module.make_signature(), x);
+        let id = self
+            .module
+            .declare_function(&x.name, Linkage::Import, &signature)?;
+        self.compiler.ids.write().insert(x.name.clone(), id);
+        Ok(())
     }
 
     /// Functions compiled so far (lazily or eagerly).
@@ -396,6 +501,19 @@ impl Runtime {
             }
             previous_functions
         };
+        let externs: Vec<Extern> = {
+            let definitions = self.compiler.definitions.read();
+            outcomes
+                .iter()
+                .filter_map(|o| match o {
+                    Outcome::Declared(name) => definitions.externs.get(name).cloned(),
+                    _ => None,
+                })
+                .collect()
+        };
+        for x in &externs {
+            self.declare_extern(x)?;
+        }
         if let Err((error, revert)) = self.link_functions(&new, &replaced) {
             let mut definitions = self.compiler.definitions.write();
             undo(&mut definitions, previous, |name| {
@@ -409,6 +527,35 @@ impl Runtime {
         Ok(outcomes)
     }
 
+    /// Builds function `name`'s body into a new context of the module (declaring what it
+    /// calls).
+    fn build(&mut self, name: &str) -> Result<cranelift_codegen::Context, LangError> {
+        let definitions = self.compiler.definitions.read();
+        let f = definitions.functions[name].function()?;
+        let mut context = self.module.make_context();
+        let config = self.module.target_config();
+        codegen::build(
+            &mut context.func,
+            &mut FunctionBuilderContext::new(),
+            &f,
+            &*definitions,
+            &mut self.module,
+            config,
+        )?;
+        Ok(context)
+    }
+
+    /// Declares function `name` of the program (exported) in the module.
+    fn declare(&mut self, name: &str) -> Result<FuncId, LangError> {
+        let arity = self.compiler.definitions.read().functions[name].arity();
+        let signature = codegen::signature(&self.module, arity);
+        let id = self
+            .module
+            .declare_function(name, Linkage::Export, &signature)?;
+        self.compiler.ids.write().insert(name.to_string(), id);
+        Ok(id)
+    }
+
     /// Links the functions a load defined and replaced. On an error, the names whose
     /// definitions must go back to what they were (nothing of theirs was linked).
     fn link_functions(
@@ -416,51 +563,57 @@ impl Runtime {
         new: &[String],
         replaced: &[String],
     ) -> Result<(), (LangError, Vec<String>)> {
-        let definitions = self.compiler.definitions.read();
         let everything = || new.iter().chain(replaced).cloned().collect::<Vec<_>>();
-        let compile = |name: &String| {
-            let f = definitions.functions[name].function()?;
-            codegen::compile_object(&self.compiler.isa, &f, &*definitions).map_err(LangError::from)
-        };
         if self.eager {
-            // Every object compiled before any is added: an error leaves nothing pending.
-            let objects = new
+            // Every body built before any is defined: an error leaves nothing pending.
+            let contexts = new
                 .iter()
-                .map(compile)
+                .map(|name| self.build(name))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| (e, everything()))?;
-            for (name, object) in new.iter().zip(objects) {
-                self.compiler.compiled.fetch_add(1, Ordering::Relaxed);
-                self.jit
-                    .add_object(self.lib, name, object)
+            for (name, mut context) in new.iter().zip(contexts) {
+                let id = self.declare(name).map_err(|e| (e, everything()))?;
+                self.module
+                    .define_function(id, &mut context)
                     .map_err(|e| (e.into(), everything()))?;
+                self.compiler.compiled.fetch_add(1, Ordering::Relaxed);
             }
-            // A failed link drops what was pending: nothing of this load stays.
-            self.jit
-                .link_pending(self.lib)
-                .map_err(|e| (e.into(), everything()))?;
-            return Ok(());
+            // A failed finalize drops what was pending: nothing of this load stays.
+            return self
+                .module
+                .finalize_definitions()
+                .map_err(|e| (e.into(), everything()));
         }
-        // Replacements compiled first: a compile error changes nothing.
+        // Replacements built first: an error changes nothing.
         let bodies = replaced
             .iter()
-            .map(compile)
+            .map(|name| self.build(name))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| (e, everything()))?;
-        if !new.is_empty() {
-            let names: Vec<&str> = new.iter().map(String::as_str).collect();
-            self.jit
-                .add_lazy_functions(self.lib, &names, self.compiler.clone())
+        for name in new {
+            let arity = self.compiler.definitions.read().functions[name].arity();
+            let signature = codegen::signature(&self.module, arity);
+            let compile = self.compiler.lazy(name.clone());
+            let id = self
+                .module
+                .declare_lazy_function(name, Linkage::Export, &signature, compile)
                 .map_err(|e| (e.into(), everything()))?;
+            self.compiler.ids.write().insert(name.clone(), id);
         }
-        for (i, (name, object)) in replaced.iter().zip(bodies).enumerate() {
+        if replaced.is_empty() {
+            return Ok(());
+        }
+        // The new functions stand; the replacements are one finalize (all or none).
+        for (name, mut context) in replaced.iter().zip(bodies) {
+            let id = self.compiler.ids.read()[name];
+            self.module
+                .define_function(id, &mut context)
+                .map_err(|e| (e.into(), replaced.to_vec()))?;
             self.compiler.compiled.fetch_add(1, Ordering::Relaxed);
-            // The new functions and the replacements before this one stand.
-            self.jit
-                .replace_function(self.lib, name, object)
-                .map_err(|e| (e.into(), replaced[i..].to_vec()))?;
         }
-        Ok(())
+        self.module
+            .finalize_definitions()
+            .map_err(|e| (e.into(), replaced.to_vec()))
     }
 
     /// Compiles `e` as a function of no parameters, links it, calls it and frees it.
@@ -472,17 +625,27 @@ impl Runtime {
             body: e,
             position: syntax::Position { line: 1, column: 1 },
         };
-        let object = {
+        let id = {
             let definitions = self.compiler.definitions.read();
-            codegen::compile_object(&self.compiler.isa, &f, &*definitions).map_err(|mut e| {
+            let mut context = self.module.make_context();
+            codegen::define(
+                &mut self.module,
+                &mut context,
+                &mut FunctionBuilderContext::new(),
+                &f,
+                &*definitions,
+                Linkage::Export,
+            )
+            .map_err(|mut e| {
                 // The wrapper's name means nothing to the user.
                 e.function = "expression".into();
                 e
             })?
         };
-        let module = self.jit.link_object(self.lib, &f.name, object)?;
-        let result = self.call(&f.name, &[]);
-        self.jit.remove_module(&module)?;
+        self.module.finalize_definitions()?;
+        let address = self.module.get_finalized_function(id) as u64;
+        let result = self.call_address(address, &[]);
+        self.module.free_function(id)?;
         result
     }
 
@@ -490,7 +653,32 @@ impl Runtime {
     /// (at most 6), under a guard of this thread: a body replaced meanwhile stays mapped
     /// until the call returns.
     pub fn call(&self, name: &str, args: &[i64]) -> Result<i64, LangError> {
-        let address = self.jit.lookup(self.lib, name)?;
+        let arity = self
+            .compiler
+            .definitions
+            .read()
+            .functions
+            .get(name)
+            .map(Definition::arity);
+        let Some(arity) = arity else {
+            return Err(LangError::Usage(format!("no function '{name}'")));
+        };
+        if arity != args.len() {
+            return Err(LangError::Usage(format!(
+                "'{name}' takes {}, given {}",
+                codegen::count(arity, "argument"),
+                args.len()
+            )));
+        }
+        let id = self.compiler.ids.read().get(name).copied();
+        let Some(id) = id else {
+            return Err(LangError::Usage(format!("no function '{name}'")));
+        };
+        self.call_address(self.module.get_finalized_function(id) as u64, args)
+    }
+
+    /// Calls the function at `address` with `args` (its arity checked by the caller).
+    fn call_address(&self, address: u64, args: &[i64]) -> Result<i64, LangError> {
         let _guard = self.thread.pin();
         type F0 = extern "C" fn() -> i64;
         type F1 = extern "C" fn(i64) -> i64;
@@ -499,27 +687,13 @@ impl Runtime {
         type F4 = extern "C" fn(i64, i64, i64, i64) -> i64;
         type F5 = extern "C" fn(i64, i64, i64, i64, i64) -> i64;
         type F6 = extern "C" fn(i64, i64, i64, i64, i64, i64) -> i64;
-        let arity = self
-            .compiler
-            .definitions
-            .read()
-            .functions
-            .get(name)
-            .map_or(args.len(), Definition::arity);
-        if arity != args.len() {
-            return Err(LangError::Usage(format!(
-                "'{name}' takes {}, given {}",
-                codegen::count(arity, "argument"),
-                args.len()
-            )));
-        }
         if self.remote {
             // The executor guards its own threads while the call runs.
             let args: Vec<u64> = args.iter().map(|&a| a as u64).collect();
             // SAFETY: every function of the language (and every expression) is compiled
             // with the signature `extern "C" fn(i64 × arity) -> i64`, checked above, for
             // the executor's architecture, and lies in the executor's memory.
-            let result = unsafe { self.jit.executor().call(address, &args) }? as i64;
+            let result = unsafe { self.module.session().executor().call(address, &args) }? as i64;
             return self.no_failed_compile(result);
         }
         let a = |i: usize| args[i];
@@ -548,7 +722,7 @@ impl Runtime {
 
     /// `result`, unless a compile on first call failed meanwhile.
     fn no_failed_compile(&self, result: i64) -> Result<i64, LangError> {
-        if let Some(failure) = self.jit.lazy_failures().into_iter().next() {
+        if let Some(failure) = self.module.session().lazy_failures().into_iter().next() {
             return Err(LangError::Usage(format!(
                 "compiling {} failed: {}",
                 failure.function, failure.error
