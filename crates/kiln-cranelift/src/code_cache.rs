@@ -92,7 +92,7 @@ pub(crate) fn function_object(
     for reloc in relocs {
         let r_type = elf_type(architecture, reloc.kind)
             .ok_or_else(|| format!("relocation {:?} is not linked by Kiln", reloc.kind))?;
-        if reloc.kind == Reloc::RiscvPCRelHi20 {
+        if crate::relocations::opens_pcrel_pair(reloc.kind) {
             last_hi20 = Some(u64::from(reloc.offset));
         }
         if reloc.kind == Reloc::RiscvPCRelLo12I {

@@ -539,7 +539,9 @@ impl KilnModule {
                 })
             })?;
             match reloc.kind {
-                Reloc::RiscvPCRelHi20 => last_hi20 = Some(u64::from(reloc.offset)),
+                kind if crate::relocations::opens_pcrel_pair(kind) => {
+                    last_hi20 = Some(u64::from(reloc.offset))
+                }
                 Reloc::RiscvPCRelLo12I => {
                     // ELF's low part names a label at its high part's instruction.
                     let hi = last_hi20.ok_or_else(|| {

@@ -41,6 +41,16 @@ pub(crate) fn elf_type(architecture: Architecture, kind: Reloc) -> Option<u32> {
     Some(r_type.0)
 }
 
+/// Whether `kind` is the high part of a RISC-V PC-relative pair: the instruction whose
+/// address a following `%pcrel_lo` (`RiscvPCRelLo12I`) names. The psABI pairs the low
+/// part with `PCREL_HI20`, `GOT_HI20` (a GOT load: `auipc` + `ld`) and `TLS_GD_HI20`.
+pub(crate) fn opens_pcrel_pair(kind: Reloc) -> bool {
+    matches!(
+        kind,
+        Reloc::RiscvPCRelHi20 | Reloc::RiscvGotHi20 | Reloc::RiscvTlsGdHi20
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
