@@ -69,6 +69,10 @@ impl VethPair {
             &["-n", ns, "link", "set", &peer, "up"],
             &["-n", ns, "link", "set", "lo", "up"],
         ];
+        // A namespace or link of the same name left by a run that was killed (its
+        // process id reused) goes first.
+        let _ = ip(&["netns", "del", ns]);
+        let _ = ip(&["link", "del", link]);
         for step in steps {
             if let Err(why) = ip(step) {
                 panic!("a network namespace for the test (root and iproute2 needed): {why}");
