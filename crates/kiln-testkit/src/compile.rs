@@ -7,9 +7,16 @@ use std::process::Command;
 /// (`target/debug/deps/NAME-HASH`).
 pub(crate) fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
+    // A test binary lies in target/PROFILE/deps, a benchmark run by its name in
+    // target/PROFILE.
+    let up = if exe.parent().is_some_and(|d| d.ends_with("deps")) {
+        3
+    } else {
+        2
+    };
     exe.ancestors()
-        .nth(3)
-        .expect("the test binary lies in target/PROFILE/deps")
+        .nth(up)
+        .expect("the binary lies in target/PROFILE or target/PROFILE/deps")
         .to_path_buf()
 }
 
