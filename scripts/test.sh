@@ -188,7 +188,7 @@ python_package() {
   local venv="$TARGET/python-venv"
   [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv" || return 1
   KILN_CAPI_LIB="$SMOKE/libkiln_capi.so" \
-    "$venv/bin/pip" install --quiet --disable-pip-version-check ./python pytest llvmlite &&
+    "$venv/bin/pip" install --quiet --disable-pip-version-check ./python pytest llvmlite numba==0.68.1 &&
     # From elsewhere than the source tree: `import kiln` is the installed wheel's.
     (cd "$TARGET" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests") &&
     "$venv/bin/python" python/benchmarks/llvmlite_functions.py --functions 100 --rounds 1 \
