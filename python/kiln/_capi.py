@@ -52,6 +52,10 @@ class MemoryStats(ctypes.Structure):
         ("slabs", ctypes.c_uint64),
     ]
 
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)}" for name, _ in self._fields_)
+        return f"MemoryStats({fields})"
+
 
 RELEASE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 

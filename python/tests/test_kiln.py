@@ -67,7 +67,11 @@ def test_llvmlite_objects_link_call_the_c_library_and_are_removed() -> None:
             modules.append(session.link())
         for i in range(50):
             assert session.lookup_fn(f"f{i}", LONG_FN)(3) == abs(3 * i - 7)
-        before = session.memory_stats().live_allocations
+        stats = session.memory_stats()
+        before = stats.live_allocations
+        # Its repr names every figure with its value.
+        assert repr(stats).startswith("MemoryStats(live_allocations=")
+        assert f"bytes_resident={stats.bytes_resident}" in repr(stats)
         for module in modules:
             session.remove(module)
             module.release()
