@@ -199,7 +199,12 @@ int plat_read_private_file(const char *path, char *text, size_t size, char *why,
         return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || (st.st_mode & 077) != 0) {
+    if (fstat(fd, &st) != 0) {
+        snprintf(why, why_len, "%s", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if ((st.st_mode & 077) != 0) {
         snprintf(why, why_len, "the key file is readable or writable by others (mode %o); make it 0600",
                  (unsigned)(st.st_mode & 0777));
         close(fd);

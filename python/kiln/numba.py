@@ -135,11 +135,6 @@ class KilnEngine:
 
     get_global_value_address = get_function_address
 
-    @property
-    def memory_stats(self) -> Any:
-        """The session's memory figures."""
-        return self._session.memory_stats()
-
 
 def enabled() -> bool:
     """Whether :func:`enable` has switched Numba to Kiln."""

@@ -74,21 +74,10 @@ pub fn signature_from(mut base: Signature, arity: usize) -> Signature {
     base
 }
 
-/// The signature of a function of the language with `arity` parameters.
-pub fn signature(module: &dyn ModuleSignatures, arity: usize) -> Signature {
-    signature_from(module.new_signature(), arity)
-}
-
-/// What [`signature`] needs of a module (object-safe).
-pub trait ModuleSignatures {
-    /// An empty signature in the module's calling convention.
-    fn new_signature(&self) -> Signature;
-}
-
-impl<M: Module> ModuleSignatures for M {
-    fn new_signature(&self) -> Signature {
-        self.make_signature()
-    }
+/// The signature of a function of the language with `arity` parameters, in `imports`'
+/// calling convention.
+pub fn signature(imports: &dyn Imports, arity: usize) -> Signature {
+    signature_from(imports.new_signature(), arity)
 }
 
 /// Where a function's calls go: each callee declared (as an import) and referred to from

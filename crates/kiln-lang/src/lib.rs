@@ -310,17 +310,8 @@ impl Runtime {
         let mut builder = KilnBuilder::with_isa(isa, cranelift_module::default_libcall_names());
         // Lazy: every function behind a stub, compiled on first call and redefinable.
         builder.session(session).hot_swap(!options.eager);
-        let mut definitions = Definitions::default();
         if !remote {
             builder.symbol("print", kiln_lang_print as *const u8);
-            definitions.externs.insert(
-                "print".into(),
-                Extern {
-                    name: "print".into(),
-                    params: vec![Type::I64],
-                    result: Type::I64,
-                },
-            );
         }
         let module = KilnModule::try_new(builder)?;
         let thread = module.session().register_thread();
@@ -337,14 +328,15 @@ impl Runtime {
             remote,
             expressions: 0,
         };
-        for x in std::mem::take(&mut definitions.externs).into_values() {
-            runtime.declare_extern(&x)?;
-            runtime
-                .compiler
-                .definitions
-                .write()
-                .externs
-                .insert(x.name.clone(), x);
+        if !remote {
+            let print = Extern {
+                name: "print".into(),
+                params: vec![Type::I64],
+                result: Type::I64,
+            };
+            runtime.declare_extern(&print)?;
+            let mut definitions = runtime.compiler.definitions.write();
+            definitions.externs.insert(print.name.clone(), print);
         }
         if remote {
             runtime.load(REMOTE_PRELUDE)?;

@@ -303,10 +303,7 @@ impl Channel {
         while !handshake.is_handshake_finished() {
             if handshake.is_my_turn() {
                 let n = handshake.write_message(&[], &mut buf).map_err(auth)?;
-                let mut record = Vec::with_capacity(n + 2);
-                record.extend_from_slice(&(n as u16).to_be_bytes());
-                record.extend_from_slice(&buf[..n]);
-                self.raw_write(&record)?;
+                self.write_record(&buf[..n])?;
             } else {
                 let record = self.read_record()?;
                 handshake.read_message(&record, &mut scratch).map_err(|_| {
@@ -323,10 +320,7 @@ impl Channel {
         match role {
             Role::Initiator => {
                 let n = transport.write_message(0, &[], &mut buf).map_err(auth)?;
-                let mut record = Vec::with_capacity(n + 2);
-                record.extend_from_slice(&(n as u16).to_be_bytes());
-                record.extend_from_slice(&buf[..n]);
-                self.raw_write(&record)?;
+                self.write_record(&buf[..n])?;
             }
             Role::Responder => {
                 let record = self.read_record()?;
@@ -354,6 +348,14 @@ impl Channel {
             pos: 0,
         });
         Ok(())
+    }
+
+    /// One Noise message to the wire: a big-endian `u16` length and the bytes.
+    fn write_record(&mut self, message: &[u8]) -> Result<(), ChannelError> {
+        let mut record = Vec::with_capacity(message.len() + 2);
+        record.extend_from_slice(&(message.len() as u16).to_be_bytes());
+        record.extend_from_slice(message);
+        self.raw_write(&record)
     }
 
     /// Sends raw bytes (before any framing: the TCP preamble).
