@@ -33,6 +33,15 @@ pub trait LinkContext {
         vec![None; names.len()]
     }
 
+    /// Addresses of names the link's own namespace (the session's library, not its search
+    /// order) defines already: a weak definition of the link's inputs with default or
+    /// protected visibility gives way to them, as a weak definition gives way to a strong
+    /// one in ELF (two copies of an `inline` or `linkonce_odr` function, the second linked
+    /// later). `None` for the rest (the default: the namespace is empty).
+    fn defined_here(&mut self, names: &[&str]) -> Vec<Option<u64>> {
+        vec![None; names.len()]
+    }
+
     /// A fresh thread-local-storage module id for this link's TLS block, passed to
     /// `__tls_get_addr` by general- and local-dynamic code; an error if the executor
     /// cannot give one.
@@ -203,6 +212,7 @@ pub fn link<'a>(
     // Archive members are parsed while resolving; their parse time counts as resolve.
     linker.pending.reverse();
     linker.load_archive_members()?;
+    linker.yield_weak_definitions();
     linker.resolve_externals()?;
     times.resolve = clock.since(t);
 

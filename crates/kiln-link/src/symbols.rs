@@ -308,6 +308,48 @@ impl<'a, 'c> Linker<'a, 'c> {
         Ok(())
     }
 
+    /// Weak definitions and common symbols of the inputs that the link's namespace defines
+    /// already ([`LinkContext::defined_here`]) bind to that definition: a weak copy stays
+    /// in the module, unused and not exported; a common one takes no room. Hidden and
+    /// thread-local ones stay the module's.
+    pub(crate) fn yield_weak_definitions(&mut self) {
+        let weak: Vec<u32> = self
+            .globals
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| match g.def {
+                Def::Defined {
+                    obj,
+                    sym,
+                    weak: true,
+                } if !g.tls => {
+                    let s = &self.objs[obj as usize].symbols[sym as usize];
+                    s.visibility == object::elf::STV_DEFAULT.0
+                        || s.visibility == object::elf::STV_PROTECTED.0
+                }
+                // A common symbol (`int x;` built with -fcommon, LLVM's `common` globals)
+                // gives way to a definition as a weak one does.
+                Def::Common { .. } => !g.tls,
+                _ => false,
+            })
+            .map(|(id, _)| id as u32)
+            .collect();
+        if weak.is_empty() {
+            return;
+        }
+        let names: Vec<std::borrow::Cow<'a, str>> = weak
+            .iter()
+            .map(|&id| String::from_utf8_lossy(self.globals[id as usize].name))
+            .collect();
+        let refs: Vec<&str> = names.iter().map(|n| &**n).collect();
+        let found = self.ctx.defined_here(&refs);
+        for (&id, address) in weak.iter().zip(found) {
+            if let Some(address) = address {
+                self.globals[id as usize].def = Def::External(address);
+            }
+        }
+    }
+
     /// Resolves what the inputs do not define through the context; lists what nobody
     /// defines.
     pub(crate) fn resolve_externals(&mut self) -> Result<(), LinkError> {

@@ -67,7 +67,11 @@ use std::sync::Arc;
 /// search order; to the link's archives (a member is pulled only for what no module of the
 /// library defines already); to the generators. Defining a name twice in one library —
 /// two modules, or a module and [`Jit::define_symbol`] — is an error
-/// ([`Error::Redefinition`]); replacing a definition in place is not supported.
+/// ([`Error::Redefinition`]), except that a module's weak definition or common symbol
+/// (an `inline` function's copy, LLVM's `linkonce_odr` and `common` globals, `int x;` built
+/// with `-fcommon`) gives way to the library's definition, as it would to a strong one in
+/// an ELF link: the module's code binds to that definition, and uses its module. Replacing
+/// a definition in place is not supported.
 ///
 /// # Modules and removal
 ///

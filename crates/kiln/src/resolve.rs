@@ -138,6 +138,24 @@ impl LinkContext for SessionContext<'_> {
         self.resolve_many(&[name]).pop().flatten()
     }
 
+    fn defined_here(&mut self, names: &[&str]) -> Vec<Option<u64>> {
+        // The library's index only: its lazy objects are the link's inputs or wait, and
+        // the search order's libraries are other namespaces.
+        let state = self.library.state.read();
+        names
+            .iter()
+            .map(|name| {
+                let d = state.index.get(*name)?;
+                if let Some(id) = d.module_id() {
+                    if let Some(m) = state.modules.get(&id) {
+                        self.uses.entry(id).or_insert_with(|| m.clone());
+                    }
+                }
+                Some(d.address)
+            })
+            .collect()
+    }
+
     fn resolve_defined(&mut self, names: &[&str]) -> Vec<Option<u64>> {
         let order = self.order();
         self.search_indexes(&order, names)

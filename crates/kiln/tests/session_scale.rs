@@ -111,6 +111,58 @@ fn defining_a_name_twice_is_an_error_and_changes_nothing() {
 }
 
 #[test]
+fn a_weak_or_common_definition_gives_way_to_the_librarys_own() {
+    // Two modules of one library each carry a copy of a weak function and a common
+    // variable (an `inline` function's and `int x;`'s shape: LLVM's linkonce_odr and common
+    // globals): the second module binds to the first one's, as ELF binds a weak definition
+    // to a strong one. Different bodies make the binding visible.
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let one = jit
+        .link_object(
+            lib,
+            "one.o",
+            kiln_testkit::cc_object(
+                "one",
+                "__attribute__((weak)) long scaled(long x) { return x * 3; }\n\
+                 long counter;\n\
+                 long use_one(long x) { counter += 1; return scaled(x); }",
+                &["-O1", "-fcommon", "-fno-inline"],
+            ),
+        )
+        .unwrap();
+    let two = jit
+        .link_object(
+            lib,
+            "two.o",
+            kiln_testkit::cc_object(
+                "two",
+                "__attribute__((weak)) long scaled(long x) { return x * 5; }\n\
+                 long counter;\n\
+                 long use_two(long x) { counter += 10; return scaled(x) + counter; }",
+                &["-O1", "-fcommon", "-fno-inline"],
+            ),
+        )
+        .expect("weak and common copies give way to the library's definitions");
+    assert_eq!(call1(&jit, lib, "use_one", 2), 6);
+    // The first module's `scaled` (x3), and the one `counter`: 1 from use_one, +10.
+    assert_eq!(call1(&jit, lib, "use_two", 2), 6 + 11);
+    assert_eq!(
+        jit.lookup(lib, "scaled").unwrap(),
+        one.symbol("scaled").unwrap()
+    );
+    assert_eq!(
+        two.symbol("scaled"),
+        None,
+        "the second module does not export its copy"
+    );
+    // The second module uses the first: removing the first is refused while it is there.
+    assert!(jit.remove_module(&one).is_err());
+    jit.remove_module(&two).unwrap();
+    jit.remove_module(&one).unwrap();
+}
+
+#[test]
 fn a_library_id_of_another_session_is_an_error() {
     let a = Jit::new().unwrap();
     let b = Jit::new().unwrap();
