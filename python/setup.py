@@ -27,12 +27,23 @@ def c_library() -> Path:
     return target / "release" / "libkiln_capi.so"
 
 
+# Installed next to the package (site-packages' root): Python runs its line at start-up.
+# With KILN_NUMBA=1 in the environment it switches Numba to Kiln before the program runs
+# (for programs one cannot edit, and the processes they start); otherwise it costs one
+# environment lookup (the package and its C library are not even imported).
+STARTUP_PTH = (
+    'import os; os.environ.get("KILN_NUMBA") == "1" and '
+    '__import__("kiln.numba", fromlist=["enable"]).enable()\n'
+)
+
+
 class BuildWithLibrary(build_py):
     def run(self) -> None:
         super().run()
         destination = Path(self.build_lib) / "kiln" / "_lib"
         destination.mkdir(parents=True, exist_ok=True)
         shutil.copy2(c_library(), destination / "libkiln_capi.so")
+        (Path(self.build_lib) / "kiln_numba.pth").write_text(STARTUP_PTH)
 
 
 class PlatformDistribution(Distribution):

@@ -192,6 +192,8 @@ python_package() {
     # From elsewhere than the source tree: `import kiln` is the installed wheel's.
     (cd "$TARGET" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests") &&
     "$venv/bin/python" python/benchmarks/llvmlite_functions.py --functions 100 --rounds 1 \
+      >>"$LOGS/benchmarks.log" &&
+    "$venv/bin/python" python/benchmarks/numba_functions.py --functions 20 --rounds 1 \
       >>"$LOGS/benchmarks.log"
 }
 phase "Python package (pip install ./python, pytest)" python_package

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
+import sys
 import threading
-from typing import Any, Iterator, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _capi
 
@@ -37,6 +39,21 @@ __all__ = ["KilnError", "Module", "Session", "version"]
 F = TypeVar("F")
 
 BytesLike = Union[bytes, bytearray, memoryview]
+
+# The resolvers Kiln holds, by key: their ctypes thunks must live until Kiln destroys them.
+_RESOLVERS: Dict[int, Tuple[Any, Any]] = {}
+_RESOLVER_KEYS = itertools.count()
+
+
+class _Unraisable:
+    """What ``sys.unraisablehook`` takes (the fields of ``sys.UnraisableHookArgs``)."""
+
+    def __init__(self, exc_type: Any, exc_value: Any, exc_traceback: Any, err_msg: str, obj: Any) -> None:
+        self.exc_type = exc_type
+        self.exc_value = exc_value
+        self.exc_traceback = exc_traceback
+        self.err_msg = err_msg
+        self.object = obj
 
 
 def version() -> str:
@@ -314,6 +331,53 @@ class Session:
                 ctypes.c_void_p(h), self._library(library), encoded, address, ctypes.byref(error)
             )
         _check(status, error)
+
+    def add_resolver(self, resolve: Callable[[str], Optional[int]], library: Optional[int] = None) -> None:
+        """Adds a resolver to ``library``: a link asks ``resolve(name)`` for each name it
+        cannot find otherwise (after the library's definitions and search order), once per
+        name; it returns the address or ``None``. Kiln calls it from the linking thread
+        (with the GIL taken for the call); it must not add to, link into or look up in the
+        library it resolves for. An exception it raises counts as ``None`` and goes to
+        ``sys.unraisablehook``."""
+        resolver = self._resolver(resolve)
+        error = ctypes.c_void_p()
+        with self._use() as h:
+            status = _capi.lib.kiln_add_resolver(
+                ctypes.c_void_p(h), self._library(library), ctypes.byref(resolver), ctypes.byref(error)
+            )
+        _check(status, error)
+
+    def add_session_resolver(self, resolve: Callable[[str], Optional[int]]) -> None:
+        """:meth:`add_resolver` for every library of the session, those created later
+        included."""
+        resolver = self._resolver(resolve)
+        error = ctypes.c_void_p()
+        with self._use() as h:
+            status = _capi.lib.kiln_add_session_resolver(ctypes.c_void_p(h), ctypes.byref(resolver), ctypes.byref(error))
+        _check(status, error)
+
+    def _resolver(self, resolve: Callable[[str], Optional[int]]) -> "_capi.Resolver":
+        """A ``kiln_resolver`` calling ``resolve``: kept alive (with its ctypes thunks)
+        until Kiln destroys it."""
+        key = next(_RESOLVER_KEYS)
+
+        def call(_context: Any, name: bytes, address: Any) -> int:
+            try:
+                found = resolve(name.decode("utf-8", "surrogateescape"))
+            except BaseException as e:  # noqa: BLE001 - reported, and the name is unknown
+                sys.unraisablehook(_Unraisable(type(e), e, e.__traceback__, f"kiln resolver {resolve!r}", None))
+                return 0
+            if not found:
+                return 0
+            address[0] = found
+            return 1
+
+        def destroy(_context: Any) -> None:
+            _RESOLVERS.pop(key, None)
+
+        thunks = (_capi.RESOLVE_FN(call), _capi.RELEASE_FN(destroy))
+        _RESOLVERS[key] = thunks
+        return _capi.Resolver(None, thunks[0], thunks[1])
 
     # -- linking ----------------------------------------------------------------------------
 

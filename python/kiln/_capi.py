@@ -58,6 +58,18 @@ class MemoryStats(ctypes.Structure):
 
 
 RELEASE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+# ``kiln_resolve_fn``: (context, name, address out) -> 1 found / 0 not.
+RESOLVE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64))
+
+
+class Resolver(ctypes.Structure):
+    """``struct kiln_resolver``."""
+
+    _fields_ = [
+        ("context", ctypes.c_void_p),
+        ("resolve", RESOLVE_FN),
+        ("destroy", RELEASE_FN),
+    ]
 
 lib = ctypes.CDLL(_library_path())
 
@@ -104,6 +116,8 @@ _declare(
     _error_out,
 )
 _declare("kiln_add_process_symbols", ctypes.c_int, _session, ctypes.c_uint64, _error_out)
+_declare("kiln_add_resolver", ctypes.c_int, _session, ctypes.c_uint64, ctypes.POINTER(Resolver), _error_out)
+_declare("kiln_add_session_resolver", ctypes.c_int, _session, ctypes.POINTER(Resolver), _error_out)
 _declare("kiln_define_symbol", ctypes.c_int, _session, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_uint64, _error_out)
 _declare("kiln_link", ctypes.c_int, _session, ctypes.c_uint64, ctypes.POINTER(ctypes.c_void_p), _error_out)
 _declare("kiln_lookup", ctypes.c_int, _session, ctypes.c_uint64, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64), _error_out)

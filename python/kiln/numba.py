@@ -1,5 +1,5 @@
 """Numba on Kiln: every Numba JIT compilation of the process linked by Kiln instead of
-LLVM's MCJIT.
+LLVM's MCJIT, and its code freed when Numba lets go of it.
 
 >>> import kiln.numba                                        # doctest: +SKIP
 >>> kiln.numba.enable()                                      # before the first compilation
@@ -7,37 +7,47 @@ LLVM's MCJIT.
 >>> njit(lambda x: x + 1)(41)
 42
 
-Or, for a program one cannot edit, ``KILN_NUMBA=1`` in its environment with
-``python -c "import kiln.numba; kiln.numba.enable_from_environment()" …`` (see
-:func:`enable_from_environment`).
+Or, for a program one cannot edit, ``KILN_NUMBA=1`` in its environment: the package
+installs a start-up hook (``kiln_numba.pth``) that calls :func:`enable` when Python starts
+(in the processes the program starts too, as they inherit the environment).
 
 The seam is Numba's engine wrapper (``numba.core.codegen.JitEngine``): each CPU
 codegen made after :func:`enable` gets a :class:`KilnEngine` instead, which emits every
 finalized module to an object with a target machine of the codegen's CPU and features —
 position-independent, small code model: Kiln places every module of a session in one
 reserved range and reaches the process's symbols through its stubs and GOT, so that
-model serves it best — and links it into a Kiln session. What Numba resolves through
-LLVM resolves the same way: the names it registers with llvmlite (``add_symbol``: its C
-helpers and NRT) through LLVM's symbol table, global mappings (``add_global_mapping``),
-environments (``set_env`` through :meth:`KilnEngine.get_global_value_address`), and the
-process's own symbols.
+model serves it best — and links it into a Kiln library of its own. What a module leaves
+undefined resolves as under MCJIT, through one resolver Kiln asks only for the names it
+cannot find: global mappings (``add_global_mapping``), an earlier module's definition,
+the names Numba registers with llvmlite (``add_symbol``: its C helpers and NRT) and the
+process's own (``address_of_symbol``). Environments (``set_env``) are found through
+:meth:`KilnEngine.get_global_value_address`.
 
-Numba's final modules each carry copies of shared helpers and environments
-(``linkonce_odr``); MCJIT keeps one global namespace where the first definition wins.
-Kiln refuses a name defined twice in one library, so each finalized module is linked into
-a library of its own, and a name an earlier module defined is bound to that first
-definition (the later copy is made ``available_externally`` in a clone of the module:
-Numba links the module's IR into later libraries, so the module itself is left as it is).
+MCJIT keeps one namespace where a name's first definition wins; Numba's final modules
+carry copies of what they link in (``linkonce_odr`` functions: weak symbols, and
+environments: ``common`` globals). In Kiln each copy gives way to the first definition
+(a weak or common symbol yields to the library's definition, as in an ELF link), so the
+module's code binds to it; a strong duplicate is made ``available_externally`` in a clone
+of the module (Numba links the module's IR into later libraries: it stays as it is).
 
-Not yet: returning a library's memory when Numba lets go of it (its modules stay linked
-for the process's life, as MCJIT keeps them) and Numba's on-disk object cache
-(``cache=True`` compiles again instead of loading, as if the cache were cold).
+Freed when unreachable: Numba registers a finalizer on each code library for the callable
+its codegen's ``_add_module`` returns (MCJIT's returns none: its ``remove_module`` leaks).
+Under Kiln it returns :meth:`KilnEngine.remove_module`: when the garbage collector takes a
+library, its Kiln module is removed and its memory returned — unless a live module is bound
+to a name it defined first, in which case it goes with the last such module. A call into
+freed code traps (Kiln poisons freed code pages).
+
+Numba's object cache (``cache=True``) works as with MCJIT: each compiled object goes to
+Numba's ``notify`` hook, and a later process links the object its ``getbuffer`` hook gives
+instead of compiling.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any, Callable, Dict, List, Optional, Set
+import struct
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from . import KilnError, Module, Session
 
@@ -45,6 +55,61 @@ __all__ = ["KilnEngine", "enable", "enable_from_environment", "enabled"]
 
 _ENV = "KILN_NUMBA"
 _enabled = False
+
+
+# ELF64 little-endian, what the symbol scan reads (x86-64 and AArch64 Linux hosts).
+_SHT_SYMTAB = 2
+_SHN_UNDEF = 0
+_SHN_COMMON = 0xFFF2
+_STB_GLOBAL = 1
+_STB_WEAK = 2
+_STV_HIDDEN = 2
+
+
+def _object_definitions(obj: bytes) -> Tuple[List[str], List[str]]:
+    """The names an ELF64 little-endian relocatable object defines for others to use: its
+    strong definitions, and its weak and common ones (which give way to a definition the
+    library has: ``linkonce_odr`` copies and ``common`` environment globals). Read here,
+    with ``struct``, because llvmlite's object file gives no symbol bindings and the
+    package has no other ELF reader; anything but ELF64 little-endian raises
+    ``ValueError``."""
+    if obj[:6] != b"\x7fELF\x02\x01":
+        raise ValueError("kiln.numba reads ELF64 little-endian objects only")
+    shoff, = struct.unpack_from("<Q", obj, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", obj, 0x3A)
+    strong: List[str] = []
+    weak: List[str] = []
+    for i in range(shnum):
+        sh = shoff + i * shentsize
+        sh_type, = struct.unpack_from("<I", obj, sh + 4)
+        if sh_type != _SHT_SYMTAB:
+            continue
+        offset, size, link = struct.unpack_from("<QQI", obj, sh + 0x18)
+        str_sh = shoff + link * shentsize
+        str_offset, = struct.unpack_from("<Q", obj, str_sh + 0x18)
+        for name_at, info, other, shndx, _, _ in struct.iter_unpack("<IBBHQQ", obj[offset:offset + size]):
+            bind = info >> 4
+            if shndx == _SHN_UNDEF or bind not in (_STB_GLOBAL, _STB_WEAK) or other & 3 == _STV_HIDDEN:
+                continue
+            at = str_offset + name_at
+            name = obj[at:obj.index(b"\0", at)].decode("utf-8", "surrogateescape")
+            (weak if bind == _STB_WEAK or shndx == _SHN_COMMON else strong).append(name)
+    return strong, weak
+
+
+class _Linked:
+    """One finalized Numba module in Kiln: its library and module, the names it defined
+    first, the records it is bound to and how many live records are bound to it."""
+
+    __slots__ = ("library", "module", "defined", "uses", "users", "dropped")
+
+    def __init__(self, library: int) -> None:
+        self.library = library
+        self.module: Optional[Module] = None
+        self.defined: List[str] = []
+        self.uses: Set["_Linked"] = set()
+        self.users = 0
+        self.dropped = False
 
 
 class KilnEngine:
@@ -58,10 +123,21 @@ class KilnEngine:
         self._defined_symbols: Set[str] = set()
         self._mappings: Dict[str, int] = {}
         self._pending: List[Any] = []
-        self._modules: List[Module] = []
-        # Each name's first definition (its address): what every later module binds to.
+        # Each name's first definition (its address) and the record defining it: what
+        # every later module binds to.
         self._first: Dict[str, int] = {}
+        self._owner: Dict[str, _Linked] = {}
+        # The record of each finalized module still held by Numba (by the module's id: the
+        # finalizer Numba registers holds the module, so the id is not reused before).
+        self._linked: Dict[int, _Linked] = {}
+        # The record being linked (what the resolver records uses for).
+        self._linking: Optional[_Linked] = None
+        self._notify: Optional[Callable[..., Any]] = None
+        self._getbuffer: Optional[Callable[..., Any]] = None
         self._count = 0
+        self.freed = 0
+        self.cache_hits = 0
+        self._session.add_session_resolver(self._resolve)
 
     # -- JitEngine's symbol tracking ---------------------------------------------------------
 
@@ -87,46 +163,126 @@ class KilnEngine:
 
     def set_object_cache(self, notify: Optional[Callable[..., Any]] = None,
                          getbuffer: Optional[Callable[..., Any]] = None) -> None:
-        """Numba's object-cache hooks: not used (every module is compiled; see the module's
-        documentation)."""
+        """Numba's object-cache hooks (``cache=True``): ``getbuffer(module)`` may give the
+        object a previous process stored for ``module`` (linked instead of compiling), and
+        ``notify(module, object)`` is given each object compiled."""
+        self._notify = notify
+        self._getbuffer = getbuffer
+
+    def _resolve(self, name: str) -> Optional[int]:
+        """What a module leaves undefined, as MCJIT resolves it: global mappings, an earlier
+        module's first definition (a use of it: kept while this module lives), then
+        llvmlite's symbol table and the process (``address_of_symbol``)."""
+        address = self._mappings.get(name)
+        if address:
+            return address
+        address = self._first.get(name)
+        if address:
+            if self._linking is not None:
+                self._linking.uses.add(self._owner[name])
+            return address
+        import llvmlite.binding as ll
+
+        return ll.address_of_symbol(name) or None
 
     def finalize_object(self) -> None:
         """Links every module added since the last finalize, each in a library of its own."""
-        import llvmlite.binding as ll
-
         pending, self._pending = self._pending, []
-        for original in pending:
-            # Numba links this module's IR into later libraries: it stays as it is.
-            module = original.clone()
-            self._count += 1
-            name = f"numba-{self._count}"
-            library = self._session.create_library(name)
-            defined: List[str] = []
-            for values in (module.functions, module.global_variables):
-                for value in values:
-                    symbol = value.name
-                    if not value.is_declaration:
-                        if symbol in self._first:
-                            # An earlier module's copy is the one (MCJIT's first wins).
-                            value.linkage = ll.Linkage.available_externally
-                            self._session.define_symbol(symbol, self._first[symbol], library)
-                        else:
-                            defined.append(symbol)
-                        continue
-                    address = (self._mappings.get(symbol) or self._first.get(symbol)
-                               or ll.address_of_symbol(symbol))
-                    if address:
-                        self._session.define_symbol(symbol, address, library)
-            self._session.add_process_symbols(library)
-            self._session.add_object(self._tm.emit_object(module), f"{name}.o", library)
-            linked = self._session.link(library)
-            if linked is not None:
-                self._modules.append(linked)
-            for symbol in defined:
-                try:
-                    self._first[symbol] = self._session.lookup(symbol, library)
-                except KilnError:
-                    pass  # not a symbol of the object (an LLVM intrinsic, say)
+        for module in pending:
+            self._finalize(module)
+
+    def _finalize(self, module: Any) -> None:
+        self._count += 1
+        name = f"numba-{self._count}"
+        record = _Linked(self._session.create_library(name))
+        library = record.library
+        obj = self._getbuffer(module) if self._getbuffer is not None else None
+        if obj is not None:
+            self.cache_hits += 1
+        else:
+            obj = self._tm.emit_object(module)
+        strong, weak = _object_definitions(obj)
+        duplicates = [s for s in strong if s in self._first]
+        clone = module.clone() if duplicates else None
+        if clone is not None and all(_value(clone, s) is not None for s in duplicates):
+            # A strong definition an earlier module made first: the copy goes (it is
+            # `available_externally` in a clone: Numba links the module's IR into later
+            # libraries, so the module itself stays as it is) and the code binds to the
+            # first one, as MCJIT's first definition wins.
+            import llvmlite.binding as ll
+
+            for symbol in duplicates:
+                _value(clone, symbol).linkage = ll.Linkage.available_externally
+            linked_obj = self._tm.emit_object(clone)
+            strong, weak = _object_definitions(linked_obj)
+        else:
+            # (An object from the cache has no IR to change: its strong copies stay its
+            # own, in its own library, and its code uses them.)
+            linked_obj = obj
+        for symbol in weak:
+            if symbol in self._first:
+                # A weak or common copy gives way to the first definition.
+                self._session.define_symbol(symbol, self._first[symbol], library)
+                record.uses.add(self._owner[symbol])
+        self._session.add_object(linked_obj, f"{name}.o", library)
+        self._linking = record
+        try:
+            record.module = self._session.link(library)
+        finally:
+            self._linking = None
+        for used in record.uses:
+            used.users += 1
+        if record.module is not None:
+            for symbol in strong + weak:
+                if symbol in self._first:
+                    continue
+                address = record.module.symbol(symbol)
+                if address:
+                    self._first[symbol] = address
+                    self._owner[symbol] = record
+                    record.defined.append(symbol)
+        self._linked[id(module)] = record
+        if self._notify is not None:
+            # What a later process links in its place: the whole object (it defines
+            # everything it uses, as the module did).
+            self._notify(module, obj)
+
+    def remove_module(self, module: Any) -> None:
+        """Numba let go of ``module``'s library (the finalizer it registers for what
+        ``_add_module`` returns): its Kiln module is removed and its memory returned, now
+        or, while live modules are bound to names it defined first, with the last of them."""
+        if any(m is module for m in self._pending):
+            self._pending = [m for m in self._pending if m is not module]
+            return
+        record = self._linked.pop(id(module), None)
+        if record is not None:
+            record.dropped = True
+            self._free(record)
+
+    def _free(self, record: _Linked) -> None:
+        """Frees ``record`` if Numba dropped it and nothing live is bound to it, then what it
+        was bound to, on the same terms."""
+        work = [record]
+        while work:
+            r = work.pop()
+            if not r.dropped or r.users > 0 or self._session.closed:
+                continue
+            for symbol in r.defined:
+                if self._owner.get(symbol) is r:
+                    del self._owner[symbol]
+                    del self._first[symbol]
+                    if symbol not in self._mappings:
+                        self._defined_symbols.discard(symbol)
+            r.defined = []
+            if r.module is not None:
+                self._session.remove(r.module)
+                r.module.release()
+                r.module = None
+                self.freed += 1
+            for used in r.uses:
+                used.users -= 1
+                work.append(used)
+            r.uses = set()
 
     def get_function_address(self, name: str) -> int:
         """The address of ``name`` (linking what is pending first), or 0."""
@@ -134,6 +290,16 @@ class KilnEngine:
         return self._mappings.get(name) or self._first.get(name, 0)
 
     get_global_value_address = get_function_address
+
+
+def _value(module: Any, name: str) -> Any:
+    """The function or global variable ``name`` of an llvmlite module, or None."""
+    for get in (module.get_function, module.get_global_variable):
+        try:
+            return get(name)
+        except NameError:
+            continue
+    return None
 
 
 def enabled() -> bool:
@@ -154,7 +320,7 @@ def enable() -> None:
 
     cls = getattr(codegen, "JITCPUCodegen", None)
     original = getattr(cls, "_init", None)
-    if cls is None or original is None or not hasattr(codegen, "JitEngine"):
+    if cls is None or original is None or not hasattr(cls, "_add_module") or not hasattr(codegen, "JitEngine"):
         raise RuntimeError("this Numba has no JITCPUCodegen._init / JitEngine: kiln.numba does not know it")
 
     def _init(self: Any, llvm_module: Any) -> None:
@@ -168,8 +334,22 @@ def enable() -> None:
         # MCJIT owns the target machine the codegen's pass builders use: it stays alive.
         self._kiln_mcjit = self._engine
         self._engine = KilnEngine(target.create_target_machine(**options))
+        # Numba's `_init` gave its object-cache hooks to MCJIT's engine: ours takes them.
+        self._engine.set_object_cache(self._library_class._object_compiled_hook,
+                                      self._library_class._object_getbuffer_hook)
 
+    def _add_module(self: Any, module: Any) -> Any:
+        engine = self._engine
+        if not isinstance(engine, KilnEngine):
+            return original_add_module(self, module)
+        engine.add_module(module)
+        # Bound to the engine, not the codegen (as Numba's disabled MCJIT line does): the
+        # library's finalizer must not keep the codegen alive.
+        return functools.partial(engine.remove_module, module)
+
+    original_add_module = cls._add_module
     cls._init = _init
+    cls._add_module = _add_module
     _enabled = True
 
 

@@ -39,9 +39,14 @@ class Outcomes(unittest.TextTestResult):
 
 def main(argv):
     if argv and argv[0] == "--kiln":
+        import os
+
         import kiln.numba
 
         kiln.numba.enable()
+        # The processes the tests start (the caching tests' second runs) too, through the
+        # package's start-up hook.
+        os.environ["KILN_NUMBA"] = "1"
         argv = argv[1:]
     suite = unittest.defaultTestLoader.loadTestsFromNames(argv)
     runner = unittest.TextTestRunner(resultclass=Outcomes, verbosity=0, stream=sys.stderr)

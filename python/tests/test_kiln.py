@@ -125,6 +125,50 @@ def test_host_functions_and_libraries_resolve(tmp_path: Path) -> None:
     assert seen == [4]
 
 
+def test_a_resolver_is_asked_only_for_names_kiln_cannot_find(tmp_path: Path) -> None:
+    @ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long)
+    def host(x: int) -> int:
+        return x * 10
+
+    asked = []
+
+    def resolve(name: str):
+        asked.append(name)
+        if name == "host_from_resolver":
+            return ctypes.cast(host, ctypes.c_void_p).value
+        if name == "resolver_raises":
+            raise KeyError(name)
+        return None
+
+    data = cc_object(
+        tmp_path,
+        "asks",
+        "long host_from_resolver(long); long defined_here(long x) { return x + 1; }\n"
+        "long asks(long x) { return host_from_resolver(x) + defined_here(x); }",
+    )
+    broken = cc_object(tmp_path, "broken", "long resolver_raises(long); long uses(long x) { return resolver_raises(x); }")
+    with kiln.Session() as session:
+        session.add_session_resolver(resolve)
+        lib = session.create_library("asks")
+        session.add_object(data, "asks.o", lib)
+        session.link(lib)
+        assert session.lookup_fn("asks", LONG_FN, lib)(4) == 45
+        # Defined by the object itself: never asked.
+        assert asked == ["host_from_resolver"]
+        # A resolver that raises: the name is unknown, and the link says which.
+        other = session.create_library("broken")
+        session.add_object(broken, "broken.o", other)
+        unraisable = []
+        hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+        try:
+            with pytest.raises(kiln.KilnError, match="resolver_raises"):
+                session.link(other)
+        finally:
+            sys.unraisablehook = hook
+        assert unraisable and isinstance(unraisable[0].exc_value, KeyError)
+    assert kiln._RESOLVERS == {}, "the session's close destroyed the resolver"
+
+
 def test_a_link_releases_the_gil(tmp_path: Path) -> None:
     # SQLite's archive, linked in one call of several milliseconds. With no forced switch
     # between threads (a switch interval of 1000 s), another Python thread can run during
