@@ -45,6 +45,17 @@ _RESOLVERS: Dict[int, Tuple[Any, Any]] = {}
 _RESOLVER_KEYS = itertools.count()
 
 
+class _CodeThread:
+    """A thread's registration for :meth:`Session.pinned`: released with the thread's
+    local storage, on that thread."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __del__(self) -> None:
+        _capi.lib.kiln_code_thread_release(ctypes.c_void_p(self.handle))
+
+
 class _Unraisable:
     """What ``sys.unraisablehook`` takes (the fields of ``sys.UnraisableHookArgs``)."""
 
@@ -378,6 +389,114 @@ class Session:
         thunks = (_capi.RESOLVE_FN(call), _capi.RELEASE_FN(destroy))
         _RESOLVERS[key] = thunks
         return _capi.Resolver(None, thunks[0], thunks[1])
+
+    # -- lazy functions and hot swap -------------------------------------------------------
+
+    def add_lazy_functions(
+        self, names: Sequence[str], compile: Callable[[str], BytesLike], library: Optional[int] = None
+    ) -> Module:
+        """Defines each of ``names`` in ``library`` by a stub: its first call asks
+        ``compile(name)`` for an object (bytes) that defines it, links that and goes on into
+        the body; later calls go straight there. Returns the stubs' module. ``compile`` runs
+        on the calling thread with the GIL taken for it; an exception it raises sends the
+        function's calls to a fallback that returns 0 (until :meth:`replace_function`), and
+        goes to ``sys.unraisablehook``."""
+        key = next(_RESOLVER_KEYS)
+        # What each compile hands Kiln (the object's bytes or the error's text), kept
+        # until Kiln releases it (it copies it first), by release context.
+        lent: Dict[int, Any] = {}
+        tickets = itertools.count(1)
+
+        def lend(out: Any, value: Any) -> None:
+            ticket = next(tickets)
+            lent[ticket] = value
+            out.release = thunks[2]
+            out.release_context = ticket
+
+        def call(_context: Any, name: bytes, out: Any) -> int:
+            text = name.decode("utf-8", "surrogateescape")
+            try:
+                data = bytes(compile(text))
+            except BaseException as e:  # noqa: BLE001 - reported, and the compile failed
+                sys.unraisablehook(_Unraisable(type(e), e, e.__traceback__, f"kiln lazy compiler for {text}", None))
+                message = ctypes.create_string_buffer(f"{type(e).__name__}: {e}".encode("utf-8", "replace"))
+                lend(out[0], message)
+                out[0].error = ctypes.addressof(message)
+                return 0
+            buffer = ctypes.create_string_buffer(data, len(data))
+            lend(out[0], buffer)
+            out[0].bytes = ctypes.addressof(buffer)
+            out[0].size = len(data)
+            return 1
+
+        def destroy(_context: Any) -> None:
+            _RESOLVERS.pop(key, None)
+
+        def release(context: Any) -> None:
+            lent.pop(context or 0, None)
+
+        thunks = (_capi.COMPILE_FN(call), _capi.RELEASE_FN(destroy), _capi.RELEASE_FN(release))
+        _RESOLVERS[key] = thunks
+        compiler = _capi.LazyCompiler(None, thunks[0], thunks[1])
+        encoded = [_cstring(n, "a function's name") for n in names]
+        array = (ctypes.c_char_p * len(encoded))(*encoded)
+        module = ctypes.c_void_p()
+        error = ctypes.c_void_p()
+        with self._use() as h:
+            library = self._library(library)
+            status = _capi.lib.kiln_add_lazy_functions(
+                ctypes.c_void_p(h), library, array, len(encoded), ctypes.byref(compiler), ctypes.byref(module),
+                ctypes.byref(error),
+            )
+        _check(status, error)
+        return Module(self, module.value, library)
+
+    def replace_function(self, name: str, data: BytesLike, library: Optional[int] = None) -> int:
+        """Gives the lazy function ``name`` a new body linked from the object ``data``
+        (which must define ``name``); returns its address. Calls through the stub after this
+        returns run it; the old body is freed once no thread pinned before (:meth:`pinned`)
+        is still pinned. On failure the old body stays."""
+        encoded = _cstring(name, "the function's name")
+        raw = bytes(data)
+        address = ctypes.c_uint64()
+        error = ctypes.c_void_p()
+        with self._use() as h:
+            status = _capi.lib.kiln_replace_function(
+                ctypes.c_void_p(h), self._library(library), encoded, raw, len(raw), ctypes.byref(address),
+                ctypes.byref(error),
+            )
+        _check(status, error)
+        return address.value
+
+    def reclaim(self) -> int:
+        """Frees replaced bodies no pinned thread can reach any more; returns how many are
+        still kept."""
+        left = ctypes.c_size_t()
+        error = ctypes.c_void_p()
+        with self._use() as h:
+            status = _capi.lib.kiln_reclaim(ctypes.c_void_p(h), ctypes.byref(left), ctypes.byref(error))
+        _check(status, error)
+        return left.value
+
+    @contextlib.contextmanager
+    def pinned(self) -> Iterator[None]:
+        """While the ``with`` block runs, no body this thread may be running is freed by a
+        :meth:`replace_function` in another thread: wrap calls into functions that may be
+        replaced concurrently. The thread registers with the session on first use."""
+        threads = self.__dict__.setdefault("_code_threads", threading.local())
+        thread = getattr(threads, "handle", None)
+        if thread is None:
+            handle = ctypes.c_void_p()
+            error = ctypes.c_void_p()
+            with self._use() as h:
+                status = _capi.lib.kiln_code_thread_register(ctypes.c_void_p(h), ctypes.byref(handle), ctypes.byref(error))
+            _check(status, error)
+            thread = threads.handle = _CodeThread(handle.value)
+        pin = _capi.lib.kiln_code_thread_pin(ctypes.c_void_p(thread.handle))
+        try:
+            yield
+        finally:
+            _capi.lib.kiln_code_thread_unpin(ctypes.c_void_p(pin))
 
     # -- linking ----------------------------------------------------------------------------
 

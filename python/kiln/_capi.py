@@ -116,6 +116,59 @@ _declare(
     _error_out,
 )
 _declare("kiln_add_process_symbols", ctypes.c_int, _session, ctypes.c_uint64, _error_out)
+class Compiled(ctypes.Structure):
+    """``struct kiln_compiled``."""
+
+    _fields_ = [
+        ("bytes", ctypes.c_void_p),
+        ("size", ctypes.c_size_t),
+        ("error", ctypes.c_void_p),
+        ("release", RELEASE_FN),
+        ("release_context", ctypes.c_void_p),
+    ]
+
+
+# ``kiln_compile_fn``: (context, name, compiled out) -> 1 compiled / 0 failed.
+COMPILE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(Compiled))
+
+
+class LazyCompiler(ctypes.Structure):
+    """``struct kiln_lazy_compiler``."""
+
+    _fields_ = [
+        ("context", ctypes.c_void_p),
+        ("compile", COMPILE_FN),
+        ("destroy", RELEASE_FN),
+    ]
+
+
+_declare(
+    "kiln_add_lazy_functions",
+    ctypes.c_int,
+    _session,
+    ctypes.c_uint64,
+    ctypes.POINTER(ctypes.c_char_p),
+    ctypes.c_size_t,
+    ctypes.POINTER(LazyCompiler),
+    ctypes.POINTER(ctypes.c_void_p),
+    _error_out,
+)
+_declare(
+    "kiln_replace_function",
+    ctypes.c_int,
+    _session,
+    ctypes.c_uint64,
+    ctypes.c_char_p,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.POINTER(ctypes.c_uint64),
+    _error_out,
+)
+_declare("kiln_reclaim", ctypes.c_int, _session, ctypes.POINTER(ctypes.c_size_t), _error_out)
+_declare("kiln_code_thread_register", ctypes.c_int, _session, ctypes.POINTER(ctypes.c_void_p), _error_out)
+_declare("kiln_code_thread_pin", ctypes.c_void_p, ctypes.c_void_p)
+_declare("kiln_code_thread_unpin", None, ctypes.c_void_p)
+_declare("kiln_code_thread_release", None, ctypes.c_void_p)
 _declare("kiln_add_resolver", ctypes.c_int, _session, ctypes.c_uint64, ctypes.POINTER(Resolver), _error_out)
 _declare("kiln_add_session_resolver", ctypes.c_int, _session, ctypes.POINTER(Resolver), _error_out)
 _declare("kiln_define_symbol", ctypes.c_int, _session, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_uint64, _error_out)

@@ -169,6 +169,60 @@ def test_a_resolver_is_asked_only_for_names_kiln_cannot_find(tmp_path: Path) -> 
     assert kiln._RESOLVERS == {}, "the session's close destroyed the resolver"
 
 
+def test_lazy_functions_compile_on_first_call_and_are_swapped_while_called(tmp_path: Path) -> None:
+    compiled = []
+
+    def compile(name: str) -> bytes:
+        compiled.append(name)
+        if name == "broken":
+            raise RuntimeError("no body for broken")
+        return llvmlite_object(name, 3)
+
+    def llvmlite_call(x: int, factor: int) -> int:
+        return abs(x * factor - 7)
+
+    with kiln.Session() as session:
+        session.add_process_symbols()
+        stubs = session.add_lazy_functions(["lazy_f", "broken"], compile)
+        assert compiled == []
+        f = session.lookup_fn("lazy_f", LONG_FN)
+        with session.pinned():
+            assert f(5) == llvmlite_call(5, 3)
+        assert compiled == ["lazy_f"]
+        # A compiler that raises: the calls return 0, and the exception is reported.
+        unraisable = []
+        hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+        try:
+            assert session.lookup_fn("broken", LONG_FN)(5) == 0
+        finally:
+            sys.unraisablehook = hook
+        assert isinstance(unraisable[0].exc_value, RuntimeError)
+        # Hot swap, with calls running in another thread the whole time.
+        stop = threading.Event()
+        seen = set()
+
+        def caller() -> None:
+            while not stop.is_set():
+                with session.pinned():
+                    seen.add(f(5))
+
+        worker = threading.Thread(target=caller)
+        worker.start()
+        for factor in (4, 5, 6):
+            body = session.replace_function("lazy_f", llvmlite_object("lazy_f", factor))
+            assert body != 0
+            time.sleep(0.05)
+        stop.set()
+        worker.join()
+        assert f(5) == llvmlite_call(5, 6)
+        assert seen <= {llvmlite_call(5, k) for k in (3, 4, 5, 6)}, seen
+        assert session.reclaim() == 0
+        with pytest.raises(kiln.KilnError, match="not_lazy"):
+            session.replace_function("not_lazy", llvmlite_object("not_lazy", 1))
+        assert f(5) == llvmlite_call(5, 6)
+        stubs.release()
+
+
 def test_a_link_releases_the_gil(tmp_path: Path) -> None:
     # SQLite's archive, linked in one call of several milliseconds. With no forced switch
     # between threads (a switch interval of 1000 s), another Python thread can run during

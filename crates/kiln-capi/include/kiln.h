@@ -100,6 +100,14 @@ typedef enum kiln_permission {
 typedef struct LLVMOpaqueMCJITMemoryManager LLVMOpaqueMCJITMemoryManager;
 #endif
 
+// A pin of a [`kiln_code_thread`]: while it is held, no body that thread can reach is
+// freed. Release it with [`kiln_code_thread_unpin`], on the same thread.
+typedef struct kiln_code_pin kiln_code_pin;
+
+// A thread registered to call code whose bodies may be replaced. Used only by the thread
+// that registered it; release it with [`kiln_code_thread_release`] (after its pins).
+typedef struct kiln_code_thread kiln_code_thread;
+
 // Kiln's own memory manager, handed to every callback so that it can call the default
 // (`kiln_default_*`).
 typedef struct kiln_default_memory kiln_default_memory;
@@ -127,6 +135,45 @@ typedef struct kiln_module_code kiln_module_code;
 // A JIT session: libraries of definitions, objects and archives linked into modules,
 // lookups, code run in this process or an executor.
 typedef struct kiln_session kiln_session;
+
+// Called when Kiln no longer needs bytes it was lent (from any thread, once).
+typedef void (*kiln_release_fn)(void *context);
+
+// What a [`kiln_compile_fn`] hands back. On success `bytes` and `size` are the ELF
+// relocatable object that defines the function; on failure `error` may say why (NULL:
+// "the compiler failed"). Kiln copies what it needs from it, then calls
+// `release(release_context)` if `release` is not NULL (from the same thread, before the
+// call that asked returns).
+typedef struct kiln_compiled {
+  // The object's bytes (success).
+  const void *bytes;
+  // Their size.
+  uintptr_t size;
+  // Why the compile failed (failure; a string, or NULL).
+  const char *error;
+  // Called once Kiln copied `bytes` or `error` (NULL: nothing to release).
+  kiln_release_fn release;
+  // Passed to `release`.
+  void *release_context;
+} kiln_compiled;
+
+// Compiles the lazy function `name`: fills `*compiled` and returns 1, or returns 0 on
+// failure. Called on the function's first call, from the calling thread, with no Kiln
+// lock held (it may link into other libraries of the session); calls meanwhile from
+// other threads wait for it. A failure sends the function's calls to a fallback that
+// returns 0 until [`kiln_replace_function`] gives it a body.
+typedef int (*kiln_compile_fn)(void *context, const char *name, struct kiln_compiled *compiled);
+
+// A lazy-function compiler: the callback, its context, and what frees the context.
+typedef struct kiln_lazy_compiler {
+  // Passed to `compile` and `destroy`.
+  void *context;
+  // The callback (required).
+  kiln_compile_fn compile;
+  // Called exactly once when Kiln no longer needs the compiler, or before the call that
+  // was given it returns if that call fails (NULL: nothing to free).
+  void (*destroy)(void *context);
+} kiln_lazy_compiler;
 
 // A section placed in memory.
 typedef struct kiln_section_info {
@@ -340,9 +387,6 @@ typedef struct kiln_session_options {
   const char *image_cache_dir;
 } kiln_session_options;
 
-// Called when Kiln no longer needs bytes it was lent (from any thread, once).
-typedef void (*kiln_release_fn)(void *context);
-
 // A symbol-resolution callback: stores the address of `name` in `*address` and returns
 // 1, or returns 0 if it does not know `name`. Called while a link resolves names, from
 // the linking thread (several threads at once for links into different libraries), with
@@ -403,6 +447,64 @@ const char *kiln_error_message(const struct kiln_error *error);
 // # Safety
 // `error` is NULL or an error from this library, freed once.
 void kiln_error_free(struct kiln_error *error);
+
+// Adds lazy functions `names[0..count]` to `library`: each name is defined at once by a
+// stub, and its first call asks `compiler` for an object defining it, links that object
+// into the library and continues into the body (later calls go straight there). Other
+// names of the objects resolve as the library resolves names. `*stubs` receives the
+// stubs' module (NULL: keep none); `compiler` is copied, its `destroy` called when the
+// stubs are gone, or before returning on failure.
+//
+// # Safety
+// `session` live; `names` valid for `count` strings; `compiler` valid; `stubs` NULL or a
+// valid out-pointer.
+enum kiln_status kiln_add_lazy_functions(const struct kiln_session *session, uint64_t library, const char *const *names, uintptr_t count, const struct kiln_lazy_compiler *compiler, struct kiln_module **stubs, struct kiln_error **error);
+
+// Gives the lazy function `name` of `library` a new body, linked from the object
+// `bytes[0..size]` (copied), which must define `name`: calls that reach the stub after
+// this returns run it. The old body is freed once no thread pinned before this call
+// ([`kiln_code_thread_pin`]) is still pinned — threads that may be running the old body
+// must be pinned while they do. `*address` receives the new body's address (NULL: not
+// wanted). On failure the old body stays.
+//
+// # Safety
+// `session` live; `name` a string; `bytes` valid for `size` bytes; `address` NULL or a
+// valid out-pointer.
+enum kiln_status kiln_replace_function(const struct kiln_session *session, uint64_t library, const char *name, const void *bytes, uintptr_t size, uint64_t *address, struct kiln_error **error);
+
+// Frees the replaced bodies no pinned thread can reach any more (replacements do this as
+// they go); `*retired` receives how many are still kept (NULL: not wanted).
+//
+// # Safety
+// `session` live; `retired` NULL or a valid out-pointer.
+enum kiln_status kiln_reclaim(const struct kiln_session *session, uintptr_t *retired, struct kiln_error **error);
+
+// Registers the calling thread with the session's code reclamation: `*thread` receives
+// its handle.
+//
+// # Safety
+// `session` live; `thread` a valid out-pointer.
+enum kiln_status kiln_code_thread_register(const struct kiln_session *session, struct kiln_code_thread **thread, struct kiln_error **error);
+
+// Pins `thread` (call on the thread that registered it) around calls into code whose
+// bodies may be replaced; returns the pin (NULL if `thread` is NULL).
+//
+// # Safety
+// `thread` NULL or a live handle of the calling thread.
+struct kiln_code_pin *kiln_code_thread_pin(const struct kiln_code_thread *thread);
+
+// Releases a pin (NULL: nothing), on the thread that took it.
+//
+// # Safety
+// `pin` NULL or a live pin of the calling thread, not used after.
+void kiln_code_thread_unpin(struct kiln_code_pin *pin);
+
+// Unregisters a thread (NULL: nothing), on the thread that registered it, once its pins
+// are released.
+//
+// # Safety
+// `thread` NULL or a live handle of the calling thread with no pin held, not used after.
+void kiln_code_thread_release(struct kiln_code_thread *thread);
 
 // Registers a listener; `*registration` receives its registration (remove it with
 // [`kiln_listener_remove`]). Several listeners may be registered; they are told in the

@@ -25,6 +25,7 @@
 
 pub mod error;
 pub mod executor;
+pub mod lazy;
 pub mod listener;
 #[cfg(feature = "llvm")]
 pub mod llvm;

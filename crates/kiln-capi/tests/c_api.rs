@@ -29,7 +29,16 @@ fn prefix() -> &'static Path {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         run(Command::new(cargo).args(["build", "-p", "kiln-executor"]));
         kiln_testkit::install_capi(&prefix, &["--debug"]);
-        for name in ["math", "user", "archived", "main", "twice", "host_calls"] {
+        for name in [
+            "math",
+            "user",
+            "archived",
+            "main",
+            "twice",
+            "host_calls",
+            "lazy_body_one",
+            "lazy_body_two",
+        ] {
             run(Command::new("cc")
                 .args(["-O1", "-fPIC", "-c"])
                 .arg(source(&format!("{name}.c")))
@@ -120,6 +129,12 @@ fn every_memory_callback_combination_from_c() {
 #[test]
 fn an_executor_of_the_hosts_callbacks_from_c() {
     check_plain("executor");
+}
+
+#[test]
+fn lazy_functions_and_hot_swap_from_c() {
+    check_plain("lazy");
+    check_asan("lazy");
 }
 
 #[test]

@@ -1,0 +1,1 @@
+long answer(long x) { return x + 1; }
