@@ -24,6 +24,8 @@ while (($#)); do
   shift
 done
 TARGET="${CARGO_TARGET_DIR:-target}"
+# cargo's `dev` profile builds into target/debug.
+[ "$PROFILE" = dev ] && PROFILE=debug
 if [ "$PROFILE" = debug ]; then
   cargo build -p kiln-capi "${FEATURES[@]}"
 else

@@ -127,24 +127,25 @@ clippy() { CARGO_TARGET_DIR="$CLIPPY_DIR" cargo clippy "$@"; }
 phase "cargo clippy -D warnings" clippy --workspace --all-targets -- -D warnings
 # kiln-bench has no tests (its benchmarks run below): building its thirteen empty test
 # harnesses in debug cost the phase time for nothing (clippy still checks it).
-phase "cargo test --workspace" cargo_test workspace --workspace --exclude kiln-bench --no-fail-fast
+phase "cargo test --workspace" cargo_test workspace --profile smoke --workspace --exclude kiln-bench --no-fail-fast
 
 llvm_checks() {
   clippy -p kiln-llvm --features llvm --all-targets -- -D warnings &&
     clippy -p kiln-capi --features llvm --all-targets -- -D warnings &&
     rm -rf "$CLIPPY_DIR" &&
-    cargo_test llvm -p kiln-llvm --features llvm --no-fail-fast &&
-    cargo_test capi-llvm -p kiln-capi --features llvm --test llvm_c --no-fail-fast
+    cargo_test llvm --profile smoke -p kiln-llvm --features llvm --no-fail-fast &&
+    cargo_test capi-llvm --profile smoke -p kiln-capi --features llvm --test llvm_c --no-fail-fast
 }
 phase "kiln-llvm with LLVM 14 (feature llvm)" llvm_checks
 
-# The optimized build of the phases below, in a profile of its own (Cargo.toml's
-# `smoke`: release at opt-level 1, in target/smoke): the benchmarks are a smoke run of
-# small workloads that keeps them working (the figures in docs/BENCHMARKS.md come from a
-# plain `cargo build --release`), and target/release is left as `cargo build --release`
-# (the README's first command) made it. The Python package and the demo use this build.
+# The binaries of the phases below, in the tests' profile (Cargo.toml's `smoke`: the dev
+# profile's checks at opt-level 1, in target/smoke; the tests built most of it): the
+# benchmarks are a smoke run of small workloads that keeps them working (the figures in
+# docs/BENCHMARKS.md come from a plain `cargo build --release`), and target/release is
+# left as `cargo build --release` (the README's first command) made it. The Python package
+# and the demo use this build.
 SMOKE="$TARGET/smoke"
-phase "optimized build (kiln, executor, C library, benchmarks; profile smoke)" \
+phase "the binaries (kiln, executor, C library, benchmarks; profile smoke)" \
   cargo build --profile smoke -p kiln-bench -p kiln-cli -p kiln-executor -p kiln-lang -p kiln-capi
 
 # Their figures go to $LOGS/benchmarks.log (printed if one fails).
@@ -168,10 +169,9 @@ benchmarks() {
     # SQLite at -O0 (the figures' -O2 builds take a minute here), under Wine.
     "$SMOKE"/windows_figures --runs 1 --opt -O0 --dir "$TARGET"/windows-figures
     "$SMOKE"/executor_security --connections 300 --runs 1 --handshakes 3 --executors kiln-executor,x86_64 --dir "$TARGET"/executor-security
-    # The MCJIT example as the LLVM phase's `cargo test` built it (debug): a smoke run of
-    # the example; its release figures are in docs/BENCHMARKS.md. A release build of
-    # kiln-llvm with LLVM here cost ~1.5 minutes of the test command's 20.
-    "$TARGET"/debug/examples/shaders 20
+    # The MCJIT example as the LLVM phase's `cargo test` built it: a smoke run of the
+    # example; its release figures are in docs/BENCHMARKS.md.
+    "$SMOKE"/examples/shaders 20
   ) >"$log" 2>&1; then
     cat "$log"
     return 1

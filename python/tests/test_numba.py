@@ -14,11 +14,13 @@ pytest.importorskip("numba", reason="Numba is not installed (the test command in
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Modules of Numba's own test suite run both ways: closures, generators (environments
-# and NRT across modules), exceptions, typed dictionaries.
+# and NRT across modules), exceptions, the object cache (its second processes too, through
+# KILN_NUMBA=1).
 NUMBA_MODULES = [
     "numba.tests.test_closure",
     "numba.tests.test_generators",
     "numba.tests.test_exceptions",
+    "numba.tests.test_caching",
 ]
 
 

@@ -25,10 +25,10 @@ fn prefix() -> &'static Path {
         let dir = scratch();
         std::fs::create_dir_all(&dir).unwrap();
         let prefix = dir.join("prefix");
-        // The executor binary, installed with the library (for KILN_EXECUTOR_SPAWN).
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        run(Command::new(cargo).args(["build", "-p", "kiln-executor"]));
-        kiln_testkit::install_capi(&prefix, &["--debug"]);
+        // The executor binary, installed with the library (for KILN_EXECUTOR_SPAWN); both
+        // of this test build's profile.
+        kiln_testkit::executor_binary();
+        kiln_testkit::install_capi(&prefix, &[]);
         for name in [
             "math",
             "user",

@@ -13,7 +13,7 @@ fn a_thousand_mcjit_engines_disposed_with_their_code_kept_in_kiln() {
     std::fs::create_dir_all(&dir).unwrap();
     let prefix = dir.join("prefix");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let pkg = kiln_testkit::install_capi(&prefix, &["--debug", "--features", "llvm"]);
+    let pkg = kiln_testkit::install_capi(&prefix, &["--features", "llvm"]);
     let llvm_prefix =
         std::env::var("LLVM_SYS_140_PREFIX").unwrap_or_else(|_| "/usr/lib/llvm-14".into());
     let cflags = run(Command::new(format!("{llvm_prefix}/bin/llvm-config")).arg("--cflags"));

@@ -36,7 +36,7 @@ fn llvm_c_objects_emitted_to_memory_are_linked_called_and_removed_by_kiln() {
     std::fs::create_dir_all(&dir).unwrap();
     let prefix = dir.join("prefix");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let pkg = kiln_testkit::install_capi(&prefix, &["--debug"]);
+    let pkg = kiln_testkit::install_capi(&prefix, &[]);
     let llvm_config = "/usr/lib/llvm-16/bin/llvm-config";
     let cflags = run(Command::new(llvm_config).arg("--cflags"));
     let ldflags = run(Command::new(llvm_config).arg("--ldflags"));

@@ -16,25 +16,41 @@ pub fn binary(name: &str) -> PathBuf {
     profile.join(name)
 }
 
+/// The cargo profile this test binary was built with (`dev` for `target/debug`, else the
+/// name of its directory under the target directory: `release`, the test command's
+/// `smoke`).
+pub fn cargo_profile() -> String {
+    let dir = binary("kiln-executor");
+    match dir
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+    {
+        Some("debug") | None => "dev".into(),
+        Some(name) => name.into(),
+    }
+}
+
+/// `cargo build --profile PROFILE -p PACKAGE`, this test build's profile: what a test
+/// needs of another package is built as the test itself was.
+pub fn cargo_build(package: &str, features: &[&str]) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut command = Command::new(cargo);
+    command.args(["build", "--profile", &cargo_profile(), "-p", package]);
+    if !features.is_empty() {
+        command.arg("--features").arg(features.join(","));
+    }
+    assert!(
+        command.status().expect("cargo runs").success(),
+        "{package} builds"
+    );
+}
+
 /// This build's `kiln-executor`, built once per test process (so never a stale one: a
 /// test of only one package does not build the others' binaries).
 pub fn executor_binary() -> PathBuf {
     static BUILT: std::sync::Once = std::sync::Once::new();
-    BUILT.call_once(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut command = Command::new(cargo);
-        command.args(["build", "-p", "kiln-executor"]);
-        if binary("kiln-executor")
-            .parent()
-            .is_some_and(|p| p.ends_with("release"))
-        {
-            command.arg("--release");
-        }
-        assert!(
-            command.status().expect("cargo runs").success(),
-            "kiln-executor builds"
-        );
-    });
+    BUILT.call_once(|| cargo_build("kiln-executor", &[]));
     binary("kiln-executor")
 }
 

@@ -96,11 +96,25 @@ pub fn run_ok(cmd: &mut Command) -> String {
 }
 
 /// Installs Kiln's C API (library, header, pkg-config file) into `prefix` with
-/// scripts/install_capi.sh and `args` (`--debug`, `--features llvm`); returns what
+/// scripts/install_capi.sh and `args` (`--features llvm`; the library of this test
+/// build's profile unless `--profile` or `--debug` says otherwise); returns what
 /// `pkg-config --cflags --libs kiln` then says for it.
 pub fn install_capi(prefix: &Path, args: &[&str]) -> String {
     let script = crate::repository().join("scripts/install_capi.sh");
-    run_ok(Command::new("bash").arg(script).arg(prefix).args(args));
+    // This test build's profile (its library and executor), unless the caller names one.
+    let profile = crate::cargo_profile();
+    let own: &[&str] = if args.iter().any(|a| *a == "--profile" || *a == "--debug") {
+        &[]
+    } else {
+        &["--profile", &profile]
+    };
+    run_ok(
+        Command::new("bash")
+            .arg(script)
+            .arg(prefix)
+            .args(own)
+            .args(args),
+    );
     run_ok(
         Command::new("pkg-config")
             .args(["--cflags", "--libs", "kiln"])

@@ -16,8 +16,8 @@ pub mod netns;
 pub mod sysroot;
 
 pub use binaries::{
-    binary, c_executor_binary, executor_binary, key_file, start_executor, start_listening, wine,
-    ExecutorProcess, KillOnDrop,
+    binary, c_executor_binary, cargo_build, cargo_profile, executor_binary, key_file,
+    start_executor, start_listening, wine, ExecutorProcess, KillOnDrop,
 };
 pub use compile::{cc, cc_object, cxx_object, install_capi, run_ok, scratch_dir};
 pub use netns::VethPair;
