@@ -40,8 +40,9 @@ if [[ ${FUZZ_COVERAGE:-0} == 1 ]]; then
 else
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
     echo "fuzz: plain build"
-    cargo build --bins --quiet
-    bin="$CARGO_TARGET_DIR/debug"
+    # The test command's profile (fuzz/Cargo.toml's `smoke`, as the main workspace's).
+    cargo build --profile smoke --bins --quiet
+    bin="$CARGO_TARGET_DIR/smoke"
 fi
 
 scratch=$(mktemp -d)

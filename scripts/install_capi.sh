@@ -18,7 +18,7 @@ while (($#)); do
   case "$1" in
     --debug) PROFILE=debug ;;
     --profile) PROFILE="$2"; shift ;;
-    --features) FEATURES=(--features "$2"); shift ;;
+    --features) FEATURES=(--features "kiln-capi/$2"); shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -26,10 +26,12 @@ done
 TARGET="${CARGO_TARGET_DIR:-target}"
 # cargo's `dev` profile builds into target/debug.
 [ "$PROFILE" = dev ] && PROFILE=debug
+# With the executor, as the tests build it (kiln_testkit::cargo_build): the same packages
+# unify the same features, so neither build undoes the other's.
 if [ "$PROFILE" = debug ]; then
-  cargo build -p kiln-capi "${FEATURES[@]}"
+  cargo build -p kiln-capi -p kiln-executor "${FEATURES[@]}"
 else
-  cargo build --profile "$PROFILE" -p kiln-capi "${FEATURES[@]}"
+  cargo build --profile "$PROFILE" -p kiln-capi -p kiln-executor "${FEATURES[@]}"
 fi
 mkdir -p "$PREFIX/lib/pkgconfig" "$PREFIX/include"
 PREFIX="$(cd "$PREFIX" && pwd)"

@@ -34,8 +34,11 @@ Freed when unreachable: Numba registers a finalizer on each code library for the
 its codegen's ``_add_module`` returns (MCJIT's returns none: its ``remove_module`` leaks).
 Under Kiln it returns :meth:`KilnEngine.remove_module`: when the garbage collector takes a
 library, its Kiln module is removed and its memory returned — unless a live module is bound
-to a name it defined first, in which case it goes with the last such module. A call into
-freed code traps (Kiln poisons freed code pages).
+to a name it defined first, in which case it goes with the last such module. A module
+whose code hands Numba's runtime a function pointer (an NRT destructor, a generator's
+next function, a typed container's method table: objects that outlive the dispatcher call
+them) is kept, as MCJIT keeps every module. A call into freed code traps (Kiln poisons
+freed code pages).
 
 Numba's object cache (``cache=True``) works as with MCJIT: each compiled object goes to
 Numba's ``notify`` hook, and a later process links the object its ``getbuffer`` hook gives
@@ -66,19 +69,20 @@ _STB_WEAK = 2
 _STV_HIDDEN = 2
 
 
-def _object_definitions(obj: bytes) -> Tuple[List[str], List[str]]:
-    """The names an ELF64 little-endian relocatable object defines for others to use: its
+def _object_symbols(obj: bytes) -> Tuple[List[str], List[str], Set[str]]:
+    """The names an ELF64 little-endian relocatable object defines for others to use — its
     strong definitions, and its weak and common ones (which give way to a definition the
-    library has: ``linkonce_odr`` copies and ``common`` environment globals). Read here,
-    with ``struct``, because llvmlite's object file gives no symbol bindings and the
-    package has no other ELF reader; anything but ELF64 little-endian raises
-    ``ValueError``."""
+    library has: ``linkonce_odr`` copies and ``common`` environment globals) — and the
+    names it leaves undefined. Read here, with ``struct``, because llvmlite's object file
+    gives no symbol bindings and the package has no other ELF reader; anything but ELF64
+    little-endian raises ``ValueError``."""
     if obj[:6] != b"\x7fELF\x02\x01":
         raise ValueError("kiln.numba reads ELF64 little-endian objects only")
     shoff, = struct.unpack_from("<Q", obj, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", obj, 0x3A)
     strong: List[str] = []
     weak: List[str] = []
+    undefined: Set[str] = set()
     for i in range(shnum):
         sh = shoff + i * shentsize
         sh_type, = struct.unpack_from("<I", obj, sh + 4)
@@ -89,19 +93,37 @@ def _object_definitions(obj: bytes) -> Tuple[List[str], List[str]]:
         str_offset, = struct.unpack_from("<Q", obj, str_sh + 0x18)
         for name_at, info, other, shndx, _, _ in struct.iter_unpack("<IBBHQQ", obj[offset:offset + size]):
             bind = info >> 4
-            if shndx == _SHN_UNDEF or bind not in (_STB_GLOBAL, _STB_WEAK) or other & 3 == _STV_HIDDEN:
+            if bind not in (_STB_GLOBAL, _STB_WEAK) or other & 3 == _STV_HIDDEN:
                 continue
             at = str_offset + name_at
             name = obj[at:obj.index(b"\0", at)].decode("utf-8", "surrogateescape")
-            (weak if bind == _STB_WEAK or shndx == _SHN_COMMON else strong).append(name)
-    return strong, weak
+            if shndx == _SHN_UNDEF:
+                undefined.add(name)
+            else:
+                (weak if bind == _STB_WEAK or shndx == _SHN_COMMON else strong).append(name)
+    return strong, weak, undefined
+
+
+# What Numba's runtime keeps a function pointer from: an NRT destructor, a generator's
+# next function and finalizer, a typed container's method table. A module that calls one
+# may hand the runtime a function of its own that runs after Numba drops the module (a
+# typed dict returned to Python is destroyed later): it is kept, as MCJIT keeps all.
+_KEEPS_FUNCTION_POINTERS = frozenset({
+    "NRT_MemInfo_alloc_dtor_safe",
+    "NRT_MemInfo_alloc_dtor",
+    "NRT_MemInfo_new",
+    "NRT_MemInfo_new_varsize_dtor",
+    "numba_make_generator",
+    "numba_dict_set_method_table",
+    "numba_list_set_method_table",
+})
 
 
 class _Linked:
     """One finalized Numba module in Kiln: its library and module, the names it defined
     first, the records it is bound to and how many live records are bound to it."""
 
-    __slots__ = ("library", "module", "defined", "uses", "users", "dropped")
+    __slots__ = ("library", "module", "defined", "uses", "users", "dropped", "kept")
 
     def __init__(self, library: int) -> None:
         self.library = library
@@ -110,6 +132,8 @@ class _Linked:
         self.uses: Set["_Linked"] = set()
         self.users = 0
         self.dropped = False
+        # Never freed: its code may be called through a pointer Numba's runtime holds.
+        self.kept = False
 
 
 class KilnEngine:
@@ -136,6 +160,7 @@ class KilnEngine:
         self._getbuffer: Optional[Callable[..., Any]] = None
         self._count = 0
         self.freed = 0
+        self.kept = 0
         self.cache_hits = 0
         self._session.add_session_resolver(self._resolve)
 
@@ -201,7 +226,9 @@ class KilnEngine:
             self.cache_hits += 1
         else:
             obj = self._tm.emit_object(module)
-        strong, weak = _object_definitions(obj)
+        strong, weak, undefined = _object_symbols(obj)
+        record.kept = not undefined.isdisjoint(_KEEPS_FUNCTION_POINTERS)
+        self.kept += record.kept
         duplicates = [s for s in strong if s in self._first]
         clone = module.clone() if duplicates else None
         if clone is not None and all(_value(clone, s) is not None for s in duplicates):
@@ -214,7 +241,7 @@ class KilnEngine:
             for symbol in duplicates:
                 _value(clone, symbol).linkage = ll.Linkage.available_externally
             linked_obj = self._tm.emit_object(clone)
-            strong, weak = _object_definitions(linked_obj)
+            strong, weak, _ = _object_symbols(linked_obj)
         else:
             # (An object from the cache has no IR to change: its strong copies stay its
             # own, in its own library, and its code uses them.)
@@ -265,7 +292,7 @@ class KilnEngine:
         work = [record]
         while work:
             r = work.pop()
-            if not r.dropped or r.users > 0 or self._session.closed:
+            if not r.dropped or r.kept or r.users > 0 or self._session.closed:
                 continue
             for symbol in r.defined:
                 if self._owner.get(symbol) is r:

@@ -107,18 +107,23 @@ except Exception as e:
     assert "kiln_test_no_such_function" in out, out
 
 
-def numba_outcomes(kiln: bool) -> dict:
+def numba_suite(kiln: bool) -> subprocess.Popen:
     args = [sys.executable, os.path.join(HERE, "numba_suite.py")]
     if kiln:
         args.append("--kiln")
-    out = subprocess.run(args + NUMBA_MODULES, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-4000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return subprocess.Popen(args + NUMBA_MODULES, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def outcomes(run: subprocess.Popen) -> dict:
+    out, err = run.communicate(timeout=900)
+    assert run.returncode == 0, err[-4000:]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def test_numbas_own_tests_pass_on_kiln_as_on_mcjit():
-    mcjit = numba_outcomes(kiln=False)
-    kiln = numba_outcomes(kiln=True)
+    # Both at once (two processes: the suites are single-threaded Python).
+    mcjit_run, kiln_run = numba_suite(kiln=False), numba_suite(kiln=True)
+    mcjit, kiln = outcomes(mcjit_run), outcomes(kiln_run)
     assert sum(1 for o in mcjit.values() if o == "passed") > 50
     differ = {t: (mcjit.get(t), kiln.get(t)) for t in set(mcjit) | set(kiln) if mcjit.get(t) != kiln.get(t)}
     assert differ == {}, differ
@@ -257,3 +262,39 @@ def test_kiln_numba_in_the_environment_switches_numba_at_start_up():
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env={k: v for k, v in os.environ.items() if k != "KILN_NUMBA"})
     assert on.stdout.split() == ["42", "KilnEngine"], on.stderr[-3000:]
     assert off.stdout.split() == ["42", "JitEngine"], off.stderr[-3000:]
+
+
+def test_a_module_that_hands_numbas_runtime_a_function_is_kept():
+    # An exception raised with a dict carries a typed dict whose method table and
+    # destructor point into the raising function's module; the exception outlives the
+    # dispatcher, so the module must too (freed, the dict's lookups ran other code).
+    out = run(
+        """
+import gc
+import kiln.numba
+kiln.numba.enable()
+from numba import njit
+from numba.core.registry import cpu_target
+
+engine = cpu_target.target_context.codegen()._engine
+
+def factory():
+    @njit
+    def raises():
+        raise ValueError({'a': 1, 'b': 3})
+    return raises
+
+kept = []
+for _ in range(3):
+    try:
+        factory()()
+    except ValueError as e:
+        kept.append(e)
+gc.collect()
+print(str(kept[0]).replace(" ", ""), engine.kept > 0)
+kept.clear()
+gc.collect()
+print("destroyed")
+"""
+    )
+    assert out.split() == ["{a:1,b:3}", "True", "destroyed"], out

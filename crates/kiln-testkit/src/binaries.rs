@@ -31,18 +31,26 @@ pub fn cargo_profile() -> String {
     }
 }
 
-/// `cargo build --profile PROFILE -p PACKAGE`, this test build's profile: what a test
-/// needs of another package is built as the test itself was.
-pub fn cargo_build(package: &str, features: &[&str]) {
+/// `cargo build --profile PROFILE -p kiln-executor -p kiln-capi`, this test build's
+/// profile: what a test needs of other packages (the executor binary, the C library) is
+/// built as the test itself was. Always these two packages together (as
+/// scripts/install_capi.sh builds them): another selection would unify other features
+/// and rebuild, and overwrite, what the last one built.
+pub fn cargo_build() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut command = Command::new(cargo);
-    command.args(["build", "--profile", &cargo_profile(), "-p", package]);
-    if !features.is_empty() {
-        command.arg("--features").arg(features.join(","));
-    }
+    command.args([
+        "build",
+        "--profile",
+        &cargo_profile(),
+        "-p",
+        "kiln-executor",
+        "-p",
+        "kiln-capi",
+    ]);
     assert!(
         command.status().expect("cargo runs").success(),
-        "{package} builds"
+        "kiln-executor and kiln-capi build"
     );
 }
 
@@ -50,7 +58,7 @@ pub fn cargo_build(package: &str, features: &[&str]) {
 /// test of only one package does not build the others' binaries).
 pub fn executor_binary() -> PathBuf {
     static BUILT: std::sync::Once = std::sync::Once::new();
-    BUILT.call_once(|| cargo_build("kiln-executor", &[]));
+    BUILT.call_once(cargo_build);
     binary("kiln-executor")
 }
 
