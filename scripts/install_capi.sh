@@ -45,7 +45,7 @@ if [ -x "$TARGET/$PROFILE/kiln-executor" ]; then
 fi
 CFLAGS_EXTRA=""
 LIBS_EXTRA=""
-if [ "${FEATURES[1]:-}" = llvm ]; then
+if [ "${FEATURES[1]:-}" = kiln-capi/llvm ]; then
   # The LLVM-C part of the header, and the LLVM it was built against.
   CFLAGS_EXTRA=" -DKILN_WITH_LLVM"
   LLVM_CONFIG="${LLVM_SYS_140_PREFIX:-/usr/lib/llvm-14}/bin/llvm-config"
