@@ -39,6 +39,7 @@ pub fn cargo_profile() -> String {
 pub fn cargo_build() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut command = Command::new(cargo);
+    without_test_environment(&mut command);
     command.args([
         "build",
         "--profile",
@@ -52,6 +53,33 @@ pub fn cargo_build() {
         command.status().expect("cargo runs").success(),
         "kiln-executor and kiln-capi build"
     );
+}
+
+/// Removes from `command`'s environment what cargo sets for a test process
+/// (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`, ...): a cargo run from a test would see it, and a
+/// build script that watches one (ring's watches `CARGO_MANIFEST_DIR`) would run again
+/// and rebuild everything after it, the test command's build undone.
+pub fn without_test_environment(command: &mut Command) -> &mut Command {
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let set_for_tests = name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_EXE_")
+            || matches!(
+                name,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_BIN_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+                    | "CARGO_RUSTC_CURRENT_DIR"
+                    | "OUT_DIR"
+            );
+        if set_for_tests {
+            command.env_remove(name);
+        }
+    }
+    command
 }
 
 /// This build's `kiln-executor`, built once per test process (so never a stale one: a

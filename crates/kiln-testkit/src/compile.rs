@@ -109,7 +109,7 @@ pub fn install_capi(prefix: &Path, args: &[&str]) -> String {
         &["--profile", &profile]
     };
     run_ok(
-        Command::new("bash")
+        crate::without_test_environment(&mut Command::new("bash"))
             .arg(script)
             .arg(prefix)
             .args(own)
