@@ -350,9 +350,9 @@ class Session:
         (with the GIL taken for the call); it must not add to, link into or look up in the
         library it resolves for. An exception it raises counts as ``None`` and goes to
         ``sys.unraisablehook``."""
-        resolver = self._resolver(resolve)
         error = ctypes.c_void_p()
         with self._use() as h:
+            resolver = self._resolver(resolve)
             status = _capi.lib.kiln_add_resolver(
                 ctypes.c_void_p(h), self._library(library), ctypes.byref(resolver), ctypes.byref(error)
             )
@@ -361,9 +361,9 @@ class Session:
     def add_session_resolver(self, resolve: Callable[[str], Optional[int]]) -> None:
         """:meth:`add_resolver` for every library of the session, those created later
         included."""
-        resolver = self._resolver(resolve)
         error = ctypes.c_void_p()
         with self._use() as h:
+            resolver = self._resolver(resolve)
             status = _capi.lib.kiln_add_session_resolver(ctypes.c_void_p(h), ctypes.byref(resolver), ctypes.byref(error))
         _check(status, error)
 
@@ -435,14 +435,15 @@ class Session:
         def release(context: Any) -> None:
             lent.pop(context or 0, None)
 
-        thunks = (_capi.COMPILE_FN(call), _capi.RELEASE_FN(destroy), _capi.RELEASE_FN(release))
-        _RESOLVERS[key] = thunks
-        compiler = _capi.LazyCompiler(None, thunks[0], thunks[1])
         encoded = [_cstring(n, "a function's name") for n in names]
         array = (ctypes.c_char_p * len(encoded))(*encoded)
+        thunks = (_capi.COMPILE_FN(call), _capi.RELEASE_FN(destroy), _capi.RELEASE_FN(release))
+        compiler = _capi.LazyCompiler(None, thunks[0], thunks[1])
         module = ctypes.c_void_p()
         error = ctypes.c_void_p()
         with self._use() as h:
+            # Registered only once the call is made: Kiln then calls `destroy` exactly once.
+            _RESOLVERS[key] = thunks
             library = self._library(library)
             status = _capi.lib.kiln_add_lazy_functions(
                 ctypes.c_void_p(h), library, array, len(encoded), ctypes.byref(compiler), ctypes.byref(module),

@@ -80,6 +80,8 @@ def _object_symbols(obj: bytes) -> Tuple[List[str], List[str], Set[str]]:
         raise ValueError("kiln.numba reads ELF64 little-endian objects only")
     shoff, = struct.unpack_from("<Q", obj, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", obj, 0x3A)
+    if shnum == 0 and shoff:
+        raise ValueError("kiln.numba does not read objects with extended section numbering")
     strong: List[str] = []
     weak: List[str] = []
     undefined: Set[str] = set()
@@ -156,6 +158,9 @@ class KilnEngine:
         self._linked: Dict[int, _Linked] = {}
         # The record being linked (what the resolver records uses for).
         self._linking: Optional[_Linked] = None
+        # Finalizes in progress, and the modules Numba dropped meanwhile (removed after).
+        self._finalizing = 0
+        self._deferred: List[Any] = []
         self._notify: Optional[Callable[..., Any]] = None
         self._getbuffer: Optional[Callable[..., Any]] = None
         self._count = 0
@@ -204,17 +209,41 @@ class KilnEngine:
         address = self._first.get(name)
         if address:
             if self._linking is not None:
-                self._linking.uses.add(self._owner[name])
+                self._use(self._linking, self._owner[name])
             return address
         import llvmlite.binding as ll
 
         return ll.address_of_symbol(name) or None
 
     def finalize_object(self) -> None:
-        """Links every module added since the last finalize, each in a library of its own."""
-        pending, self._pending = self._pending, []
-        for module in pending:
-            self._finalize(module)
+        """Links every module added since the last finalize, each in a library of its own.
+        A library Numba drops meanwhile (the garbage collector runs Numba's finalizers in
+        the middle of any Python code, the resolver's included) is removed after."""
+        self._finalizing += 1
+        try:
+            while self._pending:
+                self._finalize(self._pending.pop(0))
+        finally:
+            self._finalizing -= 1
+            if not self._finalizing:
+                deferred, self._deferred = self._deferred, []
+                for module in deferred:
+                    self.remove_module(module)
+
+    @staticmethod
+    def _use(record: _Linked, owner: _Linked) -> None:
+        """Records that ``record`` is bound to ``owner`` (counted at once: ``owner`` cannot
+        be freed while ``record`` is being linked)."""
+        if owner is not record and owner not in record.uses:
+            record.uses.add(owner)
+            owner.users += 1
+
+    def _unuse_all(self, record: _Linked) -> None:
+        """Drops ``record``'s uses (its link failed, or it was freed)."""
+        uses, record.uses = record.uses, set()
+        for used in uses:
+            used.users -= 1
+            self._free(used)
 
     def _finalize(self, module: Any) -> None:
         self._count += 1
@@ -230,6 +259,10 @@ class KilnEngine:
         record.kept = not undefined.isdisjoint(_KEEPS_FUNCTION_POINTERS)
         self.kept += record.kept
         duplicates = [s for s in strong if s in self._first]
+        for symbol in duplicates:
+            # Numba reaches the name at its first definition (get_function_address) while
+            # this library lives: that module must live as long.
+            self._use(record, self._owner[symbol])
         clone = module.clone() if duplicates else None
         if clone is not None and all(_value(clone, s) is not None for s in duplicates):
             # A strong definition an earlier module made first: the copy goes (it is
@@ -249,16 +282,17 @@ class KilnEngine:
         for symbol in weak:
             if symbol in self._first:
                 # A weak or common copy gives way to the first definition.
+                self._use(record, self._owner[symbol])
                 self._session.define_symbol(symbol, self._first[symbol], library)
-                record.uses.add(self._owner[symbol])
-        self._session.add_object(linked_obj, f"{name}.o", library)
         self._linking = record
         try:
+            self._session.add_object(linked_obj, f"{name}.o", library)
             record.module = self._session.link(library)
+        except BaseException:
+            self._unuse_all(record)
+            raise
         finally:
             self._linking = None
-        for used in record.uses:
-            used.users += 1
         if record.module is not None:
             for symbol in strong + weak:
                 if symbol in self._first:
@@ -278,6 +312,9 @@ class KilnEngine:
         """Numba let go of ``module``'s library (the finalizer it registers for what
         ``_add_module`` returns): its Kiln module is removed and its memory returned, now
         or, while live modules are bound to names it defined first, with the last of them."""
+        if self._finalizing:
+            self._deferred.append(module)
+            return
         if any(m is module for m in self._pending):
             self._pending = [m for m in self._pending if m is not module]
             return
@@ -306,10 +343,10 @@ class KilnEngine:
                 r.module.release()
                 r.module = None
                 self.freed += 1
-            for used in r.uses:
+            uses, r.uses = r.uses, set()
+            for used in uses:
                 used.users -= 1
                 work.append(used)
-            r.uses = set()
 
     def get_function_address(self, name: str) -> int:
         """The address of ``name`` (linking what is pending first), or 0."""
