@@ -282,21 +282,31 @@ fn perf_record(data: &Path, flags: &[&str]) {
 /// As [`perf_record`], of the program `source`.
 fn perf_record_of(source: &str, data: &Path, flags: &[&str]) {
     let obj = object(source, &["-g", "-O1"]);
-    let out = Command::new("perf")
-        .args(["record", "-q", "-k", "1", "-e", "cpu-clock", "-o"])
-        .arg(data)
-        .arg("--")
-        .arg(kiln())
-        .arg("run")
-        .args(flags)
-        .arg(&obj)
-        .output()
-        .expect("perf runs (the test command installs linux-perf)");
-    assert!(
-        out.status.success(),
-        "perf record: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut args: Vec<std::ffi::OsString> = vec!["run".into()];
+    args.extend(flags.iter().map(Into::into));
+    args.push(obj.into());
+    // Kiln started with its pid's perf map name freed: a pid is reused, and a name an
+    // earlier process left taken is rightly refused (perf would show no names).
+    let command = kiln_testkit::with_free_perf_map(kiln(), &args);
+    for _ in 0..20 {
+        let out = Command::new("perf")
+            .args(["record", "-q", "-k", "1", "-e", "cpu-clock", "-o"])
+            .arg(data)
+            .arg("--")
+            .args(&command)
+            .output()
+            .expect("perf runs (the test command installs linux-perf)");
+        if kiln_testkit::perf_map_was_taken(&out) {
+            continue;
+        }
+        assert!(
+            out.status.success(),
+            "perf record: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    panic!("20 pids in a row had their perf map name taken by another user's file");
 }
 
 /// The first sample line of `perf report --stdio` (the symbol with most samples).

@@ -534,8 +534,10 @@ fn plugins_see_a_mapped_program_as_a_linked_one() {
         let last = stdout.lines().last().unwrap_or_default();
         let pid = last.split_whitespace().next().unwrap_or_default();
         assert_eq!(last.split_whitespace().nth(1), Some("16"), "{stdout}");
-        let perf = std::fs::read_to_string(format!("/tmp/perf-{pid}.map")).unwrap_or_default();
-        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+        let path = kiln_testkit::perf_map_path(pid.parse().expect("the program's pid"));
+        let perf = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}; kiln said: {stderr}", path.display()));
+        let _ = std::fs::remove_file(&path);
         let mut functions: Vec<String> = perf
             .lines()
             .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
@@ -544,6 +546,18 @@ fn plugins_see_a_mapped_program_as_a_linked_one() {
         (map, functions)
     };
     let args = ["--map", "--perf-map", "syms.o"];
+    // Each run's perf map name freed first: a pid is reused, and a name an earlier process
+    // left taken (by a link, another user's file) is rightly refused.
+    let run = |cache: &Path, dir: &Path, args: &[&str]| {
+        let mut command = kiln();
+        command
+            .current_dir(dir)
+            .env("KILN_CACHE_DIR", cache)
+            .arg("run")
+            .arg("-v")
+            .args(args);
+        kiln_testkit::output_with_free_perf_map(&command).1
+    };
     let relinked = run(&cache, &dir, &args);
     let stderr = text(&relinked).1;
     assert!(

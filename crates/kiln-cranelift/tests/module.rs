@@ -489,6 +489,9 @@ fn debug_module(support: kiln::DebugSupport) -> KilnModule {
 
 #[test]
 fn perf_sees_jit_functions_through_the_sessions_listeners() {
+    // A pid is reused: what an earlier process left at this one's perf map name, Kiln
+    // would refuse to write.
+    kiln_testkit::free_perf_map(std::process::id());
     let mut m = debug_module(kiln::DebugSupport {
         perf_map: true,
         ..Default::default()

@@ -197,12 +197,11 @@ fn perf_map_names_lazily_compiled_functions() {
         "fn lazily_mapped(x) = x * 3; fn never_mapped(x) = x; fn main() = lazily_mapped(5);",
     )
     .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_kiln-lang"))
-        .args(["--perf-map", source.to_str().unwrap()])
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let out = child.wait_with_output().unwrap();
+    // Started with its pid's perf map name freed (a pid is reused; a name an earlier
+    // process left taken is rightly refused).
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kiln-lang"));
+    command.args(["--perf-map", source.to_str().unwrap()]);
+    let (pid, out) = kiln_testkit::output_with_free_perf_map(&command);
     assert_eq!(out.status.code(), Some(15));
     let path = format!("/tmp/perf-{pid}.map");
     let map = std::fs::read_to_string(&path).unwrap();

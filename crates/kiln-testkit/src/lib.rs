@@ -4,6 +4,8 @@
 //!   of the build;
 //! - [`binaries`]: this build's `kiln` and `kiln-executor`, and executor processes that
 //!   are killed when the test ends, also when it panics;
+//! - [`perf_map`]: perf maps read from a name that no earlier process with the same pid
+//!   left taken;
 //! - [`sysroot`]: the test programs and the foreign-architecture libraries that
 //!   `scripts/test_deps.sh` puts in a private sysroot (never on the machine).
 //!
@@ -13,6 +15,7 @@ pub mod attacks;
 pub mod binaries;
 pub mod compile;
 pub mod netns;
+pub mod perf_map;
 pub mod sysroot;
 
 pub use binaries::{
@@ -21,6 +24,9 @@ pub use binaries::{
 };
 pub use compile::{cc, cc_object, cxx_object, install_capi, run_ok, scratch_dir};
 pub use netns::VethPair;
+pub use perf_map::{
+    free_perf_map, output_with_free_perf_map, perf_map_path, perf_map_was_taken, with_free_perf_map,
+};
 pub use sysroot::{
     aarch64_includes, aarch64_lib_dir, aarch64_sysroot, c_files, c_sources, find_c_sources,
     host_file, native_program, programs_dir, python_config_dir, python_tests_env, repository,

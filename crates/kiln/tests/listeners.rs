@@ -176,6 +176,9 @@ fn cstr(bytes: &[u8]) -> (&str, &[u8]) {
 fn gdb_list_perf_map_and_jitdump_match_the_linked_addresses() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("listeners-jitdump");
     let _ = std::fs::remove_dir_all(&dir);
+    // A pid is reused: what an earlier process left at this one's perf map name, Kiln
+    // would refuse to write.
+    kiln_testkit::free_perf_map(std::process::id());
     let jit = Jit::builder()
         .debug_support(DebugSupport {
             gdb: true,

@@ -37,9 +37,26 @@ fn program(dir: &std::path::Path) -> PathBuf {
     object
 }
 
+/// What a test planted at a perf map name, removed when the test ends (also when it
+/// fails): left there, it would take the name from whichever later process gets the pid.
+struct Planted(String);
+
+impl Drop for Planted {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+impl std::ops::Deref for Planted {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
 /// Runs `plant` (a shell command that may use `$map`, the perf map's path) in a shell
 /// that then becomes `kiln run --perf-map OBJECT`; the map's path and the output.
-fn run_with_planted(object: &std::path::Path, plant: &str) -> (String, Output) {
+fn run_with_planted(object: &std::path::Path, plant: &str) -> (Planted, Output) {
     let script = format!(
         "map=/tmp/perf-$$.map; rm -f \"$map\"; {plant} || exit 99; echo \"$map\" >&2; \
          exec \"$0\" run --no-image-cache --perf-map \"$1\""
@@ -52,7 +69,7 @@ fn run_with_planted(object: &std::path::Path, plant: &str) -> (String, Output) {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let map = stderr.lines().next().unwrap_or_default().to_string();
+    let map = Planted(stderr.lines().next().unwrap_or_default().to_string());
     assert!(map.starts_with("/tmp/perf-"), "{stderr}");
     (map, out)
 }
@@ -77,7 +94,7 @@ fn a_planted_symlink_does_not_stop_the_run() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n");
     assert!(
         stderr.contains("warning: no perf map")
-            && stderr.contains(&format!("refusing to write {map}"))
+            && stderr.contains(&format!("refusing to write {}", &*map))
             && stderr.contains("a symbolic link owned by uid"),
         "{stderr}"
     );
@@ -85,11 +102,10 @@ fn a_planted_symlink_does_not_stop_the_run() {
         assert!(stderr.contains("owned by uid 65534"), "{stderr}");
     }
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
-    assert!(std::fs::symlink_metadata(&map)
+    assert!(std::fs::symlink_metadata(&*map)
         .unwrap()
         .file_type()
         .is_symlink());
-    let _ = std::fs::remove_file(&map);
 }
 
 #[test]
@@ -112,8 +128,7 @@ fn another_users_perf_map_does_not_stop_the_run() {
             && stderr.contains("a regular file owned by uid 65534"),
         "{stderr}"
     );
-    assert_eq!(std::fs::read_to_string(&map).unwrap(), "theirs\n");
-    let _ = std::fs::remove_file(&map);
+    assert_eq!(std::fs::read_to_string(&*map).unwrap(), "theirs\n");
 }
 
 #[test]
@@ -124,7 +139,6 @@ fn a_free_name_gets_the_perf_map() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(!stderr.contains("warning"), "{stderr}");
-    let text = std::fs::read_to_string(&map).unwrap();
+    let text = std::fs::read_to_string(&*map).unwrap();
     assert!(text.contains(" main"), "{text}");
-    let _ = std::fs::remove_file(&map);
 }
