@@ -42,6 +42,25 @@ pub trait LinkContext {
         vec![None; names.len()]
     }
 
+    /// Whether references to the inputs' own functions may be routed elsewhere
+    /// ([`LinkContext::called_through`] is asked only when this answers yes; the default
+    /// is no).
+    fn routes_calls(&self) -> bool {
+        false
+    }
+
+    /// Addresses that every reference to the inputs' own definitions of `names` is to
+    /// reach instead of the definition: call-through stubs, through which a definition is
+    /// replaced later (`kiln::Jit::link_swappable`). Asked for functions of default or
+    /// protected visibility (not thread-locals) when [`LinkContext::routes_calls`] says
+    /// so, before weak definitions give way. A routed definition stays in the module,
+    /// listed in its exports under its name as the module's own (not visible to other
+    /// modules: the stub is what they reach). `None` binds references to the definition,
+    /// as the default does for every name.
+    fn called_through(&mut self, names: &[&str]) -> Vec<Option<u64>> {
+        vec![None; names.len()]
+    }
+
     /// A fresh thread-local-storage module id for this link's TLS block, passed to
     /// `__tls_get_addr` by general- and local-dynamic code; an error if the executor
     /// cannot give one.
@@ -212,6 +231,7 @@ pub fn link<'a>(
     // Archive members are parsed while resolving; their parse time counts as resolve.
     linker.pending.reverse();
     linker.load_archive_members()?;
+    linker.route_calls_through_stubs();
     linker.yield_weak_definitions();
     linker.resolve_externals()?;
     times.resolve = clock.since(t);

@@ -16,6 +16,10 @@ pub struct ObjectSymbols {
     pub weak: Vec<Box<str>>,
     /// Global and weak names it refers to and does not define.
     pub undefined: Vec<Box<str>>,
+    /// Of the names it defines (global or weak), the functions (`STT_FUNC`, not indirect
+    /// ones) of default or protected visibility: what a link that routes calls through
+    /// stubs routes ([`crate::LinkContext::called_through`]).
+    pub functions: Vec<Box<str>>,
 }
 
 /// Reads the symbol table of `data` (an ELF relocatable object for `architecture`). The
@@ -54,7 +58,15 @@ pub fn scan_symbols(
         let sym_name: Box<str> = String::from_utf8_lossy(sym_name).into();
         if sym.st_shndx(endian) == elf::SHN_UNDEF {
             out.undefined.push(sym_name);
-        } else if binding == elf::STB_WEAK {
+            continue;
+        }
+        let visibility = sym.st_visibility();
+        if sym.st_type() == elf::STT_FUNC
+            && (visibility == elf::STV_DEFAULT || visibility == elf::STV_PROTECTED)
+        {
+            out.functions.push(sym_name.clone());
+        }
+        if binding == elf::STB_WEAK {
             out.weak.push(sym_name);
         } else {
             out.defined.push(sym_name);

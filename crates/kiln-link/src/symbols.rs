@@ -92,6 +92,10 @@ pub(crate) struct Linker<'a, 'c> {
     pub(crate) origins: Vec<Origin>,
     pub(crate) arch: &'static dyn Arch,
     pub(crate) ctx: &'c mut dyn LinkContext,
+    /// Globals whose references go through a call-through stub
+    /// ([`LinkContext::called_through`]): (global, object, symbol) of the definition that
+    /// stays in the module, sorted by global.
+    pub(crate) routed: Vec<(u32, u32, u32)>,
 }
 
 /// Where a linked object came from.
@@ -127,6 +131,7 @@ impl<'a, 'c> Linker<'a, 'c> {
             origins: Vec::new(),
             arch,
             ctx,
+            routed: Vec::new(),
         }
     }
 
@@ -306,6 +311,46 @@ impl<'a, 'c> Linker<'a, 'c> {
             }
         }
         Ok(())
+    }
+
+    /// References to the inputs' own functions that the context routes through stubs
+    /// ([`LinkContext::called_through`]) bind to those; the definitions stay, listed in
+    /// [`Linker::routed`].
+    pub(crate) fn route_calls_through_stubs(&mut self) {
+        if !self.ctx.routes_calls() {
+            return;
+        }
+        let functions: Vec<(u32, u32, u32)> = self
+            .globals
+            .iter()
+            .enumerate()
+            .filter_map(|(id, g)| match g.def {
+                Def::Defined { obj, sym, .. } if !g.tls => {
+                    let s = &self.objs[obj as usize].symbols[sym as usize];
+                    let exported = s.visibility == object::elf::STV_DEFAULT.0
+                        || s.visibility == object::elf::STV_PROTECTED.0;
+                    // Not an indirect function: its symbol is its resolver.
+                    let function = s.kind == object::elf::STT_FUNC.0;
+                    (exported && function).then_some((id as u32, obj, sym))
+                }
+                _ => None,
+            })
+            .collect();
+        if functions.is_empty() {
+            return;
+        }
+        let names: Vec<std::borrow::Cow<'a, str>> = functions
+            .iter()
+            .map(|&(id, _, _)| String::from_utf8_lossy(self.globals[id as usize].name))
+            .collect();
+        let refs: Vec<&str> = names.iter().map(|n| &**n).collect();
+        let found = self.ctx.called_through(&refs);
+        for (&(id, obj, sym), address) in functions.iter().zip(found) {
+            if let Some(address) = address {
+                self.globals[id as usize].def = Def::External(address);
+                self.routed.push((id, obj, sym));
+            }
+        }
     }
 
     /// Weak definitions and common symbols of the inputs that the link's namespace defines

@@ -101,8 +101,9 @@ pub enum Error {
         #[source]
         source: crate::lazy::CompileError,
     },
-    /// A name that is not a lazy function of the library.
-    #[error("'{0}' is not a lazy function of this library")]
+    /// A name that is not a lazy function of the library (nor a function of an object
+    /// linked with [`crate::Jit::link_swappable`]).
+    #[error("'{0}' is not a lazy function of this library (to replace a function linked at once, link its object with Jit::link_swappable)")]
     NotLazy(String),
     /// Something this session or executor cannot do.
     #[error("unsupported: {0}")]

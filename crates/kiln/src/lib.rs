@@ -65,7 +65,7 @@ pub use kiln_memory::{
 pub use kiln_remote::protocol::{DebugModule, DebugOutputs};
 pub use kiln_remote::secure::Key;
 pub use kiln_remote::{RemoteError, RoundTrips, Sandbox, Timeouts};
-pub use lazy::{CodeGuard, CodeThread, CompileError, LazyCompiler, LazyFailure};
+pub use lazy::{CodeGuard, CodeThread, CompileError, LazyCompiler, LazyFailure, SwappableModule};
 pub use library::LibraryId;
 pub use link_job::LinkReport;
 pub use module::Module;

@@ -71,6 +71,8 @@ pub(crate) struct LinkJob<'j> {
     pub(crate) library: &'j Arc<Library>,
     pub(crate) publish: Publish,
     pub(crate) times: bool,
+    /// References routed through call-through stubs.
+    pub(crate) through: Option<&'j crate::link_request::CallsThrough>,
 }
 
 impl Jit {
@@ -87,6 +89,7 @@ impl Jit {
             library: &library,
             publish: request.publish,
             times: request.times,
+            through: request.through,
         };
         let lock = match job.publish {
             Publish::Yes => Some(lock_for_link(&library)?),
@@ -120,6 +123,7 @@ pub(crate) fn publish_placed(
         library: &library,
         publish: Publish::Yes,
         times: false,
+        through: None,
     };
     let lock = lock_for_link(&library)?;
     let _linking_here = LinkingHere::enter(library.id);
@@ -323,6 +327,7 @@ impl LinkJob<'_> {
             times: self.times,
         };
         let mut ctx = SessionContext::new(self.jit, self.library, self.publish);
+        ctx.through = self.through;
         let linked = match link(&gathered.objects, &gathered.archives, &mut ctx, &options) {
             Ok(linked) => linked,
             // What a lazy object it needed said is the cause.

@@ -1,7 +1,18 @@
 //! What a link is asked to take and make: the request a user's call, a lookup or a lazy
 //! function's first call hands to [`crate::link_job`].
 
+use crate::module::Module;
 use kiln_link::ObjectInput;
+use rustc_hash::FxHashMap;
+
+/// The names whose references a link routes through call-through stubs
+/// ([`crate::Jit::link_swappable`]): each name's stub, all in `stubs`.
+pub(crate) struct CallsThrough {
+    /// The stubs' module (the link's module uses it).
+    pub(crate) stubs: Module,
+    /// Each function's stub.
+    pub(crate) addresses: FxHashMap<Box<str>, u64>,
+}
 
 /// Whether a link publishes its module's definitions in its library.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +41,8 @@ pub(crate) struct LinkRequest<'w> {
     /// The key of the module's image in the session's image cache: mapped from it if
     /// there, stored in it after the link if not.
     pub(crate) image: Option<kiln_cache::CacheKey>,
+    /// References to these of the inputs' functions reach their stubs.
+    pub(crate) through: Option<&'w CallsThrough>,
 }
 
 impl LinkRequest<'_> {
@@ -42,6 +55,7 @@ impl LinkRequest<'_> {
             publish: Publish::Yes,
             times: false,
             image: None,
+            through: None,
         }
     }
 

@@ -29,6 +29,8 @@ pub(crate) struct SessionContext<'s> {
     pub(crate) lazy_error: Option<Error>,
     /// The search order, once read.
     pub(crate) order: Option<SearchOrder>,
+    /// The inputs' functions whose references reach call-through stubs.
+    pub(crate) through: Option<&'s crate::link_request::CallsThrough>,
 }
 
 /// A link's libraries in search order.
@@ -43,6 +45,7 @@ impl<'s> SessionContext<'s> {
             kinds: FxHashMap::default(),
             uses: FxHashMap::default(),
             thread_atexit: false,
+            through: None,
             lazy_error: None,
             order: None,
         }
@@ -136,6 +139,28 @@ impl<'s> SessionContext<'s> {
 impl LinkContext for SessionContext<'_> {
     fn resolve(&mut self, name: &str) -> Option<u64> {
         self.resolve_many(&[name]).pop().flatten()
+    }
+
+    fn routes_calls(&self) -> bool {
+        self.through.is_some()
+    }
+
+    fn called_through(&mut self, names: &[&str]) -> Vec<Option<u64>> {
+        let Some(through) = self.through else {
+            return vec![None; names.len()];
+        };
+        let found: Vec<Option<u64>> = names
+            .iter()
+            .map(|name| through.addresses.get(*name).copied())
+            .collect();
+        if found.iter().any(Option::is_some) {
+            // The module's code calls the stubs: they stay while it lives.
+            let stubs = &through.stubs;
+            self.uses
+                .entry(stubs.inner.id)
+                .or_insert_with(|| stubs.clone());
+        }
+        found
     }
 
     fn defined_here(&mut self, names: &[&str]) -> Vec<Option<u64>> {

@@ -993,3 +993,152 @@ fn lazy_bodies_are_listed_and_go_with_their_stubs() {
     assert!(jit.modules(lib).unwrap().is_empty());
     assert!(jit.lookup(lib, "even").is_err());
 }
+
+/// `even` and `odd` call each other (compiled by cc, calls not inlined), and `counter` is
+/// data of the same object.
+fn even_odd() -> Vec<u8> {
+    kiln_testkit::cc_object(
+        "swappable_even_odd",
+        "int odd(int n);\n\
+         int counter = 40;\n\
+         int even(int n) { counter++; return n == 0 ? 1 : odd(n - 1); }\n\
+         int odd(int n) { return n == 0 ? 0 : even(n - 1); }\n",
+        &["-O1", "-fno-inline", "-fno-optimize-sibling-calls"],
+    )
+}
+
+/// A new `odd`: `1000 + n` (no recursion).
+fn odd_plus(base: i32) -> Vec<u8> {
+    kiln_testkit::cc_object(
+        &format!("swappable_odd_{base}"),
+        &format!("int odd(int n) {{ return {base} + n; }}\n"),
+        &["-O1"],
+    )
+}
+
+#[test]
+fn a_function_linked_at_once_is_replaced_and_its_objects_own_calls_reach_the_new_body() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    let linked = jit.link_swappable(lib, "even_odd.o", even_odd()).unwrap();
+    // Linked at once: nothing compiles on a first call, and the names are published.
+    // SAFETY: `int even(int)` / `int odd(int)`, in this process, called on this thread
+    // (whose calls may reach a retired body only under a guard: none is retired here
+    // while a call runs).
+    let (even, odd) = unsafe {
+        (
+            jit.lookup_fn::<extern "C" fn(i32) -> i32>(lib, "even")
+                .unwrap(),
+            jit.lookup_fn::<extern "C" fn(i32) -> i32>(lib, "odd")
+                .unwrap(),
+        )
+    };
+    assert_eq!((even(10), even(7), odd(7)), (1, 0, 1));
+    // The data of the object is published and shared as linked.
+    let counter = jit.lookup(lib, "counter").unwrap() as *const i32;
+    // SAFETY: `int counter`, in this process.
+    let calls = unsafe { counter.read_volatile() };
+    assert!(calls > 40, "{calls}");
+    // A module linked later binds to the stubs too.
+    let caller = kiln_testkit::cc_object(
+        "swappable_caller",
+        "int odd(int n);\nint twice_odd(int n) { return 2 * odd(n); }\n",
+        &["-O1"],
+    );
+    let later = jit.link_object(lib, "caller.o", caller).unwrap();
+    // SAFETY: `int twice_odd(int)`, in this process.
+    let twice_odd = unsafe {
+        jit.lookup_fn::<extern "C" fn(i32) -> i32>(lib, "twice_odd")
+            .unwrap()
+    };
+    assert_eq!(twice_odd(3), 2);
+    // The first body is the object's own, listed as the module's (not published).
+    let first_body = linked.module.symbol("odd").unwrap();
+    assert_ne!(first_body, jit.lookup(lib, "odd").unwrap());
+    // Replaced: `even`'s own call (inside the object) reaches the new `odd`, as do the
+    // stub's callers and the module linked later.
+    let thread = jit.register_thread();
+    for base in [1000, 2000, 3000] {
+        jit.replace_function(lib, "odd", odd_plus(base)).unwrap();
+        let _guard = thread.pin();
+        assert_eq!(odd(5), base + 5);
+        assert_eq!(even(6), base + 5, "even(6) calls odd(5)");
+        assert_eq!(twice_odd(1), 2 * (base + 1));
+    }
+    // `even` itself is swappable, and the first `odd` body (in the object) is reached
+    // again by nothing: every call goes through the stub.
+    jit.replace_function(lib, "even", constant_function("even", 77))
+        .unwrap();
+    {
+        let _guard = thread.pin();
+        assert_eq!(even(0), 77);
+        assert_eq!(odd(1), 3001);
+    }
+    drop(thread);
+    // Retired bodies are freed with no guard held; the library's modules list the
+    // current bodies; the object's module goes with its stubs.
+    assert_eq!(jit.reclaim(), 0);
+    let listed = jit.modules(lib).unwrap();
+    assert!(listed
+        .iter()
+        .any(|m| m.symbol("odd").is_some_and(|a| a != first_body)));
+    assert!(matches!(
+        jit.remove_module(&linked.stubs),
+        Err(Error::ModuleInUse { .. })
+    ));
+    jit.remove_module(&later).unwrap();
+    jit.remove_modules(&[linked.stubs, linked.module]).unwrap();
+    assert!(jit.lookup(lib, "odd").is_err());
+    assert!(jit.lookup(lib, "counter").is_err());
+    assert_eq!(jit.reclaim(), 0);
+}
+
+#[test]
+fn a_function_linked_plainly_is_refused_with_the_way_to_make_it_swappable() {
+    let jit = Jit::new().unwrap();
+    let lib = jit.main_library();
+    jit.link_object(lib, "even_odd.o", even_odd()).unwrap();
+    let error = jit
+        .replace_function(lib, "odd", odd_plus(1000))
+        .unwrap_err();
+    assert!(
+        matches!(error, Error::NotLazy(ref n) if n == "odd"),
+        "{error}"
+    );
+    assert!(error.to_string().contains("link_swappable"), "{error}");
+    // An object without a function, or a broken one, publishes nothing.
+    let data_only = kiln_testkit::cc_object("swappable_data", "int only_data = 3;\n", &[]);
+    assert!(matches!(
+        jit.link_swappable(lib, "data.o", data_only),
+        Err(Error::Unsupported(_))
+    ));
+    let missing = kiln_testkit::cc_object(
+        "swappable_missing",
+        "int nowhere(int);\nint calls_nowhere(int n) { return nowhere(n); }\n",
+        &["-O1"],
+    );
+    let error = jit.link_swappable(lib, "missing.o", missing).unwrap_err();
+    assert!(error.to_string().contains("nowhere"), "{error}");
+    assert!(jit.lookup(lib, "calls_nowhere").is_err());
+    assert!(jit.lookup(lib, "only_data").is_err());
+}
+
+#[test]
+fn out_of_process_a_function_linked_at_once_is_replaced() {
+    for (how, executor, _listening) in remote_executors() {
+        let jit = Jit::builder().executor(executor).build().unwrap();
+        let lib = jit.main_library();
+        jit.link_swappable(lib, "even_odd.o", even_odd()).unwrap();
+        let call = |name: &str, n: u64| {
+            let stub = jit.lookup(lib, name).unwrap();
+            // SAFETY: `int f(int)`, in the executor.
+            unsafe { jit.executor().call(stub, &[n]) }.unwrap() as u32 as i32
+        };
+        assert_eq!((call("even", 10), call("odd", 7)), (1, 1), "{how}");
+        for base in [1000, 2000] {
+            jit.replace_function(lib, "odd", odd_plus(base)).unwrap();
+            assert_eq!(call("even", 6), base + 5, "{how}");
+        }
+        assert_eq!(jit.reclaim(), 0, "{how}");
+    }
+}

@@ -176,6 +176,10 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 order.push((name_prefix(g.name), id as u32));
             }
         }
+        // Definitions reached through call-through stubs: the module's own.
+        for &(id, _, _) in &linker.routed {
+            order.push((name_prefix(linker.globals[id as usize].name), id));
+        }
         let name = |id: u32| linker.globals[id as usize].name;
         order.sort_unstable_by(|&(pa, a), &(pb, b)| pa.cmp(&pb).then_with(|| name(a).cmp(name(b))));
         let mut exports = Vec::with_capacity(order.len());
@@ -189,7 +193,14 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 }
                 _ => true,
             };
-            let (address, _) = resolver.address(SymbolId::Global(id));
+            let routed = linker.routed.binary_search_by_key(&id, |&(g, _, _)| g);
+            let (address, visible) = match routed {
+                Ok(i) => {
+                    let (_, obj, sym) = linker.routed[i];
+                    (resolver.address(SymbolId::Local(obj, sym)).0, false)
+                }
+                Err(_) => (resolver.address(SymbolId::Global(id)).0, visible),
+            };
             let name: std::sync::Arc<str> = match std::str::from_utf8(g.name) {
                 Ok(name) => name.into(),
                 Err(_) => lossy(g.name).into(),

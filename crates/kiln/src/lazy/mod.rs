@@ -682,4 +682,6 @@ impl Jit {
 
 mod function;
 mod stub_memory;
+mod swappable;
+pub use swappable::SwappableModule;
 pub mod testing;
