@@ -49,7 +49,13 @@ pub enum ChannelError {
 /// channel's [`Sender`]s (one lock, so frames from several threads never interleave).
 pub struct Channel {
     stream: Stream,
-    fds: VecDeque<OwnedFd>,
+    /// Descriptors received and not yet taken, each with the offset in the byte stream of
+    /// a byte of the frame it came with.
+    fds: VecDeque<(u64, OwnedFd)>,
+    /// Bytes read off the socket so far.
+    read_total: u64,
+    /// Bytes of the stream handed to frames so far (read ahead ones not yet).
+    delivered: u64,
     timeout: Option<Duration>,
     max_frame: u32,
     secure: Option<Secure>,
@@ -59,7 +65,17 @@ pub struct Channel {
     deadline: Option<std::time::Instant>,
     /// Whether each received frame must arrive whole within the timeout.
     frame_deadline: bool,
+    /// Bytes read off the socket ahead of the frames that hold them (one `recvmsg`
+    /// usually brings a frame's length and its body, and the next frames too); empty until
+    /// the first small read.
+    ahead: Vec<u8>,
+    /// The unread part of `ahead`.
+    ahead_at: std::ops::Range<usize>,
 }
+
+/// How many bytes one read off the socket asks for when a frame's part is smaller: a
+/// larger part is read straight into its place.
+const READ_AHEAD: usize = 64 << 10;
 
 /// The sending side: its own handle on the socket and, on a secure channel, the transport
 /// and the next outgoing nonce.
@@ -238,11 +254,15 @@ impl Channel {
         Channel {
             stream,
             fds: VecDeque::new(),
+            read_total: 0,
+            delivered: 0,
             timeout: None,
             max_frame: MAX_FRAME,
             secure: None,
             deadline: None,
             frame_deadline: false,
+            ahead: Vec::new(),
+            ahead_at: 0..0,
             send: Arc::new(Mutex::new(SendState {
                 stream: writer,
                 secure: None,
@@ -273,7 +293,7 @@ impl Channel {
     /// Whether a received frame's bytes are already decrypted and waiting (so that the
     /// socket need not become readable for the next [`Channel::recv`] to go on).
     pub fn has_buffered(&self) -> bool {
-        self.secure.as_ref().is_some_and(|s| s.pos < s.plain.len())
+        !self.ahead_at.is_empty() || self.secure.as_ref().is_some_and(|s| s.pos < s.plain.len())
     }
 
     /// Whether the channel is authenticated and encrypted.
@@ -550,10 +570,44 @@ impl Channel {
         Ok(())
     }
 
-    /// Reads exactly `buf.len()` bytes off the socket, keeping any descriptors that arrive.
+    /// Reads exactly `buf.len()` bytes off the socket, keeping any descriptors that arrive:
+    /// first what was read ahead, then (for a small part) as much as the socket holds, up
+    /// to [`READ_AHEAD`], kept for the next reads.
     fn raw_read_exact(&mut self, buf: &mut [u8]) -> Result<(), ChannelError> {
-        let mut done = 0;
+        let mut done = self.take_ahead(buf);
         while done < buf.len() {
+            if buf.len() - done < READ_AHEAD {
+                if self.ahead.is_empty() {
+                    self.ahead = vec![0; READ_AHEAD];
+                }
+                let mut ahead = std::mem::take(&mut self.ahead);
+                let read = self.raw_read_some(&mut ahead);
+                self.ahead = ahead;
+                self.ahead_at = 0..read?;
+                done += self.take_ahead(&mut buf[done..]);
+            } else {
+                let n = self.raw_read_some(&mut buf[done..])?;
+                self.delivered += n as u64;
+                done += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves what was read ahead into `buf`, as much as fits; how much.
+    fn take_ahead(&mut self, buf: &mut [u8]) -> usize {
+        let n = self.ahead_at.len().min(buf.len());
+        let from = self.ahead_at.start;
+        buf[..n].copy_from_slice(&self.ahead[from..from + n]);
+        self.ahead_at.start += n;
+        self.delivered += n as u64;
+        n
+    }
+
+    /// One read off the socket into `buf` (at least one byte), keeping any descriptors
+    /// that arrive; within the deadline, if one is set.
+    fn raw_read_some(&mut self, buf: &mut [u8]) -> Result<usize, ChannelError> {
+        loop {
             if let Some(deadline) = self.deadline {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 if left.is_zero() {
@@ -566,10 +620,18 @@ impl Channel {
                 set.map_err(ChannelError::Io)?;
             }
             let read = match &mut self.stream {
-                Stream::Tcp(s) => s.read(&mut buf[done..]),
+                Stream::Tcp(s) => s.read(buf),
                 Stream::Unix(s) => {
-                    let fd = s.as_raw_fd();
-                    recv_with_fds(fd, &mut buf[done..], &mut self.fds)
+                    // The kernel ends a read with the message that carried descriptors
+                    // (it glues no later one to it): they came with the frame that holds
+                    // the last byte read.
+                    let mut fds = Vec::new();
+                    let read = recv_with_fds(s.as_raw_fd(), buf, &mut fds);
+                    if let Ok(n) = read {
+                        let at = (self.read_total + n as u64).saturating_sub(1);
+                        self.fds.extend(fds.into_iter().map(|fd| (at, fd)));
+                    }
+                    read
                 }
             };
             let n = match read {
@@ -581,9 +643,9 @@ impl Channel {
             if n == 0 {
                 return Err(ChannelError::Closed);
             }
-            done += n;
+            self.read_total += n as u64;
+            return Ok(n);
         }
-        Ok(())
     }
 
     /// Receives one frame; returns its body (tag and fields).
@@ -623,7 +685,11 @@ impl Channel {
 
     /// The oldest descriptor received and not yet taken.
     pub fn take_fd(&mut self) -> Option<OwnedFd> {
-        self.fds.pop_front()
+        // Not one that came with a frame read ahead and not yet received.
+        if self.fds.front()?.0 >= self.delivered {
+            return None;
+        }
+        self.fds.pop_front().map(|(_, fd)| fd)
     }
 
     /// Shuts the socket down in both directions.
@@ -636,7 +702,7 @@ impl Channel {
 }
 
 /// `recvmsg` into `buf`, collecting `SCM_RIGHTS` descriptors (closed on exec).
-fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds: &mut VecDeque<OwnedFd>) -> io::Result<usize> {
+fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
     const MAX_FDS: usize = 4;
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
@@ -645,13 +711,15 @@ fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds: &mut VecDeque<OwnedFd>) -> io::
     // SAFETY: CMSG_SPACE is a pure computation.
     let space =
         unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
-    let mut control = vec![0u8; space];
+    // On the stack, aligned as a `cmsghdr` (its fields are at most 8 bytes wide).
+    let mut control = [0u64; 8];
+    debug_assert!(space <= std::mem::size_of_val(&control));
     // SAFETY: msghdr is plain data; zeroed is valid before the fields are set.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
+    msg.msg_controllen = space.min(std::mem::size_of_val(&control)) as _;
     // SAFETY: `msg` points at live buffers for the duration of the call.
     let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
@@ -670,11 +738,60 @@ fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds: &mut VecDeque<OwnedFd>) -> io::
                 for i in 0..count {
                     let raw = std::ptr::read_unaligned(data.add(i));
                     // The kernel installed this descriptor in our table for us.
-                    fds.push_back(OwnedFd::from_raw_fd(raw));
+                    fds.push(OwnedFd::from_raw_fd(raw));
                 }
             }
             cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
     }
     Ok(n as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    /// A frame: its body's length, then the body.
+    fn frame(body: &[u8]) -> Vec<u8> {
+        let mut f = (body.len() as u32).to_le_bytes().to_vec();
+        f.extend_from_slice(body);
+        f
+    }
+
+    fn pair() -> (Channel, Channel) {
+        let (a, b) = UnixStream::pair().expect("a socket pair");
+        (Channel::new(Stream::Unix(a)), Channel::new(Stream::Unix(b)))
+    }
+
+    #[test]
+    fn frames_read_ahead_keep_their_order_and_their_descriptors() {
+        let (mut tx, mut rx) = pair();
+        let file = std::fs::File::open("/dev/null").expect("/dev/null");
+        // Sent before anything is read: one read brings several frames.
+        tx.send(&frame(b"first")).unwrap();
+        tx.send_with_fd(&frame(b"second"), file.as_fd()).unwrap();
+        tx.send(&frame(b"third")).unwrap();
+        let big = vec![7u8; 3 * READ_AHEAD + 5];
+        let sender = std::thread::spawn(move || {
+            tx.send(&frame(&big)).unwrap();
+            tx.send(&frame(b"last")).unwrap();
+            tx
+        });
+        assert_eq!(rx.recv().unwrap(), b"first");
+        // The descriptor came with the second frame, not with the first.
+        assert!(rx.take_fd().is_none());
+        assert_eq!(rx.recv().unwrap(), b"second");
+        assert!(rx.take_fd().is_some());
+        assert_eq!(rx.recv().unwrap(), b"third");
+        assert!(rx.take_fd().is_none());
+        let body = rx.recv().unwrap();
+        assert_eq!(body.len(), 3 * READ_AHEAD + 5);
+        assert!(body.iter().all(|&b| b == 7));
+        assert_eq!(rx.recv().unwrap(), b"last");
+        assert!(!rx.has_buffered());
+        drop(sender.join().unwrap());
+        assert!(matches!(rx.recv(), Err(ChannelError::Closed)));
+    }
 }
