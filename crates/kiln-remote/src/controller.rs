@@ -4,8 +4,7 @@
 
 use crate::channel::{Channel, ChannelError, Stream};
 use crate::protocol::{signal_name, DecodeError, Hello, Request, Response, VERSION};
-use parking_lot::{Mutex, ReentrantMutex, RwLock};
-use std::cell::RefCell;
+use parking_lot::{Mutex, RwLock};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -162,96 +161,96 @@ impl Default for Timeouts {
     }
 }
 
-struct Connection {
-    channel: Channel,
-    /// The id of the last request sent.
-    next_id: u32,
-    child: Option<Child>,
-    broken: Option<String>,
-    /// The receive timeout set on the socket now (to set it only when it changes).
-    timeout: Option<Option<Duration>>,
-}
-
 /// What answers the requests an executor makes of the controller
 /// ([`Request::ResolveStub`]); it may make requests of the executor meanwhile.
 pub type ExecutorRequestHandler = Arc<dyn Fn(&Request) -> Response + Send + Sync>;
 
-/// A connection to an executor process. Requests are sent one at a time (the connection
-/// is locked for a request and its response; the thread that holds it may make more
-/// requests while it answers one of the executor's).
+/// A connection to an executor process. Any thread sends requests at any time; one
+/// thread of the connection's own reads every frame the executor sends and hands each
+/// answer to the caller waiting for it (a table of pending requests by id), forwards the
+/// program's output, and serves the executor's own requests (a call-through stub's first
+/// call) on threads of their own. No caller waits for another's answer, and none polls:
+/// each is woken when its answer arrives or the connection ends.
 pub struct RemoteExecutor {
-    conn: ReentrantMutex<RefCell<Connection>>,
-    /// What serves the executor's requests, if anything does.
-    handler: RwLock<Option<ExecutorRequestHandler>>,
+    shared: Arc<Shared>,
     hello: Hello,
     timeouts: Timeouts,
-    /// The pid of a child executor not yet reaped (0 once reaped, or for one reached
-    /// over TCP): `kill` never signals a recycled pid.
-    child_pid: std::sync::atomic::AtomicI32,
+    /// Whether descriptors (shared memory) can be passed: a Unix socket.
+    passes_fds: bool,
+    /// Shuts the socket down (the reading thread then ends).
+    closer: kiln_wire::channel::Closer,
+    /// The reading thread, joined at shutdown.
+    reader: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Round trips made, per kind of request, for [`RemoteExecutor::round_trips`].
     round_trips: Mutex<Vec<RoundTrips>>,
     /// Requests a thread deferred in a [`Batching`] scope, not yet sent.
     deferred: Mutex<Option<Deferred>>,
-    /// Requests other threads make while one waits for code to run (see [`Beside`]).
-    beside: Mutex<Beside>,
-    /// Signalled when an answer is routed to a thread waiting beside.
-    routed: parking_lot::Condvar,
-    /// Sends without the connection's lock (requests made beside a running one).
+    /// Held while a `RunMain` or `Shutdown` waits for its answer: the executor refuses a
+    /// second `RunMain` (and `Shutdown`) while main runs, so another thread's waits here
+    /// until it has returned.
+    main: Mutex<()>,
+}
+
+/// What the callers and the reading thread share.
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when an answer is routed or the connection ends.
+    answered: parking_lot::Condvar,
+    /// Sends frames (any thread; one lock, so frames never interleave).
     sender: kiln_wire::channel::Sender,
+    /// What serves the executor's requests, if anything does.
+    handler: RwLock<Option<ExecutorRequestHandler>>,
+    /// A child executor, until it is reaped.
+    child: Mutex<Option<Child>>,
+    /// Its exit status, once reaped.
+    status: Mutex<Option<std::process::ExitStatus>>,
+    /// The pid of a child executor not yet reaped (0 once reaped, or for one reached
+    /// over TCP): `kill` never signals a recycled pid.
+    child_pid: std::sync::atomic::AtomicI32,
+    /// The executor's pid, for messages.
+    pid: u32,
 }
 
-/// While a thread waits for JIT code to run (`RunMain`, `Call`: the connection's lock
-/// held, it reads every frame), other threads' requests go *beside* it: each is sent
-/// through the shared sender with an id of its own range and waits until the reading
-/// thread routes its answer here. The executor serves them meanwhile (main runs on a
-/// thread of its own there), so a hot swap, a lookup or another link need not wait for
-/// the program to end.
+/// The pending requests and whether the connection still serves.
 #[derive(Default)]
-struct Beside {
-    /// A thread waits for code to run, and reads.
-    running: bool,
-    /// The last id given to a request beside (ids `BESIDE | n`).
-    last: u32,
-    /// Answers by request id, routed or awaited.
-    answers: std::collections::HashMap<u32, Routed>,
+struct State {
+    /// Requests by id: sent and awaited, answered, or given up.
+    pending: std::collections::HashMap<u32, Routed>,
+    /// The last id given to a request (ids are below [`crate::protocol::EXECUTOR_REQUEST`]
+    /// and never 0, which is the executor's own).
+    last_id: u32,
+    /// Why the connection serves no more; every waiting and later request fails with it.
+    ended: Option<Ended>,
 }
 
-/// Where a request made beside stands.
+/// Where a request stands.
 enum Routed {
     Waiting,
     Answered(Response, Option<OwnedFd>),
-    Failed(String),
-    /// Its thread gave up waiting (timeout): the answer is dropped when it comes.
+    /// Its caller gave up waiting: the answer is dropped when it comes.
     Abandoned,
 }
 
-/// The ids of requests made beside a running one (bit 30; the lock's requests count below
-/// it, the executor's own requests have bit 31).
-const BESIDE: u32 = 1 << 30;
-
-/// While alive, the thread that sent a request running code reads for those made beside
-/// it; when it stops (answered, or the connection failed), requests still waiting fail
-/// and later ones take the lock.
-struct ReadingBeside<'a> {
-    remote: &'a RemoteExecutor,
-    owner: bool,
+/// Why a connection ended.
+#[derive(Clone)]
+enum Ended {
+    /// The executor said so: JIT code crashed it or ended it (`Crashed`, `Exited`).
+    Said(Response),
+    /// The connection closed (the executor died: its exit status says how, if it was a
+    /// child of ours).
+    Closed,
+    /// It failed otherwise (authentication, I/O, a malformed frame).
+    Failed(RemoteErrorKind),
+    /// This controller ended it (a request timed out, shut down, a frame it cannot
+    /// serve): why.
+    Broken(String),
 }
 
-impl Drop for ReadingBeside<'_> {
-    fn drop(&mut self) {
-        if !self.owner {
-            return;
-        }
-        let mut beside = self.remote.beside.lock();
-        beside.running = false;
-        for routed in beside.answers.values_mut() {
-            if matches!(routed, Routed::Waiting) {
-                *routed =
-                    Routed::Failed("the connection ended before the executor answered".into());
-            }
-        }
-        self.remote.routed.notify_all();
-    }
+/// A channel failure kept to be reported to each request it ends.
+#[derive(Clone)]
+enum RemoteErrorKind {
+    Auth(String),
+    Io(String),
 }
 
 /// What one thread's [`Batching`] scope deferred.
@@ -470,13 +469,9 @@ impl RemoteExecutor {
                 RemoteError::Start(format!("{}: {e}{hint}", executor.display()))
             })?;
         drop(theirs);
-        let pid = child.id();
-        match Self::handshake(Channel::new(Stream::Unix(ours)), None, timeouts) {
-            Ok(mut remote) => {
-                remote.conn.get_mut().get_mut().child = Some(child);
-                remote.child_pid = std::sync::atomic::AtomicI32::new(pid as i32);
-                Ok(remote)
-            }
+        let mut channel = Channel::new(Stream::Unix(ours));
+        match Self::read_hello(&mut channel, timeouts) {
+            Ok(hello) => Self::start(channel, hello, Some(child), timeouts),
             Err(e) => {
                 // A child that did not say hello is not left running or unreaped.
                 let _ = child.kill();
@@ -505,36 +500,32 @@ impl RemoteExecutor {
                 reason: "the executor behind this socket runs as another user".into(),
             });
         }
-        let remote = Self::handshake(channel, None, timeouts)?;
-        {
-            let guard = remote.conn.lock();
-            let mut conn = guard.borrow_mut();
-            // SAFETY: descriptors 0, 1 and 2 stay open for the life of this process.
-            let stdio = unsafe {
-                [
-                    std::os::fd::BorrowedFd::borrow_raw(0),
-                    std::os::fd::BorrowedFd::borrow_raw(1),
-                    std::os::fd::BorrowedFd::borrow_raw(2),
-                ]
-            };
-            conn.channel
-                .send_with_fds(&Request::AdoptStdio.encode(), &stdio)
-                .map_err(|e| RemoteError::Start(format!("adopt stdio: {e}")))?;
-            let body = conn
-                .channel
-                .recv()
-                .map_err(|e| RemoteError::Start(format!("adopt stdio: {e}")))?;
-            match Response::decode(&body)? {
-                Response::Ok => {}
-                other => {
-                    return Err(RemoteError::Unexpected {
-                        request: "adopt stdio".into(),
-                        response: other,
-                    })
-                }
+        let mut channel = channel;
+        let hello = Self::read_hello(&mut channel, timeouts)?;
+        // SAFETY: descriptors 0, 1 and 2 stay open for the life of this process.
+        let stdio = unsafe {
+            [
+                std::os::fd::BorrowedFd::borrow_raw(0),
+                std::os::fd::BorrowedFd::borrow_raw(1),
+                std::os::fd::BorrowedFd::borrow_raw(2),
+            ]
+        };
+        channel
+            .send_with_fds(&Request::AdoptStdio.encode(), &stdio)
+            .map_err(|e| RemoteError::Start(format!("adopt stdio: {e}")))?;
+        let body = channel
+            .recv()
+            .map_err(|e| RemoteError::Start(format!("adopt stdio: {e}")))?;
+        match Response::decode(&body)? {
+            Response::Ok => {}
+            other => {
+                return Err(RemoteError::Unexpected {
+                    request: "adopt stdio".into(),
+                    response: other,
+                })
             }
         }
-        Ok(remote)
+        Self::start(channel, hello, None, timeouts)
     }
 
     /// Connects to `kiln-executor --listen` at `address`, authenticating with `key` and
@@ -589,14 +580,12 @@ impl RemoteExecutor {
                     other => RemoteError::Start(format!("{address}: {other}")),
                 })?;
         }
-        Self::handshake(channel, None, timeouts)
+        let hello = Self::read_hello(&mut channel, timeouts)?;
+        Self::start(channel, hello, None, timeouts)
     }
 
-    fn handshake(
-        mut channel: Channel,
-        child: Option<Child>,
-        timeouts: Timeouts,
-    ) -> Result<Self, RemoteError> {
+    /// Reads the executor's hello (within the request timeout) and checks it.
+    fn read_hello(channel: &mut Channel, timeouts: Timeouts) -> Result<Hello, RemoteError> {
         channel
             .set_timeout(Some(timeouts.request))
             .map_err(io_err)?;
@@ -616,26 +605,48 @@ impl RemoteExecutor {
                 expected: VERSION,
             });
         }
-        let child_pid =
-            std::sync::atomic::AtomicI32::new(child.as_ref().map_or(0, |c| c.id() as i32));
-        let sender = channel.sender();
-        Ok(RemoteExecutor {
-            conn: ReentrantMutex::new(RefCell::new(Connection {
-                channel,
-                next_id: 0,
-                child,
-                broken: None,
-                timeout: None,
-            })),
+        Ok(hello)
+    }
+
+    /// Serves a connection whose hello was read: its reading thread starts.
+    fn start(
+        mut channel: Channel,
+        hello: Hello,
+        child: Option<Child>,
+        timeouts: Timeouts,
+    ) -> Result<Self, RemoteError> {
+        // The reading thread waits for frames as long as the connection lives; each
+        // caller bounds its own wait.
+        channel.set_timeout(None).map_err(io_err)?;
+        let closer = channel.closer().map_err(io_err)?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            answered: parking_lot::Condvar::new(),
+            sender: channel.sender(),
             handler: RwLock::new(None),
+            child_pid: std::sync::atomic::AtomicI32::new(
+                child.as_ref().map_or(0, |c| c.id() as i32),
+            ),
+            child: Mutex::new(child),
+            status: Mutex::new(None),
+            pid: hello.pid,
+        });
+        let passes_fds = channel.can_pass_fds();
+        let reading = shared.clone();
+        let reader = std::thread::Builder::new()
+            .name("kiln-executor-reader".into())
+            .spawn(move || read_frames(&reading, channel))
+            .map_err(|e| RemoteError::Start(format!("cannot start the reading thread: {e}")))?;
+        Ok(RemoteExecutor {
+            shared,
             hello,
             timeouts,
-            child_pid,
+            passes_fds,
+            closer,
+            reader: Mutex::new(Some(reader)),
             round_trips: Mutex::new(Vec::new()),
             deferred: Mutex::new(None),
-            beside: Mutex::new(Beside::default()),
-            routed: parking_lot::Condvar::new(),
-            sender,
+            main: Mutex::new(()),
         })
     }
 
@@ -653,7 +664,7 @@ impl RemoteExecutor {
     /// serving `--listen` reads its standard input from these messages), from a thread
     /// that reads it until end of input; for `kiln run --connect`. Call it once.
     pub fn forward_stdin(&self) {
-        let sender = self.conn.lock().borrow().channel.sender();
+        let sender = self.shared.sender.clone();
         std::thread::spawn(move || {
             use std::io::Read;
             let mut stdin = std::io::stdin().lock();
@@ -706,7 +717,7 @@ impl RemoteExecutor {
 
     /// Whether descriptors (shared memory) can be passed: a Unix socket.
     pub fn can_share_memory(&self) -> bool {
-        self.conn.lock().borrow().channel.can_pass_fds()
+        self.passes_fds
     }
 
     /// Sends `request`, returns the response (an error response, a crash, a death or a
@@ -840,352 +851,128 @@ impl RemoteExecutor {
         Ok(answers)
     }
 
-    /// Sends one request and waits for its answer, serving the executor's own requests
-    /// and forwarding the program's output meanwhile.
+    /// Sends one request and waits for its answer (the reading thread hands it over),
+    /// within the connection's timeout for its kind.
     fn send_one(&self, request: &Request) -> Result<(Response, Option<OwnedFd>), RemoteError> {
-        // A thread that waits for code to run holds the connection: other threads' requests
-        // go beside it (not a second `RunMain`, which the executor refuses while one runs).
-        let beside_ok = !matches!(request, Request::RunMain { .. } | Request::Shutdown);
-        let guard = loop {
-            if let Some(guard) = self.conn.try_lock_for(Duration::from_millis(2)) {
-                break guard;
-            }
-            if beside_ok {
-                if let Some(result) = self.send_beside(request) {
-                    return result;
-                }
-            }
-        };
-        let mut conn = guard.borrow_mut();
-        if let Some(why) = &conn.broken {
-            return Err(RemoteError::Broken(why.clone()));
-        }
-        let running = matches!(
-            request,
-            Request::RunMain { .. }
-                | Request::Call { .. }
-                | Request::RunInitializers { .. }
-                | Request::RunFinalizers { .. }
-        );
-        let timeout = if running {
-            self.timeouts.run
-        } else {
-            Some(self.timeouts.request)
-        };
-        if conn.timeout != Some(timeout) {
-            conn.channel.set_timeout(timeout).map_err(io_err)?;
-            conn.timeout = Some(timeout);
-        }
-        let name = request.to_string();
-        let started = std::time::Instant::now();
-        // This thread reads for the requests made beside it while the code runs.
-        let owner = running && {
-            let mut beside = self.beside.lock();
-            !std::mem::replace(&mut beside.running, true)
-        };
-        let _reading = ReadingBeside {
-            remote: self,
-            owner,
-        };
-        conn.next_id = conn.next_id % (BESIDE - 1) + 1;
-        let id = conn.next_id;
-        if let Err(e) = conn
-            .channel
-            .send(&crate::protocol::with_id(request.encode(), id))
-        {
-            let error = self.failure(&mut conn, &name, e);
-            conn.broken = Some(error.to_string());
-            return Err(error);
-        }
-        // The program's output may come before the answer, and the executor's own
-        // requests (a call-through stub's first call while this request runs code), and
-        // the answers to requests made beside this one.
-        let mut mine = None;
-        let response = loop {
-            if let Some(answer) = mine.take() {
-                if !owner || self.no_one_waits_beside() {
-                    break answer;
-                }
-                mine = Some(answer);
-            }
-            let body = match conn.channel.recv() {
-                Ok(body) => body,
-                Err(e) => {
-                    let error = self.failure(&mut conn, &name, e);
-                    conn.broken = Some(error.to_string());
-                    return Err(error);
-                }
-            };
-            let got = crate::protocol::message_id(&body).unwrap_or(0);
-            let handler = self.handler.read().clone();
-            if let (true, Some(handler)) = (got & crate::protocol::EXECUTOR_REQUEST != 0, handler) {
-                // Served on a thread of its own: the handler makes requests (to link a
-                // body) that go beside this one, whose answers this thread reads and
-                // routes meanwhile; it never waits on the session's locks itself.
-                let sender = self.sender.clone();
-                let serve = move || {
-                    let answer = match Request::decode(&body) {
-                        // A panicking handler still answers: the executor waits for it.
-                        Ok(request) => {
-                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                handler(&request)
-                            }))
-                            .unwrap_or_else(|_| {
-                                Response::Error("the controller's handler panicked".into())
-                            })
-                        }
-                        Err(e) => Response::Error(format!("malformed request: {e}")),
-                    };
-                    let _ = sender.send(&crate::protocol::with_id(answer.encode(), got));
-                };
-                if let Err(e) = std::thread::Builder::new()
-                    .name("kiln-resolve".into())
-                    .spawn(serve)
-                {
-                    let answer = Response::Error(format!("cannot serve the request: {e}"));
-                    let _ = self
-                        .sender
-                        .send(&crate::protocol::with_id(answer.encode(), got));
-                }
-                continue;
-            }
-            match Response::decode(&body) {
-                Ok(Response::Output { stream, bytes }) => forward_output(stream, &bytes),
-                // The answer to this request.
-                Ok(r) if got == id => mine = Some(r),
-                // What the executor says on its own (id 0): the end of it.
-                Ok(r @ (Response::Crashed { .. } | Response::Exited { .. })) if got == 0 => {
-                    break r
-                }
-                // The answer to a request made beside this one (or to one whose thread
-                // gave up waiting).
-                Ok(r) if got & BESIDE != 0 && got & crate::protocol::EXECUTOR_REQUEST == 0 => {
-                    let fd = conn.channel.take_fd();
-                    self.route(got, r, fd);
-                }
-                Ok(r) => {
-                    let why = if got & crate::protocol::EXECUTOR_REQUEST != 0 {
-                        format!(
-                            "the executor made a request ({got:#x}) this controller does not serve"
-                        )
-                    } else {
-                        format!("answer with id {got} to request {id}: {r:?}")
-                    };
-                    conn.broken = Some(why.clone());
-                    return Err(RemoteError::Unexpected {
-                        request: name,
-                        response: Response::Error(why),
-                    });
-                }
-                Err(e) => {
-                    conn.broken = Some(format!("malformed response: {e}"));
-                    return Err(e.into());
-                }
-            }
-        };
-        self.count_round_trip(&name, started.elapsed());
-        match response {
-            Response::Exited { status } => {
-                let error = RemoteError::Exited {
-                    pid: self.hello.pid,
-                    status,
-                    request: name,
-                };
-                conn.broken = Some(error.to_string());
-                if let Some(child) = &mut conn.child {
-                    let _ = reap(child, &self.child_pid);
-                }
-                Err(error)
-            }
-            Response::Error(message) => Err(RemoteError::Refused {
-                request: name,
-                message,
-            }),
-            Response::Crashed {
-                signal,
-                fault_address,
-                pc,
-                exception,
-            } => {
-                let error = RemoteError::Crashed {
-                    pid: self.hello.pid,
-                    signal,
-                    name: signal_name(signal),
-                    fault_address,
-                    pc,
-                    exception,
-                    request: name,
-                };
-                conn.broken = Some(error.to_string());
-                if let Some(child) = &mut conn.child {
-                    let _ = reap(child, &self.child_pid);
-                }
-                Err(error)
-            }
-            other => {
-                let fd = conn.channel.take_fd();
-                Ok((other, fd))
-            }
-        }
-    }
-
-    /// Turns a channel failure into the most useful error: a child's exit signal if it died.
-    fn failure(&self, conn: &mut Connection, request: &str, error: ChannelError) -> RemoteError {
-        let pid = self.hello.pid;
-        match error {
-            ChannelError::Timeout(timeout) => RemoteError::Timeout {
-                pid,
-                request: request.to_string(),
-                timeout,
-            },
-            ChannelError::Closed => {
-                let how = match &mut conn.child {
-                    Some(child) => match reap(child, &self.child_pid).ok_or("unknown") {
-                        Ok(status) => match status.signal() {
-                            Some(signal) => {
-                                return RemoteError::Crashed {
-                                    pid,
-                                    signal,
-                                    name: signal_name(signal),
-                                    fault_address: 0,
-                                    pc: 0,
-                                    exception: 0,
-                                    request: request.to_string(),
-                                }
-                            }
-                            None => match status.code() {
-                                Some(code) => {
-                                    return RemoteError::Exited {
-                                        pid,
-                                        status: code,
-                                        request: request.to_string(),
-                                    }
-                                }
-                                None => format!("exited with {status}"),
-                            },
-                        },
-                        Err(e) => e.to_string(),
-                    },
-                    None => "connection closed".into(),
-                };
-                RemoteError::Died {
-                    pid,
-                    request: request.to_string(),
-                    how,
-                }
-            }
-            ChannelError::Auth(reason) => RemoteError::Authentication {
-                address: format!("pid {pid}"),
-                reason,
-            },
-            other => RemoteError::Io(other.to_string()),
-        }
-    }
-
-    /// Sets what answers the requests the executor makes of this controller (a
-    /// call-through stub's first call). Without one, such a request breaks the
-    /// connection.
-    pub fn set_request_handler(&self, handler: ExecutorRequestHandler) {
-        *self.handler.write() = Some(handler);
-    }
-
-    /// Sends `request` beside the running one and waits for the reading thread to route
-    /// its answer; `None` if no code runs any more (the caller takes the lock instead).
-    #[allow(clippy::type_complexity)]
-    fn send_beside(
-        &self,
-        request: &Request,
-    ) -> Option<Result<(Response, Option<OwnedFd>), RemoteError>> {
-        let id = {
-            let mut beside = self.beside.lock();
-            if !beside.running {
-                return None;
-            }
-            beside.last = beside.last % (BESIDE - 1) + 1;
-            let id = BESIDE | beside.last;
-            beside.answers.insert(id, Routed::Waiting);
-            id
-        };
-        let name = request.to_string();
-        let started = std::time::Instant::now();
-        if let Err(e) = self
-            .sender
-            .send(&crate::protocol::with_id(request.encode(), id))
-        {
-            self.beside.lock().answers.remove(&id);
-            return Some(Err(io_err(e)));
-        }
+        let _main = matches!(request, Request::RunMain { .. } | Request::Shutdown)
+            .then(|| self.main.lock());
         let timeout = match request {
-            Request::Call { .. }
+            Request::RunMain { .. }
+            | Request::Call { .. }
             | Request::RunInitializers { .. }
             | Request::RunFinalizers { .. } => self.timeouts.run,
             _ => Some(self.timeouts.request),
         };
-        let deadline = timeout.map(|t| std::time::Instant::now() + t);
-        let mut beside = self.beside.lock();
-        loop {
-            if !matches!(beside.answers.get(&id), Some(Routed::Waiting)) {
-                let routed = beside.answers.remove(&id);
-                drop(beside);
-                self.count_round_trip(&name, started.elapsed());
-                return Some(match routed {
-                    Some(Routed::Answered(Response::Error(message), _)) => {
-                        Err(RemoteError::Refused {
-                            request: name,
-                            message,
-                        })
-                    }
-                    Some(Routed::Answered(response, fd)) => Ok((response, fd)),
-                    Some(Routed::Failed(why)) => Err(RemoteError::Broken(why)),
-                    _ => Err(RemoteError::Broken("the answer was lost".into())),
-                });
+        self.send_within(request, timeout)
+    }
+
+    /// Sends one request and waits for its answer for at most `timeout`.
+    fn send_within(
+        &self,
+        request: &Request,
+        timeout: Option<Duration>,
+    ) -> Result<(Response, Option<OwnedFd>), RemoteError> {
+        let name = request.to_string();
+        let shared = &*self.shared;
+        let id = {
+            let mut state = shared.state.lock();
+            if let Some(ended) = &state.ended {
+                return Err(shared.error(ended, &name));
+            }
+            // The next id not in use (ids wrap after 2^31 - 1 requests).
+            loop {
+                state.last_id = state.last_id % (crate::protocol::EXECUTOR_REQUEST - 1) + 1;
+                if !state.pending.contains_key(&state.last_id) {
+                    break;
+                }
+            }
+            let id = state.last_id;
+            state.pending.insert(id, Routed::Waiting);
+            id
+        };
+        let started = std::time::Instant::now();
+        let deadline = timeout.map(|t| started + t);
+        if shared
+            .sender
+            .send(&crate::protocol::with_id(request.encode(), id))
+            .is_err()
+        {
+            // The connection failed: the reading thread finds out how (the executor's
+            // exit), and ends it.
+            let mut state = shared.state.lock();
+            state.pending.remove(&id);
+            let wait_until = std::time::Instant::now() + Duration::from_secs(10);
+            while state.ended.is_none() {
+                if shared
+                    .answered
+                    .wait_until(&mut state, wait_until)
+                    .timed_out()
+                {
+                    break;
+                }
+            }
+            let ended = state
+                .ended
+                .get_or_insert_with(|| Ended::Broken("sending failed".into()))
+                .clone();
+            return Err(shared.error(&ended, &name));
+        }
+        let mut state = shared.state.lock();
+        let (response, fd) = loop {
+            if matches!(state.pending.get(&id), Some(Routed::Answered(..))) {
+                match state.pending.remove(&id) {
+                    Some(Routed::Answered(response, fd)) => break (response, fd),
+                    _ => unreachable!("checked just above"),
+                }
+            }
+            if let Some(ended) = state.ended.clone() {
+                state.pending.remove(&id);
+                return Err(shared.error(&ended, &name));
             }
             let timed_out = match deadline {
-                Some(deadline) => self.routed.wait_until(&mut beside, deadline).timed_out(),
+                Some(deadline) => shared.answered.wait_until(&mut state, deadline).timed_out(),
                 None => {
-                    self.routed.wait(&mut beside);
+                    shared.answered.wait(&mut state);
                     false
                 }
             };
-            if timed_out && matches!(beside.answers.get(&id), Some(Routed::Waiting)) {
-                beside.answers.insert(id, Routed::Abandoned);
-                return Some(Err(RemoteError::Timeout {
-                    pid: self.hello.pid,
+            if timed_out && matches!(state.pending.get(&id), Some(Routed::Waiting)) {
+                // An executor that does not answer in time serves no more (it may run
+                // JIT code forever): later requests fail at once.
+                state.pending.insert(id, Routed::Abandoned);
+                let error = RemoteError::Timeout {
+                    pid: shared.pid,
                     request: name,
                     timeout: timeout.unwrap_or_default(),
-                }));
+                };
+                shared.end(&mut state, Ended::Broken(error.to_string()));
+                drop(state);
+                self.closer.shutdown();
+                return Err(error);
             }
+        };
+        drop(state);
+        self.count_round_trip(&name, started.elapsed());
+        match response {
+            Response::Error(message) => Err(RemoteError::Refused {
+                request: name,
+                message,
+            }),
+            // The executor's end, as the answer to the request that ran the code.
+            ended @ (Response::Exited { .. } | Response::Crashed { .. }) => {
+                let ended = Ended::Said(ended);
+                shared.end(&mut shared.state.lock(), ended.clone());
+                shared.reap();
+                Err(shared.error(&ended, &name))
+            }
+            other => Ok((other, fd)),
         }
     }
 
-    /// Hands an answer read by the thread that holds the connection to the thread that
-    /// made the request beside it.
-    fn route(&self, id: u32, response: Response, fd: Option<OwnedFd>) {
-        let mut beside = self.beside.lock();
-        match beside.answers.get(&id) {
-            Some(Routed::Waiting) => {
-                beside.answers.insert(id, Routed::Answered(response, fd));
-                self.routed.notify_all();
-            }
-            // Its thread gave up; an id not (or no longer) awaited is dropped.
-            _ => {
-                beside.answers.remove(&id);
-            }
-        }
-    }
-
-    /// Whether no request made beside waits for its answer; if none does, this thread
-    /// stops reading for others (atomically: a request made after goes by the lock).
-    fn no_one_waits_beside(&self) -> bool {
-        let mut beside = self.beside.lock();
-        let waiting = beside
-            .answers
-            .values()
-            .any(|r| matches!(r, Routed::Waiting));
-        if !waiting {
-            beside.running = false;
-        }
-        !waiting
+    /// Sets what answers the requests the executor makes of this controller (a
+    /// call-through stub's first call). Without one, such a request ends the connection.
+    pub fn set_request_handler(&self, handler: ExecutorRequestHandler) {
+        *self.shared.handler.write() = Some(handler);
     }
 
     fn count_round_trip(&self, name: &str, waited: Duration) {
@@ -1211,38 +998,36 @@ impl RemoteExecutor {
 
     /// Asks the executor to exit, and waits for a child executor.
     pub fn shutdown(&self) {
-        let guard = self.conn.lock();
-        let mut conn = guard.borrow_mut();
-        if conn.broken.is_none() {
-            let _ = conn.channel.set_timeout(Some(Duration::from_secs(5)));
-            // Request ids are non-zero (docs/PROTOCOL.md); 0 is the executor's own.
-            conn.next_id = conn.next_id % (BESIDE - 1) + 1;
-            let shutdown = crate::protocol::with_id(Request::Shutdown.encode(), conn.next_id);
-            if conn.channel.send(&shutdown).is_ok() {
-                // The program's last output may come before the answer.
-                while let Ok(body) = conn.channel.recv() {
-                    match Response::decode(&body) {
-                        Ok(Response::Output { stream, bytes }) => forward_output(stream, &bytes),
-                        _ => break,
-                    }
-                }
+        let serving = self.shared.state.lock().ended.is_none();
+        if serving {
+            // Its answer comes after the program's last output (which the reading thread
+            // forwards); an executor that does not answer within 5 s is not waited for.
+            let _main = self.main.lock();
+            let _ = self.send_within(&Request::Shutdown, Some(Duration::from_secs(5)));
+            let mut state = self.shared.state.lock();
+            if state.ended.is_none() {
+                self.shared
+                    .end(&mut state, Ended::Broken("shut down".into()));
             }
-            conn.broken = Some("shut down".into());
-        } else if let Some(child) = &mut conn.child {
-            // A broken connection (a timeout, say) may have left the executor running JIT
-            // code forever: do not wait for it.
+        } else if let Some(child) = &mut *self.shared.child.lock() {
+            // A connection that ended otherwise (a timeout, say) may have left the
+            // executor running JIT code forever: do not wait for it.
             let _ = child.kill();
         }
-        conn.channel.shutdown();
-        if let Some(mut child) = conn.child.take() {
-            let _ = reap(&mut child, &self.child_pid);
+        self.closer.shutdown();
+        if let Some(reader) = self.reader.lock().take() {
+            let _ = reader.join();
         }
+        self.shared.reap();
     }
 
     /// Kills a child executor (`SIGKILL`), even while a request is waiting for it; the
     /// waiting request then fails with the signal.
     pub fn kill(&self) {
-        let pid = self.child_pid.load(std::sync::atomic::Ordering::SeqCst);
+        let pid = self
+            .shared
+            .child_pid
+            .load(std::sync::atomic::Ordering::SeqCst);
         if pid != 0 {
             // SAFETY: signalling our own child; the pid is cleared when it is reaped, so
             // it cannot have been recycled.
@@ -1256,11 +1041,210 @@ impl Drop for RemoteExecutor {
         // A child executor is ours: ask it to exit and reap it. An executor reached over
         // TCP serves others after us: just close the connection (it releases what this
         // connection reserved).
-        let conn = self.conn.get_mut().get_mut();
-        if conn.child.is_some() {
+        if self.shared.child.lock().is_some() {
             self.shutdown();
         } else {
-            conn.channel.shutdown();
+            self.closer.shutdown();
+            if let Some(reader) = self.reader.lock().take() {
+                let _ = reader.join();
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Ends the connection for `why` (the first reason stays) and wakes every caller.
+    fn end(&self, state: &mut State, why: Ended) {
+        if state.ended.is_none() {
+            state.ended = Some(why);
+        }
+        self.answered.notify_all();
+    }
+
+    /// Hands `response` to the caller waiting for request `id`; `false` if no request
+    /// has that id (a confused executor).
+    fn route(&self, id: u32, response: Response, fd: Option<OwnedFd>) -> bool {
+        let mut state = self.state.lock();
+        match state.pending.get(&id) {
+            Some(Routed::Waiting) => {
+                state.pending.insert(id, Routed::Answered(response, fd));
+                self.answered.notify_all();
+                true
+            }
+            // Its caller gave up: dropped.
+            Some(Routed::Abandoned) => {
+                state.pending.remove(&id);
+                true
+            }
+            Some(Routed::Answered(..)) | None => false,
+        }
+    }
+
+    /// Waits for a child executor to exit (killing it after a few seconds), once.
+    fn reap(&self) {
+        let Some(mut child) = self.child.lock().take() else {
+            return;
+        };
+        let status = reap(&mut child, &self.child_pid);
+        *self.status.lock() = status;
+    }
+
+    /// The error a request named `request` gets from a connection that `ended`.
+    fn error(&self, ended: &Ended, request: &str) -> RemoteError {
+        let pid = self.pid;
+        let request = request.to_string();
+        match ended {
+            Ended::Said(Response::Crashed {
+                signal,
+                fault_address,
+                pc,
+                exception,
+            }) => RemoteError::Crashed {
+                pid,
+                signal: *signal,
+                name: signal_name(*signal),
+                fault_address: *fault_address,
+                pc: *pc,
+                exception: *exception,
+                request,
+            },
+            Ended::Said(Response::Exited { status }) => RemoteError::Exited {
+                pid,
+                status: *status,
+                request,
+            },
+            Ended::Said(other) => RemoteError::Unexpected {
+                request,
+                response: other.clone(),
+            },
+            Ended::Closed => {
+                let status = *self.status.lock();
+                match status {
+                    Some(status) => match (status.signal(), status.code()) {
+                        (Some(signal), _) => RemoteError::Crashed {
+                            pid,
+                            signal,
+                            name: signal_name(signal),
+                            fault_address: 0,
+                            pc: 0,
+                            exception: 0,
+                            request,
+                        },
+                        (None, Some(code)) => RemoteError::Exited {
+                            pid,
+                            status: code,
+                            request,
+                        },
+                        (None, None) => RemoteError::Died {
+                            pid,
+                            request,
+                            how: format!("exited with {status}"),
+                        },
+                    },
+                    None => RemoteError::Died {
+                        pid,
+                        request,
+                        how: "connection closed".into(),
+                    },
+                }
+            }
+            Ended::Failed(RemoteErrorKind::Auth(reason)) => RemoteError::Authentication {
+                address: format!("pid {pid}"),
+                reason: reason.clone(),
+            },
+            Ended::Failed(RemoteErrorKind::Io(why)) => RemoteError::Io(why.clone()),
+            Ended::Broken(why) => RemoteError::Broken(why.clone()),
+        }
+    }
+}
+
+/// The connection's reading thread: every frame the executor sends, until the connection
+/// ends — answers to their callers, output where this process's goes, the executor's own
+/// requests to the handler (each on a thread of its own: the handler makes requests
+/// whose answers this thread reads meanwhile).
+fn read_frames(shared: &Shared, mut channel: Channel) {
+    loop {
+        let body = match channel.recv() {
+            Ok(body) => body,
+            Err(error) => {
+                let ended = match error {
+                    ChannelError::Closed => Ended::Closed,
+                    ChannelError::Auth(reason) => Ended::Failed(RemoteErrorKind::Auth(reason)),
+                    other => Ended::Failed(RemoteErrorKind::Io(other.to_string())),
+                };
+                // A child that closed the connection is exiting: its status says how
+                // (unless the connection had ended already: it may be stopped).
+                if shared.state.lock().ended.is_none() {
+                    shared.reap();
+                }
+                shared.end(&mut shared.state.lock(), ended);
+                return;
+            }
+        };
+        let got = crate::protocol::message_id(&body).unwrap_or(0);
+        if got & crate::protocol::EXECUTOR_REQUEST != 0 {
+            let handler = shared.handler.read().clone();
+            let Some(handler) = handler else {
+                let why = format!(
+                    "the executor made a request ({got:#x}) this controller does not serve"
+                );
+                shared.end(&mut shared.state.lock(), Ended::Broken(why));
+                channel.shutdown();
+                return;
+            };
+            let sender = shared.sender.clone();
+            let serve = move || {
+                let answer = match Request::decode(&body) {
+                    // A panicking handler still answers: the executor waits for it.
+                    Ok(request) => {
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&request)))
+                            .unwrap_or_else(|_| {
+                                Response::Error("the controller's handler panicked".into())
+                            })
+                    }
+                    Err(e) => Response::Error(format!("malformed request: {e}")),
+                };
+                let _ = sender.send(&crate::protocol::with_id(answer.encode(), got));
+            };
+            if let Err(e) = std::thread::Builder::new()
+                .name("kiln-resolve".into())
+                .spawn(serve)
+            {
+                let answer = Response::Error(format!("cannot serve the request: {e}"));
+                let _ = shared
+                    .sender
+                    .send(&crate::protocol::with_id(answer.encode(), got));
+            }
+            continue;
+        }
+        match Response::decode(&body) {
+            Ok(Response::Output { stream, bytes }) => forward_output(stream, &bytes),
+            // What the executor says on its own (id 0): the end of it.
+            Ok(r @ (Response::Crashed { .. } | Response::Exited { .. })) if got == 0 => {
+                shared.reap();
+                shared.end(&mut shared.state.lock(), Ended::Said(r));
+            }
+            Ok(r) if got != 0 => {
+                let fd = channel.take_fd();
+                if !shared.route(got, r, fd) {
+                    let why = format!("an answer with id {got}, which no request has");
+                    shared.end(&mut shared.state.lock(), Ended::Broken(why));
+                    channel.shutdown();
+                    return;
+                }
+            }
+            Ok(r) => {
+                let why = format!("an answer with id 0: {r:?}");
+                shared.end(&mut shared.state.lock(), Ended::Broken(why));
+                channel.shutdown();
+                return;
+            }
+            Err(e) => {
+                let why = format!("malformed response: {e}");
+                shared.end(&mut shared.state.lock(), Ended::Broken(why));
+                channel.shutdown();
+                return;
+            }
         }
     }
 }

@@ -86,6 +86,22 @@ struct SendState {
     wire: Vec<u8>,
 }
 
+/// A handle that shuts a [`Channel`]'s socket down from another thread (a thread blocked
+/// in [`Channel::recv`] then returns), with a descriptor of its own: valid however long the
+/// channel lives.
+#[derive(Debug)]
+pub struct Closer(Stream);
+
+impl Closer {
+    /// Shuts the socket down in both directions.
+    pub fn shutdown(&self) {
+        let _ = match &self.0 {
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+        };
+    }
+}
+
 /// A handle that sends frames on a [`Channel`] from another thread (or, with
 /// [`Sender::try_send_now`], from a signal handler or an exit handler).
 #[derive(Clone)]
@@ -269,6 +285,14 @@ impl Channel {
                 wire: Vec::new(),
             })),
         }
+    }
+
+    /// A handle to shut this channel's socket down from elsewhere.
+    pub fn closer(&self) -> io::Result<Closer> {
+        Ok(Closer(match &self.stream {
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+        }))
     }
 
     /// A handle to send frames on this channel from elsewhere.
