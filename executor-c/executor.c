@@ -830,6 +830,14 @@ static uint64_t guard_advance(void) {
     return retired;
 }
 
+/* The epoch now: advanced by every StoreCodePointer. */
+static uint64_t guard_now(void) {
+    plat_lock(LOCK_GUARDS);
+    uint64_t now = guard_epoch;
+    plat_unlock(LOCK_GUARDS);
+    return now;
+}
+
 static uint64_t guard_oldest(void) {
     plat_lock(LOCK_GUARDS);
     uint64_t oldest = guard_epoch;
@@ -1100,6 +1108,9 @@ struct stub_wait {
     uint32_t n;
     int done;
     uint64_t target;
+    /* The epoch when the ResolveStub was sent: a StoreCodePointer served after it may
+     * have stored a newer body than the answer, computed from the body current then. */
+    uint64_t asked;
     struct stub_wait *next;
 };
 
@@ -1124,6 +1135,7 @@ uint64_t kiln_lazy_resolve(uint64_t stub) {
     }
     int saved_errno = errno;
     struct stub_wait w = {0};
+    w.asked = guard_now();
     plat_lock(LOCK_STUBS);
     do w.n = ++stub_requests & 0x7fffffffu; while (w.n == 0);
     w.next = stub_waits;
@@ -1144,6 +1156,11 @@ uint64_t kiln_lazy_resolve(uint64_t stub) {
 /* On the reading thread: the controller's answer to a ResolveStub. */
 static void stub_answer(uint32_t fid, uint8_t tag, struct reader *r) {
     uint64_t target = (uint64_t)(uintptr_t)kiln_lazy_call_failed;
+    uint64_t asked = 0;
+    plat_lock(LOCK_STUBS);
+    for (struct stub_wait *s = stub_waits; s; s = s->next)
+        if (s->n == (fid & 0x7fffffffu)) asked = s->asked;
+    plat_unlock(LOCK_STUBS);
     if (tag == A_STUB_RESOLVED) {
         uint64_t to = rd_u64(r, "target"), slot = rd_u64(r, "slot");
         if (r->bad || r->left) {
@@ -1152,7 +1169,10 @@ static void stub_answer(uint32_t fid, uint8_t tag, struct reader *r) {
             target = to;
             if (slot && (slot % 8 || !prepared(slot, 8, 2)))
                 logf_("kiln-executor-c: StubResolved names a slot at %#llx, not in prepared writable memory: not stored\n", (unsigned long long)slot);
-            else if (slot)
+            /* Stored only if no StoreCodePointer came since it was asked (one may have
+             * stored a newer body: the slot keeps it; this call runs the body answered,
+             * which its request's guard keeps). A slot left unresolved resolves again. */
+            else if (slot && guard_now() == asked)
                 plat_store_code_pointer(slot, to);
         }
     } else if (tag != A_ERROR) {

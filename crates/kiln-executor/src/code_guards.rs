@@ -53,6 +53,11 @@ pub fn advance() -> u64 {
     EPOCH.fetch_add(1, Ordering::SeqCst)
 }
 
+/// The epoch now (the next [`advance`] returns it).
+pub fn now() -> u64 {
+    EPOCH.load(Ordering::SeqCst)
+}
+
 /// The epoch of the oldest guard held, or the epoch now when none is: a body retired at
 /// an epoch before it is unreachable.
 pub fn oldest() -> u64 {

@@ -47,6 +47,11 @@ struct State {
     /// Objects of exported definitions, by the handle given to the controller.
     exports: HashMap<u64, runtime::Exports>,
     next_export: u64,
+    /// Each stub slot `StoreCodePointer` stored, with the epoch of its last store: a
+    /// stub's resolution asked before that store and answered after it is older than the
+    /// slot, and is not stored (the controller computes an answer from the body current
+    /// then; a swap may store a newer body before the answer arrives).
+    slot_stores: HashMap<u64, u64>,
 }
 
 impl State {
@@ -62,6 +67,7 @@ impl State {
             can_pass_fds: false,
             exports: HashMap::new(),
             next_export: 1,
+            slot_stores: HashMap::new(),
         }
     }
 
@@ -1107,6 +1113,8 @@ fn resolve_through(serving: &Serving, stub: u64) -> u64 {
     serving.last_request.set(n);
     let id = EXECUTOR_REQUEST | n;
     let request = with_id(Request::ResolveStub { stub }.encode(), id);
+    // A `StoreCodePointer` of the slot served from now on is newer than the answer.
+    let asked = crate::code_guards::now();
     if serving.channel.borrow_mut().send(&request).is_err() {
         return failed;
     }
@@ -1127,11 +1135,18 @@ fn resolve_through(serving: &Serving, stub: u64) -> u64 {
         return match Response::decode(&body) {
             Ok(Response::StubResolved { target, slot }) => {
                 if slot != 0 {
-                    let usable =
-                        slot % 8 == 0 && serving.state.borrow().accessible(slot, 8).is_ok();
+                    let state = serving.state.borrow();
+                    let usable = slot % 8 == 0 && state.accessible(slot, 8).is_ok();
                     if !usable {
                         return failed;
                     }
+                    // A swap stored a newer body while the answer was on its way: the
+                    // slot keeps it (this call still runs the body it was answered,
+                    // which the request's guard, taken before, keeps).
+                    if state.slot_stores.get(&slot).is_some_and(|&e| e >= asked) {
+                        return target;
+                    }
+                    drop(state);
                     // SAFETY: an aligned slot on prepared pages of memory this executor
                     // reserved: a stub's slot, which only atomic stores and the stub's
                     // loads touch.
@@ -1675,7 +1690,9 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             // (checked): a stub's slot, which only atomic stores and the stub's loads
             // touch; the target lies in reserved code (checked).
             unsafe { crate::lazy_entry::store_code_pointer(slot, target) };
-            Ok(Reply::Plain(Response::Value(crate::code_guards::advance())))
+            let epoch = crate::code_guards::advance();
+            state.slot_stores.insert(slot, epoch);
+            Ok(Reply::Plain(Response::Value(epoch)))
         }
         Request::OldestCodeGuard => Ok(Reply::Plain(Response::Value(crate::code_guards::oldest()))),
         Request::RegisterUnwindInfo { .. } | Request::DeregisterUnwindInfo { .. } => {
