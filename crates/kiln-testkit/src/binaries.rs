@@ -132,7 +132,14 @@ pub fn start_listening(command: &mut Command) -> ExecutorProcess {
             "the executor ended before listening"
         );
     }
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    // What the executor says from now on goes to the test's output (shown if it fails).
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        while stderr.read_line(&mut line).is_ok_and(|n| n > 0) {
+            eprint!("[executor] {line}");
+            line.clear();
+        }
+    });
     let address = line
         .split("listening on ")
         .nth(1)
