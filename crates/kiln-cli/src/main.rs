@@ -745,7 +745,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
         if let Some((_, report)) = &linked {
             times::print_link_times(load, &report.times, &report.pass_times, &report.counts);
         }
-        if jit.executor().remote().is_some() {
+        if !jit.executor().runs_in_this_process() {
             times::print_step("executor up", executor_ready);
         }
         times::print_step("total", start.elapsed());
@@ -789,9 +789,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
     jit.report_crashes();
     if o.connect.is_some() {
         // A remote program reads what is typed here, as a local one would.
-        if let Some(remote) = jit.executor().remote() {
-            remote.forward_stdin();
-        }
+        jit.executor().forward_stdin();
     }
     // SAFETY: `address` is the entry function of the module just linked, with main's
     // signature (the user's contract for --entry); the module stays alive in `jit`.
@@ -844,14 +842,14 @@ fn run(o: RunArgs) -> Result<i32, String> {
     // the status). Unmapping, withdrawing exports and emptying the index would cost a
     // large program a millisecond for nothing.
     jit.finalize_for_exit();
-    if let Some(remote) = jit.executor().remote().filter(|_| o.show_times) {
-        times::print_round_trips(&remote.round_trips());
+    if o.show_times && !jit.executor().runs_in_this_process() {
+        times::print_round_trips(&jit.executor().round_trips());
     }
     // A remote executor sends the program's last output before it answers.
-    if let Some(remote) = jit.executor().remote() {
-        remote.shutdown();
-    } else {
+    if jit.executor().runs_in_this_process() {
         std::mem::forget(jit);
+    } else {
+        jit.executor().shutdown();
     }
     Ok(status)
 }

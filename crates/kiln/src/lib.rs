@@ -40,8 +40,8 @@ mod state;
 pub use debug_support::{DebugListener, DebugSupport};
 pub use error::{Error, ErrorKind};
 pub use executor::{
-    default_executor_path, EhRegistration, Executor, ExecutorService, ExecutorSymbols,
-    ExportHandle, Retirement, TargetOs, Transport,
+    default_executor_path, BatchScope, EhRegistration, Executor, ExecutorRequestHandler,
+    ExecutorService, ExecutorSymbols, ExportHandle, Retirement, TargetOs, Transport,
 };
 pub use generator::{FnGenerator, Found, SymbolGenerator};
 pub use image_cache::ImageOutcome;

@@ -159,7 +159,7 @@ impl LinkJob<'_> {
         // A remote executor gets the link's steps that need only `Ok` (prepare,
         // initialize, unwind information, guarded pages) in one message, sent when
         // `install` is done (or with the first request that needs an answer).
-        let _batching = self.jit.inner.executor.remote().map(|r| r.batch());
+        let _batching = self.jit.inner.executor.batch();
         let (linked, resolved, outcome, refused) = match image {
             Some(key) => {
                 let link = self.link_through_image_cache(gathered, &plugins, key)?;
@@ -463,9 +463,7 @@ impl LinkJob<'_> {
             None
         };
         // What a batching scope deferred is installed before the module is made.
-        if let Some(remote) = executor.remote() {
-            remote.flush()?;
-        }
+        executor.flush_batch()?;
         Ok(Installed {
             tls_module,
             eh,

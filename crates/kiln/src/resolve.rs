@@ -278,7 +278,7 @@ impl LinkContext for SessionContext<'_> {
         }
         // In process, a symbol's kind is looked up only when the link asks (a `dladdr`
         // each): few links need it.
-        if self.jit.inner.executor.remote().is_some() {
+        if !self.jit.inner.executor.runs_in_this_process() {
             return SymbolKind::Other;
         }
         crate::executor::symbol_kind(kiln_executor::runtime::host_symbol_is_function(address))

@@ -112,7 +112,7 @@ fn abort_is_reported_by_name() {
 #[test]
 fn an_executor_killed_mid_request_is_an_error_not_a_hang() {
     let executor = spawn(Transport::SharedMemory);
-    let remote = executor.remote().unwrap().clone();
+    let remote = executor.clone();
     let jit = Jit::builder().executor(executor).build().unwrap();
     let lib = jit.main_library();
     jit.add_object(
@@ -609,7 +609,16 @@ fn a_missing_executor_binary_says_how_to_build_it() {
 #[test]
 fn a_links_steps_after_layout_are_one_round_trip_and_a_batched_failure_names_its_request() {
     for transport in [Transport::SharedMemory, Transport::Copy] {
-        let jit = Jit::builder().executor(spawn(transport)).build().unwrap();
+        // The connection is kept, to speak the protocol on it below.
+        let remote = std::sync::Arc::new(
+            kiln_remote::RemoteExecutor::spawn(
+                &kiln_testkit::executor_binary(),
+                Timeouts::default(),
+            )
+            .unwrap(),
+        );
+        let executor = Executor::from_connection(remote.clone(), transport);
+        let jit = Jit::builder().executor(executor).build().unwrap();
         let lib = jit.main_library();
         jit.add_object(
             lib,
@@ -625,8 +634,7 @@ fn a_links_steps_after_layout_are_one_round_trip_and_a_batched_failure_names_its
             run_main(&jit, lib, &["two".into(), "x".into()]).unwrap(),
             42
         );
-        let remote = jit.executor().remote().unwrap();
-        let trips = remote.round_trips();
+        let trips = jit.executor().round_trips();
         let count = |name: &str| {
             trips
                 .iter()

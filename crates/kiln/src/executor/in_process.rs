@@ -26,6 +26,13 @@ impl ExecutorService for InProcess {
         Ok(kiln_link::Architecture::host())
     }
 
+    fn stub_entries(&self) -> Option<(u64, u64)> {
+        Some((
+            kiln_executor::lazy_entry::lazy_entry_address()?,
+            kiln_executor::lazy_entry::lazy_call_failed_address(),
+        ))
+    }
+
     fn page_size(&self) -> u64 {
         // SAFETY: sysconf has no preconditions.
         (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as u64

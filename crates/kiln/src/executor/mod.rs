@@ -7,7 +7,9 @@ mod in_process;
 mod remote;
 mod service;
 
-pub use service::{EhRegistration, ExecutorService, ExportHandle, Retirement};
+pub use service::{
+    BatchScope, EhRegistration, ExecutorRequestHandler, ExecutorService, ExportHandle, Retirement,
+};
 
 use crate::Error;
 use kiln_executor::shared_object::ExportedSymbol;
@@ -116,10 +118,7 @@ impl Executor {
     }
 
     fn remote_with(remote: RemoteExecutor, transport: Transport) -> Self {
-        Self::from_service(Arc::new(remote::Remote {
-            remote: Arc::new(remote),
-            transport,
-        }))
+        Self::from_connection(Arc::new(remote), transport)
     }
 
     /// Starts `executor_binary` (`kiln-executor`) as a child connected by a socketpair.
@@ -219,15 +218,68 @@ impl Executor {
 
     /// The operating system the executor runs code on (this process's: Linux).
     pub fn target_os(&self) -> TargetOs {
-        match self.remote() {
-            Some(remote) => TargetOs::from_triple(&remote.hello().triple),
-            None => TargetOs::Linux,
-        }
+        self.service.target_os()
     }
 
-    /// The connection, for a remote executor.
-    pub fn remote(&self) -> Option<&Arc<RemoteExecutor>> {
-        self.service.remote()
+    /// Whether the code runs in this process (an executor process: no).
+    pub fn runs_in_this_process(&self) -> bool {
+        self.service.runs_in_this_process()
+    }
+
+    /// Sends this process's standard input to the program an executor reached over TCP
+    /// runs (`kiln run --connect`); nothing to do for one that reads its own.
+    pub fn forward_stdin(&self) {
+        self.service.forward_stdin();
+    }
+
+    /// The round trips made to an executor process so far, per kind of request, in the
+    /// order of each kind's first (`kiln run --show-times` prints them); none in process.
+    pub fn round_trips(&self) -> Vec<kiln_remote::RoundTrips> {
+        self.service.round_trips()
+    }
+
+    /// Ends an executor process: asks it to exit after its program's last output and
+    /// waits for it (a session ending does this too). Nothing to do in process.
+    pub fn shutdown(&self) {
+        self.service.shutdown();
+    }
+
+    /// Kills an executor process (`SIGKILL`), even while a request waits for it (which
+    /// then fails, naming the signal). Nothing to do in process.
+    pub fn kill(&self) {
+        self.service.kill();
+    }
+
+    /// Defers the calling thread's requests that need only an `Ok` until the scope ends
+    /// or the next request that needs an answer ([`ExecutorService::batch`]).
+    pub(crate) fn batch(&self) -> BatchScope<'_> {
+        self.service.batch()
+    }
+
+    /// Sends what the calling thread's batch deferred so far.
+    pub(crate) fn flush_batch(&self) -> Result<(), Error> {
+        self.service.flush_batch()
+    }
+
+    /// Where this executor's call-through stubs go ([`ExecutorService::stub_entries`]).
+    pub(crate) fn stub_entries(&self) -> Option<(u64, u64)> {
+        self.service.stub_entries()
+    }
+
+    /// Who answers this executor's requests of the session from now on.
+    pub(crate) fn serve_requests(&self, handler: ExecutorRequestHandler) {
+        self.service.serve_requests(handler);
+    }
+
+    /// This executor among the session's stub batches (`None` in process).
+    pub(crate) fn identity(&self) -> Option<usize> {
+        self.service.identity()
+    }
+
+    /// An executor over a connection made with [`kiln_remote::RemoteExecutor`], which the
+    /// caller may keep to speak the protocol itself (a test of the executor, a tool).
+    pub fn from_connection(remote: Arc<RemoteExecutor>, transport: Transport) -> Self {
+        Self::from_service(Arc::new(remote::Remote { remote, transport }))
     }
 
     /// The mapper that places code in this executor (`None`: Kiln's default, in-process).

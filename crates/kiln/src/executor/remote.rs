@@ -49,8 +49,52 @@ impl ExecutorService for Remote {
         Some(self.remote.pid())
     }
 
-    fn remote(&self) -> Option<&Arc<RemoteExecutor>> {
-        Some(&self.remote)
+    fn runs_in_this_process(&self) -> bool {
+        false
+    }
+
+    fn target_os(&self) -> crate::TargetOs {
+        crate::TargetOs::from_triple(&self.remote.hello().triple)
+    }
+
+    fn stub_entries(&self) -> Option<(u64, u64)> {
+        let hello = self.remote.hello();
+        Some((
+            hello.runtime_symbol("__kiln_lazy_entry")?,
+            hello.runtime_symbol("__kiln_lazy_call_failed").unwrap_or(0),
+        ))
+    }
+
+    fn serve_requests(&self, handler: super::service::ExecutorRequestHandler) {
+        self.remote.set_request_handler(handler);
+    }
+
+    fn identity(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self.remote) as usize)
+    }
+
+    fn batch(&self) -> super::service::BatchScope<'_> {
+        super::service::BatchScope::new(self.remote.batch())
+    }
+
+    fn flush_batch(&self) -> Result<(), Error> {
+        Ok(self.remote.flush()?)
+    }
+
+    fn forward_stdin(&self) {
+        self.remote.forward_stdin();
+    }
+
+    fn round_trips(&self) -> Vec<kiln_remote::RoundTrips> {
+        self.remote.round_trips()
+    }
+
+    fn shutdown(&self) {
+        self.remote.shutdown();
+    }
+
+    fn kill(&self) {
+        self.remote.kill();
     }
 
     fn adopt_environment(&self) -> Result<(), Error> {

@@ -7,9 +7,31 @@ use kiln_executor::shared_object::ExportedSymbol;
 use kiln_link::TlsTemplate;
 use kiln_memory::Mapper;
 use kiln_remote::protocol::{DebugModule, DebugOutputs};
-use kiln_remote::RemoteExecutor;
 use std::any::Any;
 use std::sync::Arc;
+
+/// What answers an executor's requests of the session ([`ExecutorService::serve_requests`]).
+pub use kiln_remote::ExecutorRequestHandler;
+
+/// A scope of deferred requests ([`ExecutorService::batch`]): what it deferred is sent
+/// when it ends.
+pub struct BatchScope<'a> {
+    _scope: Option<kiln_remote::Batching<'a>>,
+}
+
+impl<'a> BatchScope<'a> {
+    /// A scope that defers nothing (an executor that answers at once).
+    pub fn none() -> Self {
+        BatchScope { _scope: None }
+    }
+
+    /// The scope of a connection's [`kiln_remote::RemoteExecutor::batch`].
+    pub fn new(scope: kiln_remote::Batching<'a>) -> Self {
+        BatchScope {
+            _scope: Some(scope),
+        }
+    }
+}
 
 /// Definitions exported to libraries the executor loads later, as the executor that
 /// exported them keeps them; given back to [`ExecutorService::unexport_symbols`].
@@ -69,10 +91,69 @@ pub trait ExecutorService: Send + Sync {
         None
     }
 
-    /// The connection, for a `kiln-executor` process.
-    fn remote(&self) -> Option<&Arc<RemoteExecutor>> {
+    /// Whether the code runs in this process (the default). An executor process answers
+    /// no: this process then keeps no instruction cache, image cache or symbol kinds of
+    /// its own for the code.
+    fn runs_in_this_process(&self) -> bool {
+        true
+    }
+
+    /// The operating system the code runs on (the default: this process's, Linux).
+    fn target_os(&self) -> crate::TargetOs {
+        crate::TargetOs::Linux
+    }
+
+    /// Where call-through stubs go in this executor: the lazy entry (a stub's slot leads
+    /// there until its function has a body) and the fallback of a call that cannot be
+    /// resolved (0: none). `None`: the executor has no entry for stubs.
+    fn stub_entries(&self) -> Option<(u64, u64)> {
         None
     }
+
+    /// Who answers the requests this executor makes of the session (a stub's first call
+    /// in an executor process), from now on. Nothing to do where the session's own
+    /// threads resolve stubs (in process, the default).
+    fn serve_requests(&self, handler: ExecutorRequestHandler) {
+        let _ = handler;
+    }
+
+    /// Names this executor among the session's stub batches: `Some` for an executor
+    /// whose stubs ask the session through [`ExecutorService::serve_requests`] (the
+    /// identity of its connection), `None` in process.
+    fn identity(&self) -> Option<usize> {
+        None
+    }
+
+    /// Starts deferring the calling thread's requests that need only an `Ok` (see
+    /// [`kiln_remote::Batching`]); they go as one round trip with the next request that
+    /// needs an answer, or when the scope ends. Nothing is deferred in process.
+    fn batch(&self) -> BatchScope<'_> {
+        BatchScope::none()
+    }
+
+    /// Sends what the calling thread's [`ExecutorService::batch`] scope deferred so far
+    /// (the scope stays open); the first failure among it.
+    fn flush_batch(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Sends this process's standard input to the program the executor runs, where the
+    /// executor does not read it itself (one reached over TCP).
+    fn forward_stdin(&self) {}
+
+    /// The round trips made to the executor so far, per kind of request (none in
+    /// process).
+    fn round_trips(&self) -> Vec<kiln_remote::RoundTrips> {
+        Vec::new()
+    }
+
+    /// Ends an executor process: asks it to exit (after its program's last output) and
+    /// waits for it. Nothing to do in process.
+    fn shutdown(&self) {}
+
+    /// Kills an executor process (`SIGKILL`), even while a request waits for it. Nothing
+    /// to do in process.
+    fn kill(&self) {}
 
     /// Gives the executor this process's environment and working directory, where it
     /// has its own.

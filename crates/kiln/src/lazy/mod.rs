@@ -189,29 +189,16 @@ impl Jit {
         names: &[&str],
         compiler: Arc<dyn LazyCompiler>,
     ) -> Result<Module, Error> {
-        let remote = self.executor().remote().cloned();
-        let (entry, default_fallback) = match &remote {
-            None => (
-                lazy_entry::lazy_entry_address(),
-                lazy_entry::lazy_call_failed_address(),
-            ),
-            Some(r) => (
-                r.hello().runtime_symbol("__kiln_lazy_entry"),
-                r.hello()
-                    .runtime_symbol("__kiln_lazy_call_failed")
-                    .unwrap_or(0),
-            ),
-        };
-        let Some(entry) = entry else {
+        let Some((entry, default_fallback)) = self.executor().stub_entries() else {
             return Err(Error::Unsupported(
                 "this executor has no entry for call-through stubs (its hello names no __kiln_lazy_entry)".into(),
             ));
         };
-        let executor = remote.as_ref().map(|r| Arc::as_ptr(r) as usize);
-        if let (Some(r), Some(executor)) = (&remote, executor) {
+        let executor = self.executor().identity();
+        if let Some(executor) = executor {
             // Any session's stubs whose code runs in this executor (sessions may share
             // one), found through the registry.
-            r.set_request_handler(Arc::new(move |request| {
+            self.executor().serve_requests(Arc::new(move |request| {
                 serve_executor_request(executor, request)
             }));
         }
