@@ -469,6 +469,28 @@ class Session:
         _check(status, error)
         return address.value
 
+    def link_swappable(
+        self, name: str, data: BytesLike, library: Optional[int] = None
+    ) -> "tuple[Module, Module]":
+        """Links the object ``data`` at once with every function it defines (default
+        visibility) reached through a call-through stub, by the object's own calls too, so
+        that :meth:`replace_function` can give any of them a new body later (a function
+        linked plainly is called straight and cannot be replaced). Returns the stubs'
+        module and the object's module; remove the stubs first."""
+        encoded = _cstring(name, "the object's name")
+        raw = bytes(data)
+        stubs = ctypes.c_void_p()
+        module = ctypes.c_void_p()
+        error = ctypes.c_void_p()
+        with self._use() as h:
+            library = self._library(library)
+            status = _capi.lib.kiln_link_swappable(
+                ctypes.c_void_p(h), library, encoded, raw, len(raw), ctypes.byref(stubs), ctypes.byref(module),
+                ctypes.byref(error),
+            )
+        _check(status, error)
+        return Module(self, stubs.value, library), Module(self, module.value, library)
+
     def reclaim(self) -> int:
         """Frees replaced bodies no pinned thread can reach any more; returns how many are
         still kept."""

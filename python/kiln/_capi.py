@@ -164,6 +164,18 @@ _declare(
     ctypes.POINTER(ctypes.c_uint64),
     _error_out,
 )
+_declare(
+    "kiln_link_swappable",
+    ctypes.c_int,
+    _session,
+    ctypes.c_uint64,
+    ctypes.c_char_p,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.POINTER(ctypes.c_void_p),
+    _error_out,
+)
 _declare("kiln_reclaim", ctypes.c_int, _session, ctypes.POINTER(ctypes.c_size_t), _error_out)
 _declare("kiln_code_thread_register", ctypes.c_int, _session, ctypes.POINTER(ctypes.c_void_p), _error_out)
 _declare("kiln_code_thread_pin", ctypes.c_void_p, ctypes.c_void_p)

@@ -223,6 +223,32 @@ def test_lazy_functions_compile_on_first_call_and_are_swapped_while_called(tmp_p
         stubs.release()
 
 
+def test_a_function_linked_swappably_is_replaced_and_the_objects_own_calls_follow(tmp_path: Path) -> None:
+    int_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+    pair = cc_object(
+        tmp_path,
+        "pair",
+        "int odd(int n);\nint even(int n) { return n == 0 ? 1 : odd(n - 1); }\n"
+        "int odd(int n) { return n == 0 ? 0 : even(n - 1); }\n",
+        "-fPIC",
+    )
+    new_odd = cc_object(tmp_path, "new_odd", "int odd(int n) { return 1000 + n; }\n")
+    with kiln.Session() as session:
+        stubs, module = session.link_swappable("pair.o", pair)
+        even = session.lookup_fn("even", int_fn)
+        assert (even(10), even(7)) == (1, 0)
+        session.replace_function("odd", new_odd)
+        with session.pinned():
+            assert even(6) == 1005  # even's own call reaches the new odd
+        session.remove(stubs)
+        session.remove(module)
+    with kiln.Session() as plain:
+        plain.add_object(pair, "pair.o")
+        plain.link()
+        with pytest.raises(kiln.KilnError, match="link_swappable"):
+            plain.replace_function("odd", new_odd)
+
+
 def test_a_link_releases_the_gil(tmp_path: Path) -> None:
     # SQLite's archive, linked in one call of several milliseconds. With no forced switch
     # between threads (a switch interval of 1000 s), another Python thread can run during

@@ -472,6 +472,18 @@ enum kiln_status kiln_add_lazy_functions(const struct kiln_session *session, uin
 // valid out-pointer.
 enum kiln_status kiln_replace_function(const struct kiln_session *session, uint64_t library, const char *name, const void *bytes, uintptr_t size, uint64_t *address, struct kiln_error **error);
 
+// Links the object `bytes[0..size]` (copied) into `library` at once, with every function
+// it defines (default or protected visibility) reached through a call-through stub — by
+// the object's own calls too — so that [`kiln_replace_function`] can give any of them a
+// new body later (a plainly linked function is called straight and cannot be replaced).
+// `*stubs` and `*module` receive the stubs' module and the object's module (NULL: keep
+// none); remove the stubs first, then the module. On failure nothing is published.
+//
+// # Safety
+// `session` live; `name` a string; `bytes` valid for `size` bytes; `stubs` and `module`
+// NULL or valid out-pointers.
+enum kiln_status kiln_link_swappable(const struct kiln_session *session, uint64_t library, const char *name, const void *bytes, uintptr_t size, struct kiln_module **stubs, struct kiln_module **module, struct kiln_error **error);
+
 // Frees the replaced bodies no pinned thread can reach any more (replacements do this as
 // they go); `*retired` receives how many are still kept (NULL: not wanted).
 //

@@ -205,6 +205,50 @@ pub unsafe extern "C" fn kiln_replace_function(
     })
 }
 
+/// Links the object `bytes[0..size]` (copied) into `library` at once, with every function
+/// it defines (default or protected visibility) reached through a call-through stub — by
+/// the object's own calls too — so that [`kiln_replace_function`] can give any of them a
+/// new body later (a plainly linked function is called straight and cannot be replaced).
+/// `*stubs` and `*module` receive the stubs' module and the object's module (NULL: keep
+/// none); remove the stubs first, then the module. On failure nothing is published.
+///
+/// # Safety
+/// `session` live; `name` a string; `bytes` valid for `size` bytes; `stubs` and `module`
+/// NULL or valid out-pointers.
+#[no_mangle]
+pub unsafe extern "C" fn kiln_link_swappable(
+    session: *const kiln_session,
+    library: u64,
+    name: *const c_char,
+    bytes: *const c_void,
+    size: usize,
+    stubs: *mut *mut kiln_module,
+    module: *mut *mut kiln_module,
+    error: *mut *mut kiln_error,
+) -> kiln_status {
+    guard(error, || {
+        let s = self::session(session)?;
+        let name = cstr(name, "name")?;
+        if bytes.is_null() || size == 0 {
+            return Err(kiln_error::invalid(
+                "no object (bytes is NULL or size is 0)",
+            ));
+        }
+        // SAFETY: the caller's contract: `size` valid bytes for the call.
+        let object = unsafe { std::slice::from_raw_parts(bytes.cast::<u8>(), size) };
+        let linked = s
+            .jit
+            .link_swappable(LibraryId::from_raw(library), name, object.to_vec())?;
+        for (out, handle) in [(stubs, linked.stubs), (module, linked.module)] {
+            if !out.is_null() {
+                // SAFETY: the caller passes NULL or a valid out-pointer.
+                unsafe { *out = Box::into_raw(Box::new(kiln_module { module: handle })) };
+            }
+        }
+        Ok(())
+    })
+}
+
 /// Frees the replaced bodies no pinned thread can reach any more (replacements do this as
 /// they go); `*retired` receives how many are still kept (NULL: not wanted).
 ///

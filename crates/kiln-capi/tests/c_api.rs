@@ -38,6 +38,8 @@ fn prefix() -> &'static Path {
             "host_calls",
             "lazy_body_one",
             "lazy_body_two",
+            "swap_pair",
+            "swap_odd",
         ] {
             run(Command::new("cc")
                 .args(["-O1", "-fPIC", "-c"])

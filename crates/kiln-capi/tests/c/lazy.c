@@ -1,7 +1,8 @@
 /* Lazy functions and hot swap from C: a stub compiled on its first call by the host's
  * compiler callback, a failed compile's fallback, a body replaced while the stub's
- * address stays, pinned threads and reclamation, and bad input. argv[1]: the directory
- * with lazy_body_one.o and lazy_body_two.o. */
+ * address stays, pinned threads and reclamation, a function of an object linked
+ * swappably replaced, and bad input. argv[1]: the directory with lazy_body_one.o,
+ * lazy_body_two.o, swap_pair.o and swap_odd.o. */
 #include <stdint.h>
 #include "check.h"
 
@@ -115,6 +116,47 @@ int main(int argc, char **argv)
     kiln_error_free(e);
     e = NULL;
     CHECK(state.destroyed == destroyed_before + 1); /* destroyed on failure too */
+
+    /* A function linked at once is replaced when its object was linked swappably: even's
+     * own call to odd (inside the object) reaches the new odd. Linked plainly it cannot
+     * be, and the error names the way. */
+    typedef int (*int_fn)(int);
+    snprintf(path, sizeof path, "%s/swap_pair.o", argv[1]);
+    size_t pair_size;
+    unsigned char *pair = read_file(path, &pair_size);
+    kiln_module *swap_stubs = NULL, *swap_module = NULL;
+    OK(kiln_link_swappable(s, lib, "swap_pair.o", pair, pair_size, &swap_stubs, &swap_module, &e));
+    CHECK(swap_stubs != NULL && swap_module != NULL);
+    uint64_t even_at;
+    OK(kiln_lookup(s, lib, "even", &even_at, &e));
+    int_fn even = (int_fn)(uintptr_t)even_at;
+    CHECK(even(10) == 1 && even(7) == 0);
+    snprintf(path, sizeof path, "%s/swap_odd.o", argv[1]);
+    size_t odd_size;
+    unsigned char *odd = read_file(path, &odd_size);
+    OK(kiln_replace_function(s, lib, "odd", odd, odd_size, NULL, &e));
+    pin = kiln_code_thread_pin(thread);
+    CHECK(even(6) == 1005); /* even(6) calls odd(5) */
+    kiln_code_thread_unpin(pin);
+    kiln_session *plain;
+    OK(kiln_session_create(NULL, &plain, &e));
+    uint64_t plain_lib = kiln_main_library(plain);
+    OK(kiln_add_object(plain, plain_lib, "swap_pair.o", pair, pair_size, NULL, NULL, &e));
+    OK(kiln_link(plain, plain_lib, NULL, &e));
+    CHECK(kiln_replace_function(plain, plain_lib, "odd", odd, odd_size, NULL, &e) != KILN_OK);
+    CHECK(strstr(kiln_error_message(e), "kiln_link_swappable") != NULL || strstr(kiln_error_message(e), "link_swappable") != NULL);
+    kiln_error_free(e);
+    e = NULL;
+    kiln_session_dispose(plain);
+    CHECK(kiln_link_swappable(s, lib, "empty", NULL, 0, NULL, NULL, &e) == KILN_ERR_INVALID_ARGUMENT);
+    kiln_error_free(e);
+    e = NULL;
+    free(odd);
+    free(pair);
+    OK(kiln_remove_module(s, swap_stubs, &e));
+    OK(kiln_remove_module(s, swap_module, &e));
+    kiln_module_release(swap_stubs);
+    kiln_module_release(swap_module);
 
     kiln_code_thread_release(thread);
     kiln_module_release(stubs);
