@@ -165,22 +165,24 @@ impl Default for Timeouts {
 /// ([`Request::ResolveStub`]); it may make requests of the executor meanwhile.
 pub type ExecutorRequestHandler = Arc<dyn Fn(&Request) -> Response + Send + Sync>;
 
-/// A connection to an executor process. Any thread sends requests at any time; one
-/// thread of the connection's own reads every frame the executor sends and hands each
-/// answer to the caller waiting for it (a table of pending requests by id), forwards the
-/// program's output, and serves the executor's own requests (a call-through stub's first
-/// call) on threads of their own. No caller waits for another's answer, and none polls:
-/// each is woken when its answer arrives or the connection ends.
+/// A connection to an executor process. Any thread sends requests at any time, each with
+/// an id of its own in a table of pending requests. One waiting caller at a time reads
+/// the connection (the *reader*): it hands each answer to the caller waiting for it,
+/// forwards the program's output, and serves the executor's own requests (a call-through
+/// stub's first call) on threads of their own; when its own answer has come it stops,
+/// and a caller still waiting takes over. The others wait on a condition variable until
+/// their answer is handed to them or the reading is theirs. No one polls, and a caller
+/// alone reads its own answer (one wake-up per round trip).
 pub struct RemoteExecutor {
     shared: Arc<Shared>,
     hello: Hello,
     timeouts: Timeouts,
     /// Whether descriptors (shared memory) can be passed: a Unix socket.
     passes_fds: bool,
-    /// Shuts the socket down (the reading thread then ends).
+    /// Shuts the socket down (a reader blocked in it then returns).
     closer: kiln_wire::channel::Closer,
-    /// The reading thread, joined at shutdown.
-    reader: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The receiving side, the current reader's.
+    channel: Mutex<Channel>,
     /// Round trips made, per kind of request, for [`RemoteExecutor::round_trips`].
     round_trips: Mutex<Vec<RoundTrips>>,
     /// Requests a thread deferred in a [`Batching`] scope, not yet sent.
@@ -219,6 +221,8 @@ struct State {
     /// The last id given to a request (ids are below [`crate::protocol::EXECUTOR_REQUEST`]
     /// and never 0, which is the executor's own).
     last_id: u32,
+    /// Whether a caller reads the connection now.
+    reading: bool,
     /// Why the connection serves no more; every waiting and later request fails with it.
     ended: Option<Ended>,
 }
@@ -615,8 +619,7 @@ impl RemoteExecutor {
         child: Option<Child>,
         timeouts: Timeouts,
     ) -> Result<Self, RemoteError> {
-        // The reading thread waits for frames as long as the connection lives; each
-        // caller bounds its own wait.
+        // Each read is bounded by its reader's deadline.
         channel.set_timeout(None).map_err(io_err)?;
         let closer = channel.closer().map_err(io_err)?;
         let shared = Arc::new(Shared {
@@ -632,18 +635,13 @@ impl RemoteExecutor {
             pid: hello.pid,
         });
         let passes_fds = channel.can_pass_fds();
-        let reading = shared.clone();
-        let reader = std::thread::Builder::new()
-            .name("kiln-executor-reader".into())
-            .spawn(move || read_frames(&reading, channel))
-            .map_err(|e| RemoteError::Start(format!("cannot start the reading thread: {e}")))?;
         Ok(RemoteExecutor {
             shared,
             hello,
             timeouts,
             passes_fds,
             closer,
-            reader: Mutex::new(Some(reader)),
+            channel: Mutex::new(channel),
             round_trips: Mutex::new(Vec::new()),
             deferred: Mutex::new(None),
             main: Mutex::new(()),
@@ -892,31 +890,11 @@ impl RemoteExecutor {
         };
         let started = std::time::Instant::now();
         let deadline = timeout.map(|t| started + t);
-        if shared
+        // A send that fails finds the connection closed: the read below says how (the
+        // executor's exit status).
+        let _ = shared
             .sender
-            .send(&crate::protocol::with_id(request.encode(), id))
-            .is_err()
-        {
-            // The connection failed: the reading thread finds out how (the executor's
-            // exit), and ends it.
-            let mut state = shared.state.lock();
-            state.pending.remove(&id);
-            let wait_until = std::time::Instant::now() + Duration::from_secs(10);
-            while state.ended.is_none() {
-                if shared
-                    .answered
-                    .wait_until(&mut state, wait_until)
-                    .timed_out()
-                {
-                    break;
-                }
-            }
-            let ended = state
-                .ended
-                .get_or_insert_with(|| Ended::Broken("sending failed".into()))
-                .clone();
-            return Err(shared.error(&ended, &name));
-        }
+            .send(&crate::protocol::with_id(request.encode(), id));
         let mut state = shared.state.lock();
         let (response, fd) = loop {
             if matches!(state.pending.get(&id), Some(Routed::Answered(..))) {
@@ -929,11 +907,23 @@ impl RemoteExecutor {
                 state.pending.remove(&id);
                 return Err(shared.error(&ended, &name));
             }
-            let timed_out = match deadline {
-                Some(deadline) => shared.answered.wait_until(&mut state, deadline).timed_out(),
-                None => {
-                    shared.answered.wait(&mut state);
-                    false
+            let timed_out = if !state.reading {
+                // No one reads: this caller does, until its answer comes.
+                state.reading = true;
+                drop(state);
+                let timed_out = self.read_until_answered(id, timeout);
+                state = shared.state.lock();
+                state.reading = false;
+                // A caller still waiting reads next.
+                shared.answered.notify_all();
+                timed_out
+            } else {
+                match deadline {
+                    Some(deadline) => shared.answered.wait_until(&mut state, deadline).timed_out(),
+                    None => {
+                        shared.answered.wait(&mut state);
+                        false
+                    }
                 }
             };
             if timed_out && matches!(state.pending.get(&id), Some(Routed::Waiting)) {
@@ -1015,9 +1005,6 @@ impl RemoteExecutor {
             let _ = child.kill();
         }
         self.closer.shutdown();
-        if let Some(reader) = self.reader.lock().take() {
-            let _ = reader.join();
-        }
         self.shared.reap();
     }
 
@@ -1045,9 +1032,6 @@ impl Drop for RemoteExecutor {
             self.shutdown();
         } else {
             self.closer.shutdown();
-            if let Some(reader) = self.reader.lock().take() {
-                let _ = reader.join();
-            }
         }
     }
 }
@@ -1158,39 +1142,67 @@ impl Shared {
     }
 }
 
-/// The connection's reading thread: every frame the executor sends, until the connection
-/// ends — answers to their callers, output where this process's goes, the executor's own
-/// requests to the handler (each on a thread of its own: the handler makes requests
-/// whose answers this thread reads meanwhile).
-fn read_frames(shared: &Shared, mut channel: Channel) {
-    loop {
-        let body = match channel.recv() {
-            Ok(body) => body,
-            Err(error) => {
-                let ended = match error {
-                    ChannelError::Closed => Ended::Closed,
-                    ChannelError::Auth(reason) => Ended::Failed(RemoteErrorKind::Auth(reason)),
-                    other => Ended::Failed(RemoteErrorKind::Io(other.to_string())),
-                };
-                // A child that closed the connection is exiting: its status says how
-                // (unless the connection had ended already: it may be stopped).
-                if shared.state.lock().ended.is_none() {
-                    shared.reap();
+impl RemoteExecutor {
+    /// As the connection's reader: reads frames (each read waits at most `timeout`) and
+    /// takes each as [`RemoteExecutor::take_frame`] does, until request `id` is answered
+    /// or the connection ends; whether a read timed out.
+    fn read_until_answered(&self, id: u32, timeout: Option<Duration>) -> bool {
+        let shared = &*self.shared;
+        let mut channel = self.channel.lock();
+        if channel.set_timeout(timeout).is_err() {
+            shared.end(
+                &mut shared.state.lock(),
+                Ended::Failed(RemoteErrorKind::Io("setting the read timeout".into())),
+            );
+            return false;
+        }
+        loop {
+            {
+                let state = shared.state.lock();
+                if state.ended.is_some() || !matches!(state.pending.get(&id), Some(Routed::Waiting))
+                {
+                    return false;
                 }
-                shared.end(&mut shared.state.lock(), ended);
-                return;
             }
-        };
+            let body = match channel.recv() {
+                Ok(body) => body,
+                Err(ChannelError::Timeout(_)) => return true,
+                Err(error) => {
+                    let ended = match error {
+                        ChannelError::Closed => Ended::Closed,
+                        ChannelError::Auth(reason) => Ended::Failed(RemoteErrorKind::Auth(reason)),
+                        other => Ended::Failed(RemoteErrorKind::Io(other.to_string())),
+                    };
+                    // A child that closed the connection is exiting: its status says how
+                    // (unless the connection had ended already: it may be stopped).
+                    if shared.state.lock().ended.is_none() {
+                        shared.reap();
+                    }
+                    shared.end(&mut shared.state.lock(), ended);
+                    return false;
+                }
+            };
+            if let Err(why) = self.take_frame(&mut channel, body) {
+                shared.end(&mut shared.state.lock(), Ended::Broken(why));
+                channel.shutdown();
+                return false;
+            }
+        }
+    }
+
+    /// One frame from the executor: an answer to its caller, output where this process's
+    /// goes, the executor's end (id 0), or a request of the executor's, served on a
+    /// thread of its own (the handler makes requests whose answers a reader takes
+    /// meanwhile). `Err`: a frame that ends the connection, and why.
+    fn take_frame(&self, channel: &mut Channel, body: Vec<u8>) -> Result<(), String> {
+        let shared = &*self.shared;
         let got = crate::protocol::message_id(&body).unwrap_or(0);
         if got & crate::protocol::EXECUTOR_REQUEST != 0 {
             let handler = shared.handler.read().clone();
             let Some(handler) = handler else {
-                let why = format!(
+                return Err(format!(
                     "the executor made a request ({got:#x}) this controller does not serve"
-                );
-                shared.end(&mut shared.state.lock(), Ended::Broken(why));
-                channel.shutdown();
-                return;
+                ));
             };
             let sender = shared.sender.clone();
             let serve = move || {
@@ -1215,7 +1227,7 @@ fn read_frames(shared: &Shared, mut channel: Channel) {
                     .sender
                     .send(&crate::protocol::with_id(answer.encode(), got));
             }
-            continue;
+            return Ok(());
         }
         match Response::decode(&body) {
             Ok(Response::Output { stream, bytes }) => forward_output(stream, &bytes),
@@ -1227,25 +1239,13 @@ fn read_frames(shared: &Shared, mut channel: Channel) {
             Ok(r) if got != 0 => {
                 let fd = channel.take_fd();
                 if !shared.route(got, r, fd) {
-                    let why = format!("an answer with id {got}, which no request has");
-                    shared.end(&mut shared.state.lock(), Ended::Broken(why));
-                    channel.shutdown();
-                    return;
+                    return Err(format!("an answer with id {got}, which no request has"));
                 }
             }
-            Ok(r) => {
-                let why = format!("an answer with id 0: {r:?}");
-                shared.end(&mut shared.state.lock(), Ended::Broken(why));
-                channel.shutdown();
-                return;
-            }
-            Err(e) => {
-                let why = format!("malformed response: {e}");
-                shared.end(&mut shared.state.lock(), Ended::Broken(why));
-                channel.shutdown();
-                return;
-            }
+            Ok(r) => return Err(format!("an answer with id 0: {r:?}")),
+            Err(e) => return Err(format!("malformed response: {e}")),
         }
+        Ok(())
     }
 }
 
