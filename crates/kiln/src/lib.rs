@@ -48,7 +48,8 @@ pub use image_cache::ImageOutcome;
 pub use inputs::{map_file, SharedBytes};
 pub use jit::{Jit, JitBuilder};
 pub use kiln_cache::{
-    CacheKey, Compiler, DiskImageCache, ImageCache, ImageKeyBuilder, ObjectCache, SystemCompiler,
+    CacheKey, Compiler, DiskCache, DiskImageCache, DiskLimits, DiskUsage, ImageCache,
+    ImageKeyBuilder, ObjectCache, SystemCompiler,
 };
 pub use kiln_link::{
     Architecture, GraphEdge, GraphSection, GraphView, LinkPass, NewSectionKind, PassError,
