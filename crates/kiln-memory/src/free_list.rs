@@ -99,6 +99,25 @@ impl FreeList {
         list
     }
 
+    /// A free list over `[start, start + len)`, all free but the `hidden` ranges
+    /// (`(start, end)` pairs, sorted and disjoint), which are never handed out.
+    pub fn with_hidden(start: u64, len: u64, hidden: &[(u64, u64)]) -> Self {
+        let mut list = FreeList::new(start, 0);
+        list.end = start + len.min(u64::MAX - start);
+        let mut at = start;
+        for &(from, to) in hidden {
+            let (from, to) = (from.clamp(start, list.end), to.clamp(start, list.end));
+            if from > at {
+                list.insert(at, from);
+            }
+            at = at.max(to);
+        }
+        if list.end > at {
+            list.insert(at, list.end);
+        }
+        list
+    }
+
     /// Start of the managed range.
     pub fn start(&self) -> u64 {
         self.start
@@ -329,6 +348,24 @@ impl FreeList {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn hidden_ranges_are_never_handed_out() {
+        let mut list = FreeList::with_hidden(0x1000, 0x4000, &[(0x1000, 0x1010), (0x3000, 0x3010)]);
+        assert_eq!(list.free_bytes(), 0x4000 - 0x20);
+        let mut got = Vec::new();
+        while let Some(a) = list.allocate(0x10, 0x10) {
+            got.push(a);
+        }
+        assert!(!got.contains(&0x1000) && !got.contains(&0x3000));
+        assert_eq!(got.len(), 0x4000 / 0x10 - 2);
+        // What was handed out comes back; the hidden ranges were never out.
+        for a in got {
+            list.free(a, 0x10).unwrap();
+        }
+        assert_eq!(list.free_bytes(), 0x4000 - 0x20);
+    }
+
     use super::*;
 
     #[test]

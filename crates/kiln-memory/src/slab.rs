@@ -171,6 +171,16 @@ thread_local! {
     };
 }
 
+/// The addresses in `[start, end)` whose low 32 bits are all 0 (every 4 GiB): libgcc's
+/// unwinder reads a registered FDE whose 4-byte start is 0 there as a function a linker
+/// removed (`classify_object_over_fdes`, "Assume 0 in the representable bits is NULL"),
+/// so code must not start at one of them.
+pub(crate) fn unwinder_blind_spots(start: u64, end: u64) -> impl Iterator<Item = u64> {
+    const SPAN: u64 = 1 << 32;
+    let first = start.div_ceil(SPAN).saturating_mul(SPAN);
+    (first..end).step_by(SPAN as usize)
+}
+
 fn mapper_error(mapper: &dyn Mapper, source: MapperError) -> MemoryError {
     MemoryError::Mapper {
         mapper: mapper.name(),
@@ -213,10 +223,22 @@ impl Slab {
                     } else {
                         a_start + arena_len
                     };
+                    // No code starts at an address whose low 32 bits are 0: the C
+                    // library's unwinder (libgcc's registered frames) takes a function
+                    // there, its FDE's 4-byte start 0, for one a linker removed, and
+                    // cannot unwind through it.
+                    let unit = if shared { tuning.granule } else { tuning.page };
+                    let hidden: Vec<(u64, u64)> = if permission == Permission::ReadExecute {
+                        unwinder_blind_spots(a_start, a_end)
+                            .map(|b| (b, b + unit))
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
                     Arena {
                         pool: Mutex::new(Pool {
                             shared,
-                            free: FreeList::new(a_start, a_end - a_start),
+                            free: FreeList::with_hidden(a_start, a_end - a_start, &hidden),
                             unprepared: PageRuns::new(a_start, a_end),
                             unpopulated: PageRuns::new(a_start, a_end),
                         }),
@@ -612,5 +634,54 @@ impl Drop for Slab {
         if let Err(error) = unsafe { self.mapper.release(&self.reservation) } {
             tracing::warn!(%error, target = self.reservation.target, "releasing a slab failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{
+        AllocationRequest, MemoryManager, OfflineMapper, Permission, SegmentRequest, SlabLayout,
+        SlabMemoryManager,
+    };
+    use std::sync::Arc;
+
+    #[test]
+    fn no_code_starts_where_the_unwinder_is_blind() {
+        // A slab whose code pool starts at 4 GiB × 3: its first unit is never handed out.
+        let base = 3 << 32;
+        let mapper = Arc::new(OfflineMapper::new(base, 4096));
+        let small = SlabLayout {
+            read_execute: 1 << 20,
+            read: 1 << 20,
+            read_write: 1 << 20,
+        };
+        let memory = SlabMemoryManager::builder()
+            .mapper(mapper)
+            .layout(small)
+            .build()
+            .unwrap();
+        let mut starts = Vec::new();
+        let mut live = Vec::new();
+        for _ in 0..64 {
+            let allocation = memory
+                .allocate(&AllocationRequest::new().segment(SegmentRequest::new(
+                    Permission::ReadExecute,
+                    16,
+                    16,
+                )))
+                .unwrap();
+            starts.push(allocation.segments()[0].target);
+            live.push(allocation);
+        }
+        assert!(starts.iter().all(|&s| s >= base));
+        assert!(!starts.contains(&base), "{starts:x?}");
+        assert_eq!(
+            super::unwinder_blind_spots(base - 1, base + 1).collect::<Vec<_>>(),
+            vec![base]
+        );
+        assert_eq!(
+            super::unwinder_blind_spots(base + 1, base + (1 << 32)).count(),
+            0
+        );
     }
 }

@@ -100,21 +100,33 @@ fn os(
     }
 }
 
-/// Reserves `len` bytes, inaccessible, as `placement` asks.
+/// Reserves `len` bytes, inaccessible, as `placement` asks; never at an address whose
+/// low 32 bits are 0 (a span's code starts at its first byte, and libgcc's unwinder reads
+/// a function there as removed: see `slab::unwinder_blind_spots`).
 fn reserve(len: u64, page: u64, placement: &Placement) -> Result<u64, MemoryError> {
     let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-    placement::reserve_placed(
-        len,
+    // One page more, to move off such an address (the extra page is given back).
+    let with_spare = len + page;
+    let start = placement::reserve_placed(
+        with_spare,
         page,
         placement,
-        |fixed| sys::mmap(fixed, None, len, libc::PROT_NONE, flags, None),
+        |fixed| sys::mmap(fixed, None, with_spare, libc::PROT_NONE, flags, None),
         // SAFETY: a mapping reserve_placed just made and nobody else knows.
-        |misplaced| drop(unsafe { sys::munmap(misplaced, len) }),
+        |misplaced| drop(unsafe { sys::munmap(misplaced, with_spare) }),
     )
     .map_err(|source| MemoryError::Mapper {
         mapper: "span",
         source,
-    })
+    })?;
+    let (kept, spare) = if start % (1 << 32) == 0 {
+        (start + page, start)
+    } else {
+        (start, start + len)
+    };
+    // SAFETY: the spare page of the reservation just made, which nothing uses.
+    let _ = unsafe { sys::munmap(spare, page) };
+    Ok(kept)
 }
 
 impl MemoryManager for SpanMemoryManager {
