@@ -187,13 +187,8 @@ pub unsafe extern "C" fn kiln_replace_function(
     guard(error, || {
         let s = self::session(session)?;
         let name = cstr(name, "name")?;
-        if bytes.is_null() || size == 0 {
-            return Err(kiln_error::invalid(
-                "no object (bytes is NULL or size is 0)",
-            ));
-        }
         // SAFETY: the caller's contract: `size` valid bytes for the call.
-        let object = unsafe { std::slice::from_raw_parts(bytes.cast::<u8>(), size) };
+        let object = unsafe { object(bytes, size) }?;
         let body = s
             .jit
             .replace_function(LibraryId::from_raw(library), name, object.to_vec())?;
@@ -229,13 +224,8 @@ pub unsafe extern "C" fn kiln_link_swappable(
     guard(error, || {
         let s = self::session(session)?;
         let name = cstr(name, "name")?;
-        if bytes.is_null() || size == 0 {
-            return Err(kiln_error::invalid(
-                "no object (bytes is NULL or size is 0)",
-            ));
-        }
         // SAFETY: the caller's contract: `size` valid bytes for the call.
-        let object = unsafe { std::slice::from_raw_parts(bytes.cast::<u8>(), size) };
+        let object = unsafe { object(bytes, size) }?;
         let linked = s
             .jit
             .link_swappable(LibraryId::from_raw(library), name, object.to_vec())?;
@@ -247,6 +237,20 @@ pub unsafe extern "C" fn kiln_link_swappable(
         }
         Ok(())
     })
+}
+
+/// The object `bytes[0..size]` a call was given; an error if there is none.
+///
+/// # Safety
+/// `bytes` NULL or valid for `size` bytes for as long as the answer is used.
+unsafe fn object<'a>(bytes: *const c_void, size: usize) -> Result<&'a [u8], kiln_error> {
+    if bytes.is_null() || size == 0 {
+        return Err(kiln_error::invalid(
+            "no object (bytes is NULL or size is 0)",
+        ));
+    }
+    // SAFETY: the caller's contract: `size` valid bytes.
+    Ok(unsafe { std::slice::from_raw_parts(bytes.cast::<u8>(), size) })
 }
 
 /// Frees the replaced bodies no pinned thread can reach any more (replacements do this as

@@ -182,7 +182,7 @@ pub struct RemoteExecutor {
     /// Shuts the socket down (a reader blocked in it then returns).
     closer: kiln_wire::channel::Closer,
     /// The receiving side, the current reader's.
-    channel: Mutex<Channel>,
+    reading: Mutex<Reading>,
     /// Round trips made, per kind of request, for [`RemoteExecutor::round_trips`].
     round_trips: Mutex<Vec<RoundTrips>>,
     /// Requests a thread deferred in a [`Batching`] scope, not yet sent.
@@ -193,7 +193,14 @@ pub struct RemoteExecutor {
     main: Mutex<()>,
 }
 
-/// What the callers and the reading thread share.
+/// The receiving side of a connection and the read timeout set on its socket now (set
+/// again only when a reader's request has another: one system call fewer per round trip).
+struct Reading {
+    channel: Channel,
+    timeout: Option<Option<Duration>>,
+}
+
+/// What the callers and the connection's reader share.
 struct Shared {
     state: Mutex<State>,
     /// Signalled when an answer is routed or the connection ends.
@@ -496,7 +503,7 @@ impl RemoteExecutor {
     pub fn connect_unix(path: &Path, timeouts: Timeouts) -> Result<Self, RemoteError> {
         let stream = UnixStream::connect(path)
             .map_err(|e| RemoteError::Start(format!("{}: {e}", path.display())))?;
-        let channel = Channel::new(Stream::Unix(stream));
+        let mut channel = Channel::new(Stream::Unix(stream));
         // Code and this process's terminal go only to an executor of this user.
         if !channel.peer_is_same_user() {
             return Err(RemoteError::Authentication {
@@ -504,7 +511,6 @@ impl RemoteExecutor {
                 reason: "the executor behind this socket runs as another user".into(),
             });
         }
-        let mut channel = channel;
         let hello = Self::read_hello(&mut channel, timeouts)?;
         // SAFETY: descriptors 0, 1 and 2 stay open for the life of this process.
         let stdio = unsafe {
@@ -612,7 +618,7 @@ impl RemoteExecutor {
         Ok(hello)
     }
 
-    /// Serves a connection whose hello was read: its reading thread starts.
+    /// Serves a connection whose hello was read.
     fn start(
         mut channel: Channel,
         hello: Hello,
@@ -641,7 +647,10 @@ impl RemoteExecutor {
             timeouts,
             passes_fds,
             closer,
-            channel: Mutex::new(channel),
+            reading: Mutex::new(Reading {
+                channel,
+                timeout: Some(None),
+            }),
             round_trips: Mutex::new(Vec::new()),
             deferred: Mutex::new(None),
             main: Mutex::new(()),
@@ -849,7 +858,8 @@ impl RemoteExecutor {
         Ok(answers)
     }
 
-    /// Sends one request and waits for its answer (the reading thread hands it over),
+    /// Sends one request and waits for its answer (read by this caller, or handed over by
+    /// the caller reading the connection meanwhile),
     /// within the connection's timeout for its kind.
     fn send_one(&self, request: &Request) -> Result<(Response, Option<OwnedFd>), RemoteError> {
         let _main = matches!(request, Request::RunMain { .. } | Request::Shutdown)
@@ -990,7 +1000,7 @@ impl RemoteExecutor {
     pub fn shutdown(&self) {
         let serving = self.shared.state.lock().ended.is_none();
         if serving {
-            // Its answer comes after the program's last output (which the reading thread
+            // Its answer comes after the program's last output (which the connection's reader
             // forwards); an executor that does not answer within 5 s is not waited for.
             let _main = self.main.lock();
             let _ = self.send_within(&Request::Shutdown, Some(Duration::from_secs(5)));
@@ -1148,13 +1158,20 @@ impl RemoteExecutor {
     /// or the connection ends; whether a read timed out.
     fn read_until_answered(&self, id: u32, timeout: Option<Duration>) -> bool {
         let shared = &*self.shared;
-        let mut channel = self.channel.lock();
-        if channel.set_timeout(timeout).is_err() {
-            shared.end(
-                &mut shared.state.lock(),
-                Ended::Failed(RemoteErrorKind::Io("setting the read timeout".into())),
-            );
-            return false;
+        let mut reading = self.reading.lock();
+        let Reading {
+            channel,
+            timeout: set,
+        } = &mut *reading;
+        if *set != Some(timeout) {
+            if channel.set_timeout(timeout).is_err() {
+                shared.end(
+                    &mut shared.state.lock(),
+                    Ended::Failed(RemoteErrorKind::Io("setting the read timeout".into())),
+                );
+                return false;
+            }
+            *set = Some(timeout);
         }
         loop {
             {
@@ -1182,7 +1199,7 @@ impl RemoteExecutor {
                     return false;
                 }
             };
-            if let Err(why) = self.take_frame(&mut channel, body) {
+            if let Err(why) = self.take_frame(channel, body) {
                 shared.end(&mut shared.state.lock(), Ended::Broken(why));
                 channel.shutdown();
                 return false;
