@@ -8,7 +8,9 @@
  *   replayed connections costs threads, never processes), then starts itself again for
  *   the authenticated connection and hands the child the socket (WSADuplicateSocket:
  *   Wine's ws2_32 does not know a socket inherited as a bare handle) with the session's
- *   keys, so one program's crash, exit() or stall ends its own process only.
+ *   keys, so one program's crash, exit() or stall ends its own process only. The child
+ *   says when it holds the socket; one that ended before (a process start under Wine can
+ *   fail) is replaced, and the listener says so on stderr.
  * - Keys: Windows has no mode bits; the key file is read as it is (its ACL guards it), and
  *   a new one is created only where none exists.
  * - Memory: a section (CreateFileMapping of the paging file) mapped twice, the target view
@@ -1139,60 +1141,89 @@ struct handover {
     struct noise_session session;
 };
 
+/* Appends `h` in decimal to `command` at `*at`. */
+static void append_number(wchar_t *command, size_t *at, unsigned long long h) {
+    wchar_t number[32];
+    int digits = 0;
+    do number[digits++] = (wchar_t)(L'0' + h % 10); while ((h /= 10) > 0);
+    while (digits > 0) command[(*at)++] = number[--digits];
+}
+
+/* What became of a process started for a connection. */
+enum started { STARTED_SERVING, STARTED_ENDED, STARTED_FAILED };
+
 /* Starts this executor again to serve `fd`: the child reads the handover (the socket's
  * description, WSADuplicateSocket, made for its process id; the session) from a pipe whose
- * read end it inherits, named on its command line. A socket inherited as a handle is what
- * Windows allows too, but Wine's ws2_32 answers WSAENOTSOCK for one it did not create. The
- * command line fits its array: the path is shorter than 4096 characters, the option and a
- * 64-bit number take fewer than 64. */
-static void start_server(SOCKET fd, const struct noise_session *session) {
+ * read end it inherits, named on its command line, and writes one byte on a second pipe
+ * once it holds the socket. A socket inherited as a handle is what Windows allows too, but
+ * Wine's ws2_32 answers WSAENOTSOCK for one it did not create. The command line fits its
+ * array: the path is shorter than 4096 characters, the option and two 64-bit numbers take
+ * fewer than 96.
+ *
+ * STARTED_ENDED: the child ended before it held the socket (this process still does: the
+ * caller may start another); STARTED_FAILED: no child could be started or handed the
+ * socket. Each says why on stderr. */
+static enum started start_child(SOCKET fd, const struct noise_session *session) {
     char why[256];
     SECURITY_ATTRIBUTES inherit = {sizeof inherit, NULL, TRUE};
-    HANDLE rd, wr;
+    HANDLE rd, wr, ack_rd, ack_wr;
     AcquireSRWLockExclusive(&starting);
     if (!CreatePipe(&rd, &wr, &inherit, sizeof(struct handover) * 2)) {
         ReleaseSRWLockExclusive(&starting);
-        fprintf(stderr, "kiln-executor-c: pipe: %s\n", win_error(GetLastError(), why, sizeof why));
-        return;
+        logf_("kiln-executor-c: pipe: %s\n", win_error(GetLastError(), why, sizeof why));
+        return STARTED_FAILED;
     }
-    SetHandleInformation(wr, HANDLE_FLAG_INHERIT, 0);
-    wchar_t self[4096];
-    DWORD n = GetModuleFileNameW(NULL, self, sizeof self / sizeof *self);
-    wchar_t command[4096 + 64];
-    if (n == 0 || n >= sizeof self / sizeof *self) {
+    if (!CreatePipe(&ack_rd, &ack_wr, &inherit, 16)) {
         ReleaseSRWLockExclusive(&starting);
-        fprintf(stderr, "kiln-executor-c: the executor's own path: %s\n", win_error(GetLastError(), why, sizeof why));
+        logf_("kiln-executor-c: pipe: %s\n", win_error(GetLastError(), why, sizeof why));
         CloseHandle(rd);
         CloseHandle(wr);
-        return;
+        return STARTED_FAILED;
     }
-    wchar_t number[32];
-    unsigned long long h = (unsigned long long)(uintptr_t)rd;
-    int digits = 0;
-    do number[digits++] = (wchar_t)(L'0' + h % 10); while ((h /= 10) > 0);
+    SetHandleInformation(wr, HANDLE_FLAG_INHERIT, 0);
+    SetHandleInformation(ack_rd, HANDLE_FLAG_INHERIT, 0);
+    wchar_t self[4096];
+    DWORD n = GetModuleFileNameW(NULL, self, sizeof self / sizeof *self);
+    wchar_t command[4096 + 96];
+    if (n == 0 || n >= sizeof self / sizeof *self) {
+        ReleaseSRWLockExclusive(&starting);
+        logf_("kiln-executor-c: the executor's own path: %s\n", win_error(GetLastError(), why, sizeof why));
+        CloseHandle(rd);
+        CloseHandle(wr);
+        CloseHandle(ack_rd);
+        CloseHandle(ack_wr);
+        return STARTED_FAILED;
+    }
     size_t at = 0;
     command[at++] = L'"';
     for (DWORD i = 0; i < n; i++) command[at++] = self[i];
     const wchar_t *option = L"\" --serve-duplicate ";
     for (size_t i = 0; option[i]; i++) command[at++] = option[i];
-    while (digits > 0) command[at++] = number[--digits];
+    append_number(command, &at, (unsigned long long)(uintptr_t)rd);
+    command[at++] = L' ';
+    append_number(command, &at, (unsigned long long)(uintptr_t)ack_wr);
     command[at] = 0;
     STARTUPINFOW si = {.cb = sizeof si};
     PROCESS_INFORMATION pi;
     BOOL started = CreateProcessW(self, command, NULL, NULL, TRUE, 0, NULL, NULL, &si, &pi);
     DWORD e = GetLastError();
+    /* The child's ends are the child's alone: a child that ends closes the last writer of
+     * the acknowledgement's pipe, which ends the wait for it below. */
     CloseHandle(rd);
+    CloseHandle(ack_wr);
     ReleaseSRWLockExclusive(&starting);
     if (!started) {
-        fprintf(stderr, "kiln-executor-c: starting a process for the connection: %s\n", win_error(e, why, sizeof why));
+        logf_("kiln-executor-c: starting a process for the connection: %s\n", win_error(e, why, sizeof why));
         CloseHandle(wr);
-        return;
+        CloseHandle(ack_rd);
+        return STARTED_FAILED;
     }
+    enum started result = STARTED_FAILED;
     struct handover handover;
     memset(&handover, 0, sizeof handover);
     DWORD put = 0;
     if (WSADuplicateSocketW(fd, pi.dwProcessId, &handover.info) != 0) {
-        fprintf(stderr, "kiln-executor-c: WSADuplicateSocket: %s\n", win_error((DWORD)WSAGetLastError(), why, sizeof why));
+        logf_("kiln-executor-c: WSADuplicateSocket: %s\n", win_error((DWORD)WSAGetLastError(), why, sizeof why));
         TerminateProcess(pi.hProcess, 1);
     } else {
         if (session) {
@@ -1200,31 +1231,69 @@ static void start_server(SOCKET fd, const struct noise_session *session) {
             handover.session = *session;
         }
         if (!WriteFile(wr, &handover, sizeof handover, &put, NULL) || put != sizeof handover) {
-            fprintf(stderr, "kiln-executor-c: handing the connection over: %s\n", win_error(GetLastError(), why, sizeof why));
+            logf_("kiln-executor-c: handing the connection over: %s\n", win_error(GetLastError(), why, sizeof why));
             TerminateProcess(pi.hProcess, 1);
+        } else {
+            /* One byte once the child holds the socket; none if it ended first. */
+            uint8_t ack = 0;
+            DWORD got = 0;
+            if (ReadFile(ack_rd, &ack, 1, &got, NULL) && got == 1) {
+                result = STARTED_SERVING;
+            } else {
+                WaitForSingleObject(pi.hProcess, 5000);
+                DWORD code = 0;
+                GetExitCodeProcess(pi.hProcess, &code);
+                logf_("kiln-executor-c: the process started for a connection ended (exit code %#lx) before it took the connection\n",
+                      (unsigned long)code);
+                result = STARTED_ENDED;
+            }
         }
     }
     noise_wipe(&handover, sizeof handover);
     CloseHandle(wr);
+    CloseHandle(ack_rd);
     CloseHandle(pi.hThread);
     CloseHandle(pi.hProcess);
+    return result;
+}
+
+/* Serves `fd` in a process of its own (start_child). A process start under Wine can fail
+ * before the program's first instruction (its preloader's address space taken, say): a
+ * child that ended before it took the connection is replaced, twice at most, so the
+ * client sees its hello rather than a closed connection. */
+static void start_server(SOCKET fd, const struct noise_session *session) {
+    for (int attempt = 0; attempt < 3; attempt++)
+        if (start_child(fd, session) != STARTED_ENDED) return;
+    logf_("kiln-executor-c: no process could be started for a connection: closing it\n");
 }
 
 /* The child's side: the handover read from the pipe `handle` (used only if it came whole);
- * the socket, and the session when keyed. */
-static SOCKET take_duplicate(const char *handle, struct noise_session *session, int *keyed) {
+ * the socket, and the session when keyed; one byte on the pipe `ack` once the socket is
+ * this process's. */
+static SOCKET take_duplicate(const char *handle, const char *ack, struct noise_session *session, int *keyed) {
     HANDLE h = (HANDLE)(uintptr_t)_strtoui64(handle, NULL, 10);
+    HANDLE a = (HANDLE)(uintptr_t)_strtoui64(ack, NULL, 10);
     struct handover handover;
     DWORD got = 0, n;
     while (got < sizeof handover && ReadFile(h, (uint8_t *)&handover + got, sizeof handover - got, &n, NULL) && n > 0)
         got += n;
     CloseHandle(h);
-    if (got != sizeof handover) return INVALID_SOCKET;
+    if (got != sizeof handover) {
+        CloseHandle(a);
+        return INVALID_SOCKET;
+    }
     *keyed = handover.keyed != 0;
     *session = handover.session;
     noise_wipe(&handover.session, sizeof handover.session);
-    return WSASocketW(FROM_PROTOCOL_INFO, FROM_PROTOCOL_INFO, FROM_PROTOCOL_INFO, &handover.info, 0,
-                      WSA_FLAG_NO_HANDLE_INHERIT);
+    SOCKET s = WSASocketW(FROM_PROTOCOL_INFO, FROM_PROTOCOL_INFO, FROM_PROTOCOL_INFO, &handover.info, 0,
+                          WSA_FLAG_NO_HANDLE_INHERIT);
+    if (s != INVALID_SOCKET) {
+        uint8_t one = 1;
+        DWORD put = 0;
+        WriteFile(a, &one, 1, &put, NULL);
+    }
+    CloseHandle(a);
+    return s;
 }
 
 /* WSAStartup; a connection handed over on the command line served. */
@@ -1235,10 +1304,10 @@ int plat_startup(int argc, char **argv) {
         fprintf(stderr, "kiln-executor-c: WSAStartup failed\n");
         return 1;
     }
-    if (argc == 3 && strcmp(argv[1], "--serve-duplicate") == 0) {
+    if (argc == 4 && strcmp(argv[1], "--serve-duplicate") == 0) {
         static struct noise_session session;
         int keyed = 0;
-        SOCKET s = take_duplicate(argv[2], &session, &keyed);
+        SOCKET s = take_duplicate(argv[2], argv[3], &session, &keyed);
         if (s == INVALID_SOCKET) {
             fprintf(stderr, "kiln-executor-c: no connection to serve (error %d)\n", WSAGetLastError());
             return 1;
@@ -1339,6 +1408,14 @@ static DWORD WINAPI handshake_thread(void *arg) {
     return 0;
 }
 
+/* A plaintext (--no-auth) connection handed to a process of its own. */
+static DWORD WINAPI plaintext_thread(void *arg) {
+    SOCKET fd = (SOCKET)(uintptr_t)arg;
+    start_server(fd, NULL);
+    closesocket(fd);
+    return 0;
+}
+
 int plat_serve(int keyed, int max_unauthenticated, char *why, size_t why_len) {
     for (;;) {
         SOCKET fd = accept(listener, NULL, NULL);
@@ -1353,8 +1430,15 @@ int plat_serve(int keyed, int max_unauthenticated, char *why, size_t why_len) {
             return -1;
         }
         if (!keyed) {
-            start_server(fd, NULL);
-            closesocket(fd);
+            /* Its process's start is waited for on a thread: accepting goes on meanwhile. */
+            HANDLE t = CreateThread(NULL, 64 << 10, plaintext_thread, (void *)(uintptr_t)fd,
+                                    STACK_SIZE_PARAM_IS_A_RESERVATION, NULL);
+            if (t) {
+                CloseHandle(t);
+            } else {
+                start_server(fd, NULL);
+                closesocket(fd);
+            }
             continue;
         }
         struct waiting *w = malloc(sizeof *w);
