@@ -845,12 +845,13 @@ fn run(o: RunArgs) -> Result<i32, String> {
     if o.show_times && !jit.executor().runs_in_this_process() {
         times::print_round_trips(&jit.executor().round_trips());
     }
-    // A remote executor sends the program's last output before it answers.
-    if jit.executor().runs_in_this_process() {
-        std::mem::forget(jit);
-    } else {
-        jit.executor().shutdown();
+    // A remote executor sends the program's last output before it answers; its exit is
+    // not waited for (the system reaps it after ours). Unmapping this side's views of the
+    // code would cost time for nothing either way: this process exits now.
+    if !jit.executor().runs_in_this_process() {
+        jit.executor().shutdown_for_exit();
     }
+    std::mem::forget(jit);
     Ok(status)
 }
 

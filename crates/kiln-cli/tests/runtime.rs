@@ -199,6 +199,62 @@ fn a_library_given_to_kiln_run_finds_the_programs_definitions_itself() {
     }
 }
 
+/// A program's exports cost nothing until it asks the loader: no exports object is mapped
+/// before its first `dlsym`, and that `dlsym` finds its function — in process, out of
+/// process over shared memory and by copy (the controller sends the list in the link's
+/// batch; the executor opens it at the program's first call of a loader shim), from the
+/// image cache too.
+#[test]
+fn exports_wait_for_the_programs_first_loader_call() {
+    executor_binary();
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("exports_on_demand");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let main_c = tmp.join("main.c");
+    std::fs::write(
+        &main_c,
+        "#include <dlfcn.h>\n\
+         #include <stdio.h>\n\
+         #include <string.h>\n\
+         int twice(int x) { return 2 * x; }\n\
+         static int exports_mapped(void) {\n\
+           FILE *f = fopen(\"/proc/self/maps\", \"r\");\n\
+           char line[4096];\n\
+           int found = 0;\n\
+           while (f && fgets(line, sizeof line, f)) found |= strstr(line, \"kiln-exports-\") != 0;\n\
+           if (f) fclose(f);\n\
+           return found;\n\
+         }\n\
+         int main(void) {\n\
+           printf(\"before: %d\\n\", exports_mapped());\n\
+           int (*f)(int) = (int (*)(int))dlsym(RTLD_DEFAULT, \"twice\");\n\
+           printf(\"dlsym: %d\\n\", f ? f(21) : -1);\n\
+           printf(\"after: %d\\n\", exports_mapped());\n\
+           return 0;\n\
+         }\n",
+    )
+    .unwrap();
+    let obj = tmp.join("main.o");
+    cc(&["-O2", "-fPIE", "-c"], &main_c, &obj);
+    let cache = tmp.join("cache");
+    let modes: [&[&str]; 4] = [&[], &[], &["--oop"], &["--oop", "--transport", "copy"]];
+    for (round, mode) in modes.iter().enumerate() {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .env("KILN_CACHE_DIR", &cache)
+            .arg("run")
+            .args(*mode)
+            .arg(&obj)
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "before: 0\ndlsym: 42\nafter: 1\n",
+            "round {round} {mode:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(0));
+    }
+}
+
 #[test]
 fn noexec_runs_no_code_at_all() {
     // A constructor and a destructor that would write files: --noexec must run neither.

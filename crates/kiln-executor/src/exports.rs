@@ -39,6 +39,8 @@ enum State {
         module: Weak<dyn ModuleSymbols>,
         code: Range<u64>,
     },
+    /// Definitions given as a list (a controller in another process sent them).
+    DeferredList(Vec<ExportedSymbol>),
     Open(LoadedObject),
     /// Publishing failed (said once, when it happened).
     Failed,
@@ -139,6 +141,23 @@ pub fn export_module_on_demand(
     Ok(Exports { serial })
 }
 
+/// Exports `symbols` when JIT code first calls the loader through a shim, or a library is
+/// loaded for the program; at once if one was loaded already (as
+/// [`export_module_on_demand`], for a list: what a controller in another process sends).
+pub fn export_symbols_on_demand(symbols: Vec<ExportedSymbol>) -> Result<Exports, String> {
+    let mut registry = EXPORTS.lock();
+    if registry.immediate {
+        let (result, modules) = open_now(&mut registry, &symbols);
+        drop(registry);
+        drop(modules);
+        return result;
+    }
+    let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+    registry.states.insert(serial, State::DeferredList(symbols));
+    PENDING.store(true, Ordering::Release);
+    Ok(Exports { serial })
+}
+
 /// Opens every deferred export, oldest first. The first failure is returned; the others
 /// are still tried.
 pub fn publish_exports() -> Result<(), String> {
@@ -168,6 +187,7 @@ fn publish_locked(registry: &mut Registry) -> (Result<(), String>, HeldModules) 
                 // Gone: its removal withdraws this entry; nothing to open.
                 None => continue,
             },
+            State::DeferredList(symbols) => open(serial, symbols),
             State::Open(_) | State::Failed => continue,
         };
         *state = match opened {

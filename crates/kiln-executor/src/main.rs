@@ -27,7 +27,7 @@
 
 use kiln_executor::listener::{serve_forever, Limits, Notifier};
 use kiln_executor::sandbox::SandboxConfig;
-use kiln_executor::server::{serve, serve_with, Ending, ServeOptions};
+use kiln_executor::server::{serve_with, Ending, ServeOptions};
 use kiln_wire::channel::{Channel, Stream};
 use kiln_wire::secure::{Key, Role};
 use std::io::Write;
@@ -38,6 +38,17 @@ use std::time::{Duration, Instant};
 
 /// Exits without running exit handlers: JIT code may have registered some (C++ and
 /// thread-local destructors) in memory that is unmapped by now.
+/// Serves `channel` in this process, which ends with it (see [`ServeOptions::ends_process`]).
+fn serve_ending_process(channel: Channel) -> Ending {
+    serve_with(
+        channel,
+        &ServeOptions {
+            ends_process: true,
+            ..ServeOptions::default()
+        },
+    )
+}
+
 fn exit(code: i32) -> ! {
     kiln_executor::runtime::flush_stdio();
     // SAFETY: _exit ends the process at once; stdio was flushed above.
@@ -249,7 +260,7 @@ fn listen_unix(path: &std::path::Path, sandbox: Option<SandboxConfig>) -> ! {
         }
         // A peer of this user is authenticated by the kernel.
         notifier.authenticated();
-        if matches!(serve(channel), Ending::Failed(_)) {
+        if matches!(serve_ending_process(channel), Ending::Failed(_)) {
             1
         } else {
             0
@@ -300,6 +311,7 @@ fn serve_connection(
             }
         })),
         forward_output: true,
+        ends_process: true,
     };
     match serve_with(channel, &options) {
         Ending::Failed(why) => {
@@ -392,7 +404,7 @@ fn main() {
             if !enter_sandbox(sandbox.as_ref()) {
                 exit(1);
             }
-            let ending = serve(Channel::new(Stream::Unix(stream)));
+            let ending = serve_ending_process(Channel::new(Stream::Unix(stream)));
             exit(if matches!(ending, Ending::Failed(_)) {
                 1
             } else {

@@ -150,9 +150,27 @@ pub fn flush_stdio() {
     unsafe { libc::fflush(std::ptr::null_mut()) };
 }
 
+/// Points standard input, output and error at `/dev/null` (their buffers flushed first):
+/// a process done with its program lets go of the streams it shares with others, so that
+/// a reader of its output sees the end without waiting for this process to exit.
+pub fn release_stdio() {
+    flush_stdio();
+    // SAFETY: open of a NUL-terminated path; dup2 onto this process's own standard
+    // descriptors; close of the descriptor open just returned.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if null >= 0 {
+            for fd in 0..3 {
+                libc::dup2(null, fd);
+            }
+            libc::close(null);
+        }
+    }
+}
+
 pub use crate::exports::{
-    export_module_on_demand, export_symbols, exports_of, loader_shim, note_library_loaded,
-    publish_exports, unexport_symbols, Exports,
+    export_module_on_demand, export_symbols, export_symbols_on_demand, exports_of, loader_shim,
+    note_library_loaded, publish_exports, unexport_symbols, Exports,
 };
 
 /// Makes `variables` (`NAME=VALUE` each) this process's whole environment and enters

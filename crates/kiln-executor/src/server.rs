@@ -1010,6 +1010,12 @@ pub struct ServeOptions {
     /// Send the program's standard output and error to the controller (for `--listen`:
     /// the executor's terminal is not the user's).
     pub forward_output: bool,
+    /// This process ends when the connection does (`kiln-executor`'s own modes): at a
+    /// shutdown its standard streams are let go before the answer (the program's last
+    /// output is out; whoever reads the controller's pipes sees their end when the
+    /// controller exits, not when this process has torn down), and what the connection
+    /// reserved is left to the process's exit rather than unmapped piece by piece.
+    pub ends_process: bool,
 }
 
 impl std::fmt::Debug for ServeOptions {
@@ -1019,6 +1025,7 @@ impl std::fmt::Debug for ServeOptions {
             .field("first_request_timeout", &self.first_request_timeout)
             .field("on_first_request", &self.on_first_request.is_some())
             .field("forward_output", &self.forward_output)
+            .field("ends_process", &self.ends_process)
             .finish()
     }
 }
@@ -1043,6 +1050,8 @@ struct Serving {
     ended: RefCell<Option<Ending>>,
     /// What runs the code of requests (made at the first).
     jobs: std::cell::OnceCell<std::sync::Arc<CodeJobs>>,
+    /// [`ServeOptions::ends_process`].
+    ends_process: bool,
 }
 
 impl Serving {
@@ -1277,6 +1286,15 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
             crate::lazy_entry::lazy_call_failed_address(),
         ));
     }
+    // The loader's shims, for exports deferred until JIT code first asks the loader.
+    for name in ["dlopen", "dlmopen", "dlsym", "dlvsym"] {
+        if let Some(address) = runtime::loader_shim(name) {
+            runtime_symbols.push((
+                format!("{}{name}", kiln_wire::protocol::LOADER_SHIM_PREFIX),
+                address,
+            ));
+        }
+    }
     let hello = Hello {
         version: VERSION,
         page_size: state.mapper.as_ref().map_or(4096, |m| m.page_size()),
@@ -1284,7 +1302,8 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
         pid: std::process::id(),
         max_frame: kiln_wire::protocol::MAX_FRAME,
         runtime_symbols,
-        features: kiln_wire::protocol::FEATURE_BATCH,
+        features: kiln_wire::protocol::FEATURE_BATCH
+            | kiln_wire::protocol::FEATURE_DEFERRED_EXPORTS,
     };
     if let Err(e) = channel.send(&hello.encode()) {
         return Ending::Failed(e.to_string());
@@ -1304,13 +1323,19 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
         last_request: Cell::new(0),
         ended: RefCell::new(None),
         jobs: std::cell::OnceCell::new(),
+        ends_process: options.ends_process,
     };
-    let _current = CurrentServing::enter(&serving);
+    let current = CurrentServing::enter(&serving);
     let ending = serve_requests(&serving, options);
     // Code still running when the connection ended decides what happens next (its
     // process's exit, a crash report): it runs to its end.
     if let Some(jobs) = serving.jobs.get() {
         jobs.wait_until_idle();
+    }
+    drop(current);
+    if options.ends_process {
+        // The exit releases it all at once.
+        std::mem::forget(serving);
     }
     ending
 }
@@ -1441,6 +1466,9 @@ fn serve_one(serving: &Serving, body: Vec<u8>) -> Option<Ending> {
         }
         runtime::flush_stdio();
         finish_output();
+        if serving.ends_process {
+            runtime::release_stdio();
+        }
         let _ = send(&with_id(Response::Ok.encode(), id));
         return Some(Ending::Shutdown);
     }
@@ -1674,6 +1702,11 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             if let Some(&id) = state.library_paths.get(&path) {
                 return Ok(Reply::Plain(Response::Value(id)));
             }
+            // A library new to the process may need the program's names when it loads:
+            // deferred exports are published before it, as eager ones would have been.
+            if let Err(error) = runtime::note_library_loaded(crate::loader::is_loaded(&path)) {
+                tracing::warn!(%error, library = %path, "the program's exports could not be published");
+            }
             let handle = runtime::dlopen(&path)?;
             let id = state.libraries.len() as u64 + 1;
             state.libraries.insert(id, Library(handle));
@@ -1782,6 +1815,29 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             state.next_export += 1;
             state.exports.insert(id, handle);
             Ok(Reply::Plain(Response::Value(id)))
+        }
+        Request::DeferExports { handle, symbols } => {
+            if handle & kiln_wire::protocol::CONTROLLER_HANDLE == 0 {
+                return Err(format!(
+                    "defer exports: handle {handle:#x} is not a controller's (bit 63 clear)"
+                ));
+            }
+            if state.exports.contains_key(&handle) {
+                return Err(format!("defer exports: handle {handle:#x} is in use"));
+            }
+            let mut list = Vec::with_capacity(symbols.len());
+            for (name, address, size, function) in symbols {
+                state.code(address)?;
+                list.push(crate::shared_object::ExportedSymbol {
+                    name: name.into(),
+                    address,
+                    size,
+                    function,
+                });
+            }
+            let exports = runtime::export_symbols_on_demand(list)?;
+            state.exports.insert(handle, exports);
+            ok
         }
         Request::EnableDebugOutputs(outputs) => {
             crate::debug_outputs::enable(&outputs)?;

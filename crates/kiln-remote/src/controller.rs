@@ -277,10 +277,10 @@ struct Deferred {
 const BATCH_BYTES: usize = 1 << 20;
 
 /// A scope in which the calling thread's requests that need no answer but `Ok` before
-/// the next step (prepare, initialize, register `.eh_frame`, guard branch targets) are
-/// deferred and sent together, as one [`Request::Batch`], with the next request that
-/// needs an answer or when [`Batching::finish`] is called: a link's steps after layout
-/// cost one round trip instead of one each. A deferred request that fails makes the
+/// the next step (prepare, initialize, register `.eh_frame`, guard branch targets, defer
+/// exports) are deferred and sent together, as one [`Request::Batch`], with the next
+/// request that needs an answer or when [`Batching::finish`] is called: a link's steps
+/// after layout cost one round trip instead of one each. A deferred request that fails makes the
 /// request that sent it (or `finish`) fail, naming it; the executor serves nothing
 /// after it. Dropping the scope sends what is left and ignores a failure (an error path
 /// that frees what the link made). Without the executor's [`FEATURE_BATCH`] (executor-c)
@@ -318,7 +318,8 @@ fn deferrable(request: &Request, deferred_bytes: usize) -> bool {
         Request::Prepare { .. }
         | Request::Initialize { .. }
         | Request::RegisterEhFrame { .. }
-        | Request::GuardBranchTargets { .. } => true,
+        | Request::GuardBranchTargets { .. }
+        | Request::DeferExports { .. } => true,
         _ => false,
     }
 }
@@ -994,6 +995,45 @@ impl RemoteExecutor {
     /// of each kind's first (`kiln run --show-times` prints them).
     pub fn round_trips(&self) -> Vec<RoundTrips> {
         self.round_trips.lock().clone()
+    }
+
+    /// As [`RemoteExecutor::shutdown`], for a controller about to exit: a child executor
+    /// is not waited for. Its answer came after the program's last output and after it let
+    /// go of its standard streams, so nothing of the program is lost; its own exit (the
+    /// kernel tearing down its memory) goes on beside this process's, and the system
+    /// reaps it once this process has exited. A child that does not answer is killed.
+    pub fn shutdown_for_exit(&self) {
+        let child = self.shared.child.lock().take();
+        let Some(child) = child else {
+            return self.shutdown();
+        };
+        self.shared
+            .child_pid
+            .store(0, std::sync::atomic::Ordering::SeqCst);
+        let serving = self.shared.state.lock().ended.is_none();
+        let mut answered = false;
+        if serving {
+            let _main = self.main.lock();
+            answered = matches!(
+                self.send_within(&Request::Shutdown, Some(Duration::from_secs(5))),
+                Ok((Response::Ok, _))
+            );
+            let mut state = self.shared.state.lock();
+            if state.ended.is_none() {
+                self.shared
+                    .end(&mut state, Ended::Broken("shut down".into()));
+            }
+        }
+        self.closer.shutdown();
+        let mut child = child;
+        if answered {
+            // Not reaped here: see above. (Dropping a `Child` neither waits nor kills.)
+            drop(child);
+        } else {
+            // Busy, broken or silent: it may run JIT code forever.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// Asks the executor to exit, and waits for a child executor.

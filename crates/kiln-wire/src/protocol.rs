@@ -109,6 +109,20 @@ pub struct Hello {
 /// [`Hello::features`]: the executor serves [`Request::Batch`].
 pub const FEATURE_BATCH: u32 = 1;
 
+/// [`Hello::features`]: the executor serves [`Request::DeferExports`], and its hello's
+/// runtime symbols name the loader shims JIT code calls in place of the C library's
+/// `dlopen`, `dlmopen`, `dlsym` and `dlvsym` ([`LOADER_SHIM_PREFIX`] and the name), which
+/// publish deferred exports first.
+pub const FEATURE_DEFERRED_EXPORTS: u32 = 2;
+
+/// The prefix of a loader shim's name among a hello's runtime symbols
+/// (`__kiln_loader_dlsym` is the shim for `dlsym`): see [`FEATURE_DEFERRED_EXPORTS`].
+pub const LOADER_SHIM_PREFIX: &str = "__kiln_loader_";
+
+/// The bit a handle chosen by the controller for [`Request::DeferExports`] has set (one
+/// the executor answered for [`Request::ExportSymbols`] has it clear): the two never meet.
+pub const CONTROLLER_HANDLE: u64 = 1 << 63;
+
 impl Hello {
     /// The address of runtime symbol `name`, if the executor provides it.
     pub fn runtime_symbol(&self, name: &str) -> Option<u64> {
@@ -435,6 +449,19 @@ messages! {
             /// The handle.
             handle: u64,
         },
+        /// As [`Request::ExportSymbols`], but published only when JIT code first calls the
+        /// loader through a shim (see [`FEATURE_DEFERRED_EXPORTS`]) or a library new to the
+        /// process is loaded for the program, at once if one was already; a program that
+        /// never asks the loader never pays for them. Answers `Ok`: `handle`, chosen by the
+        /// controller (with [`CONTROLLER_HANDLE`] set, not in use), names them for
+        /// [`Request::UnexportSymbols`] — so the request needs no answer before the next and
+        /// can go in a [`Request::Batch`].
+        DeferExports = 37 as DEFER_EXPORTS "defer exports" {
+            /// The handle for [`Request::UnexportSymbols`].
+            handle: u64,
+            /// The definitions.
+            symbols: Vec<WireExport>,
+        },
     }
 
     /// A response from the executor (or, to a [`Request::ResolveStub`], from the controller).
@@ -735,6 +762,10 @@ mod tests {
                 ],
             },
             Request::UnexportSymbols { handle: 3 },
+            Request::DeferExports {
+                handle: CONTROLLER_HANDLE | 4,
+                symbols: vec![("g".into(), 0x3000, 0, true)],
+            },
             Request::Input {
                 bytes: b"typed".to_vec(),
             },

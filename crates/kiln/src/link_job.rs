@@ -212,7 +212,9 @@ impl LinkJob<'_> {
         if self.publish == Publish::Yes {
             self.check_redefinitions(&linked, objects, &name)?;
         }
-        let on_demand = self.exports_wanted(&linked) && self.jit.inner.exports_on_demand;
+        let on_demand = self.exports_wanted(&linked)
+            && self.jit.inner.exports_on_demand
+            && !self.jit.inner.executor.defers_exports();
         let installed = self.install(&mut linked, &resolved.windows_unwind)?;
         let id = self.jit.inner.next_module.fetch_add(1, Ordering::Relaxed);
         let init = std::mem::take(&mut linked.init);
@@ -441,7 +443,11 @@ impl LinkJob<'_> {
         };
         // Windows has no process-wide namespace that a DLL's imports search: nothing to
         // export to.
-        let exports = if self.exports_wanted(linked) && !self.jit.inner.exports_on_demand {
+        // On demand, an executor in another process that can wait gets the list now, in
+        // this batch (no round trip of its own); one in this process reads the module
+        // later (`export_on_demand`), and others export at once.
+        let on_demand = self.jit.inner.exports_on_demand;
+        let exports = if self.exports_wanted(linked) && (!on_demand || executor.defers_exports()) {
             let code = linked
                 .allocation
                 .segments()
@@ -458,7 +464,11 @@ impl LinkJob<'_> {
                     function: code.as_ref().is_some_and(|c| c.contains(&e.address)),
                 })
                 .collect();
-            Some(executor.export_symbols(list)?)
+            Some(if on_demand {
+                executor.defer_exports(list)?
+            } else {
+                executor.export_symbols(list)?
+            })
         } else {
             None
         };

@@ -244,6 +244,15 @@ impl Executor {
         self.service.shutdown();
     }
 
+    /// As [`Executor::shutdown`], for a process about to exit (`kiln run`): a child
+    /// executor is not waited for once it has answered — it sent the program's last
+    /// output and let go of its standard streams first — and the system reaps it after
+    /// this process exits. Its teardown then goes on beside this process's own instead
+    /// of before it. Nothing to do in process.
+    pub fn shutdown_for_exit(&self) {
+        self.service.shutdown_for_exit();
+    }
+
     /// Kills an executor process (`SIGKILL`), even while a request waits for it (which
     /// then fails, naming the signal). Nothing to do in process.
     pub fn kill(&self) {
@@ -279,7 +288,11 @@ impl Executor {
     /// An executor over a connection made with [`kiln_remote::RemoteExecutor`], which the
     /// caller may keep to speak the protocol itself (a test of the executor, a tool).
     pub fn from_connection(remote: Arc<RemoteExecutor>, transport: Transport) -> Self {
-        Self::from_service(Arc::new(remote::Remote { remote, transport }))
+        Self::from_service(Arc::new(remote::Remote {
+            remote,
+            transport,
+            next_export: Default::default(),
+        }))
     }
 
     /// The mapper that places code in this executor (`None`: Kiln's default, in-process).
@@ -412,6 +425,19 @@ impl Executor {
         code: std::ops::Range<u64>,
     ) -> Option<Result<ExportHandle, Error>> {
         self.service.export_module_on_demand(module, code)
+    }
+
+    /// Whether the executor takes exports to publish at the loader's first use as a list.
+    pub(crate) fn defers_exports(&self) -> bool {
+        self.service.defers_exports()
+    }
+
+    /// `symbols` exported at the loader's first use (see [`Executor::defers_exports`]).
+    pub(crate) fn defer_exports(
+        &self,
+        symbols: Vec<ExportedSymbol>,
+    ) -> Result<ExportHandle, Error> {
+        self.service.defer_exports(symbols)
     }
 
     /// The shim for loader function `name`, where the executor has one.

@@ -16,6 +16,8 @@ use std::sync::Arc;
 pub(crate) struct Remote {
     pub(crate) remote: Arc<RemoteExecutor>,
     pub(crate) transport: Transport,
+    /// The next handle this side chooses for [`Request::DeferExports`].
+    pub(crate) next_export: std::sync::atomic::AtomicU64,
 }
 
 /// An export in the executor: its handle there.
@@ -91,6 +93,10 @@ impl ExecutorService for Remote {
 
     fn shutdown(&self) {
         self.remote.shutdown();
+    }
+
+    fn shutdown_for_exit(&self) {
+        self.remote.shutdown_for_exit();
     }
 
     fn kill(&self) {
@@ -244,6 +250,39 @@ impl ExecutorService for Remote {
                 .collect(),
         })
         .map(|handle| ExportHandle::new(RemoteExport(handle)))
+    }
+
+    fn defers_exports(&self) -> bool {
+        self.remote.hello().features & kiln_remote::protocol::FEATURE_DEFERRED_EXPORTS != 0
+    }
+
+    fn defer_exports(&self, symbols: Vec<ExportedSymbol>) -> Result<ExportHandle, Error> {
+        if !self.defers_exports() {
+            return self.export_symbols(symbols);
+        }
+        let handle = kiln_remote::protocol::CONTROLLER_HANDLE
+            | self
+                .next_export
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Deferred in a link's batch: no round trip of its own.
+        self.request(Request::DeferExports {
+            handle,
+            symbols: symbols
+                .into_iter()
+                .map(|s| (s.name.to_string(), s.address, s.size, s.function))
+                .collect(),
+        })?;
+        Ok(ExportHandle::new(RemoteExport(handle)))
+    }
+
+    fn loader_shim(&self, name: &str) -> Option<u64> {
+        if !self.defers_exports() {
+            return None;
+        }
+        self.remote.hello().runtime_symbol(&format!(
+            "{}{name}",
+            kiln_remote::protocol::LOADER_SHIM_PREFIX
+        ))
     }
 
     fn unexport_symbols(&self, handle: ExportHandle) {

@@ -151,6 +151,12 @@ pub trait ExecutorService: Send + Sync {
     /// waits for it. Nothing to do in process.
     fn shutdown(&self) {}
 
+    /// As [`ExecutorService::shutdown`], for a process about to exit: an executor process
+    /// is not waited for once it has answered.
+    fn shutdown_for_exit(&self) {
+        self.shutdown();
+    }
+
     /// Kills an executor process (`SIGKILL`), even while a request waits for it. Nothing
     /// to do in process.
     fn kill(&self) {}
@@ -255,6 +261,20 @@ pub trait ExecutorService: Send + Sync {
         _code: std::ops::Range<u64>,
     ) -> Option<Result<ExportHandle, Error>> {
         None
+    }
+
+    /// Whether [`ExecutorService::defer_exports`] waits for the loader's first use (an
+    /// executor in another process that serves it); the session then hands it the list
+    /// during the link instead of reading the module later.
+    fn defers_exports(&self) -> bool {
+        false
+    }
+
+    /// Makes `symbols` visible when JIT code first calls the loader through a shim (or a
+    /// library new to the executor is loaded for the program). Only called where
+    /// [`ExecutorService::defers_exports`]; otherwise exports at once.
+    fn defer_exports(&self, symbols: Vec<ExportedSymbol>) -> Result<ExportHandle, Error> {
+        self.export_symbols(symbols)
     }
 
     /// The shim JIT code calls in place of loader function `name` (`dlopen`, `dlsym`, …)
