@@ -200,6 +200,38 @@ impl Slab {
         let reservation = mapper
             .reserve(layout.total(), placement)
             .map_err(|e| mapper_error(&*mapper, e))?;
+        // A code pool over a 4 GiB boundary hides a unit there (see below), so a segment
+        // as large as the pool no longer fits: one more reservation is tried (the first
+        // still held, the mapper places it elsewhere) and the one whose code pool has no
+        // boundary kept.
+        let code_len = layout.pool_len(Permission::ReadExecute);
+        let crosses = |r: &Reservation| {
+            code_len > 0
+                && unwinder_blind_spots(r.target, r.target + code_len)
+                    .next()
+                    .is_some()
+        };
+        let reservation = if crosses(&reservation) {
+            match mapper.reserve(layout.total(), placement) {
+                Ok(other) if !crosses(&other) => {
+                    // SAFETY: a reservation this mapper just made, never used.
+                    if let Err(error) = unsafe { mapper.release(&reservation) } {
+                        tracing::warn!(%error, "releasing a reservation over a 4 GiB boundary failed");
+                    }
+                    other
+                }
+                Ok(other) => {
+                    // SAFETY: as above.
+                    if let Err(error) = unsafe { mapper.release(&other) } {
+                        tracing::warn!(%error, "releasing a second reservation failed");
+                    }
+                    reservation
+                }
+                Err(_) => reservation,
+            }
+        } else {
+            reservation
+        };
         let shares = mapper.shares_pages();
         let mut start = reservation.target;
         let mut arena_start = [0; 3];
@@ -648,11 +680,12 @@ mod tests {
     #[test]
     fn no_code_starts_where_the_unwinder_is_blind() {
         // A slab whose code pool starts at 4 GiB × 3: its first unit is never handed out.
+        // (Its reservation is 4 GiB, so the one tried after it starts on a boundary too.)
         let base = 3 << 32;
         let mapper = Arc::new(OfflineMapper::new(base, 4096));
         let small = SlabLayout {
             read_execute: 1 << 20,
-            read: 1 << 20,
+            read: (1 << 32) - (2 << 20),
             read_write: 1 << 20,
         };
         let memory = SlabMemoryManager::builder()
@@ -682,6 +715,40 @@ mod tests {
         assert_eq!(
             super::unwinder_blind_spots(base + 1, base + (1 << 32)).count(),
             0
+        );
+    }
+
+    /// A code pool that would hold a 4 GiB boundary (a unit there hidden) is reserved
+    /// again elsewhere: a segment as large as the whole pool still fits.
+    #[test]
+    fn a_code_pool_over_a_4_gib_boundary_is_placed_again() {
+        let pool = 8 << 20;
+        // The first reservation's code pool holds the boundary 1 MiB in.
+        let boundary: u64 = 5 << 32;
+        let mapper = Arc::new(OfflineMapper::new(boundary - (1 << 20), 4096));
+        let memory = SlabMemoryManager::builder()
+            .mapper(mapper)
+            .layout(SlabLayout {
+                read_execute: pool,
+                read: 1 << 20,
+                read_write: 1 << 20,
+            })
+            .arenas(1)
+            .build()
+            .unwrap();
+        let whole = memory
+            .allocate(&AllocationRequest::new().segment(SegmentRequest::new(
+                Permission::ReadExecute,
+                pool,
+                16,
+            )))
+            .expect("a segment as large as the code pool fits");
+        let start = whole.segments()[0].target;
+        assert!(start > boundary, "{start:#x}");
+        assert_eq!(
+            super::unwinder_blind_spots(start, start + pool).count(),
+            0,
+            "{start:#x}"
         );
     }
 }
