@@ -203,7 +203,7 @@ fn a_library_given_to_kiln_run_finds_the_programs_definitions_itself() {
 /// before its first `dlsym`, and that `dlsym` finds its function — in process, out of
 /// process over shared memory and by copy (the controller sends the list in the link's
 /// batch; the executor opens it at the program's first call of a loader shim), from the
-/// image cache too.
+/// image cache too; also with a library new to the process that cannot see them (libm).
 #[test]
 fn exports_wait_for_the_programs_first_loader_call() {
     executor_binary();
@@ -237,21 +237,26 @@ fn exports_wait_for_the_programs_first_loader_call() {
     cc(&["-O2", "-fPIE", "-c"], &main_c, &obj);
     let cache = tmp.join("cache");
     let modes: [&[&str]; 4] = [&[], &[], &["--oop"], &["--oop", "--transport", "copy"]];
-    for (round, mode) in modes.iter().enumerate() {
-        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .env("KILN_CACHE_DIR", &cache)
-            .arg("run")
-            .args(*mode)
-            .arg(&obj)
-            .output()
-            .unwrap();
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout),
-            "before: 0\ndlsym: 42\nafter: 1\n",
-            "round {round} {mode:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(out.status.code(), Some(0));
+    // Alone, and with -lm: a library new to the process that imports none of the
+    // program's names nor the loader's (libm.so.6): the exports still wait.
+    for flags in [&[][..], &["-lm"]] {
+        for (round, mode) in modes.iter().enumerate() {
+            let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+                .env("KILN_CACHE_DIR", &cache)
+                .arg("run")
+                .args(*mode)
+                .arg(&obj)
+                .args(flags)
+                .output()
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "before: 0\ndlsym: 42\nafter: 1\n",
+                "round {round} {mode:?} {flags:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(out.status.code(), Some(0));
+        }
     }
 }
 

@@ -219,6 +219,102 @@ pub fn note_library_loaded(already_loaded: bool) -> Result<(), String> {
     result
 }
 
+/// What loading a library new to the process asks of deferred exports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LibraryNeed {
+    /// Nothing: every library it needs is loaded already, it imports no loader function
+    /// (so it never looks a name up itself) and none of the names waiting to be exported
+    /// (it is bound at once, `RTLD_NOW`: an export made later could not reach it anyway).
+    Nothing,
+    /// What waits is published before it: it imports one of those names, which the
+    /// program's definition must provide, as a native program's would.
+    PublishFirst,
+    /// Published before it, and every export from now on at once: it may look names up
+    /// itself (it imports `dlsym`, …), it loads libraries not yet in the process, or it
+    /// could not be read.
+    Always,
+}
+
+/// The loader's functions: a library that imports one may look up the program's names
+/// without the shims.
+const LOADER_FUNCTIONS: [&str; 4] = ["dlopen", "dlmopen", "dlsym", "dlvsym"];
+
+/// What the shared library at `path` (about to be loaded, not yet in the process) asks
+/// of the exports waiting in `registry`, read from its dynamic section and symbols.
+fn library_need(path: &str, registry: &Registry) -> LibraryNeed {
+    use object::read::elf::{ElfFile64, FileHeader};
+    use object::{Object, ObjectSymbol};
+    let imports = crate::loader::with_mapped_file(path, |data| {
+        let file = ElfFile64::<object::Endianness>::parse(data).ok()?;
+        let endian = file.endian();
+        let table = file
+            .elf_header()
+            .sections(endian, data)
+            .ok()?
+            .dynamic_table(endian, data)
+            .ok()?;
+        for d in table.iter() {
+            if d.tag == object::elf::DT_NEEDED {
+                let needed = table.string(d).ok()?;
+                if !crate::loader::is_loaded(std::str::from_utf8(needed).ok()?) {
+                    return None;
+                }
+            }
+        }
+        let mut names = rustc_hash::FxHashSet::default();
+        for symbol in file.dynamic_symbols() {
+            if symbol.is_undefined() {
+                names.insert(symbol.name().ok()?.to_string());
+            }
+        }
+        Some(names)
+    })
+    .flatten();
+    let Some(imports) = imports else {
+        return LibraryNeed::Always;
+    };
+    if LOADER_FUNCTIONS.iter().any(|f| imports.contains(*f)) {
+        return LibraryNeed::Always;
+    }
+    let waiting = registry.states.values().any(|state| match state {
+        State::DeferredList(symbols) => symbols.iter().any(|s| imports.contains(&*s.name)),
+        State::DeferredModule { module, .. } => module.upgrade().is_some_and(|m| {
+            m.definitions()
+                .iter()
+                .any(|(name, _, exported)| *exported && imports.contains(&**name))
+        }),
+        State::Open(_) | State::Failed => false,
+    });
+    if waiting {
+        LibraryNeed::PublishFirst
+    } else {
+        LibraryNeed::Nothing
+    }
+}
+
+/// A shared library at `path` is about to be loaded for the program: exports waiting for
+/// the loader are published first where it could see them (see [`LibraryNeed`]), and
+/// from then on at once where it could look them up itself. A library in the process
+/// already asks nothing. Answers what was decided (for the tests and traces).
+pub fn note_library_loading(path: &str) -> (LibraryNeed, Result<(), String>) {
+    if crate::loader::is_loaded(path) {
+        return (LibraryNeed::Nothing, Ok(()));
+    }
+    let mut registry = EXPORTS.lock();
+    if registry.immediate {
+        return (LibraryNeed::Always, Ok(()));
+    }
+    let need = library_need(path, &registry);
+    if need == LibraryNeed::Nothing {
+        return (need, Ok(()));
+    }
+    registry.immediate = need == LibraryNeed::Always;
+    let (result, modules) = publish_locked(&mut registry);
+    drop(registry);
+    drop(modules);
+    (need, result)
+}
+
 /// Withdraws exported definitions (never opened, if they were still deferred).
 pub fn unexport_symbols(exports: Exports) {
     let state = EXPORTS.lock().states.remove(&exports.serial);

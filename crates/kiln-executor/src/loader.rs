@@ -42,6 +42,41 @@ pub fn is_loaded(path: &str) -> bool {
     true
 }
 
+/// `f` of the contents of the regular file at `path`, mapped read-only for the call (a
+/// shared library is read only where its headers and tables lie); `None` if it cannot be
+/// opened or mapped.
+pub fn with_mapped_file<T>(path: &str, f: impl FnOnce(&[u8]) -> T) -> Option<T> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).ok()?;
+    let meta = file.metadata().ok()?;
+    let len = usize::try_from(meta.len()).ok()?;
+    if !meta.is_file() || len == 0 {
+        return None;
+    }
+    // SAFETY: a private read-only mapping of a file we opened, at an address the kernel
+    // picks; nothing else is touched.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: `len` readable bytes at `base`, mapped above and unmapped only below, after
+    // `f` (which cannot keep the slice) returned. A file changed meanwhile changes what f
+    // reads, not whether the memory is there (the library loader reads it the same way).
+    let result = f(unsafe { std::slice::from_raw_parts(base as *const u8, len) });
+    // SAFETY: the mapping made above, no longer borrowed.
+    unsafe { libc::munmap(base, len) };
+    Some(result)
+}
+
 fn dlopen_with(path: &str, flags: c_int) -> Result<*mut c_void, String> {
     let c = CString::new(path).map_err(|e| e.to_string())?;
     // SAFETY: dlopen reads a NUL-terminated string; running the library's constructors is

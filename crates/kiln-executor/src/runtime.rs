@@ -170,7 +170,8 @@ pub fn release_stdio() {
 
 pub use crate::exports::{
     export_module_on_demand, export_symbols, export_symbols_on_demand, exports_of, loader_shim,
-    note_library_loaded, publish_exports, unexport_symbols, Exports,
+    note_library_loaded, note_library_loading, publish_exports, unexport_symbols, Exports,
+    LibraryNeed,
 };
 
 /// Makes `variables` (`NAME=VALUE` each) this process's whole environment and enters

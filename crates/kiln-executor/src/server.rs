@@ -1702,9 +1702,10 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             if let Some(&id) = state.library_paths.get(&path) {
                 return Ok(Reply::Plain(Response::Value(id)));
             }
-            // A library new to the process may need the program's names when it loads:
-            // deferred exports are published before it, as eager ones would have been.
-            if let Err(error) = runtime::note_library_loaded(crate::loader::is_loaded(&path)) {
+            // A library new to the process may need the program's names when it loads,
+            // or look them up later: deferred exports are published before it where it
+            // could see them.
+            if let (_, Err(error)) = runtime::note_library_loading(&path) {
                 tracing::warn!(%error, library = %path, "the program's exports could not be published");
             }
             let handle = runtime::dlopen(&path)?;

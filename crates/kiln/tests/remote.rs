@@ -685,3 +685,54 @@ fn a_links_steps_after_layout_are_one_round_trip_and_a_batched_failure_names_its
         );
     }
 }
+
+/// With exports waiting for the loader's first use, a shared library added after a link
+/// that imports one of the program's names is loaded only after they are published (it
+/// binds to the program's definition, as a native `-rdynamic` program's library would),
+/// in process and out of process; the library's function then runs into JIT code.
+#[test]
+fn a_library_added_after_the_link_binds_to_the_programs_definitions() {
+    let dir = std::env::temp_dir().join(format!("kiln-needs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = dir.join("needs.c");
+    std::fs::write(
+        &source,
+        "int twice(int);\nint call_twice(int x) { return twice(x) + 1; }\n",
+    )
+    .unwrap();
+    let library = dir.join("libneeds.so");
+    kiln_testkit::cc(&["-O2", "-fPIC", "-shared"], &source, &library);
+    for executor in [Executor::in_process(), spawn(Transport::SharedMemory)] {
+        let jit = Jit::builder()
+            .executor(executor)
+            .export_to_libraries(true)
+            .exports_on_demand(true)
+            .build()
+            .unwrap();
+        let lib = jit.main_library();
+        jit.add_object(
+            lib,
+            "twice.o",
+            compile("twice", "int twice(int x) { return 2 * x; }"),
+        )
+        .unwrap();
+        jit.add_process_symbols(lib).unwrap();
+        jit.lookup(lib, "twice").unwrap();
+        jit.add_shared_library(lib, &library)
+            .expect("the library binds to the program's twice");
+        jit.add_object(
+            lib,
+            "use.o",
+            compile(
+                "use",
+                "int call_twice(int);\nlong use_library(void) { return call_twice(20); }",
+            ),
+        )
+        .unwrap();
+        let address = jit.lookup(lib, "use_library").unwrap();
+        // SAFETY: `long use_library(void)`, just linked.
+        let value = unsafe { jit.executor().call(address, &[]) }.unwrap();
+        assert_eq!(value, 41);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

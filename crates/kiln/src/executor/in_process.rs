@@ -55,8 +55,9 @@ impl ExecutorService for InProcess {
     fn load_library(&self, path: &str) -> Result<u64, Error> {
         // A library new to the process may need the program's names when it loads (its
         // constructors, its undefined symbols) or look for them itself later: exports made
-        // on demand are published before it, as eager ones would have been.
-        if let Err(error) = runtime::note_library_loaded(runtime::is_loaded(path)) {
+        // on demand are published before it where it could see them (see
+        // `runtime::LibraryNeed`), as eager ones would have been.
+        if let (_, Err(error)) = runtime::note_library_loading(path) {
             tracing::warn!(%error, library = path, "the program's exports could not be published");
         }
         runtime::dlopen(path)
