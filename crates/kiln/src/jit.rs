@@ -155,7 +155,10 @@ impl JitBuilder {
     /// not at every link. A program of 20,000 functions that never loads a library starts
     /// 1.5 ms sooner. Default: off, because host code that looks for a JIT definition with
     /// `dlsym` itself would not find it before then (`kiln run`, whose own code never
-    /// does, turns it on). An executor in another process exports at once.
+    /// does, turns it on). `kiln-executor` in another process waits the same way (the
+    /// list goes to it in the link's batch); executor-c exports at once. A shared library
+    /// new to the process publishes them first when it imports one of their names or a
+    /// loader function, or needs a library not yet loaded.
     pub fn exports_on_demand(mut self, on: bool) -> Self {
         self.exports_on_demand = on;
         self
