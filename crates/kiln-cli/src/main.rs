@@ -510,7 +510,8 @@ fn run(o: RunArgs) -> Result<i32, String> {
                     read: o.sandbox_read.clone(),
                     write: o.sandbox_write.clone(),
                 });
-                kiln::Executor::spawn_with(&path, transport, sandbox.as_ref(), timeouts)
+                // Started, not waited for: its hello comes while the inputs load.
+                kiln::Executor::start(&path, transport, sandbox.as_ref(), timeouts)
                     .map_err(|e| e.to_string())?
             }
         }

@@ -432,6 +432,57 @@ fn connect_retrying(address: &str) -> Result<std::net::TcpStream, RemoteError> {
     }
 }
 
+/// A child executor started by [`RemoteExecutor::start_child`] whose hello has not been
+/// read yet. Dropped unfinished, the child is killed and reaped.
+pub struct StartingExecutor {
+    channel: Option<Channel>,
+    child: Option<Child>,
+    timeouts: Timeouts,
+}
+
+impl StartingExecutor {
+    /// The executor's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Reads the executor's hello (within the request timeout) and serves the connection;
+    /// a child that does not say hello is killed and reaped, and this is the error.
+    pub fn finish(mut self) -> Result<RemoteExecutor, RemoteError> {
+        let (Some(mut channel), Some(mut child)) = (self.channel.take(), self.child.take()) else {
+            return Err(RemoteError::Start(
+                "the executor was started once already".into(),
+            ));
+        };
+        match RemoteExecutor::read_hello(&mut channel, self.timeouts) {
+            Ok(hello) => RemoteExecutor::start(channel, hello, Some(child), self.timeouts),
+            Err(e) => {
+                // A child that did not say hello is not left running or unreaped.
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for StartingExecutor {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl std::fmt::Debug for StartingExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StartingExecutor")
+            .field("pid", &self.pid())
+            .finish()
+    }
+}
+
 impl RemoteExecutor {
     /// Starts `executor` (the `kiln-executor` binary) as a child connected by a
     /// socketpair; its stdout and stderr are this process's.
@@ -446,6 +497,18 @@ impl RemoteExecutor {
         sandbox: Option<&Sandbox>,
         timeouts: Timeouts,
     ) -> Result<Self, RemoteError> {
+        Self::start_child(executor, sandbox, timeouts)?.finish()
+    }
+
+    /// Starts `executor` as [`RemoteExecutor::spawn_with`] does, and returns at once: its
+    /// hello is read by [`StartingExecutor::finish`], so the caller works (loads its
+    /// inputs, say) while the executor process starts. Only a failure to start the
+    /// process is an error here.
+    pub fn start_child(
+        executor: &Path,
+        sandbox: Option<&Sandbox>,
+        timeouts: Timeouts,
+    ) -> Result<StartingExecutor, RemoteError> {
         let (ours, theirs) = UnixStream::pair().map_err(|e| RemoteError::Start(e.to_string()))?;
         let their_fd = theirs.as_raw_fd();
         let mut command = Command::new(executor);
@@ -470,7 +533,7 @@ impl RemoteExecutor {
                 Ok(())
             });
         }
-        let mut child = command
+        let child = command
             .spawn()
             .map_err(|e| {
                 let hint = if e.kind() == std::io::ErrorKind::NotFound {
@@ -481,16 +544,11 @@ impl RemoteExecutor {
                 RemoteError::Start(format!("{}: {e}{hint}", executor.display()))
             })?;
         drop(theirs);
-        let mut channel = Channel::new(Stream::Unix(ours));
-        match Self::read_hello(&mut channel, timeouts) {
-            Ok(hello) => Self::start(channel, hello, Some(child), timeouts),
-            Err(e) => {
-                // A child that did not say hello is not left running or unreaped.
-                let _ = child.kill();
-                let _ = child.wait();
-                Err(e)
-            }
-        }
+        Ok(StartingExecutor {
+            channel: Some(Channel::new(Stream::Unix(ours))),
+            child: Some(child),
+            timeouts,
+        })
     }
 
     /// Connects to an executor listening at `address` (`host:port`).

@@ -17,6 +17,7 @@ pub use kiln_wire::{channel, protocol, secure};
 mod mapper;
 
 pub use controller::{
-    Batching, ExecutorRequestHandler, RemoteError, RemoteExecutor, RoundTrips, Sandbox, Timeouts,
+    Batching, ExecutorRequestHandler, RemoteError, RemoteExecutor, RoundTrips, Sandbox,
+    StartingExecutor, Timeouts,
 };
 pub use mapper::{CopyMapper, SharedMemoryMapper};

@@ -203,9 +203,19 @@ impl JitBuilder {
             // privately: mmap + mprotect, one view.
             mapper = Some(Arc::new(kiln_memory::InProcessMapper::new()));
         }
-        let memory: Arc<dyn MemoryManager> = match self.memory {
-            Some(m) => m,
-            None => {
+        let memory: Arc<dyn MemoryManager> = match (self.memory, &mapper) {
+            (Some(m), _) => m,
+            // An executor still starting: the first slab is reserved at the first
+            // allocation, after the inputs loaded.
+            (None, Some(m)) if executor.still_starting() => {
+                Arc::new(crate::state::MemoryAtFirstUse {
+                    mapper: m.clone(),
+                    trap: architecture.trap_pattern(),
+                    built: std::sync::OnceLock::new(),
+                    building: parking_lot::Mutex::new(()),
+                })
+            }
+            (None, _) => {
                 let mut builder =
                     SlabMemoryManager::builder().trap_pattern(architecture.trap_pattern());
                 if let Some(m) = &mapper {

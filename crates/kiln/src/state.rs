@@ -117,3 +117,48 @@ impl MemoryManager for LowMemory {
         }
     }
 }
+
+/// Kiln's default memory manager for an executor still starting (see
+/// [`crate::Executor::start`]): built — its first slab reserved in the executor — at the
+/// first allocation, so that the session is built and loads its inputs while the executor
+/// starts. A build that fails is that allocation's error (and is tried again at the next).
+pub(crate) struct MemoryAtFirstUse {
+    pub(crate) mapper: Arc<dyn kiln_memory::Mapper>,
+    /// The executor's architecture's trap bytes, for freed code.
+    pub(crate) trap: [u8; 4],
+    pub(crate) built: std::sync::OnceLock<SlabMemoryManager>,
+    pub(crate) building: parking_lot::Mutex<()>,
+}
+
+impl MemoryAtFirstUse {
+    fn get(&self) -> Result<&SlabMemoryManager, kiln_memory::MemoryError> {
+        if let Some(built) = self.built.get() {
+            return Ok(built);
+        }
+        let _one = self.building.lock();
+        if let Some(built) = self.built.get() {
+            return Ok(built);
+        }
+        let built = SlabMemoryManager::builder()
+            .trap_pattern(self.trap)
+            .mapper(self.mapper.clone())
+            .build()?;
+        Ok(self.built.get_or_init(|| built))
+    }
+}
+
+impl MemoryManager for MemoryAtFirstUse {
+    fn allocate(
+        &self,
+        request: &kiln_memory::AllocationRequest,
+    ) -> Result<kiln_memory::InFlightAllocation, kiln_memory::MemoryError> {
+        self.get()?.allocate(request)
+    }
+
+    fn stats(&self) -> kiln_memory::MemoryStats {
+        self.built
+            .get()
+            .map(MemoryManager::stats)
+            .unwrap_or_default()
+    }
+}

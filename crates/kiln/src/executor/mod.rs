@@ -3,6 +3,7 @@
 //! [`ExecutorService`]: [`in_process`] calls Kiln's runtime directly, [`remote`] sends
 //! each call as a request to the executor process, which serves it with the same runtime.
 
+mod connection;
 mod in_process;
 mod remote;
 mod service;
@@ -156,6 +157,44 @@ impl Executor {
         Ok(Self::remote_with(remote, transport))
     }
 
+    /// As [`Executor::spawn_with`], but returns as soon as the process is started: the
+    /// session is built and loads its inputs while the executor starts, and the first
+    /// step that needs the executor (a library's load, the link's first reservation)
+    /// waits for its hello. What the session needs before that — architecture, operating
+    /// system, page size — is read from `executor_binary`'s ELF header and checked against
+    /// the hello; a binary whose header says nothing certain (a script, another
+    /// architecture run by an emulator) is waited for here, as by `spawn_with`. A failure
+    /// to start the process is an error here; an executor that then fails to say hello
+    /// is the error of the first request. `kiln run --oop` starts its executor so.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), kiln::Error> {
+    /// let executor = kiln::Executor::start(
+    ///     &kiln::default_executor_path(),
+    ///     kiln::Transport::SharedMemory,
+    ///     None,
+    ///     kiln::Timeouts::default(),
+    /// )?;
+    /// let jit = kiln::Jit::builder().executor(executor).build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn start(
+        executor_binary: &Path,
+        transport: Transport,
+        sandbox: Option<&kiln_remote::Sandbox>,
+        timeouts: Timeouts,
+    ) -> Result<Self, Error> {
+        let Some(expected) = connection::Expected::of_binary(executor_binary) else {
+            return Self::spawn_with(executor_binary, transport, sandbox, timeouts);
+        };
+        let starting = RemoteExecutor::start_child(executor_binary, sandbox, timeouts)?;
+        Ok(Self::from_service(Arc::new(remote::Remote {
+            connection: Arc::new(connection::Connection::starting(starting, expected)),
+            transport,
+            next_export: Default::default(),
+        })))
+    }
+
     /// Connects to a pre-started `kiln-executor --listen-unix PATH`: a process forked for
     /// this session, with `transport` (shared memory works: it is a Unix socket) and this
     /// process's standard input, output and error. Saves starting a process per session.
@@ -289,7 +328,7 @@ impl Executor {
     /// caller may keep to speak the protocol itself (a test of the executor, a tool).
     pub fn from_connection(remote: Arc<RemoteExecutor>, transport: Transport) -> Self {
         Self::from_service(Arc::new(remote::Remote {
-            remote,
+            connection: Arc::new(connection::Connection::ready(remote)),
             transport,
             next_export: Default::default(),
         }))
@@ -425,6 +464,11 @@ impl Executor {
         code: std::ops::Range<u64>,
     ) -> Option<Result<ExportHandle, Error>> {
         self.service.export_module_on_demand(module, code)
+    }
+
+    /// Whether the executor's process was started but has not said hello yet.
+    pub(crate) fn still_starting(&self) -> bool {
+        self.service.still_starting()
     }
 
     /// Whether the executor takes exports to publish at the loader's first use as a list.

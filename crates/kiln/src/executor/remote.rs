@@ -1,6 +1,7 @@
 //! The executor that is a `kiln-executor` process (or executor-c): each call a request
 //! over the connection.
 
+use super::connection::{Connection, StartingMapper};
 use super::service::{EhRegistration, ExecutorService, ExportHandle, Retirement};
 use super::{symbol_kind, Transport};
 use crate::generator::Found;
@@ -8,13 +9,15 @@ use crate::Error;
 use kiln_executor::shared_object::ExportedSymbol;
 use kiln_link::TlsTemplate;
 use kiln_memory::Mapper;
+use kiln_remote::protocol::Hello;
 use kiln_remote::protocol::{kind_from_wire, DebugModule, DebugOutputs, Request, Response};
 use kiln_remote::{CopyMapper, RemoteExecutor, SharedMemoryMapper};
 use std::sync::Arc;
 
 /// An executor process and how code bytes reach it.
 pub(crate) struct Remote {
-    pub(crate) remote: Arc<RemoteExecutor>,
+    /// The connection (its hello perhaps still to come).
+    pub(crate) connection: Arc<Connection>,
     pub(crate) transport: Transport,
     /// The next handle this side chooses for [`Request::DeferExports`].
     pub(crate) next_export: std::sync::atomic::AtomicU64,
@@ -30,8 +33,18 @@ struct RemoteEhFrame(u64);
 struct RemoteUnwindInfo(u64);
 
 impl Remote {
+    /// The connection, once the executor said hello.
+    fn remote(&self) -> Result<&Arc<RemoteExecutor>, Error> {
+        self.connection.get()
+    }
+
+    /// The executor's hello (waiting for it); `None` if it never came.
+    fn hello(&self) -> Option<&Hello> {
+        self.remote().ok().map(|r| r.hello())
+    }
+
     fn request(&self, request: Request) -> Result<Response, Error> {
-        Ok(self.remote.request(&request)?)
+        Ok(self.remote()?.request(&request)?)
     }
 
     fn value(&self, request: Request) -> Result<u64, Error> {
@@ -44,23 +57,32 @@ impl Remote {
 
 impl ExecutorService for Remote {
     fn describe(&self) -> String {
-        format!("pid {}, {:?}", self.remote.pid(), self.transport)
+        format!("pid {}, {:?}", self.connection.pid(), self.transport)
     }
 
     fn pid(&self) -> Option<u32> {
-        Some(self.remote.pid())
+        Some(self.connection.pid())
     }
 
     fn runs_in_this_process(&self) -> bool {
         false
     }
 
+    fn still_starting(&self) -> bool {
+        self.connection.get_if_ready().is_none()
+    }
+
     fn target_os(&self) -> crate::TargetOs {
-        crate::TargetOs::from_triple(&self.remote.hello().triple)
+        match self.connection.expected() {
+            Some(expected) => expected.target_os,
+            None => self.hello().map_or(crate::TargetOs::Linux, |h| {
+                crate::TargetOs::from_triple(&h.triple)
+            }),
+        }
     }
 
     fn stub_entries(&self) -> Option<(u64, u64)> {
-        let hello = self.remote.hello();
+        let hello = self.hello()?;
         Some((
             hello.runtime_symbol("__kiln_lazy_entry")?,
             hello.runtime_symbol("__kiln_lazy_call_failed").unwrap_or(0),
@@ -68,47 +90,69 @@ impl ExecutorService for Remote {
     }
 
     fn serve_requests(&self, handler: super::service::ExecutorRequestHandler) {
-        self.remote.set_request_handler(handler);
+        if let Ok(remote) = self.remote() {
+            remote.set_request_handler(handler);
+        }
     }
 
     fn identity(&self) -> Option<usize> {
-        Some(Arc::as_ptr(&self.remote) as usize)
+        self.remote().ok().map(|r| Arc::as_ptr(r) as usize)
     }
 
     fn batch(&self) -> super::service::BatchScope<'_> {
-        super::service::BatchScope::new(self.remote.batch())
+        match self.remote() {
+            Ok(remote) => super::service::BatchScope::new(remote.batch()),
+            Err(_) => super::service::BatchScope::none(),
+        }
     }
 
     fn flush_batch(&self) -> Result<(), Error> {
-        Ok(self.remote.flush()?)
+        Ok(self.remote()?.flush()?)
     }
 
     fn forward_stdin(&self) {
-        self.remote.forward_stdin();
+        if let Ok(remote) = self.remote() {
+            remote.forward_stdin();
+        }
     }
 
     fn round_trips(&self) -> Vec<kiln_remote::RoundTrips> {
-        self.remote.round_trips()
+        self.connection
+            .get_if_ready()
+            .map(|r| r.round_trips())
+            .unwrap_or_default()
     }
 
     fn shutdown(&self) {
-        self.remote.shutdown();
+        match self.connection.get_if_ready() {
+            Some(remote) => remote.shutdown(),
+            None => self.connection.abandon(),
+        }
     }
 
     fn shutdown_for_exit(&self) {
-        self.remote.shutdown_for_exit();
+        match self.connection.get_if_ready() {
+            Some(remote) => remote.shutdown_for_exit(),
+            None => self.connection.abandon(),
+        }
     }
 
     fn kill(&self) {
-        self.remote.kill();
+        match self.connection.get_if_ready() {
+            Some(remote) => remote.kill(),
+            None => self.connection.abandon(),
+        }
     }
 
     fn adopt_environment(&self) -> Result<(), Error> {
-        Ok(self.remote.adopt_environment()?)
+        Ok(self.remote()?.adopt_environment()?)
     }
 
     fn architecture(&self) -> Result<kiln_link::Architecture, Error> {
-        let triple = &self.remote.hello().triple;
+        if let Some(expected) = self.connection.expected() {
+            return Ok(expected.architecture);
+        }
+        let triple = &self.remote()?.hello().triple;
         kiln_link::Architecture::from_triple(triple).ok_or_else(|| {
             Error::Executor(format!(
                 "the executor runs {triple} code, which Kiln does not link for (x86_64, aarch64 and riscv64 only)"
@@ -117,11 +161,23 @@ impl ExecutorService for Remote {
     }
 
     fn page_size(&self) -> u64 {
-        self.remote.hello().page_size.max(4096)
+        match self.connection.expected() {
+            Some(expected) => expected.page_size,
+            None => self.hello().map_or(4096, |h| h.page_size.max(4096)),
+        }
     }
 
     fn mapper(&self, debuggable: bool) -> Result<Option<Arc<dyn Mapper>>, Error> {
-        let remote = self.remote.clone();
+        let Some(remote) = self.connection.get_if_ready() else {
+            // Still starting: the mapper is made at its first reservation.
+            return Ok(Some(Arc::new(StartingMapper::new(
+                self.connection.clone(),
+                self.transport,
+                debuggable,
+                self.page_size(),
+            ))));
+        };
+        let remote = remote.clone();
         Ok(Some(match self.transport {
             Transport::SharedMemory => {
                 Arc::new(SharedMemoryMapper::new(remote)?.with_shared_pages(!debuggable))
@@ -239,7 +295,7 @@ impl ExecutorService for Remote {
     }
 
     fn runtime_symbol(&self, name: &str) -> Option<u64> {
-        self.remote.hello().runtime_symbol(name)
+        self.hello()?.runtime_symbol(name)
     }
 
     fn export_symbols(&self, symbols: Vec<ExportedSymbol>) -> Result<ExportHandle, Error> {
@@ -253,7 +309,8 @@ impl ExecutorService for Remote {
     }
 
     fn defers_exports(&self) -> bool {
-        self.remote.hello().features & kiln_remote::protocol::FEATURE_DEFERRED_EXPORTS != 0
+        self.hello()
+            .is_some_and(|h| h.features & kiln_remote::protocol::FEATURE_DEFERRED_EXPORTS != 0)
     }
 
     fn defer_exports(&self, symbols: Vec<ExportedSymbol>) -> Result<ExportHandle, Error> {
@@ -279,7 +336,7 @@ impl ExecutorService for Remote {
         if !self.defers_exports() {
             return None;
         }
-        self.remote.hello().runtime_symbol(&format!(
+        self.hello()?.runtime_symbol(&format!(
             "{}{name}",
             kiln_remote::protocol::LOADER_SHIM_PREFIX
         ))

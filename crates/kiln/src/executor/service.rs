@@ -151,6 +151,12 @@ pub trait ExecutorService: Send + Sync {
     /// waits for it. Nothing to do in process.
     fn shutdown(&self) {}
 
+    /// Whether the executor's process was started but has not said hello yet
+    /// ([`crate::Executor::start`]): what needs its connection waits.
+    fn still_starting(&self) -> bool {
+        false
+    }
+
     /// As [`ExecutorService::shutdown`], for a process about to exit: an executor process
     /// is not waited for once it has answered.
     fn shutdown_for_exit(&self) {

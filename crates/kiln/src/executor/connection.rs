@@ -1,0 +1,290 @@
+//! The connection of an executor in another process, which may still be starting: a
+//! child started by [`super::Executor::start`] says hello while the session is built and
+//! loads its inputs; whatever needs the connection itself waits for the hello then. What
+//! the session needs before that — the architecture, the operating system and the page
+//! size — is read from the executor binary's ELF header (a child's binary of this
+//! system's kind runs on this system), and checked against the hello when it comes.
+
+use super::Transport;
+use crate::Error;
+use kiln_link::Architecture;
+use kiln_memory::{Mapper, MapperError, Permission, Placement, Reservation, SegmentRange};
+use kiln_remote::{CopyMapper, RemoteError, RemoteExecutor, SharedMemoryMapper, StartingExecutor};
+use parking_lot::Mutex;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+/// What an executor's hello will say, known before it: see the module's documentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Expected {
+    pub(crate) architecture: Architecture,
+    pub(crate) target_os: crate::TargetOs,
+    pub(crate) page_size: u64,
+}
+
+impl Expected {
+    /// What a child running `binary` will say: known when `binary` is an ELF executable
+    /// for this machine (it then runs on this system: Linux, this page size); `None`
+    /// for anything else (a script, another architecture run by an emulator).
+    pub(crate) fn of_binary(binary: &Path) -> Option<Expected> {
+        use std::io::Read;
+        let mut header = [0u8; 20];
+        std::fs::File::open(binary)
+            .and_then(|mut f| f.read_exact(&mut header))
+            .ok()?;
+        // ELF, 64-bit, little-endian (every architecture Kiln links for).
+        if header[..4] != *b"\x7fELF" || header[4] != 2 || header[5] != 1 {
+            return None;
+        }
+        let machine = u16::from_le_bytes([header[18], header[19]]);
+        let architecture = match machine {
+            m if m == object::elf::EM_X86_64.0 => Architecture::X86_64,
+            m if m == object::elf::EM_AARCH64.0 => Architecture::Aarch64,
+            m if m == object::elf::EM_RISCV.0 => Architecture::Riscv64,
+            _ => return None,
+        };
+        (architecture == Architecture::host()).then(|| Expected {
+            architecture,
+            target_os: crate::TargetOs::Linux,
+            page_size: kiln_memory::page_size().max(4096),
+        })
+    }
+}
+
+/// An executor's connection, ready or still starting.
+pub(crate) struct Connection {
+    ready: OnceLock<Result<Arc<RemoteExecutor>, String>>,
+    starting: Mutex<Option<StartingExecutor>>,
+    expected: Option<Expected>,
+    pid: u32,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("pid", &self.pid)
+            .field("ready", &self.ready.get().map(|r| r.is_ok()))
+            .finish()
+    }
+}
+
+impl Connection {
+    /// A connection whose hello was read.
+    pub(crate) fn ready(remote: Arc<RemoteExecutor>) -> Self {
+        let pid = remote.pid();
+        Connection {
+            ready: OnceLock::from(Ok(remote)),
+            starting: Mutex::new(None),
+            expected: None,
+            pid,
+        }
+    }
+
+    /// A child started, its hello to be read at the first need; `expected` is what the
+    /// hello must say.
+    pub(crate) fn starting(starting: StartingExecutor, expected: Expected) -> Self {
+        let pid = starting.pid();
+        Connection {
+            ready: OnceLock::new(),
+            starting: Mutex::new(Some(starting)),
+            expected: Some(expected),
+            pid,
+        }
+    }
+
+    /// The executor's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// What the hello says (or will say) that the session needs before it.
+    pub(crate) fn expected(&self) -> Option<Expected> {
+        self.expected
+    }
+
+    /// The connection, once the executor said hello (waiting for it the first time); a
+    /// start that failed is this error, every time.
+    pub(crate) fn get(&self) -> Result<&Arc<RemoteExecutor>, Error> {
+        self.ready
+            .get_or_init(|| self.finish())
+            .as_ref()
+            .map_err(|why| Error::Remote(RemoteError::Start(why.clone())))
+    }
+
+    /// The connection if the hello was read already (nothing waited for).
+    pub(crate) fn get_if_ready(&self) -> Option<&Arc<RemoteExecutor>> {
+        self.ready.get().and_then(|r| r.as_ref().ok())
+    }
+
+    /// Kills and reaps a child that never got as far as its hello being read.
+    pub(crate) fn abandon(&self) {
+        drop(self.starting.lock().take());
+    }
+
+    fn finish(&self) -> Result<Arc<RemoteExecutor>, String> {
+        let starting = self
+            .starting
+            .lock()
+            .take()
+            .ok_or_else(|| "the executor was given up before it said hello".to_string())?;
+        let remote = starting.finish().map_err(|e| match e {
+            RemoteError::Start(why) => why,
+            other => other.to_string(),
+        })?;
+        if let Some(expected) = self.expected {
+            let hello = remote.hello();
+            let says = (
+                Architecture::from_triple(&hello.triple),
+                crate::TargetOs::from_triple(&hello.triple),
+                hello.page_size.max(4096),
+            );
+            if says
+                != (
+                    Some(expected.architecture),
+                    expected.target_os,
+                    expected.page_size,
+                )
+            {
+                remote.shutdown();
+                return Err(format!(
+                    "the executor says it runs {} code with {}-byte pages; its binary was read as {:?} with {}-byte pages",
+                    hello.triple, hello.page_size, expected.architecture, expected.page_size
+                ));
+            }
+        }
+        Ok(Arc::new(remote))
+    }
+}
+
+/// The mapper of an executor still starting: made from the connection at its first use
+/// (a reservation, after the inputs loaded); what the memory manager asks before that —
+/// its name, page size, whether pages are shared — is known without the connection.
+#[derive(Debug)]
+pub(crate) struct StartingMapper {
+    connection: Arc<Connection>,
+    transport: Transport,
+    debuggable: bool,
+    page_size: u64,
+    inner: OnceLock<Result<Arc<dyn Mapper>, String>>,
+}
+
+impl StartingMapper {
+    pub(crate) fn new(
+        connection: Arc<Connection>,
+        transport: Transport,
+        debuggable: bool,
+        page_size: u64,
+    ) -> Self {
+        StartingMapper {
+            connection,
+            transport,
+            debuggable,
+            page_size,
+            inner: OnceLock::new(),
+        }
+    }
+
+    fn inner(&self, operation: &'static str) -> Result<&Arc<dyn Mapper>, MapperError> {
+        self.inner
+            .get_or_init(|| {
+                let remote = self.connection.get().map_err(|e| e.to_string())?.clone();
+                let mapper: Arc<dyn Mapper> = match self.transport {
+                    Transport::SharedMemory => Arc::new(
+                        SharedMemoryMapper::new(remote)
+                            .map_err(|e| e.to_string())?
+                            .with_shared_pages(!self.debuggable),
+                    ),
+                    Transport::Copy => {
+                        Arc::new(CopyMapper::new(remote).with_shared_pages(!self.debuggable))
+                    }
+                };
+                Ok(mapper)
+            })
+            .as_ref()
+            .map_err(|reason| MapperError::Refused {
+                operation,
+                reason: reason.clone(),
+            })
+    }
+}
+
+// SAFETY: every operation on memory is the inner mapper's (a `SharedMemoryMapper` or
+// `CopyMapper`, made once), which keeps that trait's promises; this one only waits for it.
+unsafe impl Mapper for StartingMapper {
+    fn name(&self) -> &'static str {
+        match self.transport {
+            Transport::SharedMemory => "shared-memory",
+            Transport::Copy => "copy",
+        }
+    }
+
+    fn page_size(&self) -> u64 {
+        self.page_size
+    }
+
+    fn shares_pages(&self) -> bool {
+        !self.debuggable
+    }
+
+    fn reserve(&self, len: u64, placement: &Placement) -> Result<Reservation, MapperError> {
+        self.inner("reserve")?.reserve(len, placement)
+    }
+
+    unsafe fn prepare(
+        &self,
+        reservation: &Reservation,
+        start: u64,
+        end: u64,
+        permission: Permission,
+    ) -> Result<(), MapperError> {
+        // SAFETY: the caller's promises, passed on.
+        unsafe {
+            self.inner("prepare")?
+                .prepare(reservation, start, end, permission)
+        }
+    }
+
+    unsafe fn initialize(
+        &self,
+        reservation: &Reservation,
+        segments: &[SegmentRange],
+    ) -> Result<(), MapperError> {
+        // SAFETY: the caller's promises, passed on.
+        unsafe { self.inner("initialize")?.initialize(reservation, segments) }
+    }
+
+    unsafe fn deinitialize(
+        &self,
+        reservation: &Reservation,
+        start: u64,
+        end: u64,
+        permission: Permission,
+    ) -> Result<(), MapperError> {
+        // SAFETY: the caller's promises, passed on.
+        unsafe {
+            self.inner("deinitialize")?
+                .deinitialize(reservation, start, end, permission)
+        }
+    }
+
+    fn populate(&self, reservation: &Reservation, start: u64, end: u64) {
+        if let Ok(inner) = self.inner("populate") {
+            inner.populate(reservation, start, end);
+        }
+    }
+
+    unsafe fn release(&self, reservation: &Reservation) -> Result<(), MapperError> {
+        // SAFETY: the caller's promises, passed on.
+        unsafe { self.inner("release")?.release(reservation) }
+    }
+
+    fn resident_bytes(&self, reservation: &Reservation) -> Option<u64> {
+        self.inner("resident bytes")
+            .ok()?
+            .resident_bytes(reservation)
+    }
+
+    fn target_is_local(&self) -> bool {
+        false
+    }
+}
