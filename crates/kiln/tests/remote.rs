@@ -736,3 +736,65 @@ fn a_library_added_after_the_link_binds_to_the_programs_definitions() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `Executor::start` returns once the process runs; the session is built and loads its
+/// inputs before the hello. An executor that never says hello (here `/bin/false`, an ELF
+/// program of this machine) makes the first step that needs it fail, naming why; a binary
+/// that does not start at all fails at once; a script (no ELF header to read) is waited
+/// for as `spawn_with` waits, and works.
+#[test]
+fn a_started_executor_is_waited_for_at_its_first_use() {
+    let object = compile("answer", "int main(void) { return 42; }");
+    // Works: the inputs load before the hello, main runs after.
+    let executor = Executor::start(
+        &kiln_testkit::executor_binary(),
+        Transport::SharedMemory,
+        None,
+        Timeouts::default(),
+    )
+    .unwrap();
+    let jit = Jit::builder().executor(executor).build().unwrap();
+    let lib = jit.main_library();
+    jit.add_object(lib, "answer.o", object.clone()).unwrap();
+    jit.add_process_symbols(lib).unwrap();
+    assert_eq!(run_main(&jit, lib, &["answer".into()]).unwrap(), 42);
+    // Never says hello: the session builds and takes the object; the link fails.
+    let executor = Executor::start(
+        std::path::Path::new("/bin/false"),
+        Transport::SharedMemory,
+        None,
+        Timeouts::default(),
+    )
+    .unwrap();
+    let jit = Jit::builder().executor(executor).build().unwrap();
+    let lib = jit.main_library();
+    jit.add_object(lib, "answer.o", object.clone()).unwrap();
+    let error = jit.lookup(lib, "main").unwrap_err().to_string();
+    assert!(error.contains("no hello from the executor"), "{error}");
+    // Does not start: at once.
+    let missing = std::path::Path::new("/nonexistent/kiln-executor");
+    let error = Executor::start(missing, Transport::SharedMemory, None, Timeouts::default())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("/nonexistent/kiln-executor"), "{error}");
+    // A script: waited for here, then as any executor.
+    let dir = std::env::temp_dir().join(format!("kiln-start-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("executor.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nexec '{}' \"$@\"\n",
+            kiln_testkit::executor_binary().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let executor = Executor::start(&script, Transport::Copy, None, Timeouts::default()).unwrap();
+    let jit = Jit::builder().executor(executor).build().unwrap();
+    let lib = jit.main_library();
+    jit.add_object(lib, "answer.o", object).unwrap();
+    jit.add_process_symbols(lib).unwrap();
+    assert_eq!(run_main(&jit, lib, &["answer".into()]).unwrap(), 42);
+    let _ = std::fs::remove_dir_all(&dir);
+}
