@@ -505,7 +505,7 @@ fn perf_sees_jit_functions_through_the_sessions_listeners() {
     m.finalize_definitions().unwrap();
     assert_eq!(call(&m, f, 1), 6);
     // The map is written by the executor's writer thread: flushed here, as at exit.
-    kiln_executor::debug_outputs::flush();
+    kiln_runtime::debug_outputs::flush();
     let map = std::fs::read_to_string(format!("/tmp/perf-{}.map", std::process::id())).unwrap();
     let address = m.get_finalized_function(f) as usize;
     let line = map

@@ -159,7 +159,7 @@ pub fn serve_forever<L: Listener>(
                     }
                     SIGNAL_FD.store(-1, std::sync::atomic::Ordering::Relaxed);
                     let code = serve(connection, Notifier(write_end));
-                    crate::runtime::flush_stdio();
+                    kiln_runtime::runtime::flush_stdio();
                     // SAFETY: ends the child without the exit handlers JIT code registered.
                     unsafe { libc::_exit(code) }
                 }

@@ -50,7 +50,7 @@ fn serve_ending_process(channel: Channel) -> Ending {
 }
 
 fn exit(code: i32) -> ! {
-    kiln_executor::runtime::flush_stdio();
+    kiln_runtime::runtime::flush_stdio();
     // SAFETY: _exit ends the process at once; stdio was flushed above.
     unsafe { libc::_exit(code) }
 }

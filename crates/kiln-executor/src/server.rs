@@ -5,8 +5,8 @@
 //! the executor never writes outside its reservations. JIT code that crashes the process
 //! is reported to the controller by a signal handler before the process dies.
 
-use crate::runtime::{self, EhFrameRegistration};
 use kiln_memory::{DualMappedMapper, Mapper, Permission, Placement, Reservation, SegmentRange};
+use kiln_runtime::runtime::{self, EhFrameRegistration};
 use kiln_wire::channel::{Channel, ChannelError, Sender};
 use kiln_wire::protocol::{
     kind_to_wire, message_id, with_id, Hello, Request, Response, WirePlacement, EXECUTOR_REQUEST,
@@ -274,7 +274,7 @@ impl State {
 impl Drop for State {
     fn drop(&mut self) {
         // Perf records copy code from the reservations: written before they go.
-        crate::debug_outputs::flush();
+        kiln_runtime::debug_outputs::flush();
         self.eh_frames.clear();
         if let Ok(mapper) = &self.mapper {
             for (_, r) in self.reservations.drain() {
@@ -704,7 +704,7 @@ impl CodeJobs {
         let jobs = self.clone();
         let job: Job = Box::new(move || {
             // Bodies replaced while this code runs are kept until it returns.
-            let guard = crate::code_guards::pin();
+            let guard = kiln_runtime::code_guards::pin();
             let response = code();
             drop(guard);
             // Counted out before the answer goes: the controller's next request finds
@@ -804,7 +804,7 @@ fn code_of(state: &State, request: &Request) -> Option<Result<(bool, CodeJob), S
                 // As a native program's exit would after main: this thread's
                 // thread-local destructors first (the thread stays, for the next main),
                 // then stdio flushed.
-                crate::thread_locals::end_thread_locals();
+                kiln_runtime::thread_locals::end_thread_locals();
                 runtime::flush_stdio();
                 Response::Value(status as u32 as u64)
             });
@@ -1109,7 +1109,7 @@ pub(crate) fn resolve_if_serving(stub: u64) -> Option<u64> {
 /// checking the slot is 8-byte aligned memory this executor reserved and prepared), and
 /// returns where the call continues.
 fn resolve_through(serving: &Serving, stub: u64) -> u64 {
-    let failed = crate::lazy_entry::lazy_call_failed_address();
+    let failed = kiln_runtime::lazy_entry::lazy_call_failed_address();
     // JIT code run while a request holds the state (a library's constructor run by
     // `dlopen`) cannot have requests served meanwhile.
     if serving.state.try_borrow_mut().is_err() || serving.channel.try_borrow_mut().is_err() {
@@ -1123,7 +1123,7 @@ fn resolve_through(serving: &Serving, stub: u64) -> u64 {
     let id = EXECUTOR_REQUEST | n;
     let request = with_id(Request::ResolveStub { stub }.encode(), id);
     // A `StoreCodePointer` of the slot served from now on is newer than the answer.
-    let asked = crate::code_guards::now();
+    let asked = kiln_runtime::code_guards::now();
     if serving.channel.borrow_mut().send(&request).is_err() {
         return failed;
     }
@@ -1159,7 +1159,7 @@ fn resolve_through(serving: &Serving, stub: u64) -> u64 {
                     // SAFETY: an aligned slot on prepared pages of memory this executor
                     // reserved: a stub's slot, which only atomic stores and the stub's
                     // loads touch.
-                    unsafe { crate::lazy_entry::store_code_pointer(slot, target) };
+                    unsafe { kiln_runtime::lazy_entry::store_code_pointer(slot, target) };
                 }
                 target
             }
@@ -1231,7 +1231,7 @@ impl Forwarder {
             }
             Err(_) => Vec::new(),
         };
-        let failed = crate::lazy_entry::lazy_call_failed_address();
+        let failed = kiln_runtime::lazy_entry::lazy_call_failed_address();
         for (_, forwarded) in waiting {
             forwarded.answer(failed);
         }
@@ -1268,7 +1268,7 @@ fn forward_to_serving_thread(stub: u64) -> Option<u64> {
 
 /// Serves one connection with `options`.
 pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
-    crate::lazy_entry::set_serving_resolver(resolve_if_serving);
+    kiln_runtime::lazy_entry::set_serving_resolver(resolve_if_serving);
     let mut state = State::new();
     state.can_pass_fds = channel.can_pass_fds();
     channel.set_max_frame(kiln_wire::protocol::MAX_FRAME);
@@ -1278,12 +1278,12 @@ pub fn serve_with(mut channel: Channel, options: &ServeOptions) -> Ending {
     }
     // The timeouts bound each whole frame, not only each read of it.
     channel.set_frame_deadline(first_timeout.is_some());
-    let mut runtime_symbols = crate::thread_locals::runtime_symbols();
-    if let Some(entry) = crate::lazy_entry::lazy_entry_address() {
+    let mut runtime_symbols = kiln_runtime::thread_locals::runtime_symbols();
+    if let Some(entry) = kiln_runtime::lazy_entry::lazy_entry_address() {
         runtime_symbols.push(("__kiln_lazy_entry".into(), entry));
         runtime_symbols.push((
             "__kiln_lazy_call_failed".into(),
-            crate::lazy_entry::lazy_call_failed_address(),
+            kiln_runtime::lazy_entry::lazy_call_failed_address(),
         ));
     }
     // The loader's shims, for exports deferred until JIT code first asks the loader.
@@ -1635,7 +1635,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
         Request::Deinitialize { handle, start, end } => {
             let r = *state.pages(handle, start, end)?;
             // Queued perf records copy code from these pages: written first.
-            crate::debug_outputs::flush();
+            kiln_runtime::debug_outputs::flush();
             // Unwind registrations on these pages go first: their data is discarded.
             state.eh_frames.retain(|&a, _| !(start..end).contains(&a));
             state.unprepared_mut(handle).insert(start, end);
@@ -1646,7 +1646,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             ok
         }
         Request::Release { handle } => {
-            crate::debug_outputs::flush();
+            kiln_runtime::debug_outputs::flush();
             let r = state
                 .reservations
                 .remove(&handle)
@@ -1723,12 +1723,14 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             // SAFETY: an aligned slot on prepared pages of memory this executor reserved
             // (checked): a stub's slot, which only atomic stores and the stub's loads
             // touch; the target lies in reserved code (checked).
-            unsafe { crate::lazy_entry::store_code_pointer(slot, target) };
-            let epoch = crate::code_guards::advance();
+            unsafe { kiln_runtime::lazy_entry::store_code_pointer(slot, target) };
+            let epoch = kiln_runtime::code_guards::advance();
             state.slot_stores.insert(slot, epoch);
             Ok(Reply::Plain(Response::Value(epoch)))
         }
-        Request::OldestCodeGuard => Ok(Reply::Plain(Response::Value(crate::code_guards::oldest()))),
+        Request::OldestCodeGuard => Ok(Reply::Plain(Response::Value(
+            kiln_runtime::code_guards::oldest(),
+        ))),
         Request::RegisterUnwindInfo { .. } | Request::DeregisterUnwindInfo { .. } => {
             Err("Windows unwind data is for Windows executors: this one registers .eh_frame".into())
         }
@@ -1747,7 +1749,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             ok
         }
         Request::ReserveTlsModule => Ok(Reply::Plain(Response::Value(
-            crate::thread_locals::tls_reserve_module(),
+            kiln_runtime::thread_locals::tls_reserve_module(),
         ))),
         Request::InstallTls {
             module_id,
@@ -1765,7 +1767,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
                     image.len()
                 ));
             }
-            if !crate::thread_locals::tls_install(crate::thread_locals::TlsImage {
+            if !kiln_runtime::thread_locals::tls_install(kiln_runtime::thread_locals::TlsImage {
                 module_id,
                 image,
                 size,
@@ -1776,7 +1778,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             ok
         }
         Request::RemoveTls { module_id } => {
-            crate::thread_locals::tls_remove(module_id);
+            kiln_runtime::thread_locals::tls_remove(module_id);
             ok
         }
         Request::PlaceStaticTls {
@@ -1792,19 +1794,21 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
                     image.len()
                 ));
             }
-            let offset = crate::thread_locals::tls_place_static(&crate::thread_locals::TlsImage {
-                module_id,
-                image,
-                size,
-                align,
-            })?;
+            let offset = kiln_runtime::thread_locals::tls_place_static(
+                &kiln_runtime::thread_locals::TlsImage {
+                    module_id,
+                    image,
+                    size,
+                    align,
+                },
+            )?;
             Ok(Reply::Plain(Response::Value(offset as u64)))
         }
         Request::ExportSymbols { symbols } => {
             let mut list = Vec::with_capacity(symbols.len());
             for (name, address, size, function) in symbols {
                 state.code(address)?;
-                list.push(crate::shared_object::ExportedSymbol {
+                list.push(kiln_runtime::shared_object::ExportedSymbol {
                     name: name.into(),
                     address,
                     size,
@@ -1829,7 +1833,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             let mut list = Vec::with_capacity(symbols.len());
             for (name, address, size, function) in symbols {
                 state.code(address)?;
-                list.push(crate::shared_object::ExportedSymbol {
+                list.push(kiln_runtime::shared_object::ExportedSymbol {
                     name: name.into(),
                     address,
                     size,
@@ -1841,7 +1845,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             ok
         }
         Request::EnableDebugOutputs(outputs) => {
-            crate::debug_outputs::enable(&outputs)?;
+            kiln_runtime::debug_outputs::enable(&outputs)?;
             if outputs.gdb && state.reservations.is_empty() {
                 // Code a debugger can put breakpoints in: private target views (a
                 // debugger cannot write to a shared read-only page). Reservations made
@@ -1860,11 +1864,11 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
                 state.accessible(f.address, f.size)?;
             }
             // SAFETY: every function lies in memory this executor reserved (checked).
-            let handle = unsafe { crate::debug_outputs::register(module) }?;
+            let handle = unsafe { kiln_runtime::debug_outputs::register(module) }?;
             Ok(Reply::Plain(Response::Value(handle)))
         }
         Request::UnregisterDebug { handle } => {
-            crate::debug_outputs::unregister(handle);
+            kiln_runtime::debug_outputs::unregister(handle);
             ok
         }
         Request::UnexportSymbols { handle } => match state.exports.remove(&handle) {
@@ -1891,7 +1895,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             variables,
             directory,
         } => {
-            crate::runtime::adopt_environment(&variables, &directory)?;
+            kiln_runtime::runtime::adopt_environment(&variables, &directory)?;
             ok
         }
         Request::GuardBranchTargets { address, len } => {
@@ -1905,7 +1909,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             // SAFETY: whole prepared pages of a reservation of ours; the session asks for
             // its modules' code only (replacing its permission by read + execute + guard,
             // never adding write).
-            unsafe { crate::runtime::guard_branch_targets(address, len)? };
+            unsafe { kiln_runtime::runtime::guard_branch_targets(address, len)? };
             ok
         }
     }

@@ -3,7 +3,7 @@
 //! Pids are reused (`kernel.pid_max` is 32,768 on many machines, and a test run starts tens
 //! of thousands of processes), and Kiln rightly refuses to write a perf map whose name is
 //! taken by something not its own (a link, another user's file: see
-//! `kiln_executor::debug_outputs::create_own_file`). A file left there by an earlier
+//! `kiln_runtime::debug_outputs::create_own_file`). A file left there by an earlier
 //! process, e.g. by a test that plants one and failed before removing it, then silently
 //! empties the perf map of whichever later process gets the pid. So a test that reads a
 //! perf map first frees its name, and runs a program whose pid it cannot choose through a

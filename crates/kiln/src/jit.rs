@@ -396,14 +396,14 @@ impl Jit {
                 let Some(text) = module.inner.allocation.segments().first() else {
                     continue;
                 };
-                tables.push(kiln_executor::crash_report::CodeTable {
+                tables.push(kiln_runtime::crash_report::CodeTable {
                     start: text.target,
                     end: text.target + text.len,
                     symbols: std::sync::Arc::downgrade(&module.inner) as std::sync::Weak<_>,
                 });
             }
         }
-        kiln_executor::crash_report::install(tables);
+        kiln_runtime::crash_report::install(tables);
     }
 
     /// The JIT function `address` falls in: its name and the offset into it (the nearest

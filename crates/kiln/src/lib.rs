@@ -57,8 +57,6 @@ pub use kiln_link::{
 };
 pub use kiln_link::{LinkCounts, LinkError, LinkTimes, TlsTemplate};
 // What an `ExecutorService` of the caller's making is handed.
-pub use kiln_executor::module_symbols::ModuleSymbols;
-pub use kiln_executor::shared_object::ExportedSymbol;
 pub use kiln_memory::Mapper;
 pub use kiln_memory::{
     FinalizedAllocation, MemoryManager, MemoryStats, Placement, SegmentRange, SlabMemoryManager,
@@ -66,6 +64,8 @@ pub use kiln_memory::{
 pub use kiln_remote::protocol::{DebugModule, DebugOutputs};
 pub use kiln_remote::secure::Key;
 pub use kiln_remote::{RemoteError, RoundTrips, Sandbox, Timeouts};
+pub use kiln_runtime::module_symbols::ModuleSymbols;
+pub use kiln_runtime::shared_object::ExportedSymbol;
 pub use lazy::{CodeGuard, CodeThread, CompileError, LazyCompiler, LazyFailure, SwappableModule};
 pub use library::LibraryId;
 pub use link_job::LinkReport;

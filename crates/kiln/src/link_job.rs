@@ -457,7 +457,7 @@ impl LinkJob<'_> {
                 .exports
                 .iter()
                 .filter(|e| e.visible)
-                .map(|e| kiln_executor::shared_object::ExportedSymbol {
+                .map(|e| kiln_runtime::shared_object::ExportedSymbol {
                     name: e.name.clone(),
                     address: e.address,
                     size: 0,
@@ -501,12 +501,12 @@ impl LinkJob<'_> {
             .segments()
             .first()
             .map_or(0..0, |c| c.target..c.target + c.len);
-        let source: std::sync::Weak<dyn kiln_executor::module_symbols::ModuleSymbols> =
+        let source: std::sync::Weak<dyn kiln_runtime::module_symbols::ModuleSymbols> =
             Arc::downgrade(&module.inner) as _;
         let handle = match executor.export_module_on_demand(source, code.clone()) {
             Some(handle) => handle,
             None => {
-                executor.export_symbols(kiln_executor::runtime::exports_of(&*module.inner, &code))
+                executor.export_symbols(kiln_runtime::runtime::exports_of(&*module.inner, &code))
             }
         };
         match handle {

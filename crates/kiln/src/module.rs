@@ -93,7 +93,7 @@ impl ModuleInner {
     }
 }
 
-impl kiln_executor::crash_report::ModuleSymbols for ModuleInner {
+impl kiln_runtime::crash_report::ModuleSymbols for ModuleInner {
     fn definitions(&self) -> &[(Arc<str>, u64, bool)] {
         &self.symbols
     }

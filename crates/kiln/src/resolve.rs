@@ -281,6 +281,6 @@ impl LinkContext for SessionContext<'_> {
         if !self.jit.inner.executor.runs_in_this_process() {
             return SymbolKind::Other;
         }
-        crate::executor::symbol_kind(kiln_executor::runtime::host_symbol_is_function(address))
+        crate::executor::symbol_kind(kiln_runtime::runtime::host_symbol_is_function(address))
     }
 }

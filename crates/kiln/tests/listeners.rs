@@ -191,7 +191,7 @@ fn gdb_list_perf_map_and_jitdump_match_the_linked_addresses() {
     let lib = jit.main_library();
     let recorder = Arc::new(Recorder::default());
     let _registration = jit.add_plugin(recorder.clone());
-    let before = kiln_executor::debug_outputs::gdb_entry_count();
+    let before = kiln_runtime::debug_outputs::gdb_entry_count();
     let source = "long listened_square(long x)\n{\n    return x * x;\n}\n\n\
                   long listened_twice(long x)\n{\n    return listened_square(x) * 2;\n}\n";
     let module = jit
@@ -203,7 +203,7 @@ fn gdb_list_perf_map_and_jitdump_match_the_linked_addresses() {
         .unwrap();
     assert!(jit.plugin_failures().is_empty());
     // GDB: one image in the process's list while the module lives.
-    assert_eq!(kiln_executor::debug_outputs::gdb_entry_count(), before + 1);
+    assert_eq!(kiln_runtime::debug_outputs::gdb_entry_count(), before + 1);
     let symbols: Vec<(String, u64, u64)> = recorder.loaded.lock()[0]
         .symbols
         .iter()
@@ -216,7 +216,7 @@ fn gdb_list_perf_map_and_jitdump_match_the_linked_addresses() {
     }
     // The perf map: one line per function, address and size as linked (written by the
     // executor's writer thread; flushed here, as at exit).
-    kiln_executor::debug_outputs::flush();
+    kiln_runtime::debug_outputs::flush();
     let map = std::fs::read_to_string(format!("/tmp/perf-{}.map", std::process::id())).unwrap();
     for (name, address, size) in &symbols {
         let line = format!("{address:x} {size:x} {name}");
@@ -227,7 +227,7 @@ fn gdb_list_perf_map_and_jitdump_match_the_linked_addresses() {
     }
     // The jitdump file: a debug-info record then a code-load record per function, the
     // code bytes those in memory, the lines those of the source.
-    let path = kiln_executor::debug_outputs::jitdump_path().unwrap();
+    let path = kiln_runtime::debug_outputs::jitdump_path().unwrap();
     assert_eq!(path.parent().unwrap(), dir);
     let bytes = std::fs::read(&path).unwrap();
     let records = jitdump_records(&bytes);
@@ -272,5 +272,5 @@ fn gdb_list_perf_map_and_jitdump_match_the_linked_addresses() {
     // Freed: the image leaves the GDB list.
     jit.remove_module(&module).unwrap();
     drop(module);
-    assert_eq!(kiln_executor::debug_outputs::gdb_entry_count(), before);
+    assert_eq!(kiln_runtime::debug_outputs::gdb_entry_count(), before);
 }

@@ -1,15 +1,15 @@
-//! The executor that is this process: Kiln's runtime (`kiln_executor`'s library, the one
+//! The executor that is this process: Kiln's runtime (`kiln-runtime`, the one
 //! the `kiln-executor` binary serves requests with) called directly.
 
 use super::service::{EhRegistration, ExecutorService, ExportHandle, Retirement};
 use crate::generator::Found;
 use crate::Error;
-use kiln_executor::runtime::{self, EhFrameRegistration};
-use kiln_executor::shared_object::ExportedSymbol;
-use kiln_executor::thread_locals::{self, TlsImage};
 use kiln_link::TlsTemplate;
 use kiln_memory::Mapper;
 use kiln_remote::protocol::{DebugModule, DebugOutputs};
+use kiln_runtime::runtime::{self, EhFrameRegistration};
+use kiln_runtime::shared_object::ExportedSymbol;
+use kiln_runtime::thread_locals::{self, TlsImage};
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -28,8 +28,8 @@ impl ExecutorService for InProcess {
 
     fn stub_entries(&self) -> Option<(u64, u64)> {
         Some((
-            kiln_executor::lazy_entry::lazy_entry_address()?,
-            kiln_executor::lazy_entry::lazy_call_failed_address(),
+            kiln_runtime::lazy_entry::lazy_entry_address()?,
+            kiln_runtime::lazy_entry::lazy_call_failed_address(),
         ))
     }
 
@@ -157,7 +157,7 @@ impl ExecutorService for InProcess {
 
     fn export_module_on_demand(
         &self,
-        module: std::sync::Weak<dyn kiln_executor::module_symbols::ModuleSymbols>,
+        module: std::sync::Weak<dyn kiln_runtime::module_symbols::ModuleSymbols>,
         code: std::ops::Range<u64>,
     ) -> Option<Result<ExportHandle, Error>> {
         Some(
@@ -178,17 +178,17 @@ impl ExecutorService for InProcess {
     }
 
     fn enable_debug_outputs(&self, outputs: &DebugOutputs) -> Result<(), Error> {
-        kiln_executor::debug_outputs::enable(outputs).map_err(Error::Executor)
+        kiln_runtime::debug_outputs::enable(outputs).map_err(Error::Executor)
     }
 
     fn register_debug(&self, module: DebugModule) -> Result<u64, Error> {
         // SAFETY: the functions are those of a module just linked and published by this
         // session, whose memory lives until after its free is announced.
-        unsafe { kiln_executor::debug_outputs::register(module) }.map_err(Error::Executor)
+        unsafe { kiln_runtime::debug_outputs::register(module) }.map_err(Error::Executor)
     }
 
     fn unregister_debug(&self, handle: u64) {
-        kiln_executor::debug_outputs::unregister(handle)
+        kiln_runtime::debug_outputs::unregister(handle)
     }
 
     unsafe fn run_main(&self, address: u64, args: &[Vec<u8>]) -> Result<i32, Error> {
@@ -210,7 +210,7 @@ impl ExecutorService for InProcess {
 
     unsafe fn store_code_pointer(&self, slot: u64, target: u64) -> Result<Retirement, Error> {
         // SAFETY: the caller's contract: a live stub slot, touched atomically.
-        unsafe { kiln_executor::lazy_entry::store_code_pointer(slot, target) };
+        unsafe { kiln_runtime::lazy_entry::store_code_pointer(slot, target) };
         Ok(Retirement::SessionGuards)
     }
 

@@ -13,11 +13,11 @@ pub use service::{
 };
 
 use crate::Error;
-use kiln_executor::shared_object::ExportedSymbol;
 use kiln_link::TlsTemplate;
 use kiln_memory::Mapper;
 use kiln_remote::protocol::{DebugModule, DebugOutputs};
 use kiln_remote::{RemoteExecutor, Timeouts};
+use kiln_runtime::shared_object::ExportedSymbol;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -460,7 +460,7 @@ impl Executor {
     /// cannot wait.
     pub(crate) fn export_module_on_demand(
         &self,
-        module: std::sync::Weak<dyn kiln_executor::module_symbols::ModuleSymbols>,
+        module: std::sync::Weak<dyn kiln_runtime::module_symbols::ModuleSymbols>,
         code: std::ops::Range<u64>,
     ) -> Option<Result<ExportHandle, Error>> {
         self.service.export_module_on_demand(module, code)

@@ -6,12 +6,12 @@ use super::service::{EhRegistration, ExecutorService, ExportHandle, Retirement};
 use super::{symbol_kind, Transport};
 use crate::generator::Found;
 use crate::Error;
-use kiln_executor::shared_object::ExportedSymbol;
 use kiln_link::TlsTemplate;
 use kiln_memory::Mapper;
 use kiln_remote::protocol::Hello;
 use kiln_remote::protocol::{kind_from_wire, DebugModule, DebugOutputs, Request, Response};
 use kiln_remote::{CopyMapper, RemoteExecutor, SharedMemoryMapper};
+use kiln_runtime::shared_object::ExportedSymbol;
 use std::sync::Arc;
 
 /// An executor process and how code bytes reach it.

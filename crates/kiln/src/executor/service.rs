@@ -3,10 +3,10 @@
 
 use crate::generator::Found;
 use crate::Error;
-use kiln_executor::shared_object::ExportedSymbol;
 use kiln_link::TlsTemplate;
 use kiln_memory::Mapper;
 use kiln_remote::protocol::{DebugModule, DebugOutputs};
+use kiln_runtime::shared_object::ExportedSymbol;
 use std::any::Any;
 use std::sync::Arc;
 
@@ -263,7 +263,7 @@ pub trait ExecutorService: Send + Sync {
     /// executor cannot wait (the caller exports a list at once).
     fn export_module_on_demand(
         &self,
-        _module: std::sync::Weak<dyn kiln_executor::module_symbols::ModuleSymbols>,
+        _module: std::sync::Weak<dyn kiln_runtime::module_symbols::ModuleSymbols>,
         _code: std::ops::Range<u64>,
     ) -> Option<Result<ExportHandle, Error>> {
         None

@@ -6,7 +6,7 @@
 //! architecture is [`kiln_link::call_through`]'s). The stub is what the name resolves to,
 //! for lookups and for every link, so callers never need relinking. The slot first points
 //! back into the stub's own entry, which puts the stub's id where the executor's lazy
-//! entry takes it and enters Kiln on the calling thread (`kiln_executor::lazy_entry` in
+//! entry takes it and enters Kiln on the calling thread (`kiln_runtime::lazy_entry` in
 //! this process; an executor process's own, executor-c's included): the first call asks
 //! the [`LazyCompiler`] for an object defining the function, links it (resolving its
 //! names as the stub's library would; the body is announced to plugins, so gdb and perf
@@ -35,7 +35,7 @@
 //!   rather than running stale code.
 //! - **Out of process** the session's guards cannot cover the executor's threads: the
 //!   executor guards them itself (each request that runs code holds a guard there from
-//!   its code's start to its return; `kiln_executor::code_guards`), answers a slot's
+//!   its code's start to its return; `kiln_runtime::code_guards`), answers a slot's
 //!   store with the epoch it retired the old body at, and tells the session its oldest
 //!   guard ([`crate::Retirement::ExecutorEpoch`]); the body is freed once that guard is
 //!   later (at the next replacement or [`crate::Jit::reclaim`]).
@@ -54,9 +54,9 @@ use function::{
     registry, serve_executor_request, Body, FunctionRef, LazyFunction, PendingIds, StubBatch,
     NEXT_ID, PENDING,
 };
-use kiln_executor::lazy_entry;
 use kiln_link::call_through::{slots_symbol, StubNames, STUB_SIZE};
 use kiln_link::ObjectInput;
+use kiln_runtime::lazy_entry;
 use parking_lot::{Condvar, Mutex};
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

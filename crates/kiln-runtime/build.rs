@@ -7,5 +7,5 @@ fn main() {
     cc::Build::new()
         .file("csrc/gdb_jit.c")
         .file("csrc/call_main.S")
-        .compile("kiln_executor_c");
+        .compile("kiln_runtime_c");
 }
