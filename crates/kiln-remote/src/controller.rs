@@ -3,13 +3,13 @@
 //! responses, turn a dead, crashed, stalled or confused executor into a typed error.
 
 use crate::channel::{Channel, ChannelError, Stream};
+use crate::child::ExecutorChild as Child;
 use crate::protocol::{signal_name, DecodeError, Hello, Request, Response, VERSION};
 use parking_lot::{Mutex, RwLock};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -510,31 +510,11 @@ impl RemoteExecutor {
         timeouts: Timeouts,
     ) -> Result<StartingExecutor, RemoteError> {
         let (ours, theirs) = UnixStream::pair().map_err(|e| RemoteError::Start(e.to_string()))?;
-        let their_fd = theirs.as_raw_fd();
-        let mut command = Command::new(executor);
-        command.arg("--fd").arg("3");
+        let mut args: Vec<std::ffi::OsString> = vec!["--fd".into(), "3".into()];
         if let Some(sandbox) = sandbox {
-            command.args(sandbox.args());
+            args.extend(sandbox.args());
         }
-        // SAFETY: between fork and exec only async-signal-safe calls: dup2 moves the socket
-        // to descriptor 3 (without close-on-exec), as `--fd 3` tells the executor.
-        unsafe {
-            command.pre_exec(move || {
-                // When the socket already is descriptor 3 dup2 does nothing: clear its
-                // close-on-exec flag instead.
-                let ok = if their_fd == 3 {
-                    libc::fcntl(3, libc::F_SETFD, 0) >= 0
-                } else {
-                    libc::dup2(their_fd, 3) >= 0
-                };
-                if !ok {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = command
-            .spawn()
+        let child = Child::spawn(executor, &args, theirs.as_raw_fd())
             .map_err(|e| {
                 let hint = if e.kind() == std::io::ErrorKind::NotFound {
                     " (build it with `cargo build -p kiln-executor` or install it with `cargo install --path crates/kiln-executor`, then give its path or set KILN_EXECUTOR)"
@@ -1083,12 +1063,10 @@ impl RemoteExecutor {
             }
         }
         self.closer.shutdown();
-        let mut child = child;
-        if answered {
-            // Not reaped here: see above. (Dropping a `Child` neither waits nor kills.)
-            drop(child);
-        } else {
-            // Busy, broken or silent: it may run JIT code forever.
+        // Answered: not reaped here (see above; an `ExecutorChild` going out of scope
+        // neither waits nor kills). Busy, broken or silent: it may run JIT code forever.
+        if !answered {
+            let mut child = child;
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -12,6 +12,7 @@
 //! [`CopyMapper`] (bytes copied over the connection, for TCP). The linker and the slab
 //! allocator are the same code as in-process.
 
+mod child;
 mod controller;
 pub use kiln_wire::{channel, protocol, secure};
 mod mapper;

@@ -51,18 +51,24 @@ impl Expected {
     }
 }
 
+/// A child on its way: its process started on a thread of its own (`fork` and `exec` of
+/// a large process take a good part of a millisecond, which the caller spends loading its
+/// inputs instead); the thread's result is the started child, yet to say hello.
+type Spawning = std::thread::JoinHandle<Result<StartingExecutor, RemoteError>>;
+
 /// An executor's connection, ready or still starting.
 pub(crate) struct Connection {
     ready: OnceLock<Result<Arc<RemoteExecutor>, String>>,
-    starting: Mutex<Option<StartingExecutor>>,
+    starting: Mutex<Option<Spawning>>,
     expected: Option<Expected>,
-    pid: u32,
+    /// The executor's process id, once known (0 before).
+    pid: std::sync::atomic::AtomicU32,
 }
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connection")
-            .field("pid", &self.pid)
+            .field("pid", &self.pid())
             .field("ready", &self.ready.get().map(|r| r.is_ok()))
             .finish()
     }
@@ -76,25 +82,34 @@ impl Connection {
             ready: OnceLock::from(Ok(remote)),
             starting: Mutex::new(None),
             expected: None,
-            pid,
+            pid: pid.into(),
         }
     }
 
-    /// A child started, its hello to be read at the first need; `expected` is what the
-    /// hello must say.
-    pub(crate) fn starting(starting: StartingExecutor, expected: Expected) -> Self {
-        let pid = starting.pid();
-        Connection {
+    /// A child being started by `spawn` (on a thread of its own), its hello to be read at
+    /// the first need; `expected` is what the hello must say.
+    pub(crate) fn spawning(
+        spawn: impl FnOnce() -> Result<StartingExecutor, RemoteError> + Send + 'static,
+        expected: Expected,
+    ) -> Result<Self, Error> {
+        let thread = std::thread::Builder::new()
+            .name("kiln-executor-start".into())
+            .spawn(spawn)
+            .map_err(|e| Error::Remote(RemoteError::Start(format!("a thread to start it: {e}"))))?;
+        Ok(Connection {
             ready: OnceLock::new(),
-            starting: Mutex::new(Some(starting)),
+            starting: Mutex::new(Some(thread)),
             expected: Some(expected),
-            pid,
-        }
+            pid: 0.into(),
+        })
     }
 
-    /// The executor's process id.
+    /// The executor's process id (0 while its process is being started).
     pub(crate) fn pid(&self) -> u32 {
-        self.pid
+        match self.get_if_ready() {
+            Some(remote) => remote.pid(),
+            None => self.pid.load(std::sync::atomic::Ordering::Relaxed),
+        }
     }
 
     /// What the hello says (or will say) that the session needs before it.
@@ -118,15 +133,27 @@ impl Connection {
 
     /// Kills and reaps a child that never got as far as its hello being read.
     pub(crate) fn abandon(&self) {
-        drop(self.starting.lock().take());
+        let spawning = self.starting.lock().take();
+        if let Some(thread) = spawning {
+            // Its process, once started, is killed and reaped as the result drops.
+            drop(thread.join());
+        }
     }
 
     fn finish(&self) -> Result<Arc<RemoteExecutor>, String> {
-        let starting = self
+        let thread = self
             .starting
             .lock()
             .take()
             .ok_or_else(|| "the executor was given up before it said hello".to_string())?;
+        let starting = match thread.join() {
+            Ok(Ok(starting)) => starting,
+            Ok(Err(RemoteError::Start(why))) => return Err(why),
+            Ok(Err(other)) => return Err(other.to_string()),
+            Err(_) => return Err("the thread starting the executor panicked".into()),
+        };
+        self.pid
+            .store(starting.pid(), std::sync::atomic::Ordering::Relaxed);
         let remote = starting.finish().map_err(|e| match e {
             RemoteError::Start(why) => why,
             other => other.to_string(),

@@ -157,15 +157,17 @@ impl Executor {
         Ok(Self::remote_with(remote, transport))
     }
 
-    /// As [`Executor::spawn_with`], but returns as soon as the process is started: the
-    /// session is built and loads its inputs while the executor starts, and the first
+    /// As [`Executor::spawn_with`], but returns at once, the process started on a thread
+    /// of its own: the session is built and loads its inputs while the executor starts,
+    /// and the first
     /// step that needs the executor (a library's load, the link's first reservation)
     /// waits for its hello. What the session needs before that — architecture, operating
     /// system, page size — is read from `executor_binary`'s ELF header and checked against
     /// the hello; a binary whose header says nothing certain (a script, another
-    /// architecture run by an emulator) is waited for here, as by `spawn_with`. A failure
-    /// to start the process is an error here; an executor that then fails to say hello
-    /// is the error of the first request. `kiln run --oop` starts its executor so.
+    /// architecture run by an emulator) is waited for here, as by `spawn_with` (so is a
+    /// binary that cannot be read: that error is this call's). A process that cannot be
+    /// started, or an executor that then fails to say hello, is the error of the first
+    /// request. `kiln run --oop` starts its executor so.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), kiln::Error> {
@@ -187,9 +189,14 @@ impl Executor {
         let Some(expected) = connection::Expected::of_binary(executor_binary) else {
             return Self::spawn_with(executor_binary, transport, sandbox, timeouts);
         };
-        let starting = RemoteExecutor::start_child(executor_binary, sandbox, timeouts)?;
+        let binary = executor_binary.to_path_buf();
+        let sandbox = sandbox.cloned();
+        let connection = connection::Connection::spawning(
+            move || RemoteExecutor::start_child(&binary, sandbox.as_ref(), timeouts),
+            expected,
+        )?;
         Ok(Self::from_service(Arc::new(remote::Remote {
-            connection: Arc::new(connection::Connection::starting(starting, expected)),
+            connection: Arc::new(connection),
             transport,
             next_export: Default::default(),
         })))
