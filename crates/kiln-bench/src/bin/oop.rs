@@ -8,7 +8,11 @@
 //!    authenticates and encrypts (Noise) and one started with `--no-auth`, interleaved;
 //! 4. one request's round trip to a child executor: a lookup (served on the thread that
 //!    reads the connection) and a call of JIT code (run on main's thread, while the
-//!    reading thread serves beside it), interleaved.
+//!    reading thread serves beside it), interleaved;
+//! 5. a child executor's start (spawn to hello) from a controller that holds 0 and 1,024
+//!    MiB it has written: Kiln's (`posix_spawnp`) against a start that forks the
+//!    controller (std's `Command` with a `pre_exec` closure, as Kiln did before),
+//!    interleaved.
 
 use clap::Parser;
 use kiln_bench::sh;
@@ -38,6 +42,9 @@ struct Args {
     /// Only the round trips (4).
     #[arg(long)]
     only_round_trips: bool,
+    /// Only the executor's start (5).
+    #[arg(long)]
+    only_start: bool,
 }
 
 /// A `kiln-executor --listen` for the TCP figure; killed on drop.
@@ -185,6 +192,58 @@ fn verdict(met: bool) -> &'static str {
         "met"
     } else {
         "MISSED"
+    }
+}
+
+/// Figure 5: a child executor's start, from spawning it to its hello, by Kiln and by a
+/// fork of the controller, from a controller holding `mib` MiB it has written.
+fn start_figure(executor: &Path, runs: usize) {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    println!(
+        "\na child executor's start (spawn to hello), median of {runs} interleaved: Kiln (posix_spawnp) against a fork of the controller (Command + pre_exec)"
+    );
+    for mib in [0usize, 1024] {
+        // Every page written: the controller's memory is real, as a JIT host's is.
+        let ballast = vec![1u8; mib << 20];
+        let (mut kiln, mut fork) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            let t = Instant::now();
+            let remote = RemoteExecutor::spawn(executor, Timeouts::default()).expect("executor");
+            kiln.push(t.elapsed().as_secs_f64() * 1e3);
+            drop(remote);
+            let t = Instant::now();
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+            let fd = theirs.as_raw_fd();
+            assert_ne!(fd, 3, "dup2 onto itself would keep close-on-exec");
+            let mut command = Command::new(executor);
+            command.args(["--fd", "3"]);
+            // SAFETY: between fork and exec only dup2, which is async-signal-safe.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::dup2(fd, 3) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let mut child = command.spawn().expect("fork-based start");
+            drop(theirs);
+            let mut first = [0u8; 1];
+            (&ours)
+                .read_exact(&mut first)
+                .expect("the hello's first byte");
+            fork.push(t.elapsed().as_secs_f64() * 1e3);
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        std::hint::black_box(&ballast);
+        let (k, f) = (median(kiln), median(fork));
+        println!(
+            "  controller holding {mib:>5} MiB: Kiln {k:.2} ms, fork-based {f:.2} ms, Kiln / fork {:.2}x",
+            k / f
+        );
     }
 }
 
@@ -341,6 +400,10 @@ fn main() {
             "lookup {lookup:.1} µs, call {call:.1} µs (+{:.1} µs)",
             call - lookup
         );
+        return;
+    }
+    if args.only_start {
+        start_figure(&executor, args.runs);
         return;
     }
     if args.only_tcp {
@@ -524,5 +587,6 @@ fn main() {
         call - lookup
     );
     tcp_figure(&kiln, &executor, &args.dir, &inputs[0].1, args.runs);
+    start_figure(&executor, args.runs);
     println!("\ntargets: kiln oop >= 2x faster than llvm-jitlink oop; shm >= 5x faster than copy");
 }
