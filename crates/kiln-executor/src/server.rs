@@ -1525,6 +1525,25 @@ fn populate_target(segments: &[SegmentRange], page: u64) {
     }
 }
 
+/// Definitions a controller exports, each checked to lie in this connection's code.
+fn exported(
+    state: &State,
+    symbols: Vec<kiln_wire::protocol::WireExport>,
+) -> Result<Vec<kiln_runtime::shared_object::ExportedSymbol>, String> {
+    symbols
+        .into_iter()
+        .map(|(name, address, size, function)| {
+            state.code(address)?;
+            Ok(kiln_runtime::shared_object::ExportedSymbol {
+                name: name.into(),
+                address,
+                size,
+                function,
+            })
+        })
+        .collect()
+}
+
 fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
     let ok = Ok(Reply::Plain(Response::Ok));
     match request {
@@ -1805,16 +1824,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             Ok(Reply::Plain(Response::Value(offset as u64)))
         }
         Request::ExportSymbols { symbols } => {
-            let mut list = Vec::with_capacity(symbols.len());
-            for (name, address, size, function) in symbols {
-                state.code(address)?;
-                list.push(kiln_runtime::shared_object::ExportedSymbol {
-                    name: name.into(),
-                    address,
-                    size,
-                    function,
-                });
-            }
+            let list = exported(state, symbols)?;
             let handle = runtime::export_symbols(&list)?;
             let id = state.next_export;
             state.next_export += 1;
@@ -1830,16 +1840,7 @@ fn handle(state: &mut State, request: Request) -> Result<Reply, String> {
             if state.exports.contains_key(&handle) {
                 return Err(format!("defer exports: handle {handle:#x} is in use"));
             }
-            let mut list = Vec::with_capacity(symbols.len());
-            for (name, address, size, function) in symbols {
-                state.code(address)?;
-                list.push(kiln_runtime::shared_object::ExportedSymbol {
-                    name: name.into(),
-                    address,
-                    size,
-                    function,
-                });
-            }
+            let list = exported(state, symbols)?;
             let exports = runtime::export_symbols_on_demand(list)?;
             state.exports.insert(handle, exports);
             ok
