@@ -119,6 +119,17 @@ fi
 
 # --- checks -----------------------------------------------------------------------------
 phase "cargo fmt --check" cargo fmt --all -- --check
+# Every library and binary crate a user would depend on packages as `cargo publish` would
+# make it (versions on path dependencies, metadata, the files it ships); not built again
+# from the package (`--no-verify`: that build would double the test command's).
+# kiln-bench, kiln-testkit and kiln-cranelift-peer are `publish = false`.
+package_crates() {
+  CARGO_TARGET_DIR="$TARGET/package-check" cargo package --offline --workspace \
+    --exclude kiln-bench --exclude kiln-testkit --exclude kiln-cranelift-peer \
+    --no-verify --allow-dirty &&
+    rm -rf "$TARGET/package-check"
+}
+phase "crates package (cargo package --no-verify)" package_crates
 # Clippy's metadata (half a gigabyte, read by nothing else) goes to a directory of its own,
 # removed after: the build scripts and procedural macros it compiles are compiled again for
 # the tests, which costs less than keeping it. One run, with kiln-llvm's and kiln-capi's
