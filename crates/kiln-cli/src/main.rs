@@ -439,6 +439,11 @@ impl kiln::Plugin for Report {
     fn name(&self) -> &str {
         "kiln run report"
     }
+    // `-v` prints the objects linked; only `--map` prints symbols: `-v` alone maps an
+    // image stored without them.
+    fn wants_symbols(&self) -> bool {
+        self.map
+    }
     fn module_loaded(&self, m: &kiln::LoadedModule) -> Result<(), kiln::PluginError> {
         if self.verbose {
             for object in &m.objects {

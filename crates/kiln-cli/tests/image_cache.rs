@@ -583,3 +583,33 @@ fn plugins_see_a_mapped_program_as_a_linked_one() {
     );
     assert_eq!(perf_mapped, perf_linked, "the perf map, mapped as linked");
 }
+
+/// `-v` lists what is linked and reads no symbol: an image stored by a run without it is
+/// mapped, not linked again and stored a second time (`--map`, which prints every symbol,
+/// still links such an image again once, as `plugins_see_a_mapped_program_as_a_linked_one`
+/// shows).
+#[test]
+fn verbose_maps_an_image_stored_without_it() {
+    let dir = scratch("verbose");
+    let cache = dir.join("cache");
+    cc(
+        &dir,
+        "hello.c",
+        "#include <stdio.h>\nint main(void) { puts(\"hello\"); return 0; }\n",
+        &["-O1"],
+    );
+    settle();
+    let plain = kiln()
+        .current_dir(&dir)
+        .env("KILN_CACHE_DIR", &cache)
+        .args(["run", "hello.o"])
+        .output()
+        .unwrap();
+    assert_eq!(plain.status.code(), Some(0), "{}", text(&plain).1);
+    assert_eq!(images(&cache).len(), 1);
+    let verbose = run(&cache, &dir, &["hello.o"]);
+    let (stdout, stderr) = text(&verbose);
+    assert_eq!(stdout, "hello\n", "{stderr}");
+    assert!(stderr.contains(MAPPED), "{stderr}");
+    assert_eq!(images(&cache).len(), 1, "{stderr}");
+}

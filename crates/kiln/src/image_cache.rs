@@ -84,7 +84,8 @@ impl LinkJob<'_> {
             unreachable!("image_bypass checked the cache");
         };
         let mut refused = None;
-        match self.map_image(&*cache, key, !plugins.is_empty()) {
+        let told = plugins.iter().any(|p| p.wants_symbols());
+        match self.map_image(&*cache, key, told) {
             Ok(Some(link)) => return Ok(link),
             Ok(None) => {}
             Err(why) => {
@@ -104,7 +105,7 @@ impl LinkJob<'_> {
 
     /// The module mapped from the cache's image under `key`: `None` if there is none, an
     /// error (the caller links instead) if it cannot be used here. `told`: the session has
-    /// plugins, which are told of every symbol.
+    /// plugins that are told of every symbol ([`Plugin::wants_symbols`]).
     fn map_image(
         &self,
         cache: &dyn ImageCache,

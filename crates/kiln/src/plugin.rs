@@ -59,6 +59,16 @@ pub trait Plugin: Send + Sync {
         Ok(())
     }
 
+    /// Whether this plugin reads the symbols of the modules it is told of
+    /// ([`LoadedModule::symbols`]; default: yes). A module mapped from the linked-image
+    /// cache is told of with its symbols only if its image kept them, so a session whose
+    /// plugins want them links again rather than map an image stored without them; a
+    /// plugin that does not read them (one that prints what was linked) says `false` and
+    /// lets such an image be mapped.
+    fn wants_symbols(&self) -> bool {
+        true
+    }
+
     /// Passes to add to each link of the session, each at its point of the link (asked
     /// once per link). Unlike a failing event, a failing pass fails the link: a pass may
     /// change what is linked. See [`kiln_link::LinkPass`].
