@@ -208,7 +208,20 @@ python_package() {
     "$venv/bin/python" python/benchmarks/llvmlite_functions.py --functions 100 --rounds 1 \
       >>"$LOGS/benchmarks.log" &&
     "$venv/bin/python" python/benchmarks/numba_functions.py --functions 20 --rounds 1 \
-      >>"$LOGS/benchmarks.log"
+      >>"$LOGS/benchmarks.log" &&
+    python_wheel "$venv"
+}
+# The wheel a user gets (`pip wheel ./python`), installed alone in a fresh virtual
+# environment: it imports from site-packages, finds its C library, links and calls.
+python_wheel() {
+  local wheels="$TARGET/wheel-check"
+  rm -rf "$wheels" && mkdir -p "$wheels" &&
+    KILN_CAPI_LIB="$SMOKE/libkiln_capi.so" "$1/bin/pip" wheel --quiet --no-deps \
+      --disable-pip-version-check ./python -w "$wheels" &&
+    /usr/bin/python3 -m venv "$wheels/venv" &&
+    "$wheels/venv/bin/pip" install --quiet --no-index --disable-pip-version-check "$wheels"/kiln-*.whl &&
+    (cd "$wheels" && venv/bin/python "$OLDPWD/python/tests/wheel_smoke.py") &&
+    rm -rf "$wheels"
 }
 phase "Python package (pip install ./python, pytest)" python_package
 phase "the main job (scripts/demo.sh)" bash -c 'KILN_PROFILE=smoke ./scripts/demo.sh >/dev/null'
