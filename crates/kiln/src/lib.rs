@@ -1,16 +1,50 @@
 //! # kiln
 //!
-//! Kiln's session API: a [`Jit`] holds libraries (namespaces of definitions with a search
-//! order); objects and archives are added to a library, linked by `kiln-link` into memory
-//! from `kiln-memory`, and run by the in-process executor: `.eh_frame` registered with
-//! the system unwinder (C++ exceptions and Rust panics unwind through JIT frames),
-//! initializers run after the link and finalizers at removal, thread-locals served by
-//! Kiln's own `__tls_get_addr`.
+//! A JIT linker and executable-memory manager: hand it relocatable objects made by the
+//! system C compiler, Cranelift or LLVM, and it loads them into executable memory,
+//! resolves their symbols, applies relocations, sets permissions (never writable and
+//! executable at once), keeps the instruction cache coherent and gives back callable
+//! addresses — in this process or in a separate executor process.
+//!
+//! This crate is the session API, the one most programs use: a [`Jit`] holds libraries
+//! (namespaces of definitions with a search order); objects and archives are added to a
+//! library, linked by `kiln-link` into memory from `kiln-memory`, and run by an
+//! [`Executor`]: this process (the runtime of `kiln-runtime`: `.eh_frame` registered with
+//! the system unwinder, so C++ exceptions and Rust panics unwind through JIT frames;
+//! initializers after the link, finalizers at removal; thread-locals through Kiln's own
+//! `__tls_get_addr`), or a `kiln-executor` process reached over a socket
+//! ([`Executor::start`], [`Executor::connect_with_key`]). Call-through stubs, lazy
+//! functions and hot swap are in [`lazy`]; the linked-image and object caches come from
+//! `kiln-cache`. `kiln-cranelift` puts Cranelift's `Module` trait on top; `kiln-capi` is
+//! the C API and the Python package's base.
 //!
 //! Names the link's inputs do not define come from the library's definitions, other
 //! modules, the libraries in its search order, and then its [`SymbolGenerator`]s (this
 //! process's symbols, shared libraries opened by name, callbacks). What the link's own
 //! objects and archives define always wins, as with a static linker.
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // An object from the system C compiler.
+//! let dir = std::env::temp_dir().join(format!("kiln-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! std::fs::write(dir.join("add.c"), "long add(long a, long b) { return a + b; }\n")?;
+//! let status = std::process::Command::new("cc")
+//!     .args(["-O2", "-c", "add.c", "-o", "add.o"])
+//!     .current_dir(&dir)
+//!     .status()?;
+//! assert!(status.success());
+//!
+//! // Linked into this process and called.
+//! let jit = kiln::Jit::new()?;
+//! let lib = jit.main_library();
+//! jit.add_object(lib, "add.o", std::fs::read(dir.join("add.o"))?)?;
+//! // SAFETY: `add` is `long add(long, long)`; the module stays in `jit`.
+//! let add = unsafe { jit.lookup_fn::<extern "C" fn(i64, i64) -> i64>(lib, "add")? };
+//! assert_eq!(add(2, 40), 42);
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok(()) }
+//! ```
 
 // Errors wrap link errors, which are large by design (see kiln-link).
 #![allow(clippy::result_large_err)]
