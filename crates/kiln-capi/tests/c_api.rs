@@ -245,3 +245,37 @@ fn a_sandboxed_executor_from_c() {
     }
     assert!(!elsewhere.join("planted.txt").exists());
 }
+
+/// The README's C example, taken from the README as it is: compiled as it says (`cc
+/// prog.c $(pkg-config --cflags --libs kiln)`) against the installed library, and run
+/// beside a `shader.o` that defines `shade`.
+#[test]
+fn the_readme_c_example_runs() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+            .expect("README.md");
+    let example = readme
+        .split("## From C")
+        .nth(1)
+        .and_then(|s| s.split("```c\n").nth(1))
+        .and_then(|b| b.split("```").next())
+        .expect("a C block in the README's section \"From C\"");
+    let prefix = prefix();
+    let dir = scratch().join("readme");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("prog.c"), example).unwrap();
+    std::fs::write(dir.join("shader.c"), "int shade(int x) { return x * x; }\n").unwrap();
+    run(Command::new("cc")
+        .args(["-O2", "-c", "shader.c", "-o", "shader.o"])
+        .current_dir(&dir));
+    let pkg = run(Command::new("pkg-config")
+        .args(["--cflags", "--libs", "kiln"])
+        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")));
+    run(Command::new("cc")
+        .arg("prog.c")
+        .args(pkg.split_whitespace())
+        .args(["-o", "prog"])
+        .current_dir(&dir));
+    let out = run(Command::new(dir.join("prog")).current_dir(&dir));
+    assert_eq!(out, "shade(5) = 25\n");
+}

@@ -23,27 +23,27 @@
 //! process's symbols, shared libraries opened by name, callbacks). What the link's own
 //! objects and archives define always wins, as with a static linker.
 //!
-//! ```
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! // An object from the system C compiler.
-//! let dir = std::env::temp_dir().join(format!("kiln-doc-{}", std::process::id()));
-//! std::fs::create_dir_all(&dir)?;
-//! std::fs::write(dir.join("add.c"), "long add(long a, long b) { return a + b; }\n")?;
-//! let status = std::process::Command::new("cc")
-//!     .args(["-O2", "-c", "add.c", "-o", "add.o"])
-//!     .current_dir(&dir)
-//!     .status()?;
-//! assert!(status.success());
+//! The README's first example (a test checks they stay the same):
 //!
-//! // Linked into this process and called.
-//! let jit = kiln::Jit::new()?;
-//! let lib = jit.main_library();
-//! jit.add_object(lib, "add.o", std::fs::read(dir.join("add.o"))?)?;
-//! // SAFETY: `add` is `long add(long, long)`; the module stays in `jit`.
-//! let add = unsafe { jit.lookup_fn::<extern "C" fn(i64, i64) -> i64>(lib, "add")? };
-//! assert_eq!(add(2, 40), 42);
-//! # std::fs::remove_dir_all(&dir)?;
-//! # Ok(()) }
+//! ```
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let dir = std::env::temp_dir().join(format!("kiln-doc-{}", std::process::id()));
+//!     std::fs::create_dir_all(&dir)?;
+//!     std::fs::write(dir.join("add.c"), "long add(long a, long b) { return a + b; }\n")?;
+//!     let status = std::process::Command::new("cc")
+//!         .args(["-O2", "-c", "add.c", "-o", "add.o"])
+//!         .current_dir(&dir)
+//!         .status()?;
+//!     assert!(status.success());
+//!     let jit = kiln::Jit::new()?;
+//!     let lib = jit.main_library();
+//!     jit.add_object(lib, "add.o", std::fs::read(dir.join("add.o"))?)?;
+//!     // SAFETY: `add` is `long add(long, long)`; the module stays in `jit`.
+//!     let add = unsafe { jit.lookup_fn::<extern "C" fn(i64, i64) -> i64>(lib, "add")? };
+//!     assert_eq!(add(2, 40), 42);
+//!     std::fs::remove_dir_all(&dir)?;
+//!     Ok(())
+//! }
 //! ```
 
 // Errors wrap link errors, which are large by design (see kiln-link).
