@@ -2,10 +2,11 @@
 //!
 //! Kiln's memory under LLVM's own JIT. Shader compilers keep one MCJIT `ExecutionEngine`
 //! per module today, because destroying the engine destroys its memory manager and the
-//! code in it (over a megabyte per module). With [`KilnMcjit`], every engine's sections go
-//! to one shared Kiln [`SlabMemoryManager`](kiln_memory::SlabMemoryManager): the client
+//! code in it (over a megabyte per module). With `KilnMcjit` (feature `llvm`), every
+//! engine's sections go to one shared Kiln
+//! [`SlabMemoryManager`](kiln_memory::SlabMemoryManager): the client
 //! disposes the engine, the module and the context after `LLVMGetFunctionAddress`, keeps a
-//! [`ModuleCode`] per module, and the code stays callable, packed with other modules' in
+//! `ModuleCode` per module, and the code stays callable, packed with other modules' in
 //! shared pages; dropping the handle frees it.
 //!
 //! Built with the cargo feature `llvm` against Debian's llvm-14-dev through `llvm-sys`
