@@ -17,6 +17,29 @@
 //! The result, a [`LinkedModule`], owns its memory and lists its exported symbols,
 //! initializers, finalizers, `.eh_frame` and TLS template; running those is the
 //! executor's job (see the `kiln` crate).
+//!
+//! What an object defines and needs, read as a link reads it (`cc -c` output):
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = std::env::temp_dir().join(format!("kiln-link-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! std::fs::write(dir.join("f.c"), "int g(int); int f(int x) { return g(x) + 1; }\n")?;
+//! let ok = std::process::Command::new("cc")
+//!     .args(["-O2", "-c", "f.c", "-o", "f.o"])
+//!     .current_dir(&dir)
+//!     .status()?
+//!     .success();
+//! assert!(ok);
+//! let object = std::fs::read(dir.join("f.o"))?;
+//! let symbols = kiln_link::scan_symbols("f.o", &object, kiln_link::Architecture::host())?;
+//! assert_eq!(symbols.defined.iter().map(|s| &**s).collect::<Vec<_>>(), ["f"]);
+//! assert_eq!(symbols.undefined.iter().map(|s| &**s).collect::<Vec<_>>(), ["g"]);
+//! // Bytes that are not an object: an error naming the object, never a panic.
+//! assert!(kiln_link::scan_symbols("junk.o", b"junk", kiln_link::Architecture::host()).is_err());
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok(()) }
+//! ```
 
 // Link errors carry the object, section, offset and symbol as owned strings, so they are
 // large; they are returned once per failed link, never on a hot path.

@@ -14,6 +14,16 @@
 //! (crate `kiln-executor`: listener, sandbox, connection serving) uses it for a
 //! controller in another process. Neither the sandbox's seccomp and Landlock nor the
 //! protocol's server are here: a program that runs JIT code in process compiles neither.
+//!
+//! A host symbol as JIT code gets it, and the runtime's own stand-in for the C runtime's:
+//!
+//! ```
+//! let puts = kiln_runtime::loader::dlsym(std::ptr::null_mut(), "puts");
+//! assert!(puts.is_some());
+//! // What Kiln offers JIT code in place of the C runtime's (thread-locals, say).
+//! let offered = kiln_runtime::thread_locals::runtime_symbols();
+//! assert!(offered.iter().any(|(name, _)| name == "__tls_get_addr"));
+//! ```
 
 pub mod code_guards;
 pub mod crash_report;
