@@ -28,6 +28,25 @@
 //!   is down or slow is a miss, never a failure nor a hang).
 //! - [`Compiler`] turns a source file into a relocatable object; [`SystemCompiler`] drives
 //!   `cc` and `c++`. [`compile_cached`] ties it together.
+//!
+//! Never compile twice: the second compile of the same source is a hit.
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use kiln_cache::{compile_cached, MemoryCache, SystemCompiler};
+//! let dir = std::env::temp_dir().join(format!("kiln-cache-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! let source = dir.join("f.c");
+//! std::fs::write(&source, "int f(int x) { return x + 1; }\n")?;
+//! let (compiler, cache) = (SystemCompiler::new(), MemoryCache::new());
+//! let flags = ["-O2".to_string()];
+//! let first = compile_cached(&compiler, Some(&cache), &source, &flags)?;
+//! let second = compile_cached(&compiler, Some(&cache), &source, &flags)?;
+//! assert!(!first.hit && second.hit);
+//! assert_eq!(first.key, second.key);
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok(()) }
+//! ```
 
 mod cached_object;
 mod compiler;

@@ -11,6 +11,24 @@
 //! here: the linker writes code straight into it, no code byte crosses the socket) or
 //! [`CopyMapper`] (bytes copied over the connection, for TCP). The linker and the slab
 //! allocator are the same code as in-process.
+//!
+//! A child executor asked where `puts` is in its process (`no_run`: it needs the
+//! `kiln-executor` binary built; the session, `kiln::Executor`, wraps all of this):
+//!
+//! ```no_run
+//! # fn main() -> Result<(), kiln_remote::RemoteError> {
+//! use kiln_remote::protocol::{Request, Response};
+//! use kiln_remote::{RemoteExecutor, Timeouts};
+//!
+//! let binary = std::path::Path::new("target/release/kiln-executor");
+//! let executor = RemoteExecutor::spawn(binary, Timeouts::default())?;
+//! let request = Request::Lookup { library: 0, name: "puts".into() };
+//! if let Response::Symbol { address, .. } = executor.request(&request)? {
+//!     println!("puts is at {address:#x} in process {}", executor.pid());
+//! }
+//! executor.shutdown();
+//! # Ok(()) }
+//! ```
 
 mod child;
 mod controller;
