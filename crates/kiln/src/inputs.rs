@@ -404,6 +404,11 @@ impl Jit {
     /// Resolves what `lib` does not define from the executor's process symbols (this
     /// process's, for the in-process executor).
     ///
+    /// A function of the host program itself (not of a library it loaded) is among them
+    /// only if the program exports it: link the host with `-rdynamic` (`-Wl,-E`; for a
+    /// Rust host, `-C link-args=-rdynamic` or `-C link-arg=-Wl,--export-dynamic-symbol=NAME`),
+    /// or hand the function to the session with [`Jit::define_symbol`].
+    ///
     /// The C library's few functions that a native link takes from `libc_nonshared.a`
     /// rather than `libc.so.6` — `atexit`, `at_quick_exit`, `pthread_atfork` — are linked
     /// from that archive into the module that calls them, as a native link does, so that
