@@ -26,7 +26,9 @@ impl Jit {
             .ok_or_else(|| Error::UnknownLibrary(format!("no library {}", lib.index)))
     }
 
-    /// Creates a library.
+    /// Creates a library: an empty namespace of definitions named `name` (names need not
+    /// be unique). It cannot fail — nothing is allocated outside this process's heap and
+    /// nothing is checked — so it is the one session call that returns no `Result`.
     pub fn create_library(&self, name: &str) -> LibraryId {
         let mut libraries = self.inner.libraries.write();
         let id = LibraryId {
