@@ -1048,20 +1048,7 @@ impl RemoteExecutor {
         self.shared
             .child_pid
             .store(0, std::sync::atomic::Ordering::SeqCst);
-        let serving = self.shared.state.lock().ended.is_none();
-        let mut answered = false;
-        if serving {
-            let _main = self.main.lock();
-            answered = matches!(
-                self.send_within(&Request::Shutdown, Some(Duration::from_secs(5))),
-                Ok((Response::Ok, _))
-            );
-            let mut state = self.shared.state.lock();
-            if state.ended.is_none() {
-                self.shared
-                    .end(&mut state, Ended::Broken("shut down".into()));
-            }
-        }
+        let answered = self.say_shutdown() == Some(true);
         self.closer.shutdown();
         // Answered: not reaped here (see above; an `ExecutorChild` going out of scope
         // neither waits nor kills). Busy, broken or silent: it may run JIT code forever.
@@ -1072,23 +1059,35 @@ impl RemoteExecutor {
         }
     }
 
+    /// Sends `Shutdown` on a connection still serving and ends the connection: whether the
+    /// executor answered `Ok` (its answer comes after the program's last output, which the
+    /// connection's reader forwards; one that does not answer within 5 s is not waited
+    /// for), `None` if the connection had ended already.
+    fn say_shutdown(&self) -> Option<bool> {
+        if self.shared.state.lock().ended.is_some() {
+            return None;
+        }
+        let _main = self.main.lock();
+        let answered = matches!(
+            self.send_within(&Request::Shutdown, Some(Duration::from_secs(5))),
+            Ok((Response::Ok, _))
+        );
+        let mut state = self.shared.state.lock();
+        if state.ended.is_none() {
+            self.shared
+                .end(&mut state, Ended::Broken("shut down".into()));
+        }
+        Some(answered)
+    }
+
     /// Asks the executor to exit, and waits for a child executor.
     pub fn shutdown(&self) {
-        let serving = self.shared.state.lock().ended.is_none();
-        if serving {
-            // Its answer comes after the program's last output (which the connection's reader
-            // forwards); an executor that does not answer within 5 s is not waited for.
-            let _main = self.main.lock();
-            let _ = self.send_within(&Request::Shutdown, Some(Duration::from_secs(5)));
-            let mut state = self.shared.state.lock();
-            if state.ended.is_none() {
-                self.shared
-                    .end(&mut state, Ended::Broken("shut down".into()));
+        if self.say_shutdown().is_none() {
+            if let Some(child) = &mut *self.shared.child.lock() {
+                // A connection that ended otherwise (a timeout, say) may have left the
+                // executor running JIT code forever: do not wait for it.
+                let _ = child.kill();
             }
-        } else if let Some(child) = &mut *self.shared.child.lock() {
-            // A connection that ended otherwise (a timeout, say) may have left the
-            // executor running JIT code forever: do not wait for it.
-            let _ = child.kill();
         }
         self.closer.shutdown();
         self.shared.reap();

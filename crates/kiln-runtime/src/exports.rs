@@ -122,38 +122,36 @@ pub fn export_module_on_demand(
     module: Weak<dyn ModuleSymbols>,
     code: Range<u64>,
 ) -> Result<Exports, String> {
-    let mut registry = EXPORTS.lock();
-    if registry.immediate {
-        let list = module
-            .upgrade()
-            .map(|m| exports_of(&*m, &code))
-            .unwrap_or_default();
-        let (result, modules) = open_now(&mut registry, &list);
-        drop(registry);
-        drop(modules);
-        return result;
-    }
-    let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
-    registry
-        .states
-        .insert(serial, State::DeferredModule { module, code });
-    PENDING.store(true, Ordering::Release);
-    Ok(Exports { serial })
+    defer(State::DeferredModule { module, code })
 }
 
 /// Exports `symbols` when JIT code first calls the loader through a shim, or a library is
 /// loaded for the program; at once if one was loaded already (as
 /// [`export_module_on_demand`], for a list: what a controller in another process sends).
 pub fn export_symbols_on_demand(symbols: Vec<ExportedSymbol>) -> Result<Exports, String> {
+    defer(State::DeferredList(symbols))
+}
+
+/// `deferred` (a `DeferredModule` or `DeferredList`) kept until the loader's first use, or
+/// opened at once when exports are immediate.
+fn defer(deferred: State) -> Result<Exports, String> {
     let mut registry = EXPORTS.lock();
     if registry.immediate {
-        let (result, modules) = open_now(&mut registry, &symbols);
+        let list = match deferred {
+            State::DeferredModule { module, code } => module
+                .upgrade()
+                .map(|m| exports_of(&*m, &code))
+                .unwrap_or_default(),
+            State::DeferredList(symbols) => symbols,
+            State::Open(_) | State::Failed => Vec::new(),
+        };
+        let (result, modules) = open_now(&mut registry, &list);
         drop(registry);
         drop(modules);
         return result;
     }
     let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
-    registry.states.insert(serial, State::DeferredList(symbols));
+    registry.states.insert(serial, deferred);
     PENDING.store(true, Ordering::Release);
     Ok(Exports { serial })
 }

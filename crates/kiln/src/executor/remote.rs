@@ -38,6 +38,15 @@ impl Remote {
         self.connection.get()
     }
 
+    /// `f` on the connection if the executor said hello already; else a child still
+    /// starting is killed and reaped (nothing was asked of it).
+    fn ready_or_abandon(&self, f: impl FnOnce(&RemoteExecutor)) {
+        match self.connection.get_if_ready() {
+            Some(remote) => f(remote),
+            None => self.connection.abandon(),
+        }
+    }
+
     /// The executor's hello (waiting for it); `None` if it never came.
     fn hello(&self) -> Option<&Hello> {
         self.remote().ok().map(|r| r.hello())
@@ -124,24 +133,15 @@ impl ExecutorService for Remote {
     }
 
     fn shutdown(&self) {
-        match self.connection.get_if_ready() {
-            Some(remote) => remote.shutdown(),
-            None => self.connection.abandon(),
-        }
+        self.ready_or_abandon(RemoteExecutor::shutdown);
     }
 
     fn shutdown_for_exit(&self) {
-        match self.connection.get_if_ready() {
-            Some(remote) => remote.shutdown_for_exit(),
-            None => self.connection.abandon(),
-        }
+        self.ready_or_abandon(RemoteExecutor::shutdown_for_exit);
     }
 
     fn kill(&self) {
-        match self.connection.get_if_ready() {
-            Some(remote) => remote.kill(),
-            None => self.connection.abandon(),
-        }
+        self.ready_or_abandon(RemoteExecutor::kill);
     }
 
     fn adopt_environment(&self) -> Result<(), Error> {
@@ -333,7 +333,9 @@ impl ExecutorService for Remote {
     }
 
     fn loader_shim(&self, name: &str) -> Option<u64> {
-        if !self.defers_exports() {
+        // Asked for every name a link does not find elsewhere: no string made for the
+        // names that are no loader function.
+        if !matches!(name, "dlopen" | "dlmopen" | "dlsym" | "dlvsym") || !self.defers_exports() {
             return None;
         }
         self.hello()?.runtime_symbol(&format!(
