@@ -3,6 +3,7 @@
 
 use crate::error::{guard, kiln_error, kiln_status};
 use crate::memory::{kiln_memory_callbacks, CallbackMemory};
+use kiln::Input;
 use kiln::{Jit, LibraryId, Module};
 use parking_lot::Mutex;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -438,7 +439,9 @@ pub unsafe extern "C" fn kiln_add_source(
             .collect::<Result<_, _>>()?;
         let hit = s
             .jit
-            .add_source(LibraryId::from_raw(library), path, &flags)?;
+            .library(LibraryId::from_raw(library))
+            .compile(path, &flags)
+            .map(|c| c.from_cache)?;
         if !from_cache.is_null() {
             // SAFETY: a valid out-pointer (checked not NULL).
             unsafe { *from_cache = c_int::from(hit) };
@@ -512,7 +515,10 @@ pub unsafe extern "C" fn kiln_create_library(
         libraries.0.push(id);
         for resolver in libraries.1.iter() {
             s.jit
-                .add_generator(id, Box::new(ResolverGenerator(resolver.clone())))?;
+                .library(id)
+                .add(Input::Generator(Box::new(ResolverGenerator(
+                    resolver.clone(),
+                ))))?;
         }
         *out = id.to_raw();
         Ok(())
@@ -620,7 +626,7 @@ pub unsafe extern "C" fn kiln_add_object(
         match release {
             None => {
                 let data = slice(bytes.cast::<u8>(), size, "bytes")?;
-                s.jit.add_object(lib, name, data.to_vec())?;
+                s.jit.library(lib).add(Input::object(name, data.to_vec()))?;
             }
             Some(release) => {
                 let lent = Lent {
@@ -629,7 +635,9 @@ pub unsafe extern "C" fn kiln_add_object(
                     release,
                     context: release_context,
                 };
-                s.jit.add_object_shared(lib, name, Arc::new(lent))?;
+                s.jit
+                    .library(lib)
+                    .add(Input::object_shared(name, Arc::new(lent)))?;
             }
         }
         Ok(())
@@ -650,7 +658,9 @@ pub unsafe extern "C" fn kiln_add_object_file(
     guard(error, || {
         let s = self::session(session)?;
         let path = cstr(path, "path")?;
-        s.jit.add_object_file(LibraryId::from_raw(library), path)?;
+        s.jit
+            .library(LibraryId::from_raw(library))
+            .add(Input::object_file(path))?;
         Ok(())
     })
 }
@@ -680,7 +690,8 @@ pub unsafe extern "C" fn kiln_add_archive(
         }
         let data = slice(bytes.cast::<u8>(), size, "bytes")?;
         s.jit
-            .add_archive(LibraryId::from_raw(library), name, data.to_vec())?;
+            .library(LibraryId::from_raw(library))
+            .add(Input::archive(name, data.to_vec()))?;
         Ok(())
     })
 }
@@ -699,7 +710,9 @@ pub unsafe extern "C" fn kiln_add_archive_file(
     guard(error, || {
         let s = self::session(session)?;
         let path = cstr(path, "path")?;
-        s.jit.add_archive_file(LibraryId::from_raw(library), path)?;
+        s.jit
+            .library(LibraryId::from_raw(library))
+            .add(Input::archive_file(path))?;
         Ok(())
     })
 }
@@ -726,7 +739,8 @@ pub unsafe extern "C" fn kiln_add_library_by_name(
             .map(|&d| cstr(d, "dir").map(std::path::PathBuf::from))
             .collect::<Result<_, _>>()?;
         s.jit
-            .add_library_by_name(LibraryId::from_raw(library), name, &dirs)?;
+            .library(LibraryId::from_raw(library))
+            .add(Input::library_by_name(name, &dirs))?;
         Ok(())
     })
 }
@@ -744,7 +758,9 @@ pub unsafe extern "C" fn kiln_add_process_symbols(
 ) -> kiln_status {
     guard(error, || {
         let s = self::session(session)?;
-        s.jit.add_process_symbols(LibraryId::from_raw(library))?;
+        s.jit
+            .library(LibraryId::from_raw(library))
+            .add(Input::ProcessSymbols)?;
         Ok(())
     })
 }
@@ -856,7 +872,8 @@ pub unsafe extern "C" fn kiln_add_resolver(
         let s = self::session(session)?;
         let r = checked_resolver(resolver)?;
         s.jit
-            .add_generator(LibraryId::from_raw(library), Box::new(ResolverGenerator(r)))?;
+            .library(LibraryId::from_raw(library))
+            .add(Input::Generator(Box::new(ResolverGenerator(r))))?;
         Ok(())
     })
 }
@@ -878,7 +895,8 @@ pub unsafe extern "C" fn kiln_add_session_resolver(
         let mut libraries = s.libraries.lock();
         for &lib in libraries.0.iter() {
             s.jit
-                .add_generator(lib, Box::new(ResolverGenerator(r.clone())))?;
+                .library(lib)
+                .add(Input::Generator(Box::new(ResolverGenerator(r.clone()))))?;
         }
         libraries.1.push(r);
         Ok(())

@@ -10,6 +10,7 @@ mod link_only;
 mod times;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use kiln::Input;
 use kiln_memory::{
     AllocationRequest, DualMappedMapper, FinalizedAllocation, InProcessMapper, Mapper,
     MemoryManager, Permission, SegmentRequest, SlabMemoryManager,
@@ -581,7 +582,8 @@ fn run(o: RunArgs) -> Result<i32, String> {
         if objects.is_empty() {
             return Ok(());
         }
-        jit.add_objects_shared(lib, std::mem::take(objects))
+        jit.library(lib)
+            .add(Input::Objects(std::mem::take(objects)))
             .map_err(explain)
     };
     for input in &o.inputs {
@@ -620,8 +622,11 @@ fn run(o: RunArgs) -> Result<i32, String> {
             }
             inputs::InputKind::Source => {
                 let t = Instant::now();
-                let (hit, object_key) =
-                    jit.add_source_keyed(lib, input, &flags).map_err(explain)?;
+                let (hit, object_key) = jit
+                    .library(lib)
+                    .compile(input, &flags)
+                    .map(|c| (c.from_cache, c.key))
+                    .map_err(explain)?;
                 // A source is named by its object's signature (sources compiled without
                 // the object cache have none: no image then).
                 match (&mut image_key, object_key) {
@@ -654,7 +659,9 @@ fn run(o: RunArgs) -> Result<i32, String> {
             }
             inputs::InputKind::Archive if o.whole_archive => {
                 for (member, data) in inputs::archive_members(input, contents.unwrap_or(&[]))? {
-                    jit.add_object(lib, &member, data).map_err(explain)?;
+                    jit.library(lib)
+                        .add(Input::object(&member, data))
+                        .map_err(explain)?;
                 }
             }
             inputs::InputKind::Archive => {
@@ -662,13 +669,17 @@ fn run(o: RunArgs) -> Result<i32, String> {
                     eprintln!("kiln: archive {name}: members linked as needed");
                 }
                 let bytes = bytes.ok_or_else(|| format!("{name}: cannot be read"))?;
-                jit.add_archive_shared(lib, &name, bytes).map_err(explain)?;
+                jit.library(lib)
+                    .add(Input::archive_shared(&name, bytes))
+                    .map_err(explain)?;
             }
             inputs::InputKind::Shared => {
                 if o.verbose {
                     eprintln!("kiln: shared library {name}");
                 }
-                jit.add_shared_library(lib, input).map_err(explain)?;
+                jit.library(lib)
+                    .add(Input::shared_library(input))
+                    .map_err(explain)?;
             }
         }
     }
@@ -681,18 +692,22 @@ fn run(o: RunArgs) -> Result<i32, String> {
         if o.verbose {
             eprintln!("kiln: -lstdc++ (for the C++ sources)");
         }
-        jit.add_library_by_name(lib, "stdc++", &o.library_dirs)
+        jit.library(lib)
+            .add(Input::library_by_name("stdc++", &o.library_dirs))
             .map_err(explain)?;
     }
     if !o.undefined.is_empty() {
         let object = inputs::undefined_references(&o.undefined, jit.architecture())?;
-        jit.add_object(lib, "-u", object).map_err(explain)?;
+        jit.library(lib)
+            .add(Input::object("-u", object))
+            .map_err(explain)?;
     }
     for name in &o.libraries {
         if o.verbose {
             eprintln!("kiln: -l{name}");
         }
-        jit.add_library_by_name(lib, name, &o.library_dirs)
+        jit.library(lib)
+            .add(Input::library_by_name(name, &o.library_dirs))
             .map_err(explain)?;
     }
     for definition in &o.defsym {
@@ -706,7 +721,9 @@ fn run(o: RunArgs) -> Result<i32, String> {
         .map_err(|_| format!("--defsym {definition}: {value} is not an address"))?;
         jit.define_symbol(lib, symbol, address).map_err(explain)?;
     }
-    jit.add_process_symbols(lib).map_err(|e| e.to_string())?;
+    jit.library(lib)
+        .add(Input::ProcessSymbols)
+        .map_err(|e| e.to_string())?;
     // Everything the link reads is in place: the key ends with every file this process
     // maps (the executable, the host's libraries, the mapped inputs).
     let image_key = image_key.and_then(|mut key| match jit.add_image_key_inputs(&mut key) {

@@ -901,8 +901,10 @@ fn lazy_functions_through_the_c_executor(name: &str, gcc: &str, port: u16) {
     ];
     jit.add_lazy_functions(lib, &lazy, compiler.clone())
         .unwrap_or_else(|e| panic!("{name}: {e}"));
-    jit.add_object(lib, "lazy_program.o", program).unwrap();
-    jit.add_process_symbols(lib).unwrap();
+    jit.library(lib)
+        .add(kiln::Input::object("lazy_program.o", program))
+        .unwrap();
+    jit.library(lib).add(kiln::Input::ProcessSymbols).unwrap();
     jit.link_pending(lib)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(

@@ -371,11 +371,13 @@ impl KilnModule {
                 .map_err(session_error("defining a builder symbol"))?;
         }
         if !lookup_symbols.is_empty() {
-            jit.add_generator(lib, Box::new(Lookups(lookup_symbols)))
+            jit.library(lib)
+                .add(kiln::Input::Generator(Box::new(Lookups(lookup_symbols))))
                 .map_err(session_error("adding the builder's lookups"))?;
         }
         if process_symbols {
-            jit.add_process_symbols(lib)
+            jit.library(lib)
+                .add(kiln::Input::ProcessSymbols)
                 .map_err(session_error("adding the process's symbols"))?;
         }
         Ok(KilnModule {

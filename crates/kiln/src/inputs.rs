@@ -100,20 +100,9 @@ pub(crate) fn starts_with(bytes: &Arc<dyn AsRef<[u8]> + Send + Sync>, prefix: &[
 }
 
 impl Jit {
-    /// Adds a relocatable object from bytes (copied once, or shared if given as an
-    /// `Arc<[u8]>`); it is linked with the library's next link.
-    pub fn add_object(
-        &self,
-        lib: LibraryId,
-        name: &str,
-        bytes: impl Into<Arc<[u8]>>,
-    ) -> Result<(), Error> {
-        self.add_input(lib, ObjectInput::new(name, bytes))
-    }
-
     /// Adds a relocatable object whose bytes the caller lends for as long as the session
     /// needs them (a memory-mapped file, a buffer of a compiler): never copied.
-    pub fn add_object_shared(
+    pub(crate) fn add_object_shared(
         &self,
         lib: LibraryId,
         name: &str,
@@ -126,19 +115,7 @@ impl Jit {
     /// [`Jit::add_object_shared`] does one), checked together: on every core when they are
     /// several and large. All are added, in their order, or none: the error names the
     /// first bad one.
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), kiln::Error> {
-    /// let jit = kiln::Jit::new()?;
-    /// let lib = jit.main_library();
-    /// let objects = ["a.o", "b.o"]
-    ///     .into_iter()
-    ///     .map(|path| Ok((path.to_string(), kiln::map_file(std::path::Path::new(path))?)))
-    ///     .collect::<Result<Vec<_>, kiln::Error>>()?;
-    /// jit.add_objects_shared(lib, objects)?;
-    /// # Ok(()) }
-    /// ```
-    pub fn add_objects_shared(
+    pub(crate) fn add_objects_shared(
         &self,
         lib: LibraryId,
         objects: Vec<(String, SharedBytes)>,
@@ -157,7 +134,7 @@ impl Jit {
                 refuse_thread_locals(&input.name, input.bytes())?;
             }
         }
-        self.library(lib)?.state.write().pending.extend(inputs);
+        self.library_data(lib)?.state.write().pending.extend(inputs);
         Ok(())
     }
 
@@ -170,7 +147,7 @@ impl Jit {
         if self.inner.target_os == crate::TargetOs::Windows {
             refuse_thread_locals(&input.name, input.bytes())?;
         }
-        self.library(lib)?.state.write().pending.push(input);
+        self.library_data(lib)?.state.write().pending.push(input);
         Ok(())
     }
 
@@ -202,47 +179,18 @@ impl Jit {
     }
 
     /// Adds a relocatable object file.
-    pub fn add_object_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
+    pub(crate) fn add_object_file(
+        &self,
+        lib: LibraryId,
+        path: impl AsRef<Path>,
+    ) -> Result<(), Error> {
         let path = path.as_ref();
         let bytes = self.read_input(path)?;
         self.add_object_shared(lib, &path.display().to_string(), bytes)
     }
 
-    /// Adds a relocatable object lazily: only its symbol table is read now, and it is
-    /// linked — as part of the link that needs it — when one of the names it defines is
-    /// first looked up in `lib` or needed by a link that searches `lib`. An object nobody
-    /// needs is never linked (nor is the rest of it read: a malformed section is reported
-    /// by the link that needs it, and the object then stays lazy).
-    ///
-    /// Lazy objects that need each other are linked together, as archive members are. A
-    /// link of `lib` takes the lazy objects its inputs need from `lib`; a lazy object of a
-    /// library in the search order is linked into that library, as a module of its own.
-    /// An error if `lib` (or one of its lazy objects) already defines a name the object
-    /// defines (weak definitions excepted).
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), kiln::Error> {
-    /// let jit = kiln::Jit::new()?;
-    /// let lib = jit.main_library();
-    /// jit.add_process_symbols(lib)?;
-    /// for path in ["a.o", "b.o", "c.o"] {
-    ///     jit.add_lazy_object(lib, path, std::fs::read(path).unwrap())?;
-    /// }
-    /// // Links a.o only (and what a.o needs): b.o and c.o stay unread.
-    /// let f = jit.lookup(lib, "defined_in_a")?;
-    /// # Ok(()) }
-    /// ```
-    pub fn add_lazy_object(
-        &self,
-        lib: LibraryId,
-        name: &str,
-        bytes: impl Into<Arc<[u8]>>,
-    ) -> Result<(), Error> {
-        self.add_lazy_input(lib, ObjectInput::new(name, bytes))
-    }
-
     /// [`Jit::add_lazy_object`] of bytes the caller lends (never copied).
-    pub fn add_lazy_object_shared(
+    pub(crate) fn add_lazy_object_shared(
         &self,
         lib: LibraryId,
         name: &str,
@@ -253,7 +201,7 @@ impl Jit {
 
     pub(crate) fn add_lazy_input(&self, lib: LibraryId, input: ObjectInput) -> Result<(), Error> {
         let symbols = kiln_link::scan_symbols(&input.name, input.bytes(), self.inner.architecture)?;
-        let library = self.library(lib)?;
+        let library = self.library_data(lib)?;
         let mut state = library.state.write();
         for name in &symbols.defined {
             let previous = match (state.index.get(&**name), state.lazy.get(&**name)) {
@@ -285,27 +233,15 @@ impl Jit {
     }
 
     /// The number of lazy objects of `lib` not linked yet.
-    pub fn lazy_objects_pending(&self, lib: LibraryId) -> Result<usize, Error> {
-        let library = self.library(lib)?;
+    pub(crate) fn lazy_objects_pending(&self, lib: LibraryId) -> Result<usize, Error> {
+        let library = self.library_data(lib)?;
         let state = library.state.read();
         Ok(state.lazy_objects.iter().filter(|o| o.is_some()).count())
     }
 
-    /// Adds a static archive from bytes: its members are linked when they define a symbol
-    /// the link needs.
-    pub fn add_archive(
-        &self,
-        lib: LibraryId,
-        name: &str,
-        bytes: impl Into<Arc<[u8]>>,
-    ) -> Result<(), Error> {
-        let bytes: Arc<[u8]> = bytes.into();
-        self.add_archive_shared(lib, name, Arc::new(bytes))
-    }
-
     /// Adds a static archive whose bytes the caller lends (a memory-mapped file): never
     /// copied, its members linked share them.
-    pub fn add_archive_shared(
+    pub(crate) fn add_archive_shared(
         &self,
         lib: LibraryId,
         name: &str,
@@ -322,7 +258,7 @@ impl Jit {
     }
 
     pub(crate) fn push_archive(&self, lib: LibraryId, archive: ArchiveInput) -> Result<(), Error> {
-        let library = self.library(lib)?;
+        let library = self.library_data(lib)?;
         let mut state = library.state.write();
         let mut archives = (*state.archives).clone();
         archives.push(archive);
@@ -331,14 +267,18 @@ impl Jit {
     }
 
     /// Adds a static archive file.
-    pub fn add_archive_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
+    pub(crate) fn add_archive_file(
+        &self,
+        lib: LibraryId,
+        path: impl AsRef<Path>,
+    ) -> Result<(), Error> {
         let path = path.as_ref();
         let bytes = self.read_input(path)?;
         self.add_archive_shared(lib, &path.display().to_string(), bytes)
     }
 
     /// Adds an object or an archive, by its contents.
-    pub fn add_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
+    pub(crate) fn add_file(&self, lib: LibraryId, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
         let bytes = self.read_input(path)?;
         if starts_with(&bytes, b"!<arch>\n") {
@@ -352,23 +292,10 @@ impl Jit {
         }
     }
 
-    /// Compiles a C or C++ source with the session's compiler and `flags` (through its
-    /// object cache, if it has one: an entry whose signature does not match this compile
-    /// is never loaded) and adds the object to `lib`. Returns whether the object came from
-    /// the cache.
-    pub fn add_source(
-        &self,
-        lib: LibraryId,
-        path: impl AsRef<Path>,
-        flags: &[String],
-    ) -> Result<bool, Error> {
-        self.add_source_keyed(lib, path, flags).map(|(hit, _)| hit)
-    }
-
     /// [`Jit::add_source`], also giving the object's key in the object cache (the
     /// signature of what made it: a [`kiln_cache::ImageKeyBuilder`] names the source by
     /// it); `None` without an object cache.
-    pub fn add_source_keyed(
+    pub(crate) fn add_source_keyed(
         &self,
         lib: LibraryId,
         path: impl AsRef<Path>,
@@ -392,12 +319,16 @@ impl Jit {
     }
 
     /// Adds a generator for names `lib` does not define.
-    pub fn add_generator(
+    pub(crate) fn add_generator(
         &self,
         lib: LibraryId,
         generator: Box<dyn SymbolGenerator>,
     ) -> Result<(), Error> {
-        self.library(lib)?.generators.lock().list.push(generator);
+        self.library_data(lib)?
+            .generators
+            .lock()
+            .list
+            .push(generator);
         Ok(())
     }
 
@@ -417,7 +348,7 @@ impl Jit {
     ///
     /// For a Windows executor the process symbols are those of its C runtime's DLLs and
     /// of the DLLs loaded since (no `libc_nonshared.a`).
-    pub fn add_process_symbols(&self, lib: LibraryId) -> Result<(), Error> {
+    pub(crate) fn add_process_symbols(&self, lib: LibraryId) -> Result<(), Error> {
         // The executor's architecture's archive (Debian multiarch).
         let dirs = if self.inner.target_os == crate::TargetOs::Linux {
             search_dirs_for(self.inner.architecture)
@@ -446,7 +377,7 @@ impl Jit {
     /// `-l name`: finds the library in `dirs` and then the system directories; adds an
     /// archive, or opens a shared library in the executor (following GNU ld scripts) as a
     /// generator.
-    pub fn add_library_by_name(
+    pub(crate) fn add_library_by_name(
         &self,
         lib: LibraryId,
         name: &str,
@@ -498,7 +429,7 @@ impl Jit {
 
     /// Loads the shared library at `path` in the executor and resolves what `lib` does
     /// not define from it (a `.so` given as an input, as a linker takes one).
-    pub fn add_shared_library(&self, lib: LibraryId, path: &Path) -> Result<(), Error> {
+    pub(crate) fn add_shared_library(&self, lib: LibraryId, path: &Path) -> Result<(), Error> {
         // A relative path is the caller's (dlopen would search the system's directories).
         let path = std::fs::canonicalize(path)
             .unwrap_or_else(|_| path.to_path_buf())

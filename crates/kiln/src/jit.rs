@@ -32,8 +32,8 @@ use std::sync::Arc;
 /// ```no_run
 /// let jit = kiln::Jit::new()?;
 /// let lib = jit.main_library();
-/// jit.add_object_file(lib, "hello.o")?;
-/// jit.add_process_symbols(lib);
+/// jit.library(lib).add(kiln::Input::object_file("hello.o"))?;
+/// jit.library(lib).add(kiln::Input::ProcessSymbols)?;
 /// // SAFETY: hello.o's main is a C `int main(int, char **, char **)`.
 /// let status = unsafe { jit.run_main(lib, &["hello".to_string()]) }?;
 /// # Ok::<(), kiln::Error>(())
@@ -41,7 +41,7 @@ use std::sync::Arc;
 ///
 /// # Lazily
 ///
-/// Objects can be added lazily ([`Jit::add_lazy_object`]: linked when first needed), and
+/// Objects can be added lazily ([`Input::lazy_object`](crate::Input::lazy_object): linked when first needed), and
 /// functions defined by a compiler called on their first call ([`Jit::add_lazy_functions`],
 /// call-through stubs) and replaced while they run ([`Jit::replace_function`]); see
 /// [`crate::lazy`].
@@ -110,13 +110,13 @@ impl JitBuilder {
         self
     }
 
-    /// The compiler of [`Jit::add_source`] (default: the system's `cc` and `c++`).
+    /// The compiler of [`Library::compile`](crate::Library::compile) (default: the system's `cc` and `c++`).
     pub fn compiler(mut self, compiler: Arc<dyn kiln_cache::Compiler>) -> Self {
         self.compiler = Some(compiler);
         self
     }
 
-    /// The object cache [`Jit::add_source`] consults before compiling and fills after
+    /// The object cache [`Library::compile`](crate::Library::compile) consults before compiling and fills after
     /// (default: none, every source is compiled).
     pub fn object_cache(mut self, cache: Arc<dyn kiln_cache::ObjectCache>) -> Self {
         self.object_cache = Some(cache);

@@ -37,7 +37,8 @@
 //!     assert!(status.success());
 //!     let jit = kiln::Jit::new()?;
 //!     let lib = jit.main_library();
-//!     jit.add_object(lib, "add.o", std::fs::read(dir.join("add.o"))?)?;
+//!     let object = std::fs::read(dir.join("add.o"))?;
+//!     jit.library(lib).add(kiln::Input::object("add.o", object))?;
 //!     // SAFETY: `add` is `long add(long, long)`; the module stays in `jit`.
 //!     let add = unsafe { jit.lookup_fn::<extern "C" fn(i64, i64) -> i64>(lib, "add")? };
 //!     assert_eq!(add(2, 40), 42);
@@ -59,6 +60,7 @@ mod jit;
 pub mod lazy;
 mod libraries;
 mod library;
+mod library_handle;
 mod library_id;
 pub mod library_search;
 mod link_job;
@@ -102,6 +104,7 @@ pub use kiln_runtime::module_symbols::ModuleSymbols;
 pub use kiln_runtime::shared_object::ExportedSymbol;
 pub use lazy::{CodeGuard, CodeThread, CompileError, LazyCompiler, LazyFailure, SwappableModule};
 pub use library::LibraryId;
+pub use library_handle::{Compiled, Input, Library};
 pub use link_job::LinkReport;
 pub use module::Module;
 pub use plugin::{LoadedModule, Plugin, PluginError, PluginFailure, PluginRegistration};

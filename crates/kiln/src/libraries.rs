@@ -2,7 +2,7 @@
 //! (a lookup links what is pending and the lazy objects it needs).
 
 use crate::jit::Jit;
-use crate::library::{describe, Definition, Generators, Library, LibraryId, LibraryState};
+use crate::library::{describe, Definition, Generators, LibraryData, LibraryId, LibraryState};
 use crate::link_request::{LinkRequest, Publish};
 use crate::resolve::SessionContext;
 use crate::Error;
@@ -11,7 +11,7 @@ use parking_lot::{Mutex, RwLock};
 use std::sync::Arc;
 
 impl Jit {
-    pub(crate) fn library(&self, lib: LibraryId) -> Result<Arc<Library>, Error> {
+    pub(crate) fn library_data(&self, lib: LibraryId) -> Result<Arc<LibraryData>, Error> {
         if lib.session != self.inner.session {
             return Err(Error::UnknownLibrary(format!(
                 "library {} belongs to another session",
@@ -35,7 +35,7 @@ impl Jit {
             session: self.inner.session,
             index: libraries.len() as u32,
         };
-        libraries.push(Arc::new(Library {
+        libraries.push(Arc::new(LibraryData {
             id,
             name: name.to_string(),
             link: Mutex::new(()),
@@ -48,16 +48,16 @@ impl Jit {
     /// Libraries searched, in order, for what `lib` does not define.
     pub fn set_search_order(&self, lib: LibraryId, order: &[LibraryId]) -> Result<(), Error> {
         for &other in order {
-            self.library(other)?;
+            self.library_data(other)?;
         }
-        self.library(lib)?.state.write().search_order = order.to_vec();
+        self.library_data(lib)?.state.write().search_order = order.to_vec();
         Ok(())
     }
 
     /// Defines `name` in `lib` at `address` (a host function or data). An error if the
     /// library defines `name` already.
     pub fn define_symbol(&self, lib: LibraryId, name: &str, address: u64) -> Result<(), Error> {
-        let library = self.library(lib)?;
+        let library = self.library_data(lib)?;
         let mut state = library.state.write();
         if let Some(previous) = state.index.get(name) {
             return Err(Error::Redefinition {
@@ -96,7 +96,7 @@ impl Jit {
     /// [`Jit::lookup`] of many names (one batch to a remote executor for those the
     /// generators answer); an error names the first name not found.
     pub fn lookup_many(&self, lib: LibraryId, names: &[&str]) -> Result<Vec<u64>, Error> {
-        let library = self.library(lib)?;
+        let library = self.library_data(lib)?;
         // What is linked already answers without linking what is pending.
         {
             let state = library.state.read();
@@ -133,6 +133,6 @@ impl Jit {
 
     /// The name of a library.
     pub fn library_name(&self, lib: LibraryId) -> Result<String, Error> {
-        Ok(self.library(lib)?.name.clone())
+        Ok(self.library_data(lib)?.name.clone())
     }
 }

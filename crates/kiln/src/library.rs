@@ -32,7 +32,7 @@ impl Definition {
 pub(crate) struct LibraryState {
     /// Objects added and not linked yet.
     pub(crate) pending: Vec<ObjectInput>,
-    /// Objects added with [`Jit::add_lazy_object`], by slot: `None` once linked.
+    /// Objects added with [`Input::lazy_object`](crate::Input::lazy_object), by slot: `None` once linked.
     pub(crate) lazy_objects: Vec<Option<LazyObject>>,
     /// The names the lazy objects define, to their slot.
     pub(crate) lazy: FxHashMap<Arc<str>, usize>,
@@ -112,7 +112,7 @@ pub(crate) struct Generators {
     pub(crate) found: FxHashMap<Box<str>, Found>,
 }
 
-pub(crate) struct Library {
+pub(crate) struct LibraryData {
     pub(crate) id: LibraryId,
     pub(crate) name: String,
     /// Held for the whole of a link into this library (links of other libraries, and

@@ -7,7 +7,7 @@
 
 use crate::executor::{EhRegistration, ExportHandle};
 use crate::jit::Jit;
-use crate::library::{describe, Definition, LazyObject, Library, LibraryId};
+use crate::library::{describe, Definition, LazyObject, LibraryData, LibraryId};
 use crate::link_lock::{lock_for_link, LinkingHere};
 use crate::link_request::{LinkRequest, Publish};
 use crate::module::{Announced, Module, ModuleInner};
@@ -68,7 +68,7 @@ struct Installed {
 /// One link into one library.
 pub(crate) struct LinkJob<'j> {
     pub(crate) jit: &'j Jit,
-    pub(crate) library: &'j Arc<Library>,
+    pub(crate) library: &'j Arc<LibraryData>,
     pub(crate) publish: Publish,
     pub(crate) times: bool,
     /// References routed through call-through stubs.
@@ -83,7 +83,7 @@ impl Jit {
         lib: LibraryId,
         request: LinkRequest<'_>,
     ) -> Result<Option<(Module, LinkReport)>, Error> {
-        let library = self.library(lib)?;
+        let library = self.library_data(lib)?;
         let job = LinkJob {
             jit: self,
             library: &library,
@@ -117,7 +117,7 @@ pub(crate) fn publish_placed(
     name: &str,
     linked: kiln_link::LinkedModule,
 ) -> Result<Module, Error> {
-    let library = jit.library(lib)?;
+    let library = jit.library_data(lib)?;
     let job = LinkJob {
         jit,
         library: &library,
@@ -578,7 +578,7 @@ impl LinkJob<'_> {
         for used in &module.inner.uses {
             let listed = self
                 .jit
-                .library(used.inner.library)
+                .library_data(used.inner.library)
                 .map(|l| l.state.read().modules.contains_key(&used.inner.id))
                 .unwrap_or(false);
             if !listed {

@@ -1,7 +1,7 @@
 //! A library's link lock, and which libraries this thread is linking into (a link may
 //! link the lazy objects of another library it needs).
 
-use crate::library::{Library, LibraryId};
+use crate::library::{LibraryData, LibraryId};
 use crate::Error;
 
 thread_local! {
@@ -31,7 +31,9 @@ impl Drop for LinkingHere {
 /// (libraries whose lazy objects need each other) nor forever for one another thread
 /// links into (two threads each linking into one library of such a pair): both are
 /// errors, not deadlocks.
-pub(crate) fn lock_for_link(library: &Library) -> Result<parking_lot::MutexGuard<'_, ()>, Error> {
+pub(crate) fn lock_for_link(
+    library: &LibraryData,
+) -> Result<parking_lot::MutexGuard<'_, ()>, Error> {
     let nested = LINKING.with(|l| {
         let l = l.borrow();
         if l.contains(&library.id) {

@@ -16,7 +16,7 @@ fn is_listed(module: &ModuleInner, state: &LibraryState) -> bool {
 impl Jit {
     /// The module of `lib` that defines `name`, if a module does.
     pub fn module_of(&self, lib: LibraryId, name: &str) -> Result<Option<Module>, Error> {
-        let library = self.library(lib)?;
+        let library = self.library_data(lib)?;
         let state = library.state.read();
         Ok(state
             .index
@@ -31,7 +31,7 @@ impl Jit {
     /// removing the stubs' module takes them with it).
     pub fn modules(&self, lib: LibraryId) -> Result<Vec<Module>, Error> {
         let mut modules: Vec<Module> = {
-            let library = self.library(lib)?;
+            let library = self.library_data(lib)?;
             let state = library.state.read();
             state.modules.values().cloned().collect()
         };
@@ -51,9 +51,9 @@ impl Jit {
     /// use kiln::lazy::testing::constant_function;
     /// let jit = kiln::Jit::new()?;
     /// let lib = jit.main_library();
-    /// jit.add_object(lib, "one.o", constant_function("one", 1))?;
+    /// jit.library(lib).add(kiln::Input::object("one.o", constant_function("one", 1)))?;
     /// let (one, _) = jit.link_pending(lib)?.expect("a module");
-    /// jit.add_object(lib, "two.o", constant_function("two", 2))?;
+    /// jit.library(lib).add(kiln::Input::object("two.o", constant_function("two", 2)))?;
     /// let (two, _) = jit.link_pending(lib)?.expect("a module");
     /// jit.remove_modules(&[one, two])?;
     /// assert!(jit.lookup(lib, "one").is_err());
@@ -69,7 +69,7 @@ impl Jit {
             .collect();
         // Users outside the set (live, or still listed) refuse the whole removal.
         for module in modules {
-            let library = self.library(module.inner.library)?;
+            let library = self.library_data(module.inner.library)?;
             let state = library.state.read();
             let own_bodies = self.stub_bodies(module);
             let outside = blocking_users(module, &state, |u| {
@@ -151,7 +151,7 @@ impl Jit {
     /// Handlers still registered when the process exits run in `exit()` while their code
     /// is mapped. (Out of process, the executor runs steps 1–3 on its serving thread.)
     pub fn remove_module(&self, module: &Module) -> Result<(), Error> {
-        let library = self.library(module.inner.library)?;
+        let library = self.library_data(module.inner.library)?;
         // Call-through stubs go with their functions' bodies, which use them: those are
         // no reason to refuse (they are retired below, once nothing else refuses).
         let own_bodies = self.stub_bodies(module);

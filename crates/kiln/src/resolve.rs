@@ -4,7 +4,7 @@
 //! remembered).
 
 use crate::jit::Jit;
-use crate::library::{Generators, Library};
+use crate::library::{Generators, LibraryData};
 use crate::link_request::{LinkRequest, Publish};
 use crate::module::Module;
 use crate::Error;
@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 pub(crate) struct SessionContext<'s> {
     pub(crate) jit: &'s Jit,
-    pub(crate) library: &'s Arc<Library>,
+    pub(crate) library: &'s Arc<LibraryData>,
     /// Whether the link publishes into `library` (it then holds the library's link lock:
     /// the library's lazy objects were taken before the link, not during it).
     pub(crate) publish: Publish,
@@ -34,10 +34,10 @@ pub(crate) struct SessionContext<'s> {
 }
 
 /// A link's libraries in search order.
-pub(crate) type SearchOrder = smallvec::SmallVec<[Arc<Library>; 4]>;
+pub(crate) type SearchOrder = smallvec::SmallVec<[Arc<LibraryData>; 4]>;
 
 impl<'s> SessionContext<'s> {
-    pub(crate) fn new(jit: &'s Jit, library: &'s Arc<Library>, publish: Publish) -> Self {
+    pub(crate) fn new(jit: &'s Jit, library: &'s Arc<LibraryData>, publish: Publish) -> Self {
         SessionContext {
             jit,
             library,
@@ -64,7 +64,7 @@ impl<'s> SessionContext<'s> {
             state
                 .search_order
                 .iter()
-                .filter_map(|&l| self.jit.library(l).ok()),
+                .filter_map(|&l| self.jit.library_data(l).ok()),
         );
         drop(state);
         self.order = Some(order.clone());
@@ -77,7 +77,7 @@ impl<'s> SessionContext<'s> {
     /// took before it began).
     pub(crate) fn search_indexes(
         &mut self,
-        order: &[Arc<Library>],
+        order: &[Arc<LibraryData>],
         names: &[&str],
     ) -> Vec<Option<u64>> {
         let mut out = vec![None; names.len()];
@@ -108,7 +108,12 @@ impl<'s> SessionContext<'s> {
     /// into) that define names still unresolved become a module of that library, before
     /// its index is searched. A failure leaves those names undefined and is kept as the
     /// cause this link reports.
-    fn link_lazy_objects_of(&mut self, library: &Library, names: &[&str], found: &[Option<u64>]) {
+    fn link_lazy_objects_of(
+        &mut self,
+        library: &LibraryData,
+        names: &[&str],
+        found: &[Option<u64>],
+    ) {
         let lazy: Vec<&str> = {
             let state = library.state.read();
             if state.lazy.is_empty() {

@@ -4,7 +4,7 @@
 //! work on this.
 
 use crate::executor::Executor;
-use crate::library::Library;
+use crate::library::LibraryData;
 use crate::plugin::{PluginRegistration, Plugins};
 use kiln_memory::{MemoryManager, Placement, SlabLayout, SlabMemoryManager};
 use parking_lot::RwLock;
@@ -48,7 +48,7 @@ pub(crate) struct Inner {
     pub(crate) noexec: bool,
     pub(crate) memory: Arc<dyn MemoryManager>,
     pub(crate) low_memory: LowMemory,
-    pub(crate) libraries: RwLock<Vec<Arc<Library>>>,
+    pub(crate) libraries: RwLock<Vec<Arc<LibraryData>>>,
     pub(crate) plugins: Arc<Plugins>,
     /// The built-in debugger and profiler listener's registration, if on.
     pub(crate) _debug_support: Option<PluginRegistration>,

@@ -194,8 +194,11 @@ fn run_remote(address: &str, key: &Key, name: &str, source: &str) -> Result<i32,
     let executor = Executor::connect_with_key(address, Some(key), timeouts())?;
     let jit = Jit::builder().executor(executor).build()?;
     let lib = jit.main_library();
-    jit.add_object(lib, &format!("{name}.o"), compile(name, source))?;
-    jit.add_process_symbols(lib).unwrap();
+    jit.library(lib).add(kiln::Input::object(
+        format!("{name}.o"),
+        compile(name, source),
+    ))?;
+    jit.library(lib).add(kiln::Input::ProcessSymbols).unwrap();
     run_main(&jit, lib, &[name.to_string()])
 }
 

@@ -3,6 +3,7 @@
 #![cfg(target_arch = "x86_64")]
 
 use kiln::lazy::testing::{constant_function, function_object};
+use kiln::Input;
 use kiln::{Error, Jit, LazyCompiler};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -502,9 +503,10 @@ fn out_of_process_hot_swap_while_main_and_its_threads_call() {
         let compiler = Arc::new(table(&[("version", constant_function("version", 1))]));
         jit.add_lazy_functions(lib, &["version"], compiler.clone())
             .unwrap();
-        jit.add_object(lib, "swap_while_running.o", program.clone())
+        jit.library(lib)
+            .add(Input::object("swap_while_running.o", program.clone()))
             .unwrap();
-        jit.add_process_symbols(lib).unwrap();
+        jit.library(lib).add(Input::ProcessSymbols).unwrap();
         jit.link_pending(lib).unwrap();
         std::thread::scope(|scope| {
             let running = scope.spawn(|| {
@@ -664,9 +666,10 @@ fn out_of_process_stubs_resolve_from_main_and_every_thread_it_starts() {
         ]));
         jit.add_lazy_functions(lib, &["inner", "sq", "cube"], compiler.clone())
             .unwrap();
-        jit.add_object(lib, "threads_call_stubs.o", program.clone())
+        jit.library(lib)
+            .add(Input::object("threads_call_stubs.o", program.clone()))
             .unwrap();
-        jit.add_process_symbols(lib).unwrap();
+        jit.library(lib).add(Input::ProcessSymbols).unwrap();
         // SAFETY: the program defines a C main.
         let status = unsafe { jit.run_main(lib, &["threads"]) }.unwrap();
         // 4 threads: inner 4 each, sq 1 + 4 + 9 + 16; main: inner 4.
@@ -870,7 +873,11 @@ fn an_empty_batch_gone_leaves_the_next_batch_registered() {
 fn stubs_added_while_objects_are_pending_are_checked_against_them() {
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.add_object(lib, "pending.o", constant_function("pending_f", 3))
+    jit.library(lib)
+        .add(Input::object(
+            "pending.o",
+            constant_function("pending_f", 3),
+        ))
         .unwrap();
     let compiler = Arc::new(table(&[("pending_f", constant_function("pending_f", 4))]));
     // Linked with what is pending: the two definitions of one name are refused together.

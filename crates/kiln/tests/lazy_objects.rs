@@ -1,5 +1,6 @@
 //! Lazy objects: read by symbol table when added, linked when first needed.
 
+use kiln::Input;
 use kiln::{Error, Jit};
 
 fn compile(name: &str, source: &str) -> Vec<u8> {
@@ -20,27 +21,35 @@ fn call(jit: &Jit, name: &str, x: i64) -> i64 {
 fn only_what_is_needed_is_linked() {
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.add_lazy_object(
-        lib,
-        "a.o",
-        compile("a", "long b(long); long a(long x) { return b(x) + 1; }"),
-    )
-    .unwrap();
-    jit.add_lazy_object(lib, "b.o", compile("b", "long b(long x) { return x * 2; }"))
+    jit.library(lib)
+        .add(Input::lazy_object(
+            "a.o",
+            compile("a", "long b(long); long a(long x) { return b(x) + 1; }"),
+        ))
         .unwrap();
-    jit.add_lazy_object(lib, "c.o", compile("c", "long c(long x) { return x - 1; }"))
+    jit.library(lib)
+        .add(Input::lazy_object(
+            "b.o",
+            compile("b", "long b(long x) { return x * 2; }"),
+        ))
+        .unwrap();
+    jit.library(lib)
+        .add(Input::lazy_object(
+            "c.o",
+            compile("c", "long c(long x) { return x - 1; }"),
+        ))
         .unwrap();
     // A lazy object that could never link: nobody needs it, so nobody minds.
-    jit.add_lazy_object(
-        lib,
-        "broken.o",
-        compile(
-            "broken",
-            "long nowhere(long); long broken(long x) { return nowhere(x); }",
-        ),
-    )
-    .unwrap();
-    assert_eq!(jit.lazy_objects_pending(lib).unwrap(), 4);
+    jit.library(lib)
+        .add(Input::lazy_object(
+            "broken.o",
+            compile(
+                "broken",
+                "long nowhere(long); long broken(long x) { return nowhere(x); }",
+            ),
+        ))
+        .unwrap();
+    assert_eq!(jit.library(lib).lazy_objects_pending().unwrap(), 4);
     assert!(
         jit.modules(lib).unwrap().is_empty(),
         "nothing links when added"
@@ -50,12 +59,12 @@ fn only_what_is_needed_is_linked() {
     // a.o and the b.o it needs, in one module; c.o and broken.o untouched.
     let modules = jit.modules(lib).unwrap();
     assert_eq!(modules.len(), 1);
-    assert_eq!(jit.lazy_objects_pending(lib).unwrap(), 2);
+    assert_eq!(jit.library(lib).lazy_objects_pending().unwrap(), 2);
     assert!(modules[0].symbol("b").is_some());
 
     assert_eq!(call(&jit, "c", 20), 19);
     assert_eq!(jit.modules(lib).unwrap().len(), 2);
-    assert_eq!(jit.lazy_objects_pending(lib).unwrap(), 1);
+    assert_eq!(jit.library(lib).lazy_objects_pending().unwrap(), 1);
 
     // The broken one fails when needed, names what is missing, and stays lazy.
     let error = jit.lookup(lib, "broken").unwrap_err();
@@ -64,7 +73,7 @@ fn only_what_is_needed_is_linked() {
         message.contains("nowhere") && message.contains("broken.o"),
         "{message}"
     );
-    assert_eq!(jit.lazy_objects_pending(lib).unwrap(), 1);
+    assert_eq!(jit.library(lib).lazy_objects_pending().unwrap(), 1);
     assert_eq!(jit.modules(lib).unwrap().len(), 2, "what was linked stays");
     assert_eq!(call(&jit, "a", 1), 3);
 }
@@ -75,34 +84,34 @@ fn pending_objects_pull_lazy_ones_and_search_order_libraries_link_theirs() {
     let main = jit.main_library();
     let runtime = jit.create_library("runtime");
     jit.set_search_order(main, &[runtime]).unwrap();
-    jit.add_lazy_object(
-        runtime,
-        "twice.o",
-        compile("twice", "long twice(long x) { return 2 * x; }"),
-    )
-    .unwrap();
-    jit.add_lazy_object(
-        main,
-        "inc.o",
-        compile("inc", "long inc(long x) { return x + 1; }"),
-    )
-    .unwrap();
-    jit.add_object(
-        main,
-        "user.o",
-        compile(
-            "user",
-            "long twice(long); long inc(long); long user(long x) { return twice(inc(x)); }",
-        ),
-    )
-    .unwrap();
+    jit.library(runtime)
+        .add(Input::lazy_object(
+            "twice.o",
+            compile("twice", "long twice(long x) { return 2 * x; }"),
+        ))
+        .unwrap();
+    jit.library(main)
+        .add(Input::lazy_object(
+            "inc.o",
+            compile("inc", "long inc(long x) { return x + 1; }"),
+        ))
+        .unwrap();
+    jit.library(main)
+        .add(Input::object(
+            "user.o",
+            compile(
+                "user",
+                "long twice(long); long inc(long); long user(long x) { return twice(inc(x)); }",
+            ),
+        ))
+        .unwrap();
     assert_eq!(call(&jit, "user", 4), 10);
     // inc.o joined user.o's module; twice.o became a module of `runtime`.
     assert_eq!(jit.modules(main).unwrap().len(), 1);
     assert!(jit.modules(main).unwrap()[0].symbol("inc").is_some());
     assert_eq!(jit.modules(runtime).unwrap().len(), 1);
-    assert_eq!(jit.lazy_objects_pending(main).unwrap(), 0);
-    assert_eq!(jit.lazy_objects_pending(runtime).unwrap(), 0);
+    assert_eq!(jit.library(main).lazy_objects_pending().unwrap(), 0);
+    assert_eq!(jit.library(runtime).lazy_objects_pending().unwrap(), 0);
     // user's module refers to twice's: it cannot be removed under it.
     let twice = jit.module_of(runtime, "twice").unwrap().unwrap();
     assert!(matches!(
@@ -116,21 +125,28 @@ fn bad_lazy_objects_are_refused_when_added() {
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
     let one = compile("one", "long one(long x) { return x; }");
-    jit.add_lazy_object(lib, "one.o", one.clone()).unwrap();
+    jit.library(lib)
+        .add(Input::lazy_object("one.o", one.clone()))
+        .unwrap();
     let error = jit
-        .add_lazy_object(lib, "one-again.o", one.clone())
+        .library(lib)
+        .add(Input::lazy_object("one-again.o", one.clone()))
         .unwrap_err();
     assert!(
         matches!(&error, Error::Redefinition { symbol, previous, .. } if symbol == "one" && previous.contains("one.o")),
         "{error}"
     );
     let error = jit
-        .add_lazy_object(lib, "cut.o", one[..40].to_vec())
+        .library(lib)
+        .add(Input::lazy_object("cut.o", one[..40].to_vec()))
         .unwrap_err();
     assert!(error.to_string().contains("cut.o"), "{error}");
     let mut wrong = one.clone();
     wrong[18] = 183; // EM_AARCH64
-    let error = jit.add_lazy_object(lib, "wrong.o", wrong).unwrap_err();
+    let error = jit
+        .library(lib)
+        .add(Input::lazy_object("wrong.o", wrong))
+        .unwrap_err();
     assert!(error.to_string().contains("wrong.o"), "{error}");
     // A definition linked eagerly is a redefinition too.
     let error = jit.link_object(lib, "one-eager.o", one).unwrap_err();
@@ -149,32 +165,32 @@ fn lazy_objects_of_libraries_that_need_each_other_are_an_error_not_a_deadlock() 
     let b = jit.create_library("b");
     jit.set_search_order(a, &[b]).unwrap();
     jit.set_search_order(b, &[a]).unwrap();
-    jit.add_lazy_object(
-        b,
-        "b1.o",
-        compile("b1", "long a2(long); long b1(long x) { return a2(x) + 1; }"),
-    )
-    .unwrap();
-    jit.add_lazy_object(
-        a,
-        "a2.o",
-        compile("a2", "long a2(long x) { return x * 2; }"),
-    )
-    .unwrap();
-    jit.add_object(
-        a,
-        "user.o",
-        compile(
-            "cycle_user",
-            "long b1(long); long user(long x) { return b1(x); }",
-        ),
-    )
-    .unwrap();
+    jit.library(b)
+        .add(Input::lazy_object(
+            "b1.o",
+            compile("b1", "long a2(long); long b1(long x) { return a2(x) + 1; }"),
+        ))
+        .unwrap();
+    jit.library(a)
+        .add(Input::lazy_object(
+            "a2.o",
+            compile("a2", "long a2(long x) { return x * 2; }"),
+        ))
+        .unwrap();
+    jit.library(a)
+        .add(Input::object(
+            "user.o",
+            compile(
+                "cycle_user",
+                "long b1(long); long user(long x) { return b1(x); }",
+            ),
+        ))
+        .unwrap();
     // a's link needs b1 (lazy in b), whose object needs a2 (lazy in a, which this thread
     // is linking into): refused with an error that says so.
     let error = jit.lookup(a, "user").unwrap_err().to_string();
     assert!(error.contains("being linked on this thread"), "{error}");
     // The lazy objects are still there, and a2 alone links.
-    assert_eq!(jit.lazy_objects_pending(b).unwrap(), 1);
+    assert_eq!(jit.library(b).lazy_objects_pending().unwrap(), 1);
     assert_eq!(call(&jit, "a2", 4), 8);
 }

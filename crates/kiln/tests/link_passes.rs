@@ -5,6 +5,7 @@
 // kiln::Error wraps link errors, which are large by design (see kiln-link).
 #![allow(clippy::result_large_err)]
 
+use kiln::Input;
 use kiln::{Error, GraphView, Jit, LinkPass, PassPoint, Plugin};
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -101,9 +102,11 @@ fn a_plugin_pass_sees_the_graph_and_patches_code_before_it_runs() {
     let lib = jit.main_library();
     let seen = Arc::new(Mutex::new(Seen::default()));
     let registration = jit.add_plugin(Arc::new(PatchingPlugin(seen.clone())));
-    jit.add_object(lib, "helper.o", compile("helper", HELPER))
+    jit.library(lib)
+        .add(Input::object("helper.o", compile("helper", HELPER)))
         .unwrap();
-    jit.add_object(lib, "answer.o", compile("answer", SOURCE))
+    jit.library(lib)
+        .add(Input::object("answer.o", compile("answer", SOURCE)))
         .unwrap();
     // SAFETY: `int answer(void)` of the object above.
     let answer: extern "C" fn() -> i32 = unsafe { jit.lookup_fn(lib, "answer") }.unwrap();
@@ -292,9 +295,11 @@ fn a_pass_adds_a_section_and_edges_that_the_link_places_and_applies() {
     let lib = jit.main_library();
     let seen = Arc::new(Mutex::new(TableSeen::default()));
     let registration = jit.add_plugin(Arc::new(TablePlugin(seen.clone())));
-    jit.add_object(lib, "helper.o", compile("helper", HELPER))
+    jit.library(lib)
+        .add(Input::object("helper.o", compile("helper", HELPER)))
         .unwrap();
-    jit.add_object(lib, "answer.o", compile("answer", SOURCE))
+    jit.library(lib)
+        .add(Input::object("answer.o", compile("answer", SOURCE)))
         .unwrap();
     let answer = jit.lookup(lib, "answer").unwrap();
     let helper = jit.lookup(lib, "helper").unwrap();

@@ -2,6 +2,7 @@
 //! removing them must not grow the session (no record of a removed module is kept). The
 //! heap is measured with a counting allocator in this test binary.
 
+use kiln::Input;
 use kiln::Jit;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -54,11 +55,15 @@ fn churning_modules_that_call_a_runtime_module_keeps_the_heap_flat() {
     );
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.add_object(lib, "runtime.o", runtime).unwrap();
+    jit.library(lib)
+        .add(Input::object("runtime.o", runtime))
+        .unwrap();
     let (_runtime, _) = jit.link_pending(lib).unwrap().expect("the runtime module");
     let round = |n: usize| {
         for _ in 0..n {
-            jit.add_object(lib, "user.o", user.clone()).unwrap();
+            jit.library(lib)
+                .add(Input::object("user.o", user.clone()))
+                .unwrap();
             let (module, _) = jit.link_pending(lib).unwrap().expect("a user module");
             let address = jit.lookup(lib, "user_fn").unwrap();
             // SAFETY: `int user_fn(void)`, linked just now in this process.
@@ -97,7 +102,7 @@ fn a_set_of_modules_is_removed_users_first_or_refused_naming_outside_users() {
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
     let link = |name: &str, bytes: Vec<u8>| {
-        jit.add_object(lib, name, bytes).unwrap();
+        jit.library(lib).add(Input::object(name, bytes)).unwrap();
         jit.link_pending(lib).unwrap().expect("a module").0
     };
     let rt = link("runtime.o", runtime);
@@ -173,7 +178,7 @@ fn a_small_link_makes_a_bounded_number_of_heap_allocations() {
     );
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.add_process_symbols(lib).unwrap();
+    jit.library(lib).add(Input::ProcessSymbols).unwrap();
     let _runtime = jit.link_object(lib, "runtime.o", runtime).unwrap();
     let inputs: Vec<Vec<u8>> = (0..1_100).map(|_| user.clone()).collect();
     let mut modules = Vec::with_capacity(inputs.len());

@@ -184,18 +184,22 @@ enum Outcome {
 fn link_all(specs: &[ModuleSpec], general: bool) -> Vec<Outcome> {
     let jit = Jit::new().expect("session");
     let lib = jit.main_library();
-    jit.add_process_symbols(lib).expect("process symbols");
+    jit.library(lib)
+        .add(kiln::Input::ProcessSymbols)
+        .expect("process symbols");
     let _registration = general.then(|| jit.add_plugin(Arc::new(Watcher)));
     let mut outcomes = Vec::new();
     for (k, spec) in specs.iter().enumerate() {
         let bytes = object_of(k, spec, &specs[..k]);
         let name = format!("m{k}.o");
         let linked = if general {
-            jit.add_object(lib, &name, bytes).and_then(|()| {
-                jit.link_pending(lib)?
-                    .map(|(module, _)| module)
-                    .ok_or_else(|| kiln::Error::Executor("nothing linked".into()))
-            })
+            jit.library(lib)
+                .add(kiln::Input::object(&name, bytes))
+                .and_then(|()| {
+                    jit.link_pending(lib)?
+                        .map(|(module, _)| module)
+                        .ok_or_else(|| kiln::Error::Executor("nothing linked".into()))
+                })
         } else {
             jit.link_object_shared(lib, &name, Arc::new(bytes))
         };

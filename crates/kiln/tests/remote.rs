@@ -1,6 +1,7 @@
 //! Out-of-process execution through the session API: crashes, deaths, stalls and
 //! malformed messages become errors; nothing leaks; the controller goes on.
 
+use kiln::Input;
 use kiln::{Executor, Jit, RemoteError, Timeouts, Transport};
 use kiln_remote::protocol::{Request, Response};
 use std::io::{BufRead, Read, Write};
@@ -33,16 +34,16 @@ fn a_crash_in_jit_code_is_an_error_and_a_new_executor_works() {
     for transport in [Transport::SharedMemory, Transport::Copy] {
         let jit = Jit::builder().executor(spawn(transport)).build().unwrap();
         let lib = jit.main_library();
-        jit.add_object(
-            lib,
-            "crash.o",
-            compile(
-                "crash",
-                "int main(void) { *(volatile int *)8 = 1; return 0; }",
-            ),
-        )
-        .unwrap();
-        jit.add_process_symbols(lib).unwrap();
+        jit.library(lib)
+            .add(Input::object(
+                "crash.o",
+                compile(
+                    "crash",
+                    "int main(void) { *(volatile int *)8 = 1; return 0; }",
+                ),
+            ))
+            .unwrap();
+        jit.library(lib).add(Input::ProcessSymbols).unwrap();
         let err = run_main(&jit, lib, &["crash".into()]).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("SIGSEGV"), "{text}");
@@ -56,15 +57,15 @@ fn a_crash_in_jit_code_is_an_error_and_a_new_executor_works() {
         // The controller is fine: another executor runs code.
         let jit = Jit::builder().executor(spawn(transport)).build().unwrap();
         let lib = jit.main_library();
-        jit.add_object(
-            lib,
-            "ok.o",
-            compile(
-                "ok",
-                "int main(int argc, char **argv) { return argc + 40; }",
-            ),
-        )
-        .unwrap();
+        jit.library(lib)
+            .add(Input::object(
+                "ok.o",
+                compile(
+                    "ok",
+                    "int main(int argc, char **argv) { return argc + 40; }",
+                ),
+            ))
+            .unwrap();
         assert_eq!(run_main(&jit, lib, &["ok".into(), "x".into()]).unwrap(), 42);
     }
 }
@@ -78,15 +79,15 @@ fn a_trap_that_would_not_fault_again_is_reported_too() {
         .build()
         .unwrap();
     let lib = jit.main_library();
-    jit.add_object(
-        lib,
-        "trap.o",
-        compile(
-            "trap",
-            "int main(void) { __asm__ volatile(\"int3\"); return 5; }",
-        ),
-    )
-    .unwrap();
+    jit.library(lib)
+        .add(Input::object(
+            "trap.o",
+            compile(
+                "trap",
+                "int main(void) { __asm__ volatile(\"int3\"); return 5; }",
+            ),
+        ))
+        .unwrap();
     let err = run_main(&jit, lib, &["trap".into()]).unwrap_err();
     assert!(err.to_string().contains("SIGTRAP"), "{err}");
 }
@@ -98,13 +99,13 @@ fn abort_is_reported_by_name() {
         .build()
         .unwrap();
     let lib = jit.main_library();
-    jit.add_object(
-        lib,
-        "abort.o",
-        compile("abort", "#include <stdlib.h>\nint main(void) { abort(); }"),
-    )
-    .unwrap();
-    jit.add_process_symbols(lib).unwrap();
+    jit.library(lib)
+        .add(Input::object(
+            "abort.o",
+            compile("abort", "#include <stdlib.h>\nint main(void) { abort(); }"),
+        ))
+        .unwrap();
+    jit.library(lib).add(Input::ProcessSymbols).unwrap();
     let err = run_main(&jit, lib, &["abort".into()]).unwrap_err();
     assert!(err.to_string().contains("SIGABRT"), "{err}");
 }
@@ -115,16 +116,16 @@ fn an_executor_killed_mid_request_is_an_error_not_a_hang() {
     let remote = executor.clone();
     let jit = Jit::builder().executor(executor).build().unwrap();
     let lib = jit.main_library();
-    jit.add_object(
-        lib,
-        "slow.o",
-        compile(
-            "slow",
-            "#include <unistd.h>\nint main(void) { sleep(30); return 0; }",
-        ),
-    )
-    .unwrap();
-    jit.add_process_symbols(lib).unwrap();
+    jit.library(lib)
+        .add(Input::object(
+            "slow.o",
+            compile(
+                "slow",
+                "#include <unistd.h>\nint main(void) { sleep(30); return 0; }",
+            ),
+        ))
+        .unwrap();
+    jit.library(lib).add(Input::ProcessSymbols).unwrap();
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(500));
         remote.kill();
@@ -155,7 +156,11 @@ fn a_stalled_executor_times_out() {
     let pid = executor.pid().unwrap() as i32;
     let jit = Jit::builder().executor(executor).build().unwrap();
     let lib = jit.main_library();
-    jit.add_object(lib, "x.o", compile("x", "int main(void) { return 3; }"))
+    jit.library(lib)
+        .add(Input::object(
+            "x.o",
+            compile("x", "int main(void) { return 3; }"),
+        ))
         .unwrap();
     // SAFETY: stopping our own child process.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
@@ -179,7 +184,11 @@ fn descriptor_check_child() {
             .build()
             .unwrap();
         let lib = jit.main_library();
-        jit.add_object(lib, "m.o", compile("m", "int main(void) { return 7; }"))
+        jit.library(lib)
+            .add(Input::object(
+                "m.o",
+                compile("m", "int main(void) { return 7; }"),
+            ))
             .unwrap();
         assert_eq!(run_main(&jit, lib, &["m".into()]).unwrap(), 7);
         jit.shutdown();
@@ -250,8 +259,10 @@ fn many_link_run_cycles_do_not_grow_the_executor() {
     let mut fds = Vec::new();
     for i in 0..150 {
         let lib = jit.create_library(&format!("cycle{i}"));
-        jit.add_object(lib, "cycle.o", obj.clone()).unwrap();
-        jit.add_process_symbols(lib).unwrap();
+        jit.library(lib)
+            .add(Input::object("cycle.o", obj.clone()))
+            .unwrap();
+        jit.library(lib).add(Input::ProcessSymbols).unwrap();
         assert_eq!(run_main(&jit, lib, &["c".into()]).unwrap(), 7);
         let (module, _) = jit
             .link_pending(lib)
@@ -620,16 +631,16 @@ fn a_links_steps_after_layout_are_one_round_trip_and_a_batched_failure_names_its
         let executor = Executor::from_connection(remote.clone(), transport);
         let jit = Jit::builder().executor(executor).build().unwrap();
         let lib = jit.main_library();
-        jit.add_object(
-            lib,
-            "two.o",
-            compile(
-                "two",
-                "static int data = 40; int main(int argc, char **argv) { return argc + data; }",
-            ),
-        )
-        .unwrap();
-        jit.add_process_symbols(lib).unwrap();
+        jit.library(lib)
+            .add(Input::object(
+                "two.o",
+                compile(
+                    "two",
+                    "static int data = 40; int main(int argc, char **argv) { return argc + data; }",
+                ),
+            ))
+            .unwrap();
+        jit.library(lib).add(Input::ProcessSymbols).unwrap();
         assert_eq!(
             run_main(&jit, lib, &["two".into(), "x".into()]).unwrap(),
             42
@@ -710,25 +721,26 @@ fn a_library_added_after_the_link_binds_to_the_programs_definitions() {
             .build()
             .unwrap();
         let lib = jit.main_library();
-        jit.add_object(
-            lib,
-            "twice.o",
-            compile("twice", "int twice(int x) { return 2 * x; }"),
-        )
-        .unwrap();
-        jit.add_process_symbols(lib).unwrap();
+        jit.library(lib)
+            .add(Input::object(
+                "twice.o",
+                compile("twice", "int twice(int x) { return 2 * x; }"),
+            ))
+            .unwrap();
+        jit.library(lib).add(Input::ProcessSymbols).unwrap();
         jit.lookup(lib, "twice").unwrap();
-        jit.add_shared_library(lib, &library)
+        jit.library(lib)
+            .add(Input::shared_library(&library))
             .expect("the library binds to the program's twice");
-        jit.add_object(
-            lib,
-            "use.o",
-            compile(
-                "use",
-                "int call_twice(int);\nlong use_library(void) { return call_twice(20); }",
-            ),
-        )
-        .unwrap();
+        jit.library(lib)
+            .add(Input::object(
+                "use.o",
+                compile(
+                    "use",
+                    "int call_twice(int);\nlong use_library(void) { return call_twice(20); }",
+                ),
+            ))
+            .unwrap();
         let address = jit.lookup(lib, "use_library").unwrap();
         // SAFETY: `long use_library(void)`, just linked.
         let value = unsafe { jit.executor().call(address, &[]) }.unwrap();
@@ -755,8 +767,10 @@ fn a_started_executor_is_waited_for_at_its_first_use() {
     .unwrap();
     let jit = Jit::builder().executor(executor).build().unwrap();
     let lib = jit.main_library();
-    jit.add_object(lib, "answer.o", object.clone()).unwrap();
-    jit.add_process_symbols(lib).unwrap();
+    jit.library(lib)
+        .add(Input::object("answer.o", object.clone()))
+        .unwrap();
+    jit.library(lib).add(Input::ProcessSymbols).unwrap();
     assert_eq!(run_main(&jit, lib, &["answer".into()]).unwrap(), 42);
     // Never says hello: the session builds and takes the object; the link fails.
     let executor = Executor::start(
@@ -768,7 +782,9 @@ fn a_started_executor_is_waited_for_at_its_first_use() {
     .unwrap();
     let jit = Jit::builder().executor(executor).build().unwrap();
     let lib = jit.main_library();
-    jit.add_object(lib, "answer.o", object.clone()).unwrap();
+    jit.library(lib)
+        .add(Input::object("answer.o", object.clone()))
+        .unwrap();
     let error = jit.lookup(lib, "main").unwrap_err().to_string();
     assert!(error.contains("no hello from the executor"), "{error}");
     // Does not start: at once.
@@ -793,8 +809,10 @@ fn a_started_executor_is_waited_for_at_its_first_use() {
     let executor = Executor::start(&script, Transport::Copy, None, Timeouts::default()).unwrap();
     let jit = Jit::builder().executor(executor).build().unwrap();
     let lib = jit.main_library();
-    jit.add_object(lib, "answer.o", object).unwrap();
-    jit.add_process_symbols(lib).unwrap();
+    jit.library(lib)
+        .add(Input::object("answer.o", object))
+        .unwrap();
+    jit.library(lib).add(Input::ProcessSymbols).unwrap();
     assert_eq!(run_main(&jit, lib, &["answer".into()]).unwrap(), 42);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -3,6 +3,7 @@
 //! earlier modules alone, archives winning over host symbols, and unwinding (a Rust panic)
 //! through JIT frames.
 
+use kiln::Input;
 use kiln::{FnGenerator, Jit};
 use std::path::PathBuf;
 use std::process::Command;
@@ -27,15 +28,15 @@ fn module_outlives_the_session_and_host_symbols_resolve() {
     let lib = jit.main_library();
     jit.define_symbol(lib, "host_seven", host_seven as *const () as u64)
         .unwrap();
-    jit.add_object(
-        lib,
-        "a.o",
-        compile(
-            "a",
-            "int host_seven(void); int f(void) { return host_seven() * 6; }",
-        ),
-    )
-    .unwrap();
+    jit.library(lib)
+        .add(Input::object(
+            "a.o",
+            compile(
+                "a",
+                "int host_seven(void); int f(void) { return host_seven() * 6; }",
+            ),
+        ))
+        .unwrap();
     let (module, _) = jit.link_pending(lib).unwrap().unwrap();
     drop(jit);
     assert_eq!(call0(module.symbol("f").unwrap()), 42);
@@ -45,7 +46,11 @@ fn module_outlives_the_session_and_host_symbols_resolve() {
 fn a_failed_link_leaves_the_library_exactly_as_before() {
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.add_object(lib, "ok.o", compile("ok", "int ok(void) { return 5; }"))
+    jit.library(lib)
+        .add(Input::object(
+            "ok.o",
+            compile("ok", "int ok(void) { return 5; }"),
+        ))
         .unwrap();
     assert_eq!(call0(jit.lookup(lib, "ok").unwrap()), 5);
     let live = jit.memory_stats().live_allocations;
@@ -53,7 +58,9 @@ fn a_failed_link_leaves_the_library_exactly_as_before() {
         "bad",
         "int nowhere(void); int bad(void) { return nowhere(); }",
     );
-    jit.add_object(lib, "bad.o", bad.clone()).unwrap();
+    jit.library(lib)
+        .add(Input::object("bad.o", bad.clone()))
+        .unwrap();
     let err = jit.lookup(lib, "bad").unwrap_err();
     assert!(
         err.to_string().contains("nowhere (referenced by bad.o)"),
@@ -69,14 +76,12 @@ fn a_failed_link_leaves_the_library_exactly_as_before() {
     ));
     assert_eq!(jit.modules(lib).unwrap().len(), 1);
     // With the missing symbol supplied, the object links when added again.
-    jit.add_generator(
-        lib,
-        Box::new(FnGenerator(|name: &str| {
+    jit.library(lib)
+        .add(Input::Generator(Box::new(FnGenerator(|name: &str| {
             (name == "nowhere").then_some(ok_address())
-        })),
-    )
-    .unwrap();
-    jit.add_object(lib, "bad.o", bad).unwrap();
+        }))))
+        .unwrap();
+    jit.library(lib).add(Input::object("bad.o", bad)).unwrap();
     assert_eq!(call0(jit.lookup(lib, "bad").unwrap()), 9);
 }
 
@@ -98,14 +103,10 @@ fn initializers_run_after_link_and_finalizers_at_removal() {
     let lib = jit.main_library();
     jit.define_symbol(lib, "record", record as *const () as u64)
         .unwrap();
-    jit.add_object(
-        lib,
-        "ctor.o",
-        compile(
+    jit.library(lib).add(Input::object("ctor.o", compile(
             "ctor",
             "void record(unsigned);\n__attribute__((constructor)) static void hello(void) { record(1); }\n__attribute__((destructor)) static void bye(void) { record(100); }\nint alive(void) { return 1; }\n",
-        ),
-    )
+        )))
     .unwrap();
     let (module, _) = jit.link_pending(lib).unwrap().unwrap();
     assert_eq!(EVENTS.load(Ordering::SeqCst), 1);
@@ -120,23 +121,23 @@ fn search_order_across_libraries() {
     let jit = Jit::new().unwrap();
     let base = jit.create_library("base");
     let app = jit.create_library("app");
-    jit.add_object(
-        base,
-        "base.o",
-        compile("base", "int base_value(void) { return 11; }"),
-    )
-    .unwrap();
+    jit.library(base)
+        .add(Input::object(
+            "base.o",
+            compile("base", "int base_value(void) { return 11; }"),
+        ))
+        .unwrap();
     jit.link_pending(base).unwrap();
     jit.set_search_order(app, &[base]).unwrap();
-    jit.add_object(
-        app,
-        "app.o",
-        compile(
-            "app",
-            "int base_value(void); int app_value(void) { return base_value() + 1; }",
-        ),
-    )
-    .unwrap();
+    jit.library(app)
+        .add(Input::object(
+            "app.o",
+            compile(
+                "app",
+                "int base_value(void); int app_value(void) { return base_value() + 1; }",
+            ),
+        ))
+        .unwrap();
     assert_eq!(call0(jit.lookup(app, "app_value").unwrap()), 12);
     assert!(jit.lookup(base, "app_value").is_err());
 }
@@ -157,17 +158,17 @@ fn the_links_own_archive_wins_over_the_host() {
         .success());
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.add_object(
-        lib,
-        "use.o",
-        compile(
-            "use",
-            "#include <stdlib.h>\nint use(int x) { return rand() + x; }",
-        ),
-    )
-    .unwrap();
-    jit.add_archive_file(lib, &archive).unwrap();
-    jit.add_process_symbols(lib).unwrap();
+    jit.library(lib)
+        .add(Input::object(
+            "use.o",
+            compile(
+                "use",
+                "#include <stdlib.h>\nint use(int x) { return rand() + x; }",
+            ),
+        ))
+        .unwrap();
+    jit.library(lib).add(Input::archive_file(&archive)).unwrap();
+    jit.library(lib).add(Input::ProcessSymbols).unwrap();
     let f: extern "C" fn(i32) -> i32 =
         // SAFETY: `use` is `int use(int)`.
         unsafe { std::mem::transmute(jit.lookup(lib, "use").unwrap() as usize) };
@@ -205,7 +206,9 @@ fn a_rust_panic_unwinds_through_jit_frames() {
             .success());
         std::fs::read(&o).unwrap()
     };
-    jit.add_object(lib, "unwind.o", obj).unwrap();
+    jit.library(lib)
+        .add(Input::object("unwind.o", obj))
+        .unwrap();
     let outer: extern "C-unwind" fn(i32) -> i32 =
         // SAFETY: `outer` is `int outer(int)`, compiled with unwind tables.
         unsafe { std::mem::transmute(jit.lookup(lib, "outer").unwrap() as usize) };
@@ -234,18 +237,18 @@ fn a_removed_module_stays_mapped_until_other_threads_thread_local_destructors_ra
     let lib = jit.main_library();
     jit.define_symbol(lib, "host_record", host_record as *const () as u64)
         .unwrap();
-    jit.add_object(
-        lib,
-        "tl.o",
-        compile_cxx(
-            "thread_local_keepalive",
-            "extern \"C\" void host_record(int);\n\
+    jit.library(lib)
+        .add(Input::object(
+            "tl.o",
+            compile_cxx(
+                "thread_local_keepalive",
+                "extern \"C\" void host_record(int);\n\
              struct Tracked { int v = 0; ~Tracked() { host_record(v); } };\n\
              thread_local Tracked tracked;\n\
              extern \"C\" int touch(int v) { tracked.v = v; return tracked.v; }\n",
-        ),
-    )
-    .unwrap();
+            ),
+        ))
+        .unwrap();
     let (module, _) = jit.link_pending(lib).unwrap().unwrap();
     let touch_address = module.symbol("touch").unwrap();
     // SAFETY: `touch` is `int touch(int)` of the module just linked.
@@ -281,8 +284,12 @@ fn a_redefinition_names_the_object_that_defines_the_name_again() {
     jit.define_symbol(lib, "second_fn", 0x1000).unwrap();
     let first = compile("first", "int first_fn(void) { return 1; }");
     let second = compile("second", "int second_fn(void) { return 2; }");
-    jit.add_object(lib, "first.o", first).unwrap();
-    jit.add_object(lib, "second.o", second).unwrap();
+    jit.library(lib)
+        .add(Input::object("first.o", first))
+        .unwrap();
+    jit.library(lib)
+        .add(Input::object("second.o", second))
+        .unwrap();
     let error = jit.link_pending(lib).unwrap_err().to_string();
     assert!(
         error.contains("'second_fn' is defined twice")
@@ -321,18 +328,16 @@ fn objects_added_together_all_go_in_or_none_does() {
         bytes >= 2 << 20,
         "{bytes} bytes: too few to be checked in parallel"
     );
-    let err = jit.add_objects_shared(lib, batch).unwrap_err();
+    let err = jit.library(lib).add(Input::Objects(batch)).unwrap_err();
     assert!(err.to_string().contains("first_bad.o"), "{err}");
     // Nothing of that batch went in.
     assert!(jit.link_pending(lib).unwrap().is_none());
-    jit.add_objects_shared(
-        lib,
-        vec![
+    jit.library(lib)
+        .add(Input::Objects(vec![
             ("big.o".into(), shared(big)),
             ("good.o".into(), shared(good)),
-        ],
-    )
-    .unwrap();
+        ]))
+        .unwrap();
     assert_eq!(call0(jit.lookup(lib, "together").unwrap()), 7);
     assert!(jit.lookup(lib, "big2999").is_ok());
 }

@@ -6,6 +6,7 @@
 // kiln::Error wraps link errors, which are large by design (see kiln-link).
 #![allow(clippy::result_large_err)]
 
+use kiln::Input;
 use kiln::{Error, Jit};
 use std::sync::Arc;
 
@@ -172,7 +173,8 @@ fn a_library_id_of_another_session_is_an_error() {
         Err(Error::UnknownLibrary(_))
     ));
     assert!(matches!(
-        a.add_object(other, "x.o", compile("x", "int x;")),
+        a.library(other)
+            .add(Input::object("x.o", compile("x", "int x;"))),
         Err(Error::UnknownLibrary(_))
     ));
     assert!(matches!(
@@ -189,7 +191,9 @@ fn batch_lookup_and_lent_bytes() {
         "many",
         "long f1(long x) { return x + 1; } long f2(long x) { return x + 2; } long f3(long x) { return x + 3; }",
     ));
-    jit.add_object_shared(lib, "many.o", bytes.clone()).unwrap();
+    jit.library(lib)
+        .add(Input::object_shared("many.o", bytes.clone()))
+        .unwrap();
     assert!(Arc::strong_count(&bytes) > 1, "lent, not copied");
     let addresses = jit.lookup_many(lib, &["f1", "f2", "f3"]).unwrap();
     assert_eq!(addresses.len(), 3);
@@ -207,9 +211,10 @@ fn an_archive_member_linked_once_serves_later_modules() {
     // the dependency) instead of linking the member again and defining crc32 twice.
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.add_archive_file(lib, "/usr/lib/x86_64-linux-gnu/libz.a")
+    jit.library(lib)
+        .add(Input::archive_file("/usr/lib/x86_64-linux-gnu/libz.a"))
         .unwrap();
-    jit.add_process_symbols(lib).unwrap();
+    jit.library(lib).add(Input::ProcessSymbols).unwrap();
     let src = |n: &str| {
         format!(
             "unsigned long crc32(unsigned long, const unsigned char *, unsigned);\n\

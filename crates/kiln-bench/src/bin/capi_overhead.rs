@@ -12,6 +12,7 @@
 //!    run alternately, `--llvm-rounds` processes each; medians and ratios.
 
 use clap::Parser;
+use kiln::Input;
 use kiln_bench::sh;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -123,12 +124,18 @@ fn llvm_figure(root: &Path, dir: &Path, prefix: &Path, queries: usize, rounds: u
 fn rust_link(driver: &[u8], archive: &std::sync::Arc<[u8]>) -> Duration {
     let jit = kiln::Jit::builder().noexec(true).build().expect("session");
     let lib = jit.main_library();
-    jit.add_object(lib, "sqlite_driver.o", driver.to_vec())
+    jit.library(lib)
+        .add(Input::object("sqlite_driver.o", driver.to_vec()))
         .expect("driver");
-    jit.add_archive(lib, "libsqlite3.a", archive.to_vec())
+    jit.library(lib)
+        .add(Input::archive("libsqlite3.a", archive.to_vec()))
         .expect("archive");
-    jit.add_library_by_name(lib, "m", &[]).expect("libm");
-    jit.add_process_symbols(lib).expect("process symbols");
+    jit.library(lib)
+        .add(Input::library_by_name("m", &[]))
+        .expect("libm");
+    jit.library(lib)
+        .add(Input::ProcessSymbols)
+        .expect("process symbols");
     let t = Instant::now();
     jit.link_pending(lib).expect("link");
     t.elapsed()

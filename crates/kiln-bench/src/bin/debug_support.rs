@@ -16,6 +16,7 @@ use cranelift_codegen::ir::{types::I64, AbiParam, InstBuilder};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{default_libcall_names, Linkage, Module};
+use kiln::Input;
 use kiln::{DebugListener, DebugSupport, Jit, LoadedModule, Plugin, PluginError};
 use kiln_bench::sh;
 use std::path::{Path, PathBuf};
@@ -126,12 +127,18 @@ fn link_sqlite(
     let _registration = listener.clone().map(|l| jit.add_plugin(l));
     let _no_op = (config == "no-op plugin").then(|| jit.add_plugin(Arc::new(NoOp)));
     let lib = jit.main_library();
-    jit.add_object(lib, "sqlite_driver.o", driver.to_vec())
+    jit.library(lib)
+        .add(Input::object("sqlite_driver.o", driver.to_vec()))
         .expect("driver");
-    jit.add_archive(lib, "libsqlite3.a", archive.clone())
+    jit.library(lib)
+        .add(Input::archive("libsqlite3.a", archive.clone()))
         .expect("archive");
-    jit.add_library_by_name(lib, "m", &[]).expect("libm");
-    jit.add_process_symbols(lib).expect("process symbols");
+    jit.library(lib)
+        .add(Input::library_by_name("m", &[]))
+        .expect("libm");
+    jit.library(lib)
+        .add(Input::ProcessSymbols)
+        .expect("process symbols");
     let t = Instant::now();
     let linked = jit.link_pending(lib).expect("link");
     let elapsed = t.elapsed();

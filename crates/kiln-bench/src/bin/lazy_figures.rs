@@ -179,7 +179,9 @@ fn run_kiln_cranelift(n: usize) {
     let isa = codegen::host_isa(true).expect("isa");
     let jit = kiln::Jit::new().expect("session");
     let lib = jit.main_library();
-    jit.add_process_symbols(lib).expect("process symbols");
+    jit.library(lib)
+        .add(kiln::Input::ProcessSymbols)
+        .expect("process symbols");
     let before = ProcessMemory::now();
     let (mut compile, mut link) = (Duration::ZERO, Duration::ZERO);
     let mut modules = Vec::with_capacity(n);

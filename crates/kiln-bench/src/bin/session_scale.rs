@@ -99,7 +99,9 @@ fn kiln_session(isa: &Arc<dyn cranelift_codegen::isa::TargetIsa>) -> (kiln::Jit,
     let main = jit.main_library();
     jit.define_symbol(main, "kiln_bench_host", kiln_bench_host as *const () as u64)
         .expect("host");
-    jit.add_process_symbols(main).expect("process symbols");
+    jit.library(main)
+        .add(kiln::Input::ProcessSymbols)
+        .expect("process symbols");
     let runtime = jit
         .link_object(main, "runtime.o", runtime_object(isa))
         .expect("runtime");

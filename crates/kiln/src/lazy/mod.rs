@@ -249,7 +249,7 @@ impl Jit {
         // shown them under their own names, or when objects are pending in the library
         // (linked with the stubs, their definitions checked against the stubs' names);
         // else they are written straight into code memory.
-        let pending = !self.library(lib)?.state.read().pending.is_empty();
+        let pending = !self.library_data(lib)?.state.read().pending.is_empty();
         let as_object = pending || !self.inner().plugins.snapshot().is_empty();
         let function = |name: Arc<str>| LazyFunction {
             name,
@@ -299,7 +299,7 @@ impl Jit {
     /// its stub, in the module of its batch.
     fn lazy_function(&self, lib: LibraryId, name: &str) -> Result<FunctionRef, Error> {
         let not_lazy = || Error::NotLazy(name.to_string());
-        let library = self.library(lib)?;
+        let library = self.library_data(lib)?;
         let definition = library.state.read().index.get(name).copied();
         let definition = definition.ok_or_else(not_lazy)?;
         let module = definition.module_id().ok_or_else(not_lazy)?;

@@ -7,6 +7,7 @@
 //!    with one and with ten processes running the program at once.
 
 use super::{median, ms, time as run};
+use kiln::Input;
 use kiln_bench::sh;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -218,15 +219,19 @@ fn hit_cost(dir: &Path, p: &Program, runs: usize) -> (Duration, Duration) {
         let lib = jit.main_library();
         for input in &p.inputs {
             if let Some(name) = input.strip_prefix("-l") {
-                jit.add_library_by_name(lib, name, &[]).unwrap();
+                jit.library(lib)
+                    .add(Input::library_by_name(name, &[]))
+                    .unwrap();
             } else if input.ends_with(".a") {
                 let bytes = kiln::map_file(Path::new(input)).unwrap();
-                jit.add_archive_shared(lib, input, bytes).unwrap();
+                jit.library(lib)
+                    .add(Input::archive_shared(input, bytes))
+                    .unwrap();
             } else {
-                jit.add_object_file(lib, input).unwrap();
+                jit.library(lib).add(Input::object_file(input)).unwrap();
             }
         }
-        jit.add_process_symbols(lib).unwrap();
+        jit.library(lib).add(Input::ProcessSymbols).unwrap();
         let (_, report) = if cached {
             jit.link_pending_cached(lib, &key)
         } else {

@@ -210,8 +210,10 @@ fn main() {
     for _ in 0..args.runs {
         let jit = kiln::Jit::builder().noexec(true).build().unwrap();
         let lib = jit.main_library();
-        jit.add_object(lib, "large.o", object.clone()).unwrap();
-        jit.add_process_symbols(lib).unwrap();
+        jit.library(lib)
+            .add(kiln::Input::object("large.o", object.clone()))
+            .unwrap();
+        jit.library(lib).add(kiln::Input::ProcessSymbols).unwrap();
         let t = Instant::now();
         jit.link_pending(lib).unwrap();
         links.push(t.elapsed());
