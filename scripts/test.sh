@@ -136,15 +136,33 @@ phase "crates package (cargo package --no-verify)" package_crates
 # `llvm` feature on (no code of theirs is only for builds without it, so this checks every
 # line; two more runs for those crates alone cost the LLVM phase half a minute).
 CLIPPY_DIR="$TARGET/clippy"
+# Then `kiln` as a user with `default-features = false` builds it (no Noise, no Redis): its
+# library checked too, and the lean build's dependency tree shown to hold neither crate.
 clippy_all() {
   CARGO_TARGET_DIR="$CLIPPY_DIR" cargo clippy --workspace --all-targets \
     --features kiln-llvm/llvm,kiln-capi/llvm -- -D warnings &&
+    CARGO_TARGET_DIR="$CLIPPY_DIR" cargo clippy -p kiln --lib --no-default-features \
+      -- -D warnings &&
+    lean_kiln_has_no_optional_crates &&
     rm -rf "$CLIPPY_DIR"
+}
+lean_kiln_has_no_optional_crates() {
+  local found
+  found=$(cargo tree --offline -p kiln --no-default-features -e normal --prefix none |
+    grep -E '^(snow|redis) ' || true)
+  if [ -n "$found" ]; then
+    echo "kiln without default features still depends on: $found" >&2
+    return 1
+  fi
 }
 phase "cargo clippy -D warnings" clippy_all
 # kiln-bench has no tests (its benchmarks run below): building its thirteen empty test
 # harnesses in debug cost the phase time for nothing (clippy still checks it).
 phase "cargo test --workspace" cargo_test workspace --profile smoke --workspace --exclude kiln-bench --no-fail-fast
+# kiln-wire as `kiln` without default features builds it: a keyed connection is a clear
+# error there (its one test that only such a build runs; a few seconds).
+phase "kiln-wire without Noise" cargo_test wire-lean --profile smoke -p kiln-wire \
+  --no-default-features --lib --no-fail-fast
 
 llvm_checks() {
   cargo_test llvm --profile smoke -p kiln-llvm --features llvm --no-fail-fast &&

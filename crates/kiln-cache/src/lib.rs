@@ -57,6 +57,7 @@ mod image;
 mod image_key;
 mod memory;
 mod note;
+#[cfg(feature = "redis")]
 mod redis;
 mod signature;
 mod stamp;
@@ -71,6 +72,7 @@ pub use files::kind_of;
 pub use image::{CachedImage, DiskImageCache, ImageCache, ImageToStore};
 pub use image_key::{ImageKeyBuilder, RACY};
 pub use memory::MemoryCache;
+#[cfg(feature = "redis")]
 pub use redis::{RedisCache, UNAVAILABLE_FOR};
 pub use signature::{CacheKey, Signature};
 pub use trust::{MacKey, KEY_FILE_VARIABLE};

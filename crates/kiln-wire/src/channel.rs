@@ -81,7 +81,7 @@ const READ_AHEAD: usize = 64 << 10;
 /// and the next outgoing nonce.
 struct SendState {
     stream: Option<Stream>,
-    secure: Option<(Arc<snow::StatelessTransportState>, u64)>,
+    secure: Option<(Arc<secure::Transport>, u64)>,
     /// Ciphertext of one frame, reused.
     wire: Vec<u8>,
 }
@@ -239,7 +239,7 @@ impl std::fmt::Debug for Channel {
 /// The receiving side of a secured channel: the transport, the next expected nonce, and
 /// what was decrypted but not yet read.
 struct Secure {
-    transport: Arc<snow::StatelessTransportState>,
+    transport: Arc<secure::Transport>,
     nonce: u64,
     plain: Vec<u8>,
     pos: usize,
@@ -339,6 +339,14 @@ impl Channel {
         result
     }
 
+    #[cfg(not(feature = "noise"))]
+    fn handshake(&mut self, _key: &Key, _role: Role) -> Result<(), ChannelError> {
+        Err(ChannelError::Auth(
+            "this build has no Noise support (kiln-wire's `noise` feature is off): a connection with a key cannot be made".into(),
+        ))
+    }
+
+    #[cfg(feature = "noise")]
     fn handshake(&mut self, key: &Key, role: Role) -> Result<(), ChannelError> {
         let auth = |e: snow::Error| ChannelError::Auth(e.to_string());
         let mut handshake = secure::handshake_state(key, role).map_err(auth)?;
@@ -395,6 +403,7 @@ impl Channel {
     }
 
     /// One Noise message to the wire: a big-endian `u16` length and the bytes.
+    #[cfg(feature = "noise")]
     fn write_record(&mut self, message: &[u8]) -> Result<(), ChannelError> {
         let mut record = Vec::with_capacity(message.len() + 2);
         record.extend_from_slice(&(message.len() as u16).to_be_bytes());
@@ -818,4 +827,19 @@ mod tests {
         drop(sender.join().unwrap());
         assert!(matches!(rx.recv(), Err(ChannelError::Closed)));
     }
+
+    /// A build without Noise cannot make a keyed connection: it says so, and the channel
+    /// stays plaintext and usable (no byte of a handshake was written).
+    #[cfg(not(feature = "noise"))]
+    #[test]
+    fn without_noise_a_keyed_connection_is_a_clear_error() {
+        let (mut a, mut b) = pair();
+        let key = Key::from_bytes([7; 32]);
+        let error = a.secure(&key, Role::Initiator).expect_err("no Noise in this build");
+        assert!(error.to_string().contains("`noise` feature"), "{error}");
+        assert!(!a.is_secure());
+        a.send(&frame(b"plain")).unwrap();
+        assert_eq!(b.recv().unwrap(), b"plain");
+    }
+
 }

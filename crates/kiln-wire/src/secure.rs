@@ -201,7 +201,50 @@ pub enum Role {
     Responder,
 }
 
+/// The transport after the handshake: `snow`'s.
+#[cfg(feature = "noise")]
+pub(crate) type Transport = snow::StatelessTransportState;
+
+/// The transport in a build without the `noise` feature: a type with no values (no
+/// channel becomes secure, so none is ever made).
+#[cfg(not(feature = "noise"))]
+pub(crate) enum Transport {}
+
+/// The error a transport of a build without Noise would give (none is ever made).
+#[cfg(not(feature = "noise"))]
+#[derive(Debug)]
+pub(crate) struct NoNoise;
+
+#[cfg(not(feature = "noise"))]
+impl std::fmt::Display for NoNoise {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("no Noise support in this build")
+    }
+}
+
+#[cfg(not(feature = "noise"))]
+impl Transport {
+    pub(crate) fn write_message(
+        &self,
+        _nonce: u64,
+        _plain: &[u8],
+        _out: &mut [u8],
+    ) -> Result<usize, NoNoise> {
+        match *self {}
+    }
+
+    pub(crate) fn read_message(
+        &self,
+        _nonce: u64,
+        _record: &[u8],
+        _plain: &mut [u8],
+    ) -> Result<usize, NoNoise> {
+        match *self {}
+    }
+}
+
 /// Builds the handshake state for `role` with `key`.
+#[cfg(feature = "noise")]
 pub(crate) fn handshake_state(key: &Key, role: Role) -> Result<snow::HandshakeState, snow::Error> {
     let params: snow::params::NoiseParams = NOISE_PATTERN.parse()?;
     let builder = snow::Builder::new(params).psk(0, key.as_bytes())?;

@@ -37,8 +37,7 @@
 //!     assert!(status.success());
 //!     let jit = kiln::Jit::new()?;
 //!     let lib = jit.main_library();
-//!     let object = std::fs::read(dir.join("add.o"))?;
-//!     jit.library(lib).add(kiln::Input::object("add.o", object))?;
+//!     jit.library(lib).add(kiln::Input::object("add.o", std::fs::read(dir.join("add.o"))?))?;
 //!     // SAFETY: `add` is `long add(long, long)`; the module stays in `jit`.
 //!     let add = unsafe { jit.lookup_fn::<extern "C" fn(i64, i64) -> i64>(lib, "add")? };
 //!     assert_eq!(add(2, 40), 42);
