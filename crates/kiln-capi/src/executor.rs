@@ -5,8 +5,12 @@
 //! executor's.
 
 use kiln::{
-    Architecture, DebugModule, DebugOutputs, EhRegistration, Error, ExecutorService, ExportHandle,
-    ExportedSymbol, Found, Mapper, SymbolKind, TlsTemplate,
+    debug::{DebugModule, DebugOutputs, ExportedSymbol},
+    executor::{EhRegistration, ExecutorService, ExportHandle},
+    link::TlsTemplate,
+    memory::Mapper,
+    plugin::SymbolKind,
+    Architecture, Error, Found,
 };
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::Arc;
@@ -176,7 +180,7 @@ impl ExecutorService for CallbackExecutor {
 
     fn export_module_on_demand(
         &self,
-        module: std::sync::Weak<dyn kiln::ModuleSymbols>,
+        module: std::sync::Weak<dyn kiln::debug::ModuleSymbols>,
         code: std::ops::Range<u64>,
     ) -> Option<Result<ExportHandle, Error>> {
         self.in_process.export_module_on_demand(module, code)
@@ -239,7 +243,11 @@ impl ExecutorService for CallbackExecutor {
         unsafe { self.in_process.call(address, args) }
     }
 
-    unsafe fn store_code_pointer(&self, slot: u64, target: u64) -> Result<kiln::Retirement, Error> {
+    unsafe fn store_code_pointer(
+        &self,
+        slot: u64,
+        target: u64,
+    ) -> Result<kiln::executor::Retirement, Error> {
         // SAFETY: the caller's contract.
         unsafe { self.in_process.store_code_pointer(slot, target) }
     }

@@ -5,7 +5,10 @@
 use crate::error::kiln_status;
 use crate::error::{guard, kiln_error};
 use crate::session::{cstr, kiln_module, kiln_release_fn, kiln_session, session};
-use kiln::{CodeGuard, CodeThread, CompileError, LazyCompiler, LibraryId};
+use kiln::{
+    lazy::{CodeGuard, CodeThread, CompileError, LazyCompiler},
+    LibraryId,
+};
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::Arc;
 

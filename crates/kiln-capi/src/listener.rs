@@ -106,7 +106,7 @@ pub struct kiln_listener_callbacks {
 
 /// A listener's registration: remove it with [`kiln_listener_remove`].
 pub struct kiln_listener {
-    _registration: kiln::PluginRegistration,
+    _registration: kiln::plugin::PluginRegistration,
 }
 
 struct CListener(kiln_listener_callbacks);
@@ -132,9 +132,9 @@ fn c(s: &str) -> CString {
 impl CListener {
     fn call(
         &self,
-        module: &kiln::LoadedModule,
+        module: &kiln::plugin::LoadedModule,
         callback: Option<unsafe extern "C" fn(*mut c_void, *const kiln_module_info) -> c_int>,
-    ) -> Result<(), kiln::PluginError> {
+    ) -> Result<(), kiln::plugin::PluginError> {
         let Some(callback) = callback else {
             return Ok(());
         };
@@ -161,9 +161,9 @@ impl CListener {
                 address: s.address,
                 size: s.size,
                 kind: match s.kind {
-                    kiln::SymbolKind::Function => kiln_symbol_kind::KILN_SYMBOL_FUNCTION,
-                    kiln::SymbolKind::Data => kiln_symbol_kind::KILN_SYMBOL_DATA,
-                    kiln::SymbolKind::Other => kiln_symbol_kind::KILN_SYMBOL_OTHER,
+                    kiln::plugin::SymbolKind::Function => kiln_symbol_kind::KILN_SYMBOL_FUNCTION,
+                    kiln::plugin::SymbolKind::Data => kiln_symbol_kind::KILN_SYMBOL_DATA,
+                    kiln::plugin::SymbolKind::Other => kiln_symbol_kind::KILN_SYMBOL_OTHER,
                 },
                 global: c_int::from(s.global),
             })
@@ -198,14 +198,20 @@ impl CListener {
     }
 }
 
-impl kiln::Plugin for CListener {
+impl kiln::plugin::Plugin for CListener {
     fn name(&self) -> &str {
         "C listener"
     }
-    fn module_loaded(&self, module: &kiln::LoadedModule) -> Result<(), kiln::PluginError> {
+    fn module_loaded(
+        &self,
+        module: &kiln::plugin::LoadedModule,
+    ) -> Result<(), kiln::plugin::PluginError> {
         self.call(module, self.0.loaded)
     }
-    fn module_freed(&self, module: &kiln::LoadedModule) -> Result<(), kiln::PluginError> {
+    fn module_freed(
+        &self,
+        module: &kiln::plugin::LoadedModule,
+    ) -> Result<(), kiln::plugin::PluginError> {
         self.call(module, self.0.freed)
     }
 }

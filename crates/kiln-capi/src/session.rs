@@ -275,20 +275,20 @@ pub unsafe extern "C" fn kiln_session_create(
             .map(|callbacks| crate::executor::CallbackExecutor::new(*callbacks));
         let out = out(session, "session")?;
         check_options(&options)?;
-        let timeouts = kiln::Timeouts::default();
+        let timeouts = kiln::executor::Timeouts::default();
         let executor = match options.executor {
             0 => kiln::Executor::in_process(),
             1 => {
                 let path = opt_cstr(options.executor_path, "executor_path")?
                     .map(std::path::PathBuf::from)
-                    .unwrap_or_else(kiln::default_executor_path);
+                    .unwrap_or_else(kiln::executor::default_executor_path);
                 let transport = match options.transport {
-                    0 => kiln::Transport::SharedMemory,
-                    1 => kiln::Transport::Copy,
+                    0 => kiln::executor::Transport::SharedMemory,
+                    1 => kiln::executor::Transport::Copy,
                     other => return Err(kiln_error::invalid(format!("transport {other}"))),
                 };
                 let sandbox = if options.sandbox != 0 {
-                    Some(kiln::Sandbox {
+                    Some(kiln::executor::Sandbox {
                         // SAFETY: the caller's contract for the options' string lists.
                         read: unsafe {
                             paths(
@@ -315,7 +315,7 @@ pub unsafe extern "C" fn kiln_session_create(
                 let address = cstr(options.address, "address")?;
                 let key = match opt_cstr(options.key_file, "key_file")? {
                     Some(path) => Some(
-                        kiln::Key::read_file(std::path::Path::new(path))
+                        kiln::executor::Key::read_file(std::path::Path::new(path))
                             .map_err(|e| kiln_error::invalid(e.to_string()))?,
                     ),
                     None => None,
@@ -336,7 +336,7 @@ pub unsafe extern "C" fn kiln_session_create(
             .executor(executor)
             .export_to_libraries(options.export_to_libraries != 0)
             .noexec(options.noexec != 0)
-            .debug_support(kiln::DebugSupport {
+            .debug_support(kiln::debug::DebugSupport {
                 gdb: options.debug & KILN_DEBUG_GDB != 0,
                 perf_map: options.debug & KILN_DEBUG_PERF_MAP != 0,
                 jitdump: options.debug & KILN_DEBUG_JITDUMP != 0,
@@ -407,9 +407,9 @@ fn check_options(options: &kiln_session_options) -> Result<(), kiln_error> {
     Ok(())
 }
 
-fn kiln_cache_disk(dir: &str) -> Result<Arc<dyn kiln::ObjectCache>, kiln_error> {
+fn kiln_cache_disk(dir: &str) -> Result<Arc<dyn kiln::cache::ObjectCache>, kiln_error> {
     kiln_cache::DiskCache::open(dir, kiln_cache::DiskLimits::default())
-        .map(|c| Arc::new(c) as Arc<dyn kiln::ObjectCache>)
+        .map(|c| Arc::new(c) as Arc<dyn kiln::cache::ObjectCache>)
         .map_err(|e| kiln_error::new(kiln_status::KILN_ERR_IO, e.to_string()))
 }
 
@@ -965,7 +965,7 @@ pub unsafe extern "C" fn kiln_link_cached(
         let s = self::session(session)?;
         let bytes = slice(key, key_len, "key")?;
         let mut builder =
-            kiln::ImageKeyBuilder::new(concat!("kiln C API ", env!("CARGO_PKG_VERSION")));
+            kiln::cache::ImageKeyBuilder::new(concat!("kiln C API ", env!("CARGO_PKG_VERSION")));
         builder.bytes("client key", bytes);
         s.jit.add_image_key_inputs(&mut builder)?;
         let library = LibraryId::from_raw(library);
@@ -977,7 +977,7 @@ pub unsafe extern "C" fn kiln_link_cached(
         };
         if !mapped.is_null() {
             let was_mapped = linked.as_ref().is_some_and(|(_, report)| {
-                matches!(report.image, Some(kiln::ImageOutcome::Mapped { .. }))
+                matches!(report.image, Some(kiln::cache::ImageOutcome::Mapped { .. }))
             });
             // SAFETY: a valid out-pointer (checked not NULL).
             unsafe { *mapped = c_int::from(was_mapped) };

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// The image cache `kiln run` links through, or why none (said with `-v`).
-pub(crate) fn open(o: &RunArgs) -> Result<Arc<kiln::DiskImageCache>, String> {
+pub(crate) fn open(o: &RunArgs) -> Result<Arc<kiln::cache::DiskImageCache>, String> {
     let why = if o.no_image_cache {
         Some("--no-image-cache")
     } else if o.noexec {
@@ -27,15 +27,15 @@ pub(crate) fn open(o: &RunArgs) -> Result<Arc<kiln::DiskImageCache>, String> {
         .ok_or(
             "no cache directory (none of KILN_CACHE_DIR, XDG_CACHE_HOME, HOME, XDG_RUNTIME_DIR)",
         )?;
-    kiln::DiskImageCache::open(&root, kiln_cache::DiskLimits::default())
+    kiln::cache::DiskImageCache::open(&root, kiln_cache::DiskLimits::default())
         .map(Arc::new)
         .map_err(|e| e.to_string())
 }
 
 /// The start of a program's image key: Kiln's version, the target, the options that
 /// change what is linked. Inputs and the process's mapped files are added as they come.
-pub(crate) fn key_start(o: &RunArgs, jit: &kiln::Jit) -> kiln::ImageKeyBuilder {
-    let mut key = kiln::ImageKeyBuilder::new(concat!("kiln ", env!("CARGO_PKG_VERSION")));
+pub(crate) fn key_start(o: &RunArgs, jit: &kiln::Jit) -> kiln::cache::ImageKeyBuilder {
+    let mut key = kiln::cache::ImageKeyBuilder::new(concat!("kiln ", env!("CARGO_PKG_VERSION")));
     key.text("target", &jit.architecture().to_string());
     key.text(
         "options",
@@ -56,7 +56,7 @@ pub(crate) fn key_start(o: &RunArgs, jit: &kiln::Jit) -> kiln::ImageKeyBuilder {
 /// Adds an input file (an object, archive or shared library) to `key`: `contents` what
 /// was read or mapped of it (keyed if it changed within the last seconds).
 pub(crate) fn add_file(
-    key: &mut kiln::ImageKeyBuilder,
+    key: &mut kiln::cache::ImageKeyBuilder,
     path: &Path,
     contents: Option<&[u8]>,
 ) -> Result<(), String> {
@@ -69,24 +69,24 @@ pub(crate) fn add_file(
 }
 
 /// What `-v` says of a link through the image cache.
-pub(crate) fn describe(report: &kiln::LinkReport) -> Option<String> {
+pub(crate) fn describe(report: &kiln::link::LinkReport) -> Option<String> {
     let refused = report
         .image_refused
         .as_ref()
         .map(|why| format!(" (a cached image was not used: {why})"))
         .unwrap_or_default();
     Some(match report.image.as_ref()? {
-        kiln::ImageOutcome::Mapped { path, fixups } => format!(
+        kiln::cache::ImageOutcome::Mapped { path, fixups } => format!(
             "kiln: mapped from the image cache ({}, {fixups} fixups): no link",
             path.display()
         ),
-        kiln::ImageOutcome::Stored => {
+        kiln::cache::ImageOutcome::Stored => {
             format!("kiln: linked; image stored in the image cache{refused}")
         }
-        kiln::ImageOutcome::NotStored(why) => {
+        kiln::cache::ImageOutcome::NotStored(why) => {
             format!("kiln: linked; image not stored: {why}{refused}")
         }
-        kiln::ImageOutcome::Bypassed(why) => format!("kiln: image cache not used: {why}"),
+        kiln::cache::ImageOutcome::Bypassed(why) => format!("kiln: image cache not used: {why}"),
         other => format!("kiln: image cache: {other:?}"),
     })
 }

@@ -395,7 +395,7 @@ fn compiler_flags(o: &RunArgs) -> Vec<String> {
 /// A link error as a C/C++ programmer wants it: undefined C++ names demangled, with the
 /// library that usually has them.
 fn explain(error: kiln::Error) -> String {
-    if let kiln::Error::Link(kiln::LinkError::UndefinedSymbols { symbols }) = &error {
+    if let kiln::Error::Link(kiln::link::LinkError::UndefinedSymbols { symbols }) = &error {
         let mut text = String::from("undefined symbols:");
         let mut cxx = false;
         for m in &symbols.0 {
@@ -436,7 +436,7 @@ struct Report {
     map: bool,
 }
 
-impl kiln::Plugin for Report {
+impl kiln::plugin::Plugin for Report {
     fn name(&self) -> &str {
         "kiln run report"
     }
@@ -445,14 +445,17 @@ impl kiln::Plugin for Report {
     fn wants_symbols(&self) -> bool {
         self.map
     }
-    fn module_loaded(&self, m: &kiln::LoadedModule) -> Result<(), kiln::PluginError> {
+    fn module_loaded(
+        &self,
+        m: &kiln::plugin::LoadedModule,
+    ) -> Result<(), kiln::plugin::PluginError> {
         if self.verbose {
             for object in &m.objects {
                 eprintln!("kiln: linked {}", object.name);
             }
         }
         if self.map {
-            let mut symbols: Vec<&kiln::SymbolInfo> = m.symbols.iter().collect();
+            let mut symbols: Vec<&kiln::plugin::SymbolInfo> = m.symbols.iter().collect();
             symbols.sort_by_key(|s| s.address);
             for s in symbols {
                 println!("{:#018x} {:>8} {}", s.address, s.size, s.name);
@@ -465,16 +468,16 @@ impl kiln::Plugin for Report {
 fn run(o: RunArgs) -> Result<i32, String> {
     check_flags(&o)?;
     let start = Instant::now();
-    let timeouts = kiln::Timeouts::default();
+    let timeouts = kiln::executor::Timeouts::default();
     let executor = if let Some(address) = &o.connect {
         let key = match &o.key_file {
-            Some(path) => Some(kiln::Key::read_file(path).map_err(|e| e.to_string())?),
-            None => kiln::Key::from_env().map_err(|e| e.to_string())?,
+            Some(path) => Some(kiln::executor::Key::read_file(path).map_err(|e| e.to_string())?),
+            None => kiln::executor::Key::from_env().map_err(|e| e.to_string())?,
         };
         let executor = kiln::Executor::connect_with_key(address, key.as_ref(), timeouts)
             .map_err(|e| e.to_string())?;
         // A Windows executor keeps its own: this system's paths mean nothing there.
-        if !o.no_env && executor.target_os() == kiln::TargetOs::Linux {
+        if !o.no_env && executor.target_os() == kiln::executor::TargetOs::Linux {
             if o.verbose {
                 eprintln!("kiln: --connect: the program gets this environment and working directory (--no-env keeps the executor's)");
             }
@@ -487,10 +490,10 @@ fn run(o: RunArgs) -> Result<i32, String> {
         let path = o
             .executor
             .clone()
-            .unwrap_or_else(kiln::default_executor_path);
+            .unwrap_or_else(kiln::executor::default_executor_path);
         let transport = match o.transport.unwrap_or(TransportKind::Shm) {
-            TransportKind::Shm => kiln::Transport::SharedMemory,
-            TransportKind::Copy => kiln::Transport::Copy,
+            TransportKind::Shm => kiln::executor::Transport::SharedMemory,
+            TransportKind::Copy => kiln::executor::Transport::Copy,
         };
         // A pre-started executor (kiln-executor --listen-unix PATH) saves starting one.
         match std::env::var_os("KILN_EXECUTOR_SOCKET") {
@@ -512,7 +515,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
                 executor
             }
             _ => {
-                let sandbox = o.sandbox.then(|| kiln::Sandbox {
+                let sandbox = o.sandbox.then(|| kiln::executor::Sandbox {
                     read: o.sandbox_read.clone(),
                     write: o.sandbox_write.clone(),
                 });
@@ -558,7 +561,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
         // the process for the program's names).
         .exports_on_demand(true)
         .noexec(o.noexec)
-        .debug_support(kiln::DebugSupport {
+        .debug_support(kiln::debug::DebugSupport {
             gdb: o.gdb,
             perf_map: o.perf_map,
             jitdump: o.jitdump.is_some(),
@@ -612,7 +615,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
             add_objects(&mut objects)?;
         }
         match kind {
-            inputs::InputKind::Source if jit.target_os() == kiln::TargetOs::Windows => {
+            inputs::InputKind::Source if jit.target_os() == kiln::executor::TargetOs::Windows => {
                 // The system compiler writes this system's ELF (its calling convention, its
                 // C library): nothing a Windows executor can run.
                 return Err(format!(
@@ -820,8 +823,10 @@ fn run(o: RunArgs) -> Result<i32, String> {
         Ok(status) => status,
         // The program's exit(n) and fatal signals give the status they give in process
         // (n, or 128 + the signal number, as a shell reports it).
-        Err(kiln::Error::Remote(kiln::RemoteError::Exited { status, .. })) => return Ok(status),
-        Err(kiln::Error::Remote(kiln::RemoteError::Crashed {
+        Err(kiln::Error::Remote(kiln::executor::RemoteError::Exited { status, .. })) => {
+            return Ok(status)
+        }
+        Err(kiln::Error::Remote(kiln::executor::RemoteError::Crashed {
             pid,
             signal,
             name,

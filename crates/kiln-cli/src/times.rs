@@ -11,9 +11,9 @@ fn ms(d: Duration) -> f64 {
 /// Prints the time to load the inputs, each phase and pass of the link, and its counts.
 pub(crate) fn print_link_times(
     load: Duration,
-    times: &kiln::LinkTimes,
+    times: &kiln::link::LinkTimes,
     passes: &[(Cow<'static, str>, Duration)],
-    counts: &kiln::LinkCounts,
+    counts: &kiln::link::LinkCounts,
 ) {
     eprintln!("kiln: load inputs  {:>9.3} ms", ms(load));
     for (name, d) in [
@@ -40,7 +40,7 @@ pub(crate) fn print_step(name: &str, d: Duration) {
 }
 
 /// Prints the round trips a remote executor's connection made, per kind of request.
-pub(crate) fn print_round_trips(trips: &[kiln::RoundTrips]) {
+pub(crate) fn print_round_trips(trips: &[kiln::executor::RoundTrips]) {
     let total: Duration = trips.iter().map(|t| t.waited).sum();
     let count: u32 = trips.iter().map(|t| t.count).sum();
     eprintln!(

@@ -8,7 +8,7 @@
 //! (qemu's `-L /usr/aarch64-linux-gnu`); Debian's arm64 libraries come from the private
 //! sysroot scripts/test_deps.sh fills. `KILN_TEST_SKIP_CROSS=1` skips the AArch64 tests.
 
-use kiln::Key;
+use kiln::executor::Key;
 use kiln_remote::channel::{Channel, Stream};
 use kiln_remote::secure::{Role, PREAMBLE_NOISE};
 use std::net::TcpStream;
@@ -780,8 +780,8 @@ struct Bodies {
     compiles: std::sync::atomic::AtomicUsize,
 }
 
-impl kiln::LazyCompiler for Bodies {
-    fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::CompileError> {
+impl kiln::lazy::LazyCompiler for Bodies {
+    fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::lazy::CompileError> {
         self.compiles
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(100));
@@ -893,7 +893,8 @@ fn lazy_functions_through_the_c_executor(name: &str, gcc: &str, port: u16) {
     let address = format!("127.0.0.1:{port}");
     let key = Key::read_file(&kiln_testkit::key_file()).unwrap();
     let remote =
-        kiln::Executor::connect_with_key(&address, Some(&key), kiln::Timeouts::default()).unwrap();
+        kiln::Executor::connect_with_key(&address, Some(&key), kiln::executor::Timeouts::default())
+            .unwrap();
     let jit = Jit::builder().executor(remote).build().unwrap();
     let lib = jit.main_library();
     let lazy = [

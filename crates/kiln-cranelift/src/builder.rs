@@ -35,7 +35,7 @@ pub struct KilnBuilder {
     pub(crate) session: Option<kiln::Jit>,
     pub(crate) process_symbols: bool,
     pub(crate) hot_swap: bool,
-    pub(crate) code_cache: Option<std::sync::Arc<dyn kiln::ObjectCache>>,
+    pub(crate) code_cache: Option<std::sync::Arc<dyn kiln::cache::ObjectCache>>,
 }
 
 impl KilnBuilder {
@@ -146,7 +146,7 @@ impl KilnBuilder {
     ///
     /// [`KilnModule::define_function_and_cache`]: crate::KilnModule::define_function_and_cache
     /// [`KilnModule::define_function_from_cache`]: crate::KilnModule::define_function_from_cache
-    pub fn code_cache(&mut self, cache: std::sync::Arc<dyn kiln::ObjectCache>) -> &mut Self {
+    pub fn code_cache(&mut self, cache: std::sync::Arc<dyn kiln::cache::ObjectCache>) -> &mut Self {
         self.code_cache = Some(cache);
         self
     }

@@ -19,7 +19,7 @@ use object::{Object, ObjectSection, ObjectSymbol, RelocationFlags, RelocationTar
 /// The cache key of a function: the caller's key, the function's name, the target and
 /// every code generation flag (another ISA or flag is another key), and this format's
 /// version.
-pub(crate) fn key(isa: &dyn TargetIsa, name: &str, caller: &[u8]) -> kiln::CacheKey {
+pub(crate) fn key(isa: &dyn TargetIsa, name: &str, caller: &[u8]) -> kiln::cache::CacheKey {
     let mut hasher = blake3::Hasher::new();
     let mut part = |bytes: &[u8]| {
         hasher.update(&(bytes.len() as u64).to_le_bytes());
@@ -34,7 +34,7 @@ pub(crate) fn key(isa: &dyn TargetIsa, name: &str, caller: &[u8]) -> kiln::Cache
     }
     part(name.as_bytes());
     part(caller);
-    kiln::CacheKey(*hasher.finalize().as_bytes())
+    kiln::cache::CacheKey(*hasher.finalize().as_bytes())
 }
 
 /// What a relocation of a cached function refers to, by name (or its own symbol).

@@ -71,8 +71,8 @@ pub(crate) struct LazyFunctions {
     pub(crate) callbacks: RwLock<Vec<(String, FuncId, LazyCompile)>>,
 }
 
-impl kiln::LazyCompiler for LazyFunctions {
-    fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::CompileError> {
+impl kiln::lazy::LazyCompiler for LazyFunctions {
+    fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::lazy::CompileError> {
         let (id, callback) = {
             let callbacks = self
                 .callbacks

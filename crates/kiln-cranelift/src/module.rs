@@ -150,7 +150,7 @@ pub struct KilnModule {
     /// Where freed functions' stubs lead (hot swap): a trap, linked on first use.
     trap: Option<(kiln::Module, u64)>,
     /// Where compiled functions are kept between processes.
-    code_cache: Option<std::sync::Arc<dyn kiln::ObjectCache>>,
+    code_cache: Option<std::sync::Arc<dyn kiln::cache::ObjectCache>>,
     /// The functions' declarations, shared with the lazy functions' compiler (with hot
     /// swap).
     shared_functions: Option<crate::lazy::SharedFunctions>,
@@ -165,8 +165,8 @@ const BODY_SUFFIX: &str = " (body)";
 /// that made it, before its address is handed out).
 struct LinkedAtFinalize;
 
-impl kiln::LazyCompiler for LinkedAtFinalize {
-    fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::CompileError> {
+impl kiln::lazy::LazyCompiler for LinkedAtFinalize {
+    fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::lazy::CompileError> {
         Err(format!("{name} is linked by finalize_definitions, not on first call").into())
     }
 }
@@ -613,7 +613,7 @@ impl KilnModule {
         })?;
         let module = match self.jit.link_private(self.lib, input) {
             Ok(module) => module,
-            Err(kiln::Error::Link(kiln::LinkError::UndefinedSymbols { symbols })) => {
+            Err(kiln::Error::Link(kiln::link::LinkError::UndefinedSymbols { symbols })) => {
                 // Named by the definitions whose code refers to them.
                 let mut unresolved = Vec::new();
                 for missing in &symbols.0 {

@@ -480,7 +480,7 @@ fn a_panic_passes_through_jit_frames_and_a_backtrace_names_them() {
 }
 
 /// A module whose session tells debuggers and profilers what `support` says.
-fn debug_module(support: kiln::DebugSupport) -> KilnModule {
+fn debug_module(support: kiln::debug::DebugSupport) -> KilnModule {
     let jit = kiln::Jit::builder().debug_support(support).build().unwrap();
     let mut builder = KilnBuilder::new(default_libcall_names()).unwrap();
     builder.session(jit);
@@ -492,7 +492,7 @@ fn perf_sees_jit_functions_through_the_sessions_listeners() {
     // A pid is reused: what an earlier process left at this one's perf map name, Kiln
     // would refuse to write.
     kiln_testkit::free_perf_map(std::process::id());
-    let mut m = debug_module(kiln::DebugSupport {
+    let mut m = debug_module(kiln::debug::DebugSupport {
         perf_map: true,
         ..Default::default()
     });
@@ -527,8 +527,8 @@ fn perf_sees_jit_functions_through_the_sessions_listeners() {
 fn out_of_process_the_code_runs_in_kiln_executor() {
     let executor = kiln::Executor::spawn(
         &kiln_testkit::executor_binary(),
-        kiln::Transport::SharedMemory,
-        kiln::Timeouts::default(),
+        kiln::executor::Transport::SharedMemory,
+        kiln::executor::Timeouts::default(),
     )
     .unwrap();
     let pid = executor.pid();
@@ -675,13 +675,13 @@ fn run_under_qemu(triple: &str, gcc: &str, qemu: &str, root: &str) {
             .args(["--listen", "127.0.0.1:0", "--key-file"])
             .arg(kiln_testkit::key_file()),
     );
-    let key = kiln::Key::read_file(&kiln_testkit::key_file()).unwrap();
+    let key = kiln::executor::Key::read_file(&kiln_testkit::key_file()).unwrap();
     let jit = kiln::Jit::builder()
         .executor(
             kiln::Executor::connect_with_key(
                 &executor.address,
                 Some(&key),
-                kiln::Timeouts::default(),
+                kiln::executor::Timeouts::default(),
             )
             .unwrap(),
         )
@@ -748,7 +748,7 @@ fn gdb_child() {
     if std::env::var_os("KILN_CRANELIFT_GDB_CHILD").is_none() {
         return; // only as the child
     }
-    let mut m = debug_module(kiln::DebugSupport {
+    let mut m = debug_module(kiln::debug::DebugSupport {
         gdb: true,
         ..Default::default()
     });

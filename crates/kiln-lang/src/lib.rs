@@ -34,7 +34,7 @@ use cranelift_codegen::ir::{self, FuncRef, Signature};
 use cranelift_codegen::isa::CallConv;
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_module::{FuncId, Linkage, Module, ModuleError};
-use kiln::{CodeThread, Jit, LibraryId};
+use kiln::{lazy::CodeThread, Jit, LibraryId};
 use kiln_cranelift::{KilnBuilder, KilnModule, LazyCompile, LazyContext};
 use parking_lot::RwLock;
 use rustc_hash::FxHashMap;
@@ -69,7 +69,7 @@ pub struct Options {
     /// Compile and link every function when it is defined, instead of on first call.
     pub eager: bool,
     /// Debugger and profiler support for the compiled functions (gdb, perf).
-    pub debug: kiln::DebugSupport,
+    pub debug: kiln::debug::DebugSupport,
     /// Run the program in an executor listening at this address (`kiln-executor --listen`
     /// or executor-c, on this machine, under qemu or Wine, or on another machine): its
     /// functions are compiled for the executor's architecture and linked into it; a first
@@ -77,7 +77,7 @@ pub struct Options {
     pub connect: Option<String>,
     /// The executor's key (its `--key-file`'s); `None` connects in plaintext, which only an
     /// executor started with `--no-auth` accepts.
-    pub key: Option<kiln::Key>,
+    pub key: Option<kiln::executor::Key>,
 }
 
 /// `print` where the program runs in another process (no host function reaches it):

@@ -42,8 +42,8 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     let key = match &args.key_file {
-        Some(path) => kiln::Key::read_file(path).map(Some),
-        None if args.connect.is_some() => kiln::Key::from_env(),
+        Some(path) => kiln::executor::Key::read_file(path).map(Some),
+        None if args.connect.is_some() => kiln::executor::Key::from_env(),
         None => Ok(None),
     };
     let key = match key {
@@ -55,7 +55,7 @@ fn main() -> ExitCode {
     };
     let options = Options {
         eager: args.eager,
-        debug: kiln::DebugSupport {
+        debug: kiln::debug::DebugSupport {
             gdb: args.gdb,
             perf_map: args.perf_map,
             ..Default::default()

@@ -110,7 +110,7 @@ fn runs_through(name: &str, executor: &ExecutorProcess) {
 
     let mut rt = Runtime::new(Options {
         connect: Some(executor.address.clone()),
-        key: Some(kiln::Key::read_file(&kiln_testkit::key_file()).unwrap()),
+        key: Some(kiln::executor::Key::read_file(&kiln_testkit::key_file()).unwrap()),
         ..Options::default()
     })
     .unwrap_or_else(|e| panic!("{name}: {e}"));

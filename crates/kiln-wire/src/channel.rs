@@ -835,11 +835,12 @@ mod tests {
     fn without_noise_a_keyed_connection_is_a_clear_error() {
         let (mut a, mut b) = pair();
         let key = Key::from_bytes([7; 32]);
-        let error = a.secure(&key, Role::Initiator).expect_err("no Noise in this build");
+        let error = a
+            .secure(&key, Role::Initiator)
+            .expect_err("no Noise in this build");
         assert!(error.to_string().contains("`noise` feature"), "{error}");
         assert!(!a.is_secure());
         a.send(&frame(b"plain")).unwrap();
         assert_eq!(b.recv().unwrap(), b"plain");
     }
-
 }

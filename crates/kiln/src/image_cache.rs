@@ -49,7 +49,9 @@ impl LinkJob<'_> {
         if inner.image_cache.is_none() {
             return Some("the session has no image cache".into());
         }
-        if !inner.executor.runs_in_this_process() || inner.target_os != crate::TargetOs::Linux {
+        if !inner.executor.runs_in_this_process()
+            || inner.target_os != crate::executor::TargetOs::Linux
+        {
             return Some("the code runs in another process".into());
         }
         if inner.architecture != kiln_link::Architecture::host() {

@@ -64,11 +64,13 @@ pub(crate) fn read_file(path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync
 
 /// A file's bytes, shared: mapped when it is large (an archive: never copied, pages read
 /// as the link touches them), read when it is small — for a short-lived tool that adds
-/// them with [`Jit::add_object_shared`] or [`Jit::add_archive_shared`] (`kiln run` does).
+/// them with [`Input::object_shared`](crate::Input::object_shared) or
+/// [`Input::archive_shared`](crate::Input::archive_shared) (`kiln run` does).
 ///
 /// A mapped file must not change while the session may read it: one rewritten in place
 /// gives the link inconsistent bytes, and one truncated makes a later read of its pages
-/// fault (`SIGBUS`). [`Jit::add_file`] and friends read files instead.
+/// fault (`SIGBUS`). [`Input::file`](crate::Input::file) and the other file inputs read
+/// files instead.
 pub fn map_file(path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync>, Error> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),
@@ -129,7 +131,7 @@ impl Jit {
         if self.inner.image_cache.is_none() {
             kiln_link::check_objects(&mut inputs, self.inner.architecture)?;
         }
-        if self.inner.target_os == crate::TargetOs::Windows {
+        if self.inner.target_os == crate::executor::TargetOs::Windows {
             for input in &inputs {
                 refuse_thread_locals(&input.name, input.bytes())?;
             }
@@ -144,7 +146,7 @@ impl Jit {
         if self.inner.image_cache.is_none() {
             input.check(self.inner.architecture)?;
         }
-        if self.inner.target_os == crate::TargetOs::Windows {
+        if self.inner.target_os == crate::executor::TargetOs::Windows {
             refuse_thread_locals(&input.name, input.bytes())?;
         }
         self.library_data(lib)?.state.write().pending.push(input);
@@ -350,7 +352,7 @@ impl Jit {
     /// of the DLLs loaded since (no `libc_nonshared.a`).
     pub(crate) fn add_process_symbols(&self, lib: LibraryId) -> Result<(), Error> {
         // The executor's architecture's archive (Debian multiarch).
-        let dirs = if self.inner.target_os == crate::TargetOs::Linux {
+        let dirs = if self.inner.target_os == crate::executor::TargetOs::Linux {
             search_dirs_for(self.inner.architecture)
         } else {
             Vec::new()
@@ -383,7 +385,7 @@ impl Jit {
         name: &str,
         dirs: &[PathBuf],
     ) -> Result<(), Error> {
-        if self.inner.target_os == crate::TargetOs::Windows {
+        if self.inner.target_os == crate::executor::TargetOs::Windows {
             // What mingw's driver links by default is the executor's process already: its
             // C runtime (with libmingwex's C99 functions) and libgcc.
             const PROVIDED: [&str; 8] = [

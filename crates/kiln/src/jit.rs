@@ -17,11 +17,12 @@
 //!
 //! No room imports another in a circle (`farm-studio look --place crates/kiln`).
 
+use crate::debug::DebugSupport;
 use crate::executor::Executor;
 use crate::library::LibraryId;
 use crate::plugin::{Plugin, PluginFailure, PluginRegistration, Plugins};
 use crate::state::{Extensions, Inner, LowMemory, NEXT_SESSION};
-use crate::{DebugSupport, Error};
+use crate::Error;
 use kiln_memory::{MemoryManager, MemoryStats, SlabMemoryManager};
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -282,7 +283,7 @@ impl Jit {
     }
 
     /// The operating system the session's code runs on (its executor's).
-    pub fn target_os(&self) -> crate::TargetOs {
+    pub fn target_os(&self) -> crate::executor::TargetOs {
         self.inner.target_os
     }
 

@@ -51,7 +51,7 @@
 
 mod debug_support;
 mod error;
-mod executor;
+pub mod executor;
 mod generator;
 mod image_cache;
 mod inputs;
@@ -67,43 +67,56 @@ mod link_lock;
 mod link_request;
 mod linking;
 mod module;
-mod plugin;
+pub mod plugin;
 mod removal;
 mod resolve;
 mod state;
 
-pub use debug_support::{DebugListener, DebugSupport};
+// What a first program needs; the rest is in the modules below, by subject.
 pub use error::{Error, ErrorKind};
-pub use executor::{
-    default_executor_path, BatchScope, EhRegistration, Executor, ExecutorRequestHandler,
-    ExecutorService, ExecutorSymbols, ExportHandle, Retirement, TargetOs, Transport,
-};
+pub use executor::Executor;
 pub use generator::{FnGenerator, Found, SymbolGenerator};
-pub use image_cache::ImageOutcome;
 pub use inputs::{map_file, SharedBytes};
 pub use jit::{Jit, JitBuilder};
-pub use kiln_cache::{
-    CacheKey, Compiler, DiskCache, DiskImageCache, DiskLimits, DiskUsage, ImageCache,
-    ImageKeyBuilder, ObjectCache, SystemCompiler,
-};
-pub use kiln_link::{
-    Architecture, GraphEdge, GraphSection, GraphView, LinkPass, NewSectionKind, PassError,
-    PassPoint, PlacedSection, SectionId, SymbolInfo, SymbolKind,
-};
-pub use kiln_link::{LinkCounts, LinkError, LinkTimes, TlsTemplate};
-// What an `ExecutorService` of the caller's making is handed.
-pub use kiln_memory::Mapper;
-pub use kiln_memory::{
-    FinalizedAllocation, MemoryManager, MemoryStats, Placement, SegmentRange, SlabMemoryManager,
-};
-pub use kiln_remote::protocol::{DebugModule, DebugOutputs};
-pub use kiln_remote::secure::Key;
-pub use kiln_remote::{RemoteError, RoundTrips, Sandbox, Timeouts};
-pub use kiln_runtime::module_symbols::ModuleSymbols;
-pub use kiln_runtime::shared_object::ExportedSymbol;
-pub use lazy::{CodeGuard, CodeThread, CompileError, LazyCompiler, LazyFailure, SwappableModule};
+pub use kiln_link::Architecture;
 pub use library::LibraryId;
 pub use library_handle::{Compiled, Input, Library};
-pub use link_job::LinkReport;
 pub use module::Module;
-pub use plugin::{LoadedModule, Plugin, PluginError, PluginFailure, PluginRegistration};
+
+/// The object and linked-image caches a session may be given
+/// ([`JitBuilder::object_cache`](crate::JitBuilder::object_cache),
+/// [`JitBuilder::image_cache`](crate::JitBuilder::image_cache)), and the compiler
+/// behind [`Library::compile`](crate::Library::compile); from `kiln-cache`, whose
+/// documentation says how entries are keyed, verified and evicted.
+pub mod cache {
+    pub use crate::image_cache::ImageOutcome;
+    pub use kiln_cache::{
+        CacheKey, Compiler, DiskCache, DiskImageCache, DiskLimits, DiskUsage, ImageCache,
+        ImageKeyBuilder, ObjectCache, SystemCompiler,
+    };
+}
+
+/// What a link reports and the errors it gives: its phase times and counts
+/// ([`LinkReport`](crate::link::LinkReport)), the link's own error, and a library's thread-local template.
+pub mod link {
+    pub use crate::link_job::LinkReport;
+    pub use kiln_link::{LinkCounts, LinkError, LinkTimes, TlsTemplate};
+}
+
+/// The memory layer underneath a session ([`JitBuilder::memory`](crate::JitBuilder::memory)
+/// takes any [`MemoryManager`](crate::memory::MemoryManager)); from `kiln-memory`.
+pub mod memory {
+    pub use kiln_memory::{
+        FinalizedAllocation, Mapper, MemoryManager, MemoryStats, Placement, SegmentRange,
+        SlabMemoryManager,
+    };
+}
+
+/// Debugger and profiler support: GDB's JIT interface, perf maps and jitdump files
+/// ([`DebugSupport`](crate::debug::DebugSupport)), and what an executor reports of a module's symbols.
+pub mod debug {
+    pub use crate::debug_support::{DebugListener, DebugSupport};
+    pub use kiln_remote::protocol::{DebugModule, DebugOutputs};
+    pub use kiln_runtime::module_symbols::ModuleSymbols;
+    pub use kiln_runtime::shared_object::ExportedSymbol;
+}

@@ -31,7 +31,7 @@ pub struct LinkReport {
     pub counts: LinkCounts,
     /// For a link through the image cache ([`Jit::link_pending_cached`]): whether the
     /// module was mapped from it, or linked and stored, and why not.
-    pub image: Option<crate::ImageOutcome>,
+    pub image: Option<crate::cache::ImageOutcome>,
     /// Why an image the cache held was not used (it failed to map or to rebind here: the
     /// module was linked instead).
     pub image_refused: Option<String>,
@@ -306,7 +306,7 @@ impl LinkJob<'_> {
         let mut passes: Vec<_> = plugins.iter().flat_map(|p| p.link_passes()).collect();
         let inner = &self.jit.inner;
         // Windows unwinds with its own tables: made from `.eh_frame` once it is relocated.
-        let unwind = (inner.target_os == crate::TargetOs::Windows)
+        let unwind = (inner.target_os == crate::executor::TargetOs::Windows)
             .then(|| Arc::new(kiln_link::windows_unwind::WindowsUnwindPass::default()));
         if let Some(pass) = &unwind {
             passes.push((
@@ -422,7 +422,7 @@ impl LinkJob<'_> {
                 }
             }
         }
-        if linked.tls.is_some() && self.jit.inner.target_os == crate::TargetOs::Windows {
+        if linked.tls.is_some() && self.jit.inner.target_os == crate::executor::TargetOs::Windows {
             // An archive member's thread-locals (objects added directly were refused).
             return Err(Error::Unsupported(
                 "the module has thread-locals (from an archive member): they are not supported on Windows executors yet".into(),
@@ -435,7 +435,7 @@ impl LinkJob<'_> {
         let eh = match linked.eh_frame {
             // Windows unwinds with its own tables (RUNTIME_FUNCTION), made from
             // `.eh_frame` during the link.
-            _ if self.jit.inner.target_os == crate::TargetOs::Windows => {
+            _ if self.jit.inner.target_os == crate::executor::TargetOs::Windows => {
                 executor.register_unwind_info(windows_unwind)?
             }
             Some(address) => executor.register_eh_frame(address)?,
@@ -485,7 +485,7 @@ impl LinkJob<'_> {
     /// executor, a published module with something to export.
     fn exports_wanted(&self, linked: &kiln_link::LinkedModule) -> bool {
         self.jit.inner.export_to_libraries
-            && self.jit.inner.target_os == crate::TargetOs::Linux
+            && self.jit.inner.target_os == crate::executor::TargetOs::Linux
             && self.publish == Publish::Yes
             && linked.exports.iter().any(|e| e.visible)
     }

@@ -1,8 +1,13 @@
 //! Plugins: code told of every module a session loads and frees — the listener API that
-//! debugger and profiler support ([`crate::DebugSupport`]) is built on, and what
+//! debugger and profiler support ([`crate::debug::DebugSupport`]) is built on, and what
 //! lazy-compilation stubs will build on.
 
-use kiln_link::{ObjectInput, PlacedSection, SymbolInfo};
+use kiln_link::ObjectInput;
+// What a plugin's link passes see and do (`Plugin::link_passes`); from kiln-link.
+pub use kiln_link::{
+    GraphEdge, GraphSection, GraphView, LinkPass, NewSectionKind, PassError, PassPoint,
+    PlacedSection, SectionId, SymbolInfo, SymbolKind,
+};
 use kiln_memory::SegmentRange;
 use parking_lot::Mutex;
 use std::sync::{Arc, Weak};

@@ -132,7 +132,7 @@ impl Jit {
     /// Refused, with [`Error::ModuleInUse`] naming them, while live modules refer to it
     /// (remove those first): their code calls into it. A module of call-through stubs
     /// ([`Jit::add_lazy_functions`]) retires its functions' bodies first (their slots lead
-    /// to the batch's fallback, and a body is freed once no [`crate::CodeGuard`] taken
+    /// to the batch's fallback, and a body is freed once no [`CodeGuard`](crate::lazy::CodeGuard) taken
     /// before is held): the stubs go with their bodies, and a call through a stub held
     /// meanwhile reaches the fallback.
     ///

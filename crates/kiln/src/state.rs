@@ -38,7 +38,7 @@ pub(crate) struct Inner {
     /// The executor's instruction set: what every link is for.
     pub(crate) architecture: kiln_link::Architecture,
     /// The executor's operating system: what a link takes from the system.
-    pub(crate) target_os: crate::TargetOs,
+    pub(crate) target_os: crate::executor::TargetOs,
     pub(crate) session: u32,
     pub(crate) executor: Executor,
     pub(crate) export_to_libraries: bool,

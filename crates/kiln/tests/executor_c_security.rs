@@ -9,7 +9,7 @@
 //! never a crash of the listener or a hang; and refuse `--no-auth` on a non-loopback
 //! address. The cross executors are skipped with KILN_TEST_SKIP_CROSS=1.
 
-use kiln::{Key, RemoteError, Timeouts};
+use kiln::executor::{Key, RemoteError, Timeouts};
 use kiln_remote::channel::{Channel, Stream};
 use kiln_remote::protocol::{Request, Response};
 use kiln_remote::secure::{Role, PREAMBLE_NOISE};

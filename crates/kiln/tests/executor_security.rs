@@ -5,7 +5,10 @@
 // kiln::Error wraps link errors, which are large by design (see kiln-link).
 #![allow(clippy::result_large_err)]
 
-use kiln::{Executor, Jit, Key, RemoteError, Timeouts};
+use kiln::{
+    executor::{Key, RemoteError, Timeouts},
+    Executor, Jit,
+};
 use kiln_remote::protocol::{Request, Response};
 use kiln_remote::RemoteExecutor;
 use kiln_testkit::attacks::{

@@ -4,7 +4,7 @@
 
 use kiln::lazy::testing::{constant_function, function_object};
 use kiln::Input;
-use kiln::{Error, Jit, LazyCompiler};
+use kiln::{lazy::LazyCompiler, Error, Jit};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
@@ -20,7 +20,7 @@ struct Table {
 }
 
 impl LazyCompiler for Table {
-    fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::CompileError> {
+    fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::lazy::CompileError> {
         self.compiles.fetch_add(1, Ordering::SeqCst);
         std::thread::sleep(self.delay);
         if name == "panics" {
@@ -369,11 +369,14 @@ fn out_of_process_a_stubs_first_call_asks_the_controller() {
         "long inner(long); long twice(long); long outer(long x) { return twice(inner(x)) * 10; }",
         &["-O2", "-fPIC"],
     );
-    for transport in [kiln::Transport::SharedMemory, kiln::Transport::Copy] {
+    for transport in [
+        kiln::executor::Transport::SharedMemory,
+        kiln::executor::Transport::Copy,
+    ] {
         let executor = kiln::Executor::spawn(
             &kiln_testkit::executor_binary(),
             transport,
-            kiln::Timeouts::default(),
+            kiln::executor::Timeouts::default(),
         )
         .unwrap();
         let jit = Jit::builder().executor(executor).build().unwrap();
@@ -604,20 +607,21 @@ fn remote_executors() -> Vec<(
         kiln::Executor::spawn(
             &kiln_testkit::executor_binary(),
             transport,
-            kiln::Timeouts::default(),
+            kiln::executor::Timeouts::default(),
         )
         .unwrap()
     };
     let listening =
         kiln_testkit::start_executor(&["--listen", "127.0.0.1:0", "--no-auth"], None, &[]);
-    let tcp = kiln::Executor::connect(&listening.address, kiln::Timeouts::default()).unwrap();
+    let tcp =
+        kiln::Executor::connect(&listening.address, kiln::executor::Timeouts::default()).unwrap();
     vec![
         (
             "shared memory".into(),
-            spawn(kiln::Transport::SharedMemory),
+            spawn(kiln::executor::Transport::SharedMemory),
             None,
         ),
-        ("copy".into(), spawn(kiln::Transport::Copy), None),
+        ("copy".into(), spawn(kiln::executor::Transport::Copy), None),
         ("--connect".into(), tcp, Some(listening)),
     ]
 }
@@ -818,8 +822,8 @@ fn a_first_call_keeps_its_vector_arguments_whole() {
     // The same in an executor process: its entry waits for the controller's answer.
     let executor = kiln::Executor::spawn(
         &kiln_testkit::executor_binary(),
-        kiln::Transport::SharedMemory,
-        kiln::Timeouts::default(),
+        kiln::executor::Transport::SharedMemory,
+        kiln::executor::Timeouts::default(),
     )
     .unwrap();
     let jit = Jit::builder().executor(executor).build().unwrap();

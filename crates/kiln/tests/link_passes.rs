@@ -6,7 +6,10 @@
 #![allow(clippy::result_large_err)]
 
 use kiln::Input;
-use kiln::{Error, GraphView, Jit, LinkPass, PassPoint, Plugin};
+use kiln::{
+    plugin::{GraphView, LinkPass, PassPoint, Plugin},
+    Error, Jit,
+};
 use parking_lot::Mutex;
 use std::sync::Arc;
 
@@ -35,7 +38,7 @@ impl LinkPass for Patcher {
     fn name(&self) -> &str {
         "patch-answer"
     }
-    fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), kiln::PassError> {
+    fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), kiln::plugin::PassError> {
         let mut seen = self.0.lock();
         seen.points.push(graph.point());
         let sections = graph.sections();
@@ -146,7 +149,7 @@ impl LinkPass for Refuser {
     fn name(&self) -> &str {
         "refuser"
     }
-    fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), kiln::PassError> {
+    fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), kiln::plugin::PassError> {
         Err(Box::new(TooMany(graph.object_names().len())))
     }
 }
@@ -171,7 +174,7 @@ fn a_failing_pass_fails_the_link_and_leaves_the_library_as_it_was() {
         .link_object(lib, "helper.o", compile("helper", HELPER))
         .unwrap_err();
     match &err {
-        Error::Link(kiln::LinkError::Pass { pass, source }) => {
+        Error::Link(kiln::link::LinkError::Pass { pass, source }) => {
             assert_eq!(pass, "refuser");
             // The pass's own error, typed, with its words in the message.
             assert_eq!(source.downcast_ref::<TooMany>().map(|e| e.0), Some(1));
@@ -202,7 +205,10 @@ struct TableSeen {
 
 /// At Decoded, adds a section of two pointers with an edge to `answer` and one to
 /// `helper`; at Allocated, looks at the link's own sections; at FixedUp, reads its table.
-struct TableMaker(Arc<Mutex<TableSeen>>, Mutex<Option<kiln::SectionId>>);
+struct TableMaker(
+    Arc<Mutex<TableSeen>>,
+    Mutex<Option<kiln::plugin::SectionId>>,
+);
 
 const ABS64: &str = if cfg!(target_arch = "aarch64") {
     "R_AARCH64_ABS64"
@@ -214,13 +220,13 @@ impl LinkPass for TableMaker {
     fn name(&self) -> &str {
         "table-maker"
     }
-    fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), kiln::PassError> {
+    fn run(&self, graph: &mut GraphView<'_, '_, '_>) -> Result<(), kiln::plugin::PassError> {
         let mut seen = self.0.lock();
         match graph.point() {
             PassPoint::Decoded => {
                 let table = graph.add_section(
                     ".kiln.test.table",
-                    kiln::NewSectionKind::Constants,
+                    kiln::plugin::NewSectionKind::Constants,
                     vec![0; 16],
                     8,
                 )?;
@@ -248,12 +254,12 @@ impl LinkPass for TableMaker {
                 seen.made_sections_at_allocation = graph
                     .sections()
                     .into_iter()
-                    .filter(|s| matches!(s.id, kiln::SectionId::Synthesized(_)))
+                    .filter(|s| matches!(s.id, kiln::plugin::SectionId::Synthesized(_)))
                     .filter(|s| s.address.is_some())
                     .map(|s| s.name)
                     .collect();
                 seen.refused_late_section = graph
-                    .add_section("late", kiln::NewSectionKind::Data, vec![0; 8], 8)
+                    .add_section("late", kiln::plugin::NewSectionKind::Data, vec![0; 8], 8)
                     .err()
                     .map(|e| e.to_string());
                 seen.addresses = Some([

@@ -5,7 +5,11 @@
 // kiln::Error wraps link errors, which are large by design (see kiln-link).
 #![allow(clippy::result_large_err)]
 
-use kiln::{DebugSupport, Jit, LoadedModule, Plugin, PluginError, SymbolKind};
+use kiln::{
+    debug::DebugSupport,
+    plugin::{LoadedModule, Plugin, PluginError, SymbolKind},
+    Jit,
+};
 use parking_lot::Mutex;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -9,7 +9,7 @@
 // Errors wrap link errors, which are large by design (see kiln-link).
 #![allow(clippy::result_large_err)]
 
-use kiln::{Jit, Plugin};
+use kiln::{plugin::Plugin, Jit};
 use object::write::{Object, Relocation, StandardSection, Symbol, SymbolId, SymbolSection};
 use object::{RelocationEncoding, RelocationFlags, RelocationKind, SymbolFlags, SymbolKind};
 use proptest::prelude::*;

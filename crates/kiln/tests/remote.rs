@@ -2,7 +2,10 @@
 //! malformed messages become errors; nothing leaks; the controller goes on.
 
 use kiln::Input;
-use kiln::{Executor, Jit, RemoteError, Timeouts, Transport};
+use kiln::{
+    executor::{RemoteError, Timeouts, Transport},
+    Executor, Jit,
+};
 use kiln_remote::protocol::{Request, Response};
 use std::io::{BufRead, Read, Write};
 use std::process::Command;
@@ -613,7 +616,7 @@ fn a_missing_executor_binary_says_how_to_build_it() {
         "{text}"
     );
     // The default finds the executor this build made (beside the test binary's directory).
-    let path = kiln::default_executor_path();
+    let path = kiln::executor::default_executor_path();
     assert!(path.is_file(), "{}", path.display());
 }
 

@@ -17,7 +17,11 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{default_libcall_names, Linkage, Module};
 use kiln::Input;
-use kiln::{DebugListener, DebugSupport, Jit, LoadedModule, Plugin, PluginError};
+use kiln::{
+    debug::{DebugListener, DebugSupport},
+    plugin::{LoadedModule, Plugin, PluginError},
+    Jit,
+};
 use kiln_bench::sh;
 use std::path::{Path, PathBuf};
 use std::process::Command;

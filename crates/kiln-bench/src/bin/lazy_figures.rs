@@ -278,8 +278,8 @@ fn run_stub_call(calls: u64) {
     }
     // Defining 10,000 stubs alone (one object, one link), in a session of its own.
     struct Never;
-    impl kiln::LazyCompiler for Never {
-        fn compile(&self, _: &str) -> Result<Vec<u8>, kiln::CompileError> {
+    impl kiln::lazy::LazyCompiler for Never {
+        fn compile(&self, _: &str) -> Result<Vec<u8>, kiln::lazy::CompileError> {
             Err("not called".into())
         }
     }
@@ -334,8 +334,8 @@ fn run_swap(seconds: f64) {
         })
         .collect();
     struct Table(Vec<Vec<u8>>);
-    impl kiln::LazyCompiler for Table {
-        fn compile(&self, _: &str) -> Result<Vec<u8>, kiln::CompileError> {
+    impl kiln::lazy::LazyCompiler for Table {
+        fn compile(&self, _: &str) -> Result<Vec<u8>, kiln::lazy::CompileError> {
             Ok(self.0[0].clone())
         }
     }

@@ -260,8 +260,8 @@ fn round_trips(executor: &Path, dir: &Path, runs: usize) -> (f64, f64) {
     ));
     let spawned = kiln::Executor::spawn(
         executor,
-        kiln::Transport::SharedMemory,
-        kiln::Timeouts::default(),
+        kiln::executor::Transport::SharedMemory,
+        kiln::executor::Timeouts::default(),
     )
     .expect("executor");
     let jit = kiln::Jit::builder().executor(spawned).build().expect("jit");

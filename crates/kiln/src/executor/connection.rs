@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Expected {
     pub(crate) architecture: Architecture,
-    pub(crate) target_os: crate::TargetOs,
+    pub(crate) target_os: crate::executor::TargetOs,
     pub(crate) page_size: u64,
 }
 
@@ -45,7 +45,7 @@ impl Expected {
         };
         (architecture == Architecture::host()).then(|| Expected {
             architecture,
-            target_os: crate::TargetOs::Linux,
+            target_os: crate::executor::TargetOs::Linux,
             page_size: kiln_memory::page_size().max(4096),
         })
     }
@@ -162,7 +162,7 @@ impl Connection {
             let hello = remote.hello();
             let says = (
                 Architecture::from_triple(&hello.triple),
-                crate::TargetOs::from_triple(&hello.triple),
+                crate::executor::TargetOs::from_triple(&hello.triple),
                 hello.page_size.max(4096),
             );
             if says

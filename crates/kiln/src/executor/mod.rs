@@ -1,6 +1,6 @@
 //! Where linked code runs: this process, or a `kiln-executor` process reached over a
 //! socket. The session talks to every executor through one interface,
-//! [`ExecutorService`]: [`in_process`] calls Kiln's runtime directly, [`remote`] sends
+//! [`ExecutorService`]: the in-process executor calls Kiln's runtime directly, a remote one sends
 //! each call as a request to the executor process, which serves it with the same runtime.
 
 mod connection;
@@ -11,12 +11,15 @@ mod service;
 pub use service::{
     BatchScope, EhRegistration, ExecutorRequestHandler, ExecutorService, ExportHandle, Retirement,
 };
+// What starting, reaching and securing an executor takes, and what it reports.
+pub use kiln_memory::Mapper;
+pub use kiln_remote::secure::Key;
+pub use kiln_remote::{RemoteError, RoundTrips, Sandbox, Timeouts};
 
 use crate::Error;
 use kiln_link::TlsTemplate;
-use kiln_memory::Mapper;
 use kiln_remote::protocol::{DebugModule, DebugOutputs};
-use kiln_remote::{RemoteExecutor, Timeouts};
+use kiln_remote::RemoteExecutor;
 use kiln_runtime::shared_object::ExportedSymbol;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

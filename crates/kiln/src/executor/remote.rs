@@ -81,11 +81,11 @@ impl ExecutorService for Remote {
         self.connection.get_if_ready().is_none()
     }
 
-    fn target_os(&self) -> crate::TargetOs {
+    fn target_os(&self) -> crate::executor::TargetOs {
         match self.connection.expected() {
             Some(expected) => expected.target_os,
-            None => self.hello().map_or(crate::TargetOs::Linux, |h| {
-                crate::TargetOs::from_triple(&h.triple)
+            None => self.hello().map_or(crate::executor::TargetOs::Linux, |h| {
+                crate::executor::TargetOs::from_triple(&h.triple)
             }),
         }
     }

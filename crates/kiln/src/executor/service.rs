@@ -68,7 +68,7 @@ impl EhRegistration {
 /// When a body that [`ExecutorService::store_code_pointer`] replaced may be freed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Retirement {
-    /// Once no [`crate::CodeGuard`] of the session taken before the store is held: the
+    /// Once no [`CodeGuard`](crate::lazy::CodeGuard) of the session taken before the store is held: the
     /// session's own threads run the code (in process).
     SessionGuards,
     /// Once the executor's oldest guard ([`ExecutorService::oldest_code_guard`]) is later
@@ -99,8 +99,8 @@ pub trait ExecutorService: Send + Sync {
     }
 
     /// The operating system the code runs on (the default: this process's, Linux).
-    fn target_os(&self) -> crate::TargetOs {
-        crate::TargetOs::Linux
+    fn target_os(&self) -> crate::executor::TargetOs {
+        crate::executor::TargetOs::Linux
     }
 
     /// Where call-through stubs go in this executor: the lazy entry (a stub's slot leads

@@ -37,7 +37,7 @@
 //!   executor guards them itself (each request that runs code holds a guard there from
 //!   its code's start to its return; `kiln_runtime::code_guards`), answers a slot's
 //!   store with the epoch it retired the old body at, and tells the session its oldest
-//!   guard ([`crate::Retirement::ExecutorEpoch`]); the body is freed once that guard is
+//!   guard ([`crate::executor::Retirement::ExecutorEpoch`]); the body is freed once that guard is
 //!   later (at the next replacement or [`crate::Jit::reclaim`]).
 //!
 //! When the session is dropped, its bodies are freed with it (drop it only when no thread
@@ -112,7 +112,7 @@ pub(crate) struct LazyFunctions {
     /// Bodies replaced and not freed yet.
     retired: Arc<AtomicUsize>,
     /// Bodies replaced in an executor that guards its own threads, with the executor's
-    /// epoch they were retired at ([`crate::Retirement::ExecutorEpoch`]).
+    /// epoch they were retired at ([`crate::executor::Retirement::ExecutorEpoch`]).
     retired_in_executor: Mutex<Vec<(u64, Module)>>,
 }
 
@@ -394,7 +394,7 @@ impl Jit {
     /// body is retired and freed once no [`CodeGuard`] taken before now is held; out of
     /// process, once no request that was running code in the executor when the slot was
     /// stored is still running it (the executor guards its own threads: see
-    /// [`crate::Retirement`]). On an error the old body stays.
+    /// [`crate::executor::Retirement`]). On an error the old body stays.
     pub fn replace_function(
         &self,
         lib: LibraryId,
@@ -478,13 +478,13 @@ impl Jit {
                     .store_code_pointer(function.slot(), address)
             }
         } else {
-            Ok(crate::Retirement::SessionGuards)
+            Ok(crate::executor::Retirement::SessionGuards)
         };
         if let Body::Ready { module, .. } = old {
             let lazy = self.lazy_functions();
             lazy.retired.fetch_add(1, Ordering::SeqCst);
             match stored {
-                Ok(crate::Retirement::SessionGuards) => {
+                Ok(crate::executor::Retirement::SessionGuards) => {
                     let retired = lazy.retired.clone();
                     let handle = lazy.collector.register();
                     let guard = handle.pin();
@@ -494,7 +494,7 @@ impl Jit {
                     });
                     guard.flush();
                 }
-                Ok(crate::Retirement::ExecutorEpoch(epoch)) => {
+                Ok(crate::executor::Retirement::ExecutorEpoch(epoch)) => {
                     lazy.retired_in_executor.lock().push((epoch, module));
                     self.reclaim_in_executor(&lazy);
                 }

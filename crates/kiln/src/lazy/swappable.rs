@@ -47,7 +47,7 @@ impl Jit {
     /// straight to the body, which cannot then be replaced. Calls the compiler bound
     /// inside the object (inlined, or made through a local alias) do not reach the stub.
     ///
-    /// A replaced body is freed once no [`crate::CodeGuard`] taken before is held, unless
+    /// A replaced body is freed once no [`CodeGuard`](crate::lazy::CodeGuard) taken before is held, unless
     /// it is the first one, which is part of [`SwappableModule::module`] (freed with it).
     /// Remove [`SwappableModule::stubs`] and [`SwappableModule::module`] together
     /// ([`Jit::remove_modules`]). On an error nothing is published.

@@ -203,14 +203,14 @@ fn pss_with(kiln: &Path, cache: &Path, p: &Program, n: usize) -> (u64, u64) {
 fn hit_cost(dir: &Path, p: &Program, runs: usize) -> (Duration, Duration) {
     let cache = dir.join(format!("inprocess-{}", p.name));
     let images = std::sync::Arc::new(
-        kiln::DiskImageCache::open(&cache, kiln_cache::DiskLimits::default()).unwrap(),
+        kiln::cache::DiskImageCache::open(&cache, kiln_cache::DiskLimits::default()).unwrap(),
     );
     let key = {
-        let mut k = kiln::ImageKeyBuilder::new("cache_figures");
+        let mut k = kiln::cache::ImageKeyBuilder::new("cache_figures");
         k.text("program", p.name);
         k.finish()
     };
-    let link = |cached: bool| -> kiln::LinkReport {
+    let link = |cached: bool| -> kiln::link::LinkReport {
         let mut builder = kiln::Jit::builder().noexec(true);
         if cached {
             builder = builder.image_cache(images.clone());
@@ -250,7 +250,7 @@ fn hit_cost(dir: &Path, p: &Program, runs: usize) -> (Duration, Duration) {
     for _ in 0..runs {
         let report = link(true);
         assert!(
-            matches!(report.image, Some(kiln::ImageOutcome::Mapped { .. })),
+            matches!(report.image, Some(kiln::cache::ImageOutcome::Mapped { .. })),
             "{:?}",
             report.image
         );
