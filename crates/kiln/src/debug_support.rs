@@ -19,7 +19,7 @@ use std::path::PathBuf;
 ///
 /// ```no_run
 /// let jit = kiln::Jit::builder()
-///     .debug_support(kiln::DebugSupport { gdb: true, perf_map: true, ..Default::default() })
+///     .debug_support(kiln::debug::DebugSupport { gdb: true, perf_map: true, ..Default::default() })
 ///     .build()?;
 /// # Ok::<(), kiln::Error>(())
 /// ```

@@ -311,11 +311,12 @@ impl Jit {
     /// order they were registered.
     ///
     /// ```
+    /// use kiln::plugin::{LoadedModule, Plugin, PluginError};
     /// use std::sync::Arc;
     /// struct Count(std::sync::atomic::AtomicUsize);
-    /// impl kiln::Plugin for Count {
+    /// impl Plugin for Count {
     ///     fn name(&self) -> &str { "count" }
-    ///     fn module_loaded(&self, _: &kiln::LoadedModule) -> Result<(), kiln::PluginError> {
+    ///     fn module_loaded(&self, _: &LoadedModule) -> Result<(), PluginError> {
     ///         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     ///         Ok(())
     ///     }

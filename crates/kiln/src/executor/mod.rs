@@ -84,7 +84,7 @@ pub fn default_executor_path() -> PathBuf {
 /// `-lNAME` as `libNAME.so`; Windows: `-lNAME` as `NAME.dll`, the C runtime's DLLs).
 ///
 /// ```
-/// use kiln::TargetOs;
+/// use kiln::executor::TargetOs;
 /// assert_eq!(TargetOs::from_triple("x86_64-pc-windows-gnu"), TargetOs::Windows);
 /// assert_eq!(TargetOs::from_triple("aarch64-unknown-linux-gnu"), TargetOs::Linux);
 /// ```
@@ -140,12 +140,12 @@ impl Executor {
     ///
     /// ```no_run
     /// # fn main() -> Result<(), kiln::Error> {
-    /// let sandbox = kiln::Sandbox { write: vec!["/tmp/out".into()], ..Default::default() };
+    /// let sandbox = kiln::executor::Sandbox { write: vec!["/tmp/out".into()], ..Default::default() };
     /// let executor = kiln::Executor::spawn_with(
-    ///     &kiln::default_executor_path(),
-    ///     kiln::Transport::SharedMemory,
+    ///     &kiln::executor::default_executor_path(),
+    ///     kiln::executor::Transport::SharedMemory,
     ///     Some(&sandbox),
-    ///     kiln::Timeouts::default(),
+    ///     kiln::executor::Timeouts::default(),
     /// )?;
     /// let jit = kiln::Jit::builder().executor(executor).build()?;
     /// # Ok(()) }
@@ -175,10 +175,10 @@ impl Executor {
     /// ```no_run
     /// # fn main() -> Result<(), kiln::Error> {
     /// let executor = kiln::Executor::start(
-    ///     &kiln::default_executor_path(),
-    ///     kiln::Transport::SharedMemory,
+    ///     &kiln::executor::default_executor_path(),
+    ///     kiln::executor::Transport::SharedMemory,
     ///     None,
-    ///     kiln::Timeouts::default(),
+    ///     kiln::executor::Timeouts::default(),
     /// )?;
     /// let jit = kiln::Jit::builder().executor(executor).build()?;
     /// # Ok(()) }

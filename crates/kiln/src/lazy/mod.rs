@@ -169,8 +169,8 @@ impl Jit {
     /// # if !cfg!(target_arch = "x86_64") { return Ok(()); }
     /// use std::sync::Arc;
     /// struct Answer;
-    /// impl kiln::LazyCompiler for Answer {
-    ///     fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::CompileError> {
+    /// impl kiln::lazy::LazyCompiler for Answer {
+    ///     fn compile(&self, name: &str) -> Result<Vec<u8>, kiln::lazy::CompileError> {
     ///         // A real client runs its compiler here (Cranelift, LLVM, cc -c …).
     ///         Ok(kiln::lazy::testing::constant_function(name, 42))
     ///     }
