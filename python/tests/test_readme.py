@@ -25,3 +25,28 @@ def test_the_readme_python_example_runs(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout == "7\n", out.stdout + out.stderr
+
+
+DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "PYTHON.md")
+
+
+def test_the_docs_python_examples_run(tmp_path):
+    """Every `python - <<'EOF'` program of docs/PYTHON.md runs with this interpreter and
+    prints what its `print(...)  # value` comments say."""
+    with open(DOCS) as f:
+        docs = f.read()
+    programs = re.findall(r"python - <<'EOF'\n(.*?)\nEOF\n", docs, re.S)
+    assert len(programs) >= 2, "docs/PYTHON.md's examples"
+    for program in programs:
+        expected = re.findall(r"^\s*print\(.*\)\s+#\s*([^\s,]+)", program, re.M)
+        assert expected, f"no `print(...)  # value` line in:\n{program}"
+        out = subprocess.run(
+            [sys.executable, "-"],
+            input=program,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == expected, out.stdout + out.stderr

@@ -249,21 +249,47 @@ fn a_sandboxed_executor_from_c() {
 /// The README's C example, taken from the README as it is: compiled as it says (`cc
 /// prog.c $(pkg-config --cflags --libs kiln)`) against the installed library, and run
 /// beside a `shader.o` that defines `shade`.
+/// The C blocks of a Markdown file, in order.
+fn c_blocks(relative: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(relative))
+        .unwrap_or_else(|e| panic!("{relative}: {e}"));
+    text.split("```c\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every complete C program of the README and docs/C_API.md (a block with a `main`) is
+/// built with `pkg-config` against the installed library and run on a `cc -c` object of
+/// `shade`; the README has one in its section "From C".
 #[test]
-fn the_readme_c_example_runs() {
+fn the_readme_and_docs_c_examples_run() {
     let readme =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
             .expect("README.md");
-    let example = readme
-        .split("## From C")
-        .nth(1)
-        .and_then(|s| s.split("```c\n").nth(1))
-        .and_then(|b| b.split("```").next())
-        .expect("a C block in the README's section \"From C\"");
+    assert!(
+        readme
+            .split("## From C")
+            .nth(1)
+            .is_some_and(|s| s.contains("```c\n")),
+        "a C block in the README's section \"From C\""
+    );
+    let mut programs: Vec<(String, String)> = Vec::new();
+    for file in ["../../README.md", "../../docs/C_API.md"] {
+        for (i, block) in c_blocks(file).into_iter().enumerate() {
+            if block.contains("int main(") {
+                programs.push((format!("{file} block {i}"), block));
+            }
+        }
+    }
+    assert!(
+        programs.len() >= 2,
+        "the README's and docs/C_API.md's programs: {programs:?}"
+    );
     let prefix = prefix();
     let dir = scratch().join("readme");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("prog.c"), example).unwrap();
     std::fs::write(dir.join("shader.c"), "int shade(int x) { return x * x; }\n").unwrap();
     run(Command::new("cc")
         .args(["-O2", "-c", "shader.c", "-o", "shader.o"])
@@ -271,11 +297,34 @@ fn the_readme_c_example_runs() {
     let pkg = run(Command::new("pkg-config")
         .args(["--cflags", "--libs", "kiln"])
         .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")));
-    run(Command::new("cc")
-        .arg("prog.c")
-        .args(pkg.split_whitespace())
-        .args(["-o", "prog"])
-        .current_dir(&dir));
-    let out = run(Command::new(dir.join("prog")).current_dir(&dir));
-    assert_eq!(out, "shade(5) = 25\n");
+    for (name, example) in programs {
+        std::fs::write(dir.join("prog.c"), example).unwrap();
+        run(Command::new("cc")
+            .arg("prog.c")
+            .args(pkg.split_whitespace())
+            .args(["-o", "prog"])
+            .current_dir(&dir));
+        let out = run(Command::new(dir.join("prog")).current_dir(&dir));
+        assert_eq!(out, "shade(5) = 25\n", "{name}");
+    }
+}
+
+/// The C excerpts of docs/C_API.md (blocks without a `main`, from programs the tests run)
+/// name only functions, types and constants `kiln.h` declares: a renamed or removed one
+/// fails here.
+#[test]
+fn the_docs_c_excerpts_name_what_kiln_h_declares() {
+    let header =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/kiln.h"))
+            .expect("include/kiln.h");
+    let mut missing = Vec::new();
+    for block in c_blocks("../../docs/C_API.md") {
+        for word in block.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            let ours = word.starts_with("kiln_") || word.starts_with("KILN_");
+            if ours && !header.contains(word) && !missing.contains(&word.to_string()) {
+                missing.push(word.to_string());
+            }
+        }
+    }
+    assert!(missing.is_empty(), "not in kiln.h: {missing:?}");
 }

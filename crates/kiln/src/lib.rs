@@ -120,3 +120,18 @@ pub mod debug {
     pub use kiln_runtime::module_symbols::ModuleSymbols;
     pub use kiln_runtime::shared_object::ExportedSymbol;
 }
+
+/// The Rust examples of docs/: compiled by `cargo test --doc` (and run, those that need
+/// no file of their own), so that a page whose example no longer builds fails the test
+/// command. Only rustdoc's test pass sees these.
+#[cfg(doctest)]
+pub mod docs_examples {
+    #[doc = include_str!("../../../docs/API_TOUR.md")]
+    pub struct ApiTour;
+    #[doc = include_str!("../../../docs/LAZY.md")]
+    pub struct Lazy;
+    #[doc = include_str!("../../../docs/MEMORY.md")]
+    pub struct Memory;
+    #[doc = include_str!("../../../docs/DEBUGGING.md")]
+    pub struct Debugging;
+}

@@ -37,3 +37,34 @@ fn the_readme_rust_example_is_the_crate_doc_test() {
         .collect();
     assert_eq!(readme_example, doc_example);
 }
+
+/// Every page of docs/ with a Rust example is compiled by a doc test: included in
+/// `kiln::docs_examples` (src/lib.rs), or — docs/CRANELIFT.md — by kiln-cranelift's tests.
+/// A new page with an example and no test fails here.
+#[test]
+fn every_docs_page_with_a_rust_example_is_compiled() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let lib = std::fs::read_to_string(root.join("crates/kiln/src/lib.rs")).expect("lib.rs");
+    let cranelift = std::fs::read_to_string(root.join("crates/kiln-cranelift/tests/readme.rs"))
+        .expect("kiln-cranelift's tests/readme.rs");
+    let mut unchecked = Vec::new();
+    for entry in std::fs::read_dir(root.join("docs")).expect("docs/") {
+        let path = entry.expect("a docs entry").path();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if !text.contains("```rust") {
+            continue;
+        }
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("a file name");
+        let included = lib.contains(&format!("include_str!(\"../../../docs/{name}\")"));
+        if !included && !cranelift.contains(&format!("docs/{name}")) {
+            unchecked.push(name.to_string());
+        }
+    }
+    assert!(
+        unchecked.is_empty(),
+        "Rust examples no test compiles: {unchecked:?}"
+    );
+}
