@@ -130,8 +130,18 @@ impl ImageKeyBuilder {
     /// by the mapped inode and a mark that matches no later run. Memory files and devices
     /// are left out.
     pub fn mapped_files(&mut self) -> Result<&mut Self, CacheError> {
-        let maps =
-            std::fs::read_to_string("/proc/self/maps").map_err(io("reading /proc/self/maps"))?;
+        self.mapped_files_of_maps("/proc/self/maps")
+    }
+
+    /// [`ImageKeyBuilder::mapped_files`] of process `pid` of this machine (an executor
+    /// process, whose libraries define the host symbols of its links): an error if its
+    /// `/proc/PID/maps` cannot be read (another user's, or gone).
+    pub fn mapped_files_of(&mut self, pid: u32) -> Result<&mut Self, CacheError> {
+        self.mapped_files_of_maps(&format!("/proc/{pid}/maps"))
+    }
+
+    fn mapped_files_of_maps(&mut self, maps_path: &str) -> Result<&mut Self, CacheError> {
+        let maps = std::fs::read_to_string(maps_path).map_err(io("reading a process's maps"))?;
         let mut files: Vec<(&str, &str, u64)> = Vec::new();
         for line in maps.lines() {
             // address perms offset dev inode path: the path is the rest of the line after

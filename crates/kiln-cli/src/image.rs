@@ -10,8 +10,8 @@ pub(crate) fn open(o: &RunArgs) -> Result<Arc<kiln::cache::DiskImageCache>, Stri
         Some("--no-image-cache")
     } else if o.noexec {
         Some("--noexec links only")
-    } else if o.oop || o.connect.is_some() {
-        Some("the code runs in an executor process")
+    } else if o.connect.is_some() {
+        Some("the executor is no process of this machine: its libraries cannot be keyed")
     } else if o.gdb || o.jitdump.is_some() {
         Some("gdb and jitdump are given every object linked, with its debug information")
     } else {

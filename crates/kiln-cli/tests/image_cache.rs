@@ -136,6 +136,57 @@ fn programs_mapped_from_the_cache_behave_as_linked_and_as_native() {
     }
 }
 
+/// Out of process the image is the executor's: a cold `--oop` run links into a span of
+/// the executor's memory and stores the image, a warm one copies the image into the
+/// executor and rebinds it there — no link — with either transport (shared memory,
+/// copies), and the programs behave as native (thread-locals in the executor's static
+/// TLS, C++ exceptions, atexit, SQLite, Lua).
+#[test]
+fn programs_mapped_into_an_executor_behave_as_native() {
+    let names = [
+        "sqlite_driver",
+        "lua_driver",
+        "cxx_exceptions",
+        "tls_static-pie",
+        "runtime_exit",
+    ];
+    let programs: Vec<(&str, (Vec<String>, String))> =
+        names.iter().map(|&name| (name, program(name))).collect();
+    // The programs were just built, maybe (see settle).
+    settle();
+    for (name, (args, expected)) in &programs {
+        for transport in ["shm", "copy"] {
+            let dir = scratch(&format!("oop-{name}-{transport}"));
+            let cache = dir.join("cache");
+            let mut all = vec!["--oop", "--transport", transport];
+            all.extend(args.iter().map(String::as_str));
+            let cold = run(&cache, &dir, &all);
+            let (stdout, stderr) = text(&cold);
+            assert_eq!(
+                cold.status.code(),
+                Some(0),
+                "{name} {transport} cold: {stderr}"
+            );
+            assert_eq!(stdout, *expected, "{name} {transport} cold:\n{stderr}");
+            assert!(stderr.contains(STORED), "{name} {transport} cold: {stderr}");
+            let warm = run(&cache, &dir, &all);
+            let (stdout, stderr) = text(&warm);
+            assert_eq!(
+                warm.status.code(),
+                Some(0),
+                "{name} {transport} warm: {stderr}"
+            );
+            assert!(stderr.contains(MAPPED), "{name} {transport} warm: {stderr}");
+            assert!(
+                !stderr.contains("kiln: linked "),
+                "{name} {transport} warm: nothing linked: {stderr}"
+            );
+            assert_eq!(stdout, *expected, "{name} {transport} warm:\n{stderr}");
+            assert_eq!(images(&cache).len(), 1, "{name} {transport}: one image");
+        }
+    }
+}
+
 #[test]
 fn a_plugin_the_mapped_program_dlopens_calls_back_into_it() {
     let dir = scratch("plugin");

@@ -40,6 +40,7 @@ mod free_list;
 pub mod icache;
 mod manager;
 mod mapper;
+mod mapper_span;
 mod page_runs;
 mod permission;
 mod slab;
@@ -62,6 +63,7 @@ pub use mapper::{
     default_mapper, DualMappedMapper, InProcessMapper, Mapper, OfflineMapper, Placement,
     Reservation, SegmentRange,
 };
+pub use mapper_span::MapperSpanManager;
 pub use page_runs::PageRuns;
 pub use permission::Permission;
 pub use slab::SlabLayout;

@@ -1,6 +1,11 @@
 //! A link through the session's image cache ([`crate::Jit::link_pending_cached`]): map the
 //! module's image if the cache has it (the fixups rebound in this process), else link it
 //! relocatable — into one span, its fixups recorded — and store its image.
+//!
+//! Out of process the span is the executor's ([`kiln_memory::MapperSpanManager`] over the
+//! executor's mapper): a relocatable link writes into it as any link does, and a cached
+//! image is copied into it from the file (the executor cannot map the controller's file)
+//! and rebound there — no link runs either way.
 
 use crate::link_job::{LinkJob, Resolved};
 use crate::plugin::Plugin;
@@ -9,7 +14,7 @@ use crate::Error;
 use kiln_cache::{CacheKey, ImageCache, ImageToStore};
 use kiln_link::rebind;
 use kiln_link::relocatable::RelocatableImage;
-use kiln_memory::{FileSegment, Placement};
+use kiln_memory::{FileSegment, InFlightAllocation, MapperSpanManager, Placement, SpanLayout};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,7 +26,7 @@ pub enum ImageOutcome {
     Mapped {
         /// The image file.
         path: std::path::PathBuf,
-        /// Fixups written in this process.
+        /// Fixups written (into the executor's memory, out of process).
         fixups: usize,
     },
     /// The module was linked and its image stored.
@@ -29,7 +34,7 @@ pub enum ImageOutcome {
     /// The module was linked; its image was not stored (why: a module that cannot be an
     /// image, a full or read-only cache).
     NotStored(String),
-    /// The cache was not consulted (why: a remote executor, a plugin's link passes).
+    /// The cache was not consulted (why: a Windows executor, a plugin's link passes).
     Bypassed(String),
 }
 
@@ -49,13 +54,15 @@ impl LinkJob<'_> {
         if inner.image_cache.is_none() {
             return Some("the session has no image cache".into());
         }
-        if !inner.executor.runs_in_this_process()
-            || inner.target_os != crate::executor::TargetOs::Linux
-        {
-            return Some("the code runs in another process".into());
+        if inner.target_os != crate::executor::TargetOs::Linux {
+            return Some("the code runs on another system than Linux".into());
         }
-        if inner.architecture != kiln_link::Architecture::host() {
-            return Some("the code is for another architecture".into());
+        if inner.executor.runs_in_this_process() {
+            if inner.architecture != kiln_link::Architecture::host() {
+                return Some("the code is for another architecture".into());
+            }
+        } else if inner.low_memory.mapper.is_none() {
+            return Some("the executor's memory has no mapper to lay a span out in".into());
         }
         if plugins.iter().any(|p| !p.link_passes().is_empty()) {
             return Some("a plugin's passes run in every link".into());
@@ -124,9 +131,10 @@ impl LinkJob<'_> {
             .map_err(|e| format!("{}: {e}", cached.path.display()))?;
         let decoded = t.map(|t| t.elapsed());
         let t = self.times.then(Instant::now);
-        if image.page != kiln_memory::page_size()
-            || image.architecture != self.jit.inner.architecture
-        {
+        let page = self
+            .remote_spans()
+            .map_or_else(kiln_memory::page_size, |spans| spans.page_size());
+        if image.page != page || image.architecture != self.jit.inner.architecture {
             return Err(format!(
                 "{}: made for pages of {} bytes on {}",
                 cached.path.display(),
@@ -143,17 +151,23 @@ impl LinkJob<'_> {
             ));
         }
         let layout = image.layout().map_err(|e| e.to_string())?;
-        let segments: Vec<FileSegment> = cached
-            .segments
-            .iter()
-            .map(|&file_offset| FileSegment { file_offset })
-            .collect();
-        let memory = kiln_memory::map_span_from_file(
-            &cached.file,
-            &layout,
-            &segments,
-            &Placement::HostLibraries,
-        )
+        let memory = match self.remote_spans() {
+            Some(spans) => copy_into_span(&spans, &cached, &layout),
+            None => {
+                let segments: Vec<FileSegment> = cached
+                    .segments
+                    .iter()
+                    .map(|&file_offset| FileSegment { file_offset })
+                    .collect();
+                kiln_memory::map_span_from_file(
+                    &cached.file,
+                    &layout,
+                    &segments,
+                    &Placement::HostLibraries,
+                )
+                .map_err(|e| e.to_string())
+            }
+        }
         .map_err(|e| format!("{}: {e}", cached.path.display()))?;
         let mapped = t.map(|t| t.elapsed());
         let t = self.times.then(Instant::now);
@@ -186,6 +200,52 @@ impl LinkJob<'_> {
             refused: None,
         }))
     }
+}
+
+impl LinkJob<'_> {
+    /// Spans in the executor's memory, when the code runs in another process.
+    pub(crate) fn remote_spans(&self) -> Option<MapperSpanManager> {
+        let inner = &self.jit.inner;
+        if inner.executor.runs_in_this_process() {
+            return None;
+        }
+        let mapper = inner.low_memory.mapper.clone()?;
+        Some(MapperSpanManager::new(mapper, Placement::HostLibraries))
+    }
+}
+
+/// A span of the executor's laid out as `layout`, holding the image file's segments
+/// (copied from the file's mapping; zero-filled data cleared).
+fn copy_into_span(
+    spans: &MapperSpanManager,
+    cached: &kiln_cache::CachedImage,
+    layout: &SpanLayout,
+) -> Result<InFlightAllocation, String> {
+    if cached.segments.len() != layout.segments.len() {
+        return Err(format!(
+            "{} file segments for a layout of {}",
+            cached.segments.len(),
+            layout.segments.len()
+        ));
+    }
+    let mut memory = spans.allocate_layout(layout).map_err(|e| e.to_string())?;
+    for (i, (&file_offset, &(_, len, _))) in
+        cached.segments.iter().zip(&layout.segments).enumerate()
+    {
+        let Some(working) = memory.working_memory(i) else {
+            continue;
+        };
+        match file_offset {
+            Some(at) => {
+                let bytes = cached.bytes_at(at, len).ok_or_else(|| {
+                    format!("segment {i} ({len:#x} bytes at file offset {at:#x}) is past the file's end")
+                })?;
+                working.copy_from_slice(bytes);
+            }
+            None => working.fill(0),
+        }
+    }
+    Ok(memory)
 }
 
 /// Stores the image of `linked` (a relocatable link's) under `key`.

@@ -165,10 +165,15 @@ impl Jit {
 
     /// Adds to an image's key what the session knows the link will read: the target, every
     /// file the session read an input from (objects, archives, the archives `-l` found,
-    /// `libc_nonshared.a`), and every file mapped in this process (the executable, the
-    /// shared libraries host symbols come from, inputs mapped by the caller). The caller
-    /// adds what only it knows: inputs given as bytes, options, and the modules linked
-    /// earlier whose definitions the link uses (see [`Jit::link_pending_cached`]).
+    /// `libc_nonshared.a`), and every file mapped in the process the code runs in (the
+    /// executable, the shared libraries host symbols come from, inputs mapped by the
+    /// caller): this one, or an executor process of this machine, read once it has
+    /// started. The caller adds what only it knows: inputs given as bytes, options, and
+    /// the modules linked earlier whose definitions the link uses (see
+    /// [`Jit::link_pending_cached`]).
+    ///
+    /// An error for an executor whose mapped files cannot be read (one reached over TCP,
+    /// another user's): its links cannot be keyed, and go without the image cache.
     pub fn add_image_key_inputs(&self, key: &mut kiln_cache::ImageKeyBuilder) -> Result<(), Error> {
         let io = |e: kiln_cache::CacheError| Error::Unsupported(format!("an image key: {e}"));
         key.text("architecture", &self.inner.architecture.to_string());
@@ -176,7 +181,21 @@ impl Jit {
         for (path, bytes) in files {
             key.file_read(&path, (*bytes).as_ref()).map_err(io)?;
         }
-        key.mapped_files().map_err(io)?;
+        let executor = &self.inner.executor;
+        if executor.runs_in_this_process() {
+            key.mapped_files().map_err(io)?;
+            return Ok(());
+        }
+        // Its hello comes once its dynamic loader has mapped its libraries.
+        executor.wait_started()?;
+        let pid = executor.pid().ok_or_else(|| {
+            Error::Unsupported(
+                "an image key: the executor is no process of this machine (its mapped files cannot be read)"
+                    .into(),
+            )
+        })?;
+        key.text("executor", "another process");
+        key.mapped_files_of(pid).map_err(io)?;
         Ok(())
     }
 

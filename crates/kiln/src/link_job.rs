@@ -314,10 +314,14 @@ impl LinkJob<'_> {
                 pass.clone() as Arc<dyn LinkPass>,
             ));
         }
-        let span = relocatable.then(kiln_memory::SpanMemoryManager::default);
+        // A relocatable link's span: in this process, or in the executor's memory.
+        let span: Option<Box<dyn MemoryManager>> = relocatable.then(|| match self.remote_spans() {
+            Some(spans) => Box::new(spans) as Box<dyn MemoryManager>,
+            None => Box::new(kiln_memory::SpanMemoryManager::default()),
+        });
         let options = LinkOptions {
             memory: match &span {
-                Some(span) => span as &dyn MemoryManager,
+                Some(span) => &**span,
                 None => &*inner.memory,
             },
             low_memory: Some(&inner.low_memory as &dyn MemoryManager),

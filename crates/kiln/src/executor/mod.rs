@@ -481,6 +481,11 @@ impl Executor {
         self.service.still_starting()
     }
 
+    /// Waits for an executor still starting to say hello.
+    pub(crate) fn wait_started(&self) -> Result<(), Error> {
+        self.service.wait_started()
+    }
+
     /// Whether the executor takes exports to publish at the loader's first use as a list.
     pub(crate) fn defers_exports(&self) -> bool {
         self.service.defers_exports()

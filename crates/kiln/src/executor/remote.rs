@@ -81,6 +81,10 @@ impl ExecutorService for Remote {
         self.connection.get_if_ready().is_none()
     }
 
+    fn wait_started(&self) -> Result<(), Error> {
+        self.connection.get().map(|_| ())
+    }
+
     fn target_os(&self) -> crate::executor::TargetOs {
         match self.connection.expected() {
             Some(expected) => expected.target_os,

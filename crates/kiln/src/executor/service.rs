@@ -157,6 +157,12 @@ pub trait ExecutorService: Send + Sync {
         false
     }
 
+    /// Waits for an executor still starting to say hello (its process then runs, its
+    /// libraries mapped); an error if it never does. Nothing to wait for in process.
+    fn wait_started(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// As [`ExecutorService::shutdown`], for a process about to exit: an executor process
     /// is not waited for once it has answered.
     fn shutdown_for_exit(&self) {
