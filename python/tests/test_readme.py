@@ -50,3 +50,24 @@ def test_the_docs_python_examples_run(tmp_path):
         )
         assert out.returncode == 0, out.stderr
         assert out.stdout.split() == expected, out.stdout + out.stderr
+
+
+PACKAGE_README = os.path.join(os.path.dirname(__file__), "..", "README.md")
+
+
+def test_the_package_readme_example_runs(tmp_path):
+    """python/README.md's example (the package's own page) runs and prints 101."""
+    with open(PACKAGE_README) as f:
+        readme = f.read()
+    program = re.search(r"```python\n(.*?)\n```", readme, re.S)
+    assert program, "no python block in python/README.md"
+    out = subprocess.run(
+        [sys.executable, "-"],
+        input=program.group(1),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "101\n", out.stdout + out.stderr
