@@ -7,10 +7,12 @@
 //! a whole image or none) and never changed in place:
 //!
 //! ```text
-//! header:  "KILNIMG1" | header length u64 | cache key [32] | description length u64
-//!          | page size u32 | segment count u32 | (file offset u64 or u64::MAX, length u64) per segment
-//!          | block size u32 | block count u32 | BLAKE3 of each block [32] each
-//!          | description | MAC [32]
+//! header:  "KILNIMG2" | header length u64 | cache key [32] | page size u32
+//!          | segments: count u32, then (file offset: Option<u64>, length u64) each
+//!          | block size u32 | the blocks' BLAKE3 hashes, 32 bytes each, as a byte string
+//!          | description, as a byte string | MAC [32]
+//! (fields in kiln-codec's encodings: a byte string is a u32 length and the bytes, an
+//! option a byte, 0 or 1, and the value if 1)
 //! padding to a page
 //! segments, each from a page boundary, padded to whole pages
 //! ```
@@ -29,13 +31,14 @@ use crate::files::{self, Links, ReadRefusal};
 use crate::{
     io, CacheError, CacheKey, CacheSkip, CacheStats, DiskLimits, DiskUsage, MacKey, SkipReason,
 };
+use kiln_codec::{Field, Reader, Writer};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-const MAGIC: &[u8; 8] = b"KILNIMG1";
+const MAGIC: &[u8; 8] = b"KILNIMG2";
 /// What the MAC covers first: the format, so that no other use of the key collides.
-const DOMAIN: &[u8] = b"kiln-cache image 1\0";
+const DOMAIN: &[u8] = b"kiln-cache image 2\0";
 /// Bytes of segment data per checked block.
 const BLOCK: u64 = 256 << 10;
 /// The largest header read (a description of a few hundred thousand symbols).
@@ -178,27 +181,6 @@ fn tag(mac_key: &MacKey, key: &CacheKey, header: &[u8]) -> blake3::Hash {
     hasher.finalize()
 }
 
-/// Reads the fields of a header, every length checked.
-struct Fields<'b> {
-    bytes: &'b [u8],
-    at: usize,
-}
-
-impl<'b> Fields<'b> {
-    fn take(&mut self, n: usize) -> Option<&'b [u8]> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len())?;
-        let b = &self.bytes[self.at..end];
-        self.at = end;
-        Some(b)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-}
-
 /// A header, parsed: the segments' places, the blocks' hashes, the description.
 struct Header<'b> {
     page: u64,
@@ -208,40 +190,33 @@ struct Header<'b> {
     description: &'b [u8],
 }
 
-fn parse_header<'b>(header: &'b [u8], key: &CacheKey) -> Option<Header<'b>> {
-    let mut f = Fields {
-        bytes: header,
-        at: 0,
-    };
-    if f.take(8)? != MAGIC {
-        return None;
+/// The header's fields (every length checked by the codec); why not, for the message.
+fn parse_header<'b>(header: &'b [u8], key: &CacheKey) -> Result<Header<'b>, String> {
+    let mut r = Reader::new(header);
+    let decode = |e: kiln_codec::DecodeError| e.to_string();
+    if r.take(8, "magic").map_err(decode)? != MAGIC {
+        return Err("not an image of this format".into());
     }
-    let _len = f.u64()?;
-    if f.take(32)? != key.0 {
-        return None;
+    u64::get(&mut r, "header length").map_err(decode)?;
+    if r.take(32, "cache key").map_err(decode)? != key.0 {
+        return Err("another key's image".into());
     }
-    let description_len = usize::try_from(f.u64()?).ok()?;
-    let page = u64::from(f.u32()?);
+    let page = u64::from(u32::get(&mut r, "page size").map_err(decode)?);
     if !page.is_power_of_two() || !(4096..=1 << 16).contains(&page) {
-        return None;
+        return Err(format!("page size {page}"));
     }
-    let n = f.u32()? as usize;
-    if n > 64 {
-        return None;
+    let segments = Vec::<(Option<u64>, u64)>::get(&mut r, "segments").map_err(decode)?;
+    if segments.len() > 64 {
+        return Err(format!("{} segments", segments.len()));
     }
-    let mut segments = Vec::with_capacity(n);
-    for _ in 0..n {
-        let offset = Some(f.u64()?).filter(|&o| o != u64::MAX);
-        segments.push((offset, f.u64()?));
+    let block = u64::from(u32::get(&mut r, "block size").map_err(decode)?);
+    let hashes = r.bytes("block hashes").map_err(decode)?;
+    if hashes.len() % 32 != 0 {
+        return Err(format!("{} bytes of block hashes", hashes.len()));
     }
-    let block = u64::from(f.u32()?);
-    let blocks = f.u32()? as usize;
-    let hashes = f.take(blocks.checked_mul(32)?)?;
-    let description = f.take(description_len)?;
-    if f.at != header.len() {
-        return None;
-    }
-    Some(Header {
+    let description = r.bytes("description").map_err(decode)?;
+    r.end().map_err(decode)?;
+    Ok(Header {
         page,
         segments,
         block,
@@ -350,8 +325,9 @@ impl ImageCache for DiskImageCache {
         if !stamped && tag(&self.store.mac_key, key, body) != blake3::Hash::from_bytes(found) {
             return self.reject(&path, "not sealed with this cache's key for this key");
         }
-        let Some(parsed) = parse_header(body, key) else {
-            return self.reject(&path, "malformed header");
+        let parsed = match parse_header(body, key) {
+            Ok(parsed) => parsed,
+            Err(why) => return self.reject(&path, &format!("malformed header: {why}")),
         };
         let region = data_region(&parsed.segments, parsed.page);
         let aligned = parsed
@@ -396,8 +372,11 @@ impl ImageCache for DiskImageCache {
     fn put(&self, key: &CacheKey, image: &ImageToStore<'_>) -> Result<(), CacheError> {
         let page = image.page.max(4096);
         let description = image.description;
-        // The header's length first: the data starts on the page after it.
-        let fixed = 8 + 8 + 32 + 8 + 4 + 4 + image.segments.len() * 16 + 4 + 4;
+        // The header's length first: the data starts on the page after it. Magic, length,
+        // key, page size; the segments (a count; each an option's byte, its offset if
+        // stored, its length); the block size, the hashes' and the description's lengths.
+        let stored = image.segments.iter().flatten().count();
+        let fixed = 8 + 8 + 32 + 4 + 4 + image.segments.len() * 9 + stored * 8 + 4 + 4 + 4;
         let data_bytes: u64 = image
             .segments
             .iter()
@@ -423,30 +402,24 @@ impl ImageCache for DiskImageCache {
         for segment in image.segments {
             match segment {
                 Some(bytes) => {
-                    places.push((data_start + data.len() as u64, bytes.len() as u64));
+                    places.push((Some(data_start + data.len() as u64), bytes.len() as u64));
                     data.extend_from_slice(bytes);
                     data.resize((data.len() as u64).next_multiple_of(page) as usize, 0);
                 }
-                None => places.push((u64::MAX, 0)),
+                None => places.push((None, 0)),
             }
         }
-        let mut header = Vec::with_capacity(header_len as usize);
-        header.extend_from_slice(MAGIC);
-        header.extend_from_slice(&header_len.to_le_bytes());
-        header.extend_from_slice(&key.0);
-        header.extend_from_slice(&(description.len() as u64).to_le_bytes());
-        header.extend_from_slice(&(page as u32).to_le_bytes());
-        header.extend_from_slice(&(image.segments.len() as u32).to_le_bytes());
-        for (offset, len) in &places {
-            header.extend_from_slice(&offset.to_le_bytes());
-            header.extend_from_slice(&len.to_le_bytes());
-        }
-        header.extend_from_slice(&(BLOCK as u32).to_le_bytes());
-        header.extend_from_slice(&(blocks as u32).to_le_bytes());
+        let mut hashes = Vec::with_capacity(blocks * 32);
         for chunk in data.chunks(BLOCK as usize) {
-            header.extend_from_slice(blake3::hash(chunk).as_bytes());
+            hashes.extend_from_slice(blake3::hash(chunk).as_bytes());
         }
-        header.extend_from_slice(description);
+        let mut w = Writer::with_capacity(header_len as usize);
+        w.raw(MAGIC).u64(header_len).raw(&key.0);
+        (page as u32).put(&mut w);
+        places.put(&mut w);
+        (BLOCK as u32).put(&mut w);
+        w.bytes(&hashes).bytes(description);
+        let mut header = w.into_bytes();
         let mac = tag(&self.store.mac_key, key, &header);
         header.extend_from_slice(mac.as_bytes());
         debug_assert_eq!(header.len() as u64, header_len);

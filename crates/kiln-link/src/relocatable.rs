@@ -17,6 +17,7 @@
 
 use crate::arch::{self, Check, Field, InPlaceOp, Relative};
 use crate::{Architecture, LinkError};
+use kiln_codec::{self as codec, DecodeError, Field as _, Reader, Writer};
 use kiln_memory::Permission;
 use std::sync::Arc;
 
@@ -71,102 +72,6 @@ impl FixupRow {
             self.field,
             Field::InPlace { .. } | Field::Low6 { .. } | Field::Uleb128 { .. }
         )
-    }
-
-    fn encode(&self, out: &mut Vec<u8>) {
-        let relative = match self.relative {
-            Relative::Absolute => 0,
-            Relative::Place => 1,
-            Relative::Page => 2,
-            Relative::GotBase => 3,
-        };
-        let (check, bits) = match self.check {
-            Check::None => (0, 0),
-            Check::Signed(b) => (1, b),
-            Check::Unsigned(b) => (2, b),
-            Check::Either(b) => (3, b),
-        };
-        let op = |op: InPlaceOp| match op {
-            InPlaceOp::Add => 0,
-            InPlaceOp::Sub => 1,
-            InPlaceOp::Set => 2,
-        };
-        let field: [u8; 5] = match self.field {
-            Field::Word(n) => [0, n, 0, 0, 0],
-            Field::Imm {
-                lsb,
-                width,
-                shift,
-                aligned,
-            } => [1, lsb, width, shift, aligned as u8],
-            Field::Adr { shift } => [2, shift, 0, 0, 0],
-            Field::Movw { group } => [3, group, 0, 0, 0],
-            Field::Lo12 { shift } => [4, shift, 0, 0, 0],
-            Field::UType => [5, 0, 0, 0, 0],
-            Field::IType => [6, 0, 0, 0, 0],
-            Field::SType => [7, 0, 0, 0, 0],
-            Field::BType => [8, 0, 0, 0, 0],
-            Field::JType => [9, 0, 0, 0, 0],
-            Field::CallPair => [10, 0, 0, 0, 0],
-            Field::CbType => [11, 0, 0, 0, 0],
-            Field::CjType => [12, 0, 0, 0, 0],
-            Field::CiLui => [13, 0, 0, 0, 0],
-            Field::InPlace { bytes, op: o } => [14, bytes, op(o), 0, 0],
-            Field::Low6 { op: o } => [15, op(o), 0, 0, 0],
-            Field::Uleb128 { op: o } => [16, op(o), 0, 0, 0],
-        };
-        out.push(relative);
-        out.push(check);
-        out.push(bits as u8);
-        out.extend_from_slice(&field);
-    }
-
-    fn decode(r: &mut Reader<'_>) -> Result<Self, String> {
-        let b = r.bytes(8)?;
-        let relative = match b[0] {
-            0 => Relative::Absolute,
-            1 => Relative::Place,
-            2 => Relative::Page,
-            3 => Relative::GotBase,
-            n => return Err(format!("unknown formula {n}")),
-        };
-        let bits = u32::from(b[2]);
-        let check = match (b[1], bits) {
-            (0, _) => Check::None,
-            (1, 1..=64) => Check::Signed(bits),
-            (2, 1..=64) => Check::Unsigned(bits),
-            (3, 1..=64) => Check::Either(bits),
-            (n, _) => return Err(format!("unknown range check {n}/{bits}")),
-        };
-        let field = match (b[3], b[4]) {
-            (0, n @ (1 | 2 | 4 | 8)) => Field::Word(n),
-            (1, lsb) if b[5] > 0 && u32::from(lsb) + u32::from(b[5]) <= 32 && b[6] < 64 => {
-                Field::Imm {
-                    lsb,
-                    width: b[5],
-                    shift: b[6],
-                    aligned: b[7] != 0,
-                }
-            }
-            (2, shift) if shift < 64 => Field::Adr { shift },
-            (3, group) if group < 4 => Field::Movw { group },
-            (4, shift) if shift < 12 => Field::Lo12 { shift },
-            (5, _) => Field::UType,
-            (6, _) => Field::IType,
-            (7, _) => Field::SType,
-            (8, _) => Field::BType,
-            (9, _) => Field::JType,
-            (10, _) => Field::CallPair,
-            (11, _) => Field::CbType,
-            (12, _) => Field::CjType,
-            (13, _) => Field::CiLui,
-            (n, _) => return Err(format!("unknown or in-place field {n}")),
-        };
-        Ok(FixupRow {
-            relative,
-            check,
-            field,
-        })
     }
 }
 
@@ -373,8 +278,65 @@ pub struct ImageSymbol {
     pub global: bool,
 }
 
-/// The version of [`RelocatableImage::encode`]'s format.
-const FORMAT: u32 = 1;
+/// The version of [`RelocatableImage::encode`]'s format (2: on kiln-codec, options for
+/// what may be absent).
+const FORMAT: u32 = 2;
+
+/// Why an image's description cannot be used: damaged bytes, another format, or fields
+/// that do not hold together (an offset outside the image, a fixup outside its segments).
+/// A cache takes any of them as a miss.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ImageError {
+    /// The bytes do not decode (truncated, an unknown kind, bytes left over).
+    #[error("the description does not decode: {0}")]
+    Decode(#[from] DecodeError),
+    /// Written by another version of the format.
+    #[error("format {found}, not {expected}")]
+    Format {
+        /// The description's.
+        found: u32,
+        /// This build's.
+        expected: u32,
+    },
+    /// A page size no system uses.
+    #[error("page size {0}")]
+    PageSize(u64),
+    /// Segments that make no span.
+    #[error("segments: {0}")]
+    Layout(String),
+    /// An offset past the image's end.
+    #[error("{what} at {offset:#x} is outside the image ({len:#x} bytes)")]
+    OutsideImage {
+        /// What the offset is of.
+        what: &'static str,
+        /// The offset.
+        offset: u64,
+        /// The image's length.
+        len: u64,
+    },
+    /// A field to write that is not inside a segment with bytes.
+    #[error("{what} at {at:#x} is outside the image's segments")]
+    OutsideSegments {
+        /// What the field is.
+        what: &'static str,
+        /// Its offset.
+        at: u64,
+    },
+    /// An initializer or finalizer that is not the image's code.
+    #[error("an initializer at {0:#x} is not in the image's code")]
+    InitializerNotInCode(u64),
+    /// A thread-local block larger than its size says, or a bad alignment.
+    #[error("thread-local block inconsistent ({image} initialized bytes, size {size}, alignment {align})")]
+    ThreadLocals {
+        /// Initialized bytes.
+        image: u64,
+        /// The block's size.
+        size: u64,
+        /// Its alignment.
+        align: u64,
+    },
+}
 
 impl RelocatableImage {
     /// The span layout the image is mapped with.
@@ -383,394 +345,427 @@ impl RelocatableImage {
     }
 
     /// The image's description as bytes (a private format, versioned: a cache seals and
-    /// checks them; [`RelocatableImage::decode`] reads them back).
+    /// checks them; [`RelocatableImage::decode`] reads them back). The fields in order,
+    /// each in its kiln-codec encoding.
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Vec::with_capacity(64 + self.fixups.len() * 40 + self.exports.len() * 32);
-        put_u32(&mut w, FORMAT);
-        w.push(self.architecture as u8);
-        put_u64(&mut w, self.page);
-        put_u32(&mut w, self.segments.len() as u32);
-        for &(len, permission) in &self.segments {
-            put_u64(&mut w, len);
-            w.push(permission.index() as u8);
-        }
-        put_u32(&mut w, self.fixups.len() as u32);
-        for f in &self.fixups {
-            put_u64(&mut w, f.at);
-            put_u64(&mut w, f.place);
-            f.row.encode(&mut w);
-            match &f.binding {
-                Binding::Image(o) => {
-                    w.push(0);
-                    put_u64(&mut w, *o)
-                }
-                Binding::Symbol(name) => {
-                    w.push(1);
-                    put_str(&mut w, name)
-                }
-                Binding::Absolute(a) => {
-                    w.push(2);
-                    put_u64(&mut w, *a)
-                }
-                Binding::TpOff(o) => {
-                    w.push(3);
-                    put_u64(&mut w, *o)
-                }
-                Binding::DtpMod => w.push(4),
-            }
-            put_u64(&mut w, f.addend as u64);
-            put_u64(&mut w, f.stub.map_or(u64::MAX, |s| s));
-        }
-        put_u32(&mut w, self.relative.len() as u32);
-        for at in &self.relative {
-            put_u64(&mut w, *at);
-        }
-        put_u32(&mut w, self.exports.len() as u32);
-        for e in &self.exports {
-            put_str(&mut w, &e.name);
-            put_address(&mut w, e.address());
-            w.push(e.visible as u8);
-        }
-        for list in [&self.init, &self.fini] {
-            put_u32(&mut w, list.len() as u32);
-            for a in list {
-                put_address(&mut w, *a);
-            }
-        }
-        put_u64(&mut w, self.eh_frame.unwrap_or(u64::MAX));
-        put_u64(&mut w, self.dso_handle);
-        match &self.tls {
-            Some(t) => {
-                w.push(1);
-                put_u32(&mut w, t.image.len() as u32);
-                w.extend_from_slice(&t.image);
-                put_u64(&mut w, t.size);
-                put_u64(&mut w, t.align);
-                w.push(t.static_tls as u8);
-            }
-            None => w.push(0),
-        }
-        w.push(self.branch_protected as u8);
-        match &self.symbols {
-            Some(symbols) => {
-                w.push(1);
-                put_u32(&mut w, symbols.len() as u32);
-                for s in symbols {
-                    put_str(&mut w, &s.name);
-                    put_address(&mut w, s.address);
-                    put_u64(&mut w, s.size);
-                    w.push(match s.kind {
-                        crate::SymbolKind::Function => 0,
-                        crate::SymbolKind::Data => 1,
-                        crate::SymbolKind::Other => 2,
-                    });
-                    w.push(s.global as u8);
-                }
-            }
-            None => w.push(0),
-        }
-        w
+        let mut w = Writer::with_capacity(64 + self.fixups.len() * 40 + self.exports.len() * 32);
+        FORMAT.put(&mut w);
+        self.architecture.put(&mut w);
+        self.page.put(&mut w);
+        let segments: Vec<(u64, u8)> = self
+            .segments
+            .iter()
+            .map(|&(len, permission)| (len, permission.index() as u8))
+            .collect();
+        segments.put(&mut w);
+        self.fixups.put(&mut w);
+        self.relative.put(&mut w);
+        self.exports.put(&mut w);
+        self.init.put(&mut w);
+        self.fini.put(&mut w);
+        self.eh_frame.put(&mut w);
+        self.dso_handle.put(&mut w);
+        self.tls.put(&mut w);
+        self.branch_protected.put(&mut w);
+        // Last: a load that tells no plugin skips them (see `decode_with`).
+        self.symbols.put(&mut w);
+        w.into_bytes()
     }
 
     /// Reads what [`RelocatableImage::encode`] wrote; a description that is truncated,
     /// of another format version, or inconsistent is an error saying what is wrong.
-    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+    pub fn decode(bytes: &[u8]) -> Result<Self, ImageError> {
         Self::decode_with(bytes, true)
     }
 
     /// [`RelocatableImage::decode`], reading the symbols only if `symbols` (they are for
     /// plugins, and the longest part of a large program's description): without,
     /// [`RelocatableImage::symbols`] is `Some` and empty if the image has them.
-    pub fn decode_with(bytes: &[u8], symbols: bool) -> Result<Self, String> {
-        let want_symbols = symbols;
-        let mut r = Reader { bytes, at: 0 };
-        let format = r.u32()?;
+    pub fn decode_with(bytes: &[u8], symbols: bool) -> Result<Self, ImageError> {
+        let mut r = Reader::new(bytes);
+        let format = u32::get(&mut r, "format")?;
         if format != FORMAT {
-            return Err(format!("format {format}, not {FORMAT}"));
-        }
-        let architecture = match r.u8()? {
-            0 => Architecture::X86_64,
-            1 => Architecture::Aarch64,
-            2 => Architecture::Riscv64,
-            n => return Err(format!("unknown architecture {n}")),
-        };
-        let page = r.u64()?;
-        if !page.is_power_of_two() || !(4096..=1 << 16).contains(&page) {
-            return Err(format!("page size {page}"));
-        }
-        let n = r.count(9)?;
-        let mut segments = Vec::with_capacity(n);
-        for _ in 0..n {
-            let len = r.u64()?;
-            let permission = match r.u8()? {
-                0 => Permission::ReadExecute,
-                1 => Permission::Read,
-                2 => Permission::ReadWrite,
-                p => return Err(format!("unknown permission {p}")),
-            };
-            segments.push((len, permission));
-        }
-        let layout = kiln_memory::SpanLayout::new(&segments, page).map_err(|e| e.to_string())?;
-        // Every offset in the image lies in the span (its end included: a symbol may end
-        // the last segment).
-        let in_span = |o: u64, what: &str| -> Result<u64, String> {
-            if o <= layout.len {
-                Ok(o)
-            } else {
-                Err(format!(
-                    "{what} at {o:#x} is outside the image ({:#x} bytes)",
-                    layout.len
-                ))
-            }
-        };
-        let address_in_span = |a: ImageAddress, what: &str| -> Result<ImageAddress, String> {
-            if let ImageAddress::Image(o) = a {
-                in_span(o, what)?;
-            }
-            Ok(a)
-        };
-        let n = r.count(41)?;
-        let mut fixups = Vec::with_capacity(n);
-        for _ in 0..n {
-            let at = r.u64()?;
-            let place = r.u64()?;
-            let row = FixupRow::decode(&mut r)?;
-            let binding = match r.u8()? {
-                0 => Binding::Image(in_span(r.u64()?, "a fixup's target")?),
-                1 => Binding::Symbol(r.str()?.into()),
-                2 => Binding::Absolute(r.u64()?),
-                3 => Binding::TpOff(r.u64()?),
-                4 => Binding::DtpMod,
-                b => return Err(format!("unknown binding {b}")),
-            };
-            let addend = r.u64()? as i64;
-            let stub = Some(r.u64()?).filter(|&s| s != u64::MAX);
-            in_span(place, "a fixup's place")?;
-            if let Some(stub) = stub {
-                in_span(stub, "a stub")?;
-            }
-            // Every field inside a segment with bytes (never past the span's end).
-            let inside = layout.segments.iter().any(|&(offset, len, _)| {
-                at >= offset
-                    && at
-                        .checked_add(row.field.len())
-                        .is_some_and(|end| end <= offset + len)
-            });
-            if !inside {
-                return Err(format!("fixup at {at:#x} is outside the image's segments"));
-            }
-            fixups.push(ImageFixup {
-                at,
-                place,
-                row,
-                binding,
-                addend,
-                stub,
+            return Err(ImageError::Format {
+                found: format,
+                expected: FORMAT,
             });
         }
-        let n = r.count(8)?;
-        let mut relative = Vec::with_capacity(n);
-        for _ in 0..n {
-            let at = r.u64()?;
-            let inside = layout.segments.iter().any(|&(offset, len, _)| {
-                at >= offset && at.checked_add(8).is_some_and(|end| end <= offset + len)
-            });
-            if !inside {
-                return Err(format!(
-                    "relative word at {at:#x} is outside the image's segments"
-                ));
-            }
-            relative.push(at);
-        }
-        let n = r.count(10)?;
-        let mut exports = Vec::with_capacity(n);
-        for _ in 0..n {
-            let name: Arc<str> = r.str()?.into();
-            let address = address_in_span(r.address()?, "an export")?;
-            let visible = r.u8()? != 0;
-            exports.push(ImageExport::new(name, address, visible));
-        }
-        let mut lists = [Vec::new(), Vec::new()];
-        for list in &mut lists {
-            let n = r.count(9)?;
-            for _ in 0..n {
-                // Initializers and finalizers are code of the module (or absolute).
-                let address = r.address()?;
-                if let ImageAddress::Image(o) = address {
-                    let code = layout
-                        .segments
-                        .first()
-                        .map_or(0..0, |&(at, len, _)| at..at + len);
-                    if !code.contains(&o) {
-                        return Err(format!(
-                            "an initializer at {o:#x} is not in the image's code"
-                        ));
+        let architecture = Architecture::get(&mut r, "architecture")?;
+        let page = u64::get(&mut r, "page size")?;
+        let segments = Vec::<(u64, u8)>::get(&mut r, "segments")?
+            .into_iter()
+            .map(|(len, p)| match p {
+                0 => Ok((len, Permission::ReadExecute)),
+                1 => Ok((len, Permission::Read)),
+                2 => Ok((len, Permission::ReadWrite)),
+                p => Err(DecodeError::Invalid {
+                    what: "permission",
+                    value: u64::from(p),
+                }),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let image = RelocatableImage {
+            architecture,
+            page,
+            segments,
+            fixups: Vec::get(&mut r, "fixups")?,
+            relative: Vec::get(&mut r, "relative words")?,
+            exports: Vec::get(&mut r, "exports")?,
+            init: Vec::get(&mut r, "initializers")?,
+            fini: Vec::get(&mut r, "finalizers")?,
+            eh_frame: Option::get(&mut r, ".eh_frame")?,
+            dso_handle: u64::get(&mut r, "__dso_handle")?,
+            tls: Option::get(&mut r, "thread-locals")?,
+            branch_protected: bool::get(&mut r, "branch protection")?,
+            symbols: match r.u8("symbols")? {
+                0 => None,
+                1 if !symbols => {
+                    // Not read: they are all that follows.
+                    r.skip_rest();
+                    Some(Vec::new())
+                }
+                1 => Some(Vec::get(&mut r, "symbols")?),
+                other => {
+                    return Err(DecodeError::Invalid {
+                        what: "symbols",
+                        value: u64::from(other),
                     }
+                    .into())
                 }
-                list.push(address);
-            }
+            },
+        };
+        r.end()?;
+        image.check()?;
+        Ok(image)
+    }
+
+    /// Whether the decoded fields hold together: every offset in the image (its end
+    /// included: a symbol may end the last segment), every field to write inside a
+    /// segment with bytes, initializers in the code.
+    fn check(&self) -> Result<(), ImageError> {
+        if !self.page.is_power_of_two() || !(4096..=1 << 16).contains(&self.page) {
+            return Err(ImageError::PageSize(self.page));
         }
-        let [init, fini] = lists;
-        let eh_frame = Some(r.u64()?).filter(|&e| e != u64::MAX);
-        let dso_handle = r.u64()?;
-        let tls = match r.u8()? {
-            0 => None,
-            _ => {
-                let n = r.count(1)?;
-                let image = r.bytes(n)?.to_vec();
-                let size = r.u64()?;
-                let align = r.u64()?;
-                let static_tls = r.u8()? != 0;
-                if (image.len() as u64) > size || !align.is_power_of_two() {
-                    return Err("thread-local block inconsistent".into());
-                }
-                Some(ImageTls {
-                    image,
-                    size,
-                    align,
-                    static_tls,
+        let layout = kiln_memory::SpanLayout::new(&self.segments, self.page)
+            .map_err(|e| ImageError::Layout(e.to_string()))?;
+        let in_span = |offset: u64, what: &'static str| {
+            if offset <= layout.len {
+                Ok(())
+            } else {
+                Err(ImageError::OutsideImage {
+                    what,
+                    offset,
+                    len: layout.len,
                 })
             }
         };
-        let branch_protected = r.u8()? != 0;
-        let symbols = match r.u8()? {
-            0 => None,
-            _ if !want_symbols => {
-                // Not read: what follows is only the symbols.
-                r.at = bytes.len();
-                Some(Vec::new())
-            }
-            _ => {
-                let n = r.count(23)?;
-                let mut symbols = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let name = r.str()?.to_string();
-                    let address = address_in_span(r.address()?, "a symbol")?;
-                    let size = r.u64()?;
-                    let kind = match r.u8()? {
-                        0 => crate::SymbolKind::Function,
-                        1 => crate::SymbolKind::Data,
-                        _ => crate::SymbolKind::Other,
-                    };
-                    let global = r.u8()? != 0;
-                    symbols.push(ImageSymbol {
-                        name,
-                        address,
-                        size,
-                        kind,
-                        global,
-                    });
-                }
-                Some(symbols)
+        let address_in_span = |a: ImageAddress, what: &'static str| match a {
+            ImageAddress::Image(o) => in_span(o, what),
+            ImageAddress::Absolute(_) => Ok(()),
+        };
+        let in_segments = |at: u64, len: u64, what: &'static str| {
+            let inside = layout.segments.iter().any(|&(offset, size, _)| {
+                at >= offset && at.checked_add(len).is_some_and(|end| end <= offset + size)
+            });
+            if inside {
+                Ok(())
+            } else {
+                Err(ImageError::OutsideSegments { what, at })
             }
         };
-        if r.at != bytes.len() {
-            return Err(format!("{} bytes after the end", bytes.len() - r.at));
+        for f in &self.fixups {
+            if let Binding::Image(target) = f.binding {
+                in_span(target, "a fixup's target")?;
+            }
+            in_span(f.place, "a fixup's place")?;
+            if let Some(stub) = f.stub {
+                in_span(stub, "a stub")?;
+            }
+            in_segments(f.at, f.row.field.len(), "a fixup")?;
         }
-        for offset in eh_frame.iter().chain(Some(&dso_handle)) {
-            if *offset >= layout.len {
-                return Err(format!("offset {offset:#x} outside the image"));
+        for &at in &self.relative {
+            in_segments(at, 8, "a relative word")?;
+        }
+        for e in &self.exports {
+            address_in_span(e.address(), "an export")?;
+        }
+        let code = layout
+            .segments
+            .first()
+            .map_or(0..0, |&(at, len, _)| at..at + len);
+        for a in self.init.iter().chain(&self.fini) {
+            if let ImageAddress::Image(o) = *a {
+                if !code.contains(&o) {
+                    return Err(ImageError::InitializerNotInCode(o));
+                }
             }
         }
-        Ok(RelocatableImage {
-            architecture,
-            segments,
-            page,
-            fixups,
+        for (offset, what) in self
+            .eh_frame
+            .map(|o| (o, ".eh_frame"))
+            .into_iter()
+            .chain([(self.dso_handle, "__dso_handle")])
+        {
+            if offset >= layout.len {
+                return Err(ImageError::OutsideImage {
+                    what,
+                    offset,
+                    len: layout.len,
+                });
+            }
+        }
+        if let Some(t) = &self.tls {
+            if (t.image.len() as u64) > t.size || !t.align.is_power_of_two() {
+                return Err(ImageError::ThreadLocals {
+                    image: t.image.len() as u64,
+                    size: t.size,
+                    align: t.align,
+                });
+            }
+        }
+        for s in self.symbols.iter().flatten() {
+            address_in_span(s.address, "a symbol")?;
+        }
+        Ok(())
+    }
+}
+
+/// The invalid-value error of a kind byte.
+fn invalid(what: &'static str, value: u8) -> DecodeError {
+    DecodeError::Invalid {
+        what,
+        value: u64::from(value),
+    }
+}
+
+/// One byte: 0 x86-64, 1 AArch64, 2 RISC-V 64.
+impl codec::Field for Architecture {
+    const MIN: usize = 1;
+    fn put(&self, w: &mut Writer) {
+        w.u8(*self as u8);
+    }
+    fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
+        match r.u8(what)? {
+            0 => Ok(Architecture::X86_64),
+            1 => Ok(Architecture::Aarch64),
+            2 => Ok(Architecture::Riscv64),
+            n => Err(invalid("architecture", n)),
+        }
+    }
+}
+
+/// A kind byte (0 in the image, 1 absolute), then the offset or the address.
+impl codec::Field for ImageAddress {
+    const MIN: usize = 9;
+    fn put(&self, w: &mut Writer) {
+        match *self {
+            ImageAddress::Image(o) => w.u8(0).u64(o),
+            ImageAddress::Absolute(a) => w.u8(1).u64(a),
+        };
+    }
+    fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
+        match r.u8(what)? {
+            0 => Ok(ImageAddress::Image(r.u64(what)?)),
+            1 => Ok(ImageAddress::Absolute(r.u64(what)?)),
+            n => Err(invalid("address kind", n)),
+        }
+    }
+}
+impl codec::ListItem for ImageAddress {}
+
+/// A kind byte (0 image, 1 symbol, 2 absolute, 3 thread-pointer offset, 4 module id),
+/// then the offset, the name or the address.
+impl codec::Field for Binding {
+    const MIN: usize = 1;
+    fn put(&self, w: &mut Writer) {
+        match self {
+            Binding::Image(o) => {
+                w.u8(0).u64(*o);
+            }
+            Binding::Symbol(name) => {
+                w.u8(1);
+                name.put(w);
+            }
+            Binding::Absolute(a) => {
+                w.u8(2).u64(*a);
+            }
+            Binding::TpOff(o) => {
+                w.u8(3).u64(*o);
+            }
+            Binding::DtpMod => {
+                w.u8(4);
+            }
+        }
+    }
+    fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
+        Ok(match r.u8(what)? {
+            0 => Binding::Image(r.u64("a fixup's target")?),
+            1 => Binding::Symbol(Arc::<str>::get(r, "a fixup's symbol")?),
+            2 => Binding::Absolute(r.u64("a fixup's address")?),
+            3 => Binding::TpOff(r.u64("a fixup's thread-local offset")?),
+            4 => Binding::DtpMod,
+            n => return Err(invalid("binding", n)),
+        })
+    }
+}
+
+/// Eight bytes: the formula, the range check and its bits, the field's kind and its four
+/// parameters. A field changed in place is no fixup (never written).
+impl codec::Field for FixupRow {
+    const MIN: usize = 8;
+    fn put(&self, w: &mut Writer) {
+        let relative = match self.relative {
+            Relative::Absolute => 0,
+            Relative::Place => 1,
+            Relative::Page => 2,
+            Relative::GotBase => 3,
+        };
+        let (check, bits) = match self.check {
+            Check::None => (0, 0),
+            Check::Signed(b) => (1, b),
+            Check::Unsigned(b) => (2, b),
+            Check::Either(b) => (3, b),
+        };
+        let op = |op: InPlaceOp| match op {
+            InPlaceOp::Add => 0,
+            InPlaceOp::Sub => 1,
+            InPlaceOp::Set => 2,
+        };
+        let field: [u8; 5] = match self.field {
+            Field::Word(n) => [0, n, 0, 0, 0],
+            Field::Imm {
+                lsb,
+                width,
+                shift,
+                aligned,
+            } => [1, lsb, width, shift, aligned as u8],
+            Field::Adr { shift } => [2, shift, 0, 0, 0],
+            Field::Movw { group } => [3, group, 0, 0, 0],
+            Field::Lo12 { shift } => [4, shift, 0, 0, 0],
+            Field::UType => [5, 0, 0, 0, 0],
+            Field::IType => [6, 0, 0, 0, 0],
+            Field::SType => [7, 0, 0, 0, 0],
+            Field::BType => [8, 0, 0, 0, 0],
+            Field::JType => [9, 0, 0, 0, 0],
+            Field::CallPair => [10, 0, 0, 0, 0],
+            Field::CbType => [11, 0, 0, 0, 0],
+            Field::CjType => [12, 0, 0, 0, 0],
+            Field::CiLui => [13, 0, 0, 0, 0],
+            Field::InPlace { bytes, op: o } => [14, bytes, op(o), 0, 0],
+            Field::Low6 { op: o } => [15, op(o), 0, 0, 0],
+            Field::Uleb128 { op: o } => [16, op(o), 0, 0, 0],
+        };
+        w.u8(relative).u8(check).u8(bits as u8).raw(&field);
+    }
+    fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
+        let b = r.take(8, what)?;
+        let relative = match b[0] {
+            0 => Relative::Absolute,
+            1 => Relative::Place,
+            2 => Relative::Page,
+            3 => Relative::GotBase,
+            n => return Err(invalid("formula", n)),
+        };
+        let bits = u32::from(b[2]);
+        let check = match (b[1], bits) {
+            (0, _) => Check::None,
+            (1, 1..=64) => Check::Signed(bits),
+            (2, 1..=64) => Check::Unsigned(bits),
+            (3, 1..=64) => Check::Either(bits),
+            (n, _) => return Err(invalid("range check", n)),
+        };
+        let field = match (b[3], b[4]) {
+            (0, n @ (1 | 2 | 4 | 8)) => Field::Word(n),
+            (1, lsb) if b[5] > 0 && u32::from(lsb) + u32::from(b[5]) <= 32 && b[6] < 64 => {
+                Field::Imm {
+                    lsb,
+                    width: b[5],
+                    shift: b[6],
+                    aligned: b[7] != 0,
+                }
+            }
+            (2, shift) if shift < 64 => Field::Adr { shift },
+            (3, group) if group < 4 => Field::Movw { group },
+            (4, shift) if shift < 12 => Field::Lo12 { shift },
+            (5, _) => Field::UType,
+            (6, _) => Field::IType,
+            (7, _) => Field::SType,
+            (8, _) => Field::BType,
+            (9, _) => Field::JType,
+            (10, _) => Field::CallPair,
+            (11, _) => Field::CbType,
+            (12, _) => Field::CjType,
+            (13, _) => Field::CiLui,
+            (n, _) => return Err(invalid("field kind (or a field changed in place)", n)),
+        };
+        Ok(FixupRow {
             relative,
-            exports,
-            init,
-            fini,
-            eh_frame,
-            dso_handle,
-            tls,
-            branch_protected,
-            symbols,
+            check,
+            field,
         })
     }
 }
 
-fn put_u32(w: &mut Vec<u8>, v: u32) {
-    w.extend_from_slice(&v.to_le_bytes());
-}
+codec::record!(ImageFixup {
+    at: u64 as "a fixup's offset",
+    place: u64 as "a fixup's place",
+    row: FixupRow as "a fixup's formula",
+    binding: Binding as "a fixup's binding",
+    addend: i64 as "a fixup's addend",
+    stub: Option<u64> as "a fixup's stub",
+});
 
-fn put_u64(w: &mut Vec<u8>, v: u64) {
-    w.extend_from_slice(&v.to_le_bytes());
+/// The name, the address, whether it is exported.
+impl codec::Field for ImageExport {
+    const MIN: usize = 14;
+    fn put(&self, w: &mut Writer) {
+        self.name.put(w);
+        self.address().put(w);
+        self.visible.put(w);
+    }
+    fn get(r: &mut Reader<'_>, _: &'static str) -> Result<Self, DecodeError> {
+        let name = Arc::<str>::get(r, "an export's name")?;
+        let address = ImageAddress::get(r, "an export's address")?;
+        let visible = bool::get(r, "an export's visibility")?;
+        Ok(ImageExport::new(name, address, visible))
+    }
 }
+impl codec::ListItem for ImageExport {}
 
-fn put_str(w: &mut Vec<u8>, s: &str) {
-    put_u32(w, s.len() as u32);
-    w.extend_from_slice(s.as_bytes());
-}
+codec::record!(ImageTls {
+    image: Vec<u8> as "the thread-local image",
+    size: u64 as "the thread-local block's size",
+    align: u64 as "the thread-local block's alignment",
+    static_tls: bool as "static TLS",
+});
 
-fn put_address(w: &mut Vec<u8>, a: ImageAddress) {
-    match a {
-        ImageAddress::Image(o) => {
-            w.push(0);
-            put_u64(w, o)
+/// One byte: 0 function, 1 data, 2 other.
+impl codec::Field for crate::SymbolKind {
+    const MIN: usize = 1;
+    fn put(&self, w: &mut Writer) {
+        w.u8(match self {
+            crate::SymbolKind::Function => 0,
+            crate::SymbolKind::Data => 1,
+            crate::SymbolKind::Other => 2,
+        });
+    }
+    fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
+        match r.u8(what)? {
+            0 => Ok(crate::SymbolKind::Function),
+            1 => Ok(crate::SymbolKind::Data),
+            2 => Ok(crate::SymbolKind::Other),
+            n => Err(invalid("symbol kind", n)),
         }
-        ImageAddress::Absolute(v) => {
-            w.push(1);
-            put_u64(w, v)
-        }
     }
 }
 
-/// Reads the description's fields, every length checked against what is left.
-/// (Written by hand: one small private format, read once per load; a serialization
-/// framework would add a dependency and a derive to types of the link.)
-struct Reader<'b> {
-    bytes: &'b [u8],
-    at: usize,
-}
-
-impl<'b> Reader<'b> {
-    fn bytes(&mut self, n: usize) -> Result<&'b [u8], String> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.bytes.len())
-            .ok_or_else(|| format!("truncated at byte {}", self.at))?;
-        let b = &self.bytes[self.at..end];
-        self.at = end;
-        Ok(b)
-    }
-    fn u8(&mut self) -> Result<u8, String> {
-        Ok(self.bytes(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32, String> {
-        let b = self.bytes(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self) -> Result<u64, String> {
-        let mut v = [0u8; 8];
-        v.copy_from_slice(self.bytes(8)?);
-        Ok(u64::from_le_bytes(v))
-    }
-    /// A count of items of at least `min` bytes each: no more than what is left could
-    /// hold (a corrupt count allocates nothing huge).
-    fn count(&mut self, min: usize) -> Result<usize, String> {
-        let n = self.u32()? as usize;
-        if n.saturating_mul(min) > self.bytes.len() - self.at {
-            return Err(format!(
-                "count {n} at byte {} exceeds the data",
-                self.at - 4
-            ));
-        }
-        Ok(n)
-    }
-    fn str(&mut self) -> Result<&'b str, String> {
-        let n = self.count(1)?;
-        std::str::from_utf8(self.bytes(n)?).map_err(|_| "a name is not UTF-8".to_string())
-    }
-    fn address(&mut self) -> Result<ImageAddress, String> {
-        Ok(match self.u8()? {
-            0 => ImageAddress::Image(self.u64()?),
-            1 => ImageAddress::Absolute(self.u64()?),
-            n => return Err(format!("unknown address kind {n}")),
-        })
-    }
-}
+codec::record!(ImageSymbol {
+    name: String as "a symbol's name",
+    address: ImageAddress as "a symbol's address",
+    size: u64 as "a symbol's size",
+    kind: crate::SymbolKind as "a symbol's kind",
+    global: bool as "a symbol's binding",
+});
 
 #[cfg(test)]
 mod tests {

@@ -42,32 +42,12 @@ pub const MAX_FRAME: u32 = MAX_WRITE + (64 << 10);
 /// Largest write (or read) of code bytes in one request; larger ones go in pieces.
 pub const MAX_WRITE: u32 = 32 << 20;
 /// Largest string (symbol names, paths, arguments).
-pub const MAX_STRING: usize = 1 << 16;
+pub const MAX_STRING: usize = kiln_codec::MAX_STRING;
 /// Largest number of items in a list (arguments, segments, initializers).
-pub const MAX_ITEMS: usize = 1 << 20;
+pub const MAX_ITEMS: usize = kiln_codec::MAX_ITEMS;
 
-/// Why a frame could not be decoded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum DecodeError {
-    /// The frame ended before a field.
-    #[error("message truncated: {0}")]
-    Truncated(&'static str),
-    /// An unknown message tag.
-    #[error("unknown message tag {0}")]
-    UnknownTag(u8),
-    /// A field out of its range.
-    #[error("invalid {what}: {value}")]
-    Invalid {
-        /// The field.
-        what: &'static str,
-        /// Its value.
-        value: u64,
-    },
-    /// Bytes left over after the last field.
-    #[error("{0} bytes after the end of the message")]
-    Trailing(usize),
-}
+/// Why a frame could not be decoded (the codec's error: kiln-codec).
+pub use kiln_codec::DecodeError;
 
 /// Where a reservation must lie (mirrors `kiln_memory::Placement`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -553,8 +533,8 @@ pub const EXECUTOR_REQUEST: u32 = 1 << 31;
 impl Hello {
     /// Encodes as a frame.
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = codec::Writer::new(tag::HELLO);
-        w.buf.extend_from_slice(&MAGIC);
+        let mut w = codec::frame(tag::HELLO);
+        w.raw(&MAGIC);
         self.version.put(&mut w);
         self.page_size.put(&mut w);
         self.triple.put(&mut w);
@@ -565,7 +545,7 @@ impl Hello {
             symbol.put(&mut w);
         }
         self.features.put(&mut w);
-        w.finish()
+        codec::finish(w)
     }
 
     /// Decodes a frame body.

@@ -2,120 +2,32 @@
 //! the one message table (in `protocol.rs`) into the message enums, their tags, names,
 //! encoders and decoders.
 //!
-//! Each field type knows its own encoding ([`Field`]); a field whose wire form or range
+//! Each field type knows its own encoding (kiln-codec's [`Field`], shared with the
+//! linked-image description); a field whose wire form or range
 //! differs from its type's (a permission that must be 0–2, an error text read lossily, a
 //! field an older executor leaves off the end) names a [`Codec`] in the table with
 //! `as`. Every length is checked against the bytes left before anything is allocated.
 
 use super::{
     DebugFunction, DebugModule, DebugOutputs, DecodeError, LineRow, WirePlacement, WireSegment,
-    MAX_ITEMS, MAX_STRING,
 };
 
-/// Builds one frame: length, id (0 until [`super::with_id`]), tag, fields.
-#[derive(Debug, Default)]
-pub(crate) struct Writer {
-    pub(crate) buf: Vec<u8>,
+pub(crate) use kiln_codec::{Field, ListItem, Reader, Writer};
+
+/// A frame's writer: its length and id (0 until [`super::with_id`]) left for
+/// [`finish`], then the tag; the fields follow.
+pub(crate) fn frame(tag: u8) -> Writer {
+    let mut buf = Vec::with_capacity(64);
+    buf.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, tag]);
+    Writer::from_bytes(buf)
 }
 
-impl Writer {
-    pub(crate) fn new(tag: u8) -> Self {
-        let mut buf = Vec::with_capacity(64);
-        buf.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, tag]);
-        Writer { buf }
-    }
-    pub(crate) fn u8(&mut self, v: u8) -> &mut Self {
-        self.buf.push(v);
-        self
-    }
-    pub(crate) fn u32(&mut self, v: u32) -> &mut Self {
-        self.buf.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    pub(crate) fn u64(&mut self, v: u64) -> &mut Self {
-        self.buf.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    pub(crate) fn bytes(&mut self, v: &[u8]) -> &mut Self {
-        self.u32(v.len() as u32);
-        self.buf.extend_from_slice(v);
-        self
-    }
-    pub(crate) fn finish(mut self) -> Vec<u8> {
-        let len = (self.buf.len() - 4) as u32;
-        self.buf[..4].copy_from_slice(&len.to_le_bytes());
-        self.buf
-    }
-}
-
-/// Reads the fields of one frame's body (id first).
-#[derive(Debug)]
-pub(crate) struct Reader<'a> {
-    data: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    pub(crate) fn new(data: &'a [u8]) -> Self {
-        Reader { data }
-    }
-    pub(crate) fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
-        if self.data.len() < n {
-            return Err(DecodeError::Truncated(what));
-        }
-        let (head, rest) = self.data.split_at(n);
-        self.data = rest;
-        Ok(head)
-    }
-    pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
-        Ok(self.take(1, what)?[0])
-    }
-    pub(crate) fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
-        let b = self.take(4, what)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    pub(crate) fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
-        let b = self.take(8, what)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_le_bytes(a))
-    }
-    pub(crate) fn bytes(&mut self, what: &'static str) -> Result<&'a [u8], DecodeError> {
-        let n = self.u32(what)? as usize;
-        self.take(n, what)
-    }
-    /// A list's count, refused when its items could not fit in the bytes left.
-    pub(crate) fn count(
-        &mut self,
-        what: &'static str,
-        item_size: usize,
-    ) -> Result<usize, DecodeError> {
-        let n = self.u32(what)? as usize;
-        if n > MAX_ITEMS || n.saturating_mul(item_size) > self.data.len() {
-            return Err(DecodeError::Invalid {
-                what,
-                value: n as u64,
-            });
-        }
-        Ok(n)
-    }
-    pub(crate) fn is_empty(&self) -> bool {
-        self.data.is_empty()
-    }
-    pub(crate) fn end(&self) -> Result<(), DecodeError> {
-        if self.data.is_empty() {
-            Ok(())
-        } else {
-            Err(DecodeError::Trailing(self.data.len()))
-        }
-    }
-}
-
-/// A type with one wire encoding.
-pub(crate) trait Field: Sized {
-    /// The fewest bytes its encoding takes: bounds a list's count before allocating.
-    const MIN: usize;
-    fn put(&self, w: &mut Writer);
-    fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError>;
+/// The frame's bytes, its length written in.
+pub(crate) fn finish(mut w: Writer) -> Vec<u8> {
+    let bytes = w.as_mut_bytes();
+    let len = (bytes.len() - 4) as u32;
+    bytes[..4].copy_from_slice(&len.to_le_bytes());
+    w.into_bytes()
 }
 
 /// How a field of type `T` travels where it is not simply `T`'s [`Field`] encoding.
@@ -133,91 +45,6 @@ impl<T: Field> Codec<T> for Plain {
     }
     fn get(r: &mut Reader<'_>, what: &'static str) -> Result<T, DecodeError> {
         T::get(r, what)
-    }
-}
-
-impl Field for u8 {
-    const MIN: usize = 1;
-    fn put(&self, w: &mut Writer) {
-        w.u8(*self);
-    }
-    fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
-        r.u8(what)
-    }
-}
-
-impl Field for u32 {
-    const MIN: usize = 4;
-    fn put(&self, w: &mut Writer) {
-        w.u32(*self);
-    }
-    fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
-        r.u32(what)
-    }
-}
-
-/// Two's complement in a `u32` (signal numbers, exit statuses).
-impl Field for i32 {
-    const MIN: usize = 4;
-    fn put(&self, w: &mut Writer) {
-        w.u32(*self as u32);
-    }
-    fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
-        Ok(r.u32(what)? as i32)
-    }
-}
-
-impl Field for u64 {
-    const MIN: usize = 8;
-    fn put(&self, w: &mut Writer) {
-        w.u64(*self);
-    }
-    fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
-        r.u64(what)
-    }
-}
-
-/// One byte, non-zero for true.
-impl Field for bool {
-    const MIN: usize = 1;
-    fn put(&self, w: &mut Writer) {
-        w.u8(u8::from(*self));
-    }
-    fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
-        Ok(r.u8(what)? != 0)
-    }
-}
-
-/// A byte string: `u32` length, then the bytes.
-impl Field for Vec<u8> {
-    const MIN: usize = 4;
-    fn put(&self, w: &mut Writer) {
-        w.bytes(self);
-    }
-    fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
-        Ok(r.bytes(what)?.to_vec())
-    }
-}
-
-/// UTF-8 as a byte string, at most [`MAX_STRING`] bytes.
-impl Field for String {
-    const MIN: usize = 4;
-    fn put(&self, w: &mut Writer) {
-        w.bytes(self.as_bytes());
-    }
-    fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
-        let n = r.u32(what)? as usize;
-        if n > MAX_STRING {
-            return Err(DecodeError::Invalid {
-                what,
-                value: n as u64,
-            });
-        }
-        let b = r.take(n, what)?;
-        String::from_utf8(b.to_vec()).map_err(|_| DecodeError::Invalid {
-            what,
-            value: n as u64,
-        })
     }
 }
 
@@ -251,58 +78,8 @@ impl Field for WirePlacement {
     }
 }
 
-/// Tuples: their items in order.
-macro_rules! tuple_field {
-    ($($t:ident . $i:tt),+) => {
-        impl<$($t: Field),+> Field for ($($t,)+) {
-            const MIN: usize = 0 $(+ $t::MIN)+;
-            fn put(&self, w: &mut Writer) {
-                $(self.$i.put(w);)+
-            }
-            fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
-                Ok(($($t::get(r, what)?,)+))
-            }
-        }
-    };
-}
-tuple_field!(A.0, B.1);
-tuple_field!(A.0, B.1, C.2);
-tuple_field!(A.0, B.1, C.2, D.3);
-
-/// Lists: a `u32` count, then the items. (Listed per item type: `Vec<u8>` is a byte string,
-/// not a list of one-byte items, which a blanket `Vec<T>` would make it.)
-macro_rules! list_field {
-    ($($t:ty),+ $(,)?) => {$(
-        impl Field for Vec<$t> {
-            const MIN: usize = 4;
-            fn put(&self, w: &mut Writer) {
-                w.u32(self.len() as u32);
-                for item in self {
-                    item.put(w);
-                }
-            }
-            fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
-                let n = r.count(what, <$t as Field>::MIN)?;
-                let mut items = Vec::with_capacity(n);
-                for _ in 0..n {
-                    items.push(<$t as Field>::get(r, what)?);
-                }
-                Ok(items)
-            }
-        }
-    )+};
-}
-list_field!(
-    u64,
-    String,
-    Vec<u8>,
-    (u64, u8),
-    WireSegment,
-    (String, u64, u64, bool),
-    (u64, u64, Vec<u8>),
-    LineRow,
-    DebugFunction,
-);
+impl ListItem for LineRow {}
+impl ListItem for DebugFunction {}
 
 /// Three flag bytes (gdb, perf map, jitdump) and the jitdump directory (empty without).
 impl Field for DebugOutputs {
@@ -623,7 +400,7 @@ macro_rules! messages {
                         $(
                             $enum::$name $({ $($field),* })? $(($binding))? => {
                                 #[allow(unused_mut)]
-                                let mut w = $crate::protocol::codec::Writer::new(tag::$konst);
+                                let mut w = $crate::protocol::codec::frame(tag::$konst);
                                 $($(
                                     <codec!($($field_codec)?) as $crate::protocol::codec::Codec<$field_ty>>::put($field, &mut w);
                                 )*)?
@@ -634,7 +411,7 @@ macro_rules! messages {
                             }
                         )*
                     };
-                    w.finish()
+                    $crate::protocol::codec::finish(w)
                 }
 
                 /// Decodes a frame's body (id, tag, fields): every field present, in
