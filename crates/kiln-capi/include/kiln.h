@@ -743,16 +743,20 @@ enum kiln_status kiln_link(const struct kiln_session *session, uint64_t library,
 
 // [`kiln_link`] through the session's image cache (`options.image_cache_dir`): if the
 // cache holds an image under this key, the module is mapped from it — no link, its code
-// pages shared with every process that maps the same image, only the fields that depend
-// on this process written — and published as a link would; else what is pending is
-// linked and its image stored. `*mapped` (if not NULL) is set to 1 when the module was
+// pages shared with every process that maps the same image (copied into an executor
+// process's memory, out of process), only the fields that depend on the process
+// written — and published as a link would; else what is pending is linked and its image
+// stored. A session whose executor is reached over TCP links as [`kiln_link`] does (its
+// executor's mapped files cannot be keyed). `*mapped` (if not NULL) is set to 1 when the module was
 // mapped, 0 when it was linked.
 //
 // `key` (`key_len` bytes) must name everything the link reads that can change: the
 // objects' contents (or the source and compiler that made them), the options, the
 // modules linked earlier in the session whose definitions this link uses. Kiln adds its
-// own version, the target, every file the session read an input from, and every file
-// mapped in this process (the shared libraries host symbols come from). A key that
+// own version, the target, every file the session read an input from, every file
+// mapped in this process (the linker's libraries, inputs mapped by the caller), and for
+// an executor process every file mapped there (the shared libraries host symbols come
+// from). A key that
 // leaves an input out maps a stale image. While one of those files changed within the
 // last two seconds (a just-built program, a just-written object), no image is stored:
 // its times may not tell a second change within the same clock tick.

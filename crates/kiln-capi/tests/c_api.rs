@@ -246,9 +246,6 @@ fn a_sandboxed_executor_from_c() {
     assert!(!elsewhere.join("planted.txt").exists());
 }
 
-/// The README's C example, taken from the README as it is: compiled as it says (`cc
-/// prog.c $(pkg-config --cflags --libs kiln)`) against the installed library, and run
-/// beside a `shader.o` that defines `shade`.
 /// The C blocks of a Markdown file, in order.
 fn c_blocks(relative: &str) -> Vec<String> {
     let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(relative))
@@ -260,8 +257,9 @@ fn c_blocks(relative: &str) -> Vec<String> {
         .collect()
 }
 
-/// Every complete C program of the README and docs/C_API.md (a block with a `main`) is
-/// built with `pkg-config` against the installed library and run on a `cc -c` object of
+/// Every complete C program of the README and docs/C_API.md (a block with a `main`),
+/// taken as it is, is compiled as the README says (`cc prog.c $(pkg-config --cflags
+/// --libs kiln)`) against the installed library and run beside a `shader.o` that defines
 /// `shade`; the README has one in its section "From C".
 #[test]
 fn the_readme_and_docs_c_examples_run() {

@@ -728,7 +728,8 @@ fn run(o: RunArgs) -> Result<i32, String> {
         .add(Input::ProcessSymbols)
         .map_err(|e| e.to_string())?;
     // Everything the link reads is in place: the key ends with every file this process
-    // maps (the executable, the host's libraries, the mapped inputs).
+    // maps (the executable, the host's libraries, the mapped inputs) and, with --oop,
+    // every file the executor maps.
     let image_key = image_key.and_then(|mut key| match jit.add_image_key_inputs(&mut key) {
         // A file changed within the last seconds: its times may not tell a second change
         // in the same tick, so no image is stored under its key (the link runs as usual).

@@ -12,7 +12,7 @@
 use crate::allocation::{FinalizedBackend, InFlightBackend, WorkingSegment};
 use crate::{
     AllocationRequest, InFlightAllocation, Mapper, MapperError, MemoryError, MemoryManager,
-    Permission, Placement, Reservation, SegmentRange, SpanLayout,
+    Placement, Reservation, SegmentRange, SpanLayout,
 };
 use std::sync::Arc;
 
@@ -49,12 +49,18 @@ impl MapperSpanManager {
     /// own inside its length is refused.
     pub fn allocate_layout(&self, layout: &SpanLayout) -> Result<InFlightAllocation, MemoryError> {
         let page = self.mapper.page_size();
+        if layout.len == 0 || layout.len % page != 0 {
+            return Err(MemoryError::InvalidConfiguration(format!(
+                "a span of {:#x} bytes is not made of pages of {page:#x}",
+                layout.len
+            )));
+        }
         let mut end_of_last = 0;
         for (i, &(offset, len, _)) in layout.segments.iter().enumerate() {
             let fits = offset % page == 0
                 && offset >= end_of_last
                 && offset.checked_add(len).is_some_and(|end| end <= layout.len);
-            if !fits || layout.len % page != 0 {
+            if !fits {
                 return Err(MemoryError::InvalidConfiguration(format!(
                     "span segment {i} ({len:#x} bytes at {offset:#x}) is not on pages of its own inside the span ({:#x} bytes, pages of {page:#x})",
                     layout.len
@@ -66,17 +72,26 @@ impl MapperSpanManager {
             mapper: self.mapper.name(),
             source,
         };
+        // One page more, so that the span can move off an address whose low 32 bits are 0:
+        // a span's code starts at its first byte, and libgcc's unwinder reads a function
+        // there as removed (see `slab::unwinder_blind_spots`; SpanMemoryManager does the
+        // same).
         let reservation = self
             .mapper
-            .reserve(layout.len.max(page), &self.placement)
+            .reserve(layout.len + page, &self.placement)
             .map_err(error)?;
+        let base = if reservation.target % (1 << 32) == 0 {
+            reservation.target + page
+        } else {
+            reservation.target
+        };
         let backend = MapperSpanBackend {
             mapper: self.mapper.clone(),
             reservation,
         };
         let mut segments = Vec::with_capacity(layout.segments.len());
         for &(offset, len, permission) in &layout.segments {
-            let target = reservation.target + offset;
+            let target = base + offset;
             if len > 0 {
                 let end = (target + len).next_multiple_of(page);
                 // SAFETY: the reservation was just made by this mapper and is released
@@ -103,31 +118,8 @@ impl MapperSpanManager {
 
 impl MemoryManager for MapperSpanManager {
     fn allocate(&self, request: &AllocationRequest) -> Result<InFlightAllocation, MemoryError> {
-        if request.segments().is_empty() {
-            return Err(MemoryError::EmptyRequest);
-        }
-        let page = self.mapper.page_size();
-        for (i, s) in request.segments().iter().enumerate() {
-            if !s.align.is_power_of_two() {
-                return Err(MemoryError::InvalidAlignment {
-                    segment: i,
-                    align: s.align,
-                });
-            }
-            if s.align > page {
-                return Err(MemoryError::AlignmentTooLarge {
-                    segment: i,
-                    align: s.align,
-                    max: page,
-                });
-            }
-        }
-        let sizes: Vec<(u64, Permission)> = request
-            .segments()
-            .iter()
-            .map(|s| (s.size, s.permission))
-            .collect();
-        let mut allocation = self.allocate_layout(&SpanLayout::new(&sizes, page)?)?;
+        let layout = crate::span::layout_of(request, self.mapper.page_size())?;
+        let mut allocation = self.allocate_layout(&layout)?;
         // A mapper's fresh pages are not promised to be zero (a reused memfd range is not):
         // zero-filled segments are cleared.
         for (i, s) in request.segments().iter().enumerate() {
@@ -196,7 +188,7 @@ impl FinalizedBackend for MapperSpanBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DualMappedMapper, InProcessMapper};
+    use crate::{DualMappedMapper, InProcessMapper, Permission};
 
     fn mappers() -> Vec<Arc<dyn Mapper>> {
         let mut all: Vec<Arc<dyn Mapper>> = vec![Arc::new(InProcessMapper::new())];
@@ -225,6 +217,7 @@ mod tests {
             .unwrap();
             let mut span = manager.allocate_layout(&layout).unwrap();
             let base = span.target(0).unwrap();
+            assert_ne!(base % (1 << 32), 0, "{name}: a span never starts on 4 GiB");
             for (i, &(offset, _, _)) in layout.segments.iter().enumerate() {
                 assert_eq!(
                     span.target(i).unwrap() - base,
@@ -279,9 +272,12 @@ mod tests {
             segments: vec![(0, 8, Permission::ReadExecute)],
             len: page + 1,
         };
-        for layout in [overlapping, ragged] {
+        for (layout, why) in [
+            (overlapping, "not on pages of its own"),
+            (ragged, "not made of pages"),
+        ] {
             let error = manager.allocate_layout(&layout).unwrap_err().to_string();
-            assert!(error.contains("not on pages of its own"), "{error}");
+            assert!(error.contains(why), "{error}");
         }
     }
 }

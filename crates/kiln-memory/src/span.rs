@@ -129,32 +129,38 @@ fn reserve(len: u64, page: u64, placement: &Placement) -> Result<u64, MemoryErro
     Ok(kept)
 }
 
+/// The span layout of `request` with pages of `page` bytes: its segments on successive
+/// pages, each aligned as asked (no alignment above a page).
+pub(crate) fn layout_of(request: &AllocationRequest, page: u64) -> Result<SpanLayout, MemoryError> {
+    if request.segments().is_empty() {
+        return Err(MemoryError::EmptyRequest);
+    }
+    for (i, s) in request.segments().iter().enumerate() {
+        if !s.align.is_power_of_two() {
+            return Err(MemoryError::InvalidAlignment {
+                segment: i,
+                align: s.align,
+            });
+        }
+        if s.align > page {
+            return Err(MemoryError::AlignmentTooLarge {
+                segment: i,
+                align: s.align,
+                max: page,
+            });
+        }
+    }
+    let sizes: Vec<(u64, Permission)> = request
+        .segments()
+        .iter()
+        .map(|s| (s.size, s.permission))
+        .collect();
+    SpanLayout::new(&sizes, page)
+}
+
 impl MemoryManager for SpanMemoryManager {
     fn allocate(&self, request: &AllocationRequest) -> Result<InFlightAllocation, MemoryError> {
-        if request.segments().is_empty() {
-            return Err(MemoryError::EmptyRequest);
-        }
-        for (i, s) in request.segments().iter().enumerate() {
-            if !s.align.is_power_of_two() {
-                return Err(MemoryError::InvalidAlignment {
-                    segment: i,
-                    align: s.align,
-                });
-            }
-            if s.align > self.page {
-                return Err(MemoryError::AlignmentTooLarge {
-                    segment: i,
-                    align: s.align,
-                    max: self.page,
-                });
-            }
-        }
-        let sizes: Vec<(u64, Permission)> = request
-            .segments()
-            .iter()
-            .map(|s| (s.size, s.permission))
-            .collect();
-        let layout = SpanLayout::new(&sizes, self.page)?;
+        let layout = layout_of(request, self.page)?;
         let start = reserve(layout.len, self.page, &self.placement)?;
         let backend = SpanBackend {
             start,

@@ -191,6 +191,9 @@ pub struct RemoteExecutor {
     /// second `RunMain` (and `Shutdown`) while main runs, so another thread's waits here
     /// until it has returned.
     main: Mutex<()>,
+    /// The executor's process id as this machine names it, when known (see
+    /// [`RemoteExecutor::local_pid`]).
+    local_pid: Option<u32>,
 }
 
 /// The receiving side of a connection and the read timeout set on its socket now (set
@@ -667,6 +670,10 @@ impl RemoteExecutor {
         // Each read is bounded by its reader's deadline.
         channel.set_timeout(None).map_err(io_err)?;
         let closer = channel.closer().map_err(io_err)?;
+        let local_pid = match &child {
+            Some(c) => Some(c.id()),
+            None => channel.peer_pid(),
+        };
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             answered: parking_lot::Condvar::new(),
@@ -693,6 +700,7 @@ impl RemoteExecutor {
             round_trips: Mutex::new(Vec::new()),
             deferred: Mutex::new(None),
             main: Mutex::new(()),
+            local_pid,
         })
     }
 
@@ -701,9 +709,17 @@ impl RemoteExecutor {
         &self.hello
     }
 
-    /// The executor's process id.
+    /// The executor's process id, as its hello says (its own PID namespace's).
     pub fn pid(&self) -> u32 {
         self.hello.pid
+    }
+
+    /// The executor's process id as this machine names it — a child's this controller
+    /// started, or the process at the other end of a Unix socket (`SO_PEERCRED`) —
+    /// so that its `/proc/PID` files may be read; `None` over TCP (the process may be
+    /// on another machine, and a pid there names nothing here).
+    pub fn local_pid(&self) -> Option<u32> {
+        self.local_pid
     }
 
     /// Sends this process's standard input to the program the executor runs (an executor

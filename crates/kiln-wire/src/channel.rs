@@ -448,8 +448,23 @@ impl Channel {
     /// On a Unix socket: whether the process at the other end runs as this process's
     /// user (`SO_PEERCRED`); `false` on TCP or if the kernel cannot say.
     pub fn peer_is_same_user(&self) -> bool {
+        // SAFETY: geteuid has no preconditions.
+        self.peer_credentials()
+            .is_some_and(|cred| cred.uid == unsafe { libc::geteuid() })
+    }
+
+    /// On a Unix socket: the process id at the other end, in this process's PID
+    /// namespace (`SO_PEERCRED`, as the kernel translates it); `None` on TCP, if the
+    /// kernel cannot say, or if the peer is in no namespace this one sees.
+    pub fn peer_pid(&self) -> Option<u32> {
+        self.peer_credentials()
+            .and_then(|cred| u32::try_from(cred.pid).ok())
+            .filter(|&pid| pid != 0)
+    }
+
+    fn peer_credentials(&self) -> Option<libc::ucred> {
         let Stream::Unix(socket) = &self.stream else {
-            return false;
+            return None;
         };
         let mut cred = libc::ucred {
             pid: 0,
@@ -467,8 +482,7 @@ impl Channel {
                 &mut len,
             )
         };
-        // SAFETY: geteuid has no preconditions.
-        rc == 0 && cred.uid == unsafe { libc::geteuid() }
+        (rc == 0).then_some(cred)
     }
 
     /// Whether descriptors can travel on this channel.

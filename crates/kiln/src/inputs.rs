@@ -114,7 +114,7 @@ impl Jit {
     }
 
     /// Adds relocatable objects whose bytes the caller lends (as
-    /// [`Jit::add_object_shared`] does one), checked together: on every core when they are
+    /// `Input::object_shared` does one), checked together: on every core when they are
     /// several and large. All are added, in their order, or none: the error names the
     /// first bad one.
     pub(crate) fn add_objects_shared(
@@ -165,12 +165,12 @@ impl Jit {
 
     /// Adds to an image's key what the session knows the link will read: the target, every
     /// file the session read an input from (objects, archives, the archives `-l` found,
-    /// `libc_nonshared.a`), and every file mapped in the process the code runs in (the
-    /// executable, the shared libraries host symbols come from, inputs mapped by the
-    /// caller): this one, or an executor process of this machine, read once it has
-    /// started. The caller adds what only it knows: inputs given as bytes, options, and
-    /// the modules linked earlier whose definitions the link uses (see
-    /// [`Jit::link_pending_cached`]).
+    /// `libc_nonshared.a`), every file mapped in this process (the linker's own
+    /// executable and libraries, inputs mapped by the caller), and — for an executor
+    /// process — every file mapped in it (its executable, the shared libraries host
+    /// symbols come from), read once it has started. The caller adds what only it knows:
+    /// inputs given as bytes, options, and the modules linked earlier whose definitions
+    /// the link uses (see [`Jit::link_pending_cached`]).
     ///
     /// An error for an executor whose mapped files cannot be read (one reached over TCP,
     /// another user's): its links cannot be keyed, and go without the image cache.
@@ -181,16 +181,16 @@ impl Jit {
         for (path, bytes) in files {
             key.file_read(&path, (*bytes).as_ref()).map_err(io)?;
         }
+        key.mapped_files().map_err(io)?;
         let executor = &self.inner.executor;
         if executor.runs_in_this_process() {
-            key.mapped_files().map_err(io)?;
             return Ok(());
         }
         // Its hello comes once its dynamic loader has mapped its libraries.
         executor.wait_started()?;
-        let pid = executor.pid().ok_or_else(|| {
+        let pid = executor.local_pid().ok_or_else(|| {
             Error::Unsupported(
-                "an image key: the executor is no process of this machine (its mapped files cannot be read)"
+                "an image key: the executor is no process this machine names (reached over TCP): its mapped files cannot be read"
                     .into(),
             )
         })?;
@@ -210,7 +210,7 @@ impl Jit {
         self.add_object_shared(lib, &path.display().to_string(), bytes)
     }
 
-    /// [`Jit::add_lazy_object`] of bytes the caller lends (never copied).
+    /// A lazy object of bytes the caller lends (never copied).
     pub(crate) fn add_lazy_object_shared(
         &self,
         lib: LibraryId,
@@ -313,7 +313,7 @@ impl Jit {
         }
     }
 
-    /// [`Jit::add_source`], also giving the object's key in the object cache (the
+    /// Compiles and adds a source (`Library::compile`), also giving the object's key in the object cache (the
     /// signature of what made it: a [`kiln_cache::ImageKeyBuilder`] names the source by
     /// it); `None` without an object cache.
     pub(crate) fn add_source_keyed(

@@ -14,9 +14,10 @@ use std::sync::Arc;
 /// Added with [`Library::add`]; a C or C++ source is compiled and added with
 /// [`Library::compile`].
 ///
-/// Bytes given as a `Vec<u8>`, a `Box<[u8]>` or an `Arc<[u8]>` are shared, not copied
-/// again; the `_shared` constructors take bytes the caller lends (a memory-mapped file,
-/// a compiler's buffer) for as long as the session needs them.
+/// Bytes given to [`Input::object`] and its kind are copied once into memory the session
+/// keeps (an `Arc<[u8]>` is shared, not copied); the `_shared` constructors take bytes
+/// the caller lends (a memory-mapped file, a compiler's buffer) for as long as the
+/// session needs them, never copied.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), kiln::Error> {
@@ -28,6 +29,7 @@ use std::sync::Arc;
 /// lib.add(Input::process_symbols())?;
 /// # Ok(()) }
 /// ```
+#[non_exhaustive]
 pub enum Input {
     /// A relocatable object, linked with the library's next link.
     Object {
@@ -103,7 +105,7 @@ pub enum Input {
 }
 
 impl Input {
-    /// [`Input::Object`] of bytes the session keeps (a `Vec<u8>` is moved, not copied).
+    /// [`Input::Object`] of bytes the session keeps (copied once, unless an `Arc<[u8]>`).
     pub fn object(name: impl Into<String>, bytes: impl Into<Arc<[u8]>>) -> Input {
         Input::Object {
             name: name.into(),
@@ -267,6 +269,7 @@ pub struct Library<'j> {
 
 /// What [`Library::compile`] did: where the object came from, and its key.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Compiled {
     /// The object came from the session's object cache (not compiled again).
     pub from_cache: bool,
@@ -292,8 +295,8 @@ impl<'j> Library<'j> {
 
     /// Adds `input` to the library: see [`Input`] for what each kind does. Objects and
     /// archives are checked now (a truncated or corrupt object, a wrong architecture is an
-    /// error naming it) and linked by the library's next link; nothing is added when an
-    /// error is returned.
+    /// error naming it) — with an image cache, by the link that reads them, if one runs —
+    /// and linked by the library's next link; nothing is added when an error is returned.
     pub fn add(&self, input: Input) -> Result<(), Error> {
         let (jit, lib) = (self.jit, self.id);
         match input {

@@ -129,8 +129,9 @@ impl Jit {
     /// [`Jit::add_image_key_inputs`] adds what the session knows; `kiln run` shows how.
     /// A key that leaves an input out maps a stale image.
     ///
-    /// The cache is not used (the link runs as [`Jit::link_pending`]'s) for a remote or
-    /// Windows executor, with a plugin that adds link passes, with gdb registration
+    /// Out of process the image is copied into the executor's memory and rebound there.
+    /// The cache is not used (the link runs as [`Jit::link_pending`]'s) for a Windows
+    /// executor, with a plugin that adds link passes, with gdb registration
     /// (gdb is given each object's debug information), or when the session has no image
     /// cache. Plugins are told of a mapped module with its symbols (every one, local ones
     /// too, as a link tells them) but no objects or sections: none was linked.

@@ -11,16 +11,18 @@ mod service;
 pub use service::{
     BatchScope, EhRegistration, ExecutorRequestHandler, ExecutorService, ExportHandle, Retirement,
 };
-// What starting, reaching and securing an executor takes, and what it reports.
+// What starting, reaching and securing an executor takes, and what it reports; and the
+// types an `ExecutorService` of the caller's making is handed.
+pub use crate::generator::Found;
+pub use kiln_link::{SymbolKind, TlsTemplate};
 pub use kiln_memory::Mapper;
+pub use kiln_remote::protocol::{DebugModule, DebugOutputs};
 pub use kiln_remote::secure::Key;
 pub use kiln_remote::{RemoteError, RoundTrips, Sandbox, Timeouts};
+pub use kiln_runtime::shared_object::ExportedSymbol;
 
 use crate::Error;
-use kiln_link::TlsTemplate;
-use kiln_remote::protocol::{DebugModule, DebugOutputs};
 use kiln_remote::RemoteExecutor;
-use kiln_runtime::shared_object::ExportedSymbol;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -484,6 +486,12 @@ impl Executor {
     /// Waits for an executor still starting to say hello.
     pub(crate) fn wait_started(&self) -> Result<(), Error> {
         self.service.wait_started()
+    }
+
+    /// The executor process's id as this machine names it (see
+    /// [`ExecutorService::local_pid`]).
+    pub(crate) fn local_pid(&self) -> Option<u32> {
+        self.service.local_pid()
     }
 
     /// Whether the executor takes exports to publish at the loader's first use as a list.

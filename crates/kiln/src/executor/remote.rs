@@ -85,6 +85,10 @@ impl ExecutorService for Remote {
         self.connection.get().map(|_| ())
     }
 
+    fn local_pid(&self) -> Option<u32> {
+        self.connection.get_if_ready()?.local_pid()
+    }
+
     fn target_os(&self) -> crate::executor::TargetOs {
         match self.connection.expected() {
             Some(expected) => expected.target_os,

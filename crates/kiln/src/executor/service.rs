@@ -163,6 +163,14 @@ pub trait ExecutorService: Send + Sync {
         Ok(())
     }
 
+    /// The executor process's id as this machine names it, so that its `/proc/PID`
+    /// files describe it (an image's key reads its mapped files): a child this process
+    /// started, or the peer of a Unix socket; `None` in process, over TCP, or while the
+    /// executor is still starting.
+    fn local_pid(&self) -> Option<u32> {
+        None
+    }
+
     /// As [`ExecutorService::shutdown`], for a process about to exit: an executor process
     /// is not waited for once it has answered.
     fn shutdown_for_exit(&self) {
