@@ -57,11 +57,12 @@ impl LinkJob<'_> {
         if inner.target_os != crate::executor::TargetOs::Linux {
             return Some("the code runs on another system than Linux".into());
         }
-        if inner.executor.runs_in_this_process() {
-            if inner.architecture != kiln_link::Architecture::host() {
-                return Some("the code is for another architecture".into());
-            }
-        } else if inner.low_memory.mapper.is_none() {
+        // Images are made and mapped for this machine's architecture only (another's
+        // runs in an executor reached over TCP, which cannot be keyed anyway).
+        if inner.architecture != kiln_link::Architecture::host() {
+            return Some("the code is for another architecture".into());
+        }
+        if !inner.executor.runs_in_this_process() && inner.low_memory.mapper.is_none() {
             return Some("the executor's memory has no mapper to lay a span out in".into());
         }
         if plugins.iter().any(|p| !p.link_passes().is_empty()) {
