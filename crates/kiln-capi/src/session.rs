@@ -505,7 +505,7 @@ pub unsafe extern "C" fn kiln_create_library(
         let mut libraries = s.libraries.lock();
         // Under the lock: two threads creating one name cannot both succeed.
         for &existing in libraries.0.iter() {
-            if s.jit.library_name(existing)? == name {
+            if s.jit.library(existing).name()? == name {
                 return Err(kiln_error::invalid(format!(
                     "the session already has a library named '{name}'"
                 )));
@@ -541,7 +541,9 @@ pub unsafe extern "C" fn kiln_set_search_order(
         let s = self::session(session)?;
         let order = slice(order, count, "order")?;
         let ids: Vec<LibraryId> = order.iter().map(|&r| LibraryId::from_raw(r)).collect();
-        s.jit.set_search_order(LibraryId::from_raw(library), &ids)?;
+        s.jit
+            .library(LibraryId::from_raw(library))
+            .set_search_order(&ids)?;
         Ok(())
     })
 }
@@ -785,7 +787,8 @@ pub unsafe extern "C" fn kiln_define_symbol(
             return Err(kiln_error::invalid("the symbol's name is empty"));
         }
         s.jit
-            .define_symbol(LibraryId::from_raw(library), name, address)?;
+            .library(LibraryId::from_raw(library))
+            .define_symbol(name, address)?;
         Ok(())
     })
 }

@@ -425,7 +425,7 @@ fn explain(error: kiln::Error) -> String {
         // The session's absolute definitions are this command's --defsym.
         return error
             .to_string()
-            .replace("(Jit::define_symbol)", "(--defsym)");
+            .replace("(Library::define_symbol)", "(--defsym)");
     }
     error.to_string()
 }
@@ -722,7 +722,9 @@ fn run(o: RunArgs) -> Result<i32, String> {
             None => value.parse(),
         }
         .map_err(|_| format!("--defsym {definition}: {value} is not an address"))?;
-        jit.define_symbol(lib, symbol, address).map_err(explain)?;
+        jit.library(lib)
+            .define_symbol(symbol, address)
+            .map_err(explain)?;
     }
     jit.library(lib)
         .add(Input::ProcessSymbols)

@@ -367,7 +367,8 @@ impl KilnModule {
         let lib = jit.create_library("cranelift");
         let symbols: HashMap<String, HostAddress> = symbols;
         for (name, HostAddress(address)) in &symbols {
-            jit.define_symbol(lib, name, *address as u64)
+            jit.library(lib)
+                .define_symbol(name, *address as u64)
                 .map_err(session_error("defining a builder symbol"))?;
         }
         if !lookup_symbols.is_empty() {

@@ -359,7 +359,7 @@ impl Jit {
     /// A function of the host program itself (not of a library it loaded) is among them
     /// only if the program exports it: link the host with `-rdynamic` (`-Wl,-E`; for a
     /// Rust host, `-C link-args=-rdynamic` or `-C link-arg=-Wl,--export-dynamic-symbol=NAME`),
-    /// or hand the function to the session with [`Jit::define_symbol`].
+    /// or hand the function to the session with [`Library::define_symbol`](crate::Library::define_symbol).
     ///
     /// The C library's few functions that a native link takes from `libc_nonshared.a`
     /// rather than `libc.so.6` — `atexit`, `at_quick_exit`, `pthread_atfork` — are linked

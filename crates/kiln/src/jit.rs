@@ -67,7 +67,7 @@ use std::sync::Arc;
 /// index (definitions and earlier modules' exports), then the index of each library in its
 /// search order; to the link's archives (a member is pulled only for what no module of the
 /// library defines already); to the generators. Defining a name twice in one library —
-/// two modules, or a module and [`Jit::define_symbol`] — is an error
+/// two modules, or a module and [`Library::define_symbol`](crate::Library::define_symbol) — is an error
 /// ([`Error::Redefinition`]), except that a module's weak definition or common symbol
 /// (an `inline` function's copy, LLVM's `linkonce_odr` and `common` globals, `int x;` built
 /// with `-fcommon`) gives way to the library's definition, as it would to a strong one in
@@ -368,7 +368,7 @@ impl Jit {
     /// # Safety
     /// `main` of `lib` must be a C `int main(int, char **, char **)` (or compatible): Kiln
     /// calls whatever address the name resolves to, including one given to
-    /// [`Jit::define_symbol`].
+    /// [`Library::define_symbol`](crate::Library::define_symbol).
     pub unsafe fn run_main<A: AsRef<std::ffi::OsStr>>(
         &self,
         lib: LibraryId,

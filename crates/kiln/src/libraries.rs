@@ -46,7 +46,11 @@ impl Jit {
     }
 
     /// Libraries searched, in order, for what `lib` does not define.
-    pub fn set_search_order(&self, lib: LibraryId, order: &[LibraryId]) -> Result<(), Error> {
+    pub(crate) fn set_search_order(
+        &self,
+        lib: LibraryId,
+        order: &[LibraryId],
+    ) -> Result<(), Error> {
         for &other in order {
             self.library_data(other)?;
         }
@@ -56,7 +60,12 @@ impl Jit {
 
     /// Defines `name` in `lib` at `address` (a host function or data). An error if the
     /// library defines `name` already.
-    pub fn define_symbol(&self, lib: LibraryId, name: &str, address: u64) -> Result<(), Error> {
+    pub(crate) fn define_symbol(
+        &self,
+        lib: LibraryId,
+        name: &str,
+        address: u64,
+    ) -> Result<(), Error> {
         let library = self.library_data(lib)?;
         let mut state = library.state.write();
         if let Some(previous) = state.index.get(name) {
@@ -64,7 +73,7 @@ impl Jit {
                 symbol: name.to_string(),
                 library: library.name.clone(),
                 previous: describe(&state, previous),
-                new: format!("an absolute definition at {address:#x} (Jit::define_symbol)"),
+                new: format!("an absolute definition at {address:#x} (Library::define_symbol)"),
             });
         }
         state.index.insert(
@@ -132,7 +141,7 @@ impl Jit {
     }
 
     /// The name of a library.
-    pub fn library_name(&self, lib: LibraryId) -> Result<String, Error> {
+    pub(crate) fn library_name(&self, lib: LibraryId) -> Result<String, Error> {
         Ok(self.library_data(lib)?.name.clone())
     }
 }

@@ -11,7 +11,7 @@ use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 /// A definition in a library's index: its address and the module that holds it (`None`
-/// for [`Jit::define_symbol`]'s).
+/// for [`Library::define_symbol`](crate::Library::define_symbol)'s).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Definition {
     pub(crate) address: u64,
@@ -127,7 +127,7 @@ pub(crate) fn describe(state: &LibraryState, d: &Definition) -> String {
     match d.module_id().and_then(|id| state.modules.get(&id)) {
         Some(m) => format!("module {}", m.inner.name),
         None => format!(
-            "an absolute definition at {:#x} (Jit::define_symbol)",
+            "an absolute definition at {:#x} (Library::define_symbol)",
             d.address
         ),
     }

@@ -5,6 +5,7 @@ use crate::generator::SymbolGenerator;
 use crate::inputs::SharedBytes;
 use crate::jit::Jit;
 use crate::library::LibraryId;
+use crate::module::Module;
 use crate::Error;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -79,7 +80,7 @@ pub enum Input {
     /// A function of the host program itself (not of a library it loaded) is among them
     /// only if the program exports it: link the host with `-rdynamic` (`-Wl,-E`; for a
     /// Rust host, `-C link-args=-rdynamic` or `-C link-arg=-Wl,--export-dynamic-symbol=NAME`),
-    /// or hand the function to the session with [`Jit::define_symbol`].
+    /// or hand the function to the session with [`Library::define_symbol`](crate::Library::define_symbol).
     ///
     /// The C library's few functions that a native link takes from `libc_nonshared.a`
     /// rather than `libc.so.6` — `atexit`, `at_quick_exit`, `pthread_atfork` — are linked
@@ -329,6 +330,34 @@ impl<'j> Library<'j> {
     /// How many of the library's lazy objects ([`Input::LazyObject`]) are not linked yet.
     pub fn lazy_objects_pending(&self) -> Result<usize, Error> {
         self.jit.lazy_objects_pending(self.id)
+    }
+
+    /// Defines `name` in the library at `address` (a host function or data). An error if
+    /// the library defines `name` already.
+    pub fn define_symbol(&self, name: &str, address: u64) -> Result<(), Error> {
+        self.jit.define_symbol(self.id, name, address)
+    }
+
+    /// The libraries searched, in order, for what this one does not define.
+    pub fn set_search_order(&self, order: &[LibraryId]) -> Result<(), Error> {
+        self.jit.set_search_order(self.id, order)
+    }
+
+    /// The library's name (as [`Jit::create_library`] was given it).
+    pub fn name(&self) -> Result<String, Error> {
+        self.jit.library_name(self.id)
+    }
+
+    /// The library's live modules, oldest first: its linked modules (call-through stubs
+    /// among them) and the current bodies of its lazy functions (which are in no index:
+    /// removing the stubs' module takes them with it).
+    pub fn modules(&self) -> Result<Vec<Module>, Error> {
+        self.jit.modules(self.id)
+    }
+
+    /// The module of the library that defines `name`, if a module does.
+    pub fn module_of(&self, name: &str) -> Result<Option<Module>, Error> {
+        self.jit.module_of(self.id, name)
     }
 }
 

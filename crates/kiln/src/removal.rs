@@ -15,7 +15,7 @@ fn is_listed(module: &ModuleInner, state: &LibraryState) -> bool {
 
 impl Jit {
     /// The module of `lib` that defines `name`, if a module does.
-    pub fn module_of(&self, lib: LibraryId, name: &str) -> Result<Option<Module>, Error> {
+    pub(crate) fn module_of(&self, lib: LibraryId, name: &str) -> Result<Option<Module>, Error> {
         let library = self.library_data(lib)?;
         let state = library.state.read();
         Ok(state
@@ -29,7 +29,7 @@ impl Jit {
     /// The live modules of `lib`, oldest first: its linked modules (call-through stubs
     /// among them) and the current bodies of its lazy functions (which are in no index:
     /// removing the stubs' module takes them with it).
-    pub fn modules(&self, lib: LibraryId) -> Result<Vec<Module>, Error> {
+    pub(crate) fn modules(&self, lib: LibraryId) -> Result<Vec<Module>, Error> {
         let mut modules: Vec<Module> = {
             let library = self.library_data(lib)?;
             let state = library.state.read();

@@ -978,7 +978,7 @@ fn lazy_bodies_are_listed_and_go_with_their_stubs() {
     assert_eq!(even_fn(10), 1);
     assert_eq!(even_fn(7), 0);
     // The stubs and both bodies are the library's modules.
-    let modules = jit.modules(lib).unwrap();
+    let modules = jit.library(lib).modules().unwrap();
     let names: Vec<&str> = modules.iter().map(|m| m.name()).collect();
     assert_eq!(modules.len(), 3, "{names:?}");
     assert!(names.iter().any(|n| n.starts_with("even")), "{names:?}");
@@ -1001,7 +1001,7 @@ fn lazy_bodies_are_listed_and_go_with_their_stubs() {
     drop(modules);
     jit.remove_module(&stubs).unwrap();
     assert_eq!(jit.retired_bodies(), 0);
-    assert!(jit.modules(lib).unwrap().is_empty());
+    assert!(jit.library(lib).modules().unwrap().is_empty());
     assert!(jit.lookup(lib, "even").is_err());
 }
 
@@ -1089,7 +1089,7 @@ fn a_function_linked_at_once_is_replaced_and_its_objects_own_calls_reach_the_new
     // Retired bodies are freed with no guard held; the library's modules list the
     // current bodies; the object's module goes with its stubs.
     assert_eq!(jit.reclaim(), 0);
-    let listed = jit.modules(lib).unwrap();
+    let listed = jit.library(lib).modules().unwrap();
     assert!(listed
         .iter()
         .any(|m| m.symbol("odd").is_some_and(|a| a != first_body)));

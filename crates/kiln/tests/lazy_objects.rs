@@ -51,19 +51,19 @@ fn only_what_is_needed_is_linked() {
         .unwrap();
     assert_eq!(jit.library(lib).lazy_objects_pending().unwrap(), 4);
     assert!(
-        jit.modules(lib).unwrap().is_empty(),
+        jit.library(lib).modules().unwrap().is_empty(),
         "nothing links when added"
     );
 
     assert_eq!(call(&jit, "a", 20), 41);
     // a.o and the b.o it needs, in one module; c.o and broken.o untouched.
-    let modules = jit.modules(lib).unwrap();
+    let modules = jit.library(lib).modules().unwrap();
     assert_eq!(modules.len(), 1);
     assert_eq!(jit.library(lib).lazy_objects_pending().unwrap(), 2);
     assert!(modules[0].symbol("b").is_some());
 
     assert_eq!(call(&jit, "c", 20), 19);
-    assert_eq!(jit.modules(lib).unwrap().len(), 2);
+    assert_eq!(jit.library(lib).modules().unwrap().len(), 2);
     assert_eq!(jit.library(lib).lazy_objects_pending().unwrap(), 1);
 
     // The broken one fails when needed, names what is missing, and stays lazy.
@@ -74,7 +74,11 @@ fn only_what_is_needed_is_linked() {
         "{message}"
     );
     assert_eq!(jit.library(lib).lazy_objects_pending().unwrap(), 1);
-    assert_eq!(jit.modules(lib).unwrap().len(), 2, "what was linked stays");
+    assert_eq!(
+        jit.library(lib).modules().unwrap().len(),
+        2,
+        "what was linked stays"
+    );
     assert_eq!(call(&jit, "a", 1), 3);
 }
 
@@ -83,7 +87,7 @@ fn pending_objects_pull_lazy_ones_and_search_order_libraries_link_theirs() {
     let jit = Jit::new().unwrap();
     let main = jit.main_library();
     let runtime = jit.create_library("runtime");
-    jit.set_search_order(main, &[runtime]).unwrap();
+    jit.library(main).set_search_order(&[runtime]).unwrap();
     jit.library(runtime)
         .add(Input::lazy_object(
             "twice.o",
@@ -107,13 +111,15 @@ fn pending_objects_pull_lazy_ones_and_search_order_libraries_link_theirs() {
         .unwrap();
     assert_eq!(call(&jit, "user", 4), 10);
     // inc.o joined user.o's module; twice.o became a module of `runtime`.
-    assert_eq!(jit.modules(main).unwrap().len(), 1);
-    assert!(jit.modules(main).unwrap()[0].symbol("inc").is_some());
-    assert_eq!(jit.modules(runtime).unwrap().len(), 1);
+    assert_eq!(jit.library(main).modules().unwrap().len(), 1);
+    assert!(jit.library(main).modules().unwrap()[0]
+        .symbol("inc")
+        .is_some());
+    assert_eq!(jit.library(runtime).modules().unwrap().len(), 1);
     assert_eq!(jit.library(main).lazy_objects_pending().unwrap(), 0);
     assert_eq!(jit.library(runtime).lazy_objects_pending().unwrap(), 0);
     // user's module refers to twice's: it cannot be removed under it.
-    let twice = jit.module_of(runtime, "twice").unwrap().unwrap();
+    let twice = jit.library(runtime).module_of("twice").unwrap().unwrap();
     assert!(matches!(
         jit.remove_module(&twice),
         Err(Error::ModuleInUse { .. })
@@ -155,7 +161,7 @@ fn bad_lazy_objects_are_refused_when_added() {
         "{error}"
     );
     assert_eq!(call(&jit, "one", 5), 5);
-    assert_eq!(jit.modules(lib).unwrap().len(), 1);
+    assert_eq!(jit.library(lib).modules().unwrap().len(), 1);
 }
 
 #[test]
@@ -163,8 +169,8 @@ fn lazy_objects_of_libraries_that_need_each_other_are_an_error_not_a_deadlock() 
     let jit = Jit::new().unwrap();
     let a = jit.main_library();
     let b = jit.create_library("b");
-    jit.set_search_order(a, &[b]).unwrap();
-    jit.set_search_order(b, &[a]).unwrap();
+    jit.library(a).set_search_order(&[b]).unwrap();
+    jit.library(b).set_search_order(&[a]).unwrap();
     jit.library(b)
         .add(Input::lazy_object(
             "b1.o",

@@ -153,11 +153,11 @@ fn a_chain_of_modules_is_removed_in_one_call_whatever_the_order_given() {
     // Without the newest, the set is refused and nothing is removed.
     let error = jit.remove_modules(&modules[..59]).unwrap_err().to_string();
     assert!(error.contains("chain59.o"), "{error}");
-    assert_eq!(jit.modules(lib).unwrap().len(), 60);
+    assert_eq!(jit.library(lib).modules().unwrap().len(), 60);
     let mut set = modules.clone();
     set.push(modules[7].clone());
     jit.remove_modules(&set).unwrap();
-    assert!(jit.modules(lib).unwrap().is_empty());
+    assert!(jit.library(lib).modules().unwrap().is_empty());
     assert!(jit.lookup(lib, "chain0").is_err());
 }
 

@@ -26,7 +26,8 @@ fn module_outlives_the_session_and_host_symbols_resolve() {
     }
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.define_symbol(lib, "host_seven", host_seven as *const () as u64)
+    jit.library(lib)
+        .define_symbol("host_seven", host_seven as *const () as u64)
         .unwrap();
     jit.library(lib)
         .add(Input::object(
@@ -74,7 +75,7 @@ fn a_failed_link_leaves_the_library_exactly_as_before() {
         jit.lookup(lib, "bad"),
         Err(kiln::Error::SymbolNotFound(_))
     ));
-    assert_eq!(jit.modules(lib).unwrap().len(), 1);
+    assert_eq!(jit.library(lib).modules().unwrap().len(), 1);
     // With the missing symbol supplied, the object links when added again.
     jit.library(lib)
         .add(Input::Generator(Box::new(FnGenerator(|name: &str| {
@@ -101,7 +102,8 @@ extern "C" fn record(x: u32) {
 fn initializers_run_after_link_and_finalizers_at_removal() {
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.define_symbol(lib, "record", record as *const () as u64)
+    jit.library(lib)
+        .define_symbol("record", record as *const () as u64)
         .unwrap();
     jit.library(lib).add(Input::object("ctor.o", compile(
             "ctor",
@@ -128,7 +130,7 @@ fn search_order_across_libraries() {
         ))
         .unwrap();
     jit.link_pending(base).unwrap();
-    jit.set_search_order(app, &[base]).unwrap();
+    jit.library(app).set_search_order(&[base]).unwrap();
     jit.library(app)
         .add(Input::object(
             "app.o",
@@ -186,7 +188,8 @@ extern "C-unwind" fn host_panics(x: i32) -> i32 {
 fn a_rust_panic_unwinds_through_jit_frames() {
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.define_symbol(lib, "host_panics", host_panics as *const () as u64)
+    jit.library(lib)
+        .define_symbol("host_panics", host_panics as *const () as u64)
         .unwrap();
     // Two JIT frames between the catch and the panic; -fexceptions gives them full
     // unwind tables (x86-64 emits .eh_frame for C anyway).
@@ -235,7 +238,8 @@ extern "C" fn host_record(v: i32) {
 fn a_removed_module_stays_mapped_until_other_threads_thread_local_destructors_ran() {
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.define_symbol(lib, "host_record", host_record as *const () as u64)
+    jit.library(lib)
+        .define_symbol("host_record", host_record as *const () as u64)
         .unwrap();
     jit.library(lib)
         .add(Input::object(
@@ -281,7 +285,7 @@ fn a_removed_module_stays_mapped_until_other_threads_thread_local_destructors_ra
 fn a_redefinition_names_the_object_that_defines_the_name_again() {
     let jit = Jit::new().unwrap();
     let lib = jit.main_library();
-    jit.define_symbol(lib, "second_fn", 0x1000).unwrap();
+    jit.library(lib).define_symbol("second_fn", 0x1000).unwrap();
     let first = compile("first", "int first_fn(void) { return 1; }");
     let second = compile("second", "int second_fn(void) { return 2; }");
     jit.library(lib)

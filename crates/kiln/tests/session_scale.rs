@@ -106,7 +106,7 @@ fn defining_a_name_twice_is_an_error_and_changes_nothing() {
     assert_eq!(call1(&jit, lib, "twice", 1), 2);
     assert_eq!(jit.memory_stats().live_allocations, live);
     assert!(matches!(
-        jit.define_symbol(lib, "twice", 0x1000),
+        jit.library(lib).define_symbol("twice", 0x1000),
         Err(Error::Redefinition { .. })
     ));
 }
@@ -178,7 +178,7 @@ fn a_library_id_of_another_session_is_an_error() {
         Err(Error::UnknownLibrary(_))
     ));
     assert!(matches!(
-        a.define_symbol(b.main_library(), "y", 1),
+        a.library(b.main_library()).define_symbol("y", 1),
         Err(Error::UnknownLibrary(_))
     ));
 }
@@ -275,6 +275,6 @@ fn links_into_different_libraries_proceed_in_parallel_with_lookups() {
         for i in 0..40 {
             assert_eq!(call1(&jit, lib, &format!("f_{l}_{i}"), 100), 100 + i);
         }
-        assert_eq!(jit.modules(lib).unwrap().len(), 40);
+        assert_eq!(jit.library(lib).modules().unwrap().len(), 40);
     }
 }

@@ -97,7 +97,8 @@ fn tenths(times: &[Duration]) -> (f64, f64) {
 fn kiln_session(isa: &Arc<dyn cranelift_codegen::isa::TargetIsa>) -> (kiln::Jit, kiln::Module) {
     let jit = kiln::Jit::new().expect("session");
     let main = jit.main_library();
-    jit.define_symbol(main, "kiln_bench_host", kiln_bench_host as *const () as u64)
+    jit.library(main)
+        .define_symbol("kiln_bench_host", kiln_bench_host as *const () as u64)
         .expect("host");
     jit.library(main)
         .add(kiln::Input::ProcessSymbols)
@@ -146,7 +147,7 @@ fn run_kiln_threads(n: usize, threads: usize) {
     let libs: Vec<_> = (0..threads)
         .map(|k| {
             let lib = jit.create_library(&format!("part{k}"));
-            jit.set_search_order(lib, &[main]).expect("order");
+            jit.library(lib).set_search_order(&[main]).expect("order");
             lib
         })
         .collect();

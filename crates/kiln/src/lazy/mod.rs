@@ -559,7 +559,7 @@ impl Jit {
     }
 
     /// The current bodies of `lib`'s lazy functions (each body's module once), oldest
-    /// first: what [`Jit::modules`] lists beside the library's modules.
+    /// first: what [`Library::modules`](crate::Library::modules) lists beside the library's modules.
     pub(crate) fn lazy_bodies(&self, lib: LibraryId) -> Vec<Module> {
         let batches: Vec<Arc<StubBatch>> = self
             .lazy_functions()
