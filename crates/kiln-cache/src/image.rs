@@ -72,15 +72,6 @@ impl CachedImage {
     pub fn description(&self) -> &[u8] {
         &self.map[self.description.clone()]
     }
-
-    /// `len` bytes of the file from `offset` (a segment's, read through the file's
-    /// read-only mapping: no copy); `None` if they are not all in the file. For copying
-    /// an image into memory that cannot map the file (another process's).
-    pub fn bytes_at(&self, offset: u64, len: u64) -> Option<&[u8]> {
-        let start = usize::try_from(offset).ok()?;
-        let end = start.checked_add(usize::try_from(len).ok()?)?;
-        self.map.get(start..end)
-    }
 }
 
 /// An image to store: the linker's description, each segment's bytes (`None`: not stored,

@@ -177,6 +177,27 @@ pub unsafe trait Mapper: Send + Sync + fmt::Debug {
         let _ = (reservation, start, end);
     }
 
+    /// Copies `len` bytes of `file` from `offset` to the prepared pages at target address
+    /// `start` of `reservation` without going through the working view, if this mapper
+    /// can (one whose memory is a file: the kernel copies page to page, and this process
+    /// faults in none of them). `Ok(false)`: it cannot (the default), nothing was
+    /// written, and the caller writes the working view itself.
+    ///
+    /// # Safety
+    /// `reservation` as for [`Mapper::prepare`]; `[start, start + len)` must lie on
+    /// prepared pages of it owned by the caller, not borrowed as working memory.
+    unsafe fn copy_from_file(
+        &self,
+        reservation: &Reservation,
+        start: u64,
+        file: &std::fs::File,
+        offset: u64,
+        len: u64,
+    ) -> Result<bool, MapperError> {
+        let _ = (reservation, start, file, offset, len);
+        Ok(false)
+    }
+
     /// Gives the whole reservation back.
     ///
     /// # Safety

@@ -48,6 +48,14 @@ impl MapperSpanManager {
     /// writable in the working view. A layout whose segments do not lie on pages of their
     /// own inside its length is refused.
     pub fn allocate_layout(&self, layout: &SpanLayout) -> Result<InFlightAllocation, MemoryError> {
+        self.allocate_in(layout).map(|(allocation, _)| allocation)
+    }
+
+    /// [`MapperSpanManager::allocate_layout`], and the reservation the span is in.
+    fn allocate_in(
+        &self,
+        layout: &SpanLayout,
+    ) -> Result<(InFlightAllocation, Reservation), MemoryError> {
         let page = self.mapper.page_size();
         if layout.len == 0 || layout.len % page != 0 {
             return Err(MemoryError::InvalidConfiguration(format!(
@@ -112,7 +120,73 @@ impl MapperSpanManager {
         // SAFETY: each segment's working memory is `len` bytes of the reservation's working
         // view, prepared (writable) above, disjoint from the others (own pages), and owned by
         // this allocation alone until `backend` finalizes or releases it.
-        Ok(unsafe { InFlightAllocation::from_parts(segments, Box::new(backend)) })
+        let allocation = unsafe { InFlightAllocation::from_parts(segments, Box::new(backend)) };
+        Ok((allocation, reservation))
+    }
+}
+
+impl MapperSpanManager {
+    /// A span laid out as `layout` holding `file`'s bytes: segment `i` from file offset
+    /// `file_offsets[i]` (its length's worth), or zero-filled where that is `None` — a
+    /// stored image laid out again in memory that cannot map the file (another
+    /// process's). The mapper copies file to memory itself where it can
+    /// ([`Mapper::copy_from_file`]); else the bytes are read into the working view.
+    pub fn allocate_from_file(
+        &self,
+        layout: &SpanLayout,
+        file: &std::fs::File,
+        file_offsets: &[Option<u64>],
+    ) -> Result<InFlightAllocation, MemoryError> {
+        use std::os::unix::fs::FileExt;
+        if file_offsets.len() != layout.segments.len() {
+            return Err(MemoryError::InvalidConfiguration(format!(
+                "{} file segments for a layout of {}",
+                file_offsets.len(),
+                layout.segments.len()
+            )));
+        }
+        let (mut allocation, reservation) = self.allocate_in(layout)?;
+        let error = |source| MemoryError::Mapper {
+            mapper: self.mapper.name(),
+            source,
+        };
+        for (i, (&at, &(_, len, _))) in file_offsets.iter().zip(&layout.segments).enumerate() {
+            let Some(target) = allocation.target(i) else {
+                continue;
+            };
+            let copied = match at {
+                // SAFETY: the segment's pages are this allocation's, prepared by
+                // allocate_in, and not borrowed (no working slice is live here).
+                Some(at) if len > 0 => unsafe {
+                    self.mapper
+                        .copy_from_file(&reservation, target, file, at, len)
+                        .map_err(error)?
+                },
+                _ => false,
+            };
+            if copied {
+                continue;
+            }
+            let Some(working) = allocation.working_memory(i) else {
+                continue;
+            };
+            match at {
+                Some(at) => {
+                    file.read_exact_at(working, at)
+                        .map_err(|source| MemoryError::Mapper {
+                            mapper: self.mapper.name(),
+                            source: MapperError::Os {
+                                operation: "reading an image's segment",
+                                address: target,
+                                len,
+                                source,
+                            },
+                        })?
+                }
+                None => working.fill(0),
+            }
+        }
+        Ok(allocation)
     }
 }
 
@@ -279,5 +353,56 @@ mod tests {
             let error = manager.allocate_layout(&layout).unwrap_err().to_string();
             assert!(error.contains(why), "{error}");
         }
+    }
+
+    /// A span filled from a file: each segment from its offset, a segment with none
+    /// zeroed; a file too short for a segment is an error, not a short span.
+    #[test]
+    fn a_span_from_a_file_holds_its_segments() {
+        use std::io::Write;
+        let manager = MapperSpanManager::new(Arc::new(InProcessMapper::new()), Placement::Anywhere);
+        let page = manager.page_size();
+        let mut file = tempfile_in_tmp();
+        let mut bytes = vec![0u8; 2 * page as usize];
+        bytes[..5].copy_from_slice(b"code!");
+        bytes[page as usize..page as usize + 4].copy_from_slice(b"data");
+        file.write_all(&bytes).unwrap();
+        let layout = SpanLayout::new(
+            &[
+                (5, Permission::ReadExecute),
+                (4, Permission::ReadWrite),
+                (16, Permission::ReadWrite),
+            ],
+            page,
+        )
+        .unwrap();
+        let mut span = manager
+            .allocate_from_file(&layout, &file, &[Some(0), Some(page), None])
+            .unwrap();
+        assert_eq!(span.working_memory(0).unwrap(), b"code!");
+        assert_eq!(span.working_memory(1).unwrap(), b"data");
+        assert!(span.working_memory(2).unwrap().iter().all(|&b| b == 0));
+        drop(span);
+        let short = manager.allocate_from_file(&layout, &file, &[Some(0), Some(4 * page), None]);
+        assert!(short.is_err());
+        let wrong = manager.allocate_from_file(&layout, &file, &[Some(0)]);
+        assert!(wrong.unwrap_err().to_string().contains("file segments"));
+    }
+
+    fn tempfile_in_tmp() -> std::fs::File {
+        let path = std::env::temp_dir().join(format!(
+            "kiln-mapper-span-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file
     }
 }

@@ -89,6 +89,71 @@ struct RemoteViews {
 }
 
 impl RemoteViews {
+    /// Copies file bytes straight into a reservation's memfd (`sendfile`: page cache to
+    /// shared memory in the kernel, no page of either faulted in here); `Ok(false)` for a
+    /// reservation with no memfd (the copy transport's shadow) or a kernel that cannot.
+    fn copy_from_file(
+        &self,
+        r: &Reservation,
+        start: u64,
+        file: &std::fs::File,
+        offset: u64,
+        len: u64,
+    ) -> Result<bool, MapperError> {
+        use std::os::fd::AsRawFd;
+        if !r.contains(start, len) {
+            return Err(MapperError::Refused {
+                operation: "copy from file",
+                reason: format!("{len:#x} bytes at {start:#x} are outside the reservation"),
+            });
+        }
+        // Held while the memfd's file position is set and used: the position is its
+        // open file description's, one for every copy.
+        let views = self.views.lock();
+        let Some(memfd) = views.get(&r.handle).and_then(|v| v._fd.as_ref()) else {
+            return Ok(false);
+        };
+        let os = |operation: &'static str| MapperError::last_os_error(operation, start, len);
+        let position = (start - r.target) as libc::off_t;
+        // SAFETY: repositions the memfd this view holds; no memory is touched.
+        if unsafe { libc::lseek(memfd.as_raw_fd(), position, libc::SEEK_SET) } != position {
+            return Err(os("lseek (memfd)"));
+        }
+        let mut from = offset as libc::off_t;
+        let mut left = len;
+        while left > 0 {
+            // SAFETY: copies between two descriptors this process holds, from `from` in
+            // `file` to the memfd's position (set above, inside the reservation: checked).
+            let n = unsafe {
+                libc::sendfile(
+                    memfd.as_raw_fd(),
+                    file.as_raw_fd(),
+                    &mut from,
+                    left as usize,
+                )
+            };
+            match n {
+                n if n > 0 => left -= n as u64,
+                // Nothing copied yet and a kernel or file that cannot: the caller copies.
+                n if n < 0 && left == len => {
+                    let e = std::io::Error::last_os_error().raw_os_error();
+                    if matches!(e, Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)) {
+                        return Ok(false);
+                    }
+                    return Err(os("sendfile (image to memfd)"));
+                }
+                0 => {
+                    return Err(MapperError::Refused {
+                        operation: "copy from file",
+                        reason: format!("the file ended {left:#x} bytes short"),
+                    })
+                }
+                _ => return Err(os("sendfile (image to memfd)")),
+            }
+        }
+        Ok(true)
+    }
+
     fn new(executor: Arc<RemoteExecutor>) -> Self {
         RemoteViews {
             executor,
@@ -265,6 +330,17 @@ unsafe impl Mapper for SharedMemoryMapper {
         permission: Permission,
     ) -> Result<(), MapperError> {
         self.remote.prepare(r, start, end, permission)
+    }
+
+    unsafe fn copy_from_file(
+        &self,
+        r: &Reservation,
+        start: u64,
+        file: &std::fs::File,
+        offset: u64,
+        len: u64,
+    ) -> Result<bool, MapperError> {
+        self.remote.copy_from_file(r, start, file, offset, len)
     }
 
     fn populate(&self, r: &Reservation, start: u64, end: u64) {

@@ -4,8 +4,9 @@
 //!
 //! Out of process the span is the executor's ([`kiln_memory::MapperSpanManager`] over the
 //! executor's mapper): a relocatable link writes into it as any link does, and a cached
-//! image is copied into it from the file (the executor cannot map the controller's file)
-//! and rebound there — no link runs either way.
+//! image is copied into it from the file (the executor cannot map the controller's file;
+//! with shared memory the kernel copies file to memfd) and rebound there — no link runs
+//! either way.
 
 use crate::link_job::{LinkJob, Resolved};
 use crate::plugin::Plugin;
@@ -14,7 +15,7 @@ use crate::Error;
 use kiln_cache::{CacheKey, ImageCache, ImageToStore};
 use kiln_link::rebind;
 use kiln_link::relocatable::RelocatableImage;
-use kiln_memory::{FileSegment, InFlightAllocation, MapperSpanManager, Placement, SpanLayout};
+use kiln_memory::{FileSegment, MapperSpanManager, Placement};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -153,7 +154,11 @@ impl LinkJob<'_> {
         }
         let layout = image.layout().map_err(|e| e.to_string())?;
         let memory = match self.remote_spans() {
-            Some(spans) => copy_into_span(&spans, &cached, &layout),
+            // The executor cannot map this process's file: the segments are copied into
+            // its memory (by the kernel, file to memfd, where the mapper can).
+            Some(spans) => spans
+                .allocate_from_file(&layout, &cached.file, &cached.segments)
+                .map_err(|e| e.to_string()),
             None => {
                 let segments: Vec<FileSegment> = cached
                     .segments
@@ -213,40 +218,6 @@ impl LinkJob<'_> {
         let mapper = inner.low_memory.mapper.clone()?;
         Some(MapperSpanManager::new(mapper, Placement::HostLibraries))
     }
-}
-
-/// A span of the executor's laid out as `layout`, holding the image file's segments
-/// (copied from the file's mapping; zero-filled data cleared).
-fn copy_into_span(
-    spans: &MapperSpanManager,
-    cached: &kiln_cache::CachedImage,
-    layout: &SpanLayout,
-) -> Result<InFlightAllocation, String> {
-    if cached.segments.len() != layout.segments.len() {
-        return Err(format!(
-            "{} file segments for a layout of {}",
-            cached.segments.len(),
-            layout.segments.len()
-        ));
-    }
-    let mut memory = spans.allocate_layout(layout).map_err(|e| e.to_string())?;
-    for (i, (&file_offset, &(_, len, _))) in
-        cached.segments.iter().zip(&layout.segments).enumerate()
-    {
-        let Some(working) = memory.working_memory(i) else {
-            continue;
-        };
-        match file_offset {
-            Some(at) => {
-                let bytes = cached.bytes_at(at, len).ok_or_else(|| {
-                    format!("segment {i} ({len:#x} bytes at file offset {at:#x}) is past the file's end")
-                })?;
-                working.copy_from_slice(bytes);
-            }
-            None => working.fill(0),
-        }
-    }
-    Ok(memory)
 }
 
 /// Stores the image of `linked` (a relocatable link's) under `key`.

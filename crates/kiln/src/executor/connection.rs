@@ -300,6 +300,21 @@ unsafe impl Mapper for StartingMapper {
         }
     }
 
+    unsafe fn copy_from_file(
+        &self,
+        reservation: &Reservation,
+        start: u64,
+        file: &std::fs::File,
+        offset: u64,
+        len: u64,
+    ) -> Result<bool, MapperError> {
+        // SAFETY: the caller's promises, passed on.
+        unsafe {
+            self.inner("copy from file")?
+                .copy_from_file(reservation, start, file, offset, len)
+        }
+    }
+
     unsafe fn release(&self, reservation: &Reservation) -> Result<(), MapperError> {
         // SAFETY: the caller's promises, passed on.
         unsafe { self.inner("release")?.release(reservation) }
