@@ -9,22 +9,27 @@ import sys
 README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
 
 
+def run_program(program, cwd):
+    """Runs `program` with this interpreter in `cwd`; its output, once it exited 0."""
+    out = subprocess.run(
+        [sys.executable, "-"],
+        input=program,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_the_readme_python_example_runs(tmp_path):
     with open(README) as f:
         readme = f.read()
     section = readme.split("## From Python", 1)[1]
     program = re.search(r"python - <<'EOF'\n(.*?)\nEOF\n", section, re.S)
     assert program, "no `python - <<'EOF'` block in the README's section From Python"
-    out = subprocess.run(
-        [sys.executable, "-"],
-        input=program.group(1),
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout == "7\n", out.stdout + out.stderr
+    assert run_program(program.group(1), tmp_path) == "7\n"
 
 
 DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "PYTHON.md")
@@ -40,16 +45,7 @@ def test_the_docs_python_examples_run(tmp_path):
     for program in programs:
         expected = re.findall(r"^\s*print\(.*\)\s+#\s*([^\s,]+)", program, re.M)
         assert expected, f"no `print(...)  # value` line in:\n{program}"
-        out = subprocess.run(
-            [sys.executable, "-"],
-            input=program,
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            check=False,
-        )
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.split() == expected, out.stdout + out.stderr
+        assert run_program(program, tmp_path).split() == expected
 
 
 PACKAGE_README = os.path.join(os.path.dirname(__file__), "..", "README.md")
@@ -61,13 +57,4 @@ def test_the_package_readme_example_runs(tmp_path):
         readme = f.read()
     program = re.search(r"```python\n(.*?)\n```", readme, re.S)
     assert program, "no python block in python/README.md"
-    out = subprocess.run(
-        [sys.executable, "-"],
-        input=program.group(1),
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout == "101\n", out.stdout + out.stderr
+    assert run_program(program.group(1), tmp_path) == "101\n"

@@ -45,7 +45,8 @@ fn expect_ok(operation: &'static str, r: Result<Response, RemoteError>) -> Resul
 struct LocalView {
     address: u64,
     len: u64,
-    _fd: Option<OwnedFd>,
+    /// The memfd the shared view maps (kept open with it; `None` for a shadow).
+    fd: Option<OwnedFd>,
 }
 
 impl Drop for LocalView {
@@ -110,7 +111,7 @@ impl RemoteViews {
         // Held while the memfd's file position is set and used: the position is its
         // open file description's, one for every copy.
         let views = self.views.lock();
-        let Some(memfd) = views.get(&r.handle).and_then(|v| v._fd.as_ref()) else {
+        let Some(memfd) = views.get(&r.handle).and_then(|v| v.fd.as_ref()) else {
             return Ok(false);
         };
         let os = |operation: &'static str| MapperError::last_os_error(operation, start, len);
@@ -201,7 +202,7 @@ impl RemoteViews {
             LocalView {
                 address: working,
                 len,
-                _fd: fd,
+                fd,
             },
         );
         Ok(Reservation {

@@ -133,8 +133,9 @@ impl LinkJob<'_> {
             .map_err(|e| format!("{}: {e}", cached.path.display()))?;
         let decoded = t.map(|t| t.elapsed());
         let t = self.times.then(Instant::now);
-        let page = self
-            .remote_spans()
+        let spans = self.remote_spans();
+        let page = spans
+            .as_ref()
             .map_or_else(kiln_memory::page_size, |spans| spans.page_size());
         if image.page != page || image.architecture != self.jit.inner.architecture {
             return Err(format!(
@@ -153,7 +154,7 @@ impl LinkJob<'_> {
             ));
         }
         let layout = image.layout().map_err(|e| e.to_string())?;
-        let memory = match self.remote_spans() {
+        let memory = match spans {
             // The executor cannot map this process's file: the segments are copied into
             // its memory (by the kernel, file to memfd, where the mapper can).
             Some(spans) => spans
