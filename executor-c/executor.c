@@ -778,6 +778,43 @@ static void do_register_unwind_info(uint32_t id, struct reader *r) {
     reply_value(id, (uint64_t)slot + 1);
 }
 
+/* RegisterFunctionTable: a module's unwind table as its COFF objects carry it (.pdata,
+ * linked in the module with its .xdata): every entry's function must be prepared code and
+ * its UNWIND_INFO (with its codes) prepared memory; the entries are copied and registered
+ * with the module's base, the unwind information staying where it is. */
+static void do_register_function_table(uint32_t id, struct reader *r) {
+    uint64_t base = rd_u64(r, "image_base");
+    uint32_t n = rd_count(r, 12, "entries");
+    uint32_t *e = calloc(n ? (size_t)n * 3 : 1, sizeof *e);
+    int slot = -1;
+    for (int i = 0; i < MAX_UNWIND_TABLES && slot < 0; i++)
+        if (!unwind_tables[i]) slot = i;
+    const char *bad = e ? NULL : "out of memory";
+    for (uint32_t i = 0; !bad && i < n; i++) {
+        uint32_t *x = e + 3 * (size_t)i;
+        x[0] = rd_u32(r, "begin");
+        x[1] = rd_u32(r, "end");
+        x[2] = rd_u32(r, "unwind_info");
+        if (r->bad) break;
+        uint64_t begin = base + x[0], end = base + x[1], info = base + (x[2] & ~1u);
+        if (x[0] >= x[1] || !runnable(begin) || !runnable(end - 1))
+            bad = "a function that is not code this executor prepared to run";
+        else if (i > 0 && x[0] < x[-3])
+            bad = "entries not sorted by their first byte";
+        else if (!prepared(info, 4, -1) ||
+                 !prepared(info, 4 + 2 * (uint64_t)((const uint8_t *)(uintptr_t)info)[2], -1))
+            bad = "unwind information outside memory this executor prepared";
+    }
+    if (!bad && (r->bad || r->left)) bad = r->bad ? r->bad : "trailing bytes";
+    if (!bad && n == 0) bad = "no function";
+    if (!bad && slot < 0) bad = "too many unwind tables";
+    void *table = bad ? NULL : plat_add_function_table(e, n, base, &bad);
+    if (table) unwind_tables[slot] = table;
+    free(e);
+    if (bad) return reply_error(id, "RegisterFunctionTable: %s", bad);
+    reply_value(id, (uint64_t)slot + 1);
+}
+
 static void do_deregister_unwind_info(uint32_t id, struct reader *r) {
     uint64_t handle = rd_u64(r, "handle");
     if (r->bad || r->left) return reply_error(id, "malformed DeregisterUnwindInfo: %s", r->bad ? r->bad : "trailing bytes");
@@ -1323,6 +1360,7 @@ void serve_connection(uintptr_t connection, const struct noise_session *establis
         case T_UNEXPORT_SYMBOLS: do_unexport_symbols(id, &r); break;
         case T_REGISTER_UNWIND_INFO: do_register_unwind_info(id, &r); break;
         case T_DEREGISTER_UNWIND_INFO: do_deregister_unwind_info(id, &r); break;
+        case T_REGISTER_FUNCTION_TABLE: do_register_function_table(id, &r); break;
         case T_STORE_CODE_POINTER: do_store_code_pointer(id, &r); break;
         case T_OLDEST_CODE_GUARD:
             if (r.left) reply_error(id, "malformed OldestCodeGuard: trailing bytes");

@@ -173,6 +173,11 @@ void plat_store_code_pointer(uint64_t slot, uint64_t target);
 int plat_eh_frame(uint64_t address, int reg, char *why, size_t why_len);
 void *plat_add_unwind_table(const uint64_t *begin, const uint64_t *end, const uint8_t *const *info,
                             const uint32_t *len, uint32_t n, uint64_t lo, uint64_t hi, const char **bad);
+/* Windows' tables as COFF objects carry them: `n` RUNTIME_FUNCTION entries (begin, end,
+ * unwind info: three words each, relative to `base`, sorted), their UNWIND_INFO in JIT
+ * memory; the entries copied and registered with that base: the table, or NULL with the
+ * reason. plat_delete_unwind_table withdraws either kind. */
+void *plat_add_function_table(const uint32_t *entries, uint32_t n, uint64_t base, const char **bad);
 void plat_delete_unwind_table(void *table);
 /* The size of one RUNTIME_FUNCTION entry. */
 #define UNWIND_ENTRY_SIZE 12

@@ -64,7 +64,8 @@ const char plat_triple[] = TRIPLE;
 
 /* Everything but Windows' unwind tables. */
 int plat_serves(int tag) {
-    return tag != T_REGISTER_UNWIND_INFO && tag != T_DEREGISTER_UNWIND_INFO;
+    return tag != T_REGISTER_UNWIND_INFO && tag != T_DEREGISTER_UNWIND_INFO &&
+           tag != T_REGISTER_FUNCTION_TABLE;
 }
 
 /* ---- the connection ------------------------------------------------------------------ */
@@ -557,6 +558,12 @@ int plat_eh_frame(uint64_t address, int reg, char *why, size_t why_len) {
 void *plat_add_unwind_table(const uint64_t *begin, const uint64_t *end, const uint8_t *const *info,
                             const uint32_t *len, uint32_t n, uint64_t lo, uint64_t hi, const char **bad) {
     (void)begin, (void)end, (void)info, (void)len, (void)n, (void)lo, (void)hi;
+    *bad = "Windows' unwind tables are not Linux's";
+    return NULL;
+}
+
+void *plat_add_function_table(const uint32_t *entries, uint32_t n, uint64_t base, const char **bad) {
+    (void)entries, (void)n, (void)base;
     *bad = "Windows' unwind tables are not Linux's";
     return NULL;
 }

@@ -1070,6 +1070,28 @@ void *plat_add_unwind_table(const uint64_t *begin, const uint64_t *end, const ui
     return table;
 }
 
+void *plat_add_function_table(const uint32_t *entries, uint32_t n, uint64_t base, const char **bad) {
+    size_t size = (size_t)n * sizeof(RUNTIME_FUNCTION);
+    RUNTIME_FUNCTION *table = VirtualAlloc(NULL, size, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
+    if (!table) {
+        *bad = "out of memory";
+        return NULL;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        table[i].BeginAddress = entries[3 * i];
+        table[i].EndAddress = entries[3 * i + 1];
+        table[i].UnwindData = entries[3 * i + 2];
+    }
+    DWORD old;
+    VirtualProtect(table, size, PAGE_READONLY, &old);
+    if (!RtlAddFunctionTable(table, n, base)) {
+        VirtualFree(table, 0, MEM_RELEASE);
+        *bad = "RtlAddFunctionTable refused the table";
+        return NULL;
+    }
+    return table;
+}
+
 /* The table is the start of its block. */
 void plat_delete_unwind_table(void *table) {
     RtlDeleteFunctionTable(table);

@@ -32,7 +32,7 @@ enum {
     A_OK = 100, A_VALUE = 101, A_RESERVED = 102, A_BYTES = 103, A_SYMBOL = 104,
     A_ERROR = 105, A_CRASHED = 106, A_SYMBOLS = 107, A_EXITED = 108, A_OUTPUT = 109,
     T_RESOLVE_STUB = 29, T_STORE_CODE_POINTER = 33, T_OLDEST_CODE_GUARD = 34, A_STUB_RESOLVED = 110,
-    T_REGISTER_UNWIND_INFO = 35, T_DEREGISTER_UNWIND_INFO = 36,
+    T_REGISTER_UNWIND_INFO = 35, T_DEREGISTER_UNWIND_INFO = 36, T_REGISTER_FUNCTION_TABLE = 38,
 };
 
 /* The name of request `tag` (as docs/PROTOCOL.md names it), for the Error answering a
@@ -74,6 +74,8 @@ static inline const char *request_name(int tag) {
     case 34: return "OldestCodeGuard";
     case 35: return "RegisterUnwindInfo";
     case 36: return "DeregisterUnwindInfo";
+    case 37: return "DeferExports";
+    case 38: return "RegisterFunctionTable";
     default: return NULL;
     }
 }

@@ -25,13 +25,18 @@ __attribute__((noinline)) static long depth(long n) {
 int main(void) {
     long d = self(10);
     int in_depth = 0, reached_main = 0;
+    /* Each function's extent: 256 and 512 bytes at most, and not past the other's start
+     * (a link may place them next to each other, in either order). */
+    char *f = (char *)depth, *m = (char *)main, *f_end = f + 256, *m_end = m + 512;
+    if (f < m && f_end > m) f_end = m;
+    if (m < f && m_end > f) m_end = f;
     for (int i = 0; i < captured; i++) {
         char *pc = frames[i];
         /* A return address follows a call: never a function's first byte (a stack word
          * holding a function's address, which a walk without unwind data may take for a
          * return address, is not counted). */
-        in_depth += pc > (char *)depth && pc < (char *)depth + 256;
-        reached_main |= pc > (char *)main && pc < (char *)main + 512;
+        in_depth += pc > f && pc < f_end;
+        reached_main |= pc > m && pc < m_end;
     }
     printf("depth %ld: %d frames in depth(), main %s\n", d, in_depth, reached_main ? "reached" : "not reached");
     return 0;

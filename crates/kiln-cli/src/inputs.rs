@@ -52,6 +52,9 @@ pub(crate) fn classify(path: &Path, bytes: Option<&[u8]>) -> Result<InputKind, S
     if bytes.starts_with(b"!<arch>\n") {
         return Ok(InputKind::Archive);
     }
+    if kiln_link::is_coff(bytes) {
+        return Ok(InputKind::Object);
+    }
     if !bytes.starts_with(b"\x7fELF") {
         return Err(format!(
             "{}: not an object, archive, shared library or C/C++ source (.c, .cc, .cpp)",
@@ -111,7 +114,7 @@ pub(crate) fn archive_members(path: &Path, bytes: &[u8]) -> Result<Vec<(String, 
         let data = member
             .data(bytes)
             .map_err(|e| format!("{}({name}): {e}", path.display()))?;
-        if data.starts_with(b"\x7fELF") {
+        if data.starts_with(b"\x7fELF") || kiln_link::is_coff(data) {
             members.push((format!("{}({name})", path.display()), data.to_vec()));
         }
     }

@@ -253,6 +253,24 @@ fn messages_say_what_to_do() {
             && !message.contains("give the linker"),
         "{message}"
     );
+    // A COFF object (Windows') for this Linux process: said so, before any link.
+    if !kiln_testkit::skip_cross("messages_say_what_to_do (COFF)") {
+        let coff = Command::new("x86_64-w64-mingw32-gcc")
+            .args(["-c", "-O1"])
+            .arg(dir.join("p.c"))
+            .arg("-o")
+            .arg(dir.join("win.obj"))
+            .status()
+            .unwrap();
+        assert!(coff.success());
+        for args in [&["win.obj"][..], &["--no-image-cache", "win.obj"]] {
+            let message = run(args);
+            assert!(
+                message.contains("win.obj: a COFF object") && message.contains("runs Linux"),
+                "{message}"
+            );
+        }
+    }
     // A linked program as an input.
     kiln_testkit::cc(&[], &dir.join("p.c"), &dir.join("p"));
     assert!(run(&["p"]).contains("a linked program, not an object"));

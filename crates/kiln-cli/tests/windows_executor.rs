@@ -1,8 +1,10 @@
-//! ELF objects on a Windows host: executor-c's Windows executor (`executor-c/build.sh OUT
+//! Objects on a Windows host: executor-c's Windows executor (`executor-c/build.sh OUT
 //! x86_64-w64-mingw32-gcc`), run under Wine (`wine64`, headless), serving `kiln run
 //! --connect`. Programs compiled with `clang-16 --target=x86_64-w64-windows-gnu-elf` (the
-//! ELF objects LLVM's MCJIT users on Windows make) give the same output and status as the
-//! same source built natively with `x86_64-w64-mingw32-gcc` and run under Wine.
+//! ELF objects LLVM's MCJIT users on Windows make) and as COFF (the native build's own
+//! `x86_64-w64-mingw32-gcc -c` objects, and `clang-16 --target=x86_64-w64-windows-gnu`'s)
+//! give the same output and status as the same source built natively with
+//! `x86_64-w64-mingw32-gcc` and run under Wine.
 //! `KILN_TEST_SKIP_CROSS=1` skips them.
 
 use kiln_testkit::ExecutorProcess;
@@ -73,21 +75,66 @@ fn windows_elf_object(dir: &Path, source: &Path, flags: &[&str]) -> PathBuf {
     object
 }
 
-/// `sources` built natively for Windows with mingw-w64 (`-O2` and `flags`) and run under
-/// Wine with `args`.
-fn native_run(dir: &Path, sources: &[PathBuf], flags: &[&str], args: &[&str]) -> Output {
-    wine_ready();
-    let exe = dir.join("native.exe");
-    let status = Command::new("x86_64-w64-mingw32-gcc")
-        .arg("-O2")
+/// Compiles `source` into a COFF object for Windows with `compiler` (mingw-w64 gcc, or
+/// clang for `x86_64-w64-windows-gnu`: what a Windows JIT emits).
+fn windows_coff_object(compiler: &[&str], dir: &Path, source: &Path, flags: &[&str]) -> PathBuf {
+    let stem = source.file_stem().unwrap().to_string_lossy();
+    let object = dir.join(format!("{stem}.obj"));
+    let status = Command::new(compiler[0])
+        .args(&compiler[1..])
         .args(flags)
-        .args(sources)
+        .arg("-c")
+        .arg(source)
+        .arg("-o")
+        .arg(&object)
+        .status()
+        .unwrap_or_else(|e| panic!("{compiler:?} runs: {e}"));
+    assert!(
+        status.success(),
+        "{compiler:?} {flags:?} {}",
+        source.display()
+    );
+    object
+}
+
+const MINGW: &[&str] = &["x86_64-w64-mingw32-gcc"];
+const CLANG_COFF: &[&str] = &["clang-16", "--target=x86_64-w64-windows-gnu"];
+
+/// `sources` built natively for Windows with mingw-w64 (`-O2` and `flags`: COFF objects,
+/// compiled at once as a build would, then linked) and run under Wine with `args`: its
+/// output, and the objects (which `kiln run` of COFF objects runs as well).
+fn native_run(
+    dir: &Path,
+    sources: &[PathBuf],
+    flags: &[&str],
+    args: &[&str],
+) -> (Output, Vec<PathBuf>) {
+    wine_ready();
+    let jobs: Vec<_> = sources
+        .iter()
+        .map(|source| {
+            let (dir, source) = (dir.to_path_buf(), source.clone());
+            let flags: Vec<String> = std::iter::once("-O2")
+                .chain(flags.iter().copied())
+                .map(String::from)
+                .collect();
+            std::thread::spawn(move || {
+                let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+                windows_coff_object(MINGW, &dir, &source, &flags)
+            })
+        })
+        .collect();
+    let objects: Vec<PathBuf> = jobs.into_iter().map(|j| j.join().unwrap()).collect();
+    let exe = dir.join("native.exe");
+    let status = Command::new(MINGW[0])
+        .args(&objects)
         .arg("-o")
         .arg(&exe)
         .status()
         .expect("x86_64-w64-mingw32-gcc runs");
-    assert!(status.success(), "mingw-w64 build of {sources:?}");
-    wine().arg(&exe).args(args).output().expect("wine runs")
+    assert!(status.success(), "mingw-w64 link of {sources:?}");
+    let output = wine().arg(&exe).args(args).output().expect("wine runs");
+    (output, objects)
 }
 
 fn kiln_run(port: u16, objects: &[PathBuf], args: &[&str]) -> Output {
@@ -138,17 +185,30 @@ fn c_programs_run_on_windows_as_natively() {
     }
     let (_executor, port) = windows_executor();
     let source = repo().join("tests/programs/windows_basics.c");
-    let native = native_run(
+    let (native, native_objects) = native_run(
         &scratch("basics-native"),
         std::slice::from_ref(&source),
         &[],
         &["one"],
     );
-    for flags in [&["-O0"][..], &["-O2"]] {
-        let dir = scratch(&format!("basics{}", flags[0]));
-        let object = windows_elf_object(&dir, &source, flags);
+    // ELF objects (MCJIT's users' form), and COFF: mingw-w64 gcc's -O2 (the native
+    // program's own object) and clang's -O0.
+    let clang_dir = scratch("basics-coff-clang");
+    let clang_coff = windows_coff_object(CLANG_COFF, &clang_dir, &source, &["-O0"]);
+    for (what, object) in [
+        (
+            "ELF -O0",
+            windows_elf_object(&scratch("basics-O0"), &source, &["-O0"]),
+        ),
+        (
+            "ELF -O2",
+            windows_elf_object(&scratch("basics-O2"), &source, &["-O2"]),
+        ),
+        ("COFF mingw-w64 gcc -O2", native_objects[0].clone()),
+        ("COFF clang -O0", clang_coff),
+    ] {
         let kiln = kiln_run(port, &[object], &["one"]);
-        assert_same(&format!("windows_basics {flags:?}"), &native, &kiln);
+        assert_same(&format!("windows_basics {what}"), &native, &kiln);
         assert!(
             text(&kiln.stderr).contains("to stderr"),
             "{}",
@@ -168,9 +228,11 @@ fn exit_return_and_crash_on_windows() {
     let object = windows_elf_object(&dir, &source, &["-O2"]);
     let native_dir = scratch("exit-and-crash-native");
     for how in ["return", "exit"] {
-        let native = native_run(&native_dir, std::slice::from_ref(&source), &[], &[how]);
+        let (native, coff) = native_run(&native_dir, std::slice::from_ref(&source), &[], &[how]);
         let kiln = kiln_run(port, std::slice::from_ref(&object), &[how]);
         assert_same(&format!("exit_and_crash {how}"), &native, &kiln);
+        let kiln = kiln_run(port, &coff, &[how]);
+        assert_same(&format!("exit_and_crash {how} (COFF)"), &native, &kiln);
     }
     // A crash: reported as on Linux (SIGSEGV, the address, the JIT function), status
     // 128 + 11; the listener serves the next client.
@@ -195,6 +257,15 @@ fn exit_return_and_crash_on_windows() {
     let cfi_dir = scratch("exit-and-crash-cfi");
     let with_cfi = windows_elf_object(&cfi_dir, &source, &["-O2", "-fdwarf-exceptions"]);
     let crash = kiln_run(port, &[with_cfi], &["crash"]);
+    let stderr = text(&crash.stderr);
+    assert_eq!(crash.status.code(), Some(139), "{stderr}");
+    assert!(
+        stderr.contains("SIGSEGV") && stderr.contains("main"),
+        "{stderr}"
+    );
+    // And a COFF object's (its own unwind table, `.pdata`, registered in place).
+    let coff = windows_coff_object(CLANG_COFF, &cfi_dir, &source, &["-O2"]);
+    let crash = kiln_run(port, &[coff], &["crash"]);
     let stderr = text(&crash.stderr);
     assert_eq!(crash.status.code(), Some(139), "{stderr}");
     assert!(
@@ -281,9 +352,19 @@ fn zlib_sqlite_and_lua_from_source_run_on_windows_as_natively() {
             .collect();
         let objects: Vec<PathBuf> = jobs.into_iter().map(|j| j.join().unwrap()).collect();
         let native_dir = scratch(&format!("{name}-from-source-native"));
-        let native = native_run(&native_dir, &sources, &flags[1..], args);
+        let (native, coff) = native_run(&native_dir, &sources, &flags[1..], args);
         let kiln = kiln_run(port, &objects, args);
         assert_same(&format!("windows {name}"), &native, &kiln);
+        // The native build's own objects: COFF from mingw-w64 gcc -O2.
+        let kiln = kiln_run(port, &coff, args);
+        assert_same(&format!("windows {name} (COFF)"), &native, &kiln);
+        if name == "zlib" {
+            // One module of both formats: the library's COFF objects, the driver's ELF one.
+            let mut mixed = coff[..coff.len() - 1].to_vec();
+            mixed.extend(objects.last().cloned());
+            let kiln = kiln_run(port, &mixed, args);
+            assert_same("windows zlib (COFF and ELF)", &native, &kiln);
+        }
     }
 }
 
@@ -297,7 +378,7 @@ fn the_unwinder_walks_through_jit_frames_as_through_native_ones() {
     }
     let (_executor, port) = windows_executor();
     let source = repo().join("tests/programs/windows_backtrace.c");
-    let native = native_run(
+    let (native, native_objects) = native_run(
         &scratch("backtrace-native"),
         std::slice::from_ref(&source),
         &[],
@@ -313,7 +394,20 @@ fn the_unwinder_walks_through_jit_frames_as_through_native_ones() {
         let kiln = kiln_run(port, &[object], &[]);
         assert_same(&format!("windows_backtrace {opt}"), &native, &kiln);
     }
-    // The control: the same program without call frame information has no unwind data.
+    // COFF objects carry their own table (`.pdata`, `.xdata`), registered in place:
+    // mingw-w64 gcc's (the native program's object) and clang's.
+    let clang_dir = scratch("backtrace-coff-clang");
+    for (what, object) in [
+        ("mingw-w64 gcc -O2", native_objects[0].clone()),
+        (
+            "clang -O2",
+            windows_coff_object(CLANG_COFF, &clang_dir, &source, &["-O2"]),
+        ),
+    ] {
+        let kiln = kiln_run(port, &[object], &[]);
+        assert_same(&format!("windows_backtrace COFF {what}"), &native, &kiln);
+    }
+    // The control: the same ELF program without call frame information has no unwind data.
     let dir = scratch("backtrace-no-cfi");
     let object = windows_elf_object(&dir, &source, &["-O2"]);
     let kiln = kiln_run(port, &[object], &[]);
@@ -369,7 +463,7 @@ fn no_region_of_the_windows_executor_is_writable_and_executable() {
         return;
     }
     let source = repo().join("tests/programs/windows_wx_walk.c");
-    let native = native_run(
+    let (native, _) = native_run(
         &scratch("wx-native"),
         std::slice::from_ref(&source),
         &[],

@@ -520,7 +520,7 @@ impl BuiltObject {
                 }
             }
         }
-        let mut relocations: Vec<(u32, &[Rela])> = Vec::new();
+        let mut relocations: Vec<(u32, std::borrow::Cow<'_, [Rela]>)> = Vec::new();
         let mut at = 0;
         while let Some(&section) = self.relocated.get(at) {
             let run = self.relocated[at..]
@@ -548,7 +548,7 @@ impl BuiltObject {
                     });
                 }
             }
-            relocations.push((section, relas));
+            relocations.push((section, std::borrow::Cow::Borrowed(relas)));
             at += run;
         }
         Ok(ObjectFile {

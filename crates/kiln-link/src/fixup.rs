@@ -136,6 +136,7 @@ pub(crate) fn write_plt(
 pub(crate) struct Resolver<'l, 'a> {
     pub(crate) linker: ResolvedSymbols<'l, 'a>,
     pub(crate) bases: [u64; 4],
+    pub(crate) image_base: u64,
     pub(crate) got_base: u64,
     pub(crate) plt_base: u64,
     pub(crate) dso_handle: u64,
@@ -157,6 +158,7 @@ impl<'l, 'a> Resolver<'l, 'a> {
         Resolver {
             linker: linker.resolved(),
             bases: allocated.bases,
+            image_base: allocated.image_base,
             got_base: allocated.got_base,
             plt_base: allocated.plt_base,
             dso_handle: allocated.dso_handle,
@@ -229,6 +231,8 @@ impl<'l, 'a> Resolver<'l, 'a> {
             refuse("a field changed in place cannot be written again");
         } else if row.relative == Relative::GotBase {
             refuse("GOT-relative to a value of the process");
+        } else if row.relative == Relative::ImageBase {
+            refuse("image-relative to a value of the process");
         } else {
             let base = recorder.base;
             recorder.push(ImageFixup {
@@ -438,6 +442,7 @@ impl<'l, 'a> Resolver<'l, 'a> {
                 Relative::Place => t + a - p as i128,
                 Relative::Page => ((t + a) & !0xfff) - (p & !0xfff) as i128,
                 Relative::GotBase => t + a - self.got_base as i128,
+                Relative::ImageBase => t + a - self.image_base as i128,
             }
         };
         let mut value = relative(t);

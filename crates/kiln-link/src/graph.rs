@@ -129,6 +129,8 @@ pub(crate) struct Synthesized {
 pub(crate) struct Allocated {
     pub(crate) in_flight: InFlightAllocation,
     pub(crate) bases: [u64; 4],
+    /// The module's lowest address: what `Relative::ImageBase` values count from.
+    pub(crate) image_base: u64,
     pub(crate) got_base: u64,
     pub(crate) plt_base: u64,
     pub(crate) dso_handle: u64,
@@ -145,6 +147,8 @@ pub(crate) struct LinkGraph<'a, 'c> {
     pub(crate) tp_offset: Option<i64>,
     pub(crate) init: Vec<u64>,
     pub(crate) fini: Vec<u64>,
+    /// COFF objects' unwind table (`.pdata`), from `read-function-table` on.
+    pub(crate) function_table: Option<crate::windows_unwind::FunctionTable>,
     pub(crate) image: Vec<ImageSegment>,
     /// A relocatable link's fixups (see [`crate::relocatable`]), from `allocate` on.
     pub(crate) recorder: Option<crate::relocatable::Recorder>,
@@ -187,6 +191,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             tp_offset: None,
             init: Vec::new(),
             fini: Vec::new(),
+            function_table: None,
             image: Vec::new(),
             recorder: None,
             counts,

@@ -48,6 +48,7 @@
 mod arch;
 pub mod built_object;
 pub mod call_through;
+mod coff;
 mod error;
 mod fixup;
 mod graph;
@@ -82,6 +83,27 @@ pub use pass::{
 };
 pub use rebind::rebind;
 pub use symbol_scan::{scan_symbols, ObjectSymbols};
+
+/// Whether `data` is a COFF object (Windows': clang's, mingw-w64 gcc's, MSVC's,
+/// cranelift-object's), of any machine Windows runs; Kiln links those for x86-64.
+///
+/// ```
+/// assert!(kiln_link::is_coff(&[0x64, 0x86, 1, 0]));
+/// assert!(!kiln_link::is_coff(b"\x7fELF"));
+/// ```
+pub fn is_coff(data: &[u8]) -> bool {
+    coff::is_coff(data)
+}
+
+/// The name of the first thread-local section of an object (ELF `SHF_TLS`, COFF `.tls*`),
+/// if it has one; a malformed object has none (the link reports what is wrong).
+pub fn thread_local_section(data: &[u8], architecture: Architecture) -> Option<String> {
+    let obj = object_file::ObjectFile::parse("", data, architecture).ok()?;
+    obj.sections
+        .iter()
+        .find(|s| s.flags & object_file::SHF_TLS != 0 && s.flags & object_file::SHF_ALLOC != 0)
+        .map(|s| String::from_utf8_lossy(s.name).into_owned())
+}
 
 /// Checks that `data` is an ELF relocatable object for `architecture` — every table it
 /// has, as the link will read them — without linking it: a session refuses a bad object

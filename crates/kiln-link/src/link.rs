@@ -281,6 +281,7 @@ pub fn link<'a>(
         exports,
         init: graph.init,
         fini: graph.fini,
+        function_table: graph.function_table,
         eh_frame: l
             .eh_offset
             .map(|o| allocated.bases[crate::symbols::SEG_R] + o),

@@ -145,6 +145,9 @@ pub struct LinkedModule {
     /// Address of the module's `.eh_frame` data (terminated), to register with the
     /// unwinder.
     pub eh_frame: Option<u64>,
+    /// The Windows x64 unwind table of its COFF objects (their `.pdata`), to register
+    /// with `RtlAddFunctionTable`; `None` if no object has one.
+    pub function_table: Option<crate::windows_unwind::FunctionTable>,
     /// The address used for `__dso_handle` (for `__cxa_atexit` / `__cxa_finalize`).
     pub dso_handle: u64,
     /// TLS template, if the module has thread-locals.

@@ -87,8 +87,9 @@ pub(crate) struct ObjectFile<'a> {
     pub(crate) name: std::borrow::Cow<'a, str>,
     pub(crate) sections: Vec<ObjSection<'a>>,
     pub(crate) symbols: Vec<ObjSym<'a>>,
-    /// (relocated section index, relocations).
-    pub(crate) relocations: Vec<(u32, &'a [Rela])>,
+    /// (relocated section index, relocations): an ELF object's borrowed from its bytes,
+    /// a COFF object's made from its own ([`crate::coff`]).
+    pub(crate) relocations: Vec<(u32, std::borrow::Cow<'a, [Rela]>)>,
     /// COMDAT groups: (signature, member section indices).
     pub(crate) groups: Vec<(&'a [u8], Vec<u32>)>,
     /// Its GNU property note says its code is built for branch-target enforcement
@@ -212,6 +213,9 @@ impl<'a> ObjectFile<'a> {
         arch: Architecture,
     ) -> Result<Self, LinkError> {
         let name = name.into();
+        if crate::coff::is_coff(data) {
+            return crate::coff::parse(name, data, arch);
+        }
         check_header(&name, data, arch)?;
         let header = Header::parse(data).map_err(|e| malformed(&name, e))?;
         let endian = header.endian().map_err(|e| malformed(&name, e))?;
@@ -288,7 +292,7 @@ impl<'a> ObjectFile<'a> {
                         ),
                     ));
                 }
-                relocations.push((s.info, relas));
+                relocations.push((s.info, std::borrow::Cow::Borrowed(relas)));
             } else if s.sh_type == SHT_REL {
                 return Err(malformed(
                     &name,
@@ -355,8 +359,9 @@ impl<'a> ObjectFile<'a> {
         }
         // Every relocation must name a symbol of the table (index 0 is the table's null
         // symbol; an object without a table can have no relocations).
-        for &(target, relas) in &relocations {
-            for rela in relas {
+        for (target, relas) in &relocations {
+            let target = *target;
+            for rela in relas.iter() {
                 let sym = rela.r_sym(endian, false) as usize;
                 if sym >= symbols.len() {
                     return Err(LinkError::BadRelocation {
@@ -427,6 +432,17 @@ impl<'a> ObjectFile<'a> {
 /// Names of the global symbols an object defines (for archives without a symbol index).
 /// Malformed members define nothing.
 pub(crate) fn defined_globals(data: &[u8]) -> Vec<Vec<u8>> {
+    if crate::coff::is_coff(data) {
+        return match ObjectFile::parse("", data, Architecture::X86_64) {
+            Ok(obj) => obj
+                .symbols
+                .iter()
+                .filter(|s| s.binding != Binding::Local && s.section != SymSection::Undefined)
+                .map(|s| s.name.to_vec())
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+    }
     let machine = data
         .get(18..20)
         .map_or(0, |m| u16::from_le_bytes([m[0], m[1]]));

@@ -178,9 +178,9 @@ pub fn rebind(
     if image
         .fixups
         .iter()
-        .any(|f| f.row.relative == Relative::GotBase)
+        .any(|f| matches!(f.row.relative, Relative::GotBase | Relative::ImageBase))
     {
-        return Err(failed("a GOT-relative fixup".into()));
+        return Err(failed("a GOT- or image-relative fixup".into()));
     }
     let arch = image.architecture.arch();
     let mut segs = memory.segments_mut();
@@ -213,7 +213,7 @@ pub fn rebind(
             },
         };
         let relative = |t: i128| match f.row.relative {
-            Relative::Absolute | Relative::GotBase => t + a,
+            Relative::Absolute | Relative::GotBase | Relative::ImageBase => t + a,
             Relative::Place => t + a - p,
             Relative::Page => ((t + a) & !0xfff) - (p & !0xfff),
         };
@@ -331,6 +331,8 @@ pub fn rebind(
         init: image.init.iter().map(|a| a.at(base)).collect(),
         fini: image.fini.iter().map(|a| a.at(base)).collect(),
         eh_frame: image.eh_frame.map(|o| base + o),
+        // Images are of this process's system (ELF): no COFF unwind table.
+        function_table: None,
         dso_handle: base + image.dso_handle,
         tls: image.tls.map(|t| TlsTemplate {
             module_id,

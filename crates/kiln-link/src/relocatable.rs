@@ -619,6 +619,7 @@ impl codec::Field for FixupRow {
             Relative::Place => 1,
             Relative::Page => 2,
             Relative::GotBase => 3,
+            Relative::ImageBase => 4,
         };
         let (check, bits) = match self.check {
             Check::None => (0, 0),
@@ -664,6 +665,7 @@ impl codec::Field for FixupRow {
             1 => Relative::Place,
             2 => Relative::Page,
             3 => Relative::GotBase,
+            4 => Relative::ImageBase,
             n => return Err(invalid("formula", n)),
         };
         let bits = u32::from(b[2]);

@@ -34,6 +34,9 @@ pub fn scan_symbols(
         object: name.to_string(),
         what,
     };
+    if crate::coff::is_coff(data) {
+        return scan_coff(name, data, architecture);
+    }
     check_header(name, data, architecture)?;
     let header = elf::FileHeader64::<LE>::parse(data).map_err(|e| malformed(e.to_string()))?;
     let endian = header.endian().map_err(|e| malformed(e.to_string()))?;
@@ -67,6 +70,36 @@ pub fn scan_symbols(
             out.functions.push(sym_name.clone());
         }
         if binding == elf::STB_WEAK {
+            out.weak.push(sym_name);
+        } else {
+            out.defined.push(sym_name);
+        }
+    }
+    Ok(out)
+}
+
+/// [`scan_symbols`] of a COFF object: read as the link reads it.
+fn scan_coff(
+    name: &str,
+    data: &[u8],
+    architecture: Architecture,
+) -> Result<ObjectSymbols, LinkError> {
+    use crate::object_file::{Binding, ObjectFile, SymSection};
+    let obj = ObjectFile::parse(name, data, architecture)?;
+    let mut out = ObjectSymbols::default();
+    for sym in obj.symbols.iter().skip(1) {
+        if sym.binding == Binding::Local || sym.name.is_empty() {
+            continue;
+        }
+        let sym_name: Box<str> = String::from_utf8_lossy(sym.name).into();
+        if sym.section == SymSection::Undefined {
+            out.undefined.push(sym_name);
+            continue;
+        }
+        if sym.is_func() {
+            out.functions.push(sym_name.clone());
+        }
+        if sym.binding == Binding::Weak {
             out.weak.push(sym_name);
         } else {
             out.defined.push(sym_name);

@@ -36,6 +36,19 @@ pub struct WindowsUnwind {
     pub info: Vec<u8>,
 }
 
+/// A module's Windows x64 unwind table as COFF objects carry it (`.pdata`): its
+/// `RUNTIME_FUNCTION` entries, sorted by their first byte, relative to `image_base`.
+/// Their `UNWIND_INFO` (and its handlers' data) is in the module, relative to the same
+/// base: the table is registered in place (`RtlAddFunctionTable(entries, n, image_base)`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionTable {
+    /// The module's lowest address: what the entries' offsets count from.
+    pub image_base: u64,
+    /// Each function's (first byte, one past its last byte, `UNWIND_INFO`) as offsets from
+    /// `image_base`.
+    pub entries: Vec<[u32; 3]>,
+}
+
 /// A function of the `.eh_frame` that got no unwind data, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skipped {

@@ -61,6 +61,29 @@ pub fn cc_object(name: &str, source: &str, flags: &[&str]) -> Vec<u8> {
     object("cc", "c", name, source, flags)
 }
 
+/// `COMPILER -c FLAGS` of `source` written as `NAME.EXTENSION` (a cross compiler's, a
+/// `clang-16 --target=…`'s): the object's bytes. `compiler` may hold arguments of its
+/// own (`"clang-16 --target=x86_64-w64-windows-gnu"`).
+///
+/// ```no_run
+/// let object = kiln_testkit::compiled_object(
+///     "x86_64-w64-mingw32-gcc", "c", "answer", "int answer(void) { return 42; }", &["-O1"]);
+/// assert_eq!(object[..2], [0x64, 0x86]); // IMAGE_FILE_MACHINE_AMD64: a COFF object
+/// ```
+pub fn compiled_object(
+    compiler: &str,
+    extension: &str,
+    name: &str,
+    source: &str,
+    flags: &[&str],
+) -> Vec<u8> {
+    let mut words = compiler.split_whitespace();
+    let program = words.next().expect("a compiler");
+    let mut all: Vec<&str> = words.collect();
+    all.extend_from_slice(flags);
+    object(program, extension, name, source, &all)
+}
+
 /// `c++ -c FLAGS` of the C++ `source`: the object's bytes.
 pub fn cxx_object(name: &str, source: &str, flags: &[&str]) -> Vec<u8> {
     object("c++", "cpp", name, source, flags)

@@ -22,7 +22,7 @@ pub use binaries::{
     binary, c_executor_binary, cargo_build, cargo_profile, executor_binary, key_file,
     start_executor, start_listening, wine, without_test_environment, ExecutorProcess, KillOnDrop,
 };
-pub use compile::{cc, cc_object, cxx_object, install_capi, run_ok, scratch_dir};
+pub use compile::{cc, cc_object, compiled_object, cxx_object, install_capi, run_ok, scratch_dir};
 pub use netns::VethPair;
 pub use perf_map::{
     free_perf_map, output_with_free_perf_map, perf_map_path, perf_map_was_taken, with_free_perf_map,

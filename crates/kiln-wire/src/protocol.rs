@@ -442,6 +442,20 @@ messages! {
             /// The definitions.
             symbols: Vec<WireExport>,
         },
+        /// Windows executors: a module's unwind table as its COFF objects carry it (their
+        /// `.pdata`, linked in the module with its `.xdata`): `RUNTIME_FUNCTION` entries
+        /// sorted by their first byte, each (begin, end, unwind info) relative to
+        /// `image_base`, for the system's unwinder (crash reports, debuggers' backtraces,
+        /// `longjmp`, C++ exceptions). The unwind information stays in the module (its
+        /// handlers' data is relative to the same base): the executor checks every entry
+        /// against the memory it prepared, copies the entries and registers them
+        /// (`RtlAddFunctionTable`). Answers a handle for [`Request::DeregisterUnwindInfo`].
+        RegisterFunctionTable = 38 as REGISTER_FUNCTION_TABLE "register function table" {
+            /// What the entries' offsets count from: the module's lowest address.
+            image_base: u64,
+            /// Each function: begin, end, `UNWIND_INFO`, as offsets from `image_base`.
+            entries: Vec<(u32, u32, u32)>,
+        },
     }
 
     /// A response from the executor (or, to a [`Request::ResolveStub`], from the controller).
@@ -781,6 +795,10 @@ mod tests {
                 functions: vec![(0x1000, 0x1040, vec![1, 4, 1, 0, 4, 0x50, 0, 0])],
             },
             Request::DeregisterUnwindInfo { handle: 2 },
+            Request::RegisterFunctionTable {
+                image_base: 0x10000,
+                entries: vec![(0x1000, 0x1040, 0x3000), (0x1040, 0x1080, 0x3008)],
+            },
             Request::Batch(vec![
                 Request::Prepare {
                     handle: 1,

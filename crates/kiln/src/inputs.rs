@@ -131,8 +131,9 @@ impl Jit {
         if self.inner.image_cache.is_none() {
             kiln_link::check_objects(&mut inputs, self.inner.architecture)?;
         }
-        if self.inner.target_os == crate::executor::TargetOs::Windows {
-            for input in &inputs {
+        for input in &inputs {
+            check_format(self.inner.target_os, &input.name, input.bytes())?;
+            if self.inner.target_os == crate::executor::TargetOs::Windows {
                 refuse_thread_locals(&input.name, input.bytes())?;
             }
         }
@@ -146,6 +147,7 @@ impl Jit {
         if self.inner.image_cache.is_none() {
             input.check(self.inner.architecture)?;
         }
+        check_format(self.inner.target_os, &input.name, input.bytes())?;
         if self.inner.target_os == crate::executor::TargetOs::Windows {
             refuse_thread_locals(&input.name, input.bytes())?;
         }
@@ -471,21 +473,27 @@ impl Jit {
 /// Refuses an object with thread-local sections for a Windows executor: its thread-locals
 /// would need the Windows TLS directory, which Kiln does not make yet.
 fn refuse_thread_locals(name: &str, bytes: &[u8]) -> Result<(), Error> {
-    use object::{Object, ObjectSection, SectionFlags};
-    let Ok(file) = object::File::parse(bytes) else {
-        return Ok(()); // Checked already: the link reports what is wrong.
-    };
-    let tls = file.sections().find(|s| match s.flags() {
-        SectionFlags::Elf { sh_flags, .. } => sh_flags.0 & object::elf::SHF_TLS.0 != 0,
-        _ => false,
-    });
-    match tls {
+    match kiln_link::thread_local_section(bytes, kiln_link::Architecture::X86_64) {
         Some(section) => Err(Error::Unsupported(format!(
-            "{name}: section {}: thread-locals are not supported on Windows executors yet",
-            section.name().unwrap_or("?")
+            "{name}: section {section}: thread-locals are not supported on Windows executors yet"
         ))),
         None => Ok(()),
     }
+}
+
+/// Checks an object's format against the executor's system: a COFF object (Windows') is
+/// refused for an executor that runs Linux, before anything is linked.
+fn check_format(
+    target_os: crate::executor::TargetOs,
+    name: &str,
+    bytes: &[u8],
+) -> Result<(), Error> {
+    if target_os != crate::executor::TargetOs::Windows && kiln_link::is_coff(bytes) {
+        return Err(Error::Unsupported(format!(
+            "{name}: a COFF object (Windows'), but the executor runs Linux: compile for it (an ELF object, `cc -c`)"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -61,7 +61,7 @@ pub(crate) struct Resolved {
 /// What the executor keeps for a module, installed before it is made.
 struct Installed {
     tls_module: Option<u64>,
-    eh: Option<EhRegistration>,
+    eh: Vec<EhRegistration>,
     exports: Option<ExportHandle>,
 }
 
@@ -437,13 +437,18 @@ impl LinkJob<'_> {
             executor.install_tls(template)?;
         }
         let eh = match linked.eh_frame {
-            // Windows unwinds with its own tables (RUNTIME_FUNCTION), made from
-            // `.eh_frame` during the link.
+            // Windows unwinds with its own tables (RUNTIME_FUNCTION): made from
+            // `.eh_frame` during the link, and COFF objects' own (`.pdata`).
             _ if self.jit.inner.target_os == crate::executor::TargetOs::Windows => {
-                executor.register_unwind_info(windows_unwind)?
+                let made = executor.register_unwind_info(windows_unwind)?;
+                let table = match &linked.function_table {
+                    Some(table) => executor.register_function_table(table)?,
+                    None => None,
+                };
+                made.into_iter().chain(table).collect()
             }
-            Some(address) => executor.register_eh_frame(address)?,
-            None => None,
+            Some(address) => executor.register_eh_frame(address)?.into_iter().collect(),
+            None => Vec::new(),
         };
         // Windows has no process-wide namespace that a DLL's imports search: nothing to
         // export to.

@@ -24,7 +24,9 @@ pub(crate) struct ModuleInner {
     pub(crate) fini: Box<[u64]>,
     pub(crate) dso_handle: u64,
     pub(crate) tls_module: Option<u64>,
-    pub(crate) eh: Mutex<Option<EhRegistration>>,
+    /// Its registrations with the executor's unwinder (`.eh_frame`; on Windows, the
+    /// unwind data made from it and its COFF objects' table).
+    pub(crate) eh: Mutex<Vec<EhRegistration>>,
     pub(crate) exports: Mutex<Option<ExportHandle>>,
     pub(crate) finalized: Mutex<bool>,
     pub(crate) executor: Executor,
@@ -87,7 +89,7 @@ impl ModuleInner {
         }
         self.run_finalizers();
         self.executor.unregister_module(self.dso_handle);
-        if let Some(registration) = self.eh.lock().take() {
+        for registration in std::mem::take(&mut *self.eh.lock()) {
             self.executor.deregister_eh_frame(registration);
         }
     }

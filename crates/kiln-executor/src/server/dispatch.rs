@@ -268,7 +268,9 @@ pub(super) fn handle(state: &mut State, request: Request) -> Result<Reply, Strin
         Request::OldestCodeGuard => Ok(Reply::Plain(Response::Value(
             kiln_runtime::code_guards::oldest(),
         ))),
-        Request::RegisterUnwindInfo { .. } | Request::DeregisterUnwindInfo { .. } => {
+        Request::RegisterUnwindInfo { .. }
+        | Request::RegisterFunctionTable { .. }
+        | Request::DeregisterUnwindInfo { .. } => {
             Err("Windows unwind data is for Windows executors: this one registers .eh_frame".into())
         }
         Request::RegisterEhFrame { address } => {

@@ -178,6 +178,9 @@ pub(crate) enum Relative {
     Page,
     /// T + A − GOT.
     GotBase,
+    /// T + A − the module's image base, its lowest address (Windows' relative virtual
+    /// addresses, `IMAGE_REL_AMD64_ADDR32NB`: unwind tables and their handlers' data).
+    ImageBase,
 }
 
 /// Which values a field accepts.

@@ -14,7 +14,7 @@ const R_REX_GOTPCRELX: u32 = object::elf::R_X86_64_REX_GOTPCRELX.0;
 
 use Check::{None as NoCheck, Signed, Unsigned};
 use Field::Word;
-use Relative::{Absolute, GotBase, Place};
+use Relative::{Absolute, GotBase, ImageBase, Place};
 use Target::{
     Call, DtpMod, DtpOff, GotEntry, Nothing, Plt, Size, Symbol, TlsDescEntry, TlsGdEntry,
     TlsLdEntry, TpOff, TpOffEntry, Unsupported,
@@ -59,6 +59,22 @@ static RELOCATIONS: &[Relocation] = &[
     row!(R_X86_64_TLSDESC, Unsupported("TLS-descriptor (R_X86_64_TLSDESC in data)"), Absolute, NoCheck, Word(8)),
     row!(R_X86_64_GOTPCRELX, GotEntry, Place, Signed(32), Word(4)),
     row!(R_X86_64_REX_GOTPCRELX, GotEntry, Place, Signed(32), Word(4)),
+    // COFF (crate::coff): IMAGE_REL_AMD64_* type t is row 0x400 + t; addends are the
+    // fields' values (REL32_N's made relative to the field's end, as ELF's).
+    row!(0x400 as IMAGE_REL_AMD64_ABSOLUTE, Nothing, Absolute, NoCheck, Word(0)),
+    row!(0x401 as IMAGE_REL_AMD64_ADDR64, Symbol, Absolute, NoCheck, Word(8)),
+    row!(0x402 as IMAGE_REL_AMD64_ADDR32, Symbol, Absolute, Unsigned(32), Word(4)),
+    row!(0x403 as IMAGE_REL_AMD64_ADDR32NB, Symbol, ImageBase, Unsigned(32), Word(4)),
+    row!(0x404 as IMAGE_REL_AMD64_REL32, Call, Place, Signed(32), Word(4)),
+    row!(0x405 as IMAGE_REL_AMD64_REL32_1, Call, Place, Signed(32), Word(4)),
+    row!(0x406 as IMAGE_REL_AMD64_REL32_2, Call, Place, Signed(32), Word(4)),
+    row!(0x407 as IMAGE_REL_AMD64_REL32_3, Call, Place, Signed(32), Word(4)),
+    row!(0x408 as IMAGE_REL_AMD64_REL32_4, Call, Place, Signed(32), Word(4)),
+    row!(0x409 as IMAGE_REL_AMD64_REL32_5, Call, Place, Signed(32), Word(4)),
+    // SECTION and SECREL (debug information's, never loaded; and Windows thread-locals',
+    // not yet supported) have no row: in a loaded section they are unsupported.
+    // A REL32 to `__imp_NAME`: NAME's GOT entry is its import-address-table slot.
+    row!(0x420 as IMAGE_REL_AMD64_REL32_IMPORT, GotEntry, Place, Signed(32), Word(4)),
 ];
 
 /// `R_X86_64_PC32`, what a relaxed GOT load becomes.
@@ -73,6 +89,13 @@ fn dynamic_name(r_type: u32) -> &'static str {
         8 => "R_X86_64_RELATIVE",
         37 => "R_X86_64_IRELATIVE",
         38 => "R_X86_64_RELATIVE64",
+        0x40a => "IMAGE_REL_AMD64_SECTION",
+        0x40b => "IMAGE_REL_AMD64_SECREL",
+        0x40c => "IMAGE_REL_AMD64_SECREL7",
+        0x40d => "IMAGE_REL_AMD64_TOKEN",
+        0x40e => "IMAGE_REL_AMD64_SREL32",
+        0x40f => "IMAGE_REL_AMD64_PAIR",
+        0x410 => "IMAGE_REL_AMD64_SSPAN32",
         _ => "unknown",
     }
 }
@@ -192,7 +215,7 @@ mod tests {
     fn every_row_is_found_under_its_own_number_and_named_in_the_psabi_style() {
         for r in RELOCATIONS {
             assert_eq!(X86_64.relocation(r.r_type).map(|x| x.name), Some(r.name));
-            assert!(r.name.starts_with("R_X86_64_"));
+            assert!(r.name.starts_with("R_X86_64_") || r.name.starts_with("IMAGE_REL_AMD64_"));
         }
         assert_eq!(X86_64.relocation_name(7), "R_X86_64_JUMP_SLOT");
         assert!(X86_64.relocation(7).is_none());

@@ -35,9 +35,16 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         } else {
             0
         };
+        // The lowest address of the module (where Windows' relative addresses count from).
+        let image_base = (0..4)
+            .filter(|&s| l.seg_size[s] > 0)
+            .map(|s| bases[s])
+            .min()
+            .unwrap_or(bases[SEG_RX]);
         Ok(Allocated {
             in_flight,
             bases,
+            image_base,
             got_base: bases[SEG_R] + l.got_offset,
             plt_base: bases[SEG_RX] + l.plt_offset,
             dso_handle: bases[SEG_RW] + l.dso_offset,

@@ -159,7 +159,8 @@ fn decode_object(
     let arch = linker.arch;
     let index = arch.relocation_index();
     let obj = &linker.objs[oi];
-    for &(target, relas) in &obj.relocations {
+    for (target, relas) in &obj.relocations {
+        let (target, relas) = (*target, &relas[..]);
         let p = linker.places[oi][target as usize];
         let sec = obj.sections[target as usize];
         let loaded = match p {

@@ -8,6 +8,7 @@ mod fixup;
 mod keep_image;
 mod layout_sections;
 mod layout_synthesized;
+mod read_function_table;
 mod read_init_arrays;
 mod section_bytes;
 mod static_tls;
@@ -51,7 +52,7 @@ fn before_allocation<'a, 'c>() -> [Step<PassBefore<'a, 'c>>; 5] {
 }
 
 /// The passes after `allocate`, in order.
-fn after_allocation<'a, 'c>() -> [Step<PassAfter<'a, 'c>>; 9] {
+fn after_allocation<'a, 'c>() -> [Step<PassAfter<'a, 'c>>; 10] {
     [
         Step::Plugins(PassPoint::Allocated),
         Step::Builtin("write-contents", LinkGraph::write_contents),
@@ -60,6 +61,7 @@ fn after_allocation<'a, 'c>() -> [Step<PassAfter<'a, 'c>>; 9] {
         Step::Builtin("write-got-and-stubs", LinkGraph::write_got_and_stubs),
         Step::Builtin("fixup", LinkGraph::fixup),
         Step::Builtin("read-init-arrays", LinkGraph::read_init_arrays),
+        Step::Builtin("read-function-table", LinkGraph::read_function_table),
         Step::Plugins(PassPoint::FixedUp),
         Step::Builtin("keep-image", LinkGraph::keep_image),
     ]

@@ -389,6 +389,13 @@ impl Executor {
         self.service.register_unwind_info(functions)
     }
 
+    pub(crate) fn register_function_table(
+        &self,
+        table: &kiln_link::windows_unwind::FunctionTable,
+    ) -> Result<Option<EhRegistration>, Error> {
+        self.service.register_function_table(table)
+    }
+
     pub(crate) fn deregister_eh_frame(&self, registration: EhRegistration) {
         self.service.deregister_eh_frame(registration)
     }

@@ -246,6 +246,18 @@ impl ExecutorService for Remote {
         Ok(Some(EhRegistration::new(RemoteUnwindInfo(handle))))
     }
 
+    fn register_function_table(
+        &self,
+        table: &kiln_link::windows_unwind::FunctionTable,
+    ) -> Result<Option<EhRegistration>, Error> {
+        let entries = table.entries.iter().map(|e| (e[0], e[1], e[2])).collect();
+        let handle = self.value(Request::RegisterFunctionTable {
+            image_base: table.image_base,
+            entries,
+        })?;
+        Ok(Some(EhRegistration::new(RemoteUnwindInfo(handle))))
+    }
+
     fn guard_branch_targets(&self, address: u64, len: u64) -> Result<(), Error> {
         self.request(Request::GuardBranchTargets { address, len })?;
         Ok(())

@@ -225,6 +225,21 @@ pub trait ExecutorService: Send + Sync {
         ))
     }
 
+    /// Registers a module's Windows unwind table as its COFF objects carry it (their
+    /// `.pdata`, linked in the module: [`kiln_link::windows_unwind::FunctionTable`]) with
+    /// the system's unwinder, in place; withdrawn with
+    /// [`ExecutorService::deregister_eh_frame`]. Executors of other systems have none to
+    /// register: `Error::Unsupported`.
+    fn register_function_table(
+        &self,
+        table: &kiln_link::windows_unwind::FunctionTable,
+    ) -> Result<Option<EhRegistration>, Error> {
+        let _ = table;
+        Err(Error::Unsupported(
+            "a COFF unwind table (.pdata), for an executor that is not a Windows one".into(),
+        ))
+    }
+
     /// Maps whole pages of BTI-built code guarded, where the architecture has the guard.
     fn guard_branch_targets(&self, address: u64, len: u64) -> Result<(), Error>;
 

@@ -90,6 +90,7 @@ pub(super) fn place_stubs(
             init: Vec::new(),
             fini: Vec::new(),
             eh_frame: None,
+            function_table: None,
             // No `__cxa_atexit` names it: any address of the module's own.
             dso_handle: slots + 8 * n as u64,
             tls: None,
