@@ -973,6 +973,7 @@ typedef uint64_t (*call6)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint
  * to be code prepared read-execute before the job was started. */
 static uint64_t run_code(struct code_job *job) {
     uint64_t value = 0;
+    plat_before_code();
     switch (job->tag) {
     case T_CALL: {
         /* Six integer arguments, in the system's calling convention (Win64: the first four

@@ -92,6 +92,9 @@ struct plat_thread;
 int plat_start_thread(void *(*fn)(void *), void *arg, size_t stack, struct plat_thread **joinable);
 void plat_join(struct plat_thread *thread);
 void *plat_code_thread_enter(void);
+/* Before a request's code runs on the calling thread: whatever the thread needs of what was
+ * installed since its code last ran (Windows: modules' thread-local images). */
+void plat_before_code(void);
 void plat_code_thread_left(void *room);
 void plat_mark_reading_thread(void);
 int plat_is_reading_thread(void);

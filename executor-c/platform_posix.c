@@ -313,6 +313,9 @@ void plat_join(struct plat_thread *thread) {
 
 /* Crash reports run on a stack of their own in code threads too (sigaltstack is per
  * thread), so a stack overflow reports. */
+/* Static TLS blocks are the loader's: every thread has them. */
+void plat_before_code(void) {}
+
 void *plat_code_thread_enter(void) {
     void *stack = malloc(64 * 1024);
     if (stack) {

@@ -56,12 +56,12 @@
 const char plat_executor_name[] = "kiln-executor-c for Windows";
 const char plat_triple[] = "x86_64-pc-windows-gnu";
 
-/* Thread-local storage, exports, stdio adoption, the environment (the controller's is
- * another system's: its PATH is no DLL search path), debug outputs, call-through stubs'
- * hot swap and batches: not yet. */
+/* Exports, stdio adoption, the environment (the controller's is another system's: its PATH
+ * is no DLL search path), debug outputs, call-through stubs' hot swap and batches: not
+ * yet. Thread-local storage: static blocks only (below). */
 int plat_serves(int tag) {
     switch (tag) {
-    case T_RESERVE_TLS_MODULE: case T_INSTALL_TLS: case T_REMOVE_TLS: case T_PLACE_STATIC_TLS:
+    case T_INSTALL_TLS:
     case T_EXPORT_SYMBOLS: case T_UNEXPORT_SYMBOLS: case T_SET_ENVIRONMENT:
     case T_STORE_CODE_POINTER: case T_OLDEST_CODE_GUARD:
         return 0;
@@ -510,13 +510,17 @@ static int kiln_printf(const char *fmt, ...) {
     X(__fpclassify) X(__isnan) X(__isnanf) X(__signbit)                                       \
     X(__divti3) X(__modti3) X(__udivti3) X(__umodti3) X(__udivmodti4) X(__multi3)             \
     X(__floattidf) X(__floatuntidf) X(__floattisf) X(__floatuntisf)                           \
-    X(__fixdfti) X(__fixunsdfti) X(__fixsfti) X(__fixunssfti) X(__popcountdi2)
+    X(__fixdfti) X(__fixunsdfti) X(__fixsfti) X(__fixunssfti) X(__popcountdi2)              \
+    X(__emutls_get_address)
 
 #define DECLARE_STATIC(name) extern void kiln_static_##name(void) __asm__(#name);
 STATIC_RUNTIME(DECLARE_STATIC)
 
+/* mingw's tlssup.c: this executable's TLS index (plat_static_tls). */
+extern ULONG _tls_index;
+
 #define STATIC_ENTRY(name) {#name, kiln_static_##name},
-static const struct runtime_symbol runtime_symbols[] = {
+static struct runtime_symbol runtime_symbols[] = {
     {"__main", kiln_main_noop},
     {"__chkstk_ms", kiln_static____chkstk_ms}, /* the probe under its other spelling */
     {"exit", (void (*)(void))kiln_exit},
@@ -531,8 +535,13 @@ static const struct runtime_symbol runtime_symbols[] = {
     {"__mingw_fprintf", (void (*)(void))kiln_fprintf},
     {"__mingw_printf", (void (*)(void))kiln_printf},
     STATIC_RUNTIME(STATIC_ENTRY)
+    /* Thread-locals: COFF code's `mov _tls_index(%rip)` reads this executor's TLS index
+     * from a copy near the C runtime, where JIT code is placed (this executable's own
+     * `_tls_index` is out of a 32-bit displacement's reach); set by plat_setup_runtime,
+     * offered only if it could be placed. The last entry. */
+    {"_tls_index", NULL},
 };
-#define RUNTIME_SYMBOLS (sizeof runtime_symbols / sizeof *runtime_symbols)
+#define RUNTIME_SYMBOLS (sizeof runtime_symbols / sizeof *runtime_symbols - (runtime_symbols[sizeof runtime_symbols / sizeof *runtime_symbols - 1].address == NULL))
 
 /* ---- symbols ------------------------------------------------------------------------- */
 
@@ -614,7 +623,7 @@ void plat_lookup(void *library, void *const *libraries, int count, const char *n
         for (size_t i = 0; i < RUNTIME_SYMBOLS; i++)
             if (strcmp(runtime_symbols[i].name, name) == 0) {
                 *address = (uint64_t)(uintptr_t)runtime_symbols[i].address;
-                *kind = 1;
+                *kind = kind_of(*address);
                 return;
             }
         for (size_t i = 0; i < MSVCRT_ALIASES && !p; i++)
@@ -1018,6 +1027,61 @@ void plat_setup_crash_reports(void) {
     atexit(on_program_exit);
 }
 
+/* ---- thread-local storage ------------------------------------------------------------ */
+
+/* JIT modules' thread-locals, as COFF code reaches them (`_tls_index`, then the offset of a
+ * variable in its module's `.tls`, `IMAGE_REL_AMD64_SECREL`): a module's block is placed in
+ * a reserve of this executor's own TLS block — an array in `.tls$KILN`, between mingw's
+ * `.tls` and `.tls$ZZZ`, so inside the template the loader copies for every new thread —
+ * and its code is given this executor's `_tls_index` and the block's offset in the
+ * executor's block as its "thread-pointer offset". Placing a block writes the module's
+ * image into the template (threads started later copy it); a thread that existed before
+ * copies the images placed since, before its next request's code runs (plat_before_code).
+ * Blocks are not given back (RemoveTls leaves the space, as static TLS on Linux). */
+#define TLS_RESERVE (64 * 1024)
+__attribute__((section(".tls$KILN"), aligned(64))) unsigned char kiln_tls_reserve[TLS_RESERVE];
+extern const IMAGE_TLS_DIRECTORY _tls_used;
+static uint64_t tls_used_bytes;
+#define MAX_TLS_BLOCKS 1024
+static struct { uint64_t at, size; } tls_blocks[MAX_TLS_BLOCKS];
+static volatile LONG tls_block_count;
+static __thread LONG tls_blocks_copied;
+
+/* This thread's copy of the reserve. */
+static unsigned char *thread_tls_reserve(void) {
+    unsigned char **blocks; /* the TEB's ThreadLocalStoragePointer */
+    __asm__("movq %%gs:0x58, %0" : "=r"(blocks));
+    uint64_t offset = (uint64_t)(kiln_tls_reserve - (unsigned char *)(uintptr_t)_tls_used.StartAddressOfRawData);
+    return blocks[_tls_index] + offset;
+}
+
+int plat_static_tls(uint64_t size, uint64_t align, const uint8_t *image, uint32_t image_len, int64_t *tp_offset,
+                    char *why, size_t why_len) {
+    uint64_t at = align > 1 ? (tls_used_bytes + align - 1) & ~(align - 1) : tls_used_bytes;
+    if (align > 64 || at + size > TLS_RESERVE || tls_block_count == MAX_TLS_BLOCKS) {
+        snprintf(why, why_len, "the executor's reserve of %u bytes (aligned to 64) has %llu left", TLS_RESERVE,
+                 (unsigned long long)(TLS_RESERVE - tls_used_bytes));
+        return -1;
+    }
+    memcpy(kiln_tls_reserve + at, image, image_len);
+    memset(kiln_tls_reserve + at + image_len, 0, size - image_len);
+    tls_used_bytes = at + size;
+    tls_blocks[tls_block_count].at = at;
+    tls_blocks[tls_block_count].size = size;
+    InterlockedIncrement(&tls_block_count);
+    *tp_offset = (int64_t)(kiln_tls_reserve - (unsigned char *)(uintptr_t)_tls_used.StartAddressOfRawData) + (int64_t)at;
+    return 0;
+}
+
+void plat_before_code(void) {
+    LONG placed = tls_block_count;
+    if (tls_blocks_copied == placed) return;
+    unsigned char *mine = thread_tls_reserve();
+    for (LONG i = tls_blocks_copied; i < placed; i++)
+        memcpy(mine + tls_blocks[i].at, kiln_tls_reserve + tls_blocks[i].at, tls_blocks[i].size);
+    tls_blocks_copied = placed;
+}
+
 /* ---- unwind tables ------------------------------------------------------------------ */
 
 static int by_begin(const void *a, const void *b) {
@@ -1105,14 +1169,7 @@ int plat_eh_frame(uint64_t address, int reg, char *why, size_t why_len) {
     return 0;
 }
 
-/* Thread-local storage, exports and the environment: never asked for (plat_serves). */
-int plat_static_tls(uint64_t size, uint64_t align, const uint8_t *image, uint32_t image_len, int64_t *tp_offset,
-                    char *why, size_t why_len) {
-    (void)size, (void)align, (void)image, (void)image_len, (void)tp_offset;
-    snprintf(why, why_len, "not on Windows");
-    return -1;
-}
-
+/* Exports and the environment: never asked for (plat_serves). */
 void *plat_export(const struct export_symbol *symbols, uint32_t n, char *why, size_t why_len) {
     (void)symbols, (void)n;
     snprintf(why, why_len, "not on Windows");
@@ -1133,6 +1190,28 @@ int plat_replace_environment(char **vars, uint32_t n, char *why, size_t why_len)
     return -1;
 }
 
+/* The copy of `_tls_index` JIT code reads (see runtime_symbols): one page within 512 KiB
+ * of msvcrt.dll's image, so that it is within a 32-bit displacement of every byte placed
+ * near the C runtime (plat_library_windows leaves 1 MiB of slack), read-only. */
+static void place_tls_index_copy(void) {
+    uint64_t lo, hi;
+    if (!module_range(msvcrt, &lo, &hi)) return;
+    const uint64_t granule = 1 << 16;
+    for (uint64_t step = 0; step < 8; step++) {
+        uint64_t tries[2] = {((hi + granule - 1) & ~(granule - 1)) + step * granule,
+                             (lo & ~(granule - 1)) - (step + 1) * granule};
+        for (int i = 0; i < 2; i++) {
+            ULONG *copy = VirtualAlloc((void *)(uintptr_t)tries[i], 4096, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
+            if (!copy) continue;
+            *copy = _tls_index;
+            DWORD old;
+            VirtualProtect(copy, 4096, PAGE_READONLY, &old);
+            runtime_symbols[sizeof runtime_symbols / sizeof *runtime_symbols - 1].address = (void (*)(void))(void *)copy;
+            return;
+        }
+    }
+}
+
 void plat_setup_runtime(void) {
     msvcrt = GetModuleHandleA("msvcrt.dll");
     kernel32 = GetModuleHandleA("kernel32.dll");
@@ -1141,6 +1220,7 @@ void plat_setup_runtime(void) {
     ucrt = LoadLibraryA("ucrtbase.dll");
     if (ucrt) ucrt_fflush = (int (*)(FILE *))(void (*)(void))GetProcAddress(ucrt, "fflush");
     kiln_msvcrt_setjmp = (void *)GetProcAddress(msvcrt, "_setjmp");
+    place_tls_index_copy();
 }
 
 /* The program's end, after main returned: its atexit handlers, their output flushed. */

@@ -299,6 +299,39 @@ fn thread_locals_are_refused_by_name_on_windows() {
     );
 }
 
+/// A COFF object's thread-locals, from several threads: emulated ones (mingw-w64 gcc's,
+/// `__emutls_get_address` from the executor's runtime) and native ones (clang's:
+/// `_tls_index`, `.tls`, `SECREL`, placed in the executor's own static TLS block).
+#[test]
+fn thread_locals_of_coff_objects_work_from_several_threads() {
+    if kiln_testkit::skip_cross("thread_locals_of_coff_objects_work_from_several_threads") {
+        return;
+    }
+    let (_executor, port) = windows_executor();
+    let source = repo().join("tests/programs/windows_tls.c");
+    let (native, native_objects) = native_run(
+        &scratch("tls-native"),
+        std::slice::from_ref(&source),
+        &[],
+        &[],
+    );
+    assert_eq!(
+        text(&native.stdout).trim_end(),
+        "main 15 2, threads 603 704 805"
+    );
+    let dir = scratch("tls-coff-clang");
+    for (what, object) in [
+        ("mingw-w64 gcc -O2 (emulated)", native_objects[0].clone()),
+        (
+            "clang -O0 (native)",
+            windows_coff_object(CLANG_COFF, &dir, &source, &["-O0"]),
+        ),
+    ] {
+        let kiln = kiln_run(port, &[object], &[]);
+        assert_same(&format!("windows_tls {what}"), &native, &kiln);
+    }
+}
+
 #[test]
 fn zlib_sqlite_and_lua_from_source_run_on_windows_as_natively() {
     if kiln_testkit::skip_cross("zlib_sqlite_and_lua_from_source_run_on_windows_as_natively") {

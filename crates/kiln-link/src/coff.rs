@@ -19,7 +19,9 @@
 //! - **Relocations**: COFF keeps a relocation's addend in the field it patches; each one
 //!   becomes an ELF `Rela` of a COFF row of the x86-64 table (`IMAGE_REL_AMD64_*`), whose
 //!   addend is the field's value (minus the distance from the field's end for `REL32_N`,
-//!   as ELF's PC-relative addends carry it). A `REL32` to an undefined `__imp_NAME` (a
+//!   as ELF's PC-relative addends carry it). A `REL32` that is a branch's operand, or that
+//!   refers to a function, may go through a stub when its target is out of reach; other
+//!   PC-relative references must reach theirs. A `REL32` to an undefined `__imp_NAME` (a
 //!   `dllimport` reference: the import-address-table slot of NAME) becomes a reference to
 //!   NAME's GOT entry: the link's GOT is the JIT module's import table.
 //! - **COMDAT**: a COMDAT section with the sections associated with it
@@ -46,6 +48,21 @@ pub(crate) const COFF_TYPES: u32 = 0x400;
 /// The row of a `REL32`…`REL32_5` to an undefined `__imp_NAME`, made a GOT-relative
 /// reference to NAME.
 pub(crate) const COFF_IMPORT_REL32: u32 = COFF_TYPES + 0x20;
+/// The row of a `REL32` that is a branch's operand (`call`, `jmp`, `jcc` rel32) or refers
+/// to a function: reached through a stub when the target is out of reach. Other `REL32`s
+/// (data operands) must reach their target, as a linker requires.
+pub(crate) const COFF_BRANCH_REL32: u32 = COFF_TYPES + 0x21;
+
+/// Whether the 4-byte field at `at` of code `bytes` is the operand of a rel32 branch: `E8`
+/// (call), `E9` (jmp) or `0F 80`–`0F 8F` (jcc) just before it. (No RIP-relative ModRM byte
+/// is one of these: theirs have mod 00.)
+fn is_branch_operand(bytes: &[u8], at: usize) -> bool {
+    match at.checked_sub(1).and_then(|i| bytes.get(i)) {
+        Some(0xe8 | 0xe9) => true,
+        Some(0x80..=0x8f) => at >= 2 && bytes[at - 2] == 0x0f,
+        _ => false,
+    }
+}
 
 /// `IMAGE_FILE_MACHINE_*` values a Windows object may carry, and their names.
 fn machine_name(machine: u16) -> Option<&'static str> {
@@ -288,8 +305,12 @@ fn parse_with<'a, Coff: CoffHeader>(
             pe::IMAGE_SYM_CLASS_WEAK_EXTERNAL => Binding::Weak,
             _ => Binding::Local,
         };
+        let in_tls =
+            matches!(section, SymSection::Section(s) if sections[s as usize].flags & SHF_TLS != 0);
         let kind = if is_section_definition {
             object::elf::STT_SECTION.0
+        } else if in_tls {
+            object::elf::STT_TLS.0
         } else if sym.derived_type() == pe::IMAGE_SYM_DTYPE_FUNCTION {
             object::elf::STT_FUNC.0
         } else if section == SymSection::Undefined {
@@ -491,6 +512,11 @@ fn parse_with<'a, Coff: CoffHeader>(
                         next
                     });
                     r_type = COFF_IMPORT_REL32;
+                } else if typ == rel32
+                    && (target.is_func()
+                        || (sec.flags & SHF_EXECINSTR != 0 && is_branch_operand(sec.data, at)))
+                {
+                    r_type = COFF_BRANCH_REL32;
                 }
             }
             if r_type != COFF_IMPORT_REL32 {

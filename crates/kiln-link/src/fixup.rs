@@ -390,6 +390,15 @@ impl<'l, 'a> Resolver<'l, 'a> {
                 Ok(())
             }
         };
+        // COFF's section-relative offsets: a thread-local's in its block; any other is
+        // debug information's, never loaded.
+        if row.target == Target::TpOff && row.name == "IMAGE_REL_AMD64_SECREL" && !self.is_tls(key)
+        {
+            return Err(err_bad(format!(
+                "IMAGE_REL_AMD64_SECREL to '{}', which is no thread-local: section-relative offsets are supported for thread-locals only (debug information is not loaded)",
+                symbol_name()
+            )));
+        }
         // T, the value the formula starts from.
         let t: i128 = match row.target {
             Target::Nothing => return Ok(()),

@@ -426,10 +426,12 @@ impl LinkJob<'_> {
                 }
             }
         }
-        if linked.tls.is_some() && self.jit.inner.target_os == crate::executor::TargetOs::Windows {
-            // An archive member's thread-locals (objects added directly were refused).
+        let dynamic_tls = linked.tls.as_ref().is_some_and(|t| t.tp_offset.is_none());
+        if dynamic_tls && self.jit.inner.target_os == crate::executor::TargetOs::Windows {
+            // An ELF archive member's thread-locals (ELF objects added directly were
+            // refused): a COFF module's are in the executor's static TLS, placed by now.
             return Err(Error::Unsupported(
-                "the module has thread-locals (from an archive member): they are not supported on Windows executors yet".into(),
+                "the module has ELF thread-locals (from an archive member): they are not supported on Windows executors".into(),
             ));
         }
         let tls_module = linked.tls.as_ref().map(|t| t.module_id);

@@ -65,16 +65,21 @@ static RELOCATIONS: &[Relocation] = &[
     row!(0x401 as IMAGE_REL_AMD64_ADDR64, Symbol, Absolute, NoCheck, Word(8)),
     row!(0x402 as IMAGE_REL_AMD64_ADDR32, Symbol, Absolute, Unsigned(32), Word(4)),
     row!(0x403 as IMAGE_REL_AMD64_ADDR32NB, Symbol, ImageBase, Unsigned(32), Word(4)),
-    row!(0x404 as IMAGE_REL_AMD64_REL32, Call, Place, Signed(32), Word(4)),
-    row!(0x405 as IMAGE_REL_AMD64_REL32_1, Call, Place, Signed(32), Word(4)),
-    row!(0x406 as IMAGE_REL_AMD64_REL32_2, Call, Place, Signed(32), Word(4)),
-    row!(0x407 as IMAGE_REL_AMD64_REL32_3, Call, Place, Signed(32), Word(4)),
-    row!(0x408 as IMAGE_REL_AMD64_REL32_4, Call, Place, Signed(32), Word(4)),
-    row!(0x409 as IMAGE_REL_AMD64_REL32_5, Call, Place, Signed(32), Word(4)),
-    // SECTION and SECREL (debug information's, never loaded; and Windows thread-locals',
-    // not yet supported) have no row: in a loaded section they are unsupported.
+    row!(0x404 as IMAGE_REL_AMD64_REL32, Symbol, Place, Signed(32), Word(4)),
+    row!(0x405 as IMAGE_REL_AMD64_REL32_1, Symbol, Place, Signed(32), Word(4)),
+    row!(0x406 as IMAGE_REL_AMD64_REL32_2, Symbol, Place, Signed(32), Word(4)),
+    row!(0x407 as IMAGE_REL_AMD64_REL32_3, Symbol, Place, Signed(32), Word(4)),
+    row!(0x408 as IMAGE_REL_AMD64_REL32_4, Symbol, Place, Signed(32), Word(4)),
+    row!(0x409 as IMAGE_REL_AMD64_REL32_5, Symbol, Place, Signed(32), Word(4)),
+    // SECTION (debug information's, never loaded) has no row: in a loaded section it is
+    // unsupported. SECREL is a thread-local's offset in its module's block (`.tls`), in
+    // a loaded section: the block is in static TLS, and the executor's "thread-pointer
+    // offset" is where the block starts in the block `_tls_index` names.
+    row!(0x40b as IMAGE_REL_AMD64_SECREL, TpOff, Absolute, Unsigned(32), Word(4)),
     // A REL32 to `__imp_NAME`: NAME's GOT entry is its import-address-table slot.
     row!(0x420 as IMAGE_REL_AMD64_REL32_IMPORT, GotEntry, Place, Signed(32), Word(4)),
+    // A REL32 branch operand (or to a function): through a stub when out of reach.
+    row!(0x421 as IMAGE_REL_AMD64_REL32_BRANCH, Call, Place, Signed(32), Word(4)),
 ];
 
 /// `R_X86_64_PC32`, what a relaxed GOT load becomes.
@@ -90,7 +95,6 @@ fn dynamic_name(r_type: u32) -> &'static str {
         37 => "R_X86_64_IRELATIVE",
         38 => "R_X86_64_RELATIVE64",
         0x40a => "IMAGE_REL_AMD64_SECTION",
-        0x40b => "IMAGE_REL_AMD64_SECREL",
         0x40c => "IMAGE_REL_AMD64_SECREL7",
         0x40d => "IMAGE_REL_AMD64_TOKEN",
         0x40e => "IMAGE_REL_AMD64_SREL32",
