@@ -511,17 +511,27 @@ static int kiln_printf(const char *fmt, ...) {
     X(__divti3) X(__modti3) X(__udivti3) X(__umodti3) X(__udivmodti4) X(__multi3)             \
     X(__floattidf) X(__floatuntidf) X(__floattisf) X(__floatuntisf)                           \
     X(__fixdfti) X(__fixunsdfti) X(__fixsfti) X(__fixunssfti) X(__popcountdi2)              \
-    X(__emutls_get_address)
+    X(__emutls_get_address) X(__mingwthr_key_dtor)                                          \
+    X(__gthr_win32_once) X(__gthr_win32_key_create) X(__gthr_win32_key_delete)                \
+    X(__gthr_win32_getspecific) X(__gthr_win32_setspecific)                                   \
+    X(__gthr_win32_mutex_init_function) X(__gthr_win32_mutex_destroy)                         \
+    X(__gthr_win32_mutex_lock) X(__gthr_win32_mutex_trylock) X(__gthr_win32_mutex_unlock)     \
+    X(__gthr_win32_recursive_mutex_init_function) X(__gthr_win32_recursive_mutex_destroy)     \
+    X(__gthr_win32_recursive_mutex_lock) X(__gthr_win32_recursive_mutex_trylock)              \
+    X(__gthr_win32_recursive_mutex_unlock)
 
 #define DECLARE_STATIC(name) extern void kiln_static_##name(void) __asm__(#name);
 STATIC_RUNTIME(DECLARE_STATIC)
 
 /* mingw's tlssup.c: this executable's TLS index (plat_static_tls). */
 extern ULONG _tls_index;
+/* mingw's C runtime: whether it is multithreaded (libstdc++'s locks ask). */
+extern int _CRT_MT;
 
 #define STATIC_ENTRY(name) {#name, kiln_static_##name},
 static struct runtime_symbol runtime_symbols[] = {
     {"__main", kiln_main_noop},
+    {"_CRT_MT", (void (*)(void))(void *)&_CRT_MT},
     {"__chkstk_ms", kiln_static____chkstk_ms}, /* the probe under its other spelling */
     {"exit", (void (*)(void))kiln_exit},
     {"atexit", (void (*)(void))kiln_atexit},

@@ -110,6 +110,8 @@ declare -A cross_needs=(
   # Windows: the mingw-w64 cross compiler (and its headers and import libraries, which
   # clang-16 --target=x86_64-w64-windows-gnu-elf uses too) and Wine to run what it builds.
   [x86_64-w64-mingw32-gcc]=gcc-mingw-w64-x86-64
+  # ... and its C++ (libstdc++ as COFF archives: C++ exceptions in JIT code on Windows).
+  [x86_64-w64-mingw32-g++]=g++-mingw-w64-x86-64-win32
   [/usr/lib/wine/wine64]=wine64
 )
 # Packages the tests need only for their files, and look for under $NATIVE_SYSROOT too:

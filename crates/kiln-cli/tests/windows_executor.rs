@@ -332,6 +332,80 @@ fn thread_locals_of_coff_objects_work_from_several_threads() {
     }
 }
 
+/// C++ exceptions in JIT code on Windows: thrown and caught there (destructors run on the
+/// way), and thrown through JIT frames into a catch of the host's (a DLL built natively).
+/// The C++ library is mingw-w64's own archive, linked into the module as COFF
+/// (`-lstdc++ -lgcc_eh`), as `-static-libstdc++` links it natively.
+#[test]
+fn cxx_exceptions_are_caught_in_jit_code_and_across_it_by_the_host() {
+    if kiln_testkit::skip_cross("cxx_exceptions_are_caught_in_jit_code_and_across_it_by_the_host") {
+        return;
+    }
+    let (_executor, port) = windows_executor();
+    let dir = scratch("exceptions");
+    let gxx = "x86_64-w64-mingw32-g++";
+    let run = |args: &[&str]| {
+        let status = Command::new(gxx)
+            .current_dir(&dir)
+            .args(args)
+            .status()
+            .expect("x86_64-w64-mingw32-g++ runs");
+        assert!(status.success(), "{gxx} {args:?}");
+    };
+    let host = repo().join("tests/programs/windows_host_catch.cc");
+    let program = repo().join("tests/programs/windows_exceptions.cc");
+    run(&[
+        "-shared",
+        "-O2",
+        "-static-libstdc++",
+        "-static-libgcc",
+        host.to_str().unwrap(),
+        "-o",
+        "host_catch.dll",
+    ]);
+    run(&[
+        "-O2",
+        "-c",
+        program.to_str().unwrap(),
+        "-o",
+        "windows_exceptions.obj",
+    ]);
+    run(&[
+        "-static",
+        "windows_exceptions.obj",
+        "host_catch.dll",
+        "-o",
+        "native.exe",
+    ]);
+    let native = wine()
+        .arg(dir.join("native.exe"))
+        .output()
+        .expect("wine runs");
+    assert_eq!(native.status.code(), Some(2), "{}", text(&native.stdout));
+    assert!(text(&native.stdout).contains("host caught: too big: 5"));
+    let libstdcxx = Command::new(gxx)
+        .arg("-print-file-name=libstdc++.a")
+        .output()
+        .unwrap();
+    let libdir = Path::new(text(&libstdcxx.stdout).trim())
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    // The DLL by its path on Wine's Z: drive (the executor's LoadLibrary).
+    let dll = format!("-lZ:{}", dir.join("host_catch.dll").display()).replace('/', "\\");
+    let kiln = Command::new(kiln())
+        .args(["run", "--key-file"])
+        .arg(kiln_testkit::key_file())
+        .arg("--connect")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg(dir.join("windows_exceptions.obj"))
+        .arg(format!("-L{}", libdir.display()))
+        .args(["-lstdc++", "-lgcc_eh", &dll])
+        .output()
+        .expect("kiln runs");
+    assert_same("windows_exceptions", &native, &kiln);
+}
+
 #[test]
 fn zlib_sqlite_and_lua_from_source_run_on_windows_as_natively() {
     if kiln_testkit::skip_cross("zlib_sqlite_and_lua_from_source_run_on_windows_as_natively") {
