@@ -138,6 +138,33 @@ fn coff_objects_link_and_run_with_the_windows_calling_convention() {
     }
 }
 
+/// The C runtime's tables of initializers (`.CRT$XCU`, what MSVC-style code and
+/// `-fno-use-cxa-atexit` C++ put their static constructors in) are the module's
+/// initializers.
+#[test]
+fn crt_initializer_tables_are_the_modules_initializers() {
+    if kiln_testkit::skip_cross("crt_initializer_tables_are_the_modules_initializers") {
+        return;
+    }
+    let source = "static int value;\n\
+                  static void set_value(void) { value = 42; }\n\
+                  __attribute__((section(\".CRT$XCU\"), used)) static void (*const init_entry)(void) = set_value;\n\
+                  int get_value(void) { return value; }\n";
+    for compiler in [CLANG, MINGW] {
+        let linked = try_link(&[coff(compiler, "crt_init", source, &["-O2"])]).expect("links");
+        assert_eq!(linked.init.len(), 1, "{compiler}: the table's entry");
+        let get = linked.symbol("get_value").unwrap();
+        // SAFETY: code of the module, Windows x64 calling convention.
+        let value = unsafe {
+            let init: extern "win64" fn() = std::mem::transmute(linked.init[0] as usize);
+            init();
+            let get: extern "win64" fn() -> i32 = std::mem::transmute(get as usize);
+            get()
+        };
+        assert_eq!(value, 42, "{compiler}");
+    }
+}
+
 #[test]
 fn coff_comdat_keeps_one_copy_and_noduplicates_is_a_duplicate() {
     if kiln_testkit::skip_cross("coff_comdat_keeps_one_copy_and_noduplicates_is_a_duplicate") {

@@ -1,10 +1,11 @@
-//! Figures of "ELF objects on a Windows host", side by side in one run:
+//! Figures of "COFF and ELF objects on a Windows host", side by side in one run:
 //!
 //! 1. The SQLite program (SQLite's amalgamation from the source `libsqlite3-sys` carries,
-//!    and tests/programs/sqlite_driver.c; `--opt`, -O2 by default) under Wine: `kiln run --connect` to the Windows
-//!    executor (link + run, objects compiled by `clang-16
-//!    --target=x86_64-w64-windows-gnu-elf -O2`) against the same source built natively by
-//!    `x86_64-w64-mingw32-gcc -O2` and run by Wine; whole runs, wall clock, interleaved,
+//!    and tests/programs/sqlite_driver.c; `--opt`, -O2 by default) under Wine: `kiln run
+//!    --connect` to the Windows executor (link + run) of COFF objects compiled by
+//!    `x86_64-w64-mingw32-gcc -O2 -c`, and of ELF objects compiled by `clang-16
+//!    --target=x86_64-w64-windows-gnu-elf -O2`, against the native program: the same COFF
+//!    objects linked by mingw-w64 and run by Wine; whole runs, wall clock, interleaved,
 //!    medians.
 //! 2. Kiln's link of that program for the Windows executor against its link for Linux
 //!    (the same source compiled by `clang-16 -O2` for x86-64 Linux, linked in process):
@@ -157,11 +158,14 @@ fn figures(args: &Args) -> Result<(), String> {
         &windows_dir,
     )?;
     let linux = compile(&["clang-16"], &flags, &sources, &linux_dir)?;
+    let coff_dir = args.dir.join("coff");
+    std::fs::create_dir_all(&coff_dir).map_err(|e| e.to_string())?;
+    let coff = compile(&["x86_64-w64-mingw32-gcc"], &flags, &sources, &coff_dir)?;
+    // The native program: the same COFF objects, linked by mingw-w64.
     let native = args.dir.join("sqlite-native.exe");
     run_ok(
         Command::new("x86_64-w64-mingw32-gcc")
-            .args(&flags)
-            .args(&sources)
+            .args(&coff)
             .arg("-o")
             .arg(&native),
         "x86_64-w64-mingw32-gcc",
@@ -190,16 +194,18 @@ fn figures(args: &Args) -> Result<(), String> {
     );
     let address = listening.address.clone();
 
-    let kiln_windows = |noexec: bool| {
+    let kiln_windows_of = |objects: &[PathBuf], noexec: bool| {
         let mut c = Command::new(&kiln);
         c.args(["run", "--connect", &address, "--key-file"])
             .arg(kiln_testkit::key_file());
         if noexec {
             c.args(["--noexec", "--show-times"]);
         }
-        c.args(&windows);
+        c.args(objects);
         c
     };
+    let kiln_windows = |noexec: bool| kiln_windows_of(&windows, noexec);
+    let kiln_coff = || kiln_windows_of(&coff, false);
     let kiln_linux = || {
         let mut c = Command::new(&kiln);
         c.args(["run", "--noexec", "--show-times"]).args(&linux);
@@ -208,15 +214,17 @@ fn figures(args: &Args) -> Result<(), String> {
     // One run of each first: outputs checked equal, caches warm.
     let (_, here) = timed(&mut kiln_windows(false))?;
     let (_, there) = timed(wine().arg(&native))?;
-    if here.stdout != there.stdout {
+    let (_, coff_run) = timed(&mut kiln_coff())?;
+    if here.stdout != there.stdout || coff_run.stdout != there.stdout {
         return Err("Kiln-linked and native output differ".into());
     }
-    let (mut kiln_whole, mut native_whole) = (Vec::new(), Vec::new());
+    let (mut kiln_whole, mut native_whole, mut coff_whole) = (Vec::new(), Vec::new(), Vec::new());
     let (mut link_windows, mut link_linux, mut noexec_windows, mut noexec_linux) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.runs {
         kiln_whole.push(timed(&mut kiln_windows(false))?.0.as_secs_f64() * 1e3);
         native_whole.push(timed(wine().arg(&native))?.0.as_secs_f64() * 1e3);
+        coff_whole.push(timed(&mut kiln_coff())?.0.as_secs_f64() * 1e3);
         let (took, out) = timed(&mut kiln_windows(true))?;
         noexec_windows.push(took.as_secs_f64() * 1e3);
         link_windows.push(link_ms(&String::from_utf8_lossy(&out.stderr)).ok_or("no link times")?);
@@ -224,16 +232,22 @@ fn figures(args: &Args) -> Result<(), String> {
         noexec_linux.push(took.as_secs_f64() * 1e3);
         link_linux.push(link_ms(&String::from_utf8_lossy(&out.stderr)).ok_or("no link times")?);
     }
-    let (kw, nw) = (median(kiln_whole), median(native_whole));
+    let (kw, nw, cw) = (median(kiln_whole), median(native_whole), median(coff_whole));
     let (lw, ll) = (median(link_windows), median(link_linux));
     let (ew, el) = (median(noexec_windows), median(noexec_linux));
     println!(
         "SQLite program under Wine, whole run, median of {} interleaved runs:",
         args.runs
     );
-    println!("  kiln run --connect (Windows executor): {kw:8.1} ms");
     println!("  native mingw-w64 .exe under wine:      {nw:8.1} ms");
-    println!("  kiln / native:                         {:8.2}x", kw / nw);
+    println!(
+        "  kiln run --connect, COFF (mingw gcc):  {cw:8.1} ms  {:5.2}x native",
+        cw / nw
+    );
+    println!(
+        "  kiln run --connect, ELF (clang):       {kw:8.1} ms  {:5.2}x native",
+        kw / nw
+    );
     println!("Kiln's link of the same source, Windows target vs Linux (medians):");
     println!(
         "  link phases (parse..finalize): Windows {lw:7.2} ms, Linux {ll:7.2} ms: {:.2}x",
