@@ -51,12 +51,18 @@ mkdir -p "$root/fuzz/artifacts"
 passed=0
 failed=0
 # run_target NAME BINARY: runs BINARY for $seconds over fuzz/corpus/NAME (new inputs go to
-# a scratch directory; the corpus is only read), counting it passed or failed.
+# a scratch directory; the corpus is only read); writes what it says to
+# $scratch/NAME.out and "passed" or "failed" to $scratch/NAME.status. Two run at once
+# (each libFuzzer process uses one core: every target still fuzzes for $seconds).
 run_target() {
+    local target=$1 binary=$2 corpus="$root/fuzz/corpus/$1"
+    run_one "$@" >"$scratch/$target.out" 2>&1
+}
+run_one() {
     local target=$1 binary=$2 corpus="$root/fuzz/corpus/$1"
     if [[ ! -d $corpus ]] || [[ -z $(ls -A "$corpus") ]]; then
         echo "fuzz: $target: no seed corpus in $corpus"
-        failed=$((failed + 1))
+        echo failed >"$scratch/$target.status"
         return
     fi
     mkdir -p "$scratch/$target"
@@ -66,15 +72,22 @@ run_target() {
         -artifact_prefix="$root/fuzz/artifacts/$target-" \
         "$scratch/$target" "$corpus" >"$scratch/$target.log" 2>&1; then
         grep -E '^(Done|stat::number_of_executed_units)' "$scratch/$target.log" | sed "s/^/fuzz: $target: /"
-        passed=$((passed + 1))
+        echo passed >"$scratch/$target.status"
     else
         echo "fuzz: $target FAILED; its output:"
         tail -n 40 "$scratch/$target.log"
-        failed=$((failed + 1))
+        echo failed >"$scratch/$target.status"
     fi
 }
+# Starts run_target in the background, two at a time.
+started=()
+start_target() {
+    while (($(jobs -rp | wc -l) >= 2)); do wait -n || true; done
+    run_target "$@" &
+    started+=("$1")
+}
 for target in "${targets[@]}"; do
-    run_target "$target" "$bin/$target"
+    start_target "$target" "$bin/$target"
 done
 # executor-c's frame parser (executor-c/wire.h, C): a libFuzzer harness built with
 # clang-16 (-fsanitize=fuzzer,address: coverage-guided), run as the targets above.
@@ -82,10 +95,19 @@ c_target=executor_c_frames
 if command -v clang-16 >/dev/null && [[ -e /usr/lib/llvm-16/lib/clang/16/lib/linux/libclang_rt.fuzzer-x86_64.a ]]; then
     clang-16 -g -O1 -fsanitize=fuzzer,address -Wall -Wextra -Werror \
         "$root/fuzz/c/$c_target.c" -o "$scratch/$c_target.bin"
-    run_target "$c_target" "$scratch/$c_target.bin"
+    start_target "$c_target" "$scratch/$c_target.bin"
 else
     echo "fuzz: $c_target: no clang-16 with libFuzzer (libclang-rt-16-dev): not run"
     failed=$((failed + 1))
 fi
+wait
+for target in "${started[@]}"; do
+    cat "$scratch/$target.out"
+    if [[ $(cat "$scratch/$target.status" 2>/dev/null) == passed ]]; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+    fi
+done
 echo "fuzz: $passed passed, $failed failed"
 [[ $failed == 0 ]]
