@@ -511,6 +511,9 @@ static int kiln_printf(const char *fmt, ...) {
     X(__divti3) X(__modti3) X(__udivti3) X(__umodti3) X(__udivmodti4) X(__multi3)             \
     X(__floattidf) X(__floatuntidf) X(__floattisf) X(__floatuntisf)                           \
     X(__fixdfti) X(__fixunsdfti) X(__fixsfti) X(__fixunssfti) X(__popcountdi2)              \
+    X(__divsc3) X(__divdc3) X(__divxc3) X(__mulsc3) X(__muldc3) X(__mulxc3)                   \
+    X(__powisf2) X(__powidf2) X(__powixf2) X(__clzdi2) X(__ctzdi2) X(__ffsdi2) X(__paritydi2) \
+    X(__bswapsi2) X(__bswapdi2) X(__clzti2)                                                   \
     X(__emutls_get_address) X(__mingwthr_key_dtor)                                          \
     X(__gthr_win32_once) X(__gthr_win32_key_create) X(__gthr_win32_key_delete)                \
     X(__gthr_win32_getspecific) X(__gthr_win32_setspecific)                                   \

@@ -87,6 +87,15 @@ pub trait LinkContext {
         let _ = (name, address);
         SymbolKind::Other
     }
+
+    /// [`LinkContext::symbol_kind`] of several symbols at once (one request to an executor
+    /// in another process): what the link asks, once per link.
+    fn symbol_kinds(&mut self, symbols: &[(&str, u64)]) -> Vec<SymbolKind> {
+        symbols
+            .iter()
+            .map(|&(name, address)| self.symbol_kind(name, address))
+            .collect()
+    }
 }
 
 /// Options of one link.

@@ -278,14 +278,43 @@ impl LinkContext for SessionContext<'_> {
     }
 
     fn symbol_kind(&mut self, name: &str, address: u64) -> SymbolKind {
-        if let Some(&kind) = self.kinds.get(name) {
-            return kind;
+        self.symbol_kinds(&[(name, address)])[0]
+    }
+
+    /// Kinds the generators gave; in process, `dladdr` of each (few links ask); another
+    /// process's executor is asked for the rest in one lookup (the names of its runtime,
+    /// say, which its hello gives without kinds), the kind kept where the address is the
+    /// one the link has.
+    fn symbol_kinds(&mut self, symbols: &[(&str, u64)]) -> Vec<SymbolKind> {
+        let mut kinds: Vec<Option<SymbolKind>> = symbols
+            .iter()
+            .map(|(name, _)| self.kinds.get(*name).copied())
+            .collect();
+        let executor = &self.jit.inner.executor;
+        if executor.runs_in_this_process() {
+            for (kind, &(_, address)) in kinds.iter_mut().zip(symbols) {
+                kind.get_or_insert_with(|| {
+                    crate::executor::symbol_kind(kiln_runtime::runtime::host_symbol_is_function(
+                        address,
+                    ))
+                });
+            }
+        } else {
+            let unknown: Vec<usize> = (0..symbols.len()).filter(|&i| kinds[i].is_none()).collect();
+            if !unknown.is_empty() {
+                let names: Vec<&str> = unknown.iter().map(|&i| symbols[i].0).collect();
+                if let Ok(found) = executor.lookup_many(0, &names) {
+                    for (&i, found) in unknown.iter().zip(found) {
+                        if let Some((_, kind)) = found.filter(|f| f.0 == symbols[i].1) {
+                            kinds[i] = Some(kind);
+                        }
+                    }
+                }
+            }
         }
-        // In process, a symbol's kind is looked up only when the link asks (a `dladdr`
-        // each): few links need it.
-        if !self.jit.inner.executor.runs_in_this_process() {
-            return SymbolKind::Other;
-        }
-        crate::executor::symbol_kind(kiln_runtime::runtime::host_symbol_is_function(address))
+        kinds
+            .into_iter()
+            .map(|k| k.unwrap_or(SymbolKind::Other))
+            .collect()
     }
 }

@@ -23,14 +23,24 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 }
             }
         }
-        for g in ask {
-            let global = &self.linker.globals[g as usize];
-            let (name, Def::External(address)) = (lossy(global.name), global.def) else {
-                continue;
-            };
-            // Asked once: an unknown answer (`Other`) is remembered as "not a function".
-            let kind = self.linker.ctx.symbol_kind(&name, address);
-            self.linker.globals[g as usize].external_function = Some(kind);
+        // Asked once, together: an unknown answer (`Other`) is remembered as "not a
+        // function".
+        let asked: Vec<(u32, String, u64)> = ask
+            .into_iter()
+            .filter_map(|g| match self.linker.globals[g as usize].def {
+                Def::External(address) => {
+                    Some((g, lossy(self.linker.globals[g as usize].name), address))
+                }
+                _ => None,
+            })
+            .collect();
+        if !asked.is_empty() {
+            let symbols: Vec<(&str, u64)> =
+                asked.iter().map(|(_, n, a)| (n.as_str(), *a)).collect();
+            let kinds = self.linker.ctx.symbol_kinds(&symbols);
+            for ((g, _, _), kind) in asked.iter().zip(kinds) {
+                self.linker.globals[*g as usize].external_function = Some(kind);
+            }
         }
         let linker = &self.linker;
         let s = &mut self.synthesized;
