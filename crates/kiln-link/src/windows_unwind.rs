@@ -108,7 +108,12 @@ pub fn from_eh_frame(
             .parse(|s, b, o| s.cie_from_offset(b, o))
             .map_err(|e| format!(".eh_frame: an FDE: {e}"))?;
         let begin = fde.initial_address();
-        let end = begin + fde.len();
+        let Some(end) = begin.checked_add(fde.len()) else {
+            return Err(format!(
+                ".eh_frame: the FDE of {begin:#x} runs past the end of the address space ({:#x} bytes)",
+                fde.len()
+            ));
+        };
         let mut rows = fde
             .rows(&section, &bases, &mut ctx)
             .map_err(|e| format!(".eh_frame: the FDE of {begin:#x}: {e}"))?;
@@ -129,7 +134,7 @@ pub fn from_eh_frame(
                 })
                 .collect();
             states.push(Some(State {
-                at: row.start_address() - begin,
+                at: row.start_address().saturating_sub(begin),
                 cfa: register,
                 offset,
                 saved,
