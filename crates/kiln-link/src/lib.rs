@@ -1,7 +1,9 @@
 //! # kiln-link
 //!
-//! Kiln's JIT linker for ELF x86-64, AArch64 and RISC-V 64 relocatable objects (`cc -c` output) and
-//! static archives. It parses objects with the `object` crate, loads archive members only when
+//! Kiln's JIT linker for ELF x86-64, AArch64 and RISC-V 64 relocatable objects (`cc -c` output),
+//! COFF x86-64 objects (Windows': clang's, mingw-w64 gcc's, cranelift-object's; read into
+//! the same model, see [`is_coff`]) and static archives of either. It parses objects with
+//! the `object` crate, loads archive members only when
 //! they define a needed symbol, resolves symbols with a static linker's rules (strong over
 //! weak, duplicate strong definitions are an error, commons merged, COMDAT groups kept
 //! once, undefined weak is 0), asks its [`LinkContext`] for what the inputs do not define
