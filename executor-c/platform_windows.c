@@ -1071,8 +1071,15 @@ static unsigned char *thread_tls_reserve(void) {
 int plat_static_tls(uint64_t size, uint64_t align, const uint8_t *image, uint32_t image_len, int64_t *tp_offset,
                     char *why, size_t why_len) {
     uint64_t at = align > 1 ? (tls_used_bytes + align - 1) & ~(align - 1) : tls_used_bytes;
-    if (align > 64 || at + size > TLS_RESERVE || tls_block_count == MAX_TLS_BLOCKS) {
-        snprintf(why, why_len, "the executor's reserve of %u bytes (aligned to 64) has %llu left", TLS_RESERVE,
+    /* Each thread's copy of the executable's TLS block is only 16-byte aligned (the
+     * loader's heap), whatever the template's alignment. */
+    if (align > 16) {
+        snprintf(why, why_len, "a block aligned to %llu bytes: a thread's copy of this executor's TLS block is aligned to 16",
+                 (unsigned long long)align);
+        return -1;
+    }
+    if (at + size > TLS_RESERVE || tls_block_count == MAX_TLS_BLOCKS) {
+        snprintf(why, why_len, "the executor's reserve of %u bytes has %llu left", TLS_RESERVE,
                  (unsigned long long)(TLS_RESERVE - tls_used_bytes));
         return -1;
     }

@@ -52,6 +52,8 @@ pub(crate) const COFF_IMPORT_REL32: u32 = COFF_TYPES + 0x20;
 /// to a function: reached through a stub when the target is out of reach. Other `REL32`s
 /// (data operands) must reach their target, as a linker requires.
 pub(crate) const COFF_BRANCH_REL32: u32 = COFF_TYPES + 0x21;
+/// Where a relocation type COFF does not define goes: no row, an unknown relocation.
+const COFF_UNKNOWN: u32 = COFF_TYPES + 0xff;
 
 /// Whether the 4-byte field at `at` of code `bytes` is the operand of a rel32 branch: `E8`
 /// (call), `E9` (jmp) or `0F 80`–`0F 8F` (jcc) just before it. (No RIP-relative ModRM byte
@@ -382,10 +384,14 @@ fn parse_with<'a, Coff: CoffHeader>(
                 ),
             ));
         };
-        if matches!(
-            target.section,
-            SymSection::Section(_) | SymSection::Absolute
-        ) {
+        // (An undefined weak reference's default is an absolute 0 the compiler makes up:
+        // the name stays undefined, for another module or the host to define.)
+        let defines = match target.section {
+            SymSection::Section(_) => true,
+            SymSection::Absolute => target.value != 0,
+            _ => false,
+        };
+        if defines {
             let weak = &mut symbols[at];
             weak.section = target.section;
             weak.value = target.value;
@@ -395,8 +401,17 @@ fn parse_with<'a, Coff: CoffHeader>(
         }
     }
 
-    // COMDAT groups: each selected section with the sections associated with it.
+    // COMDAT groups: each selected section with the sections associated with it,
+    // transitively (each section's associates listed once, then walked).
+    let mut associates: Vec<Vec<u32>> = vec![Vec::new(); count];
+    for t in 1..count {
+        let leader = associated[t] as usize;
+        if selection[t] == SELECT_ASSOCIATIVE && leader < count && leader != t {
+            associates[leader].push(t as u32);
+        }
+    }
     let mut groups: Vec<(&'a [u8], Vec<u32>)> = Vec::new();
+    let mut in_group = vec![false; count];
     for s in 1..count {
         let sel = selection[s];
         if sel == 0 || sel == SELECT_ASSOCIATIVE || sel == SELECT_NODUPLICATES {
@@ -404,19 +419,16 @@ fn parse_with<'a, Coff: CoffHeader>(
         }
         let signature = comdat_symbol[s].map_or(sections[s].name, |i| symbols[i].name);
         let mut members = vec![s as u32];
-        // Sections associated with a member, transitively (a chain is short).
-        let mut grew = true;
-        while grew {
-            grew = false;
-            for t in 1..count {
-                if selection[t] == SELECT_ASSOCIATIVE
-                    && members.contains(&associated[t])
-                    && !members.contains(&(t as u32))
-                {
-                    members.push(t as u32);
-                    grew = true;
+        in_group[s] = true;
+        let mut next = 0;
+        while next < members.len() {
+            for &t in &associates[members[next] as usize] {
+                if !in_group[t as usize] {
+                    in_group[t as usize] = true;
+                    members.push(t);
                 }
             }
+            next += 1;
         }
         groups.push((signature, members));
     }
@@ -486,7 +498,13 @@ fn parse_with<'a, Coff: CoffHeader>(
                 1 => i64::from(field[0] as i8),
                 _ => 0,
             };
-            let mut r_type = COFF_TYPES + u32::from(typ);
+            // A type past the table's (0x10, SSPAN32) has no row: an unknown relocation,
+            // never one of the rows Kiln adds after them.
+            let mut r_type = if typ <= 0x10 {
+                COFF_TYPES + u32::from(typ)
+            } else {
+                COFF_UNKNOWN
+            };
             let mut addend = implicit;
             let rel32 = pe::IMAGE_REL_AMD64_REL32.0;
             if (rel32..=pe::IMAGE_REL_AMD64_REL32_5.0).contains(&typ) {

@@ -25,6 +25,10 @@ extern "win64" fn host_offset(x: i32) -> i32 {
     x + 7
 }
 
+extern "win64" fn host_hook() -> i32 {
+    77
+}
+
 struct Host;
 
 impl LinkContext for Host {
@@ -33,6 +37,7 @@ impl LinkContext for Host {
             "host_scale" => Some(host_scale as *const () as u64),
             "host_offset" => Some(host_offset as *const () as u64),
             "low_sym" => Some(0x1234),
+            "weak_hook" => Some(host_hook as *const () as u64),
             _ => None,
         }
     }
@@ -134,6 +139,35 @@ fn coff_objects_link_and_run_with_the_windows_calling_convention() {
                     "{what}: no entry for entry() at {entry:#x} in {table:x?}"
                 );
             }
+        }
+    }
+}
+
+/// A weak reference (`extern … __attribute__((weak))`, which the compilers write as a weak
+/// external whose default is an absolute 0) is whatever defines the name — the host here —
+/// and null where nothing does.
+#[test]
+fn a_weak_reference_is_what_defines_it_or_null() {
+    if kiln_testkit::skip_cross("a_weak_reference_is_what_defines_it_or_null") {
+        return;
+    }
+    let source = |name: &str| {
+        format!(
+            "extern int {name}(void) __attribute__((weak));\n\
+             int call_hook(void) {{ return {name} ? {name}() : -1; }}\n"
+        )
+    };
+    for compiler in [CLANG, MINGW] {
+        for (name, expected) in [("weak_hook", 77), ("nobody_defines_this", -1)] {
+            let linked = try_link(&[coff(compiler, "weak_ref", &source(name), &["-O1"])])
+                .unwrap_or_else(|e| panic!("{compiler} {name}: {e}"));
+            let call = linked.symbol("call_hook").unwrap();
+            // SAFETY: code of the module, Windows x64 calling convention.
+            let got = unsafe {
+                let call: extern "win64" fn() -> i32 = std::mem::transmute(call as usize);
+                call()
+            };
+            assert_eq!(got, expected, "{compiler} {name}");
         }
     }
 }
