@@ -55,8 +55,7 @@ failed=0
 # $scratch/NAME.out and "passed" or "failed" to $scratch/NAME.status. Two run at once
 # (each libFuzzer process uses one core: every target still fuzzes for $seconds).
 run_target() {
-    local target=$1 binary=$2 corpus="$root/fuzz/corpus/$1"
-    run_one "$@" >"$scratch/$target.out" 2>&1
+    run_one "$@" >"$scratch/$1.out" 2>&1
 }
 run_one() {
     local target=$1 binary=$2 corpus="$root/fuzz/corpus/$1"

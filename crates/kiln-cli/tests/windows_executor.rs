@@ -60,33 +60,40 @@ fn windows_executor() -> (ExecutorProcess, u16) {
 
 /// Compiles `source` into an ELF object for Windows (`x86_64-w64-windows-gnu-elf`).
 fn windows_elf_object(dir: &Path, source: &Path, flags: &[&str]) -> PathBuf {
-    let stem = source.file_stem().unwrap().to_string_lossy();
-    let object = dir.join(format!("{stem}.o"));
-    let status = Command::new("clang-16")
-        .arg("--target=x86_64-w64-windows-gnu-elf")
-        .args(flags)
-        .arg("-c")
-        .arg(source)
-        .arg("-o")
-        .arg(&object)
-        .status()
-        .expect("clang-16 runs");
-    assert!(status.success(), "clang-16 {flags:?} {}", source.display());
-    object
+    compile_object(
+        &["clang-16", "--target=x86_64-w64-windows-gnu-elf"],
+        &dir.join(format!(
+            "{}.o",
+            source.file_stem().unwrap().to_string_lossy()
+        )),
+        source,
+        flags,
+    )
 }
 
 /// Compiles `source` into a COFF object for Windows with `compiler` (mingw-w64 gcc, or
 /// clang for `x86_64-w64-windows-gnu`: what a Windows JIT emits).
 fn windows_coff_object(compiler: &[&str], dir: &Path, source: &Path, flags: &[&str]) -> PathBuf {
-    let stem = source.file_stem().unwrap().to_string_lossy();
-    let object = dir.join(format!("{stem}.obj"));
+    compile_object(
+        compiler,
+        &dir.join(format!(
+            "{}.obj",
+            source.file_stem().unwrap().to_string_lossy()
+        )),
+        source,
+        flags,
+    )
+}
+
+/// `compiler FLAGS -c source -o object`, which must succeed.
+fn compile_object(compiler: &[&str], object: &Path, source: &Path, flags: &[&str]) -> PathBuf {
     let status = Command::new(compiler[0])
         .args(&compiler[1..])
         .args(flags)
         .arg("-c")
         .arg(source)
         .arg("-o")
-        .arg(&object)
+        .arg(object)
         .status()
         .unwrap_or_else(|e| panic!("{compiler:?} runs: {e}"));
     assert!(
@@ -94,7 +101,7 @@ fn windows_coff_object(compiler: &[&str], dir: &Path, source: &Path, flags: &[&s
         "{compiler:?} {flags:?} {}",
         source.display()
     );
-    object
+    object.to_path_buf()
 }
 
 const MINGW: &[&str] = &["x86_64-w64-mingw32-gcc"];
