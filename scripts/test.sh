@@ -158,7 +158,45 @@ lean_kiln_has_no_optional_crates() {
 phase "cargo clippy -D warnings" clippy_all
 # kiln-bench has no tests (its benchmarks run below): building its thirteen empty test
 # harnesses in debug cost the phase time for nothing (clippy still checks it).
-phase "cargo test --workspace" cargo_test workspace --profile smoke --workspace --exclude kiln-bench --no-fail-fast
+WORKSPACE_TESTS=(--profile smoke --workspace --exclude kiln-bench --no-fail-fast)
+# The test binaries that mostly wait (on sockets, children, the clock: each keeps less than
+# a core busy) run in a lane of their own beside the others.
+WAITING_TESTS=(executor_security executor_c_security image_cache runtime stamps c_api)
+# The binaries of the phase below (`cargo build` of these packages unifies to the tests'
+# features: kiln-bench's Cargo.toml), built here once so that no test builds them
+# while the others run (kiln_testkit::cargo_build, the same command, finds them built).
+BINARY_PACKAGES=(-p kiln-bench -p kiln-cli -p kiln-executor -p kiln-lang -p kiln-capi)
+workspace_tests() {
+  local build_log="$LOGS/workspace-build.log"
+  echo "building the tests and the binaries (output in $build_log)"
+  if ! { cargo test "${WORKSPACE_TESTS[@]}" --no-run &&
+    cargo build --profile smoke "${BINARY_PACKAGES[@]}"; } >"$build_log" 2>&1; then
+    tail -n 40 "$build_log"
+    return 1
+  fi
+  # Every other test target by name (cargo test has no option to leave some out).
+  local others
+  others=$(cargo metadata --offline --no-deps --format-version 1 |
+    python3 -c 'import json, sys
+waiting = set(sys.argv[1:])
+names = sorted({t["name"] for p in json.load(sys.stdin)["packages"] if p["name"] != "kiln-bench"
+    for t in p["targets"] if "test" in t["kind"] and t["name"] not in waiting})
+print(" ".join("--test " + n for n in names))' "${WAITING_TESTS[@]}") || return 1
+  local waiting_args=() name
+  for name in "${WAITING_TESTS[@]}"; do waiting_args+=(--test "$name"); done
+  local waiting_log="$LOGS/workspace-waiting.log" status=0
+  tests_log+=("$waiting_log")
+  cargo test "${WORKSPACE_TESTS[@]}" "${waiting_args[@]}" >"$waiting_log" 2>&1 &
+  local waiting_pid=$!
+  # shellcheck disable=SC2086 # $others is the list of --test NAME words
+  cargo_test workspace "${WORKSPACE_TESTS[@]}" --lib --bins $others || status=1
+  cargo_test workspace-doc "${WORKSPACE_TESTS[@]}" --doc || status=1
+  wait "$waiting_pid" || status=1
+  echo "-- the waiting lane (${WAITING_TESTS[*]}):"
+  grep -v -E '^test .* \.\.\. ok$|^running [0-9]+ tests?$|^$' "$waiting_log" || true
+  return "$status"
+}
+phase "cargo test --workspace" workspace_tests
 # kiln-wire as `kiln` without default features builds it: a keyed connection is a clear
 # error there (its one test that only such a build runs; a few seconds).
 phase "kiln-wire without Noise" cargo_test wire-lean --profile smoke -p kiln-wire \

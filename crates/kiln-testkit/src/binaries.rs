@@ -31,27 +31,35 @@ pub fn cargo_profile() -> String {
     }
 }
 
-/// `cargo build --profile PROFILE -p kiln-executor -p kiln-capi`, this test build's
+/// The packages [`cargo_build`] builds: the test command's build of the binaries
+/// (scripts/test.sh), so that a test's build of the executor is that one — the same
+/// features unified, nothing compiled again. kiln-bench depends on what the workspace's
+/// tests enable (its Cargo.toml says which), so these packages unify to the features of
+/// the test build itself and reuse its artifacts.
+pub const BINARY_PACKAGES: [&str; 5] = [
+    "kiln-bench",
+    "kiln-cli",
+    "kiln-executor",
+    "kiln-lang",
+    "kiln-capi",
+];
+
+/// `cargo build --profile PROFILE -p …` of [`BINARY_PACKAGES`], this test build's
 /// profile: what a test needs of other packages (the executor binary, the C library) is
-/// built as the test itself was. Always these two packages together (as
-/// scripts/install_capi.sh builds them): another selection would unify other features
+/// built as the test itself was. Always this selection: another would unify other features
 /// and rebuild, and overwrite, what the last one built.
 pub fn cargo_build() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut command = Command::new(cargo);
     without_test_environment(&mut command);
-    command.args([
-        "build",
-        "--profile",
-        &cargo_profile(),
-        "-p",
-        "kiln-executor",
-        "-p",
-        "kiln-capi",
-    ]);
+    command.args(["build", "--profile", &cargo_profile()]);
+    for package in BINARY_PACKAGES {
+        command.args(["-p", package]);
+    }
     assert!(
         command.status().expect("cargo runs").success(),
-        "kiln-executor and kiln-capi build"
+        "the binaries ({}) build",
+        BINARY_PACKAGES.join(", ")
     );
 }
 
