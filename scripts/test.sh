@@ -192,8 +192,8 @@ print(" ".join("--test " + n for n in names))' "${WAITING_TESTS[@]}") || return 
   cargo_test workspace "${WORKSPACE_TESTS[@]}" --lib --bins $others || status=1
   cargo_test workspace-doc "${WORKSPACE_TESTS[@]}" --doc || status=1
   wait "$waiting_pid" || status=1
-  echo "-- the waiting lane (${WAITING_TESTS[*]}):"
-  grep -v -E '^test .* \.\.\. ok$|^running [0-9]+ tests?$|^$' "$waiting_log" || true
+  echo "the tests that wait, run beside the others (${WAITING_TESTS[*]}):"
+  grep -v -E '^test .* \.\.\. ok$|^running [0-9]+ tests?$|^$|Blocking waiting for file lock' "$waiting_log" || true
   return "$status"
 }
 phase "cargo test --workspace" workspace_tests
