@@ -39,6 +39,7 @@ pub enum Ending {
 
 mod code_jobs;
 mod dispatch;
+mod eh_frame;
 mod reports;
 mod state;
 mod streams;

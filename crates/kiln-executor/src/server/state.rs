@@ -165,61 +165,14 @@ impl State {
         Err("eh_frame has too many records".into())
     }
 
-    /// Parses every CIE and FDE of `.eh_frame` data (`bytes`, at target `address`) with
-    /// gimli before the unwinder sees it: the record structure, the pointer encodings and
-    /// the call-frame instructions must parse, and every FDE's code range must be a
-    /// forward range on this executor's prepared pages.
+    /// Parses every CIE and FDE of `.eh_frame` data (`bytes`, at target `address`)
+    /// before the unwinder sees it (the record structure, the pointer encodings and the
+    /// call-frame instructions must parse: [`super::eh_frame::check_records`]), and every
+    /// FDE's code range must be a forward range on this executor's prepared pages.
     pub(super) fn check_eh_frame_records(&self, address: u64, bytes: &[u8]) -> Result<(), String> {
-        use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
-        let eh_frame = EhFrame::new(bytes, LittleEndian);
-        let bases = BaseAddresses::default().set_eh_frame(address);
-        let mut entries = eh_frame.entries(&bases);
-        // Each CIE is parsed once, not again for every FDE that names it.
-        let mut cies = HashMap::new();
         // The FDEs' code ranges, checked as one span when they share a reservation's
         // prepared pages (the usual case: one module's code), else one by one.
-        let mut ranges = Vec::new();
-        loop {
-            let entry = entries
-                .next()
-                .map_err(|e| format!("eh_frame at {address:#x}: malformed record: {e}"))?;
-            let Some(entry) = entry else { break };
-            match entry {
-                CieOrFde::Cie(cie) => {
-                    let mut instructions = cie.instructions(&eh_frame, &bases);
-                    while instructions
-                        .next()
-                        .map_err(|e| format!("eh_frame at {address:#x}: CIE instructions: {e}"))?
-                        .is_some()
-                    {}
-                    cies.insert(cie.offset(), cie);
-                }
-                CieOrFde::Fde(partial) => {
-                    let fde = partial
-                        .parse(|section, bases, offset| match cies.get(&offset.0) {
-                            Some(cie) => Ok(cie.clone()),
-                            None => EhFrame::cie_from_offset(section, bases, offset),
-                        })
-                        .map_err(|e| format!("eh_frame at {address:#x}: malformed FDE: {e}"))?;
-                    let start = fde.initial_address();
-                    let len = fde.len();
-                    if start.checked_add(len).is_none() {
-                        return Err(format!(
-                            "eh_frame at {address:#x}: FDE range {start:#x} + {len:#x} is reversed (wraps around)"
-                        ));
-                    }
-                    if len > 0 {
-                        ranges.push((start, len));
-                    }
-                    let mut instructions = fde.instructions(&eh_frame, &bases);
-                    while instructions
-                        .next()
-                        .map_err(|e| format!("eh_frame at {address:#x}: FDE instructions: {e}"))?
-                        .is_some()
-                    {}
-                }
-            }
-        }
+        let ranges = super::eh_frame::check_records(address, bytes)?;
         let low = ranges.iter().map(|&(s, _)| s).min();
         let high = ranges.iter().map(|&(s, l)| s + l).max();
         if let (Some(low), Some(high)) = (low, high) {
