@@ -226,6 +226,7 @@ impl Jit {
         let symbols = kiln_link::scan_symbols(&input.name, input.bytes(), self.inner.architecture)?;
         let library = self.library_data(lib)?;
         let mut state = library.state.write();
+        state.hash_pending();
         for name in &symbols.defined {
             let previous = match (state.index.get(&**name), state.lazy.get(&**name)) {
                 (Some(d), _) => describe(&state, d),

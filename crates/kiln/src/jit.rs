@@ -414,7 +414,7 @@ impl Jit {
     pub fn function_at(&self, address: u64) -> Option<(String, u64)> {
         let mut best: Option<(u64, String)> = None;
         for library in self.inner.libraries.read().iter() {
-            let state = library.state.read();
+            let state = library.read_hashed();
             let in_code = state.modules.values().any(|m| {
                 m.inner
                     .allocation

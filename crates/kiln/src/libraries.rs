@@ -68,6 +68,7 @@ impl Jit {
     ) -> Result<(), Error> {
         let library = self.library_data(lib)?;
         let mut state = library.state.write();
+        state.hash_pending();
         if let Some(previous) = state.index.get(name) {
             return Err(Error::Redefinition {
                 symbol: name.to_string(),
@@ -94,7 +95,7 @@ impl Jit {
         // The common case, one hash lookup under a read lock.
         if lib.session == self.inner.session {
             if let Some(library) = self.inner.libraries.read().get(lib.index as usize) {
-                if let Some(d) = library.state.read().index.get(name) {
+                if let Some(d) = library.state.read().exported(name) {
                     return Ok(d.address);
                 }
             }
@@ -111,7 +112,7 @@ impl Jit {
             let state = library.state.read();
             let known: Option<Vec<u64>> = names
                 .iter()
-                .map(|n| state.index.get(*n).map(|d| d.address))
+                .map(|n| state.exported(n).map(|d| d.address))
                 .collect();
             if let Some(known) = known {
                 return Ok(known);
@@ -134,7 +135,7 @@ impl Jit {
                 address
                     // Last, the library's modules' hidden definitions (a hidden `main` is
                     // still the program's entry).
-                    .or_else(|| state.hidden.get(*name).map(|d| d.address))
+                    .or_else(|| state.hidden_definition(name).map(|d| d.address))
                     .ok_or_else(|| Error::SymbolNotFound(name.to_string()))
             })
             .collect()

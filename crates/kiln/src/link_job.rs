@@ -7,7 +7,7 @@
 
 use crate::executor::{EhRegistration, ExportHandle};
 use crate::jit::Jit;
-use crate::library::{describe, Definition, LazyObject, LibraryData, LibraryId};
+use crate::library::{describe, LazyObject, LibraryData, LibraryId};
 use crate::link_lock::{lock_for_link, LinkingHere};
 use crate::link_request::{LinkRequest, Publish};
 use crate::module::{Announced, Module, ModuleInner};
@@ -368,8 +368,8 @@ impl LinkJob<'_> {
     ) -> Result<(), Error> {
         let state = self.library.state.read();
         let Some((name, previous)) = linked.exports.iter().filter(|e| e.visible).find_map(|e| {
-            let previous = match state.index.get(&*e.name) {
-                Some(d) => describe(&state, d),
+            let previous = match state.exported(&e.name) {
+                Some(d) => describe(&state, &d),
                 None => state
                     .lazy
                     .get(&*e.name)
@@ -603,27 +603,13 @@ impl LinkJob<'_> {
         Ok(())
     }
 
-    /// Step 7: the module's definitions join the library's index (sharing the module's
-    /// name strings: one allocation per name), and the module its list.
+    /// Step 7: the module joins the library's list, its definitions published unhashed:
+    /// its sorted table answers lookups until a link resolves against the library, which
+    /// hashes them into the index then ([`crate::library::LibraryState::unhashed`]).
     fn publish(&self, module: &Module) {
         let mut state = self.library.state.write();
-        state.index.reserve(module.inner.symbols.len());
-        let id = module.inner.id;
-        for (name, address, exported) in module.inner.symbols.iter() {
-            let map = if *exported {
-                &mut state.index
-            } else {
-                &mut state.hidden
-            };
-            map.insert(
-                name.clone(),
-                Definition {
-                    address: *address,
-                    module: std::num::NonZeroU64::new(id),
-                },
-            );
-        }
-        state.modules.insert(id, module.clone());
+        state.unhashed.push(module.clone());
+        state.modules.insert(module.inner.id, module.clone());
     }
 
     /// Step 8, with no lock held: plugins told of the module, then its initializers run.

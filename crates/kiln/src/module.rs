@@ -53,6 +53,24 @@ impl ModuleInner {
 }
 
 impl ModuleInner {
+    /// The module's definition of `name`, if it defines it exported (`exported`) or
+    /// hidden (not): for its library's lookups before its names are hashed.
+    pub(crate) fn definition(
+        &self,
+        name: &str,
+        exported: bool,
+    ) -> Option<crate::library::Definition> {
+        let i = self
+            .symbols
+            .binary_search_by(|(n, _, _)| (**n).cmp(name))
+            .ok()?;
+        let (_, address, is_exported) = &self.symbols[i];
+        (*is_exported == exported).then(|| crate::library::Definition {
+            address: *address,
+            module: std::num::NonZeroU64::new(self.id),
+        })
+    }
+
     /// Takes this module out of the user lists of the modules it uses (at removal and
     /// when it is dropped): a JIT that churns modules calling a long-lived one must not
     /// grow that one's list.

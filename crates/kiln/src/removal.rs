@@ -19,9 +19,8 @@ impl Jit {
         let library = self.library_data(lib)?;
         let state = library.state.read();
         Ok(state
-            .index
-            .get(name)
-            .or_else(|| state.hidden.get(name))
+            .exported(name)
+            .or_else(|| state.hidden_definition(name))
             .and_then(|d| d.module_id())
             .and_then(|id| state.modules.get(&id).cloned()))
     }
@@ -170,6 +169,7 @@ impl Jit {
         self.retire_stub_bodies(module)?;
         {
             let mut state = library.state.write();
+            state.hash_pending();
             // Refused if a user came meanwhile.
             let users = blocking_users(module, &state, |u| own_bodies.contains(&u));
             if !users.is_empty() {
@@ -235,6 +235,7 @@ impl Jit {
         for library in self.inner.libraries.read().iter() {
             let mut state = library.state.write();
             modules.extend(state.modules.drain().map(|(_, m)| m));
+            state.unhashed.clear();
             state.index.retain(|_, d| d.module.is_none());
             state.hidden.clear();
         }

@@ -86,7 +86,7 @@ impl<'s> SessionContext<'s> {
             if !own {
                 self.link_lazy_objects_of(library, names, &out);
             }
-            let state = library.state.read();
+            let state = library.read_hashed();
             for (slot, name) in out.iter_mut().zip(names) {
                 if slot.is_some() {
                     continue;
@@ -115,7 +115,7 @@ impl<'s> SessionContext<'s> {
         found: &[Option<u64>],
     ) {
         let lazy: Vec<&str> = {
-            let state = library.state.read();
+            let state = library.read_hashed();
             if state.lazy.is_empty() {
                 return;
             }
@@ -171,7 +171,7 @@ impl LinkContext for SessionContext<'_> {
     fn defined_here(&mut self, names: &[&str]) -> Vec<Option<u64>> {
         // The library's index only: its lazy objects are the link's inputs or wait, and
         // the search order's libraries are other namespaces.
-        let state = self.library.state.read();
+        let state = self.library.read_hashed();
         names
             .iter()
             .map(|name| {

@@ -345,3 +345,51 @@ fn objects_added_together_all_go_in_or_none_does() {
     assert_eq!(call0(jit.lookup(lib, "together").unwrap()), 7);
     assert!(jit.lookup(lib, "big2999").is_ok());
 }
+
+/// A module's names are published unhashed (its sorted table answers) and hashed when a
+/// later link resolves against the library: lookups, the module that defines a name, a
+/// hidden `main` and redefinitions give the same answers on either side of that.
+#[test]
+fn names_answer_the_same_before_and_after_a_link_hashes_them() {
+    let first = compile(
+        "first",
+        "int a(void) { return 1; } int b(void) { return 2; } \
+         __attribute__((visibility(\"hidden\"))) int main(void) { return 3; }",
+    );
+    let again = compile("again", "int a(void) { return 9; }");
+    let user = compile("user", "int b(void); int use_b(void) { return b() * 10; }");
+    // `hashed`: whether a link resolved against the library (hashing the names) first.
+    for hashed in [false, true] {
+        let jit = Jit::new().unwrap();
+        let lib = jit.main_library();
+        jit.library(lib)
+            .add(Input::object("first.o", first.clone()))
+            .unwrap();
+        let (module, _) = jit.link_pending(lib).unwrap().unwrap();
+        if hashed {
+            jit.library(lib)
+                .add(Input::object("user.o", user.clone()))
+                .unwrap();
+            jit.link_pending(lib).unwrap().unwrap();
+            assert_eq!(call0(jit.lookup(lib, "use_b").unwrap()), 20);
+        }
+        assert_eq!(call0(jit.lookup(lib, "a").unwrap()), 1, "hashed: {hashed}");
+        assert_eq!(
+            call0(jit.lookup(lib, "main").unwrap()),
+            3,
+            "hashed: {hashed}"
+        );
+        let of_b = jit.library(lib).module_of("b").unwrap();
+        assert_eq!(of_b.and_then(|m| m.symbol("b")), module.symbol("b"));
+        assert!(jit.lookup(lib, "nothing").is_err());
+        // A second definition of `a` is refused, naming the module that has it.
+        jit.library(lib)
+            .add(Input::object("again.o", again.clone()))
+            .unwrap();
+        let err = jit.link_pending(lib).unwrap_err().to_string();
+        assert!(
+            err.contains("'a' is defined twice") && err.contains("by module first.o"),
+            "hashed: {hashed}: {err}"
+        );
+    }
+}

@@ -300,7 +300,7 @@ impl Jit {
     fn lazy_function(&self, lib: LibraryId, name: &str) -> Result<FunctionRef, Error> {
         let not_lazy = || Error::NotLazy(name.to_string());
         let library = self.library_data(lib)?;
-        let definition = library.state.read().index.get(name).copied();
+        let definition = library.state.read().exported(name);
         let definition = definition.ok_or_else(not_lazy)?;
         let module = definition.module_id().ok_or_else(not_lazy)?;
         let batch = self.lazy_functions().batches.lock().get(&module).cloned();
