@@ -46,11 +46,11 @@ pub(crate) struct LibraryState {
     pub(crate) hidden: FxHashMap<Arc<str>, Definition>,
     /// Live modules, by id.
     pub(crate) modules: FxHashMap<u64, Module>,
-    /// Modules published whose names are not in `index` and `hidden` yet, oldest first:
-    /// each module's sorted table answers for it ([`LibraryState::exported`]) until a link
-    /// resolves against the library ([`LibraryData::read_hashed`]). A session that maps
-    /// one image and links nothing more (`kiln run`'s warm run: 20,000 names) never
-    /// hashes them.
+    /// The module published last, if its names are not in `index` and `hidden` yet: its
+    /// sorted table answers for it ([`LibraryState::exported`]) until a link resolves
+    /// against the library ([`LibraryData::read_hashed`]) or another module is published.
+    /// A session that maps one image and links nothing more (`kiln run`'s warm run:
+    /// 20,000 names) never hashes them.
     pub(crate) unhashed: Vec<Module>,
     pub(crate) search_order: Vec<LibraryId>,
 }

@@ -604,10 +604,13 @@ impl LinkJob<'_> {
     }
 
     /// Step 7: the module joins the library's list, its definitions published unhashed:
-    /// its sorted table answers lookups until a link resolves against the library, which
-    /// hashes them into the index then ([`crate::library::LibraryState::unhashed`]).
+    /// its sorted table answers lookups until a link resolves against the library, or
+    /// another module is published, which hash them into the index then
+    /// ([`crate::library::LibraryState::unhashed`]: at most one module waits, so a
+    /// lookup or a redefinition check searches one table besides the index).
     fn publish(&self, module: &Module) {
         let mut state = self.library.state.write();
+        state.hash_pending();
         state.unhashed.push(module.clone());
         state.modules.insert(module.inner.id, module.clone());
     }
