@@ -61,20 +61,10 @@ pub(crate) fn classify(path: &Path, bytes: Option<&[u8]>) -> Result<InputKind, S
             path.display()
         ));
     }
-    let file = object::File::parse(bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    use object::{Object, ObjectSection};
-    match file.kind() {
+    let file = ElfSummary::parse(bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    match file.kind {
         object::ObjectKind::Relocatable => {
-            // Code first: most objects have some, found at once, and then their (perhaps
-            // thousands of) section names need not be read for LTO's.
-            let code = file.sections().any(|s| {
-                s.kind() == object::SectionKind::Text && s.size() > 0
-            });
-            let lto = || {
-                file.sections()
-                    .any(|s| s.name().is_ok_and(|n| n.starts_with(".gnu.lto_")))
-            };
-            if !code && lto() {
+            if file.lto_only {
                 return Err(format!(
                     "{}: compiled with -flto, it holds GCC's intermediate code and no machine \
                      code; compile it without -flto (or with -ffat-lto-objects)",
@@ -85,8 +75,7 @@ pub(crate) fn classify(path: &Path, bytes: Option<&[u8]>) -> Result<InputKind, S
         }
         object::ObjectKind::Dynamic => {
             // A shared library, or a position-independent program (it has an interpreter).
-            let program = file.sections().any(|s| s.name() == Ok(".interp"));
-            if program {
+            if file.interpreter {
                 Err(format!(
                     "{}: a linked program, not an object: kiln runs relocatable objects \
                      (cc -c) and archives",
@@ -101,6 +90,63 @@ pub(crate) fn classify(path: &Path, bytes: Option<&[u8]>) -> Result<InputKind, S
             path.display()
         )),
         _ => Err(format!("{}: an ELF file kiln cannot use", path.display())),
+    }
+}
+
+/// What [`classify`] reads of an ELF file: its type and section headers (with
+/// `object::File::parse` it also found the symbol table and indexed the relocation
+/// sections, which a run that maps a stored image never needs).
+struct ElfSummary {
+    kind: object::ObjectKind,
+    /// A relocatable object with no machine code and GCC's LTO sections.
+    lto_only: bool,
+    /// A shared object with an `.interp` section: a position-independent program.
+    interpreter: bool,
+}
+
+impl ElfSummary {
+    fn parse(bytes: &[u8]) -> object::Result<Self> {
+        match object::FileKind::parse(bytes)? {
+            object::FileKind::Elf32 => {
+                Self::of::<object::elf::FileHeader32<object::Endianness>>(bytes)
+            }
+            _ => Self::of::<object::elf::FileHeader64<object::Endianness>>(bytes),
+        }
+    }
+
+    fn of<H: object::read::elf::FileHeader<Endian = object::Endianness>>(
+        bytes: &[u8],
+    ) -> object::Result<Self> {
+        use object::read::elf::SectionHeader;
+        let header = H::parse(bytes)?;
+        let endian = header.endian()?;
+        let sections = header.sections(endian, bytes)?;
+        let named = |wanted: &dyn Fn(&[u8]) -> bool| {
+            sections
+                .iter()
+                .any(|s| sections.section_name(endian, s).is_ok_and(wanted))
+        };
+        let kind = match header.e_type(endian) {
+            object::elf::ET_REL => object::ObjectKind::Relocatable,
+            object::elf::ET_DYN => object::ObjectKind::Dynamic,
+            object::elf::ET_EXEC => object::ObjectKind::Executable,
+            _ => object::ObjectKind::Unknown,
+        };
+        // Code first: most objects have some, found at once, and then their (perhaps
+        // thousands of) section names need not be read for LTO's.
+        let lto_only = kind == object::ObjectKind::Relocatable
+            && !sections.iter().any(|s| {
+                s.sh_flags(endian).contains(object::elf::SHF_EXECINSTR)
+                    && s.sh_type(endian) == object::elf::SHT_PROGBITS
+                    && s.sh_size(endian).into() > 0
+            })
+            && named(&|n| n.starts_with(b".gnu.lto_"));
+        let interpreter = kind == object::ObjectKind::Dynamic && named(&|n| n == b".interp");
+        Ok(ElfSummary {
+            kind,
+            lto_only,
+            interpreter,
+        })
     }
 }
 
