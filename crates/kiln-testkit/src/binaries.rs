@@ -52,7 +52,11 @@ pub fn cargo_build() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut command = Command::new(cargo);
     without_test_environment(&mut command);
-    command.args(["build", "--profile", &cargo_profile()]);
+    // This build's target directory, absolute: a relative CARGO_TARGET_DIR would be taken
+    // from the test's working directory (its package's), another directory.
+    command
+        .env("CARGO_TARGET_DIR", target_dir())
+        .args(["build", "--profile", &cargo_profile()]);
     for package in BINARY_PACKAGES {
         command.args(["-p", package]);
     }
