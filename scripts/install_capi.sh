@@ -27,8 +27,13 @@ TARGET="${CARGO_TARGET_DIR:-target}"
 # cargo's `dev` profile builds into target/debug.
 [ "$PROFILE" = dev ] && PROFILE=debug
 # With the executor, as the tests build it (kiln_testkit::cargo_build): the same packages
-# unify the same features, so neither build undoes the other's.
-if [ "$PROFILE" = debug ]; then
+# unify the same features, so neither build undoes the other's. Not in the test command
+# once it built its binaries of this profile (KILN_TEST_BINARIES_BUILT names it; the plain
+# library only): its tests run in two lanes, and a build would replace files the other
+# lane's tests are using.
+if [ "${KILN_TEST_BINARIES_BUILT:-}" = "$PROFILE" ] && [ ${#FEATURES[@]} -eq 0 ]; then
+  :
+elif [ "$PROFILE" = debug ]; then
   cargo build -p kiln-capi -p kiln-executor "${FEATURES[@]}"
 else
   cargo build --profile "$PROFILE" -p kiln-capi -p kiln-executor "${FEATURES[@]}"

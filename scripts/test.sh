@@ -105,7 +105,7 @@ cargo_test() {
   cargo test "$@" >"$log" 2>&1 &
   local pid=$!
   tail -n +1 -f --pid="$pid" "$log" |
-    { grep --line-buffered -v -E '^test .* \.\.\. ok$|^running [0-9]+ tests?$|^$' || true; }
+    { grep --line-buffered -v -E '^test .* \.\.\. ok$|^running [0-9]+ tests?$|^$|Blocking waiting for file lock' || true; }
   wait "$pid"
 }
 
@@ -163,8 +163,9 @@ WORKSPACE_TESTS=(--profile smoke --workspace --exclude kiln-bench --no-fail-fast
 # a core busy) run in a lane of their own beside the others.
 WAITING_TESTS=(executor_security executor_c_security image_cache runtime stamps c_api)
 # The binaries of the phase below (`cargo build` of these packages unifies to the tests'
-# features: kiln-bench's Cargo.toml), built here once so that no test builds them
-# while the others run (kiln_testkit::cargo_build, the same command, finds them built).
+# features: kiln-bench's Cargo.toml), built here once; then no test builds the executor or
+# the C library (KILN_TEST_BINARIES_BUILT: kiln_testkit::cargo_build, install_capi.sh),
+# which would replace them while the other lane's tests start them.
 BINARY_PACKAGES=(-p kiln-bench -p kiln-cli -p kiln-executor -p kiln-lang -p kiln-capi)
 workspace_tests() {
   local build_log="$LOGS/workspace-build.log"
@@ -174,6 +175,7 @@ workspace_tests() {
     tail -n 40 "$build_log"
     return 1
   fi
+  export KILN_TEST_BINARIES_BUILT=smoke
   # Every other test target by name (cargo test has no option to leave some out).
   local others
   others=$(cargo metadata --offline --no-deps --format-version 1 |

@@ -137,6 +137,7 @@ impl ElfSummary {
         let lto_only = kind == object::ObjectKind::Relocatable
             && !sections.iter().any(|s| {
                 s.sh_flags(endian).contains(object::elf::SHF_EXECINSTR)
+                    && s.sh_flags(endian).contains(object::elf::SHF_ALLOC)
                     && s.sh_type(endian) == object::elf::SHT_PROGBITS
                     && s.sh_size(endian).into() > 0
             })

@@ -21,7 +21,7 @@ fn repo() -> PathBuf {
 
 /// Wine, headless, with a prefix of its own under the target directory.
 fn wine() -> Command {
-    kiln_testkit::wine(&kiln_testkit::scratch_dir("wine-prefix"))
+    kiln_testkit::wine(&kiln_testkit::wine_prefix())
 }
 
 /// Makes Wine's prefix once per test process, before the tests (which run in parallel)

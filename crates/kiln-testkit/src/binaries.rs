@@ -31,39 +31,40 @@ pub fn cargo_profile() -> String {
     }
 }
 
-/// The packages [`cargo_build`] builds: the test command's build of the binaries
-/// (scripts/test.sh), so that a test's build of the executor is that one — the same
-/// features unified, nothing compiled again. kiln-bench depends on what the workspace's
-/// tests enable (its Cargo.toml says which), so these packages unify to the features of
-/// the test build itself and reuse its artifacts.
-pub const BINARY_PACKAGES: [&str; 5] = [
-    "kiln-bench",
-    "kiln-cli",
-    "kiln-executor",
-    "kiln-lang",
-    "kiln-capi",
-];
+/// Set by the test command (scripts/test.sh) to its profile once it has built the
+/// binaries of that profile: [`cargo_build`] and scripts/install_capi.sh then build
+/// nothing for it. Its tests run
+/// in two lanes at once, and a build in one would replace (unlink, then link again) the
+/// executor and the C library while the other's tests start them.
+pub const BINARIES_BUILT: &str = "KILN_TEST_BINARIES_BUILT";
 
-/// `cargo build --profile PROFILE -p …` of [`BINARY_PACKAGES`], this test build's
+/// `cargo build --profile PROFILE -p kiln-executor -p kiln-capi`, this test build's
 /// profile: what a test needs of other packages (the executor binary, the C library) is
-/// built as the test itself was. Always this selection: another would unify other features
-/// and rebuild, and overwrite, what the last one built.
+/// built as the test itself was. Always these two packages together (as
+/// scripts/install_capi.sh builds them): another selection would unify other features
+/// and rebuild, and overwrite, what the last one built. Nothing when the test command
+/// built them already ([`BINARIES_BUILT`]).
 pub fn cargo_build() {
+    if std::env::var(BINARIES_BUILT).is_ok_and(|built| built == cargo_profile()) {
+        return;
+    }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut command = Command::new(cargo);
     without_test_environment(&mut command);
     // This build's target directory, absolute: a relative CARGO_TARGET_DIR would be taken
     // from the test's working directory (its package's), another directory.
-    command
-        .env("CARGO_TARGET_DIR", target_dir())
-        .args(["build", "--profile", &cargo_profile()]);
-    for package in BINARY_PACKAGES {
-        command.args(["-p", package]);
-    }
+    command.env("CARGO_TARGET_DIR", target_dir()).args([
+        "build",
+        "--profile",
+        &cargo_profile(),
+        "-p",
+        "kiln-executor",
+        "-p",
+        "kiln-capi",
+    ]);
     assert!(
         command.status().expect("cargo runs").success(),
-        "the binaries ({}) build",
-        BINARY_PACKAGES.join(", ")
+        "kiln-executor and kiln-capi build"
     );
 }
 
@@ -197,7 +198,10 @@ pub fn c_executor_binary(compiler: &str) -> PathBuf {
     if let Some((_, binary)) = built.iter().find(|(c, _)| c == compiler) {
         return binary.clone();
     }
-    let binary = crate::scratch_dir("c-executor").join(format!("kiln-executor-c-{compiler}"));
+    // One per process: test binaries that run at once (the test command's two lanes)
+    // must not write a file another one is starting.
+    let binary = crate::scratch_dir("c-executor")
+        .join(format!("kiln-executor-c-{compiler}-{}", std::process::id()));
     let status = Command::new("bash")
         .arg(crate::repository().join("executor-c/build.sh"))
         .arg(&binary)
@@ -242,8 +246,32 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// The tests' Wine prefix (`target/tmp/wine-prefix`, never the user's `~/.wine`), made
+/// once: test binaries running at once (the test command's two lanes) share it, and the
+/// first makes it (`wineboot --init`) holding a lock the others wait for. (Programs of one
+/// prefix running together is Wine's usual case: one wineserver serves them.)
+pub fn wine_prefix() -> PathBuf {
+    static MADE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| {
+        let prefix = crate::scratch_dir("wine-prefix");
+        let lock = std::fs::File::create(prefix.with_extension("lock"))
+            .expect("the Wine prefix's lock file is created");
+        lock.lock().expect("the Wine prefix's lock is taken");
+        if !prefix.join("system.reg").exists() {
+            // A failure shows in the test's own Wine run, which says why.
+            let _ = wine(&prefix)
+                .args(["wineboot", "--init"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+        prefix
+    })
+    .clone()
+}
+
 /// Wine (Debian's `wine64`), headless (`WINEDEBUG=-all`), with its prefix at `prefix`
-/// (never the user's `~/.wine`): what runs the Windows executor and mingw-built programs.
+/// (the tests': [`wine_prefix`]): what runs the Windows executor and mingw-built programs.
 pub fn wine(prefix: &Path) -> Command {
     let binary = ["/usr/lib/wine/wine64", "/usr/bin/wine64", "/usr/bin/wine"]
         .into_iter()

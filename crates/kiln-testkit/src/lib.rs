@@ -20,7 +20,8 @@ pub mod sysroot;
 
 pub use binaries::{
     binary, c_executor_binary, cargo_build, cargo_profile, executor_binary, key_file,
-    start_executor, start_listening, wine, without_test_environment, ExecutorProcess, KillOnDrop,
+    start_executor, start_listening, wine, wine_prefix, without_test_environment, ExecutorProcess,
+    KillOnDrop,
 };
 pub use compile::{cc, cc_object, compiled_object, cxx_object, install_capi, run_ok, scratch_dir};
 pub use netns::VethPair;

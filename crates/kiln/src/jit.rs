@@ -414,7 +414,9 @@ impl Jit {
     pub fn function_at(&self, address: u64) -> Option<(String, u64)> {
         let mut best: Option<(u64, String)> = None;
         for library in self.inner.libraries.read().iter() {
-            let state = library.read_hashed();
+            // The modules' own tables (every definition of each, exported or hidden): no
+            // hashing, and no write lock taken under the libraries' lock.
+            let state = library.state.read();
             let in_code = state.modules.values().any(|m| {
                 m.inner
                     .allocation
@@ -425,12 +427,9 @@ impl Jit {
             if !in_code {
                 continue;
             }
-            for (name, d) in state.index.iter().chain(&state.hidden) {
-                if d.module.is_some()
-                    && d.address <= address
-                    && best.as_ref().is_none_or(|(a, _)| d.address > *a)
-                {
-                    best = Some((d.address, name.to_string()));
+            for (name, at, _) in state.modules.values().flat_map(|m| m.inner.symbols.iter()) {
+                if *at <= address && best.as_ref().is_none_or(|(a, _)| *at > *a) {
+                    best = Some((*at, name.to_string()));
                 }
             }
         }

@@ -59,14 +59,13 @@ impl<'s> SessionContext<'s> {
         }
         let mut order = SearchOrder::new();
         order.push(self.library.clone());
-        let state = self.library.state.read();
+        // The ids first: no library's state is held while the list of libraries is read.
+        let search_order = self.library.state.read().search_order.clone();
         order.extend(
-            state
-                .search_order
+            search_order
                 .iter()
                 .filter_map(|&l| self.jit.library_data(l).ok()),
         );
-        drop(state);
         self.order = Some(order.clone());
         order
     }

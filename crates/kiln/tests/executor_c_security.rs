@@ -59,7 +59,7 @@ impl Target {
                 command
             }
             Target::Windows => {
-                let mut command = kiln_testkit::wine(&kiln_testkit::scratch_dir("wine-prefix"));
+                let mut command = kiln_testkit::wine(&kiln_testkit::wine_prefix());
                 command.arg(kiln_testkit::c_executor_binary("x86_64-w64-mingw32-gcc"));
                 command
             }

@@ -85,6 +85,10 @@ fn fde_instructions<'a>(
     entry_len: usize,
     cie: &CommonInformationEntry<Slice<'_>>,
 ) -> Option<&'a [u8]> {
+    // A 64-bit record (length 0xffffffff, then 8 bytes) is laid out otherwise.
+    if bytes.get(offset..offset.checked_add(4)?)? == [0xff; 4] {
+        return None;
+    }
     let end = offset.checked_add(4)?.checked_add(entry_len)?;
     let record = bytes.get(offset.checked_add(8)?..end)?;
     let encoding = cie.fde_address_encoding().map_or(0, |e| e.0);
