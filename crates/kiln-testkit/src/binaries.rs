@@ -248,36 +248,44 @@ impl Drop for KillOnDrop {
 
 /// The tests' Wine prefix (`target/tmp/wine-prefix`, never the user's `~/.wine`), made
 /// once: test binaries running at once (the test command's two lanes) share it, and the
-/// first makes it (`wineboot --init`) holding a lock the others wait for. (Programs of one
-/// prefix running together is Wine's usual case: one wineserver serves them.)
+/// first makes it (`wineboot --init`) holding a lock the others wait for (`flock(1)`, of
+/// util-linux). Programs of one prefix running together is Wine's usual case: one
+/// wineserver serves them.
 pub fn wine_prefix() -> PathBuf {
     static MADE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     MADE.get_or_init(|| {
         let prefix = crate::scratch_dir("wine-prefix");
-        let lock = std::fs::File::create(prefix.with_extension("lock"))
-            .expect("the Wine prefix's lock file is created");
-        lock.lock().expect("the Wine prefix's lock is taken");
-        if !prefix.join("system.reg").exists() {
-            // A failure shows in the test's own Wine run, which says why.
-            let _ = wine(&prefix)
-                .args(["wineboot", "--init"])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status();
-        }
+        // A failure shows in the test's own Wine run, which says why.
+        let _ = Command::new("flock")
+            .arg(prefix.with_extension("lock"))
+            .args([
+                "sh",
+                "-c",
+                r#"[ -e "$1/system.reg" ] || WINEPREFIX="$1" WINEDEBUG=-all "$2" wineboot --init"#,
+                "sh",
+            ])
+            .arg(&prefix)
+            .arg(wine_binary())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
         prefix
     })
     .clone()
 }
 
+/// Debian's Wine launcher for 64-bit programs.
+fn wine_binary() -> &'static str {
+    ["/usr/lib/wine/wine64", "/usr/bin/wine64", "/usr/bin/wine"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("wine64")
+}
+
 /// Wine (Debian's `wine64`), headless (`WINEDEBUG=-all`), with its prefix at `prefix`
 /// (the tests': [`wine_prefix`]): what runs the Windows executor and mingw-built programs.
 pub fn wine(prefix: &Path) -> Command {
-    let binary = ["/usr/lib/wine/wine64", "/usr/bin/wine64", "/usr/bin/wine"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .unwrap_or("wine64");
-    let mut command = Command::new(binary);
+    let mut command = Command::new(wine_binary());
     command.env("WINEPREFIX", prefix).env("WINEDEBUG", "-all");
     command
 }
