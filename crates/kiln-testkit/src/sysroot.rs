@@ -18,11 +18,13 @@ pub fn source(name: &str) -> PathBuf {
 }
 
 /// The test programs built natively (objects, binaries, expected outputs) by
-/// tests/programs/build_native.sh into `target/tmp/NAME`, once per test process.
+/// tests/programs/build_native.sh into `target/tmp/NAME/PID`, once per test process: a
+/// directory of its own, as test binaries run at once (the test command's two lanes) and
+/// a rebuilt object is a changed input to another's image cache.
 pub fn programs_dir(name: &str) -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let out = crate::scratch_dir(name);
+        let out = crate::scratch_dir(&format!("{name}/{}", std::process::id()));
         let status = Command::new("bash")
             .arg(repository().join("tests/programs/build_native.sh"))
             .arg(&out)
