@@ -183,9 +183,9 @@ workspace_tests() {
   local others
   others=$(cargo metadata --offline --no-deps --format-version 1 |
     python3 -c 'import json, sys
-waiting = set(sys.argv[1:])
+apart = set(sys.argv[1:])
 names = sorted({t["name"] for p in json.load(sys.stdin)["packages"] if p["name"] != "kiln-bench"
-    for t in p["targets"] if "test" in t["kind"] and t["name"] not in waiting})
+    for t in p["targets"] if "test" in t["kind"] and t["name"] not in apart})
 print(" ".join("--test " + n for n in names))' "${WAITING_TESTS[@]}" "${TIMED_TESTS[@]}") || return 1
   local waiting_args=() timed_args=() name
   for name in "${WAITING_TESTS[@]}"; do waiting_args+=(--test "$name"); done

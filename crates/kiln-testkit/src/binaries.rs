@@ -33,9 +33,9 @@ pub fn cargo_profile() -> String {
 
 /// Set by the test command (scripts/test.sh) to its profile once it has built the
 /// binaries of that profile: [`cargo_build`] and scripts/install_capi.sh then build
-/// nothing for it. Its tests run
-/// in two lanes at once, and a build in one would replace (unlink, then link again) the
-/// executor and the C library while the other's tests start them.
+/// nothing for it. Its tests run in two lanes at once, and a build in one would replace
+/// (unlink, then link again) the executor and the C library while the other's tests
+/// start them.
 pub const BINARIES_BUILT: &str = "KILN_TEST_BINARIES_BUILT";
 
 /// `cargo build --profile PROFILE -p kiln-executor -p kiln-capi`, this test build's

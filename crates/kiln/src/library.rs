@@ -51,7 +51,7 @@ pub(crate) struct LibraryState {
     /// against the library ([`LibraryData::read_hashed`]) or another module is published.
     /// A session that maps one image and links nothing more (`kiln run`'s warm run:
     /// 20,000 names) never hashes them.
-    pub(crate) unhashed: Vec<Module>,
+    pub(crate) unhashed: Option<Module>,
     pub(crate) search_order: Vec<LibraryId>,
 }
 
@@ -68,45 +68,40 @@ impl LibraryState {
         if let Some(d) = self.index.get(name) {
             return Some(*d);
         }
-        self.unhashed
-            .iter()
-            .find_map(|m| m.inner.definition(name, true))
+        self.unhashed.as_ref()?.inner.definition(name, true)
     }
 
     /// The hidden definition of `name`: the newest module's (as `hidden` keeps the last
-    /// one inserted).
+    /// one inserted), so the module not hashed yet first.
     pub(crate) fn hidden_definition(&self, name: &str) -> Option<Definition> {
         self.unhashed
-            .iter()
-            .rev()
-            .find_map(|m| m.inner.definition(name, false))
+            .as_ref()
+            .and_then(|m| m.inner.definition(name, false))
             .or_else(|| self.hidden.get(name).copied())
     }
 
-    /// Puts the names of the modules not hashed yet into `index` and `hidden` (sharing
-    /// the modules' name strings: no allocation per name): before `index` and `hidden`
+    /// Puts the names of the module not hashed yet into `index` and `hidden` (sharing
+    /// the module's name strings: no allocation per name): before `index` and `hidden`
     /// are read or written directly.
     pub(crate) fn hash_pending(&mut self) {
-        if self.unhashed.is_empty() {
+        let Some(module) = self.unhashed.take() else {
             return;
-        }
-        for module in std::mem::take(&mut self.unhashed) {
-            let id = std::num::NonZeroU64::new(module.inner.id);
-            self.index.reserve(module.inner.symbols.len());
-            for (name, address, exported) in module.inner.symbols.iter() {
-                let map = if *exported {
-                    &mut self.index
-                } else {
-                    &mut self.hidden
-                };
-                map.insert(
-                    name.clone(),
-                    Definition {
-                        address: *address,
-                        module: id,
-                    },
-                );
-            }
+        };
+        let id = std::num::NonZeroU64::new(module.inner.id);
+        self.index.reserve(module.inner.symbols.len());
+        for (name, address, exported) in module.inner.symbols.iter() {
+            let map = if *exported {
+                &mut self.index
+            } else {
+                &mut self.hidden
+            };
+            map.insert(
+                name.clone(),
+                Definition {
+                    address: *address,
+                    module: id,
+                },
+            );
         }
     }
 
@@ -182,7 +177,7 @@ impl LibraryData {
     pub(crate) fn read_hashed(&self) -> RwLockReadGuard<'_, LibraryState> {
         {
             let state = self.state.read();
-            if state.unhashed.is_empty() {
+            if state.unhashed.is_none() {
                 return state;
             }
         }

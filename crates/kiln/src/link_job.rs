@@ -611,7 +611,7 @@ impl LinkJob<'_> {
     fn publish(&self, module: &Module) {
         let mut state = self.library.state.write();
         state.hash_pending();
-        state.unhashed.push(module.clone());
+        state.unhashed = Some(module.clone());
         state.modules.insert(module.inner.id, module.clone());
     }
 

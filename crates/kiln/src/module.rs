@@ -41,18 +41,22 @@ pub(crate) struct ModuleInner {
 }
 
 impl ModuleInner {
+    /// The module's global definition of `name` (its table is sorted by name):
+    /// (name, address, exported).
+    fn entry(&self, name: &str) -> Option<&(Arc<str>, u64, bool)> {
+        let i = self
+            .symbols
+            .binary_search_by(|(n, _, _)| (**n).cmp(name))
+            .ok()?;
+        self.symbols.get(i)
+    }
+
     /// A global definition of the module: its name (the module's shared string) and
     /// address.
     pub(crate) fn symbol_entry(&self, name: &str) -> Option<(Arc<str>, u64)> {
-        let symbols = &self.symbols;
-        symbols
-            .binary_search_by(|(n, _, _)| (**n).cmp(name))
-            .ok()
-            .map(|i| (symbols[i].0.clone(), symbols[i].1))
+        self.entry(name).map(|(n, a, _)| (n.clone(), *a))
     }
-}
 
-impl ModuleInner {
     /// The module's definition of `name`, if it defines it exported (`exported`) or
     /// hidden (not): for its library's lookups before its names are hashed.
     pub(crate) fn definition(
@@ -60,11 +64,7 @@ impl ModuleInner {
         name: &str,
         exported: bool,
     ) -> Option<crate::library::Definition> {
-        let i = self
-            .symbols
-            .binary_search_by(|(n, _, _)| (**n).cmp(name))
-            .ok()?;
-        let (_, address, is_exported) = &self.symbols[i];
+        let (_, address, is_exported) = self.entry(name)?;
         (*is_exported == exported).then(|| crate::library::Definition {
             address: *address,
             module: std::num::NonZeroU64::new(self.id),
@@ -156,11 +156,7 @@ impl std::fmt::Debug for Module {
 impl Module {
     /// The address of a global symbol the module defines (exported or hidden).
     pub fn symbol(&self, name: &str) -> Option<u64> {
-        let symbols = &self.inner.symbols;
-        symbols
-            .binary_search_by(|(n, _, _)| (**n).cmp(name))
-            .ok()
-            .map(|i| symbols[i].1)
+        self.inner.entry(name).map(|(_, a, _)| *a)
     }
 
     /// The names the module exports to its library.

@@ -235,7 +235,7 @@ impl Jit {
         for library in self.inner.libraries.read().iter() {
             let mut state = library.state.write();
             modules.extend(state.modules.drain().map(|(_, m)| m));
-            state.unhashed.clear();
+            state.unhashed = None;
             state.index.retain(|_, d| d.module.is_none());
             state.hidden.clear();
         }
