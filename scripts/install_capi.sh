@@ -31,7 +31,11 @@ TARGET="${CARGO_TARGET_DIR:-target}"
 # once it built its binaries of this profile (KILN_TEST_BINARIES_BUILT names it; the plain
 # library only): its tests run in two lanes, and a build would replace files the other
 # lane's tests are using.
-if [ "${KILN_TEST_BINARIES_BUILT:-}" = "$PROFILE" ] && [ ${#FEATURES[@]} -eq 0 ]; then
+# KILN_TEST_CAPI_FEATURES names the features it built the library with (none, or llvm in
+# its LLVM phase).
+BUILT_FEATURES=()
+[ -n "${KILN_TEST_CAPI_FEATURES:-}" ] && BUILT_FEATURES=(--features "kiln-capi/$KILN_TEST_CAPI_FEATURES")
+if [ "${KILN_TEST_BINARIES_BUILT:-}" = "$PROFILE" ] && [ "${FEATURES[*]}" = "${BUILT_FEATURES[*]}" ]; then
   :
 elif [ "$PROFILE" = debug ]; then
   cargo build -p kiln-capi -p kiln-executor "${FEATURES[@]}"
