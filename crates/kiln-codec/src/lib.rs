@@ -171,6 +171,21 @@ impl<'a> Reader<'a> {
         self.take(n, what)
     }
 
+    /// UTF-8 text (a byte string of at most [`MAX_STRING`] bytes), borrowed.
+    pub fn str(&mut self, what: &'static str) -> Result<&'a str, DecodeError> {
+        let n = self.u32(what)? as usize;
+        if n > MAX_STRING {
+            return Err(DecodeError::Invalid {
+                what,
+                value: n as u64,
+            });
+        }
+        std::str::from_utf8(self.take(n, what)?).map_err(|_| DecodeError::Invalid {
+            what,
+            value: n as u64,
+        })
+    }
+
     /// A list's count, refused when its items (at least `item_size` bytes each) could not
     /// fit in the bytes left, or when it is over [`MAX_ITEMS`].
     pub fn count(&mut self, what: &'static str, item_size: usize) -> Result<usize, DecodeError> {
@@ -297,21 +312,6 @@ impl Field for Vec<u8> {
     }
 }
 
-/// UTF-8 text read as a byte string of at most [`MAX_STRING`] bytes.
-fn text<'a>(r: &mut Reader<'a>, what: &'static str) -> Result<&'a str, DecodeError> {
-    let n = r.u32(what)? as usize;
-    if n > MAX_STRING {
-        return Err(DecodeError::Invalid {
-            what,
-            value: n as u64,
-        });
-    }
-    std::str::from_utf8(r.take(n, what)?).map_err(|_| DecodeError::Invalid {
-        what,
-        value: n as u64,
-    })
-}
-
 /// UTF-8 as a byte string, at most [`MAX_STRING`] bytes.
 impl Field for String {
     const MIN: usize = 4;
@@ -319,7 +319,7 @@ impl Field for String {
         w.bytes(self.as_bytes());
     }
     fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
-        text(r, what).map(str::to_string)
+        r.str(what).map(str::to_string)
     }
 }
 
@@ -330,7 +330,7 @@ impl Field for Arc<str> {
         w.bytes(self.as_bytes());
     }
     fn get(r: &mut Reader<'_>, what: &'static str) -> Result<Self, DecodeError> {
-        text(r, what).map(Arc::from)
+        r.str(what).map(Arc::from)
     }
 }
 

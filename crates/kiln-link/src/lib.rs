@@ -58,6 +58,7 @@ mod image_file;
 mod input;
 mod link;
 mod linked;
+mod name;
 mod object_file;
 mod pass;
 mod passes;
@@ -80,6 +81,7 @@ pub use linked::{
     Export, ImageSegment, LinkCounts, LinkTimes, LinkedModule, PlacedSection, SymbolInfo,
     SymbolKind, TlsTemplate, MAX_TLS_BLOCK,
 };
+pub use name::Name;
 pub use pass::{
     GraphEdge, GraphSection, GraphView, LinkPass, NewSectionKind, PassError, PassPoint, SectionId,
 };

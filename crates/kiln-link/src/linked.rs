@@ -5,7 +5,6 @@
 use crate::{Architecture, ObjectInput};
 use kiln_memory::{FinalizedAllocation, Permission};
 use std::borrow::Cow;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// One segment of a linked module as written, with its target address (see
@@ -117,8 +116,8 @@ pub struct LinkCounts {
 /// A global symbol a module defines (see [`LinkedModule::exports`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Export {
-    /// Its name.
-    pub name: Arc<str>,
+    /// Its name (a module's names share one block of text).
+    pub name: crate::Name,
     /// Its address.
     pub address: u64,
     /// Exported to other modules (default or protected visibility), or the module's own

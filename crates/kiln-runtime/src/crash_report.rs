@@ -44,8 +44,8 @@ fn function_at(module: &dyn ModuleSymbols, start: u64, end: u64, pc: u64) -> Opt
     }
     let mut best: Option<(&str, u64)> = None;
     for (name, address, _) in module.definitions() {
-        if (start..=pc).contains(address) && best.is_none_or(|(_, a)| *address > a) {
-            best = Some((name, *address));
+        if (start..=pc).contains(&address) && best.is_none_or(|(_, a)| address > a) {
+            best = Some((name, address));
         }
     }
     best

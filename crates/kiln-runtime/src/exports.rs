@@ -104,13 +104,12 @@ fn open_now(
 pub fn exports_of(module: &dyn ModuleSymbols, code: &Range<u64>) -> Vec<ExportedSymbol> {
     module
         .definitions()
-        .iter()
-        .filter(|(_, _, exported)| *exported)
+        .filter(|&(_, _, exported)| exported)
         .map(|(name, address, _)| ExportedSymbol {
-            name: name.clone(),
-            address: *address,
+            name: name.into(),
+            address,
             size: 0,
-            function: code.contains(address),
+            function: code.contains(&address),
         })
         .collect()
 }
@@ -278,8 +277,7 @@ fn library_need(path: &str, registry: &Registry) -> LibraryNeed {
         State::DeferredList(symbols) => symbols.iter().any(|s| imports.contains(&*s.name)),
         State::DeferredModule { module, .. } => module.upgrade().is_some_and(|m| {
             m.definitions()
-                .iter()
-                .any(|(name, _, exported)| *exported && imports.contains(&**name))
+                .any(|(name, _, exported)| exported && imports.contains(name))
         }),
         State::Open(_) | State::Failed => false,
     });

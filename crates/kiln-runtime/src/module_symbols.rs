@@ -2,11 +2,9 @@
 //! reporter (to name the function a crash is in) and exports made on demand (to build
 //! the exports when the program first calls the loader).
 
-use std::sync::Arc;
-
 /// What holds a module's definitions, as the session keeps them: name, address, and
 /// whether it is exported (any order).
 pub trait ModuleSymbols: Send + Sync {
-    /// The definitions.
-    fn definitions(&self) -> &[(Arc<str>, u64, bool)];
+    /// The definitions: (name, address, exported).
+    fn definitions(&self) -> Box<dyn Iterator<Item = (&str, u64, bool)> + '_>;
 }

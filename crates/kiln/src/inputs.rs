@@ -247,10 +247,13 @@ impl Jit {
         }
         let slot = state.lazy_objects.len();
         for name in &symbols.defined {
-            state.lazy.insert(Arc::from(&**name), slot);
+            state.lazy.insert(kiln_link::Name::from(&**name), slot);
         }
         for name in &symbols.weak {
-            state.lazy.entry(Arc::from(&**name)).or_insert(slot);
+            state
+                .lazy
+                .entry(kiln_link::Name::from(&**name))
+                .or_insert(slot);
         }
         state.lazy_objects.push(Some(LazyObject { input, symbols }));
         Ok(())

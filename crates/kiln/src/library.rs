@@ -35,15 +35,15 @@ pub(crate) struct LibraryState {
     /// Objects added with [`Input::lazy_object`](crate::Input::lazy_object), by slot: `None` once linked.
     pub(crate) lazy_objects: Vec<Option<LazyObject>>,
     /// The names the lazy objects define, to their slot.
-    pub(crate) lazy: FxHashMap<Arc<str>, usize>,
+    pub(crate) lazy: FxHashMap<kiln_link::Name, usize>,
     /// Archives, lent to every link.
     pub(crate) archives: Arc<Vec<ArchiveInput>>,
     /// Every exported definition of the library, by name: one hash lookup per name,
     /// whatever the number of modules.
-    pub(crate) index: FxHashMap<Arc<str>, Definition>,
+    pub(crate) index: FxHashMap<kiln_link::Name, Definition>,
     /// Hidden definitions of the library's modules (a hidden `main` is still the
     /// program's entry): the last place a lookup looks.
-    pub(crate) hidden: FxHashMap<Arc<str>, Definition>,
+    pub(crate) hidden: FxHashMap<kiln_link::Name, Definition>,
     /// Live modules, by id.
     pub(crate) modules: FxHashMap<u64, Module>,
     /// The module published last, if its names are not in `index` and `hidden` yet: its
@@ -120,7 +120,9 @@ impl LibraryState {
     pub(crate) fn restore_lazy(&mut self, taken: Vec<(usize, LazyObject)>) {
         for (slot, object) in taken {
             for name in object.symbols.defined.iter().chain(&object.symbols.weak) {
-                self.lazy.entry(Arc::from(&**name)).or_insert(slot);
+                self.lazy
+                    .entry(kiln_link::Name::from(&**name))
+                    .or_insert(slot);
             }
             self.lazy_objects[slot] = Some(object);
         }

@@ -469,7 +469,7 @@ impl LinkJob<'_> {
                 .iter()
                 .filter(|e| e.visible)
                 .map(|e| kiln_runtime::shared_object::ExportedSymbol {
-                    name: e.name.clone(),
+                    name: e.name.as_str().into(),
                     address: e.address,
                     size: 0,
                     function: code.as_ref().is_some_and(|c| c.contains(&e.address)),

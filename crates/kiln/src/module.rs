@@ -20,7 +20,7 @@ pub(crate) struct ModuleInner {
     pub(crate) name: Box<str>,
     pub(crate) library: LibraryId,
     /// The module's global definitions, sorted by name: (name, address, exported).
-    pub(crate) symbols: Box<[(Arc<str>, u64, bool)]>,
+    pub(crate) symbols: Box<[(kiln_link::Name, u64, bool)]>,
     pub(crate) fini: Box<[u64]>,
     pub(crate) dso_handle: u64,
     pub(crate) tls_module: Option<u64>,
@@ -43,7 +43,7 @@ pub(crate) struct ModuleInner {
 impl ModuleInner {
     /// The module's global definition of `name` (its table is sorted by name):
     /// (name, address, exported).
-    fn entry(&self, name: &str) -> Option<&(Arc<str>, u64, bool)> {
+    fn entry(&self, name: &str) -> Option<&(kiln_link::Name, u64, bool)> {
         let i = self
             .symbols
             .binary_search_by(|(n, _, _)| (**n).cmp(name))
@@ -53,7 +53,7 @@ impl ModuleInner {
 
     /// A global definition of the module: its name (the module's shared string) and
     /// address.
-    pub(crate) fn symbol_entry(&self, name: &str) -> Option<(Arc<str>, u64)> {
+    pub(crate) fn symbol_entry(&self, name: &str) -> Option<(kiln_link::Name, u64)> {
         self.entry(name).map(|(n, a, _)| (n.clone(), *a))
     }
 
@@ -114,8 +114,8 @@ impl ModuleInner {
 }
 
 impl kiln_runtime::crash_report::ModuleSymbols for ModuleInner {
-    fn definitions(&self) -> &[(Arc<str>, u64, bool)] {
-        &self.symbols
+    fn definitions(&self) -> Box<dyn Iterator<Item = (&str, u64, bool)> + '_> {
+        Box::new(self.symbols.iter().map(|(n, a, e)| (n.as_str(), *a, *e)))
     }
 }
 

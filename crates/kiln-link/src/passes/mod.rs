@@ -184,9 +184,32 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         }
         let name = |id: u32| linker.globals[id as usize].name;
         order.sort_unstable_by(|&(pa, a), &(pb, b)| pa.cmp(&pb).then_with(|| name(a).cmp(name(b))));
+        // The names in one block, in the exports' order: one allocation and one copy.
+        let bytes = order
+            .iter()
+            .map(|&(_, id)| linker.globals[id as usize].name.len())
+            .sum();
+        let mut text = String::with_capacity(bytes);
+        for &(_, id) in &order {
+            let name = linker.globals[id as usize].name;
+            match std::str::from_utf8(name) {
+                Ok(name) => text.push_str(name),
+                Err(_) => text.push_str(&lossy(name)),
+            }
+        }
+        let block = std::sync::Arc::new(text);
+        let mut at = 0;
         let mut exports = Vec::with_capacity(order.len());
         for (_, id) in order {
             let g = &linker.globals[id as usize];
+            // As pushed above (a name not UTF-8 was pushed as its lossy text).
+            let len = match std::str::from_utf8(g.name) {
+                Ok(name) => name.len(),
+                Err(_) => lossy(g.name).len(),
+            };
+            let name = crate::Name::in_block(&block, at..at + len)
+                .unwrap_or_else(|| crate::Name::from(lossy(g.name)));
+            at += len;
             let visible = match g.def {
                 Def::Defined { obj, sym, .. } => {
                     let s = &linker.objs[obj as usize].symbols[sym as usize];
@@ -202,10 +225,6 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                     (resolver.address(SymbolId::Local(obj, sym)).0, false)
                 }
                 Err(_) => (resolver.address(SymbolId::Global(id)).0, visible),
-            };
-            let name: std::sync::Arc<str> = match std::str::from_utf8(g.name) {
-                Ok(name) => name.into(),
-                Err(_) => lossy(g.name).into(),
             };
             exports.push(crate::Export {
                 name,

@@ -52,7 +52,7 @@ pub(crate) struct StubBatch {
 
 /// One lazy function's own state: its name and its body.
 pub(super) struct LazyFunction {
-    pub(super) name: Arc<str>,
+    pub(super) name: kiln_link::Name,
     pub(super) body: Mutex<Body>,
     pub(super) ready: Condvar,
 }
@@ -211,7 +211,7 @@ impl FunctionRef {
         &self.batch.functions[self.index as usize]
     }
 
-    fn name(&self) -> &Arc<str> {
+    fn name(&self) -> &kiln_link::Name {
         &self.function().name
     }
 

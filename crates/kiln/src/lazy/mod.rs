@@ -251,7 +251,7 @@ impl Jit {
         // else they are written straight into code memory.
         let pending = !self.library_data(lib)?.state.read().pending.is_empty();
         let as_object = pending || !self.inner().plugins.snapshot().is_empty();
-        let function = |name: Arc<str>| LazyFunction {
+        let function = |name: kiln_link::Name| LazyFunction {
             name,
             body: Mutex::new(Body::Unresolved),
             ready: Condvar::new(),
@@ -265,9 +265,16 @@ impl Jit {
                 slots,
             )
         } else {
+            // The names in one block (one allocation for 10,000 of them).
+            let block = Arc::new(names.concat());
+            let mut at = 0;
             let functions: Box<[LazyFunction]> = names
                 .iter()
-                .map(|&name| function(Arc::from(name)))
+                .map(|&name| {
+                    at += name.len();
+                    let shared = kiln_link::Name::in_block(&block, at - name.len()..at);
+                    function(shared.unwrap_or_else(|| name.into()))
+                })
                 .collect();
             let memory = &*self.inner().memory;
             let name_of = |i: usize| functions[i].name.clone();
@@ -334,7 +341,7 @@ impl Jit {
         names: &[&str],
         ids: std::ops::Range<u32>,
         entry: u64,
-    ) -> Result<(Module, Vec<Arc<str>>, u64, u64), Error> {
+    ) -> Result<(Module, Vec<kiln_link::Name>, u64, u64), Error> {
         let stub_code = self.architecture().call_through();
         let linked = StubNames {
             functions: true,

@@ -7,7 +7,6 @@ use crate::Error;
 use kiln_link::call_through::{STUB_ENTRY, STUB_SIZE};
 use kiln_link::{Architecture, Export, LinkedModule};
 use kiln_memory::{AllocationRequest, MemoryManager, Permission, SegmentRequest};
-use std::sync::Arc;
 
 /// Stubs placed in memory: the module to publish (its exports the functions' names, at
 /// their stubs, sorted by name), and where stub 0 and slot 0 are (the others follow,
@@ -25,7 +24,7 @@ pub(super) struct PlacedStubs {
 pub(super) fn place_stubs(
     memory: &dyn MemoryManager,
     architecture: Architecture,
-    names: &dyn Fn(usize) -> Arc<str>,
+    names: &dyn Fn(usize) -> kiln_link::Name,
     order: &[u32],
     ids: std::ops::Range<u32>,
     entry: u64,
