@@ -140,7 +140,7 @@ impl Recorder {
 }
 
 /// A global symbol of an image: its name, its address, whether it is exported. Laid out
-/// as [`crate::Export`] is (32 bytes), so that a load turns the decoded list into the
+/// as [`crate::Export`] is (40 bytes), so that a load turns the decoded list into the
 /// module's in place: a program of 20,000 functions makes no second list of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageExport {
@@ -746,31 +746,28 @@ fn export_rest(r: &mut Reader<'_>) -> Result<(ImageAddress, bool), DecodeError> 
 fn get_exports(r: &mut Reader<'_>) -> Result<Vec<ImageExport>, DecodeError> {
     const NAME: &str = "an export's name";
     let n = r.count("exports", <ImageExport as codec::Field>::MIN)?;
-    // Their length first, so that the text is allocated once, at its size.
-    let mut sizing = r.clone();
-    let mut bytes = 0;
-    for _ in 0..n {
-        bytes += sizing.str(NAME)?.len();
-        export_rest(&mut sizing)?;
-    }
-    let mut text = String::with_capacity(bytes);
-    let mut names = r.clone();
-    for _ in 0..n {
-        text.push_str(names.str(NAME)?);
-        export_rest(&mut names)?;
-    }
-    let block = Arc::new(text);
+    // One read: the names' text gathered and their lengths kept, each export named by a
+    // placeholder (shared, not allocated); then each named by its part of the text.
+    let placeholder = crate::Name::from("");
+    let mut text = String::new();
+    let mut lengths = Vec::with_capacity(n);
     let mut exports = Vec::with_capacity(n);
-    let mut at = 0;
     for _ in 0..n {
-        let len = r.str(NAME)?.len();
-        let name = crate::Name::in_block(&block, at..at + len).ok_or(DecodeError::Invalid {
+        let name = r.str(NAME)?;
+        text.push_str(name);
+        lengths.push(name.len());
+        let (address, visible) = export_rest(r)?;
+        exports.push(ImageExport::new(placeholder.clone(), address, visible));
+    }
+    let block: Arc<str> = text.into();
+    let mut at = 0;
+    for (e, len) in exports.iter_mut().zip(lengths) {
+        // Each range is one pushed string: always a string of the block.
+        e.name = crate::Name::in_block(&block, at..at + len).ok_or(DecodeError::Invalid {
             what: NAME,
             value: len as u64,
         })?;
         at += len;
-        let (address, visible) = export_rest(r)?;
-        exports.push(ImageExport::new(name, address, visible));
     }
     Ok(exports)
 }

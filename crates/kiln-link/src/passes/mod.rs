@@ -197,7 +197,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 Err(_) => text.push_str(&lossy(name)),
             }
         }
-        let block = std::sync::Arc::new(text);
+        let block: std::sync::Arc<str> = text.into();
         let mut at = 0;
         let mut exports = Vec::with_capacity(order.len());
         for (_, id) in order {

@@ -266,7 +266,7 @@ impl Jit {
             )
         } else {
             // The names in one block (one allocation for 10,000 of them).
-            let block = Arc::new(names.concat());
+            let block: Arc<str> = names.concat().into();
             let mut at = 0;
             let functions: Box<[LazyFunction]> = names
                 .iter()
