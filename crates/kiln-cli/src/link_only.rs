@@ -184,5 +184,8 @@ pub(crate) fn link_only(args: LinkArgs) -> Result<(), String> {
             println!("{:#018x} {:>8} {}", s.address, s.size, s.name);
         }
     }
+    // The process ends now: freeing the link's memory, image and inputs' tables would be
+    // work for nothing (as `kiln run --noexec`).
+    std::mem::forget((module, image, objects, archives, ctx));
     Ok(())
 }

@@ -783,6 +783,14 @@ fn run(o: RunArgs) -> Result<i32, String> {
         eprintln!("{}", jit.memory_stats());
     }
     if o.noexec {
+        // Linked, and nothing ran: the process ends now, as after a program's exit.
+        // Unmapping the module and emptying the session would cost SQLite's link 7 % of
+        // its whole process for nothing (no initializer ran: no finalizer is due).
+        if !jit.executor().runs_in_this_process() {
+            jit.executor().shutdown_for_exit();
+        }
+        std::mem::forget(linked);
+        std::mem::forget(jit);
         return Ok(0);
     }
     let name: std::ffi::OsString = o
