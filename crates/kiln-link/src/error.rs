@@ -210,6 +210,9 @@ pub enum LinkError {
     /// A symbol lookup by name found nothing.
     #[error("symbol '{0}' not found")]
     SymbolNotFound(String),
+    /// The module's symbol names do not fit its table.
+    #[error(transparent)]
+    NamesTooLarge(#[from] crate::NamesTooLarge),
 }
 
 /// A relocated value in hex with its sign (`-0x7f15593e1ff5`, not a 128-bit two's

@@ -297,10 +297,9 @@ impl LinkedModule {
             string_bytes as u64,
             1,
         ));
-        let entry = self
-            .exports
-            .binary_search_by(|e| (*e.name).cmp("main"))
-            .map_or(0, |i| self.exports[i].address);
+        let entry = (self.exports.find("main"))
+            .and_then(|i| self.exports.get(i))
+            .map_or(0, |main| main.address);
         Some(w.finish(entry))
     }
 }

@@ -66,6 +66,7 @@ mod rebind;
 pub mod relocatable;
 mod report;
 mod symbol_scan;
+mod symbol_table;
 mod symbols;
 pub mod windows_unwind;
 
@@ -78,8 +79,8 @@ pub use image_file::ImageSymbols;
 pub use input::{ArchiveInput, ObjectBytes, ObjectInput};
 pub use link::{check_objects, link, LinkContext, LinkOptions};
 pub use linked::{
-    Export, ImageSegment, LinkCounts, LinkTimes, LinkedModule, PlacedSection, SymbolInfo,
-    SymbolKind, TlsTemplate, MAX_TLS_BLOCK,
+    ImageSegment, LinkCounts, LinkTimes, LinkedModule, PlacedSection, SymbolInfo, SymbolKind,
+    TlsTemplate, MAX_TLS_BLOCK,
 };
 pub use name::Name;
 pub use pass::{
@@ -87,6 +88,7 @@ pub use pass::{
 };
 pub use rebind::rebind;
 pub use symbol_scan::{scan_symbols, ObjectSymbols};
+pub use symbol_table::{NamesTooLarge, Symbol, SymbolTable, SymbolTableBuilder};
 
 /// Whether `data` is a COFF object (Windows': clang's, mingw-w64 gcc's, MSVC's,
 /// cranelift-object's), of any machine Windows runs; Kiln links those for x86-64.

@@ -255,7 +255,7 @@ pub fn link<'a>(
             step = Some(now);
         }
     };
-    let exports = graph.exports(&allocated);
+    let exports = graph.exports(&allocated)?;
     lap(&mut graph, "(exports)");
     let branch_protected = options.architecture == Architecture::Aarch64
         && !graph.linker.objs.is_empty()

@@ -113,18 +113,6 @@ pub struct LinkCounts {
     pub segment_bytes: [u64; 4],
 }
 
-/// A global symbol a module defines (see [`LinkedModule::exports`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Export {
-    /// Its name (a module's names share one block of text).
-    pub name: crate::Name,
-    /// Its address.
-    pub address: u64,
-    /// Exported to other modules (default or protected visibility), or the module's own
-    /// (hidden or internal).
-    pub visible: bool,
-}
-
 /// A linked module: its memory, its exported symbols, what to run at start and end.
 #[derive(Debug)]
 pub struct LinkedModule {
@@ -133,9 +121,9 @@ pub struct LinkedModule {
     /// Global symbols the module defines, sorted by name, with their addresses: exported
     /// ones (default or protected visibility) are what other modules may link against;
     /// the others (hidden, internal) are the module's own (a program's `main` is hidden
-    /// in CPython's `python.o`). Names are shared strings: a session indexes them without
+    /// in CPython's `python.o`). Names are in one block: a session indexes them without
     /// copying.
-    pub exports: Vec<Export>,
+    pub exports: crate::SymbolTable,
     /// Initializers in the order to call them (`.preinit_array`, `.init_array` by
     /// priority, `.ctors`).
     pub init: Vec<u64>,
@@ -191,12 +179,8 @@ pub struct LinkedModule {
 impl LinkedModule {
     /// The address of `name` if the module exports it (default or protected visibility).
     pub fn symbol(&self, name: &str) -> Option<u64> {
-        self.exports
-            .binary_search_by(|e| (*e.name).cmp(name))
-            .ok()
-            .map(|i| &self.exports[i])
-            .filter(|e| e.visible)
-            .map(|e| e.address)
+        let symbol = self.exports.get(self.exports.find(name)?)?;
+        symbol.visible.then_some(symbol.address)
     }
 }
 

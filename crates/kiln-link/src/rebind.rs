@@ -3,10 +3,9 @@
 //! image mapped in another process.
 
 use crate::arch::{self, Field, Relative};
-use crate::linked::{Export, LinkedModule, TlsTemplate};
+use crate::linked::{LinkedModule, TlsTemplate};
 use crate::relocatable::{
-    Binding, FixupRow, ImageAddress, ImageExport, ImageFixup, ImageSymbol, ImageTls,
-    RelocatableImage,
+    Binding, FixupRow, ImageAddress, ImageFixup, ImageSymbol, ImageTls, RelocatableImage,
 };
 use crate::{LinkContext, LinkError};
 use kiln_memory::{InFlightAllocation, Permission};
@@ -76,9 +75,10 @@ impl RelocatableImage {
             relative,
             exports: linked
                 .exports
-                .iter()
-                .map(|e| ImageExport::new(e.name.clone(), here(e.address), e.visible))
-                .collect(),
+                .with_addresses(|address| match here(address) {
+                    ImageAddress::Image(o) => (o, false),
+                    ImageAddress::Absolute(a) => (a, true),
+                }),
             init: linked.init.iter().map(|&a| here(a)).collect(),
             fini: linked.fini.iter().map(|&a| here(a)).collect(),
             eh_frame: linked.eh_frame.map(|a| a - base),
@@ -315,16 +315,8 @@ pub fn rebind(
     let allocation = memory.finalize()?;
     let relocations = image.fixups.len() + image.relative.len();
     let segment_bytes = std::array::from_fn(|i| image.segments.get(i).map_or(0, |s| s.0));
-    let exports = image
-        .exports
-        .into_iter()
-        // Same size and alignment: collected in place (no second list).
-        .map(|e| Export {
-            address: e.address().at(base),
-            name: e.name,
-            visible: e.visible,
-        })
-        .collect();
+    // The image's table made the module's in place: its offsets moved by the base.
+    let exports = image.exports.rebased(base);
     Ok(LinkedModule {
         allocation,
         exports,

@@ -139,51 +139,6 @@ impl Recorder {
     }
 }
 
-/// A global symbol of an image: its name, its address, whether it is exported. Laid out
-/// as [`crate::Export`] is (40 bytes), so that a load turns the decoded list into the
-/// module's in place: a program of 20,000 functions makes no second list of them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageExport {
-    /// Its name.
-    pub name: crate::Name,
-    /// Its offset in the span, or its absolute value (`absolute`).
-    pub value: u64,
-    /// `value` is absolute (the same in every process), not an offset in the span.
-    pub absolute: bool,
-    /// Exported to other modules, or the module's own.
-    pub visible: bool,
-}
-
-const _: () = assert!(
-    std::mem::size_of::<ImageExport>() == std::mem::size_of::<crate::Export>()
-        && std::mem::align_of::<ImageExport>() == std::mem::align_of::<crate::Export>()
-);
-
-impl ImageExport {
-    /// The export of `name` at `address`.
-    pub fn new(name: crate::Name, address: ImageAddress, visible: bool) -> Self {
-        let (value, absolute) = match address {
-            ImageAddress::Image(o) => (o, false),
-            ImageAddress::Absolute(a) => (a, true),
-        };
-        ImageExport {
-            name,
-            value,
-            absolute,
-            visible,
-        }
-    }
-
-    /// Its address, as an offset in the span or absolute.
-    pub fn address(&self) -> ImageAddress {
-        if self.absolute {
-            ImageAddress::Absolute(self.value)
-        } else {
-            ImageAddress::Image(self.value)
-        }
-    }
-}
-
 /// A module's address (in the span, or absolute): exports, initializers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageAddress {
@@ -194,6 +149,15 @@ pub enum ImageAddress {
 }
 
 impl ImageAddress {
+    /// An image table's symbol's address ([`RelocatableImage::exports`]).
+    pub fn of_symbol(symbol: &crate::Symbol<'_>) -> Self {
+        if symbol.absolute {
+            ImageAddress::Absolute(symbol.address)
+        } else {
+            ImageAddress::Image(symbol.address)
+        }
+    }
+
     pub(crate) fn of(address: u64, base: u64, len: u64) -> Self {
         match address.checked_sub(base) {
             // The end of the span too (a symbol at the end of the last segment).
@@ -242,8 +206,9 @@ pub struct RelocatableImage {
     /// span's address (as `R_X86_64_RELATIVE` does): most of a program's fixups (its
     /// tables of pointers), kept as 8 bytes each, applied as one addition.
     pub relative: Vec<u64>,
-    /// The module's global symbols (sorted by name), with whether each is exported.
-    pub exports: Vec<ImageExport>,
+    /// The module's global symbols (sorted by name), with whether each is exported: an
+    /// address is an offset in the span unless the symbol says it is absolute.
+    pub exports: crate::SymbolTable,
     /// Initializers, in order.
     pub init: Vec<ImageAddress>,
     /// Finalizers, in order.
@@ -360,7 +325,7 @@ impl RelocatableImage {
         segments.put(&mut w);
         self.fixups.put(&mut w);
         self.relative.put(&mut w);
-        self.exports.put(&mut w);
+        put_exports(&self.exports, &mut w);
         self.init.put(&mut w);
         self.fini.put(&mut w);
         self.eh_frame.put(&mut w);
@@ -486,8 +451,8 @@ impl RelocatableImage {
         for &at in &self.relative {
             in_segments(at, 8, "a relative word")?;
         }
-        for e in &self.exports {
-            address_in_span(e.address(), "an export")?;
+        for e in self.exports.iter() {
+            address_in_span(ImageAddress::of_symbol(&e), "an export")?;
         }
         let code = layout
             .segments
@@ -717,22 +682,6 @@ codec::record!(ImageFixup {
     stub: Option<u64> as "a fixup's stub",
 });
 
-/// The name, the address, whether it is exported.
-impl codec::Field for ImageExport {
-    const MIN: usize = 14;
-    fn put(&self, w: &mut Writer) {
-        w.bytes(self.name.as_bytes());
-        self.address().put(w);
-        self.visible.put(w);
-    }
-    fn get(r: &mut Reader<'_>, _: &'static str) -> Result<Self, DecodeError> {
-        let name = r.str("an export's name")?;
-        let (address, visible) = export_rest(r)?;
-        Ok(ImageExport::new(name.into(), address, visible))
-    }
-}
-impl codec::ListItem for ImageExport {}
-
 /// An export's address and visibility (after its name).
 fn export_rest(r: &mut Reader<'_>) -> Result<(ImageAddress, bool), DecodeError> {
     let address = ImageAddress::get(r, "an export's address")?;
@@ -740,36 +689,39 @@ fn export_rest(r: &mut Reader<'_>) -> Result<(ImageAddress, bool), DecodeError> 
     Ok((address, visible))
 }
 
-/// The exports' list (as `Vec<ImageExport>` encodes it), their names decoded into one
-/// block: read twice, the names gathered first (one allocation and one copy for a
-/// program's 20,000 names, where a string each took 20,000 and their fresh pages).
-fn get_exports(r: &mut Reader<'_>) -> Result<Vec<ImageExport>, DecodeError> {
+/// The exports as a list (a `u32` count, then each one's name, address and visibility).
+fn put_exports(table: &crate::SymbolTable, w: &mut Writer) {
+    w.u32(table.len() as u32);
+    for s in table.iter() {
+        w.bytes(s.name.as_bytes());
+        ImageAddress::of_symbol(&s).put(w);
+        s.visible.put(w);
+    }
+}
+
+/// The exports' list ([`put_exports`]) as a table: the names into one block, 16 bytes a
+/// symbol (a string and 40 bytes each took a warm run of a program of 20,000 functions
+/// half its fresh pages).
+fn get_exports(r: &mut Reader<'_>) -> Result<crate::SymbolTable, DecodeError> {
     const NAME: &str = "an export's name";
-    let n = r.count("exports", <ImageExport as codec::Field>::MIN)?;
-    // One read: the names' text gathered and their lengths kept, each export named by a
-    // placeholder (shared, not allocated); then each named by its part of the text.
-    let placeholder = crate::Name::from("");
-    let mut text = String::new();
-    let mut lengths = Vec::with_capacity(n);
-    let mut exports = Vec::with_capacity(n);
+    // A name's length, an address (a byte and a `u64`), a visibility.
+    let n = r.count("exports", 4 + 9 + 1)?;
+    let mut table = crate::SymbolTable::builder(n, 0);
     for _ in 0..n {
         let name = r.str(NAME)?;
-        text.push_str(name);
-        lengths.push(name.len());
         let (address, visible) = export_rest(r)?;
-        exports.push(ImageExport::new(placeholder.clone(), address, visible));
+        let (value, absolute) = match address {
+            ImageAddress::Image(o) => (o, false),
+            ImageAddress::Absolute(a) => (a, true),
+        };
+        table
+            .push(name, value, visible, absolute)
+            .map_err(|_| DecodeError::Invalid {
+                what: NAME,
+                value: name.len() as u64,
+            })?;
     }
-    let block: Arc<str> = text.into();
-    let mut at = 0;
-    for (e, len) in exports.iter_mut().zip(lengths) {
-        // Each range is one pushed string: always a string of the block.
-        e.name = crate::Name::in_block(&block, at..at + len).ok_or(DecodeError::Invalid {
-            what: NAME,
-            value: len as u64,
-        })?;
-        at += len;
-    }
-    Ok(exports)
+    Ok(table.finish())
 }
 
 codec::record!(ImageTls {
@@ -847,11 +799,11 @@ mod tests {
                 },
             ],
             relative: vec![8192, 8200],
-            exports: vec![ImageExport::new(
-                "main".into(),
-                ImageAddress::Image(0),
-                true,
-            )],
+            exports: {
+                let mut table = crate::SymbolTable::builder(1, 4);
+                table.push("main", 0, true, false).expect("a short name");
+                table.finish()
+            },
             init: vec![ImageAddress::Image(16)],
             fini: vec![ImageAddress::Absolute(0x1000)],
             eh_frame: Some(4100),

@@ -427,9 +427,9 @@ impl Jit {
             if !in_code {
                 continue;
             }
-            for (name, at, _) in state.modules.values().flat_map(|m| m.inner.symbols.iter()) {
-                if *at <= address && best.as_ref().is_none_or(|(a, _)| *at > *a) {
-                    best = Some((*at, name.to_string()));
+            for s in state.modules.values().flat_map(|m| m.inner.symbols.iter()) {
+                if s.address <= address && best.as_ref().is_none_or(|(a, _)| s.address > *a) {
+                    best = Some((s.address, s.name.to_string()));
                 }
             }
         }

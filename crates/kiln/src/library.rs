@@ -89,16 +89,21 @@ impl LibraryState {
         };
         let id = std::num::NonZeroU64::new(module.inner.id);
         self.index.reserve(module.inner.symbols.len());
-        for (name, address, exported) in module.inner.symbols.iter() {
-            let map = if *exported {
+        let symbols = &module.inner.symbols;
+        for (i, symbol) in symbols.iter().enumerate() {
+            let map = if symbol.visible {
                 &mut self.index
             } else {
                 &mut self.hidden
             };
+            // The name shared with the module's table (no copy).
+            let Some(name) = symbols.shared_name(i) else {
+                continue;
+            };
             map.insert(
-                name.clone(),
+                name,
                 Definition {
-                    address: *address,
+                    address: symbol.address,
                     module: id,
                 },
             );

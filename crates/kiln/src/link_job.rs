@@ -368,16 +368,16 @@ impl LinkJob<'_> {
     ) -> Result<(), Error> {
         let state = self.library.state.read();
         let Some((name, previous)) = linked.exports.iter().filter(|e| e.visible).find_map(|e| {
-            let previous = match state.exported(&e.name) {
+            let previous = match state.exported(e.name) {
                 Some(d) => describe(&state, &d),
                 None => state
                     .lazy
-                    .get(&*e.name)
+                    .get(e.name)
                     .and_then(|&slot| state.lazy_objects[slot].as_ref())
                     .filter(|o| o.symbols.defined.iter().any(|n| **n == *e.name))
                     .map(|o| format!("lazy object {}", o.input.name))?,
             };
-            Some((&e.name, previous))
+            Some((e.name, previous))
         }) else {
             return Ok(());
         };
@@ -387,7 +387,7 @@ impl LinkJob<'_> {
             .iter()
             .find(|o| {
                 kiln_link::scan_symbols(&o.name, &o.data, linked.architecture)
-                    .is_ok_and(|s| s.defined.iter().chain(&s.weak).any(|n| **n == **name))
+                    .is_ok_and(|s| s.defined.iter().chain(&s.weak).any(|n| **n == *name))
             })
             .map(|o| o.name.clone())
             .unwrap_or_else(|| {
@@ -469,7 +469,7 @@ impl LinkJob<'_> {
                 .iter()
                 .filter(|e| e.visible)
                 .map(|e| kiln_runtime::shared_object::ExportedSymbol {
-                    name: e.name.as_str().into(),
+                    name: e.name.into(),
                     address: e.address,
                     size: 0,
                     function: code.as_ref().is_some_and(|c| c.contains(&e.address)),
@@ -548,10 +548,7 @@ impl LinkJob<'_> {
                 name: name.into_boxed_str(),
                 library: self.library.id,
                 // Sorted by name already; the names are shared with the index.
-                symbols: std::mem::take(&mut linked.exports)
-                    .into_iter()
-                    .map(|e| (e.name, e.address, e.visible))
-                    .collect(),
+                symbols: std::mem::take(&mut linked.exports),
                 fini: if inner.noexec {
                     Box::default()
                 } else {

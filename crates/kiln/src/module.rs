@@ -19,8 +19,8 @@ pub(crate) struct ModuleInner {
     pub(crate) id: u64,
     pub(crate) name: Box<str>,
     pub(crate) library: LibraryId,
-    /// The module's global definitions, sorted by name: (name, address, exported).
-    pub(crate) symbols: Box<[(kiln_link::Name, u64, bool)]>,
+    /// The module's global definitions, sorted by name, with whether each is exported.
+    pub(crate) symbols: kiln_link::SymbolTable,
     pub(crate) fini: Box<[u64]>,
     pub(crate) dso_handle: u64,
     pub(crate) tls_module: Option<u64>,
@@ -41,20 +41,18 @@ pub(crate) struct ModuleInner {
 }
 
 impl ModuleInner {
-    /// The module's global definition of `name` (its table is sorted by name):
-    /// (name, address, exported).
-    fn entry(&self, name: &str) -> Option<&(kiln_link::Name, u64, bool)> {
-        let i = self
-            .symbols
-            .binary_search_by(|(n, _, _)| (**n).cmp(name))
-            .ok()?;
-        self.symbols.get(i)
+    /// The module's global definition of `name` (its table is sorted by name): its
+    /// index in the table and the symbol.
+    fn entry(&self, name: &str) -> Option<(usize, kiln_link::Symbol<'_>)> {
+        let i = self.symbols.find(name)?;
+        Some((i, self.symbols.get(i)?))
     }
 
-    /// A global definition of the module: its name (the module's shared string) and
+    /// A global definition of the module: its name (shared with the module's table) and
     /// address.
     pub(crate) fn symbol_entry(&self, name: &str) -> Option<(kiln_link::Name, u64)> {
-        self.entry(name).map(|(n, a, _)| (n.clone(), *a))
+        let (i, symbol) = self.entry(name)?;
+        Some((self.symbols.shared_name(i)?, symbol.address))
     }
 
     /// The module's definition of `name`, if it defines it exported (`exported`) or
@@ -64,9 +62,9 @@ impl ModuleInner {
         name: &str,
         exported: bool,
     ) -> Option<crate::library::Definition> {
-        let (_, address, is_exported) = self.entry(name)?;
-        (*is_exported == exported).then(|| crate::library::Definition {
-            address: *address,
+        let (_, symbol) = self.entry(name)?;
+        (symbol.visible == exported).then(|| crate::library::Definition {
+            address: symbol.address,
             module: std::num::NonZeroU64::new(self.id),
         })
     }
@@ -115,7 +113,7 @@ impl ModuleInner {
 
 impl kiln_runtime::crash_report::ModuleSymbols for ModuleInner {
     fn definitions(&self) -> Box<dyn Iterator<Item = (&str, u64, bool)> + '_> {
-        Box::new(self.symbols.iter().map(|(n, a, e)| (n.as_str(), *a, *e)))
+        Box::new(self.symbols.iter().map(|s| (s.name, s.address, s.visible)))
     }
 }
 
@@ -156,7 +154,7 @@ impl std::fmt::Debug for Module {
 impl Module {
     /// The address of a global symbol the module defines (exported or hidden).
     pub fn symbol(&self, name: &str) -> Option<u64> {
-        self.inner.entry(name).map(|(_, a, _)| *a)
+        self.inner.entry(name).map(|(_, s)| s.address)
     }
 
     /// The names the module exports to its library.
@@ -164,8 +162,8 @@ impl Module {
         self.inner
             .symbols
             .iter()
-            .filter(|(_, _, exported)| *exported)
-            .map(|(n, _, _)| &**n)
+            .filter(|s| s.visible)
+            .map(|s| s.name)
     }
 
     /// The module's memory segments.

@@ -184,14 +184,17 @@ impl Jit {
             // Only the module's own names: removal costs what the module defines, not
             // what the library holds.
             let id = module.inner.id;
-            for (name, _, exported) in module.inner.symbols.iter() {
-                let map = if *exported {
+            for symbol in module.inner.symbols.iter() {
+                let map = if symbol.visible {
                     &mut state.index
                 } else {
                     &mut state.hidden
                 };
-                if map.get(&**name).is_some_and(|d| d.module_id() == Some(id)) {
-                    map.remove(&**name);
+                if map
+                    .get(symbol.name)
+                    .is_some_and(|d| d.module_id() == Some(id))
+                {
+                    map.remove(symbol.name);
                 }
             }
         }

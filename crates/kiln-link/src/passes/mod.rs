@@ -165,7 +165,10 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
 
     /// The global symbols the module defines, sorted by name (see
     /// [`crate::LinkedModule::exports`]).
-    pub(crate) fn exports(&self, allocated: &Allocated) -> Vec<crate::Export> {
+    pub(crate) fn exports(
+        &self,
+        allocated: &Allocated,
+    ) -> Result<crate::SymbolTable, crate::NamesTooLarge> {
         let linker = &self.linker;
         let resolver = Resolver::new(linker, allocated, &self.synthesized.stubs);
         // The exported globals sorted by name before any is copied: small keys move, not
@@ -184,32 +187,11 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         }
         let name = |id: u32| linker.globals[id as usize].name;
         order.sort_unstable_by(|&(pa, a), &(pb, b)| pa.cmp(&pb).then_with(|| name(a).cmp(name(b))));
-        // The names in one block, in the exports' order: one allocation and one copy.
-        let bytes = order
-            .iter()
-            .map(|&(_, id)| linker.globals[id as usize].name.len())
-            .sum();
-        let mut text = String::with_capacity(bytes);
-        for &(_, id) in &order {
-            let name = linker.globals[id as usize].name;
-            match std::str::from_utf8(name) {
-                Ok(name) => text.push_str(name),
-                Err(_) => text.push_str(&lossy(name)),
-            }
-        }
-        let block: std::sync::Arc<str> = text.into();
-        let mut at = 0;
-        let mut exports = Vec::with_capacity(order.len());
+        // The names in one block, in the table's order: one allocation and one copy.
+        let bytes = order.iter().map(|&(_, id)| name(id).len()).sum();
+        let mut table = crate::SymbolTable::builder(order.len(), bytes);
         for (_, id) in order {
             let g = &linker.globals[id as usize];
-            // As pushed above (a name not UTF-8 was pushed as its lossy text).
-            let len = match std::str::from_utf8(g.name) {
-                Ok(name) => name.len(),
-                Err(_) => lossy(g.name).len(),
-            };
-            let name = crate::Name::in_block(&block, at..at + len)
-                .unwrap_or_else(|| crate::Name::from(lossy(g.name)));
-            at += len;
             let visible = match g.def {
                 Def::Defined { obj, sym, .. } => {
                     let s = &linker.objs[obj as usize].symbols[sym as usize];
@@ -226,13 +208,12 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 }
                 Err(_) => (resolver.address(SymbolId::Global(id)).0, visible),
             };
-            exports.push(crate::Export {
-                name,
-                address,
-                visible,
-            });
+            match std::str::from_utf8(g.name) {
+                Ok(name) => table.push(name, address, visible, false)?,
+                Err(_) => table.push(&lossy(g.name), address, visible, false)?,
+            }
         }
-        exports
+        Ok(table.finish())
     }
 
     /// Where every section and symbol landed ([`LinkOptions::report_sections`]).

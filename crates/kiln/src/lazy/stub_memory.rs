@@ -5,7 +5,7 @@
 
 use crate::Error;
 use kiln_link::call_through::{STUB_ENTRY, STUB_SIZE};
-use kiln_link::{Architecture, Export, LinkedModule};
+use kiln_link::{Architecture, LinkedModule};
 use kiln_memory::{AllocationRequest, MemoryManager, Permission, SegmentRequest};
 
 /// Stubs placed in memory: the module to publish (its exports the functions' names, at
@@ -73,15 +73,13 @@ pub(super) fn place_stubs(
     }
     data[8 * n..8 * n + 8].copy_from_slice(&entry.to_le_bytes());
     let allocation = in_flight.finalize()?;
-    let exports: Vec<Export> = order
-        .iter()
-        .map(|&i| i as usize)
-        .map(|i| Export {
-            name: names(i),
-            address: stubs + STUB_SIZE * i as u64,
-            visible: true,
-        })
-        .collect();
+    let mut exports = kiln_link::SymbolTable::builder(order.len(), 0);
+    for i in order.iter().map(|&i| i as usize) {
+        exports
+            .push(&names(i), stubs + STUB_SIZE * i as u64, true, false)
+            .map_err(|e| Error::Unsupported(e.to_string()))?;
+    }
+    let exports = exports.finish();
     Ok(PlacedStubs {
         linked: LinkedModule {
             allocation,
