@@ -28,9 +28,9 @@ TARGET="${CARGO_TARGET_DIR:-target}"
 [ "$PROFILE" = dev ] && PROFILE=debug
 # With the executor, as the tests build it (kiln_testkit::cargo_build): the same packages
 # unify the same features, so neither build undoes the other's. Not in the test command
-# once it built its binaries of this profile (KILN_TEST_BINARIES_BUILT names it; the plain
-# library only): its tests run in two lanes, and a build would replace files the other
-# lane's tests are using.
+# once it built its binaries of this profile (KILN_TEST_BINARIES_BUILT names it, and
+# KILN_TEST_CAPI_FEATURES the features it built the library with): its tests run in two
+# lanes, and a build would replace files the other lane's tests are using.
 # KILN_TEST_CAPI_FEATURES names the features it built the library with (none, or llvm in
 # its LLVM phase).
 BUILT_FEATURES=()

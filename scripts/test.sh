@@ -219,7 +219,7 @@ LLVM_FEATURES=(--features kiln-llvm/llvm,kiln-capi/llvm)
 llvm_checks() {
   local build_log="$LOGS/llvm-build.log"
   if ! cargo build --profile smoke "${BINARY_PACKAGES[@]}" -p kiln-llvm "${LLVM_FEATURES[@]}" \
-    --lib --bins --example shaders >"$build_log" 2>&1; then
+    --lib --bins --example shaders --example shader_memory >"$build_log" 2>&1; then
     tail -n 40 "$build_log"
     return 1
   fi

@@ -707,8 +707,18 @@ fn get_exports(r: &mut Reader<'_>) -> Result<crate::SymbolTable, DecodeError> {
     // A name's length, an address (a byte and a `u64`), a visibility.
     let n = r.count("exports", 4 + 9 + 1)?;
     let mut table = crate::SymbolTable::builder(n, 0);
+    let mut previous: Option<&str> = None;
     for _ in 0..n {
         let name = r.str(NAME)?;
+        // In order and each once, or the table's lookups by halves would miss names: a
+        // damaged image is an error, not a module whose symbols cannot be found.
+        if previous.is_some_and(|p| p >= name) {
+            return Err(DecodeError::Invalid {
+                what: "exports' order",
+                value: name.len() as u64,
+            });
+        }
+        previous = Some(name);
         let (address, visible) = export_rest(r)?;
         let (value, absolute) = match address {
             ImageAddress::Image(o) => (o, false),
@@ -856,5 +866,19 @@ mod tests {
         let mut outside = image();
         outside.relative[1] = 8192 + 20;
         assert!(RelocatableImage::decode(&outside.encode()).is_err());
+        // Exports out of order, or a name twice: the table's lookups by halves would
+        // miss names, so the description is refused.
+        for names in [["b", "a"], ["a", "a"]] {
+            let mut unordered = image();
+            let mut table = crate::SymbolTable::builder(2, 2);
+            for name in names {
+                table.push(name, 0, true, false).expect("a short name");
+            }
+            unordered.exports = table.finish();
+            assert!(
+                RelocatableImage::decode(&unordered.encode()).is_err(),
+                "{names:?}"
+            );
+        }
     }
 }

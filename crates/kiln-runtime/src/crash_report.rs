@@ -43,7 +43,7 @@ fn function_at(module: &dyn ModuleSymbols, start: u64, end: u64, pc: u64) -> Opt
         return None;
     }
     let mut best: Option<(&str, u64)> = None;
-    for (name, address, _) in module.definitions() {
+    for (name, address, _) in crate::module_symbols::definitions(module) {
         if (start..=pc).contains(&address) && best.is_none_or(|(_, a)| address > a) {
             best = Some((name, address));
         }

@@ -102,8 +102,7 @@ fn open_now(
 
 /// The exports of `module`: its exported definitions, functions where they lie in `code`.
 pub fn exports_of(module: &dyn ModuleSymbols, code: &Range<u64>) -> Vec<ExportedSymbol> {
-    module
-        .definitions()
+    crate::module_symbols::definitions(module)
         .filter(|&(_, _, exported)| exported)
         .map(|(name, address, _)| ExportedSymbol {
             name: name.into(),
@@ -276,7 +275,7 @@ fn library_need(path: &str, registry: &Registry) -> LibraryNeed {
     let waiting = registry.states.values().any(|state| match state {
         State::DeferredList(symbols) => symbols.iter().any(|s| imports.contains(&*s.name)),
         State::DeferredModule { module, .. } => module.upgrade().is_some_and(|m| {
-            m.definitions()
+            crate::module_symbols::definitions(&*m)
                 .any(|(name, _, exported)| exported && imports.contains(name))
         }),
         State::Open(_) | State::Failed => false,

@@ -3,8 +3,16 @@
 //! the exports when the program first calls the loader).
 
 /// What holds a module's definitions, as the session keeps them: name, address, and
-/// whether it is exported (any order).
+/// whether it is exported (any order). Reading one allocates nothing: the crash
+/// reporter reads them in its signal handler.
 pub trait ModuleSymbols: Send + Sync {
-    /// The definitions: (name, address, exported).
-    fn definitions(&self) -> Box<dyn Iterator<Item = (&str, u64, bool)> + '_>;
+    /// How many definitions it holds.
+    fn definition_count(&self) -> usize;
+    /// Definition `i`: (name, address, exported); `None` past the end.
+    fn definition(&self, i: usize) -> Option<(&str, u64, bool)>;
+}
+
+/// Every definition of `module`, in its order (allocates nothing).
+pub fn definitions(module: &dyn ModuleSymbols) -> impl Iterator<Item = (&str, u64, bool)> + '_ {
+    (0..module.definition_count()).filter_map(move |i| module.definition(i))
 }

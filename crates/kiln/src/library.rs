@@ -100,13 +100,19 @@ impl LibraryState {
             let Some(name) = symbols.shared_name(i) else {
                 continue;
             };
-            map.insert(
-                name,
-                Definition {
-                    address: symbol.address,
-                    module: id,
-                },
-            );
+            let definition = Definition {
+                address: symbol.address,
+                module: id,
+            };
+            // A name defined before (a hidden name another module defines too) keeps its
+            // first key on `insert`, and that key would keep the first module's block of
+            // names alive after its removal: the entry is made again with this one's.
+            if map.insert(name, definition).is_some() {
+                map.remove(symbol.name);
+                if let Some(name) = symbols.shared_name(i) {
+                    map.insert(name, definition);
+                }
+            }
         }
     }
 

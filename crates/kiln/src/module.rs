@@ -112,8 +112,13 @@ impl ModuleInner {
 }
 
 impl kiln_runtime::crash_report::ModuleSymbols for ModuleInner {
-    fn definitions(&self) -> Box<dyn Iterator<Item = (&str, u64, bool)> + '_> {
-        Box::new(self.symbols.iter().map(|s| (s.name, s.address, s.visible)))
+    fn definition_count(&self) -> usize {
+        self.symbols.len()
+    }
+
+    fn definition(&self, i: usize) -> Option<(&str, u64, bool)> {
+        let s = self.symbols.get(i)?;
+        Some((s.name, s.address, s.visible))
     }
 }
 

@@ -187,7 +187,16 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         }
         let name = |id: u32| linker.globals[id as usize].name;
         order.sort_unstable_by(|&(pa, a), &(pb, b)| pa.cmp(&pb).then_with(|| name(a).cmp(name(b))));
-        // The names in one block, in the table's order: one allocation and one copy.
+        // A name that is not UTF-8 is kept as its lossy text, whose bytes sort elsewhere
+        // (U+FFFD is EF BF BD): the table is then ordered by the text it holds.
+        if order
+            .iter()
+            .any(|&(_, id)| std::str::from_utf8(name(id)).is_err())
+        {
+            order.sort_by_cached_key(|&(_, id)| lossy(name(id)));
+        }
+        // The names in one block, in the table's order (the text made at its size, then
+        // shared: no string per name).
         let bytes = order.iter().map(|&(_, id)| name(id).len()).sum();
         let mut table = crate::SymbolTable::builder(order.len(), bytes);
         for (_, id) in order {

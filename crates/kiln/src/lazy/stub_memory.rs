@@ -73,7 +73,8 @@ pub(super) fn place_stubs(
     }
     data[8 * n..8 * n + 8].copy_from_slice(&entry.to_le_bytes());
     let allocation = in_flight.finalize()?;
-    let mut exports = kiln_link::SymbolTable::builder(order.len(), 0);
+    let bytes = order.iter().map(|&i| names(i as usize).len()).sum();
+    let mut exports = kiln_link::SymbolTable::builder(order.len(), bytes);
     for i in order.iter().map(|&i| i as usize) {
         exports
             .push(&names(i), stubs + STUB_SIZE * i as u64, true, false)
