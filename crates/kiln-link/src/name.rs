@@ -1,7 +1,6 @@
-//! Symbol names as a linked module keeps them: slices of one block of text that all of a
-//! module's names share. A program of 20,000 functions publishes its names as one
-//! allocation and one copy, where a string per name took 20,000 of each (and their fresh
-//! pages: a quarter of a large link's page faults).
+//! A symbol name shared from a block of names: the names of a module's
+//! [`SymbolTable`](crate::SymbolTable) (one block of text for all of them) as the session
+//! hands them out, to its libraries' indexes and lazy functions, without a string each.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -161,12 +160,6 @@ impl From<String> for Name {
 }
 
 const _: () = assert!(std::mem::size_of::<Name>() == 24);
-
-impl From<&Name> for Arc<str> {
-    fn from(name: &Name) -> Self {
-        Arc::from(name.as_str())
-    }
-}
 
 #[cfg(test)]
 mod tests {
