@@ -701,17 +701,27 @@ fn put_exports(table: &crate::SymbolTable, w: &mut Writer) {
 
 /// The exports' list ([`put_exports`]) as a table: the names into one block, 16 bytes a
 /// symbol (a string and 40 bytes each took a warm run of a program of 20,000 functions
-/// half its fresh pages).
+/// half its fresh pages). The names' lengths are read first (no name is read), so that the
+/// text is made at its size; the names are checked as UTF-8 together at the end.
 fn get_exports(r: &mut Reader<'_>) -> Result<crate::SymbolTable, DecodeError> {
     const NAME: &str = "an export's name";
     // A name's length, an address (a byte and a `u64`), a visibility.
-    let n = r.count("exports", 4 + 9 + 1)?;
-    let mut table = crate::SymbolTable::builder(n, 0);
-    let mut previous: Option<&str> = None;
+    const REST: usize = 9 + 1;
+    let n = r.count("exports", 4 + REST)?;
+    let mut sizing = r.clone();
+    let mut bytes = 0usize;
     for _ in 0..n {
-        let name = r.str(NAME)?;
+        let len = sizing.u32(NAME)? as usize;
+        sizing.take(len + REST, NAME)?;
+        bytes += len;
+    }
+    let mut table = crate::symbol_table::TableFromBytes::with_capacity(n, bytes);
+    let mut previous: Option<&[u8]> = None;
+    for _ in 0..n {
+        let name = r.bytes(NAME)?;
         // In order and each once, or the table's lookups by halves would miss names: a
-        // damaged image is an error, not a module whose symbols cannot be found.
+        // damaged image is an error, not a module whose symbols cannot be found. (Bytes
+        // order as their text's.)
         if previous.is_some_and(|p| p >= name) {
             return Err(DecodeError::Invalid {
                 what: "exports' order",
@@ -731,7 +741,10 @@ fn get_exports(r: &mut Reader<'_>) -> Result<crate::SymbolTable, DecodeError> {
                 value: name.len() as u64,
             })?;
     }
-    Ok(table.finish())
+    table.finish().ok_or(DecodeError::Invalid {
+        what: "exports' names (not UTF-8)",
+        value: bytes as u64,
+    })
 }
 
 codec::record!(ImageTls {
