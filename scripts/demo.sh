@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 # (KILN_PROFILE: release unless set; the test command uses its own, `smoke`).
 TARGET="${CARGO_TARGET_DIR:-target}"
 PROFILE="${KILN_PROFILE:-release}"
+# cargo's `dev` profile builds into target/debug.
+OUT="$PROFILE"
+[ "$PROFILE" = dev ] && OUT=debug
 if [ ! -e /usr/lib/x86_64-linux-gnu/libsqlite3.a ] || ! command -v cc >/dev/null; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
@@ -31,6 +34,6 @@ trap 'rm -rf "$out"' EXIT
 cc -O2 -c tests/programs/sqlite_driver.c -o "$out/sqlite_driver.o"
 echo "== kiln run: sqlite_driver.o + Debian's libsqlite3.a + libm, linked in memory (no file is written)" >&2
 status=0
-"$TARGET/$PROFILE"/kiln run -v --show-times "$out/sqlite_driver.o" /usr/lib/x86_64-linux-gnu/libsqlite3.a -lm || status=$?
-echo "== main returned $status (kiln is $TARGET/$PROFILE/kiln; kiln --help for more)" >&2
+"$TARGET/$OUT"/kiln run -v --show-times "$out/sqlite_driver.o" /usr/lib/x86_64-linux-gnu/libsqlite3.a -lm || status=$?
+echo "== main returned $status (kiln is $TARGET/$OUT/kiln; kiln --help for more)" >&2
 exit "$status"
