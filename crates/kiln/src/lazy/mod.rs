@@ -265,22 +265,24 @@ impl Jit {
                 slots,
             )
         } else {
-            // The names in one block (one allocation for 10,000 of them).
-            let block: Arc<str> = names.concat().into();
-            let mut at = 0;
+            let memory = &*self.inner().memory;
+            let architecture = self.architecture();
+            let placed = stub_memory::place_stubs(memory, architecture, names, &order, ids, entry)?;
+            // Each function's name shared with the stubs' table (one block of names for
+            // the batch): the table holds them in name order, its entry `j` the stub of
+            // function `order[j]`.
+            let table = &placed.linked.exports;
+            let mut in_table = vec![0u32; names.len()];
+            for (j, &i) in order.iter().enumerate() {
+                in_table[i as usize] = j as u32;
+            }
             let functions: Box<[LazyFunction]> = names
                 .iter()
-                .map(|&name| {
-                    at += name.len();
-                    let shared = kiln_link::Name::in_block(&block, at - name.len()..at);
-                    function(shared.unwrap_or_else(|| name.into()))
+                .zip(&in_table)
+                .map(|(&name, &j)| {
+                    function(table.shared_name(j as usize).unwrap_or_else(|| name.into()))
                 })
                 .collect();
-            let memory = &*self.inner().memory;
-            let name_of = |i: usize| functions[i].name.clone();
-            let architecture = self.architecture();
-            let placed =
-                stub_memory::place_stubs(memory, architecture, &name_of, &order, ids, entry)?;
             let module = publish_placed(self, lib, STUBS_NAME, placed.linked)?;
             (module, functions, placed.stubs, placed.slots)
         };

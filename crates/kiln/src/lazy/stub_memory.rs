@@ -17,14 +17,14 @@ pub(super) struct PlacedStubs {
     pub(super) slots: u64,
 }
 
-/// Allocates code for `architecture`'s stubs of the functions `names` gives (ids `ids`)
+/// Allocates code for `architecture`'s stubs of the functions `names` (ids `ids`)
 /// and writable slots, writes both (each slot pointing at its stub's entry; the entry's
 /// address, `entry`, after the last slot) and makes the code executable. `order` is the
 /// names' order ([`name_order`]).
 pub(super) fn place_stubs(
     memory: &dyn MemoryManager,
     architecture: Architecture,
-    names: &dyn Fn(usize) -> kiln_link::Name,
+    names: &[&str],
     order: &[u32],
     ids: std::ops::Range<u32>,
     entry: u64,
@@ -73,11 +73,11 @@ pub(super) fn place_stubs(
     }
     data[8 * n..8 * n + 8].copy_from_slice(&entry.to_le_bytes());
     let allocation = in_flight.finalize()?;
-    let bytes = order.iter().map(|&i| names(i as usize).len()).sum();
+    let bytes = order.iter().map(|&i| names[i as usize].len()).sum();
     let mut exports = kiln_link::SymbolTable::builder(order.len(), bytes);
     for i in order.iter().map(|&i| i as usize) {
         exports
-            .push(&names(i), stubs + STUB_SIZE * i as u64, true, false)
+            .push(names[i], stubs + STUB_SIZE * i as u64, true, false)
             .map_err(|e| Error::Unsupported(e.to_string()))?;
     }
     let exports = exports.finish();
