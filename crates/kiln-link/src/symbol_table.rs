@@ -23,6 +23,30 @@ struct Entry {
     value: u64,
 }
 
+impl Entry {
+    /// The entry of a name of `name_len` bytes appended to a text of `text_len`.
+    fn new(
+        text_len: usize,
+        name_len: usize,
+        value: u64,
+        visible: bool,
+        absolute: bool,
+    ) -> Result<Self, NamesTooLarge> {
+        let start = u32::try_from(text_len).map_err(|_| NamesTooLarge)?;
+        if name_len > MAX_NAME || text_len + name_len > u32::MAX as usize {
+            return Err(NamesTooLarge);
+        }
+        let mut len = name_len as u32;
+        if visible {
+            len |= VISIBLE;
+        }
+        if absolute {
+            len |= ABSOLUTE;
+        }
+        Ok(Entry { start, len, value })
+    }
+}
+
 /// A module's global symbols, sorted by name, with their addresses and whether each is
 /// exported (default or protected visibility) or the module's own (hidden, internal).
 ///
@@ -179,23 +203,9 @@ impl SymbolTableBuilder {
         visible: bool,
         absolute: bool,
     ) -> Result<(), NamesTooLarge> {
-        let start = u32::try_from(self.text.len()).map_err(|_| NamesTooLarge)?;
-        if name.len() > MAX_NAME || self.text.len() + name.len() > u32::MAX as usize {
-            return Err(NamesTooLarge);
-        }
-        let mut len = name.len() as u32;
-        if visible {
-            len |= VISIBLE;
-        }
-        if absolute {
-            len |= ABSOLUTE;
-        }
+        let entry = Entry::new(self.text.len(), name.len(), address, visible, absolute)?;
         self.text.push_str(name);
-        self.entries.push(Entry {
-            start,
-            len,
-            value: address,
-        });
+        self.entries.push(entry);
         Ok(())
     }
 
@@ -234,23 +244,9 @@ impl TableFromBytes {
         visible: bool,
         absolute: bool,
     ) -> Result<(), NamesTooLarge> {
-        let start = u32::try_from(self.text.len()).map_err(|_| NamesTooLarge)?;
-        if name.len() > MAX_NAME || self.text.len() + name.len() > u32::MAX as usize {
-            return Err(NamesTooLarge);
-        }
-        let mut len = name.len() as u32;
-        if visible {
-            len |= VISIBLE;
-        }
-        if absolute {
-            len |= ABSOLUTE;
-        }
+        let entry = Entry::new(self.text.len(), name.len(), address, visible, absolute)?;
         self.text.extend_from_slice(name);
-        self.entries.push(Entry {
-            start,
-            len,
-            value: address,
-        });
+        self.entries.push(entry);
         Ok(())
     }
 
