@@ -359,6 +359,47 @@ fn exit_status_and_fatal_signals_are_the_same_in_and_out_of_process() {
     }
 }
 
+/// What a program inherits from `kiln` before its `main` (Kiln's binaries skip Rust's
+/// runtime set-up and do its part themselves, `kiln_runtime::process_entry`): a closed
+/// standard input is `/dev/null` (not whichever file `kiln` opened first), and `SIGPIPE`
+/// is ignored, in and out of process.
+#[test]
+fn a_closed_standard_input_and_sigpipe_reach_the_program_as_before() {
+    executor_binary();
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let src = tmp.join("inherits.c");
+    std::fs::write(
+        &src,
+        "#include <signal.h>\n#include <unistd.h>\n\
+         int main(void) {\n\
+           char c;\n\
+           if (read(0, &c, 1) != 0) return 7;\n\
+           if (signal(SIGPIPE, SIG_DFL) != SIG_IGN) return 9;\n\
+           return 0;\n}\n",
+    )
+    .unwrap();
+    let obj = tmp.join("inherits.o");
+    cc(&["-O2", "-fPIE", "-c"], &src, &obj);
+    for mode in ["", "--oop"] {
+        // `exec <&-`: kiln starts with descriptor 0 closed.
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "exec {} run {mode} {} <&-",
+                env!("CARGO_BIN_EXE_kiln"),
+                obj.display()
+            ))
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 fn kiln_python(args: &[&str]) -> Output {
     let config = kiln_testkit::python_config_dir();
     Command::new(env!("CARGO_BIN_EXE_kiln"))

@@ -24,6 +24,13 @@
 //! on. A client silent for longer than the idle timeout (default 300 s) is dropped; the
 //! handshake must complete within 10 s. The program's standard output and error go to the
 //! client.
+//!
+//! `main` is a C `main` that skips Rust's runtime set-up (see
+//! `kiln_runtime::process_entry`): the executor's start is on the critical path of every
+//! `kiln run --oop`.
+
+// (The test harness brings its own `main`.)
+#![cfg_attr(not(test), no_main)]
 
 use kiln_executor::listener::{serve_forever, Limits, Notifier};
 use kiln_executor::sandbox::SandboxConfig;
@@ -392,7 +399,26 @@ fn enter_sandbox(config: Option<&SandboxConfig>) -> bool {
     }
 }
 
+/// The process's entry: [`executor_main`] without Rust's runtime set-up.
+/// Under the test harness (which brings its own entry), an ordinary `main`.
+#[cfg(test)]
 fn main() {
+    executor_main();
+}
+
+#[cfg(not(test))]
+#[unsafe(no_mangle)]
+extern "C" fn main(
+    _argc: std::ffi::c_int,
+    _argv: *const *const std::ffi::c_char,
+) -> std::ffi::c_int {
+    kiln_runtime::process_entry::run(|| {
+        executor_main();
+        0
+    })
+}
+
+fn executor_main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let sandbox = take_sandbox(&mut args);
     match args.first().map(String::as_str) {

@@ -32,6 +32,7 @@ mod exports;
 pub mod lazy_entry;
 pub mod loader;
 pub mod module_symbols;
+pub mod process_entry;
 pub mod runtime;
 pub mod shared_object;
 mod symbol_kinds;
