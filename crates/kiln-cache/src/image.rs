@@ -59,7 +59,7 @@ pub struct CachedImage {
     /// Where it is.
     pub path: PathBuf,
     /// The file, mapped read-only (the description is read from it: no copy).
-    map: memmap2::Mmap,
+    map: std::sync::Arc<memmap2::Mmap>,
     /// Where the description is in the file.
     description: std::ops::Range<usize>,
     /// Each segment's offset in the file (a multiple of the page size the image was
@@ -71,6 +71,12 @@ impl CachedImage {
     /// The description the linker stored with the image.
     pub fn description(&self) -> &[u8] {
         &self.map[self.description.clone()]
+    }
+
+    /// The file's mapping and where the description is in it, for a reader that keeps
+    /// parts of it where they lie (the mapping lives as long as the reader holds it).
+    pub fn description_in_place(&self) -> (std::sync::Arc<memmap2::Mmap>, std::ops::Range<usize>) {
+        (self.map.clone(), self.description.clone())
     }
 }
 
@@ -352,7 +358,7 @@ impl ImageCache for DiskImageCache {
         let start = parsed.description.as_ptr() as usize - map.as_ptr() as usize;
         let description = start..start + parsed.description.len();
         Ok(Some(CachedImage {
-            map,
+            map: std::sync::Arc::new(map),
             description,
             segments,
             file,

@@ -55,6 +55,7 @@ mod error;
 mod fixup;
 mod graph;
 mod image_file;
+mod in_place;
 mod input;
 mod link;
 mod linked;
@@ -76,6 +77,7 @@ pub use built_object::{
 };
 pub use error::{LinkError, MissingSymbol, MissingSymbols};
 pub use image_file::ImageSymbols;
+pub use in_place::{RelativeWords, SharedBytes};
 pub use input::{ArchiveInput, ObjectBytes, ObjectInput};
 pub use link::{check_objects, link, LinkContext, LinkOptions};
 pub use linked::{

@@ -72,7 +72,7 @@ impl RelocatableImage {
             segments,
             page,
             fixups,
-            relative,
+            relative: relative.into(),
             exports: linked
                 .exports
                 .with_addresses(|address| match here(address) {
@@ -267,10 +267,10 @@ pub fn rebind(
     for seg in segs.iter_mut() {
         let start = seg.target - base;
         let end = start + seg.bytes.len() as u64;
-        while let Some(&at) = image
+        while let Some(at) = image
             .relative
             .get(next)
-            .filter(|&&at| at + 8 <= end && at >= start)
+            .filter(|&at| at + 8 <= end && at >= start)
         {
             let i = (at - start) as usize;
             let word = &mut seg.bytes[i..i + 8];
@@ -282,7 +282,7 @@ pub fn rebind(
     if next != image.relative.len() {
         return Err(failed(format!(
             "relative word at {:#x} outside the segments or out of order",
-            image.relative[next]
+            image.relative.get(next).unwrap_or(0)
         )));
     }
     // The process's thread-local values.

@@ -205,7 +205,7 @@ pub struct RelocatableImage {
     /// Offsets of 64-bit words that hold an offset in the image, to which a load adds the
     /// span's address (as `R_X86_64_RELATIVE` does): most of a program's fixups (its
     /// tables of pointers), kept as 8 bytes each, applied as one addition.
-    pub relative: Vec<u64>,
+    pub relative: crate::RelativeWords,
     /// The module's global symbols (sorted by name), with whether each is exported: an
     /// address is an offset in the span unless the symbol says it is absolute.
     pub exports: crate::SymbolTable,
@@ -245,7 +245,7 @@ pub struct ImageSymbol {
 
 /// The version of [`RelocatableImage::encode`]'s format (2: on kiln-codec, options for
 /// what may be absent).
-const FORMAT: u32 = 2;
+const FORMAT: u32 = 3;
 
 /// Why an image's description cannot be used: damaged bytes, another format, or fields
 /// that do not hold together (an offset outside the image, a fixup outside its segments).
@@ -324,8 +324,11 @@ impl RelocatableImage {
             .collect();
         segments.put(&mut w);
         self.fixups.put(&mut w);
-        self.relative.put(&mut w);
-        put_exports(&self.exports, &mut w);
+        w.u32(self.relative.len() as u32);
+        for at in self.relative.iter() {
+            w.u64(at);
+        }
+        self.exports.put(&mut w);
         self.init.put(&mut w);
         self.fini.put(&mut w);
         self.eh_frame.put(&mut w);
@@ -347,6 +350,29 @@ impl RelocatableImage {
     /// plugins, and the longest part of a large program's description): without,
     /// [`RelocatableImage::symbols`] is `Some` and empty if the image has them.
     pub fn decode_with(bytes: &[u8], symbols: bool) -> Result<Self, ImageError> {
+        let len = bytes.len();
+        Self::decode_in_place(Arc::new(bytes.to_vec()), 0..len, symbols)
+    }
+
+    /// [`RelocatableImage::decode_with`] of `description` (a range of `owner`: a mapped
+    /// image file), reading the exports and the relative words where they lie: the image
+    /// keeps `owner` (the exports' table as long as the module mapped from it lives).
+    pub fn decode_in_place(
+        owner: crate::SharedBytes,
+        description: std::ops::Range<usize>,
+        symbols: bool,
+    ) -> Result<Self, ImageError> {
+        let whole = (*owner).as_ref();
+        let bytes = whole
+            .get(description.clone())
+            .ok_or(DecodeError::Truncated("the description"))?;
+        // A range of the next `len` bytes of `r`, in `owner`.
+        let in_place = |r: &mut Reader<'_>, len: usize, what: &'static str| {
+            let at = description.start + (bytes.len() - r.remaining());
+            r.take(len, what)?;
+            crate::in_place::InPlace::new(owner.clone(), at..at + len)
+                .ok_or(DecodeError::Truncated(what))
+        };
         let mut r = Reader::new(bytes);
         let format = u32::get(&mut r, "format")?;
         if format != FORMAT {
@@ -374,8 +400,23 @@ impl RelocatableImage {
             page,
             segments,
             fixups: Vec::get(&mut r, "fixups")?,
-            relative: Vec::get(&mut r, "relative words")?,
-            exports: get_exports(&mut r)?,
+            relative: {
+                let n = r.count("relative words", 8)?;
+                crate::RelativeWords::in_place(in_place(&mut r, n * 8, "relative words")?)
+            },
+            exports: {
+                const ENTRY: usize = crate::symbol_table::ENTRY_BYTES;
+                let n = r.count("exports", ENTRY)?;
+                let text = r.u32("exports' names")? as usize;
+                let entries = in_place(&mut r, n * ENTRY, "exports")?;
+                let names = in_place(&mut r, text, "exports' names")?;
+                crate::SymbolTable::in_place(entries, names).map_err(|what| {
+                    DecodeError::Invalid {
+                        what,
+                        value: n as u64,
+                    }
+                })?
+            },
             init: Vec::get(&mut r, "initializers")?,
             fini: Vec::get(&mut r, "finalizers")?,
             eh_frame: Option::get(&mut r, ".eh_frame")?,
@@ -448,7 +489,7 @@ impl RelocatableImage {
             }
             in_segments(f.at, f.row.field.len(), "a fixup")?;
         }
-        for &at in &self.relative {
+        for at in self.relative.iter() {
             in_segments(at, 8, "a relative word")?;
         }
         for e in self.exports.iter() {
@@ -682,71 +723,6 @@ codec::record!(ImageFixup {
     stub: Option<u64> as "a fixup's stub",
 });
 
-/// An export's address and visibility (after its name).
-fn export_rest(r: &mut Reader<'_>) -> Result<(ImageAddress, bool), DecodeError> {
-    let address = ImageAddress::get(r, "an export's address")?;
-    let visible = bool::get(r, "an export's visibility")?;
-    Ok((address, visible))
-}
-
-/// The exports as a list (a `u32` count, then each one's name, address and visibility).
-fn put_exports(table: &crate::SymbolTable, w: &mut Writer) {
-    w.u32(table.len() as u32);
-    for s in table.iter() {
-        w.bytes(s.name.as_bytes());
-        ImageAddress::of_symbol(&s).put(w);
-        s.visible.put(w);
-    }
-}
-
-/// The exports' list ([`put_exports`]) as a table: the names into one block, 16 bytes a
-/// symbol (a string and 40 bytes each took a warm run of a program of 20,000 functions
-/// half its fresh pages). The names' lengths are read first (no name is read), so that the
-/// text is made at its size; the names are checked as UTF-8 together at the end.
-fn get_exports(r: &mut Reader<'_>) -> Result<crate::SymbolTable, DecodeError> {
-    const NAME: &str = "an export's name";
-    // A name's length, an address (a byte and a `u64`), a visibility.
-    const REST: usize = 9 + 1;
-    let n = r.count("exports", 4 + REST)?;
-    let mut sizing = r.clone();
-    let mut bytes = 0usize;
-    for _ in 0..n {
-        let len = sizing.u32(NAME)? as usize;
-        sizing.take(len + REST, NAME)?;
-        bytes += len;
-    }
-    let mut table = crate::symbol_table::TableFromBytes::with_capacity(n, bytes);
-    let mut previous: Option<&[u8]> = None;
-    for _ in 0..n {
-        let name = r.bytes(NAME)?;
-        // In order and each once, or the table's lookups by halves would miss names: a
-        // damaged image is an error, not a module whose symbols cannot be found. (Bytes
-        // order as their text's.)
-        if previous.is_some_and(|p| p >= name) {
-            return Err(DecodeError::Invalid {
-                what: "exports' order",
-                value: name.len() as u64,
-            });
-        }
-        previous = Some(name);
-        let (address, visible) = export_rest(r)?;
-        let (value, absolute) = match address {
-            ImageAddress::Image(o) => (o, false),
-            ImageAddress::Absolute(a) => (a, true),
-        };
-        table
-            .push(name, value, visible, absolute)
-            .map_err(|_| DecodeError::Invalid {
-                what: NAME,
-                value: name.len() as u64,
-            })?;
-    }
-    table.finish().ok_or(DecodeError::Invalid {
-        what: "exports' names (not UTF-8)",
-        value: bytes as u64,
-    })
-}
-
 codec::record!(ImageTls {
     image: Vec<u8> as "the thread-local image",
     size: u64 as "the thread-local block's size",
@@ -821,7 +797,7 @@ mod tests {
                     stub: Some(96),
                 },
             ],
-            relative: vec![8192, 8200],
+            relative: vec![8192, 8200].into(),
             exports: {
                 let mut table = crate::SymbolTable::builder(1, 4);
                 table.push("main", 0, true, false).expect("a short name");
@@ -877,7 +853,7 @@ mod tests {
         outside.fixups[0].at = 4096 * 5;
         assert!(RelocatableImage::decode(&outside.encode()).is_err());
         let mut outside = image();
-        outside.relative[1] = 8192 + 20;
+        outside.relative = vec![8192, 8192 + 20].into();
         assert!(RelocatableImage::decode(&outside.encode()).is_err());
         // Exports out of order, or a name twice: the table's lookups by halves would
         // miss names, so the description is refused.

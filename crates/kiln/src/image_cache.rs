@@ -129,7 +129,10 @@ impl LinkJob<'_> {
         };
         let looked_up = t.map(|t| t.elapsed());
         let t = self.times.then(Instant::now);
-        let image = RelocatableImage::decode_with(cached.description(), told)
+        // The exports and relative words read where they lie in the mapped file (the
+        // module's table keeps the mapping).
+        let (file, description) = cached.description_in_place();
+        let image = RelocatableImage::decode_in_place(file, description, told)
             .map_err(|e| format!("{}: {e}", cached.path.display()))?;
         let decoded = t.map(|t| t.elapsed());
         let t = self.times.then(Instant::now);
