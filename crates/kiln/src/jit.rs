@@ -23,7 +23,7 @@ use crate::library::LibraryId;
 use crate::plugin::{Plugin, PluginFailure, PluginRegistration, Plugins};
 use crate::state::{Extensions, Inner, LowMemory, NEXT_SESSION};
 use crate::Error;
-use kiln_memory::{MemoryManager, MemoryStats, SlabMemoryManager};
+use kiln_memory::{MemoryManager, MemoryStats};
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -206,24 +206,14 @@ impl JitBuilder {
         }
         let memory: Arc<dyn MemoryManager> = match (self.memory, &mapper) {
             (Some(m), _) => m,
-            // An executor still starting: the first slab is reserved at the first
-            // allocation, after the inputs loaded.
-            (None, Some(m)) if executor.still_starting() => {
-                Arc::new(crate::state::MemoryAtFirstUse {
-                    mapper: m.clone(),
-                    trap: architecture.trap_pattern(),
-                    built: std::sync::OnceLock::new(),
-                    building: parking_lot::Mutex::new(()),
-                })
-            }
-            (None, _) => {
-                let mut builder =
-                    SlabMemoryManager::builder().trap_pattern(architecture.trap_pattern());
-                if let Some(m) = &mapper {
-                    builder = builder.mapper(m.clone());
-                }
-                Arc::new(builder.build()?)
-            }
+            // Reserved at the first allocation: after the inputs loaded (an executor
+            // may still be starting), and never for a module mapped from the image cache.
+            (None, mapper) => Arc::new(crate::state::MemoryAtFirstUse {
+                mapper: mapper.clone(),
+                trap: architecture.trap_pattern(),
+                built: std::sync::OnceLock::new(),
+                building: parking_lot::Mutex::new(()),
+            }),
         };
         let low_memory = LowMemory {
             given: self.low_memory,

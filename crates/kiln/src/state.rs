@@ -118,12 +118,15 @@ impl MemoryManager for LowMemory {
     }
 }
 
-/// Kiln's default memory manager for an executor still starting (see
-/// [`crate::Executor::start`]): built — its first slab reserved in the executor — at the
-/// first allocation, so that the session is built and loads its inputs while the executor
-/// starts. A build that fails is that allocation's error (and is tried again at the next).
+/// Kiln's default memory manager: built — its first slab reserved — at the first
+/// allocation. A session whose executor is still starting ([`crate::Executor::start`])
+/// is built and loads its inputs while the executor starts; a run that maps its module
+/// from the image cache reserves no slab at all (in process: the mapper's probe and a
+/// 256 MiB dual mapping, 5 % of an empty program's run). A build that fails is that
+/// allocation's error (and is tried again at the next).
 pub(crate) struct MemoryAtFirstUse {
-    pub(crate) mapper: Arc<dyn kiln_memory::Mapper>,
+    /// The executor's mapper; `None`: this process's default (made at first use too).
+    pub(crate) mapper: Option<Arc<dyn kiln_memory::Mapper>>,
     /// The executor's architecture's trap bytes, for freed code.
     pub(crate) trap: [u8; 4],
     pub(crate) built: std::sync::OnceLock<SlabMemoryManager>,
@@ -139,10 +142,11 @@ impl MemoryAtFirstUse {
         if let Some(built) = self.built.get() {
             return Ok(built);
         }
-        let built = SlabMemoryManager::builder()
-            .trap_pattern(self.trap)
-            .mapper(self.mapper.clone())
-            .build()?;
+        let mut builder = SlabMemoryManager::builder().trap_pattern(self.trap);
+        if let Some(mapper) = &self.mapper {
+            builder = builder.mapper(mapper.clone());
+        }
+        let built = builder.build()?;
         Ok(self.built.get_or_init(|| built))
     }
 }

@@ -485,11 +485,6 @@ impl Executor {
         self.service.export_module_on_demand(module, code)
     }
 
-    /// Whether the executor's process was started but has not said hello yet.
-    pub(crate) fn still_starting(&self) -> bool {
-        self.service.still_starting()
-    }
-
     /// Waits for an executor still starting to say hello.
     pub(crate) fn wait_started(&self) -> Result<(), Error> {
         self.service.wait_started()

@@ -77,10 +77,6 @@ impl ExecutorService for Remote {
         false
     }
 
-    fn still_starting(&self) -> bool {
-        self.connection.get_if_ready().is_none()
-    }
-
     fn wait_started(&self) -> Result<(), Error> {
         self.connection.get().map(|_| ())
     }

@@ -151,12 +151,6 @@ pub trait ExecutorService: Send + Sync {
     /// waits for it. Nothing to do in process.
     fn shutdown(&self) {}
 
-    /// Whether the executor's process was started but has not said hello yet
-    /// ([`crate::Executor::start`]): what needs its connection waits.
-    fn still_starting(&self) -> bool {
-        false
-    }
-
     /// Waits for an executor still starting to say hello (its process then runs, its
     /// libraries mapped); an error if it never does. Nothing to wait for in process.
     fn wait_started(&self) -> Result<(), Error> {
