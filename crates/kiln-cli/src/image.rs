@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 /// The image cache `kiln run` links through, or why none (said with `-v`).
 pub(crate) fn open(o: &RunArgs) -> Result<Arc<kiln::cache::DiskImageCache>, String> {
-    let why = if o.no_image_cache {
+    let why = if o.link.no_image_cache {
         Some("--no-image-cache")
     } else if o.noexec {
         Some("--noexec links only")
-    } else if o.connect.is_some() {
+    } else if o.exec.connect.is_some() {
         Some("the executor is no process of this machine: its libraries cannot be keyed")
-    } else if o.gdb || o.jitdump.is_some() {
+    } else if o.debug.gdb || o.debug.jitdump.is_some() {
         Some("gdb and jitdump are given every object linked, with its debug information")
     } else {
         None
@@ -21,6 +21,7 @@ pub(crate) fn open(o: &RunArgs) -> Result<Arc<kiln::cache::DiskImageCache>, Stri
         return Err(why.to_string());
     }
     let root = o
+        .source
         .cache_dir
         .clone()
         .or_else(kiln_cache::DiskCache::default_root)
@@ -41,12 +42,12 @@ pub(crate) fn key_start(o: &RunArgs, jit: &kiln::Jit) -> kiln::cache::ImageKeyBu
         "options",
         &format!(
             "whole-archive={} undefined={:?} defsym={:?} libraries={:?} library-dirs={:?} export-dynamic={} flags={:?}",
-            o.whole_archive,
-            o.undefined,
-            o.defsym,
-            o.libraries,
-            o.library_dirs,
-            !o.no_export_dynamic,
+            o.link.whole_archive,
+            o.link.undefined,
+            o.link.defsym,
+            o.link.libraries,
+            o.link.library_dirs,
+            !o.link.no_export_dynamic,
             crate::compiler_flags(o),
         ),
     );

@@ -43,76 +43,76 @@ fn arguments(o: &RunArgs) -> Vec<OsString> {
             a.push(name.into());
         }
     };
-    flag("-g", o.debug_info);
-    flag("--no-cache", o.no_cache);
-    flag("--no-image-cache", o.no_image_cache);
-    flag("--whole-archive", o.whole_archive);
-    flag("-pthread", o.pthread);
-    flag("--no-export-dynamic", o.no_export_dynamic);
-    flag("--oop", o.oop);
-    flag("--sandbox", o.sandbox);
-    flag("--no-env", o.no_env);
-    flag("--gdb", o.gdb);
-    flag("--perf-map", o.perf_map);
+    flag("-g", o.source.debug_info);
+    flag("--no-cache", o.source.no_cache);
+    flag("--no-image-cache", o.link.no_image_cache);
+    flag("--whole-archive", o.link.whole_archive);
+    flag("-pthread", o.link.pthread);
+    flag("--no-export-dynamic", o.link.no_export_dynamic);
+    flag("--oop", o.exec.oop);
+    flag("--sandbox", o.exec.sandbox);
+    flag("--no-env", o.exec.no_env);
+    flag("--gdb", o.debug.gdb);
+    flag("--perf-map", o.debug.perf_map);
     let mut pairs: Vec<(&str, OsString)> = Vec::new();
     let mut pair = |name: &'static str, value: OsString| pairs.push((name, value));
-    if let Some(level) = &o.optimize {
+    if let Some(level) = &o.source.optimize {
         pair("-O", level.into());
     }
-    for dir in &o.include {
+    for dir in &o.source.include {
         pair("-I", absolute(dir).into());
     }
-    for d in &o.define {
+    for d in &o.source.define {
         pair("-D", d.into());
     }
-    if let Some(std) = &o.standard {
+    if let Some(std) = &o.source.standard {
         pair("--std", std.into());
     }
-    if let Some(flags) = &o.cflags {
+    if let Some(flags) = &o.source.cflags {
         a.push(format!("--cflags={flags}").into());
     }
-    if let Some(dir) = &o.cache_dir {
+    if let Some(dir) = &o.source.cache_dir {
         pair("--cache-dir", absolute(dir).into());
     }
-    if let Some(url) = &o.cache_redis {
+    if let Some(url) = &o.source.cache_redis {
         pair("--cache-redis", url.into());
     }
-    for u in &o.undefined {
+    for u in &o.link.undefined {
         pair("-u", u.into());
     }
-    for d in &o.defsym {
+    for d in &o.link.defsym {
         pair("--defsym", d.into());
     }
-    for l in &o.libraries {
+    for l in &o.link.libraries {
         pair("-l", l.into());
     }
-    for dir in &o.library_dirs {
+    for dir in &o.link.library_dirs {
         pair("-L", absolute(dir).into());
     }
-    pair("--entry", (&o.entry).into());
-    if let Some(t) = &o.transport {
+    pair("--entry", (&o.link.entry).into());
+    if let Some(t) = &o.exec.transport {
         pair("--transport", format!("{t:?}").to_lowercase().into());
     }
-    if let Some(c) = &o.connect {
+    if let Some(c) = &o.exec.connect {
         pair("--connect", c.into());
     }
-    for p in &o.sandbox_read {
+    for p in &o.exec.sandbox_read {
         pair("--sandbox-read", absolute(p).into());
     }
-    for p in &o.sandbox_write {
+    for p in &o.exec.sandbox_write {
         pair("--sandbox-write", absolute(p).into());
     }
-    if let Some(k) = &o.key_file {
+    if let Some(k) = &o.exec.key_file {
         pair("--key-file", absolute(k).into());
     }
-    if let Some(e) = &o.executor {
+    if let Some(e) = &o.exec.executor {
         pair("--executor", absolute(e).into());
     }
     for (name, value) in pairs {
         a.push(name.into());
         a.push(value);
     }
-    if let Some(dir) = &o.jitdump {
+    if let Some(dir) = &o.debug.jitdump {
         a.push(if dir.as_os_str().is_empty() {
             "--jitdump".into()
         } else {

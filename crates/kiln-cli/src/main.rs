@@ -4,7 +4,7 @@
 //! shows the memory layer alone.
 //!
 //! `main` is a C `main` that skips Rust's runtime set-up (see
-//! `kiln_runtime::process_entry`: 0.13 ms and 50 page faults of every run).
+//! `kiln_runtime::process_entry`: 0.06 ms of CPU of every run).
 
 // (The test harness brings its own `main`.)
 #![cfg_attr(not(test), no_main)]
@@ -199,13 +199,47 @@ fn demo(modules: u32, kind: MapperKind) -> Result<(), String> {
     Ok(())
 }
 
-/// Options of `kiln run`.
+/// Options of `kiln run`. In groups, each flattened into the command (clap builds each
+/// group's arguments in a function of its own: one function of 37 arguments took a
+/// 45 KiB stack frame, 11 fresh stack pages on every run).
 #[derive(Args, Debug)]
 struct RunArgs {
     /// C and C++ sources (compiled with the system compiler, through the object cache),
     /// object files, static archives and shared libraries.
     #[arg(required = true)]
     inputs: Vec<PathBuf>,
+    /// Says what is loaded from where: compiled or cached sources, archives, archive
+    /// members linked, shared libraries.
+    #[arg(short = 'v', long)]
+    verbose: bool,
+    /// Prints where every symbol landed (address, size, name) after the link.
+    #[arg(long, alias = "show-addrs")]
+    map: bool,
+    /// Link only; run no code at all (no initializers, no main, no finalizers).
+    #[arg(long)]
+    noexec: bool,
+    /// Print the time of each link phase to stderr.
+    #[arg(long)]
+    show_times: bool,
+    /// Print memory figures to stderr.
+    #[arg(long)]
+    stats: bool,
+    #[command(flatten)]
+    source: SourceOptions,
+    #[command(flatten)]
+    link: LinkFlags,
+    #[command(flatten)]
+    exec: ExecutorOptions,
+    #[command(flatten)]
+    debug: DebugOptions,
+    /// Arguments for the program (after `--`), passed on as the operating system's bytes.
+    #[arg(last = true)]
+    args: Vec<std::ffi::OsString>,
+}
+
+/// How `kiln run` compiles sources, and the object cache it compiles through.
+#[derive(Args, Debug)]
+struct SourceOptions {
     /// Optimization level for sources (`-O2`).
     #[arg(short = 'O', value_name = "LEVEL")]
     optimize: Option<String>,
@@ -227,11 +261,6 @@ struct RunArgs {
     /// Compile sources without the object cache.
     #[arg(long)]
     no_cache: bool,
-    /// Link every time: neither map the program from the image cache nor store it there
-    /// (by default a program that runs in this process is mapped from its cached image
-    /// when the same inputs, libraries and options were linked before).
-    #[arg(long)]
-    no_image_cache: bool,
     /// The object cache's directory (default: $KILN_CACHE_DIR, $XDG_CACHE_HOME/kiln,
     /// ~/.cache/kiln or $XDG_RUNTIME_DIR/kiln; it must be yours and writable by no one
     /// else, or it is not used).
@@ -242,6 +271,16 @@ struct RunArgs {
     /// down, slow, read-only or full, sources are compiled (-v says why).
     #[arg(long, value_name = "URL")]
     cache_redis: Option<String>,
+}
+
+/// How `kiln run` links: archives, libraries, symbols, the entry, the image cache.
+#[derive(Args, Debug)]
+struct LinkFlags {
+    /// Link every time: neither map the program from the image cache nor store it there
+    /// (by default a program that runs in this process is mapped from its cached image
+    /// when the same inputs, libraries and options were linked before).
+    #[arg(long)]
+    no_image_cache: bool,
     /// Every member of every archive input is linked, not only those the program needs
     /// (for all archives: not positional as in ld).
     #[arg(long)]
@@ -255,13 +294,6 @@ struct RunArgs {
     /// Accepted for compatibility with compiler drivers (threads need nothing more).
     #[arg(long)]
     pthread: bool,
-    /// Says what is loaded from where: compiled or cached sources, archives, archive
-    /// members linked, shared libraries.
-    #[arg(short = 'v', long)]
-    verbose: bool,
-    /// Prints where every symbol landed (address, size, name) after the link.
-    #[arg(long, alias = "show-addrs")]
-    map: bool,
     /// Link against library NAME (`libNAME.so`, an ld script, or `libNAME.a`).
     #[arg(short = 'l', value_name = "NAME")]
     libraries: Vec<String>,
@@ -271,20 +303,16 @@ struct RunArgs {
     /// Call SYM instead of `main` (same signature).
     #[arg(long, value_name = "SYM", default_value = "main")]
     entry: String,
-    /// Link only; run no code at all (no initializers, no main, no finalizers).
-    #[arg(long)]
-    noexec: bool,
     /// Do not make the program's global definitions visible to shared libraries it loads
     /// (by default they are, as `-Wl,-E` does for a native executable, so that plugins and
     /// CPython's extension modules can call back into the program).
     #[arg(long)]
     no_export_dynamic: bool,
-    /// Print the time of each link phase to stderr.
-    #[arg(long)]
-    show_times: bool,
-    /// Print memory figures to stderr.
-    #[arg(long)]
-    stats: bool,
+}
+
+/// Where `kiln run` runs the code: another process, another machine, a sandbox.
+#[derive(Args, Debug)]
+struct ExecutorOptions {
     /// Run the code in a `kiln-executor` child process (out of process).
     #[arg(long)]
     oop: bool,
@@ -322,6 +350,11 @@ struct RunArgs {
     /// KILN_EXECUTOR_SOCKET set, the pre-started `kiln-executor --listen-unix` there).
     #[arg(long, value_name = "PATH")]
     executor: Option<PathBuf>,
+}
+
+/// What `kiln run` tells debuggers and profilers.
+#[derive(Args, Debug)]
+struct DebugOptions {
     /// Register the code with the GDB JIT interface, for gdb and lldb (run `kiln run`
     /// under the debugger, or attach to the executor with --oop).
     #[arg(long)]
@@ -334,38 +367,35 @@ struct RunArgs {
     /// $JITDUMPDIR, else ~/.debug/jit).
     #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "")]
     jitdump: Option<PathBuf>,
-    /// Arguments for the program (after `--`), passed on as the operating system's bytes.
-    #[arg(last = true)]
-    args: Vec<std::ffi::OsString>,
 }
 
 /// Contradictory flags are errors, not ignored.
 fn check_flags(o: &RunArgs) -> Result<(), String> {
-    if o.transport.is_some() && !o.oop {
+    if o.exec.transport.is_some() && !o.exec.oop {
         return Err("--transport applies to --oop (an executor child process)".into());
     }
-    if o.oop && o.connect.is_some() {
+    if o.exec.oop && o.exec.connect.is_some() {
         return Err("--oop and --connect both choose the executor: use one".into());
     }
-    if o.key_file.is_some() && o.connect.is_none() {
+    if o.exec.key_file.is_some() && o.exec.connect.is_none() {
         return Err("--key-file applies to --connect".into());
     }
-    if o.sandbox && !o.oop {
+    if o.exec.sandbox && !o.exec.oop {
         return Err("--sandbox applies to --oop (start kiln-executor --listen with --sandbox for --connect)".into());
     }
-    let sandbox_paths = !o.sandbox_read.is_empty() || !o.sandbox_write.is_empty();
-    if !o.sandbox && sandbox_paths {
+    let sandbox_paths = !o.exec.sandbox_read.is_empty() || !o.exec.sandbox_write.is_empty();
+    if !o.exec.sandbox && sandbox_paths {
         return Err("--sandbox-read and --sandbox-write need --sandbox".into());
     }
-    if o.executor.is_some() && !o.oop {
+    if o.exec.executor.is_some() && !o.exec.oop {
         return Err("--executor applies to --oop".into());
     }
-    if o.no_cache && (o.cache_dir.is_some() || o.cache_redis.is_some()) {
+    if o.source.no_cache && (o.source.cache_dir.is_some() || o.source.cache_redis.is_some()) {
         return Err("--no-cache contradicts --cache-dir and --cache-redis".into());
     }
     // Compiler flags are text (they key the object cache): a directory whose name is not
     // UTF-8 would reach the compiler with U+FFFD in it, naming another directory.
-    if let Some(dir) = o.include.iter().find(|d| d.to_str().is_none()) {
+    if let Some(dir) = o.source.include.iter().find(|d| d.to_str().is_none()) {
         return Err(format!(
             "-I {}: the name is not UTF-8 (compiler flags are passed as text): give it through a link whose name is",
             dir.display()
@@ -377,21 +407,26 @@ fn check_flags(o: &RunArgs) -> Result<(), String> {
 /// The flags sources are compiled with.
 fn compiler_flags(o: &RunArgs) -> Vec<String> {
     let mut flags = Vec::new();
-    if let Some(level) = &o.optimize {
+    if let Some(level) = &o.source.optimize {
         flags.push(format!("-O{level}"));
     }
-    flags.extend(o.include.iter().map(|d| format!("-I{}", d.display())));
-    flags.extend(o.define.iter().map(|d| format!("-D{d}")));
-    if let Some(std) = &o.standard {
+    flags.extend(
+        o.source
+            .include
+            .iter()
+            .map(|d| format!("-I{}", d.display())),
+    );
+    flags.extend(o.source.define.iter().map(|d| format!("-D{d}")));
+    if let Some(std) = &o.source.standard {
         flags.push(format!("-std={std}"));
     }
-    if o.debug_info {
+    if o.source.debug_info {
         flags.push("-g".into());
     }
-    if o.pthread {
+    if o.link.pthread {
         flags.push("-pthread".into());
     }
-    if let Some(more) = &o.cflags {
+    if let Some(more) = &o.source.cflags {
         flags.extend(more.split_whitespace().map(str::to_string));
     }
     flags
@@ -474,15 +509,15 @@ fn run(o: RunArgs) -> Result<i32, String> {
     check_flags(&o)?;
     let start = Instant::now();
     let timeouts = kiln::executor::Timeouts::default();
-    let executor = if let Some(address) = &o.connect {
-        let key = match &o.key_file {
+    let executor = if let Some(address) = &o.exec.connect {
+        let key = match &o.exec.key_file {
             Some(path) => Some(kiln::executor::Key::read_file(path).map_err(|e| e.to_string())?),
             None => kiln::executor::Key::from_env().map_err(|e| e.to_string())?,
         };
         let executor = kiln::Executor::connect_with_key(address, key.as_ref(), timeouts)
             .map_err(|e| e.to_string())?;
         // A Windows executor keeps its own: this system's paths mean nothing there.
-        if !o.no_env && executor.target_os() == kiln::executor::TargetOs::Linux {
+        if !o.exec.no_env && executor.target_os() == kiln::executor::TargetOs::Linux {
             if o.verbose {
                 eprintln!("kiln: --connect: the program gets this environment and working directory (--no-env keeps the executor's)");
             }
@@ -491,18 +526,19 @@ fn run(o: RunArgs) -> Result<i32, String> {
             })?;
         }
         executor
-    } else if o.oop {
+    } else if o.exec.oop {
         let path = o
+            .exec
             .executor
             .clone()
             .unwrap_or_else(kiln::executor::default_executor_path);
-        let transport = match o.transport.unwrap_or(TransportKind::Shm) {
+        let transport = match o.exec.transport.unwrap_or(TransportKind::Shm) {
             TransportKind::Shm => kiln::executor::Transport::SharedMemory,
             TransportKind::Copy => kiln::executor::Transport::Copy,
         };
         // A pre-started executor (kiln-executor --listen-unix PATH) saves starting one.
         match std::env::var_os("KILN_EXECUTOR_SOCKET") {
-            Some(socket) if o.executor.is_none() && !o.sandbox => {
+            Some(socket) if o.exec.executor.is_none() && !o.exec.sandbox => {
                 let executor = kiln::Executor::connect_unix(
                     std::path::Path::new(&socket),
                     transport,
@@ -511,7 +547,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
                 .map_err(|e| e.to_string())?;
                 // A pre-started executor's world is its own: the program gets ours, as a
                 // child executor's does (it inherits them).
-                if !o.no_env {
+                if !o.exec.no_env {
                     if o.verbose {
                         eprintln!("kiln: pre-started executor: the program gets this environment and working directory (--no-env keeps the executor's)");
                     }
@@ -520,9 +556,9 @@ fn run(o: RunArgs) -> Result<i32, String> {
                 executor
             }
             _ => {
-                let sandbox = o.sandbox.then(|| kiln::executor::Sandbox {
-                    read: o.sandbox_read.clone(),
-                    write: o.sandbox_write.clone(),
+                let sandbox = o.exec.sandbox.then(|| kiln::executor::Sandbox {
+                    read: o.exec.sandbox_read.clone(),
+                    write: o.exec.sandbox_write.clone(),
                 });
                 // Started, not waited for: its hello comes while the inputs load.
                 kiln::Executor::start(&path, transport, sandbox.as_ref(), timeouts)
@@ -538,7 +574,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
         .inputs
         .iter()
         .any(|p| kiln_cache::SystemCompiler::is_source(p));
-    let cache: Option<Arc<dyn kiln_cache::ObjectCache>> = if o.no_cache || !compiles {
+    let cache: Option<Arc<dyn kiln_cache::ObjectCache>> = if o.source.no_cache || !compiles {
         None
     } else {
         open_cache(&o)
@@ -561,16 +597,20 @@ fn run(o: RunArgs) -> Result<i32, String> {
     }
     let jit = builder
         .executor(executor)
-        .export_to_libraries(!o.no_export_dynamic && !o.noexec)
+        .export_to_libraries(!o.link.no_export_dynamic && !o.noexec)
         // Published at the program's first dlopen/dlsym (kiln's own code never searches
         // the process for the program's names).
         .exports_on_demand(true)
         .noexec(o.noexec)
         .debug_support(kiln::debug::DebugSupport {
-            gdb: o.gdb,
-            perf_map: o.perf_map,
-            jitdump: o.jitdump.is_some(),
-            jitdump_dir: o.jitdump.clone().filter(|d| !d.as_os_str().is_empty()),
+            gdb: o.debug.gdb,
+            perf_map: o.debug.perf_map,
+            jitdump: o.debug.jitdump.is_some(),
+            jitdump_dir: o
+                .debug
+                .jitdump
+                .clone()
+                .filter(|d| !d.as_os_str().is_empty()),
         })
         .build()
         .map_err(|e| e.to_string())?;
@@ -665,7 +705,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
                 let bytes = bytes.ok_or_else(|| format!("{name}: cannot be read"))?;
                 objects.push((name, bytes));
             }
-            inputs::InputKind::Archive if o.whole_archive => {
+            inputs::InputKind::Archive if o.link.whole_archive => {
                 for (member, data) in inputs::archive_members(input, contents.unwrap_or(&[]))? {
                     jit.library(lib)
                         .add(Input::object(&member, data))
@@ -696,29 +736,29 @@ fn run(o: RunArgs) -> Result<i32, String> {
     let cxx_source = o.inputs.iter().any(|p| {
         kiln_cache::SystemCompiler::is_source(p) && p.extension().is_some_and(|e| e != "c")
     });
-    if cxx_source && !o.libraries.iter().any(|l| l == "stdc++") {
+    if cxx_source && !o.link.libraries.iter().any(|l| l == "stdc++") {
         if o.verbose {
             eprintln!("kiln: -lstdc++ (for the C++ sources)");
         }
         jit.library(lib)
-            .add(Input::library_by_name("stdc++", &o.library_dirs))
+            .add(Input::library_by_name("stdc++", &o.link.library_dirs))
             .map_err(explain)?;
     }
-    if !o.undefined.is_empty() {
-        let object = inputs::undefined_references(&o.undefined, jit.architecture())?;
+    if !o.link.undefined.is_empty() {
+        let object = inputs::undefined_references(&o.link.undefined, jit.architecture())?;
         jit.library(lib)
             .add(Input::object("-u", object))
             .map_err(explain)?;
     }
-    for name in &o.libraries {
+    for name in &o.link.libraries {
         if o.verbose {
             eprintln!("kiln: -l{name}");
         }
         jit.library(lib)
-            .add(Input::library_by_name(name, &o.library_dirs))
+            .add(Input::library_by_name(name, &o.link.library_dirs))
             .map_err(explain)?;
     }
-    for definition in &o.defsym {
+    for definition in &o.link.defsym {
         let (symbol, value) = definition
             .split_once('=')
             .ok_or_else(|| format!("--defsym {definition}: expected SYM=ADDRESS"))?;
@@ -810,6 +850,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
     let root = match &image_cache {
         Some(cache) => Some(cache.root().to_path_buf()),
         None => o
+            .source
             .cache_dir
             .clone()
             .or_else(kiln_cache::DiskCache::default_root)
@@ -827,9 +868,9 @@ fn run(o: RunArgs) -> Result<i32, String> {
     }
     let mut argv = vec![launcher.map_or(name, |p| p.into_os_string())];
     argv.extend(o.args.iter().cloned());
-    let address = jit.lookup(lib, &o.entry).map_err(explain)?;
+    let address = jit.lookup(lib, &o.link.entry).map_err(explain)?;
     jit.report_crashes();
-    if o.connect.is_some() {
+    if o.exec.connect.is_some() {
         // A remote program reads what is typed here, as a local one would.
         jit.executor().forward_stdin();
     }
@@ -955,11 +996,12 @@ fn kiln_main() -> std::ffi::c_int {
 /// directory other users can write to, a bad key file) is a warning and the sources are
 /// compiled; no cache directory at all (no home) is said with `-v`.
 fn open_cache(o: &RunArgs) -> Option<Arc<dyn kiln_cache::ObjectCache>> {
-    let opened: Result<Arc<dyn kiln_cache::ObjectCache>, String> = match &o.cache_redis {
+    let opened: Result<Arc<dyn kiln_cache::ObjectCache>, String> = match &o.source.cache_redis {
         Some(url) => kiln_cache::RedisCache::open(url, std::time::Duration::from_secs(2))
             .map(|c| Arc::new(c) as Arc<dyn kiln_cache::ObjectCache>)
             .map_err(|e| e.to_string()),
         None => match o
+            .source
             .cache_dir
             .clone()
             .or_else(kiln_cache::DiskCache::default_root)

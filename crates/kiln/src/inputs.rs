@@ -93,8 +93,9 @@ pub fn map_file(path: &Path) -> Result<Arc<dyn AsRef<[u8]> + Send + Sync>, Error
     Ok(Arc::new(map))
 }
 
-/// Bytes the caller lends the session (a memory-mapped file, a compiler's buffer).
-pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+/// Bytes the caller lends the session (a memory-mapped file, a compiler's buffer): the
+/// linker's own name for them.
+pub use kiln_link::SharedBytes;
 
 /// The first bytes of shared file contents.
 pub(crate) fn starts_with(bytes: &Arc<dyn AsRef<[u8]> + Send + Sync>, prefix: &[u8]) -> bool {
