@@ -263,26 +263,20 @@ pub fn rebind(
     }
     // The relative words: the image's offset they hold, plus the span's address. The
     // words of one segment are in order: one pass per segment.
-    let mut next = 0;
+    let mut words = image.relative.iter().peekable();
     for seg in segs.iter_mut() {
         let start = seg.target - base;
         let end = start + seg.bytes.len() as u64;
-        while let Some(at) = image
-            .relative
-            .get(next)
-            .filter(|&at| at + 8 <= end && at >= start)
-        {
+        while let Some(at) = words.next_if(|&at| at + 8 <= end && at >= start) {
             let i = (at - start) as usize;
             let word = &mut seg.bytes[i..i + 8];
             let value = u64::from_le_bytes(word.try_into().unwrap_or([0; 8]));
             word.copy_from_slice(&value.wrapping_add(base).to_le_bytes());
-            next += 1;
         }
     }
-    if next != image.relative.len() {
+    if let Some(at) = words.next() {
         return Err(failed(format!(
-            "relative word at {:#x} outside the segments or out of order",
-            image.relative.get(next).unwrap_or(0)
+            "relative word at {at:#x} outside the segments or out of order"
         )));
     }
     // The process's thread-local values.

@@ -492,8 +492,13 @@ impl RelocatableImage {
         for at in self.relative.iter() {
             in_segments(at, 8, "a relative word")?;
         }
-        for e in self.exports.iter() {
-            address_in_span(ImageAddress::of_symbol(&e), "an export")?;
+        for (address, absolute) in self.exports.addresses() {
+            let address = if absolute {
+                ImageAddress::Absolute(address)
+            } else {
+                ImageAddress::Image(address)
+            };
+            address_in_span(address, "an export")?;
         }
         let code = layout
             .segments

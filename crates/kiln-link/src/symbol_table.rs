@@ -135,6 +135,29 @@ struct InPlaceTable {
     block: Arc<OnceLock<Arc<str>>>,
 }
 
+/// A table's names' text: checked text, or bytes read in place (checked when the table
+/// was made).
+#[derive(Clone, Copy)]
+enum Text<'t> {
+    Owned(&'t str),
+    InPlace(&'t [u8]),
+}
+
+impl<'t> Text<'t> {
+    /// Entry `e`'s name. Made by the builder from whole pushed strings, or checked when
+    /// read from an image: in bounds, on boundaries; a damaged range reads as the empty
+    /// name rather than a panic.
+    fn name(self, e: &Entry) -> &'t str {
+        match self {
+            Text::Owned(text) => text.get(e.range()).unwrap_or(""),
+            Text::InPlace(bytes) => bytes
+                .get(e.range())
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .unwrap_or(""),
+        }
+    }
+}
+
 impl InPlaceTable {
     fn entry(&self, i: usize) -> Option<Entry> {
         let at = i.checked_mul(ENTRY_BYTES)?;
@@ -194,30 +217,38 @@ impl SymbolTable {
         }
     }
 
-    fn name_at(&self, e: &Entry) -> &str {
-        // Made by the builder from whole pushed strings, or checked when read from an
-        // image: in bounds, on boundaries; a damaged range reads as the empty name rather
-        // than a panic.
+    /// The names' text as it lies: fetched once for many entries.
+    fn text(&self) -> Text<'_> {
         match &self.storage {
-            Storage::Owned { names, .. } => names
-                .as_deref()
-                .and_then(|names| names.get(e.range()))
-                .unwrap_or(""),
-            Storage::InPlace(t) => std::str::from_utf8(t.name_bytes(e)).unwrap_or(""),
+            Storage::Owned { names, .. } => Text::Owned(names.as_deref().unwrap_or("")),
+            Storage::InPlace(t) => Text::InPlace(t.names.bytes()),
         }
     }
 
+    fn name_at(&self, e: &Entry) -> &str {
+        self.text().name(e)
+    }
+
     fn symbol_at(&self, e: &Entry) -> Symbol<'_> {
+        self.symbol_in(e, self.text())
+    }
+
+    /// Entry `e`'s address, and whether it is absolute.
+    fn address_of(&self, e: &Entry) -> (u64, bool) {
         let absolute = e.len & ABSOLUTE != 0;
-        let (address, absolute) = match &self.storage {
+        match &self.storage {
             Storage::InPlace(InPlaceTable {
                 base: Some(base), ..
             }) if !absolute => (e.value.wrapping_add(*base), false),
             Storage::InPlace(InPlaceTable { base: Some(_), .. }) => (e.value, false),
             _ => (e.value, absolute),
-        };
+        }
+    }
+
+    fn symbol_in<'t>(&'t self, e: &Entry, text: Text<'t>) -> Symbol<'t> {
+        let (address, absolute) = self.address_of(e);
         Symbol {
-            name: self.name_at(e),
+            name: text.name(e),
             address,
             visible: e.len & VISIBLE != 0,
             absolute,
@@ -269,13 +300,32 @@ impl SymbolTable {
 
     /// Every symbol, in name order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = Symbol<'_>> + '_ {
-        (0..self.len()).map(|i| {
-            let e = self.entry(i).unwrap_or(Entry {
-                start: 0,
-                len: 0,
-                value: 0,
-            });
-            self.symbol_at(&e)
+        let text = self.text();
+        self.entries().map(move |e| self.symbol_in(&e, text))
+    }
+
+    /// Every symbol's address and whether it is absolute, in name order (no name read).
+    pub(crate) fn addresses(&self) -> impl Iterator<Item = (u64, bool)> + '_ {
+        self.entries().map(|e| self.address_of(&e))
+    }
+
+    /// Every entry, in order (the bytes of a table in place fetched once).
+    fn entries(&self) -> impl ExactSizeIterator<Item = Entry> + '_ {
+        let (owned, in_place): (&[Entry], &[u8]) = match &self.storage {
+            Storage::Owned { entries, .. } => (entries, &[]),
+            Storage::InPlace(t) => (&[], t.entries.bytes()),
+        };
+        let len = owned.len() + in_place.len() / ENTRY_BYTES;
+        (0..len).map(move |i| {
+            owned
+                .get(i)
+                .copied()
+                .or_else(|| Entry::from_bytes(in_place.get(i * ENTRY_BYTES..)?))
+                .unwrap_or(Entry {
+                    start: 0,
+                    len: 0,
+                    value: 0,
+                })
         })
     }
 

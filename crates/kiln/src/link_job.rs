@@ -367,6 +367,11 @@ impl LinkJob<'_> {
         module_name: &str,
     ) -> Result<(), Error> {
         let state = self.library.state.read();
+        // A library that defines nothing yet (a program's first module) has nothing to
+        // redefine: its module's names are not read one by one.
+        if state.index.is_empty() && state.unhashed.is_none() && state.lazy.is_empty() {
+            return Ok(());
+        }
         let Some((name, previous)) = linked.exports.iter().filter(|e| e.visible).find_map(|e| {
             let previous = match state.exported(e.name) {
                 Some(d) => describe(&state, &d),
