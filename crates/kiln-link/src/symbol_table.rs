@@ -493,6 +493,58 @@ impl SymbolTableBuilder {
     }
 }
 
+/// Builds a [`SymbolTable`] from names given as bytes, checked as UTF-8 once, all
+/// together, at the end (a link's exports: 20,000 short names checked one by one cost
+/// more than their sort).
+#[derive(Debug)]
+pub(crate) struct TableFromBytes {
+    text: Vec<u8>,
+    entries: Vec<Entry>,
+}
+
+impl TableFromBytes {
+    /// Room for `symbols` symbols whose names take `bytes` bytes.
+    pub(crate) fn with_capacity(symbols: usize, bytes: usize) -> Self {
+        TableFromBytes {
+            text: Vec::with_capacity(bytes),
+            entries: Vec::with_capacity(symbols),
+        }
+    }
+
+    /// Appends a symbol (in name order, as [`SymbolTableBuilder::push`]).
+    pub(crate) fn push(
+        &mut self,
+        name: &[u8],
+        address: u64,
+        visible: bool,
+        absolute: bool,
+    ) -> Result<(), NamesTooLarge> {
+        let entry = Entry::new(self.text.len(), name.len(), address, visible, absolute)?;
+        self.text.extend_from_slice(name);
+        self.entries.push(entry);
+        Ok(())
+    }
+
+    /// The table; `None` if the names are not UTF-8, each of them (the text as a whole,
+    /// and every name starting on a character's first byte).
+    pub(crate) fn finish(self) -> Option<SymbolTable> {
+        let text = String::from_utf8(self.text).ok()?;
+        if !self
+            .entries
+            .iter()
+            .all(|e| text.is_char_boundary(e.start as usize))
+        {
+            return None;
+        }
+        Some(SymbolTable {
+            storage: Storage::Owned {
+                names: (!self.entries.is_empty()).then(|| Arc::from(text)),
+                entries: self.entries.into_boxed_slice(),
+            },
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -531,6 +583,23 @@ mod tests {
         assert_eq!(&*t.shared_name(2).unwrap(), "c");
         assert!(t.shared_name(3).is_none());
         assert!(SymbolTable::default().is_empty());
+    }
+
+    #[test]
+    fn names_given_as_bytes_are_checked_as_utf8_each() {
+        let mut b = TableFromBytes::with_capacity(2, 4);
+        b.push(b"a", 1, true, false).unwrap();
+        b.push("é".as_bytes(), 2, true, false).unwrap();
+        let t = b.finish().expect("UTF-8 names");
+        assert_eq!(t.iter().map(|s| s.name).collect::<Vec<_>>(), ["a", "é"]);
+        // "é" cut in two: the text as a whole is UTF-8, each name is not.
+        let mut b = TableFromBytes::with_capacity(2, 2);
+        b.push(&"é".as_bytes()[..1], 1, true, false).unwrap();
+        b.push(&"é".as_bytes()[1..], 2, true, false).unwrap();
+        assert!(b.finish().is_none());
+        let mut b = TableFromBytes::with_capacity(1, 1);
+        b.push(&[0xff], 1, true, false).unwrap();
+        assert!(b.finish().is_none());
     }
 
     /// A table written as an image's description holds it and read back in place.

@@ -186,20 +186,22 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             order.push((name_prefix(linker.globals[id as usize].name), id));
         }
         let name = |id: u32| linker.globals[id as usize].name;
-        order.sort_unstable_by(|&(pa, a), &(pb, b)| pa.cmp(&pb).then_with(|| name(a).cmp(name(b))));
-        // A name that is not UTF-8 is kept as its lossy text, whose bytes sort elsewhere
-        // (U+FFFD is EF BF BD): the table is then ordered by the text it holds.
-        if order
-            .iter()
-            .any(|&(_, id)| std::str::from_utf8(name(id)).is_err())
-        {
-            order.sort_by_cached_key(|&(_, id)| lossy(name(id)));
+        // By prefix (the tuple's own order, compared inline), then runs of one prefix
+        // (names alike in their first 16 bytes) by their whole names.
+        order.sort_unstable();
+        let mut run = 0;
+        while run < order.len() {
+            let prefix = order[run].0;
+            let mut end = run + 1;
+            while order.get(end).is_some_and(|&(p, _)| p == prefix) {
+                end += 1;
+            }
+            if end - run > 1 {
+                order[run..end].sort_unstable_by(|&(_, a), &(_, b)| name(a).cmp(name(b)));
+            }
+            run = end;
         }
-        // The names in one block, in the table's order (the text made at its size, then
-        // shared: no string per name).
-        let bytes = order.iter().map(|&(_, id)| name(id).len()).sum();
-        let mut table = crate::SymbolTable::builder(order.len(), bytes);
-        for (_, id) in order {
+        let entry = |id: u32| {
             let g = &linker.globals[id as usize];
             let visible = match g.def {
                 Def::Defined { obj, sym, .. } => {
@@ -210,17 +212,32 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
                 _ => true,
             };
             let routed = linker.routed.binary_search_by_key(&id, |&(g, _, _)| g);
-            let (address, visible) = match routed {
+            match routed {
                 Ok(i) => {
                     let (_, obj, sym) = linker.routed[i];
                     (resolver.address(SymbolId::Local(obj, sym)).0, false)
                 }
                 Err(_) => (resolver.address(SymbolId::Global(id)).0, visible),
-            };
-            match std::str::from_utf8(g.name) {
-                Ok(name) => table.push(name, address, visible, false)?,
-                Err(_) => table.push(&lossy(g.name), address, visible, false)?,
             }
+        };
+        // The names in one block, in the table's order (the text made at its size, then
+        // shared: no string per name), checked as UTF-8 together.
+        let bytes = order.iter().map(|&(_, id)| name(id).len()).sum();
+        let mut table = crate::symbol_table::TableFromBytes::with_capacity(order.len(), bytes);
+        for &(_, id) in &order {
+            let (address, visible) = entry(id);
+            table.push(name(id), address, visible, false)?;
+        }
+        if let Some(table) = table.finish() {
+            return Ok(table);
+        }
+        // A name that is not UTF-8 is kept as its lossy text, whose bytes sort elsewhere
+        // (U+FFFD is EF BF BD): the table is then ordered by the text it holds.
+        order.sort_by_cached_key(|&(_, id)| lossy(name(id)));
+        let mut table = crate::SymbolTable::builder(order.len(), bytes);
+        for &(_, id) in &order {
+            let (address, visible) = entry(id);
+            table.push(&lossy(name(id)), address, visible, false)?;
         }
         Ok(table.finish())
     }
