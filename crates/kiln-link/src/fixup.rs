@@ -4,7 +4,7 @@
 use crate::arch::{self, EncodeError, Relative, Relocation, Target};
 use crate::graph::{Allocated, Edge};
 use crate::object_file::{ObjSym, SymSection};
-use crate::relocatable::{Binding, FixupRow, ImageFixup, Recorder};
+use crate::relocatable::{invariant, Binding, FixupRow, ImageFixup};
 use crate::symbols::{
     lossy, Def, Linker, Place, ResolvedSymbols, Slot, SymbolId, SEG_BSS, SEG_TLS,
 };
@@ -37,65 +37,67 @@ pub(crate) fn write_got(
     tls: TlsPlace,
     tlsdesc_resolver: u64,
 ) {
-    // A relocatable link records the entries that depend on the process or the span.
-    let record = |i: usize, binding: Binding| {
-        if let Some(recorder) = resolver.recorder {
-            if !Recorder::invariant(&binding, Relative::Absolute, arch::Field::Word(8)) {
-                let field = resolver.got_base + i as u64 * 8 - recorder.base;
-                recorder.push(ImageFixup {
-                    at: field,
-                    place: field,
-                    row: FixupRow::word64(),
-                    binding,
-                    addend: 0,
-                    stub: None,
-                });
-            }
-        }
-    };
-    let base = resolver.recorder.map_or(0, |r| r.base);
-    let mut put = |i: usize, v: u64| got[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    each_got_entry(
+        slot_list,
+        resolver,
+        tls,
+        tlsdesc_resolver,
+        None,
+        |i, v, _| {
+            got[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        },
+    );
+}
+
+/// Every GOT entry: its index, its value, and — with `base`, the span's start — where
+/// the value comes from (`None` for a discarded symbol's, or without `base`).
+pub(crate) fn each_got_entry(
+    slot_list: &[Slot],
+    resolver: &Resolver<'_, '_>,
+    tls: TlsPlace,
+    tlsdesc_resolver: u64,
+    base: Option<u64>,
+    mut entry: impl FnMut(usize, u64, Option<Binding>),
+) {
     let tp_off = |key: SymbolId| -> u64 {
         let (offset, _) = resolver.address(key);
         (tls.tp_offset.unwrap_or(0) as u64).wrapping_add(offset)
     };
+    let bound = |binding: &dyn Fn(u64) -> Binding| base.map(binding);
     let mut i = 0;
     while i < slot_list.len() {
         match slot_list[i] {
             Slot::Address(key) => {
                 let (address, discarded) = resolver.address(key);
-                put(i, address);
-                if !discarded {
-                    record(i, resolver.binding(key, address, base));
-                }
+                let binding = (!discarded)
+                    .then(|| bound(&|base| resolver.binding(key, address, base)))
+                    .flatten();
+                entry(i, address, binding);
                 i += 1;
             }
             Slot::TpOff(key) => {
-                put(i, tp_off(key));
-                record(i, Binding::TpOff(resolver.address(key).0));
+                let binding = bound(&|_| Binding::TpOff(resolver.address(key).0));
+                entry(i, tp_off(key), binding);
                 i += 1;
             }
             Slot::TlsGd(key) => {
-                put(i, tls.module);
-                record(i, Binding::DtpMod);
+                entry(i, tls.module, bound(&|_| Binding::DtpMod));
                 let offset = resolver.address(key).0;
-                put(
-                    i + 1,
-                    offset.wrapping_sub(resolver.linker.arch.dtv_offset()),
-                );
+                let dtv = offset.wrapping_sub(resolver.linker.arch.dtv_offset());
+                entry(i + 1, dtv, None);
                 i += 2;
             }
             Slot::TlsLd => {
-                put(i, tls.module);
-                record(i, Binding::DtpMod);
-                put(i + 1, 0);
+                entry(i, tls.module, bound(&|_| Binding::DtpMod));
+                entry(i + 1, 0, None);
                 i += 2;
             }
             Slot::TlsDesc(key) => {
-                put(i, tlsdesc_resolver);
-                record(i, Binding::Image(tlsdesc_resolver.wrapping_sub(base)));
-                put(i + 1, tp_off(key));
-                record(i + 1, Binding::TpOff(resolver.address(key).0));
+                let resolver_at =
+                    bound(&|base| Binding::Image(tlsdesc_resolver.wrapping_sub(base)));
+                entry(i, tlsdesc_resolver, resolver_at);
+                let binding = bound(&|_| Binding::TpOff(resolver.address(key).0));
+                entry(i + 1, tp_off(key), binding);
                 i += 2;
             }
         }
@@ -133,6 +135,7 @@ pub(crate) fn write_plt(
 }
 
 /// Computes addresses once the segments have their target addresses.
+#[derive(Clone)]
 pub(crate) struct Resolver<'l, 'a> {
     pub(crate) linker: ResolvedSymbols<'l, 'a>,
     pub(crate) bases: [u64; 4],
@@ -141,8 +144,9 @@ pub(crate) struct Resolver<'l, 'a> {
     pub(crate) plt_base: u64,
     pub(crate) dso_handle: u64,
     pub(crate) stubs: &'l FxHashMap<SymbolId, u64>,
-    /// Where a relocatable link records its fixups (see [`crate::relocatable`]).
-    pub(crate) recorder: Option<&'l Recorder>,
+    /// A relocatable link's (see [`crate::relocatable`]): calls of host functions go
+    /// through their stubs, so that the code needs no fixup.
+    pub(crate) relocatable: bool,
     /// Whether the edges applied are the TLS image's (whose addresses are offsets in the
     /// block, not in the span).
     pub(crate) tls_image: bool,
@@ -163,19 +167,19 @@ impl<'l, 'a> Resolver<'l, 'a> {
             plt_base: allocated.plt_base,
             dso_handle: allocated.dso_handle,
             stubs,
-            recorder: None,
+            relocatable: false,
             tls_image: false,
         }
     }
 
-    /// The same resolver, recording fixups in `recorder` (a relocatable link's).
-    pub(crate) fn recording(mut self, recorder: Option<&'l Recorder>) -> Self {
-        self.recorder = recorder;
+    /// The same resolver, for a relocatable link's edges if `relocatable`.
+    pub(crate) fn relocatable(mut self, relocatable: bool) -> Self {
+        self.relocatable = relocatable;
         self
     }
 
     /// Where `key`'s address `s` comes from, for a fixup.
-    fn binding(&self, key: SymbolId, s: u64, base: u64) -> Binding {
+    pub(crate) fn binding(&self, key: SymbolId, s: u64, base: u64) -> Binding {
         let by_section =
             |obj: u32, sym: u32| match self.linker.objs[obj as usize].symbols[sym as usize].section
             {
@@ -195,13 +199,13 @@ impl<'l, 'a> Resolver<'l, 'a> {
         }
     }
 
-    /// Records the field at `field` (a target address) of `row` if its value `binding`
-    /// gives depends on where the span is or on the process; refuses the image if such
-    /// a field cannot be written again.
+    /// The fixup of the field at `field` (a target address) of `row` if its value
+    /// `binding` gives depends on where the span is or on the process (`None` if not); an
+    /// error saying why if such a field cannot be written again.
     #[allow(clippy::too_many_arguments)]
-    fn record(
+    fn fixup_for(
         &self,
-        recorder: &Recorder,
+        base: u64,
         at: Where<'_>,
         field: u64,
         p: u64,
@@ -209,40 +213,136 @@ impl<'l, 'a> Resolver<'l, 'a> {
         binding: Binding,
         addend: i64,
         stub: Option<u64>,
-    ) {
-        if Recorder::invariant(&binding, row.relative, row.field) {
-            return;
+    ) -> Option<Result<ImageFixup, String>> {
+        if invariant(&binding, row.relative, row.field) {
+            return None;
         }
         let fixup = FixupRow::of(row);
         let refuse = |why: &str| {
-            recorder.refuse(|| {
-                format!(
-                    "{} in {} section {} at {:#x} ({binding:?}): {why}",
-                    row.name,
-                    at.object,
-                    lossy(at.section),
-                    field
-                )
-            })
+            Some(Err(format!(
+                "{} in {} section {} at {:#x} ({binding:?}): {why}",
+                row.name,
+                at.object,
+                lossy(at.section),
+                field
+            )))
         };
         if self.tls_image {
-            refuse("a thread-local initialized with an address");
+            refuse("a thread-local initialized with an address")
         } else if fixup.in_place() {
-            refuse("a field changed in place cannot be written again");
+            refuse("a field changed in place cannot be written again")
         } else if row.relative == Relative::GotBase {
-            refuse("GOT-relative to a value of the process");
+            refuse("GOT-relative to a value of the process")
         } else if row.relative == Relative::ImageBase {
-            refuse("image-relative to a value of the process");
+            refuse("image-relative to a value of the process")
         } else {
-            let base = recorder.base;
-            recorder.push(ImageFixup {
+            Some(Ok(ImageFixup {
                 at: field.wrapping_sub(base),
                 place: p.wrapping_sub(base),
                 row: fixup,
                 binding,
                 addend,
                 stub: stub.map(|s| s.wrapping_sub(base)),
-            });
+            }))
+        }
+    }
+
+    /// The fixup a relocatable link keeps of `edge` (see [`crate::relocatable`]), the
+    /// span starting at `base`: `None` when the value [`Resolver::apply`] wrote is the
+    /// same wherever the span is mapped, in any process; an error (why the module cannot
+    /// be an image) when it is not and cannot be written again. Asked after the edges
+    /// were applied: of the same addresses, stubs and GOT entries. (A GOT load `apply`
+    /// relaxed into a direct reference is PC-relative either way: no fixup.)
+    pub(crate) fn image_fixup(
+        &self,
+        at: Where<'_>,
+        section_addr: u64,
+        edge: &Edge,
+        slots: &FxHashMap<Slot, u64>,
+        base: u64,
+    ) -> Option<Result<ImageFixup, String>> {
+        let (offset, addend, key) = (edge.offset, edge.addend, edge.key);
+        let row = edge.row;
+        // Most edges first: PC-relative to the span's own GOT entries, or to what the
+        // module defines (not through a stub): the same wherever the span is.
+        let pc_relative = row.relative != Relative::Absolute;
+        match row.target {
+            Target::GotEntry
+            | Target::GotBase
+            | Target::TlsGdEntry
+            | Target::TlsLdEntry
+            | Target::TpOffEntry
+            | Target::TlsDescEntry
+                if pc_relative =>
+            {
+                return None
+            }
+            Target::Symbol | Target::Call
+                if pc_relative && !self.stubs.contains_key(&key) && self.is_defined_here(key) =>
+            {
+                return None
+            }
+            _ => {}
+        }
+        let field = section_addr + offset;
+        let p = field.wrapping_add(edge.place_delta as i64 as u64);
+        let (s, discarded) = self.address(key);
+        let slot_addr = |slot: Slot| self.got_base + slots.get(&slot).copied().unwrap_or(0) * 8;
+        let image = |address: u64| Binding::Image(address.wrapping_sub(base));
+        let mut stub = None;
+        let binding = match row.target {
+            Target::DtpMod => Binding::DtpMod,
+            _ if discarded => return None,
+            Target::Symbol | Target::Call => match self.via_stub(row, key, s, addend, p) {
+                Some(via) => image(via),
+                None => {
+                    stub = self.stubs.get(&key).map(|&n| self.stub_address(n));
+                    self.binding(key, s, base)
+                }
+            },
+            Target::Plt => match self.stubs.get(&key) {
+                Some(&n) => image(self.stub_address(n)),
+                None => self.binding(key, s, base),
+            },
+            Target::GotEntry => image(slot_addr(Slot::Address(key))),
+            Target::GotBase => image(self.got_base),
+            Target::TlsGdEntry => image(slot_addr(Slot::TlsGd(key))),
+            Target::TlsLdEntry => image(slot_addr(Slot::TlsLd)),
+            Target::TpOffEntry => image(slot_addr(Slot::TpOff(key))),
+            Target::TlsDescEntry => image(slot_addr(Slot::TlsDesc(key))),
+            Target::TpOff => Binding::TpOff(s),
+            _ => return None,
+        };
+        self.fixup_for(base, at, field, p, row, binding, addend, stub)
+    }
+
+    /// The stub a reference to `key` (whose address is `s`) goes through: in a
+    /// relocatable link every call of a host function does (the code then needs no
+    /// fixup: the stub jumps through the GOT); else one whose target the instruction does
+    /// not reach.
+    fn via_stub(
+        &self,
+        row: &Relocation,
+        key: SymbolId,
+        s: u64,
+        addend: i64,
+        p: u64,
+    ) -> Option<u64> {
+        let &n = self.stubs.get(&key)?;
+        let prefer = self.relocatable && row.target == Target::Call && self.is_external(key);
+        let value = self.formula(row, s as i128, addend as i128, p);
+        (prefer || !self.linker.arch.reaches(row, value, s, addend, p))
+            .then(|| self.stub_address(n))
+    }
+
+    /// The relocation's formula: `t + a`, relative to what its row says.
+    fn formula(&self, row: &Relocation, t: i128, a: i128, p: u64) -> i128 {
+        match row.relative {
+            Relative::Absolute => t + a,
+            Relative::Place => t + a - p as i128,
+            Relative::Page => ((t + a) & !0xfff) - (p & !0xfff) as i128,
+            Relative::GotBase => t + a - self.got_base as i128,
+            Relative::ImageBase => t + a - self.image_base as i128,
         }
     }
 
@@ -432,10 +532,6 @@ impl<'l, 'a> Resolver<'l, 'a> {
             }
             Target::DtpOff => s as i128 - i128::from(arch.dtv_offset()),
             Target::DtpMod => {
-                if let Some(recorder) = self.recorder {
-                    let field = section_addr + offset;
-                    self.record(recorder, at, field, p, row, Binding::DtpMod, addend, None);
-                }
                 return self.write(at, bytes, offset, row, tls.module as i128, key, false);
             }
             Target::Unsupported(model) => {
@@ -445,61 +541,12 @@ impl<'l, 'a> Resolver<'l, 'a> {
             // Replaced by its partner's row when the edges were decoded.
             Target::Partner => return Err(err_bad(format!("{} without its high part", row.name))),
         };
-        let relative = |t: i128| -> i128 {
-            match row.relative {
-                Relative::Absolute => t + a,
-                Relative::Place => t + a - p as i128,
-                Relative::Page => ((t + a) & !0xfff) - (p & !0xfff) as i128,
-                Relative::GotBase => t + a - self.got_base as i128,
-                Relative::ImageBase => t + a - self.image_base as i128,
-            }
-        };
-        let mut value = relative(t);
-        // A function out of the instruction's reach is reached through its stub; in a
-        // relocatable link, every call of a host function is (the code then needs no
-        // fixup: the stub jumps through the GOT).
-        let mut via_stub = None;
+        let mut value = self.formula(row, t, a, p);
+        // A function out of the instruction's reach is reached through its stub (in a
+        // relocatable link, every call of a host function is).
         if matches!(row.target, Target::Symbol | Target::Call) {
-            if let Some(&n) = self.stubs.get(&key) {
-                let prefer =
-                    self.recorder.is_some() && row.target == Target::Call && self.is_external(key);
-                if prefer || !arch.reaches(row, value, s, addend, p) {
-                    value = relative(self.stub_address(n) as i128);
-                    via_stub = Some(self.stub_address(n));
-                }
-            }
-        }
-        if let (Some(recorder), false) = (self.recorder, discarded) {
-            let base = recorder.base;
-            let image = |address: u64| Binding::Image(address.wrapping_sub(base));
-            let binding = match row.target {
-                Target::Symbol | Target::Call => Some(match via_stub {
-                    Some(stub) => image(stub),
-                    None => self.binding(key, s, base),
-                }),
-                Target::Plt => Some(match self.stubs.get(&key) {
-                    Some(&n) => image(self.stub_address(n)),
-                    None => self.binding(key, s, base),
-                }),
-                Target::GotEntry
-                | Target::GotBase
-                | Target::TlsGdEntry
-                | Target::TlsLdEntry
-                | Target::TpOffEntry
-                | Target::TlsDescEntry => Some(image(t as u64)),
-                Target::TpOff => Some(Binding::TpOff(s)),
-                _ => None,
-            };
-            if let Some(binding) = binding {
-                // A host function's stub, should the function be out of reach elsewhere.
-                let stub = match (row.target, via_stub) {
-                    (Target::Symbol | Target::Call, None) => {
-                        self.stubs.get(&key).map(|&n| self.stub_address(n))
-                    }
-                    _ => None,
-                };
-                let field = section_addr + offset;
-                self.record(recorder, at, field, p, row, binding, addend, stub);
+            if let Some(stub) = self.via_stub(row, key, s, addend, p) {
+                value = self.formula(row, stub as i128, a, p);
             }
         }
         self.write(at, bytes, offset, row, value, key, discarded)

@@ -150,8 +150,9 @@ pub(crate) struct LinkGraph<'a, 'c> {
     /// COFF objects' unwind table (`.pdata`), from `read-function-table` on.
     pub(crate) function_table: Option<crate::windows_unwind::FunctionTable>,
     pub(crate) image: Vec<ImageSegment>,
-    /// A relocatable link's fixups (see [`crate::relocatable`]), from `allocate` on.
-    pub(crate) recorder: Option<crate::relocatable::Recorder>,
+    /// Whether the link is relocatable (see [`crate::relocatable`]; its fixups are kept
+    /// by `record_fixups`, after `fixup`), from `allocate` on.
+    pub(crate) relocatable: bool,
     pub(crate) counts: LinkCounts,
     pub(crate) times: LinkTimes,
     /// Each pass's time, in order (plugins' passes under their own names).
@@ -193,7 +194,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             fini: Vec::new(),
             function_table: None,
             image: Vec::new(),
-            recorder: None,
+            relocatable: false,
             counts,
             times,
             pass_times: Vec::new(),

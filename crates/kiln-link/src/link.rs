@@ -269,7 +269,13 @@ pub fn link<'a>(
         (Vec::new(), Vec::new(), Vec::new())
     };
     let image_symbols = options.keep_image.then(|| graph.image_symbols(&allocated));
-    let recorder = graph.recorder.take();
+    // A relocatable link's fixups, read from what the passes wrote.
+    let fixups = options
+        .relocatable
+        .then(|| (allocated.bases[0], graph.record_fixups(&allocated)));
+    if fixups.is_some() {
+        lap(&mut graph, "(record fixups)");
+    }
     if image_symbols.is_some() {
         lap(&mut graph, "(image symbols)");
     }
@@ -308,18 +314,15 @@ pub fn link<'a>(
         counts: graph.counts,
         relocatable: None,
     };
-    if let Some(recorder) = recorder {
+    if let Some((base, fixups)) = fixups {
         let page = kiln_memory::page_size();
-        let refused = recorder.refused.into_inner().or_else(|| {
-            (!options.passes.is_empty()).then(|| "client passes ran in the link".to_string())
+        let fixups = fixups.and_then(|fixups| match options.passes.is_empty() {
+            true => Ok(fixups),
+            false => Err("client passes ran in the link".to_string()),
         });
-        linked.relocatable = Some(match refused {
-            Some(why) => Err(why),
-            None => {
-                let mut fixups = recorder.fixups.into_inner();
-                fixups.sort_unstable_by_key(|f| f.at);
-                crate::relocatable::RelocatableImage::of(&mut linked, recorder.base, page, fixups)
-            }
+        linked.relocatable = Some(match fixups {
+            Err(why) => Err(why),
+            Ok(fixups) => crate::relocatable::RelocatableImage::of(&mut linked, base, page, fixups),
         });
     }
     Ok(linked)

@@ -94,48 +94,16 @@ pub struct ImageFixup {
     pub stub: Option<u64>,
 }
 
-/// What a link records of its fixups, from every core at once.
-#[derive(Debug, Default)]
-pub(crate) struct Recorder {
-    /// The span's start (the first segment's address).
-    pub(crate) base: u64,
-    pub(crate) fixups: parking_lot::Mutex<Vec<ImageFixup>>,
-    /// Why the module cannot be an image, when it cannot (the first reason found).
-    pub(crate) refused: parking_lot::Mutex<Option<String>>,
-}
-
-impl Recorder {
-    pub(crate) fn new(base: u64) -> Self {
-        Recorder {
-            base,
-            ..Recorder::default()
-        }
-    }
-
-    pub(crate) fn push(&self, fixup: ImageFixup) {
-        self.fixups.lock().push(fixup);
-    }
-
-    pub(crate) fn refuse(&self, why: impl FnOnce() -> String) {
-        let mut refused = self.refused.lock();
-        if refused.is_none() {
-            *refused = Some(why());
-        }
-    }
-
-    /// Whether a value from `binding` computed `relative` to the place is the same
-    /// wherever the span is mapped, in any process.
-    pub(crate) fn invariant(binding: &Binding, relative: Relative, field: Field) -> bool {
-        match binding {
-            // The span keeps its layout, and starts on a page: differences between two of
-            // its addresses, and between their pages, do not change; nor does an address's
-            // offset in its page (AArch64's `:lo12:`).
-            Binding::Image(_) => {
-                relative != Relative::Absolute || matches!(field, Field::Lo12 { .. })
-            }
-            Binding::Absolute(_) => relative == Relative::Absolute,
-            Binding::Symbol(_) | Binding::TpOff(_) | Binding::DtpMod => false,
-        }
+/// Whether a value from `binding` computed `relative` to the place is the same wherever
+/// the span is mapped, in any process (then the field needs no fixup).
+pub(crate) fn invariant(binding: &Binding, relative: Relative, field: Field) -> bool {
+    match binding {
+        // The span keeps its layout, and starts on a page: differences between two of its
+        // addresses, and between their pages, do not change; nor does an address's offset
+        // in its page (AArch64's `:lo12:`).
+        Binding::Image(_) => relative != Relative::Absolute || matches!(field, Field::Lo12 { .. }),
+        Binding::Absolute(_) => relative == Relative::Absolute,
+        Binding::Symbol(_) | Binding::TpOff(_) | Binding::DtpMod => false,
     }
 }
 

@@ -24,9 +24,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         }
         let in_flight = memory.allocate(&request)?;
         let bases: [u64; 4] = std::array::from_fn(|s| in_flight.target(s).unwrap_or(0));
-        if options.relocatable {
-            self.recorder = Some(crate::relocatable::Recorder::new(bases[0]));
-        }
+        self.relocatable = options.relocatable;
         let tls_module = if l.tls_size > 0 {
             self.linker
                 .ctx

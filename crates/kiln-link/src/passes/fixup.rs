@@ -10,13 +10,13 @@ use crate::{LinkError, LinkOptions, SectionId};
 use rustc_hash::FxHashMap;
 
 /// Relocations from which a link applies them on every core.
-const PARALLEL_RELOCATIONS: usize = 16 << 10;
+pub(super) const PARALLEL_RELOCATIONS: usize = 16 << 10;
 
 /// A section edges patch: where it is, its names (for errors), its size, whether it has
 /// bytes to patch.
-struct Patched<'n> {
-    place: Place,
-    at: Where<'n>,
+pub(super) struct Patched<'n> {
+    pub(super) place: Place,
+    pub(super) at: Where<'n>,
     size: u64,
     has_bytes: bool,
 }
@@ -52,7 +52,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let s = &self.synthesized;
         let allocated = memory;
         let mut resolver =
-            Resolver::new(&self.linker, allocated, &s.stubs).recording(self.recorder.as_ref());
+            Resolver::new(&self.linker, allocated, &s.stubs).relocatable(self.relocatable);
         resolver.tls_image = tls_image;
         let bases = allocated.bases;
         let mut segs = allocated.in_flight.segments_mut();
@@ -92,8 +92,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         use rayon::prelude::*;
         let tls = self.tls_place(memory);
         let s = &self.synthesized;
-        let resolver =
-            Resolver::new(&self.linker, memory, &s.stubs).recording(self.recorder.as_ref());
+        let resolver = Resolver::new(&self.linker, memory, &s.stubs).relocatable(self.relocatable);
         let bases = memory.bases;
         // The sections, in the order of their first edge list; each with its lists.
         // A section's lists are chained (`next`), not gathered in a vector of their own: no
@@ -307,7 +306,7 @@ fn piece_cuts(list: &[Edge], size: u64, threads: usize) -> Vec<(usize, u64)> {
 }
 
 /// The section `id` as the edges patch it.
-fn patched<'n>(
+pub(super) fn patched<'n>(
     linker: &'n Linker<'_, '_>,
     synthesized: &'n Synthesized,
     id: SectionId,

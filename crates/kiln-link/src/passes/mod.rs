@@ -10,6 +10,7 @@ mod layout_sections;
 mod layout_synthesized;
 mod read_function_table;
 mod read_init_arrays;
+mod record_fixups;
 mod section_bytes;
 mod static_tls;
 mod synthesize;

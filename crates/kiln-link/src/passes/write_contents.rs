@@ -117,18 +117,6 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         // `__dso_handle` holds its own address, as crtbeginS.o's does: g++ passes its
         // address to `__cxa_atexit`, libc_nonshared's `atexit` passes its value.
         segs[SEG_RW].bytes[dso_offset..dso_offset + 8].copy_from_slice(&dso_handle.to_le_bytes());
-        // A relocatable link's image holds it as a word relative to where it is mapped.
-        if let Some(recorder) = &self.recorder {
-            let at = dso_handle.wrapping_sub(recorder.base);
-            recorder.push(crate::relocatable::ImageFixup {
-                at,
-                place: at,
-                row: crate::relocatable::FixupRow::word64(),
-                binding: crate::relocatable::Binding::Image(at),
-                addend: 0,
-                stub: None,
-            });
-        }
         if let Some(end) = self.layout.eh_terminator {
             segs[SEG_R].bytes[end as usize..end as usize + 4].fill(0);
         }

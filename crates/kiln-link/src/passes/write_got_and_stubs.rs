@@ -18,7 +18,7 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
         let l = &self.layout;
         let s = &self.synthesized;
         let allocated = memory;
-        let resolver = Resolver::new(linker, allocated, &s.stubs).recording(self.recorder.as_ref());
+        let resolver = Resolver::new(linker, allocated, &s.stubs);
         let tlsdesc_resolver = l.tlsdesc_offset.map_or(0, |o| allocated.bases[SEG_RX] + o);
         let mut segs = allocated.in_flight.segments_mut();
         write_got(
