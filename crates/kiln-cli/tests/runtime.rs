@@ -362,7 +362,9 @@ fn exit_status_and_fatal_signals_are_the_same_in_and_out_of_process() {
 /// What a program inherits from `kiln` before its `main` (Kiln's binaries skip Rust's
 /// runtime set-up and do its part themselves, `kiln_runtime::process_entry`): a closed
 /// standard input is `/dev/null` (not whichever file `kiln` opened first), and `SIGPIPE`
-/// is ignored, in and out of process.
+/// is ignored, in and out of process. (Out of process, the executor inherits the
+/// `/dev/null` `kiln` opened: what is checked there is the executor's `SIGPIPE`, which
+/// its spawn resets to the default.)
 #[test]
 fn a_closed_standard_input_and_sigpipe_reach_the_program_as_before() {
     executor_binary();

@@ -50,7 +50,8 @@ pub(crate) fn write_got(
 }
 
 /// Every GOT entry: its index, its value, and — with `base`, the span's start — where
-/// the value comes from (`None` for a discarded symbol's, or without `base`).
+/// the value comes from (`None` without `base`, for a discarded symbol's entry, and for
+/// the second word of a TLS index pair, an offset the same everywhere).
 pub(crate) fn each_got_entry(
     slot_list: &[Slot],
     resolver: &Resolver<'_, '_>,

@@ -76,7 +76,8 @@ impl RelativeWords {
         match &self.0 {
             Words::Owned(v) => v.get(i).copied(),
             Words::InPlace(b) => {
-                let word = b.bytes().get(i * 8..i * 8 + 8)?;
+                let at = i.checked_mul(8)?;
+                let word = b.bytes().get(at..at.checked_add(8)?)?;
                 Some(u64::from_le_bytes(word.try_into().ok()?))
             }
         }

@@ -269,15 +269,20 @@ pub fn link<'a>(
         (Vec::new(), Vec::new(), Vec::new())
     };
     let image_symbols = options.keep_image.then(|| graph.image_symbols(&allocated));
-    // A relocatable link's fixups, read from what the passes wrote.
-    let fixups = options
-        .relocatable
-        .then(|| (allocated.bases[0], graph.record_fixups(&allocated)));
-    if fixups.is_some() {
-        lap(&mut graph, "(record fixups)");
-    }
     if image_symbols.is_some() {
         lap(&mut graph, "(image symbols)");
+    }
+    // A relocatable link's fixups, read from what the passes wrote (none kept when a
+    // client's pass ran: the image is refused).
+    let fixups = options.relocatable.then(|| {
+        let fixups = match options.passes.is_empty() {
+            true => graph.record_fixups(&allocated),
+            false => Err("client passes ran in the link".to_string()),
+        };
+        (allocated.bases[0], fixups)
+    });
+    if fixups.is_some() {
+        lap(&mut graph, "(record fixups)");
     }
     let t = clock.now();
     let allocation = allocated.in_flight.finalize()?;
@@ -316,10 +321,6 @@ pub fn link<'a>(
     };
     if let Some((base, fixups)) = fixups {
         let page = kiln_memory::page_size();
-        let fixups = fixups.and_then(|fixups| match options.passes.is_empty() {
-            true => Ok(fixups),
-            false => Err("client passes ran in the link".to_string()),
-        });
         linked.relocatable = Some(match fixups {
             Err(why) => Err(why),
             Ok(fixups) => crate::relocatable::RelocatableImage::of(&mut linked, base, page, fixups),

@@ -317,6 +317,10 @@ impl RelocatableImage {
     /// [`RelocatableImage::decode`], reading the symbols only if `symbols` (they are for
     /// plugins, and the longest part of a large program's description): without,
     /// [`RelocatableImage::symbols`] is `Some` and empty if the image has them.
+    ///
+    /// The image reads its exports and relative words in place, so `bytes` are copied
+    /// once into a buffer of its own: [`RelocatableImage::decode_in_place`] reads a
+    /// mapped file without the copy.
     pub fn decode_with(bytes: &[u8], symbols: bool) -> Result<Self, ImageError> {
         let len = bytes.len();
         Self::decode_in_place(Arc::new(bytes.to_vec()), 0..len, symbols)

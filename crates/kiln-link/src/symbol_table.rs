@@ -161,7 +161,7 @@ impl<'t> Text<'t> {
 impl InPlaceTable {
     fn entry(&self, i: usize) -> Option<Entry> {
         let at = i.checked_mul(ENTRY_BYTES)?;
-        Entry::from_bytes(self.entries.bytes().get(at..at + ENTRY_BYTES)?)
+        Entry::from_bytes(self.entries.bytes().get(at..at.checked_add(ENTRY_BYTES)?)?)
     }
 
     fn name_bytes(&self, e: &Entry) -> &[u8] {

@@ -44,7 +44,8 @@ pub fn run(main: impl FnOnce() -> c_int + std::panic::UnwindSafe) -> ! {
 
 /// Opens `/dev/null` on any of descriptors 0, 1 and 2 that is closed, as Rust's runtime
 /// does: otherwise the first file `kiln` opens would become the program's standard input
-/// or output.
+/// or output. Asked of all three by one `poll` (each by `fcntl` if `poll` cannot); a
+/// `/dev/null` that cannot be opened ends the process, as in Rust's runtime.
 fn standard_descriptors_open() {
     let mut fds = [0, 1, 2].map(|fd| libc::pollfd {
         fd,
@@ -52,15 +53,22 @@ fn standard_descriptors_open() {
         revents: 0,
     });
     // SAFETY: `fds` is three valid `pollfd`s; a zero timeout never blocks.
-    let polled = unsafe { libc::poll(fds.as_mut_ptr(), 3, 0) };
-    if polled < 0 {
-        return;
-    }
-    for pfd in fds {
-        if pfd.revents & libc::POLLNVAL != 0 {
-            // SAFETY: opening a constant path; the descriptor, the lowest free one, is
-            // the closed standard one, kept open for the process's life.
-            unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
+    let closed: [bool; 3] = if unsafe { libc::poll(fds.as_mut_ptr(), 3, 0) } >= 0 {
+        fds.map(|pfd| pfd.revents & libc::POLLNVAL != 0)
+    } else {
+        // SAFETY: F_GETFD on a descriptor number reads its flags and nothing else.
+        [0, 1, 2].map(|fd| unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1)
+    };
+    for (fd, closed) in closed.into_iter().enumerate() {
+        if !closed {
+            continue;
+        }
+        // SAFETY: opening a constant path; the descriptor, the lowest free one, is the
+        // closed standard one, kept open for the process's life.
+        let opened = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
+        if opened != fd as libc::c_int {
+            // SAFETY: abort(3) ends the process; nothing runs after it.
+            unsafe { libc::abort() };
         }
     }
 }

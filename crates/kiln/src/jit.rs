@@ -187,7 +187,10 @@ impl JitBuilder {
         self
     }
 
-    /// Builds the session.
+    /// Builds the session. Its default memory manager reserves its first slab at the
+    /// first allocation (a session whose one module is mapped from the image cache
+    /// reserves none): a slab that cannot be had is that allocation's error, tried again
+    /// at the next, not this call's.
     pub fn build(self) -> Result<Jit, Error> {
         let executor = self.executor.unwrap_or_else(Executor::in_process);
         let architecture = executor.architecture()?;
@@ -426,7 +429,8 @@ impl Jit {
         best.map(|(start, name)| (name, address - start))
     }
 
-    /// Memory figures of the session's memory manager.
+    /// Memory figures of the session's memory manager (all zero before its first
+    /// allocation: see [`JitBuilder::build`]).
     pub fn memory_stats(&self) -> MemoryStats {
         self.inner.memory.stats()
     }

@@ -11,8 +11,8 @@ use crate::symbols::{Place, SEG_RX, SEG_TLS};
 
 impl<'a, 'c> LinkGraph<'a, 'c> {
     /// The fields to write at every load of the module's image, in address order; or why
-    /// it cannot be an image (the first field, in the edges' order, that cannot be written
-    /// again).
+    /// it cannot be an image (the first field that cannot be written again: of the
+    /// thread-local image's edges first, then in the edges' order).
     pub(crate) fn record_fixups(&self, memory: &Allocated) -> Result<Vec<ImageFixup>, String> {
         let base = memory.bases[0];
         let s = &self.synthesized;
@@ -91,8 +91,13 @@ impl<'a, 'c> LinkGraph<'a, 'c> {
             } else {
                 lists.iter().zip(&sections).map(of_list).collect()
             };
-        // The first refusal in the edges' order.
-        for kept in per_list {
+        // The first refusal: the thread-local image's first (as `fixup-tls-image` runs
+        // before `fixup`), then in the edges' order.
+        let (tls, rest): (Vec<_>, Vec<_>) = per_list
+            .into_iter()
+            .zip(&sections)
+            .partition(|(_, (_, place))| matches!(place, Some((true, _))));
+        for (kept, _) in tls.into_iter().chain(rest) {
             fixups.extend(kept?);
         }
         fixups.sort_unstable_by_key(|f| f.at);
