@@ -12,7 +12,7 @@
 //!
 //! A binary declares `#![no_main]` and a C `main` that calls [`run`]:
 //!
-//! ```ignore
+//! ```
 //! #![no_main]
 //!
 //! #[unsafe(no_mangle)]
