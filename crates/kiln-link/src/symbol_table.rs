@@ -81,6 +81,9 @@ impl Entry {
 
 /// A module's global symbols, sorted by name, with their addresses and whether each is
 /// exported (default or protected visibility) or the module's own (hidden, internal).
+/// A link's table owns its entries and names; one decoded from a mapped image
+/// ([`crate::relocatable::RelocatableImage::decode_in_place`]) reads them where they lie
+/// in the file, and answers the same.
 ///
 /// ```
 /// use kiln_link::SymbolTable;
