@@ -110,8 +110,9 @@ enum Storage {
         names: Option<Arc<str>>,
         entries: Box<[Entry]>,
     },
-    /// Read where it lies in an image's description.
-    InPlace(InPlaceTable),
+    /// Read where it lies in an image's description (boxed: a session keeps a table per
+    /// module, and most are a link's, as small as the owned variant keeps them).
+    InPlace(Box<InPlaceTable>),
 }
 
 impl Default for Storage {
@@ -240,11 +241,12 @@ impl SymbolTable {
     fn address_of(&self, e: &Entry) -> (u64, bool) {
         let absolute = e.len & ABSOLUTE != 0;
         match &self.storage {
-            Storage::InPlace(InPlaceTable {
-                base: Some(base), ..
-            }) if !absolute => (e.value.wrapping_add(*base), false),
-            Storage::InPlace(InPlaceTable { base: Some(_), .. }) => (e.value, false),
-            _ => (e.value, absolute),
+            Storage::InPlace(t) => match t.base {
+                Some(base) if !absolute => (e.value.wrapping_add(base), false),
+                Some(_) => (e.value, false),
+                None => (e.value, absolute),
+            },
+            Storage::Owned { .. } => (e.value, absolute),
         }
     }
 
@@ -443,7 +445,7 @@ impl SymbolTable {
             block: Arc::default(),
         };
         Ok(SymbolTable {
-            storage: Storage::InPlace(table),
+            storage: Storage::InPlace(Box::new(table)),
         })
     }
 }
@@ -551,6 +553,16 @@ impl TableFromBytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_table_stays_as_small_as_a_links_needs() {
+        // A session keeps one per module: the in-place variant is boxed.
+        // Four words: the names' shared text (two) and the entries (two).
+        assert_eq!(
+            std::mem::size_of::<SymbolTable>(),
+            4 * std::mem::size_of::<usize>()
+        );
+    }
 
     #[test]
     fn a_table_answers_by_name_and_shares_its_names() {
