@@ -224,6 +224,10 @@ struct RunArgs {
     /// Print memory figures to stderr.
     #[arg(long)]
     stats: bool,
+    /// Arguments for the program (after `--`), passed on as the operating system's bytes.
+    #[arg(last = true)]
+    args: Vec<std::ffi::OsString>,
+    // The groups last: each names the heading of what follows it in the help.
     #[command(flatten)]
     source: SourceOptions,
     #[command(flatten)]
@@ -232,13 +236,11 @@ struct RunArgs {
     exec: ExecutorOptions,
     #[command(flatten)]
     debug: DebugOptions,
-    /// Arguments for the program (after `--`), passed on as the operating system's bytes.
-    #[arg(last = true)]
-    args: Vec<std::ffi::OsString>,
 }
 
 /// How `kiln run` compiles sources, and the object cache it compiles through.
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Sources (compiled through the object cache)")]
 struct SourceOptions {
     /// Optimization level for sources (`-O2`).
     #[arg(short = 'O', value_name = "LEVEL")]
@@ -275,6 +277,7 @@ struct SourceOptions {
 
 /// How `kiln run` links: archives, libraries, symbols, the entry, the image cache.
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Linking")]
 struct LinkFlags {
     /// Link every time: neither map the program from the image cache nor store it there
     /// (by default a program that runs in this process is mapped from its cached image
@@ -312,6 +315,7 @@ struct LinkFlags {
 
 /// Where `kiln run` runs the code: another process, another machine, a sandbox.
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Where the code runs")]
 struct ExecutorOptions {
     /// Run the code in a `kiln-executor` child process (out of process).
     #[arg(long)]
@@ -354,6 +358,7 @@ struct ExecutorOptions {
 
 /// What `kiln run` tells debuggers and profilers.
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Debuggers and profilers")]
 struct DebugOptions {
     /// Register the code with the GDB JIT interface, for gdb and lldb (run `kiln run`
     /// under the debugger, or attach to the executor with --oop).
