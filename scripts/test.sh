@@ -122,9 +122,12 @@ phase "cargo fmt --check" cargo fmt --all -- --check
 # Every library and binary crate a user would depend on packages as `cargo publish` would
 # make it (versions on path dependencies, metadata, the files it ships); not built again
 # from the package (`--no-verify`: that build would double the test command's).
-# kiln-bench, kiln-testkit and kiln-cranelift-peer are `publish = false`.
+# kiln-bench, kiln-testkit and kiln-cranelift-peer are `publish = false`. The packaging
+# resolves offline, from the registry's index cache: `cargo fetch` fills it first (on a
+# fresh machine it is empty, and the phases after it download the crates anyway).
 package_crates() {
-  CARGO_TARGET_DIR="$TARGET/package-check" cargo package --offline --workspace \
+  cargo fetch --locked &&
+    CARGO_TARGET_DIR="$TARGET/package-check" cargo package --offline --workspace \
     --exclude kiln-bench --exclude kiln-testkit --exclude kiln-cranelift-peer \
     --no-verify --allow-dirty &&
     rm -rf "$TARGET/package-check"
