@@ -849,6 +849,30 @@ impl RemoteExecutor {
         Batching { remote: Some(self) }
     }
 
+    /// [`RemoteExecutor::batch`] without a scope object: the calling thread's deferrable
+    /// requests are deferred until it calls [`RemoteExecutor::end_batch`]. Whether they
+    /// are (false where `batch` would defer nothing).
+    pub fn begin_batch(&self) -> bool {
+        let mut scope = self.batch();
+        // The scope ends with `end_batch`, not with this value.
+        scope.remote.take().is_some()
+    }
+
+    /// Ends the calling thread's batch begun by [`RemoteExecutor::begin_batch`]: sends
+    /// what it deferred; the first failure among it. Nothing to do if this thread
+    /// batches nothing.
+    pub fn end_batch(&self) -> Result<(), RemoteError> {
+        let this_thread = std::thread::current().id();
+        let requests = {
+            let mut deferred = self.deferred.lock();
+            match deferred.as_ref() {
+                Some(d) if d.thread == this_thread => deferred.take().map(|d| d.requests),
+                _ => return Ok(()),
+            }
+        };
+        self.send_deferred(requests.unwrap_or_default())
+    }
+
     /// Sends what this thread's [`Batching`] scope deferred so far, the scope staying
     /// open; the first failure among it. Nothing to do outside a scope.
     pub fn flush(&self) -> Result<(), RemoteError> {

@@ -160,16 +160,20 @@ impl LinkJob<'_> {
         // initialize, unwind information, guarded pages) in one message, sent when
         // `install` is done (or with the first request that needs an answer).
         let _batching = self.jit.inner.executor.batch();
-        let (linked, resolved, outcome, refused) = match image {
-            Some(key) => {
-                let link = self.link_through_image_cache(gathered, &plugins, key)?;
-                (link.linked, link.resolved, Some(link.outcome), link.refused)
-            }
-            None => {
-                let (linked, resolved) = self.link_objects(gathered, &plugins, false)?;
-                (linked, resolved, None, None)
-            }
+        let link = match image {
+            Some(key) => self
+                .link_through_image_cache(gathered, &plugins, key)
+                .map(|link| (link.linked, link.resolved, Some(link.outcome), link.refused)),
+            None => self
+                .link_objects(gathered, &plugins, false)
+                .map(|(linked, resolved)| (linked, resolved, None, None)),
         };
+        // A library the executor could not load when it started is the cause (of the
+        // symbols the link missed, if it missed any): the module is not published.
+        if let Some(why) = self.jit.inner.executor.library_load_failure() {
+            return Err(Error::Executor(why));
+        }
+        let (linked, resolved, outcome, refused) = link?;
         let name = gathered
             .objects
             .first()

@@ -819,3 +819,87 @@ fn a_started_executor_is_waited_for_at_its_first_use() {
     assert_eq!(run_main(&jit, lib, &["answer".into()]).unwrap(), 42);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// With an executor still starting (`Executor::start`), a library's load waits for its
+/// hello: the session loads its inputs and starts linking meanwhile. The load is sent
+/// before any other request, so the library is there for the link's lookups (its handle
+/// works as any), and the link's steps after layout still go as one batch.
+#[test]
+fn a_library_loaded_while_the_executor_starts_is_there_for_the_link() {
+    let executor = Executor::start(
+        &kiln_testkit::executor_binary(),
+        Transport::SharedMemory,
+        None,
+        Timeouts::default(),
+    )
+    .unwrap();
+    let libm =
+        kiln::library_search::find_library("m", &kiln::library_search::default_search_dirs())
+            .unwrap()
+            .into_iter()
+            .find_map(|file| match file {
+                kiln::library_search::LibraryFile::Shared(path) => Some(path),
+                kiln::library_search::LibraryFile::Archive(_) => None,
+            })
+            .expect("a shared libm");
+    let handle = executor.load_library(&libm.display().to_string()).unwrap();
+    let jit = Jit::builder().executor(executor).build().unwrap();
+    let lib = jit.main_library();
+    jit.library(lib)
+        .add(Input::object(
+            "floor.o",
+            compile(
+                "floor",
+                "double floor(double);\nint main(void) { volatile double x = 41.7; return (int)floor(x) + 1; }",
+            ),
+        ))
+        .unwrap();
+    jit.library(lib)
+        .add(Input::library_by_name("m", &[]))
+        .unwrap();
+    jit.library(lib).add(Input::ProcessSymbols).unwrap();
+    assert_eq!(run_main(&jit, lib, &["floor".into()]).unwrap(), 42);
+    // The handle given before the hello finds libm's definitions.
+    let floor = jit.executor().lookup(handle, "floor").unwrap();
+    assert!(floor.is_some_and(|(address, _)| address != 0), "{floor:?}");
+    let trips = jit.executor().round_trips();
+    let count = |name: &str| {
+        trips
+            .iter()
+            .find(|t| t.request == name)
+            .map_or(0, |t| t.count)
+    };
+    assert_eq!(count("batch"), 1, "{trips:?}");
+    for alone in ["prepare", "initialize", "register eh_frame"] {
+        assert_eq!(count(alone), 0, "{alone}: {trips:?}");
+    }
+}
+
+/// A library that cannot be loaded, asked for while the executor starts, fails the link
+/// (and every link after), naming the library and why; nothing is published.
+#[test]
+fn a_library_that_cannot_be_loaded_while_the_executor_starts_fails_the_link() {
+    let executor = Executor::start(
+        &kiln_testkit::executor_binary(),
+        Transport::SharedMemory,
+        None,
+        Timeouts::default(),
+    )
+    .unwrap();
+    let jit = Jit::builder().executor(executor).build().unwrap();
+    let lib = jit.main_library();
+    let object = compile("answer", "int main(void) { return 42; }");
+    jit.library(lib)
+        .add(Input::shared_library("/nonexistent/libkiln-missing.so"))
+        .unwrap();
+    jit.library(lib).add(Input::ProcessSymbols).unwrap();
+    // A failed link drops its objects: they are added again for the second.
+    for _ in 0..2 {
+        jit.library(lib)
+            .add(Input::object("answer.o", object.clone()))
+            .unwrap();
+        let error = jit.lookup(lib, "main").unwrap_err().to_string();
+        assert!(error.contains("/nonexistent/libkiln-missing.so"), "{error}");
+    }
+    assert!(jit.library(lib).modules().unwrap().is_empty());
+}

@@ -63,7 +63,37 @@ pub(crate) struct Connection {
     expected: Option<Expected>,
     /// The executor's process id, once known (0 before).
     pid: std::sync::atomic::AtomicU32,
+    /// Libraries whose load was asked for before the hello: sent, in order, before any
+    /// other request (see [`Connection::load_library`]).
+    libraries: Mutex<Vec<LibraryLoad>>,
+    /// Whether `libraries` holds a load not sent yet.
+    libraries_waiting: std::sync::atomic::AtomicBool,
+    /// A thread's batch asked for before the hello (see [`Connection::batch_when_ready`]).
+    batch: Mutex<Option<LaterBatch>>,
 }
+
+/// A batch asked for before the executor's hello, by one thread.
+#[derive(Clone, Copy)]
+enum LaterBatch {
+    /// To begin at that thread's first use of the connection.
+    Asked(std::thread::ThreadId),
+    /// Begun (by the thread that asked: it ends it).
+    Begun,
+}
+
+/// A library's load asked for before the executor's hello.
+enum LibraryLoad {
+    /// Not sent yet: its path.
+    Waiting(String),
+    /// Loaded: the executor's handle.
+    Loaded(u64),
+    /// Refused: why.
+    Failed(String),
+}
+
+/// The bit that marks a handle [`Connection::load_library`] gave before the hello (an
+/// index into its loads; the executor's own handles are small counts).
+const LOAD_ASKED_EARLY: u64 = 1 << 62;
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -83,6 +113,9 @@ impl Connection {
             starting: Mutex::new(None),
             expected: None,
             pid: pid.into(),
+            libraries: Mutex::new(Vec::new()),
+            libraries_waiting: false.into(),
+            batch: Mutex::new(None),
         }
     }
 
@@ -101,6 +134,9 @@ impl Connection {
             starting: Mutex::new(Some(thread)),
             expected: Some(expected),
             pid: 0.into(),
+            libraries: Mutex::new(Vec::new()),
+            libraries_waiting: false.into(),
+            batch: Mutex::new(None),
         })
     }
 
@@ -118,12 +154,115 @@ impl Connection {
     }
 
     /// The connection, once the executor said hello (waiting for it the first time); a
-    /// start that failed is this error, every time.
+    /// start that failed is this error, every time. The libraries whose load was asked for
+    /// before the hello are loaded first (one that fails is
+    /// [`Connection::library_load_failure`]'s to tell).
     pub(crate) fn get(&self) -> Result<&Arc<RemoteExecutor>, Error> {
-        self.ready
+        let remote = self
+            .ready
             .get_or_init(|| self.finish())
             .as_ref()
-            .map_err(|why| Error::Remote(RemoteError::Start(why.clone())))
+            .map_err(|why| Error::Remote(RemoteError::Start(why.clone())))?;
+        if self
+            .libraries_waiting
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            self.send_library_loads(remote);
+        }
+        let mut batch = self.batch.lock();
+        if let Some(LaterBatch::Asked(thread)) = *batch {
+            if thread == std::thread::current().id() {
+                *batch = remote.begin_batch().then_some(LaterBatch::Begun);
+            }
+        }
+        Ok(remote)
+    }
+
+    /// A batch of the calling thread's deferrable requests ([`RemoteExecutor::batch`]),
+    /// begun at its first use of the connection after the hello (not waiting for it
+    /// here: a link's first steps need no executor), ended with the scope.
+    pub(crate) fn batch_when_ready(&self) -> super::service::BatchScope<'_> {
+        let thread = std::thread::current().id();
+        {
+            let mut batch = self.batch.lock();
+            if batch.is_some() {
+                // Another scope asked first: this one defers nothing.
+                return super::service::BatchScope::none();
+            }
+            *batch = Some(LaterBatch::Asked(thread));
+        }
+        super::service::BatchScope::ending_with(move || {
+            let ended = self.batch.lock().take();
+            if let (Some(LaterBatch::Begun), Some(remote)) = (ended, self.get_if_ready()) {
+                // As a dropped scope does: a failure is the next request's to find.
+                let _ = remote.end_batch();
+            }
+        })
+    }
+
+    /// Loads the shared library at `path` in the executor: at once when it has said hello,
+    /// else at the first request after it, before that request (so the session goes on
+    /// loading its inputs and linking while the executor starts). The handle is for
+    /// [`Connection::executor_library`].
+    pub(crate) fn load_library(&self, path: &str) -> Result<u64, Error> {
+        let starting = self.ready.get().is_none() && self.starting.lock().is_some();
+        if !starting {
+            return load_library(self.get()?, path);
+        }
+        let mut loads = self.libraries.lock();
+        loads.push(LibraryLoad::Waiting(path.to_string()));
+        self.libraries_waiting
+            .store(true, std::sync::atomic::Ordering::Release);
+        Ok(LOAD_ASKED_EARLY | (loads.len() as u64 - 1))
+    }
+
+    /// The executor's handle of library `handle` (as [`Connection::load_library`] gave
+    /// it; 0, the whole process, is itself): loaded first if its load waits for the
+    /// hello; an error if it failed to load.
+    pub(crate) fn executor_library(&self, handle: u64) -> Result<u64, Error> {
+        if handle & LOAD_ASKED_EARLY == 0 {
+            return Ok(handle);
+        }
+        // A failed start is the error; a failed load is said below, by its library.
+        self.get()?;
+        let index = (handle & !LOAD_ASKED_EARLY) as usize;
+        match self.libraries.lock().get(index) {
+            Some(LibraryLoad::Loaded(id)) => Ok(*id),
+            Some(LibraryLoad::Failed(why)) => Err(Error::Executor(why.clone())),
+            Some(LibraryLoad::Waiting(path)) => Err(Error::Executor(format!(
+                "{path}: the executor never started to load it"
+            ))),
+            None => Err(Error::Executor(format!(
+                "no library has handle {handle:#x}"
+            ))),
+        }
+    }
+
+    /// Sends the loads asked for before the hello, in order (one thread at a time: the
+    /// others wait here, so no request overtakes them).
+    fn send_library_loads(&self, remote: &RemoteExecutor) {
+        let mut loads = self.libraries.lock();
+        for load in loads.iter_mut() {
+            let LibraryLoad::Waiting(path) = load else {
+                continue;
+            };
+            *load = match load_library(remote, path) {
+                Ok(id) => LibraryLoad::Loaded(id),
+                Err(error) => LibraryLoad::Failed(format!("{path}: {error}")),
+            };
+        }
+        self.libraries_waiting
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Why a library whose load was asked for before the hello could not be loaded (the
+    /// first such), once its load was sent: every link after fails with it, as the link
+    /// of a program given a library that cannot be loaded fails.
+    pub(crate) fn library_load_failure(&self) -> Option<String> {
+        self.libraries.lock().iter().find_map(|load| match load {
+            LibraryLoad::Failed(why) => Some(why.clone()),
+            _ => None,
+        })
     }
 
     /// The connection if the hello was read already (nothing waited for).
@@ -180,6 +319,18 @@ impl Connection {
             }
         }
         Ok(Arc::new(remote))
+    }
+}
+
+/// Loads the shared library at `path` in the executor: its handle there.
+fn load_library(remote: &RemoteExecutor, path: &str) -> Result<u64, Error> {
+    match remote.request(&kiln_remote::protocol::Request::LoadLibrary {
+        path: path.to_string(),
+    })? {
+        kiln_remote::protocol::Response::Value(id) => Ok(id),
+        other => Err(Error::Executor(format!(
+            "load library {path}: unexpected answer {other:?}"
+        ))),
     }
 }
 

@@ -373,9 +373,18 @@ impl Executor {
         self.service.lookup_many(library, names)
     }
 
-    /// Opens a shared library in the executor; returns a handle for lookups.
+    /// Opens a shared library in the executor; returns a handle for lookups. An executor
+    /// still starting ([`Executor::start`]) loads it before the first other request made
+    /// after its hello (the session goes on loading and linking meanwhile); if it cannot,
+    /// every link after fails, naming the library and why.
     pub fn load_library(&self, path: &str) -> Result<u64, Error> {
         self.service.load_library(path)
+    }
+
+    /// Why a library whose load was put off could not be loaded (see
+    /// [`Executor::load_library`]).
+    pub(crate) fn library_load_failure(&self) -> Option<String> {
+        self.service.library_load_failure()
     }
 
     pub(crate) fn register_eh_frame(&self, address: u64) -> Result<Option<EhRegistration>, Error> {

@@ -113,6 +113,10 @@ impl ExecutorService for Remote {
     }
 
     fn batch(&self) -> super::service::BatchScope<'_> {
+        if self.connection.get_if_ready().is_none() {
+            // Begun when the link first needs the executor: no wait for it here.
+            return self.connection.batch_when_ready();
+        }
         match self.remote() {
             Ok(remote) => super::service::BatchScope::new(remote.batch()),
             Err(_) => super::service::BatchScope::none(),
@@ -191,6 +195,7 @@ impl ExecutorService for Remote {
     }
 
     fn lookup_many(&self, library: u64, names: &[&str]) -> Result<Vec<Option<Found>>, Error> {
+        let library = self.connection.executor_library(library)?;
         match self.request(Request::LookupMany {
             library,
             names: names.iter().map(|n| n.to_string()).collect(),
@@ -204,9 +209,11 @@ impl ExecutorService for Remote {
     }
 
     fn load_library(&self, path: &str) -> Result<u64, Error> {
-        self.value(Request::LoadLibrary {
-            path: path.to_string(),
-        })
+        self.connection.load_library(path)
+    }
+
+    fn library_load_failure(&self) -> Option<String> {
+        self.connection.library_load_failure()
     }
 
     fn register_eh_frame(&self, address: u64) -> Result<Option<EhRegistration>, Error> {

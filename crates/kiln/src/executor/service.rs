@@ -17,18 +17,42 @@ pub use kiln_remote::ExecutorRequestHandler;
 /// when it ends.
 pub struct BatchScope<'a> {
     _scope: Option<kiln_remote::Batching<'a>>,
+    /// Called when the scope ends (a scope begun later than made: see
+    /// [`BatchScope::ending_with`]).
+    end: Option<Box<dyn FnOnce() + 'a>>,
 }
 
 impl<'a> BatchScope<'a> {
     /// A scope that defers nothing (an executor that answers at once).
     pub fn none() -> Self {
-        BatchScope { _scope: None }
+        BatchScope {
+            _scope: None,
+            end: None,
+        }
     }
 
     /// The scope of a connection's [`kiln_remote::RemoteExecutor::batch`].
     pub fn new(scope: kiln_remote::Batching<'a>) -> Self {
         BatchScope {
             _scope: Some(scope),
+            end: None,
+        }
+    }
+
+    /// A scope whose batching is the executor's business (begun when it can be, say, an
+    /// executor still starting): `end` is called when the scope ends.
+    pub fn ending_with(end: impl FnOnce() + 'a) -> Self {
+        BatchScope {
+            _scope: None,
+            end: Some(Box::new(end)),
+        }
+    }
+}
+
+impl Drop for BatchScope<'_> {
+    fn drop(&mut self) {
+        if let Some(end) = self.end.take() {
+            end();
         }
     }
 }
@@ -195,8 +219,16 @@ pub trait ExecutorService: Send + Sync {
     /// [`ExecutorService::load_library`], in the order given.
     fn lookup_many(&self, library: u64, names: &[&str]) -> Result<Vec<Option<Found>>, Error>;
 
-    /// Opens a shared library in the executor; a handle for lookups.
+    /// Opens a shared library in the executor; a handle for lookups. An executor still
+    /// starting may load it later, before its first other request: a failure then is
+    /// [`ExecutorService::library_load_failure`]'s to tell.
     fn load_library(&self, path: &str) -> Result<u64, Error>;
+
+    /// Why a library whose load this service put off could not be loaded, once it was
+    /// tried (every link after fails with it). `None` for a service that loads at once.
+    fn library_load_failure(&self) -> Option<String> {
+        None
+    }
 
     /// Registers a module's terminated `.eh_frame` data at `address` with the unwinder
     /// (`None`: the executor has no unwinder to tell).
