@@ -648,19 +648,7 @@ fn a_links_steps_after_layout_are_one_round_trip_and_a_batched_failure_names_its
             run_main(&jit, lib, &["two".into(), "x".into()]).unwrap(),
             42
         );
-        let trips = jit.executor().round_trips();
-        let count = |name: &str| {
-            trips
-                .iter()
-                .find(|t| t.request == name)
-                .map_or(0, |t| t.count)
-        };
-        // Code, constants and data prepared, initialized and the unwind information
-        // registered: sent together, none alone.
-        assert_eq!(count("batch"), 1, "{trips:?}");
-        for alone in ["prepare", "initialize", "register eh_frame"] {
-            assert_eq!(count(alone), 0, "{alone}: {trips:?}");
-        }
+        assert_steps_after_layout_batched(&jit);
         // A deferred request that fails fails the scope's end, by name; the executor
         // serves nothing after it and the connection goes on.
         let batching = remote.batch();
@@ -761,13 +749,7 @@ fn a_library_added_after_the_link_binds_to_the_programs_definitions() {
 fn a_started_executor_is_waited_for_at_its_first_use() {
     let object = compile("answer", "int main(void) { return 42; }");
     // Works: the inputs load before the hello, main runs after.
-    let executor = Executor::start(
-        &kiln_testkit::executor_binary(),
-        Transport::SharedMemory,
-        None,
-        Timeouts::default(),
-    )
-    .unwrap();
+    let executor = starting_executor();
     let jit = Jit::builder().executor(executor).build().unwrap();
     let lib = jit.main_library();
     jit.library(lib)
@@ -826,13 +808,7 @@ fn a_started_executor_is_waited_for_at_its_first_use() {
 /// works as any), and the link's steps after layout still go as one batch.
 #[test]
 fn a_library_loaded_while_the_executor_starts_is_there_for_the_link() {
-    let executor = Executor::start(
-        &kiln_testkit::executor_binary(),
-        Transport::SharedMemory,
-        None,
-        Timeouts::default(),
-    )
-    .unwrap();
+    let executor = starting_executor();
     let libm =
         kiln::library_search::find_library("m", &kiln::library_search::default_search_dirs())
             .unwrap()
@@ -862,6 +838,24 @@ fn a_library_loaded_while_the_executor_starts_is_there_for_the_link() {
     // The handle given before the hello finds libm's definitions.
     let floor = jit.executor().lookup(handle, "floor").unwrap();
     assert!(floor.is_some_and(|(address, _)| address != 0), "{floor:?}");
+    assert_steps_after_layout_batched(&jit);
+}
+
+/// `kiln-executor` started, its hello not yet read (`Executor::start`).
+fn starting_executor() -> Executor {
+    Executor::start(
+        &kiln_testkit::executor_binary(),
+        Transport::SharedMemory,
+        None,
+        Timeouts::default(),
+    )
+    .unwrap()
+}
+
+/// A session's one link made its steps after layout in one round trip: code, constants
+/// and data prepared, initialized and the unwind information registered, sent together,
+/// none alone.
+fn assert_steps_after_layout_batched(jit: &Jit) {
     let trips = jit.executor().round_trips();
     let count = |name: &str| {
         trips
@@ -879,13 +873,7 @@ fn a_library_loaded_while_the_executor_starts_is_there_for_the_link() {
 /// (and every link after), naming the library and why; nothing is published.
 #[test]
 fn a_library_that_cannot_be_loaded_while_the_executor_starts_fails_the_link() {
-    let executor = Executor::start(
-        &kiln_testkit::executor_binary(),
-        Transport::SharedMemory,
-        None,
-        Timeouts::default(),
-    )
-    .unwrap();
+    let executor = starting_executor();
     let jit = Jit::builder().executor(executor).build().unwrap();
     let lib = jit.main_library();
     let object = compile("answer", "int main(void) { return 42; }");
