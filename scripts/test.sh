@@ -116,14 +116,6 @@ if ((${#failed_phases[@]})); then
   echo "FAILED: what the tests need could not be installed without changing the machine"
   exit 1
 fi
-# Everything the command builds links with mold, which test_deps.sh installs (the linker
-# peer of the benchmarks): some seventy test binaries and tools, each linking every Kiln
-# crate. The workspace's test build 4m16s -> 3m59s on a two-core machine. One set of flags
-# for every phase (the Python package's and the fuzz targets' builds reuse the tests'
-# artifacts only with the same flags); flags the caller set are left as they are.
-if [[ -z ${RUSTFLAGS:-} ]] && command -v mold >/dev/null; then
-  export RUSTFLAGS="-C link-arg=-fuse-ld=mold"
-fi
 
 # --- checks -----------------------------------------------------------------------------
 phase "cargo fmt --check" cargo fmt --all -- --check

@@ -25,6 +25,12 @@ pub trait SymbolGenerator: Send {
     fn generate_many(&mut self, symbols: &[&str]) -> Vec<Option<Found>> {
         symbols.iter().map(|s| self.generate_with_kind(s)).collect()
     }
+
+    /// Why this generator cannot answer at all, if it cannot (a shared library an
+    /// executor could not load): a link that searches its library fails with this.
+    fn unusable(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A generator from a closure.

@@ -101,7 +101,12 @@ pub enum Input {
         dirs: Vec<PathBuf>,
     },
     /// A shared library loaded in the executor, resolving what the library does not
-    /// define (a `.so` given as an input, as a linker takes one).
+    /// define (a `.so` given as an input, as a linker takes one). With an executor still
+    /// starting ([`Executor::start`](crate::Executor::start)) it is loaded after the
+    /// executor's hello: a library that cannot be loaded is then the error of every link
+    /// of the library, not of this `add` (see
+    /// [`Executor::load_library`](crate::Executor::load_library)). So is a shared
+    /// library `LibraryByName` finds.
     SharedLibrary(PathBuf),
 }
 

@@ -168,9 +168,10 @@ impl LinkJob<'_> {
                 .link_objects(gathered, &plugins, false)
                 .map(|(linked, resolved)| (linked, resolved, None, None)),
         };
-        // A library the executor could not load when it started is the cause (of the
-        // symbols the link missed, if it missed any): the module is not published.
-        if let Some(why) = self.jit.inner.executor.library_load_failure() {
+        // A library the link searches that the executor could not load (asked for while
+        // it started) is the cause, of the symbols the link missed if it missed any: the
+        // module is not published.
+        if let Some(why) = self.unusable_generator() {
             return Err(Error::Executor(why));
         }
         let (linked, resolved, outcome, refused) = link?;
@@ -191,6 +192,20 @@ impl LinkJob<'_> {
         report.image = outcome;
         report.image_refused = refused;
         Ok((module, report))
+    }
+
+    /// Why a generator of a library this link searches cannot answer at all, if one
+    /// cannot ([`crate::SymbolGenerator::unusable`]).
+    fn unusable_generator(&self) -> Option<String> {
+        let mut ctx = SessionContext::new(self.jit, self.library, self.publish);
+        ctx.order().iter().find_map(|library| {
+            library
+                .generators
+                .lock()
+                .list
+                .iter()
+                .find_map(|g| g.unusable())
+        })
     }
 
     /// The steps after the link itself (of objects, or of a module placed without one):

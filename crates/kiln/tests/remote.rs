@@ -819,6 +819,8 @@ fn a_library_loaded_while_the_executor_starts_is_there_for_the_link() {
             })
             .expect("a shared libm");
     let handle = executor.load_library(&libm.display().to_string()).unwrap();
+    // Not waited for: no request was made yet (the hello is not even read).
+    assert!(executor.round_trips().is_empty());
     let jit = Jit::builder().executor(executor).build().unwrap();
     let lib = jit.main_library();
     jit.library(lib)
@@ -869,16 +871,19 @@ fn assert_steps_after_layout_batched(jit: &Jit) {
     }
 }
 
-/// A library that cannot be loaded, asked for while the executor starts, fails the link
-/// (and every link after), naming the library and why; nothing is published.
+/// A library that cannot be loaded, asked for while the executor starts, fails every link
+/// of the library that added it, naming the library and why (nothing is published), and
+/// a lookup in it; another library of the session, which does not search it, links.
 #[test]
-fn a_library_that_cannot_be_loaded_while_the_executor_starts_fails_the_link() {
+fn a_library_that_cannot_be_loaded_while_the_executor_starts_fails_the_links_that_search_it() {
+    const MISSING: &str = "/nonexistent/libkiln-missing.so";
     let executor = starting_executor();
+    let handle = executor.load_library(MISSING).unwrap();
     let jit = Jit::builder().executor(executor).build().unwrap();
     let lib = jit.main_library();
     let object = compile("answer", "int main(void) { return 42; }");
     jit.library(lib)
-        .add(Input::shared_library("/nonexistent/libkiln-missing.so"))
+        .add(Input::shared_library(MISSING))
         .unwrap();
     jit.library(lib).add(Input::ProcessSymbols).unwrap();
     // A failed link drops its objects: they are added again for the second.
@@ -887,7 +892,19 @@ fn a_library_that_cannot_be_loaded_while_the_executor_starts_fails_the_link() {
             .add(Input::object("answer.o", object.clone()))
             .unwrap();
         let error = jit.lookup(lib, "main").unwrap_err().to_string();
-        assert!(error.contains("/nonexistent/libkiln-missing.so"), "{error}");
+        assert!(error.contains(MISSING), "{error}");
     }
     assert!(jit.library(lib).modules().unwrap().is_empty());
+    let error = jit
+        .executor()
+        .lookup(handle, "anything")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains(MISSING), "{error}");
+    let other = jit.create_library("other");
+    jit.library(other)
+        .add(Input::object("answer.o", object))
+        .unwrap();
+    jit.library(other).add(Input::ProcessSymbols).unwrap();
+    assert_eq!(run_main(&jit, other, &["answer".into()]).unwrap(), 42);
 }

@@ -63,22 +63,38 @@ pub(crate) struct Connection {
     expected: Option<Expected>,
     /// The executor's process id, once known (0 before).
     pid: std::sync::atomic::AtomicU32,
-    /// Libraries whose load was asked for before the hello: sent, in order, before any
-    /// other request (see [`Connection::load_library`]).
-    libraries: Mutex<Vec<LibraryLoad>>,
-    /// Whether `libraries` holds a load not sent yet.
-    libraries_waiting: std::sync::atomic::AtomicBool,
+    /// Libraries whose load was asked for before the hello: sent, in order, right after
+    /// it, before the connection is anyone's (see [`Connection::load_library`]).
+    libraries: Mutex<EarlyLoads>,
     /// A thread's batch asked for before the hello (see [`Connection::batch_when_ready`]).
     batch: Mutex<Option<LaterBatch>>,
+    /// Whether `batch` holds one (read without its lock on every use of the connection).
+    batch_asked: std::sync::atomic::AtomicBool,
 }
 
-/// A batch asked for before the executor's hello, by one thread.
+/// The loads asked for before the hello.
+struct EarlyLoads {
+    loads: Vec<LibraryLoad>,
+    /// Whether they were sent (or the start failed): a load asked for now goes at once.
+    closed: bool,
+}
+
+/// A batch asked for before the executor's hello, by one thread (whose scope alone
+/// ends it).
 #[derive(Clone, Copy)]
 enum LaterBatch {
     /// To begin at that thread's first use of the connection.
     Asked(std::thread::ThreadId),
-    /// Begun (by the thread that asked: it ends it).
-    Begun,
+    /// Begun.
+    Begun(std::thread::ThreadId),
+}
+
+impl LaterBatch {
+    fn thread(self) -> std::thread::ThreadId {
+        match self {
+            LaterBatch::Asked(t) | LaterBatch::Begun(t) => t,
+        }
+    }
 }
 
 /// A library's load asked for before the executor's hello.
@@ -113,9 +129,12 @@ impl Connection {
             starting: Mutex::new(None),
             expected: None,
             pid: pid.into(),
-            libraries: Mutex::new(Vec::new()),
-            libraries_waiting: false.into(),
+            libraries: Mutex::new(EarlyLoads {
+                loads: Vec::new(),
+                closed: true,
+            }),
             batch: Mutex::new(None),
+            batch_asked: false.into(),
         }
     }
 
@@ -134,9 +153,12 @@ impl Connection {
             starting: Mutex::new(Some(thread)),
             expected: Some(expected),
             pid: 0.into(),
-            libraries: Mutex::new(Vec::new()),
-            libraries_waiting: false.into(),
+            libraries: Mutex::new(EarlyLoads {
+                loads: Vec::new(),
+                closed: false,
+            }),
             batch: Mutex::new(None),
+            batch_asked: false.into(),
         })
     }
 
@@ -155,24 +177,26 @@ impl Connection {
 
     /// The connection, once the executor said hello (waiting for it the first time); a
     /// start that failed is this error, every time. The libraries whose load was asked for
-    /// before the hello are loaded first (one that fails is
-    /// [`Connection::library_load_failure`]'s to tell).
+    /// before the hello were loaded before it is returned the first time (one that failed
+    /// is [`Connection::library_failure`]'s to tell). A batch the calling thread asked for
+    /// before the hello begins here.
     pub(crate) fn get(&self) -> Result<&Arc<RemoteExecutor>, Error> {
         let remote = self
             .ready
             .get_or_init(|| self.finish())
             .as_ref()
             .map_err(|why| Error::Remote(RemoteError::Start(why.clone())))?;
-        if self
-            .libraries_waiting
-            .load(std::sync::atomic::Ordering::Acquire)
-        {
-            self.send_library_loads(remote);
-        }
-        let mut batch = self.batch.lock();
-        if let Some(LaterBatch::Asked(thread)) = *batch {
-            if thread == std::thread::current().id() {
-                *batch = remote.begin_batch().then_some(LaterBatch::Begun);
+        if self.batch_asked.load(std::sync::atomic::Ordering::Acquire) {
+            let this_thread = std::thread::current().id();
+            let mut batch = self.batch.lock();
+            if let Some(LaterBatch::Asked(thread)) = *batch {
+                if thread == this_thread {
+                    *batch = remote
+                        .begin_batch()
+                        .then_some(LaterBatch::Begun(this_thread));
+                    self.batch_asked
+                        .store(false, std::sync::atomic::Ordering::Release);
+                }
             }
         }
         Ok(remote)
@@ -190,10 +214,23 @@ impl Connection {
                 return super::service::BatchScope::none();
             }
             *batch = Some(LaterBatch::Asked(thread));
+            self.batch_asked
+                .store(true, std::sync::atomic::Ordering::Release);
         }
         super::service::BatchScope::ending_with(move || {
-            let ended = self.batch.lock().take();
-            if let (Some(LaterBatch::Begun), Some(remote)) = (ended, self.get_if_ready()) {
+            let ended = {
+                let mut batch = self.batch.lock();
+                // Only this scope's own: another thread's may stand there since.
+                match *batch {
+                    Some(later) if later.thread() == thread => {
+                        self.batch_asked
+                            .store(false, std::sync::atomic::Ordering::Release);
+                        batch.take()
+                    }
+                    _ => None,
+                }
+            };
+            if let (Some(LaterBatch::Begun(_)), Some(remote)) = (ended, self.get_if_ready()) {
                 // As a dropped scope does: a failure is the next request's to find.
                 let _ = remote.end_batch();
             }
@@ -201,19 +238,18 @@ impl Connection {
     }
 
     /// Loads the shared library at `path` in the executor: at once when it has said hello,
-    /// else at the first request after it, before that request (so the session goes on
-    /// loading its inputs and linking while the executor starts). The handle is for
-    /// [`Connection::executor_library`].
+    /// else right after the hello, before the connection serves any other request (so
+    /// the session goes on loading its inputs and linking while the executor starts). The
+    /// handle is for [`Connection::executor_library`].
     pub(crate) fn load_library(&self, path: &str) -> Result<u64, Error> {
-        let starting = self.ready.get().is_none() && self.starting.lock().is_some();
-        if !starting {
-            return load_library(self.get()?, path);
+        {
+            let mut early = self.libraries.lock();
+            if !early.closed {
+                early.loads.push(LibraryLoad::Waiting(path.to_string()));
+                return Ok(LOAD_ASKED_EARLY | (early.loads.len() as u64 - 1));
+            }
         }
-        let mut loads = self.libraries.lock();
-        loads.push(LibraryLoad::Waiting(path.to_string()));
-        self.libraries_waiting
-            .store(true, std::sync::atomic::Ordering::Release);
-        Ok(LOAD_ASKED_EARLY | (loads.len() as u64 - 1))
+        load_library(self.get()?, path)
     }
 
     /// The executor's handle of library `handle` (as [`Connection::load_library`] gave
@@ -226,7 +262,7 @@ impl Connection {
         // A failed start is the error; a failed load is said below, by its library.
         self.get()?;
         let index = (handle & !LOAD_ASKED_EARLY) as usize;
-        match self.libraries.lock().get(index) {
+        match self.libraries.lock().loads.get(index) {
             Some(LibraryLoad::Loaded(id)) => Ok(*id),
             Some(LibraryLoad::Failed(why)) => Err(Error::Executor(why.clone())),
             Some(LibraryLoad::Waiting(path)) => Err(Error::Executor(format!(
@@ -238,31 +274,47 @@ impl Connection {
         }
     }
 
-    /// Sends the loads asked for before the hello, in order (one thread at a time: the
-    /// others wait here, so no request overtakes them).
-    fn send_library_loads(&self, remote: &RemoteExecutor) {
-        let mut loads = self.libraries.lock();
-        for load in loads.iter_mut() {
+    /// Sends the loads asked for before the hello, in order, and closes the queue: called
+    /// by [`Connection::finish`] once the hello is read, before the connection is given to
+    /// anyone (no other request can overtake them; no JIT code runs yet, so no request of
+    /// the executor's can come meanwhile). `remote` is `None` for a start that failed.
+    fn send_early_loads(&self, remote: Option<&RemoteExecutor>) {
+        let mut early = self.libraries.lock();
+        early.closed = true;
+        let Some(remote) = remote else {
+            return;
+        };
+        for load in early.loads.iter_mut() {
             let LibraryLoad::Waiting(path) = load else {
                 continue;
             };
             *load = match load_library(remote, path) {
                 Ok(id) => LibraryLoad::Loaded(id),
-                Err(error) => LibraryLoad::Failed(format!("{path}: {error}")),
+                // The executor's message names the file (dlerror does); said once more
+                // where it does not.
+                Err(error) => {
+                    let why = error.to_string();
+                    LibraryLoad::Failed(if why.contains(path.as_str()) {
+                        why
+                    } else {
+                        format!("{path}: {why}")
+                    })
+                }
             };
         }
-        self.libraries_waiting
-            .store(false, std::sync::atomic::Ordering::Release);
     }
 
-    /// Why a library whose load was asked for before the hello could not be loaded (the
-    /// first such), once its load was sent: every link after fails with it, as the link
-    /// of a program given a library that cannot be loaded fails.
-    pub(crate) fn library_load_failure(&self) -> Option<String> {
-        self.libraries.lock().iter().find_map(|load| match load {
-            LibraryLoad::Failed(why) => Some(why.clone()),
+    /// Why the library of `handle` (one whose load was asked for before the hello) could
+    /// not be loaded, once its load was sent; `None` for any other handle.
+    pub(crate) fn library_failure(&self, handle: u64) -> Option<String> {
+        if handle & LOAD_ASKED_EARLY == 0 {
+            return None;
+        }
+        let index = (handle & !LOAD_ASKED_EARLY) as usize;
+        match self.libraries.lock().loads.get(index) {
+            Some(LibraryLoad::Failed(why)) => Some(why.clone()),
             _ => None,
-        })
+        }
     }
 
     /// The connection if the hello was read already (nothing waited for).
@@ -279,7 +331,15 @@ impl Connection {
         }
     }
 
+    /// The hello read, then the loads asked for before it sent (or dropped, if the start
+    /// failed), all before the connection is anyone's.
     fn finish(&self) -> Result<Arc<RemoteExecutor>, String> {
+        let started = self.read_hello();
+        self.send_early_loads(started.as_deref().ok());
+        started
+    }
+
+    fn read_hello(&self) -> Result<Arc<RemoteExecutor>, String> {
         let thread = self
             .starting
             .lock()

@@ -163,10 +163,10 @@ impl Executor {
     }
 
     /// As [`Executor::spawn_with`], but returns at once, the process started on a thread
-    /// of its own: the session is built and loads its inputs while the executor starts,
-    /// and the first
-    /// step that needs the executor (a library's load, the link's first reservation)
-    /// waits for its hello. What the session needs before that — architecture, operating
+    /// of its own: the session is built, loads its inputs and starts linking while the
+    /// executor starts, and the first step that needs the executor (the link's first
+    /// lookup or reservation) waits for its hello. A shared library's load does not wait:
+    /// it is sent right after the hello (see [`Executor::load_library`]). What the session needs before that — architecture, operating
     /// system, page size — is read from `executor_binary`'s ELF header and checked against
     /// the hello; a binary whose header says nothing certain (a script, another
     /// architecture run by an emulator) is waited for here, as by `spawn_with` (so is a
@@ -374,17 +374,19 @@ impl Executor {
     }
 
     /// Opens a shared library in the executor; returns a handle for lookups. An executor
-    /// still starting ([`Executor::start`]) loads it before the first other request made
-    /// after its hello (the session goes on loading and linking meanwhile); if it cannot,
-    /// every link after fails, naming the library and why.
+    /// still starting ([`Executor::start`]) loads it right after its hello, before any
+    /// other request (the session goes on loading and linking meanwhile): a library that
+    /// cannot be loaded is then no error here but of every link that searches it (as
+    /// [`Input::shared_library`](crate::Input::shared_library) adds it), naming it and
+    /// why; a lookup in it is that error.
     pub fn load_library(&self, path: &str) -> Result<u64, Error> {
         self.service.load_library(path)
     }
 
-    /// Why a library whose load was put off could not be loaded (see
-    /// [`Executor::load_library`]).
-    pub(crate) fn library_load_failure(&self) -> Option<String> {
-        self.service.library_load_failure()
+    /// Why the library of handle `library` could not be loaded, when its load was put off
+    /// (see [`Executor::load_library`]).
+    pub(crate) fn library_failure(&self, library: u64) -> Option<String> {
+        self.service.library_failure(library)
     }
 
     pub(crate) fn register_eh_frame(&self, address: u64) -> Result<Option<EhRegistration>, Error> {
@@ -615,6 +617,9 @@ pub struct ExecutorSymbols {
 impl crate::SymbolGenerator for ExecutorSymbols {
     fn name(&self) -> String {
         self.name.clone()
+    }
+    fn unusable(&self) -> Option<String> {
+        self.executor.library_failure(self.library)
     }
     fn generate(&mut self, symbol: &str) -> Option<u64> {
         self.generate_with_kind(symbol).map(|(a, _)| a)

@@ -212,8 +212,8 @@ impl ExecutorService for Remote {
         self.connection.load_library(path)
     }
 
-    fn library_load_failure(&self) -> Option<String> {
-        self.connection.library_load_failure()
+    fn library_failure(&self, library: u64) -> Option<String> {
+        self.connection.library_failure(library)
     }
 
     fn register_eh_frame(&self, address: u64) -> Result<Option<EhRegistration>, Error> {

@@ -221,12 +221,13 @@ pub trait ExecutorService: Send + Sync {
 
     /// Opens a shared library in the executor; a handle for lookups. An executor still
     /// starting may load it later, before its first other request: a failure then is
-    /// [`ExecutorService::library_load_failure`]'s to tell.
+    /// [`ExecutorService::library_failure`]'s to tell.
     fn load_library(&self, path: &str) -> Result<u64, Error>;
 
-    /// Why a library whose load this service put off could not be loaded, once it was
-    /// tried (every link after fails with it). `None` for a service that loads at once.
-    fn library_load_failure(&self) -> Option<String> {
+    /// Why the library of handle `library`, whose load this service put off, could not be
+    /// loaded, once it was tried. `None` for a service that loads at once.
+    fn library_failure(&self, library: u64) -> Option<String> {
+        let _ = library;
         None
     }
 
