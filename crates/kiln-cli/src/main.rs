@@ -945,21 +945,7 @@ fn run(o: RunArgs) -> Result<i32, String> {
     Ok(status)
 }
 
-/// The process's entry: [`kiln_main`] without Rust's runtime set-up.
-/// Under the test harness (which brings its own entry), an ordinary `main`.
-#[cfg(test)]
-fn main() {
-    kiln_main();
-}
-
-#[cfg(not(test))]
-#[unsafe(no_mangle)]
-extern "C" fn main(
-    _argc: std::ffi::c_int,
-    _argv: *const *const std::ffi::c_char,
-) -> std::ffi::c_int {
-    kiln_runtime::process_entry::run(kiln_main)
-}
+kiln_runtime::process_main!(kiln_main);
 
 fn kiln_main() -> std::ffi::c_int {
     // Kiln's traces, when RUST_LOG asks for them (without it, no subscriber: setting one up

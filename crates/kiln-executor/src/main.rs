@@ -399,24 +399,10 @@ fn enter_sandbox(config: Option<&SandboxConfig>) -> bool {
     }
 }
 
-/// The process's entry: [`executor_main`] without Rust's runtime set-up.
-/// Under the test harness (which brings its own entry), an ordinary `main`.
-#[cfg(test)]
-fn main() {
+kiln_runtime::process_main!(|| {
     executor_main();
-}
-
-#[cfg(not(test))]
-#[unsafe(no_mangle)]
-extern "C" fn main(
-    _argc: std::ffi::c_int,
-    _argv: *const *const std::ffi::c_char,
-) -> std::ffi::c_int {
-    kiln_runtime::process_entry::run(|| {
-        executor_main();
-        0
-    })
-}
+    0
+});
 
 fn executor_main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();

@@ -21,12 +21,41 @@
 //! }
 //! ```
 //!
+//! [`process_main!`](crate::process_main) writes that `main` (and, for the binary's own
+//! unit tests, whose harness brings its own entry, an ordinary one); the binary still
+//! declares `#![cfg_attr(not(test), no_main)]`.
+//!
 //! `std::env::args` works as before (glibc hands the arguments to the standard library's
 //! initializer); what is lost is only the stack-overflow message (a Kiln binary that
 //! overflows its own stack ends with `SIGSEGV`, as a C program does) and the main
 //! thread's name in a panic's message.
 
 use std::ffi::c_int;
+
+/// The entry of a binary that declares `#![cfg_attr(not(test), no_main)]`: a C `main`
+/// that runs `$main` (an `FnOnce() -> c_int`, its status the process's) through [`run`],
+/// and under the test harness an ordinary `main` that calls it. `kiln` and
+/// `kiln-executor` begin so.
+#[macro_export]
+macro_rules! process_main {
+    ($main:expr) => {
+        /// The process's entry: the binary's main without Rust's runtime set-up.
+        #[cfg(not(test))]
+        #[unsafe(no_mangle)]
+        extern "C" fn main(
+            _argc: ::std::ffi::c_int,
+            _argv: *const *const ::std::ffi::c_char,
+        ) -> ::std::ffi::c_int {
+            $crate::process_entry::run($main)
+        }
+
+        /// Under the test harness (which brings its own entry), an ordinary `main`.
+        #[cfg(test)]
+        fn main() {
+            let _status: ::std::ffi::c_int = ($main)();
+        }
+    };
+}
 
 /// Sets up what Rust's runtime would (standard descriptors, `SIGPIPE`), runs `main`, and
 /// ends the process with its status: standard output flushed, `101` if `main` panicked
